@@ -1,0 +1,140 @@
+"""Whole-run benchmark: the default simulation and a 100-node fleet (2 rounds).
+
+Measures wall time, peak memory of the whole process tree (Flower's simulation engine
+starts worker processes, so the driver's own RSS is not enough), seconds per round, and
+the profiling share of total device time from the run's own summary.
+
+Usage: python benchmarks/bench_runs.py [--only default|fleet100] [--json PATH]
+Prints a table and writes JSON (default: benchmarks/results/runs.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of a process and all its descendants."""
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def run_case(name: str, args: list[str], out_dir: Path) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "simulations", "simulate", "--methods", "power-aware",
+           "--output-dir", str(out_dir), *args]
+    print(f"== {name}: {' '.join(cmd[2:])}", flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    peak = 0
+    stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not stop.is_set():
+            peak = max(peak, tree_rss_bytes(proc.pid))
+            time.sleep(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    log, _ = proc.communicate()
+    stop.set()
+    sampler.join()
+    wall_s = time.perf_counter() - t0
+    (out_dir / f"{name}.log").write_text(log)
+    if proc.returncode != 0:
+        print(log[-4000:])
+        raise SystemExit(f"{name}: exit code {proc.returncode}")
+    summary_path = max(out_dir.glob("*/summary.json"), key=lambda p: p.stat().st_mtime)
+    summ = json.loads(summary_path.read_text())
+    return {
+        "case": name,
+        "nodes": len(summ["nodes"]),
+        "rounds": summ["rounds"],
+        "wall-s": wall_s,
+        "s-per-round": wall_s / max(summ["rounds"], 1),
+        "peak-rss-mib": peak / 2**20,
+        "final-accuracy": summ["final-accuracy"],
+        "profile-share": summ["profile-share"],
+        "device-profile-time-s": summ["device-profile-time-s"],
+        "device-train-time-s": summ["device-train-time-s"],
+    }
+
+
+def fleet100(path: Path) -> Path:
+    """100 nodes: the default mix of devices and caps, repeated."""
+    mix = [("jetson-nano", 4.5), ("jetson-nano", 7.0), ("jetson-nano", "none"),
+           ("jetson-tx2-nx", 5.0), ("jetson-tx2-nx", 10.0), ("jetson-orin-nano", 7.0),
+           ("jetson-orin-nano", 15.0), ("jetson-agx-orin", 15.0), ("jetson-agx-orin", "none"),
+           ("jetson-agx-orin", 30.0)]
+    lines = []
+    for i in range(100):
+        device, cap = mix[i % len(mix)]
+        cap_toml = f'"{cap}"' if isinstance(cap, str) else cap
+        lines += ["[[node]]", f'name = "n{i:03d}"', f'device = "{device}"', f"p-max-w = {cap_toml}", ""]
+    path.write_text("\n".join(lines))
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("default", "fleet100"))
+    parser.add_argument("--json", type=Path, default=REPO / "benchmarks/results/runs.json")
+    args = parser.parse_args()
+    os.environ.setdefault("FLWR_HOME", str(REPO / ".flwr"))
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="powerfl-bench-") as tmp:
+        tmp_path = Path(tmp)
+        cache = ["-c", f"cache-dir={json.dumps(str(tmp_path / 'cache'))}"]
+        if args.only in (None, "default"):
+            rows.append(run_case("default", cache, tmp_path / "default"))
+        if args.only in (None, "fleet100"):
+            fleet = fleet100(tmp_path / "fleet100.toml")
+            rows.append(
+                run_case(
+                    "fleet100",
+                    ["--fleet", str(fleet), "--rounds", "2", "-c", "target-accuracy=0.99", *cache],
+                    tmp_path / "fleet100",
+                )
+            )
+    hdr = f"{'case':<10}{'nodes':>6}{'rounds':>7}{'wall s':>9}{'s/round':>9}{'peak MiB':>10}{'final acc':>10}{'profiling':>10}"
+    print(hdr)
+    for r in rows:
+        print(
+            f"{r['case']:<10}{r['nodes']:>6}{r['rounds']:>7}{r['wall-s']:>9.1f}{r['s-per-round']:>9.1f}"
+            f"{r['peak-rss-mib']:>10.0f}{r['final-accuracy']:>10.3f}{100 * r['profile-share']:>9.2f}%"
+        )
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(
+        json.dumps({"benchmark": "runs", "cases": rows, "cpus": os.cpu_count(),
+                    "python": platform.python_version()}, indent=2) + "\n"
+    )
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,318 @@
+"""Run settings and node settings: parsed once, validated with errors that name the key."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 on JetPack 6
+    import tomli as tomllib
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+METHODS = ("power-aware", "b1", "b2", "oracle", "fixed")
+PARTITIONINGS = ("iid", "dirichlet")
+
+
+class SettingsError(ValueError):
+    """A run or node setting is missing or invalid; the message names the key."""
+
+
+def app_defaults(pyproject: Path | None = None) -> dict[str, Any]:
+    """The run settings in ``[tool.flwr.app.config]`` of the app's pyproject.toml.
+
+    Flower merges these into ``context.run_config`` for ``flwr run``; the in-process
+    simulation (``powerfl simulate``) reads them here so both paths share one source.
+    """
+    path = pyproject or REPO_ROOT / "pyproject.toml"
+    if not path.is_file():
+        return {}
+    with path.open("rb") as fh:
+        data = tomllib.load(fh)
+    return dict(data.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {}))
+
+
+def parse_p_max_w(value: object, key: str = "p-max-w") -> float:
+    """A power cap in watts; ``"none"``, ``""`` or ``inf`` mean no cap (returns inf)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
+        return math.inf
+    if isinstance(value, bool):
+        raise SettingsError(f"{key}: expected a number of watts > 0 or 'none', got {value!r}")
+    try:
+        p_max_w = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise SettingsError(
+            f"{key}: expected a number of watts > 0 or 'none', got {value!r}"
+        ) from None
+    if math.isnan(p_max_w) or p_max_w <= 0:
+        raise SettingsError(f"{key}: must be > 0 W (or 'none' for no cap), got {value!r}")
+    return p_max_w
+
+
+def parse_int_list(value: object, key: str) -> list[int]:
+    """``"4,8,16"`` or ``[4, 8, 16]`` → ``[4, 8, 16]``."""
+    items: list[object]
+    if isinstance(value, str):
+        items = [s for s in (p.strip() for p in value.split(",")) if s]
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        raise SettingsError(f"{key}: expected a comma-separated list of integers, got {value!r}")
+    try:
+        out = [int(str(v)) for v in items]
+    except ValueError:
+        raise SettingsError(f"{key}: expected integers, got {value!r}") from None
+    return out
+
+
+def parse_batch_sizes(value: object, key: str = "batch-sizes") -> list[int]:
+    """Non-empty, positive, strictly ascending batch sizes."""
+    sizes = parse_int_list(value, key)
+    if not sizes:
+        raise SettingsError(f"{key}: must not be empty (e.g. '4,8,16,32,64,128')")
+    if any(b <= 0 for b in sizes):
+        raise SettingsError(f"{key}: batch sizes must be positive, got {sizes}")
+    if any(b2 <= b1 for b1, b2 in zip(sizes, sizes[1:], strict=False)):
+        raise SettingsError(f"{key}: must be strictly ascending, got {sizes}")
+    return sizes
+
+
+def _get(cfg: Mapping[str, Any], key: str) -> Any:
+    if key not in cfg:
+        raise SettingsError(f"{key}: missing run setting")
+    return cfg[key]
+
+
+def _num(cfg: Mapping[str, Any], key: str, *, lo: float, hi: float = math.inf) -> float:
+    raw = _get(cfg, key)
+    try:
+        val = float(raw)
+    except (TypeError, ValueError):
+        raise SettingsError(f"{key}: expected a number, got {raw!r}") from None
+    if not (lo < val <= hi) or math.isnan(val):
+        bounds = f"in ({lo}, {hi}]" if hi < math.inf else f"> {lo}"
+        raise SettingsError(f"{key}: must be {bounds}, got {raw!r}")
+    return val
+
+
+def _int(cfg: Mapping[str, Any], key: str, *, lo: int) -> int:
+    raw = _get(cfg, key)
+    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+        raise SettingsError(f"{key}: expected an integer ≥ {lo}, got {raw!r}")
+    try:
+        val = int(raw)
+    except ValueError:
+        raise SettingsError(f"{key}: expected an integer ≥ {lo}, got {raw!r}") from None
+    if val < lo or float(raw) != val:
+        raise SettingsError(f"{key}: expected an integer ≥ {lo}, got {raw!r}")
+    return val
+
+
+def _choice(cfg: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> str:
+    val = str(_get(cfg, key))
+    if val not in allowed:
+        raise SettingsError(f"{key}: unknown value {val!r}; allowed: {', '.join(allowed)}")
+    return val
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Validated run settings (``[tool.flwr.app.config]`` plus overrides)."""
+
+    method: str
+    fleet: str
+    model: str
+    partitioning: str
+    dirichlet_alpha: float
+    seed: int
+    num_rounds: int
+    target_accuracy: float
+    local_epochs: int
+    batch_sizes: list[int]
+    lr_ref: float
+    b_ref: int
+    proxy_target_accuracy: float
+    r_seeds: int
+    fraction_train: float
+    min_train_nodes: int
+    round_timeout_s: float
+    output_dir: str
+    cache_dir: str
+    fixed_batch_size: int | None = None
+    fixed_freq_mhz: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, run_config: Mapping[str, Any]) -> RunSettings:
+        """Merge ``run_config`` over the app defaults and validate every key."""
+        from fl_client.task import MODEL_NAMES
+
+        cfg: dict[str, Any] = {**app_defaults(), **dict(run_config)}
+        method = _choice(cfg, "method", METHODS)
+        fixed_b = cfg.get("fixed-batch-size")
+        fixed_f = cfg.get("fixed-freq-mhz")
+        if method == "fixed":
+            if fixed_b in (None, "", 0) or fixed_f in (None, "", 0):
+                raise SettingsError(
+                    "method: 'fixed' needs fixed-batch-size and fixed-freq-mhz run settings"
+                )
+        return cls(
+            method=method,
+            fleet=str(_get(cfg, "fleet")),
+            model=_choice(cfg, "model", MODEL_NAMES),
+            partitioning=_choice(cfg, "partitioning", PARTITIONINGS),
+            dirichlet_alpha=_num(cfg, "dirichlet-alpha", lo=0.0),
+            seed=_int(cfg, "seed", lo=0),
+            num_rounds=_int(cfg, "num-rounds", lo=1),
+            target_accuracy=_num(cfg, "target-accuracy", lo=0.0, hi=1.0),
+            local_epochs=_int(cfg, "local-epochs", lo=1),
+            batch_sizes=parse_batch_sizes(_get(cfg, "batch-sizes")),
+            lr_ref=_num(cfg, "lr-ref", lo=0.0),
+            b_ref=_int(cfg, "b-ref", lo=1),
+            proxy_target_accuracy=_num(cfg, "proxy-target-accuracy", lo=0.0, hi=1.0),
+            r_seeds=_int(cfg, "r-seeds", lo=1),
+            fraction_train=_num(cfg, "fraction-train", lo=0.0, hi=1.0),
+            min_train_nodes=_int(cfg, "min-train-nodes", lo=1),
+            round_timeout_s=_num(cfg, "round-timeout-s", lo=0.0),
+            output_dir=str(_get(cfg, "output-dir")),
+            cache_dir=str(_get(cfg, "cache-dir")),
+            fixed_batch_size=int(fixed_b) if fixed_b not in (None, "", 0) else None,
+            fixed_freq_mhz=float(fixed_f) if fixed_f not in (None, "", 0) else None,
+            extra={k: v for k, v in cfg.items() if k not in _KNOWN_KEYS},
+        )
+
+
+_KNOWN_KEYS = {
+    "method",
+    "fleet",
+    "model",
+    "dataset",
+    "partitioning",
+    "dirichlet-alpha",
+    "seed",
+    "num-rounds",
+    "target-accuracy",
+    "local-epochs",
+    "batch-sizes",
+    "lr-ref",
+    "b-ref",
+    "proxy-target-accuracy",
+    "r-seeds",
+    "fraction-train",
+    "min-train-nodes",
+    "round-timeout-s",
+    "output-dir",
+    "cache-dir",
+    "fixed-batch-size",
+    "fixed-freq-mhz",
+}
+
+
+def resolve_path(path: str, base: Path | None = None) -> Path:
+    """A relative path in the settings is relative to the app directory (the repo root)."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else (base or REPO_ROOT) / p
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """One node of the fleet: which device, through which backend, under which cap."""
+
+    name: str
+    device: str
+    backend: str
+    p_max_w: float  # math.inf = no cap
+
+    @property
+    def p_max_label(self) -> str:
+        return "none" if math.isinf(self.p_max_w) else f"{self.p_max_w:g} W"
+
+
+def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) -> NodeSettings:
+    from fl_client.devices import BACKENDS
+
+    if "device" not in entry:
+        raise SettingsError(f"{where}: device: missing (e.g. device = \"jetson-nano\")")
+    backend = str(entry.get("backend", "simulated"))
+    if backend not in BACKENDS:
+        raise SettingsError(
+            f"{where}: backend: unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}"
+        )
+    device = str(entry["device"])
+    if backend == "simulated":
+        from fl_client.devices.simulated import DEVICE_KINDS
+
+        if device not in DEVICE_KINDS:
+            raise SettingsError(
+                f"{where}: device: unknown device kind {device!r}; "
+                f"allowed: {', '.join(DEVICE_KINDS)}"
+            )
+    try:
+        p_max_w = parse_p_max_w(entry.get("p-max-w", "none"))
+    except SettingsError as err:
+        raise SettingsError(f"{where}: {err}") from None
+    return NodeSettings(
+        name=str(entry.get("name", default_name)), device=device, backend=backend, p_max_w=p_max_w
+    )
+
+
+def load_fleet(path: str | Path) -> list[NodeSettings]:
+    """Read a fleet file (``configs/fleets/*.toml``): one ``[[node]]`` table per node.
+
+    A node table may carry ``count = N`` to stand for N identical nodes (named
+    ``name-1`` … ``name-N``). Simulated node *i* is mapped to ``partition-id`` *i*.
+    """
+    p = resolve_path(str(path))
+    if not p.is_file():
+        raise SettingsError(f"fleet: fleet file not found: {p}")
+    try:
+        with p.open("rb") as fh:
+            data = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as err:
+        raise SettingsError(f"fleet: {p} is not valid TOML: {err}") from None
+    entries = data.get("node")
+    if not isinstance(entries, list) or not entries:
+        raise SettingsError(f"fleet: {p} has no [[node]] tables")
+    nodes: list[NodeSettings] = []
+    for i, entry in enumerate(entries):
+        where = f"fleet {p.name} node #{i + 1}"
+        count = entry.get("count", 1)
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise SettingsError(f"{where}: count: expected an integer ≥ 1, got {count!r}")
+        base = _node_from_mapping(entry, where, default_name=f"node-{i}")
+        for k in range(count):
+            name = base.name if count == 1 else f"{base.name}-{k + 1}"
+            nodes.append(NodeSettings(name, base.device, base.backend, base.p_max_w))
+    names = [n.name for n in nodes]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise SettingsError(f"fleet: node names must be unique, repeated: {', '.join(dupes)}")
+    return nodes
+
+
+def node_settings(
+    node_config: Mapping[str, Any], fleet: list[NodeSettings] | None
+) -> tuple[NodeSettings, int, int]:
+    """This node's settings and its (partition-id, num-partitions).
+
+    Deployment: ``device``/``backend``/``p-max-w`` come from ``--node-config``.
+    Simulation: Flower sets ``partition-id``; the fleet file says what node that is.
+    """
+    pid = int(node_config.get("partition-id", 0))
+    num = int(node_config.get("num-partitions", len(fleet) if fleet else 1))
+    if "device" in node_config:
+        node = _node_from_mapping(node_config, "node-config", default_name=f"node-{pid}")
+        return node, pid, num
+    if fleet is None:
+        raise SettingsError("node-config: no 'device' key and no fleet file to map partition-id")
+    if not 0 <= pid < len(fleet):
+        raise SettingsError(
+            f"partition-id: {pid} has no node in the fleet file ({len(fleet)} nodes); "
+            f"run the simulation with num-supernodes = {len(fleet)}"
+        )
+    return fleet[pid], pid, num

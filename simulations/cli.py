@@ -1,0 +1,192 @@
+"""The ``powerfl`` command line: simulate a fleet, and (later) devices, profile, experiments."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fl_client.settings import SettingsError, tomllib
+
+FLOWER_ENV = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+}
+
+
+def flower_env(flwr_home: Path | None = None) -> None:
+    """Quiet, offline Flower with its home inside the work tree."""
+    for key, value in FLOWER_ENV.items():
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("FLWR_HOME", str(flwr_home or Path.cwd() / ".flwr"))
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """``key=value`` pairs; values parsed as TOML scalars when they parse, else strings."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise SettingsError(f"--run-config: expected key=value, got {item!r}")
+        key, raw = item.split("=", 1)
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key.strip()] = raw
+    return out
+
+
+def simulate(
+    overrides: dict[str, Any], *, backend: str = "ray", num_cpus_per_node: float = 1.0
+) -> dict[str, Any]:
+    """Run one Flower simulation of the fleet with these run settings; return its summary."""
+    from flwr.simulation import run_simulation
+
+    from fl_client.client_app import make_client_app
+    from fl_client.settings import RunSettings, load_fleet
+    from fl_server.server_app import make_server_app
+
+    settings = RunSettings.from_config(overrides)  # fail fast, before any engine starts
+    fleet = load_fleet(settings.fleet)
+    summary_marker = Path(settings.output_dir).expanduser().resolve()
+    before = set(summary_marker.glob("*/summary.json")) if summary_marker.exists() else set()
+    run_simulation(
+        server_app=make_server_app(overrides),
+        client_app=make_client_app(overrides),
+        num_supernodes=len(fleet),
+        backend_name=backend,
+        backend_config={
+            "client_resources": {"num_cpus": num_cpus_per_node, "num_gpus": 0.0},
+            "init_args": {"num_cpus": os.cpu_count() or 2, "include_dashboard": False},
+        },
+    )
+    after = set(summary_marker.glob("*/summary.json"))
+    new = sorted(after - before, key=lambda p: p.stat().st_mtime)
+    if not new:
+        raise RuntimeError(
+            "the simulation finished without writing a summary: see the log above for the "
+            "server's error"
+        )
+    return dict(json.loads(new[-1].read_text()))
+
+
+def print_comparison(summaries: list[dict[str, Any]]) -> None:
+    """Side-by-side table of methods run on the same fleet, data and seeds."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Methods on the same fleet, data and seeds", title_justify="left")
+    for col in (
+        "method", "final acc", "round→target", "time→target s", "energy→target kJ",
+        "sim time s", "fleet energy kJ", "profiling",
+    ):
+        table.add_column(col, justify="left" if col == "method" else "right")
+
+    def fmt(x: float | None, scale: float = 1.0, digits: int = 1) -> str:
+        return "-" if x is None else f"{x / scale:.{digits}f}"
+
+    for s in summaries:
+        table.add_row(
+            s["method"],
+            f"{s['final-accuracy']:.3f}",
+            str(s["round-to-target"] or "-"),
+            fmt(s["sim-time-to-target-s"]),
+            fmt(s["fleet-energy-to-target-j"], 1000, 2),
+            fmt(s["sim-time-s"]),
+            fmt(s["fleet-energy-j"], 1000, 2),
+            f"{100 * s['profile-share']:.1f}%",
+        )
+    console = Console(highlight=False)
+    console.print(table)
+    base = summaries[0]
+    for other in summaries[1:]:
+        t0, t1 = base["sim-time-to-target-s"], other["sim-time-to-target-s"]
+        e0, e1 = base["fleet-energy-to-target-j"], other["fleet-energy-to-target-j"]
+        if t0 and t1 and e0 and e1:
+            console.print(
+                f"{base['method']} vs {other['method']}: {t1 / t0:.2f}× less time to target, "
+                f"{e1 / e0:.2f}× less fleet energy to target"
+            )
+        else:
+            console.print(
+                f"{base['method']} vs {other['method']}: target not reached by both; "
+                f"compare final accuracy and totals above"
+            )
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    flower_env()
+    overrides = parse_overrides(args.run_config or [])
+    for key, value in (
+        ("fleet", args.fleet),
+        ("model", args.model),
+        ("num-rounds", args.rounds),
+        ("output-dir", args.output_dir),
+    ):
+        if value is not None:
+            overrides[key] = value
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not methods:
+        raise SettingsError("--methods: give at least one of power-aware, b1, b2, oracle, fixed")
+    t0 = time.perf_counter()
+    summaries = []
+    for method in methods:
+        summaries.append(simulate({**overrides, "method": method}, backend=args.backend))
+    if len(summaries) > 1:
+        print_comparison(summaries)
+    print(f"done in {time.perf_counter() - t0:.0f} s wall time; results:")
+    for s in summaries:
+        print(f"  {s['method']:<12} {s['run-dir']}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="powerfl",
+        description="Power-aware federated training for NVIDIA Jetson fleets, on Flower.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser(
+        "simulate",
+        help="run a Flower simulation of a Jetson fleet (digital twins)",
+        description="Run the fleet in Flower's simulation engine, once per method, on the "
+        "same fleet, data and seeds, and compare.",
+    )
+    p.add_argument(
+        "--methods",
+        default="power-aware,b1",
+        help="comma-separated methods to run: power-aware, b1, b2, oracle, fixed "
+        "(default: power-aware,b1)",
+    )
+    p.add_argument("--fleet", help="fleet file (default: configs/fleets/default.toml)")
+    p.add_argument("--model", help="cnn | resnet18 | mobilenetv2 (default: cnn)")
+    p.add_argument("--rounds", type=int, help="round budget (num-rounds)")
+    p.add_argument("--output-dir", help="where run folders go (default: runs)")
+    p.add_argument(
+        "--run-config",
+        "-c",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override any run setting of [tool.flwr.app.config], e.g. -c lr-ref=0.003",
+    )
+    p.add_argument("--backend", default="ray", help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_simulate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except SettingsError as err:
+        print(f"powerfl: error: {err}", file=sys.stderr)
+        return 2
+

@@ -1,0 +1,104 @@
+"""Run and node settings: defaults, overrides, and errors that name the key."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fl_client.settings import (
+    RunSettings,
+    SettingsError,
+    load_fleet,
+    node_settings,
+    parse_batch_sizes,
+    parse_p_max_w,
+)
+
+
+def test_defaults_come_from_pyproject():
+    s = RunSettings.from_config({})
+    assert s.method == "power-aware"
+    assert s.batch_sizes == [4, 8, 16, 32, 64, 128]
+    assert s.fleet == "configs/fleets/default.toml"
+
+
+def test_overrides_win():
+    s = RunSettings.from_config({"method": "b1", "batch-sizes": "8,16", "num-rounds": 3})
+    assert (s.method, s.batch_sizes, s.num_rounds) == ("b1", [8, 16], 3)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"method": "fastest"}, "method: unknown value 'fastest'; allowed: power-aware, b1"),
+        ({"model": "vgg"}, "model: unknown value 'vgg'; allowed: cnn, resnet18, mobilenetv2"),
+        ({"batch-sizes": ""}, "batch-sizes: must not be empty"),
+        ({"batch-sizes": "32,16"}, "batch-sizes: must be strictly ascending"),
+        ({"batch-sizes": "8,x"}, "batch-sizes: expected integers"),
+        ({"num-rounds": 0}, "num-rounds: expected an integer ≥ 1"),
+        ({"target-accuracy": 1.5}, "target-accuracy: must be in"),
+        ({"lr-ref": "fast"}, "lr-ref: expected a number"),
+        ({"partitioning": "shards"}, "partitioning: unknown value 'shards'"),
+        ({"method": "fixed"}, "method: 'fixed' needs fixed-batch-size and fixed-freq-mhz"),
+    ],
+)
+def test_bad_run_settings_name_the_key(override, message):
+    with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        RunSettings.from_config(override)
+
+
+@pytest.mark.parametrize("value", [0, -3, "nan", "abc", True, float("nan")])
+def test_bad_caps(value):
+    with pytest.raises(SettingsError, match="p-max-w"):
+        parse_p_max_w(value)
+
+
+@pytest.mark.parametrize("value", ["none", None, "", float("inf")])
+def test_no_cap(value):
+    assert math.isinf(parse_p_max_w(value))
+
+
+def test_batch_sizes_list_form():
+    assert parse_batch_sizes([4, 8]) == [4, 8]
+
+
+def test_default_fleet_is_heterogeneous():
+    fleet = load_fleet("configs/fleets/default.toml")
+    assert len(fleet) >= 8
+    assert len({n.device for n in fleet}) >= 3
+    caps = [n.p_max_w for n in fleet]
+    assert any(math.isinf(c) for c in caps) and min(caps) <= 5.0
+
+
+def test_fleet_errors(tmp_path):
+    with pytest.raises(SettingsError, match="fleet: fleet file not found"):
+        load_fleet(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[node]]\nname = "x"\ndevice = "jetson-nano-9000"\n')
+    with pytest.raises(SettingsError, match="device: unknown device kind 'jetson-nano-9000'"):
+        load_fleet(bad)
+    bad.write_text('[[node]]\ndevice = "jetson-nano"\np-max-w = -1\n')
+    with pytest.raises(SettingsError, match="node #1: p-max-w: must be > 0 W"):
+        load_fleet(bad)
+    bad.write_text('[[node]]\nname = "a"\ndevice = "jetson-nano"\ncount = 2\n'
+                   '[[node]]\nname = "a-1"\ndevice = "jetson-nano"\n')
+    with pytest.raises(SettingsError, match="node names must be unique, repeated: a-1"):
+        load_fleet(bad)
+    bad.write_text("this is not toml [")
+    with pytest.raises(SettingsError, match="is not valid TOML"):
+        load_fleet(bad)
+
+
+def test_node_settings_from_node_config_or_fleet():
+    node, pid, num = node_settings(
+        {"device": "jetson-nano", "backend": "simulated", "p-max-w": 5.0, "partition-id": 2,
+         "num-partitions": 4},
+        None,
+    )
+    assert (node.device, node.p_max_w, pid, num) == ("jetson-nano", 5.0, 2, 4)
+    fleet = load_fleet("configs/fleets/default.toml")
+    node, pid, _ = node_settings({"partition-id": 1, "num-partitions": len(fleet)}, fleet)
+    assert node == fleet[1] and pid == 1
+    with pytest.raises(SettingsError, match="partition-id: 99 has no node"):
+        node_settings({"partition-id": 99}, fleet)
