@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import torch
+import torch.nn.functional as F  # noqa: N812  (the PyTorch convention)
 import torchvision
 from torch import nn
+from torch.utils.data import TensorDataset
 
 MODEL_NAMES = ("cnn", "resnet18", "mobilenetv2")
 IMAGE_SHAPE = (3, 32, 32)
@@ -47,11 +54,11 @@ def build_model(name: str, num_classes: int = 10) -> nn.Module:
     if name == "resnet18":
         model = torchvision.models.resnet18(weights=None, num_classes=num_classes)
         model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
-        model.maxpool = nn.Identity()  # type: ignore[assignment]
+        model.maxpool = nn.Identity()  # type: ignore[assignment, unused-ignore]
         return model
     if name == "mobilenetv2":
         model = torchvision.models.mobilenet_v2(weights=None, num_classes=num_classes)
-        first = model.features[0][0]  # type: ignore[index]
+        first = model.features[0][0]  # type: ignore[index, unused-ignore]
         assert isinstance(first, nn.Conv2d)
         first.stride = (1, 1)
         return model
@@ -80,3 +87,622 @@ def train_flops_per_sample(name: str, input_shape: tuple[int, ...] = IMAGE_SHAPE
 def param_count(model: nn.Module) -> int:
     """Number of trainable parameters."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+# ---------------------------------------------------------------------------------------
+# Data: scikit-learn's bundled digits, shaped like the 3×32×32 images the models expect.
+# ---------------------------------------------------------------------------------------
+
+NUM_CLASSES = 10
+PARTITIONINGS = ("dirichlet", "iid")
+
+#: Fixed slices of the 1,797 digits images (stratified by label, seeded). The proxy set is
+#: the server's public data D_S (split into proxy-train / proxy-eval for r estimation), the
+#: test set is the server's held-out evaluation set, and the rest (1,047 images) is the
+#: pool that is partitioned over the clients.
+PROXY_TRAIN_SIZE = 300
+PROXY_EVAL_SIZE = 150
+TEST_SIZE = 300
+#: Share of each client's partition held back as its local validation set (used by the
+#: oracle's r, which is measured on the client's own data).
+VAL_FRACTION = 0.2
+#: Smallest Dirichlet partition accepted before resampling.
+MIN_PARTITION_SIZE = 10
+_MAX_DIRICHLET_TRIES = 1000
+
+Data = TensorDataset | tuple[torch.Tensor, torch.Tensor]
+"""A labelled image set: a ``TensorDataset`` of (images, labels) or the two tensors."""
+
+
+@dataclass(frozen=True)
+class DigitsSplits:
+    """The fixed slices of the digits set, each a ``TensorDataset`` of (x, y).
+
+    ``indices`` maps each slice's name (``proxy-train``, ``proxy-eval``, ``test``,
+    ``pool``) to the sorted positions of its samples in scikit-learn's ``load_digits()``.
+    """
+
+    proxy_train: TensorDataset
+    proxy_eval: TensorDataset
+    test: TensorDataset
+    pool: TensorDataset
+    seed: int
+    indices: Mapping[str, np.ndarray]
+
+    def sizes(self) -> dict[str, int]:
+        """Number of samples in each slice."""
+        return {
+            "proxy-train": len(self.proxy_train),
+            "proxy-eval": len(self.proxy_eval),
+            "test": len(self.test),
+            "pool": len(self.pool),
+        }
+
+
+@lru_cache(maxsize=1)
+def _digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
+    """All 1,797 digits as normalised 3×32×32 float32 images and int64 labels.
+
+    The 8×8 images (0…16) are scaled to [0, 1], upsampled bilinearly to 32×32, replicated
+    to three channels and standardised with the set's global pixel mean and std (a fixed
+    preprocessing constant of the bundled data, the same for every split).
+    """
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = torch.from_numpy(np.asarray(bunch.images, dtype=np.float32) / 16.0).unsqueeze(1)
+    x = F.interpolate(x, size=IMAGE_SHAPE[1:], mode="bilinear", align_corners=False)
+    x = (x - x.mean()) / x.std()
+    x = x.expand(-1, IMAGE_SHAPE[0], -1, -1).contiguous()
+    y = torch.from_numpy(np.asarray(bunch.target, dtype=np.int64))
+    return x, y
+
+
+@lru_cache(maxsize=8)
+def load_digits_splits(seed: int = 0) -> DigitsSplits:
+    """Split the bundled digits into proxy-train, proxy-eval, test and the client pool.
+
+    Sizes are fixed (``PROXY_TRAIN_SIZE`` = 300, ``PROXY_EVAL_SIZE`` = 150, ``TEST_SIZE`` =
+    300, pool = the remaining 1,047); each slice is stratified by label and the assignment
+    depends only on ``seed``, so the server and every client derive the same slices.
+
+    Parameters
+    ----------
+    seed : int
+        Seed of the stratified shuffles.
+
+    Returns
+    -------
+    DigitsSplits
+        The four disjoint slices as ``TensorDataset``s of (3×32×32 float32, int64 label).
+    """
+    from sklearn.model_selection import train_test_split
+
+    x, y = _digits_tensors()
+    labels = y.numpy()
+    idx = np.arange(len(labels))
+    proxy_size = PROXY_TRAIN_SIZE + PROXY_EVAL_SIZE
+    rest, proxy = train_test_split(idx, test_size=proxy_size, stratify=labels, random_state=seed)
+    pool, test = train_test_split(
+        rest, test_size=TEST_SIZE, stratify=labels[rest], random_state=seed + 1
+    )
+    proxy_train, proxy_eval = train_test_split(
+        proxy, test_size=PROXY_EVAL_SIZE, stratify=labels[proxy], random_state=seed + 2
+    )
+
+    indices = {
+        "proxy-train": np.sort(proxy_train),
+        "proxy-eval": np.sort(proxy_eval),
+        "test": np.sort(test),
+        "pool": np.sort(pool),
+    }
+
+    def subset(name: str) -> TensorDataset:
+        t = torch.from_numpy(indices[name])
+        return TensorDataset(x[t], y[t])
+
+    return DigitsSplits(
+        proxy_train=subset("proxy-train"),
+        proxy_eval=subset("proxy-eval"),
+        test=subset("test"),
+        pool=subset("pool"),
+        seed=seed,
+        indices=indices,
+    )
+
+
+def as_tensors(data: Data) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (images, labels) tensors of ``data``."""
+    if isinstance(data, TensorDataset):
+        x, y = data.tensors[0], data.tensors[1]
+    else:
+        x, y = data
+    if len(x) != len(y):
+        raise ValueError(f"data: {len(x)} images but {len(y)} labels")
+    return x, y
+
+
+def partition_iid(n: int, num_partitions: int, seed: int) -> list[np.ndarray]:
+    """Split ``range(n)`` into ``num_partitions`` near-equal random parts.
+
+    Parameters
+    ----------
+    n : int
+        Number of samples.
+    num_partitions : int
+        Number of parts (clients).
+    seed : int
+        Seed of the shuffle.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        Sorted int64 index arrays; together they cover ``range(n)`` exactly once.
+    """
+    _check_num_partitions(num_partitions, n)
+    perm = np.random.default_rng(seed).permutation(n)
+    return [np.sort(part).astype(np.int64) for part in np.array_split(perm, num_partitions)]
+
+
+def partition_dirichlet(
+    labels: np.ndarray | Sequence[int],
+    num_partitions: int,
+    alpha: float,
+    seed: int,
+    min_size: int = MIN_PARTITION_SIZE,
+) -> list[np.ndarray]:
+    """Label-skewed non-IID split: class shares per partition drawn from Dir(``alpha``).
+
+    For each class, the proportions of its samples going to each partition are drawn from a
+    symmetric Dirichlet distribution; a partition that already holds its fair share
+    (n / num_partitions) gets no more (the usual self-balancing rule, so that no client ends
+    up with most of the data). The draw is repeated (at most 1,000 times) until every
+    partition holds at least ``min_size`` samples. Smaller ``alpha`` means more skew.
+
+    Parameters
+    ----------
+    labels : array-like of int
+        Label of each sample.
+    num_partitions : int
+        Number of parts (clients).
+    alpha : float
+        Dirichlet concentration, > 0.
+    seed : int
+        Seed of the draws.
+    min_size : int
+        Smallest acceptable partition.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        Sorted int64 index arrays; together they cover every sample exactly once.
+
+    Raises
+    ------
+    ValueError
+        ``alpha`` ≤ 0, bad ``num_partitions``, or no draw met ``min_size``.
+    """
+    y = np.asarray(labels)
+    n = len(y)
+    if not alpha > 0 or not math.isfinite(alpha):
+        raise ValueError(f"dirichlet-alpha: must be > 0, got {alpha!r}")
+    _check_num_partitions(num_partitions, n)
+    if min_size * num_partitions > n:
+        raise ValueError(
+            f"min_size: {num_partitions} partitions of at least {min_size} samples need "
+            f"{min_size * num_partitions} samples, only {n} available"
+        )
+    rng = np.random.default_rng(seed)
+    classes = np.unique(y)
+    fair_share = n / num_partitions
+    for _ in range(_MAX_DIRICHLET_TRIES):
+        parts: list[list[int]] = [[] for _ in range(num_partitions)]
+        for c in classes:
+            idx_c = rng.permutation(np.flatnonzero(y == c))
+            props = rng.dirichlet(np.full(num_partitions, alpha))
+            props = props * np.array([len(p) < fair_share for p in parts], dtype=float)
+            if props.sum() <= 0:
+                props = np.full(num_partitions, 1.0 / num_partitions)
+            cuts = (np.cumsum(props / props.sum()) * len(idx_c)).astype(int)[:-1]
+            for part, chunk in zip(parts, np.split(idx_c, cuts), strict=True):
+                part.extend(chunk.tolist())
+        if min(len(p) for p in parts) >= min_size:
+            return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+    raise ValueError(
+        f"dirichlet-alpha: no Dirichlet({alpha}) draw in {_MAX_DIRICHLET_TRIES} tries gave "
+        f"every one of {num_partitions} partitions ≥ {min_size} samples; use a larger "
+        "dirichlet-alpha or fewer partitions"
+    )
+
+
+def _check_num_partitions(num_partitions: int, n: int) -> None:
+    if not 1 <= num_partitions <= n:
+        raise ValueError(f"num-partitions: must be in [1, {n}], got {num_partitions!r}")
+
+
+@lru_cache(maxsize=16)
+def _partitions(
+    num_partitions: int, partitioning: str, alpha: float, seed: int
+) -> tuple[np.ndarray, ...]:
+    labels = as_tensors(load_digits_splits(seed).pool)[1].numpy()
+    if partitioning == "iid":
+        return tuple(partition_iid(len(labels), num_partitions, seed))
+    return tuple(partition_dirichlet(labels, num_partitions, alpha, seed))
+
+
+def client_data(
+    partition_id: int,
+    num_partitions: int,
+    *,
+    partitioning: str = "dirichlet",
+    alpha: float = 0.5,
+    seed: int = 0,
+) -> tuple[TensorDataset, TensorDataset]:
+    """One client's share of the pool, split into local train and local validation data.
+
+    The pool of ``load_digits_splits(seed)`` is partitioned with ``partition_dirichlet``
+    (``alpha``, ``seed``, at least ``MIN_PARTITION_SIZE`` samples each) or
+    ``partition_iid``; the client's part is shuffled (seeded) and ``VAL_FRACTION`` of it
+    (at least one sample) is held back as local validation data.
+
+    Parameters
+    ----------
+    partition_id : int
+        This client's partition, in ``[0, num_partitions)``.
+    num_partitions : int
+        Number of clients the pool is split over.
+    partitioning : {"dirichlet", "iid"}
+        How the pool is split.
+    alpha : float
+        Dirichlet concentration (``dirichlet-alpha``), > 0; ignored for ``"iid"``.
+    seed : int
+        Seed of the slices, the partition and the local split.
+
+    Returns
+    -------
+    (TensorDataset, TensorDataset)
+        Local train data and local validation data.
+    """
+    if partitioning not in PARTITIONINGS:
+        raise ValueError(
+            f"partitioning: unknown value {partitioning!r}; allowed: {', '.join(PARTITIONINGS)}"
+        )
+    if partitioning == "dirichlet" and (not alpha > 0 or not math.isfinite(alpha)):
+        raise ValueError(f"dirichlet-alpha: must be > 0, got {alpha!r}")
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(
+            f"partition-id: must be in [0, {num_partitions - 1}] for {num_partitions} "
+            f"partitions, got {partition_id!r}"
+        )
+    parts = _partitions(num_partitions, partitioning, float(alpha), seed)
+    ids = np.random.default_rng([seed, partition_id]).permutation(parts[partition_id])
+    n_val = max(1, round(VAL_FRACTION * len(ids))) if len(ids) > 1 else 0
+    x, y = as_tensors(load_digits_splits(seed).pool)
+    val_ids = torch.from_numpy(np.sort(ids[:n_val]))
+    train_ids = torch.from_numpy(np.sort(ids[n_val:]))
+    return TensorDataset(x[train_ids], y[train_ids]), TensorDataset(x[val_ids], y[val_ids])
+
+
+# ---------------------------------------------------------------------------------------
+# Training and evaluation
+# ---------------------------------------------------------------------------------------
+
+StepRunner = Callable[[int, Callable[[], object]], object]
+"""``step_runner(batch_size, fn)`` runs ``fn`` (one minibatch) and may account for it."""
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What one call of ``train`` did."""
+
+    num_examples: int  # size of the local training set
+    steps: int  # optimizer steps taken
+    samples: int  # samples processed (sum of minibatch sizes)
+    mean_loss: float  # mean training loss over the minibatches (nan if none)
+
+
+def scaled_lr(lr_ref: float, b_ref: int, batch_size: int) -> float:
+    """Learning rate for ``batch_size`` by square-root scaling from (``lr_ref``, ``b_ref``).
+
+    ``lr = lr_ref · sqrt(batch_size / b_ref)``, the rule the paper uses for Adam/AdamW.
+    """
+    if not lr_ref > 0:
+        raise ValueError(f"lr-ref: must be > 0, got {lr_ref!r}")
+    if not b_ref > 0:
+        raise ValueError(f"b-ref: must be > 0, got {b_ref!r}")
+    if not batch_size > 0:
+        raise ValueError(f"batch-size: must be > 0, got {batch_size!r}")
+    return float(lr_ref) * math.sqrt(batch_size / b_ref)
+
+
+def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    """The optimizer of every training in powerfl: Adam at ``lr``."""
+    return torch.optim.Adam(model.parameters(), lr=lr)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device the model's parameters live on (CPU for a model without parameters)."""
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
+def train_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+) -> float:
+    """One minibatch: forward, cross-entropy, backward, optimizer step; returns the loss.
+
+    On CUDA the call waits for the GPU, so a caller timing it measures the real step.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    if x.is_cuda:
+        torch.cuda.synchronize(x.device)
+    return float(loss.detach())
+
+
+def _run_step(step_runner: StepRunner | None, batch_size: int, fn: Callable[[], object]) -> None:
+    if step_runner is None:
+        fn()
+    else:
+        step_runner(batch_size, fn)
+
+
+def train(
+    model: nn.Module,
+    data: Data,
+    *,
+    batch_size: int,
+    lr: float,
+    epochs: int = 1,
+    seed: int = 0,
+    step_runner: StepRunner | None = None,
+    max_samples: int | None = None,
+) -> TrainResult:
+    """Train ``model`` in place with Adam on shuffled minibatches of ``data``.
+
+    A fresh optimizer is made for each call (local training in a federated round starts
+    from the received weights without optimizer state). Each epoch visits the data once in
+    a seeded random order; the last minibatch of an epoch may be smaller.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model; trained on the device its parameters live on.
+    data : TensorDataset or (Tensor, Tensor)
+        Training images and labels.
+    batch_size : int
+        Minibatch size b.
+    lr : float
+        Adam learning rate (see ``scaled_lr``).
+    epochs : int
+        Passes over ``data``.
+    seed : int
+        Seed of the minibatch order.
+    step_runner : callable, optional
+        ``step_runner(actual_batch_size, fn)`` is called for every minibatch with a zero-arg
+        ``fn`` doing forward, backward and the optimizer step; a device meter uses it to
+        account for device time and power. By default ``fn`` is just called.
+    max_samples : int, optional
+        Stop after the minibatch that brings the processed samples to this many.
+
+    Returns
+    -------
+    TrainResult
+        Examples, steps, samples processed and the mean training loss.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch-size: must be ≥ 1, got {batch_size!r}")
+    if epochs < 1:
+        raise ValueError(f"local-epochs: must be ≥ 1, got {epochs!r}")
+    x_all, y_all = as_tensors(data)
+    n = len(x_all)
+    device = model_device(model)
+    optimizer = make_optimizer(model, lr)
+    gen = torch.Generator().manual_seed(seed)
+    model.train()
+    losses: list[float] = []
+    samples = 0
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=gen)
+        for start in range(0, n, batch_size):
+            ids = order[start : start + batch_size]
+            xb, yb = x_all[ids].to(device), y_all[ids].to(device)
+
+            def fn(xb: torch.Tensor = xb, yb: torch.Tensor = yb) -> float:
+                loss = train_step(model, optimizer, xb, yb)
+                losses.append(loss)
+                return loss
+
+            _run_step(step_runner, len(ids), fn)
+            samples += len(ids)
+            if max_samples is not None and samples >= max_samples:
+                break
+        if max_samples is not None and samples >= max_samples:
+            break
+    mean_loss = float(np.mean(losses)) if losses else math.nan
+    return TrainResult(num_examples=n, steps=len(losses), samples=samples, mean_loss=mean_loss)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: Data, batch_size: int = 256) -> tuple[float, float]:
+    """Mean cross-entropy loss and accuracy of ``model`` on ``data``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model (evaluated in eval mode; its previous mode is restored).
+    data : TensorDataset or (Tensor, Tensor)
+        Images and labels.
+    batch_size : int
+        Evaluation minibatch size (does not change the result).
+
+    Returns
+    -------
+    (float, float)
+        Loss and accuracy in [0, 1]; (nan, nan) for empty data.
+    """
+    x_all, y_all = as_tensors(data)
+    n = len(x_all)
+    if n == 0:
+        return math.nan, math.nan
+    device = model_device(model)
+    was_training = model.training
+    model.eval()
+    loss_sum, correct = 0.0, 0
+    try:
+        for start in range(0, n, batch_size):
+            xb = x_all[start : start + batch_size].to(device)
+            yb = y_all[start : start + batch_size].to(device)
+            logits = model(xb)
+            loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
+            correct += int((logits.argmax(dim=1) == yb).sum())
+    finally:
+        model.train(was_training)
+    return loss_sum / n, correct / n
+
+
+def make_train_step(
+    model_name: str,
+    input_shape: tuple[int, ...],
+    batch_size: int,
+    num_classes: int = NUM_CLASSES,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+) -> Callable[[], None]:
+    """A zero-arg function running one real training step of ``model_name`` at ``batch_size``.
+
+    The model, an Adam optimizer and one synthetic batch (seeded) are built once; every call
+    does forward, backward and the optimizer step on that batch. Time and power of a step do
+    not depend on the data (paper §4.1), so the on-device profiler uses this.
+
+    Parameters
+    ----------
+    model_name : str
+        One of ``MODEL_NAMES``.
+    input_shape : tuple of int
+        Shape of one sample, e.g. ``IMAGE_SHAPE``.
+    batch_size : int
+        Minibatch size b.
+    num_classes : int
+        Classes of the model's head.
+    seed : int
+        Seed of the model's initial weights and the synthetic batch.
+    device : str or torch.device, optional
+        Where to run; CUDA when available, else CPU.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch-size: must be ≥ 1, got {batch_size!r}")
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build_model(model_name, num_classes).to(dev)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch_size, *input_shape, generator=gen).to(dev)
+    y = torch.randint(0, num_classes, (batch_size,), generator=gen).to(dev)
+    optimizer = make_optimizer(model, lr=1e-4)
+    model.train()
+
+    def step() -> None:
+        train_step(model, optimizer, x, y)
+
+    return step
+
+
+def estimate_train_memory_bytes(
+    model: nn.Module, input_shape: tuple[int, ...], batch_size: int
+) -> int:
+    """Approximate memory of training ``model`` with Adam at ``batch_size``, in bytes.
+
+    Weights + gradients + Adam's two moment buffers (4 × parameter bytes), plus activations:
+    the outputs of every leaf module for one sample, recorded with forward hooks, times
+    ``batch_size``, plus the input batch. This is an approximation: in-place ops are counted
+    as new tensors and framework workspace is ignored; it is meant to drop batch sizes that
+    clearly do not fit, not to predict the allocator's peak.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model (its mode is restored; its weights are not changed).
+    input_shape : tuple of int
+        Shape of one sample.
+    batch_size : int
+        Minibatch size b.
+
+    Returns
+    -------
+    int
+        Estimated bytes.
+    """
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
+    per_sample = 0
+
+    def hook(_m: nn.Module, _inp: object, out: object) -> None:
+        nonlocal per_sample
+        tensors = out if isinstance(out, tuple | list) else (out,)
+        per_sample += sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t))
+
+    leaves = [m for m in model.modules() if not list(m.children())]
+    handles = [m.register_forward_hook(hook) for m in leaves]
+    was_training = model.training
+    model.eval()  # batch of one: BatchNorm in train mode would refuse it
+    try:
+        x = torch.zeros(1, *input_shape, device=model_device(model))
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    input_bytes = math.prod(input_shape) * 4
+    return int(4 * param_bytes + buffer_bytes + batch_size * (per_sample + input_bytes))
+
+
+# ---------------------------------------------------------------------------------------
+# Weights
+# ---------------------------------------------------------------------------------------
+
+
+def get_weights(model: nn.Module) -> list[np.ndarray]:
+    """The model's state (parameters and buffers) as NumPy arrays, in ``state_dict`` order."""
+    return [v.detach().cpu().numpy().copy() for v in model.state_dict().values()]
+
+
+def set_weights(model: nn.Module, arrays: Sequence[np.ndarray]) -> None:
+    """Load arrays given in ``state_dict`` order (as from ``get_weights``) into ``model``."""
+    state = model.state_dict()
+    if len(arrays) != len(state):
+        raise ValueError(f"weights: expected {len(state)} arrays, got {len(arrays)}")
+    new = {}
+    for (k, v), a in zip(state.items(), arrays, strict=True):
+        if tuple(a.shape) != tuple(v.shape):
+            raise ValueError(f"weights: {k} has shape {tuple(v.shape)}, got {tuple(a.shape)}")
+        new[k] = torch.as_tensor(np.asarray(a), dtype=v.dtype)
+    model.load_state_dict(new, strict=True)
+
+
+def hash_tensors(items: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """sha256 (hex) over names, dtypes, shapes and bytes of named tensors (order matters)."""
+    h = hashlib.sha256()
+    for name, t in items:
+        arr = t.detach().cpu().contiguous().numpy()
+        h.update(f"{name}|{arr.dtype}|{arr.shape}|".encode())
+        h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+def state_hash(model_or_state: nn.Module | Mapping[str, torch.Tensor]) -> str:
+    """sha256 (hex) of a model's weights (or of a state dict), for cache keys.
+
+    Entries are hashed in key order, so the same weights give the same hash however the
+    mapping was built.
+    """
+    state = model_or_state.state_dict() if isinstance(model_or_state, nn.Module) else model_or_state
+    return hash_tensors(sorted(state.items()))
+
+
+def data_hash(data: Data) -> str:
+    """sha256 (hex) of a labelled data set, for cache keys."""
+    x, y = as_tensors(data)
+    return hash_tensors([("x", x), ("y", y)])

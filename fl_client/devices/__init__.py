@@ -1,6 +1,19 @@
-"""Device backends behind one protocol, and the factory that opens one."""
+"""Device backends behind one protocol, and the factory that opens one.
+
+Importing this package never needs hardware or vendor libraries: each backend imports its
+library (pynvml, jtop) only when opened, and ``open_device(..., backend="auto")`` says why
+each backend it passed over was not available.
+"""
 
 from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
 
 from fl_client.devices.base import (
     Device,
@@ -14,35 +27,261 @@ from fl_client.devices.base import (
     Workload,
     locked,
 )
+from fl_client.devices.sampler import DEFAULT_CAP_WINDOW_S, DEFAULT_SAMPLE_RATE_HZ
+
+log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "simulated", "jetson", "nvml", "replay")
+# What ``auto`` tries, in order: real hardware first, the twin last.
+AUTO_ORDER = ("jetson", "nvml", "replay", "simulated")
+POWER_SOURCES = ("auto", "sysfs", "jtop")  # jetson power readers: INA3221 sysfs, jtop service
 
 
-def open_device(kind: str, backend: str = "simulated", *, seed: int = 0) -> Device:
-    """Open the device ``kind`` through ``backend``.
+@dataclass(frozen=True)
+class DeviceOptions:
+    """Settings of the hardware and replay backends (node_config keys in kebab-case).
 
-    ``kind`` names a descriptor in ``configs/devices`` (e.g. ``jetson-nano``).
+    ``cap_window_s`` is how long sampled power may stay above P_max before the cap guard
+    (armed around training by ``cap_guard``) steps the GPU frequency down one level.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+
+    sysfs_root: str = "/"
+    state_dir: str | None = None  # default: $POWERFL_STATE_DIR or ~/.cache/powerfl/state
+    power_source: str = "auto"  # jetson: auto | sysfs | jtop
+    power_rails: tuple[str, ...] = ()  # jetson: rails summed as "board" power; () = VDD_IN…
+    sample_rate_hz: float = DEFAULT_SAMPLE_RATE_HZ
+    cap_window_s: float = DEFAULT_CAP_WINDOW_S
+    replay_table: str | None = None
+    nvml_index: int = 0
+    lock_clocks: bool | None = None  # nvml: None = when root, False = measure-only
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> DeviceOptions:
+        """Options from a node_config-like mapping; unknown keys are ignored."""
+
+        def number(key: str, default: float) -> float:
+            raw = config.get(key, default)
+            try:
+                value = float(raw)
+            except (TypeError, ValueError):
+                raise ValueError(f"{key}: expected a number, got {raw!r}") from None
+            if math.isnan(value) or value <= 0:
+                raise ValueError(f"{key}: must be > 0, got {raw!r}")
+            return value
+
+        def text(key: str) -> str | None:
+            raw = config.get(key)
+            return None if raw is None or str(raw).strip() == "" else str(raw)
+
+        power_source = text("power-source") or "auto"
+        if power_source not in POWER_SOURCES:
+            raise ValueError(
+                f"power-source: unknown {power_source!r}; allowed: {', '.join(POWER_SOURCES)}"
+            )
+        rails_raw = config.get("power-rails", ())
+        rails = rails_raw.split(",") if isinstance(rails_raw, str) else list(rails_raw)
+        lock_raw = config.get("lock-clocks")
+        lock_clocks: bool | None
+        if lock_raw is None or str(lock_raw).lower() in ("", "auto"):
+            lock_clocks = None
+        elif str(lock_raw).lower() in ("true", "1", "yes"):
+            lock_clocks = True
+        elif str(lock_raw).lower() in ("false", "0", "no"):
+            lock_clocks = False
+        else:
+            raise ValueError(f"lock-clocks: expected true, false or auto, got {lock_raw!r}")
+        try:
+            nvml_index = int(config.get("nvml-index", 0))
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"nvml-index: expected an integer, got {config.get('nvml-index')!r}"
+            ) from None
+        return cls(
+            sysfs_root=text("sysfs-root") or "/",
+            state_dir=text("state-dir"),
+            power_source=power_source,
+            power_rails=tuple(str(r).strip() for r in rails if str(r).strip()),
+            sample_rate_hz=number("sample-rate-hz", DEFAULT_SAMPLE_RATE_HZ),
+            cap_window_s=number("cap-window-s", DEFAULT_CAP_WINDOW_S),
+            replay_table=text("replay-table"),
+            nvml_index=nvml_index,
+            lock_clocks=lock_clocks,
+        )
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """Whether a backend can open here, and why not."""
+
+    backend: str
+    available: bool
+    reason: str
+
+
+def _open_backend(kind: str, backend: str, seed: int, options: DeviceOptions) -> Device:
     if backend == "simulated":
         from fl_client.devices.simulated import SimulatedDevice, load_device_spec
 
         return SimulatedDevice(load_device_spec(kind), seed=seed)
-    raise DeviceUnavailableError(f"backend: {backend!r} is not available in this build")
+    if backend == "jetson":
+        from fl_client.devices.jetson import JetsonDevice
+
+        return JetsonDevice(
+            kind,
+            root=options.sysfs_root,
+            state_dir=options.state_dir,
+            power_source=options.power_source,
+            power_rails=options.power_rails or None,
+            sample_rate_hz=options.sample_rate_hz,
+            cap_window_s=options.cap_window_s,
+        )
+    if backend == "nvml":
+        from fl_client.devices.nvml import NvmlDevice
+
+        return NvmlDevice(
+            kind,
+            index=options.nvml_index,
+            lock_clocks=options.lock_clocks,
+            state_dir=options.state_dir,
+            sample_rate_hz=options.sample_rate_hz,
+            cap_window_s=options.cap_window_s,
+        )
+    if backend == "replay":
+        from fl_client.devices.replay import ReplayDevice
+
+        if not options.replay_table:
+            raise DeviceUnavailableError(
+                "replay-table: the replay backend needs a measured table (CSV or JSON; "
+                "see configs/replay/README.md)"
+            )
+        return ReplayDevice.from_file(options.replay_table, kind)
+    raise ValueError(f"backend: unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+
+
+def detect_backends(kind: str = "", options: DeviceOptions | None = None) -> list[BackendStatus]:
+    """Which backends could open here, without changing anything or opening a device."""
+    opts = options or DeviceOptions()
+    out = []
+    from fl_client.devices.jetson import find_gpu_devfreq, find_power_rails
+
+    node = find_gpu_devfreq(opts.sysfs_root)
+    if node is None:
+        out.append(BackendStatus("jetson", False, "no Jetson GPU devfreq node"))
+    else:
+        rails = [r.name for r in find_power_rails(opts.sysfs_root)]
+        out.append(
+            BackendStatus(
+                "jetson", True, f"GPU at {node}; INA3221 rails: {', '.join(rails) or 'none'}"
+            )
+        )
+    try:
+        from fl_client.devices.nvml import gpu_count
+
+        count = gpu_count()
+        out.append(
+            BackendStatus("nvml", count > 0, f"{count} NVIDIA GPU(s)" if count else "no GPU")
+        )
+    except DeviceUnavailableError as err:
+        out.append(BackendStatus("nvml", False, str(err).removeprefix("nvml: ")))
+    if opts.replay_table:
+        exists = os.path.isfile(os.path.expanduser(opts.replay_table))
+        out.append(
+            BackendStatus(
+                "replay", exists, opts.replay_table if exists else "replay-table file not found"
+            )
+        )
+    else:
+        out.append(BackendStatus("replay", False, "no replay-table given"))
+    out.append(_simulated_status(kind))
+    return out
+
+
+def _simulated_status(kind: str) -> BackendStatus:
+    try:
+        from fl_client.devices.simulated import DEVICE_KINDS
+    except ImportError as err:
+        return BackendStatus("simulated", False, f"twin not available ({err})")
+    if kind in DEVICE_KINDS:
+        return BackendStatus("simulated", True, f"digital twin of {kind}")
+    return BackendStatus(
+        "simulated", False, f"no twin for kind {kind!r} (twins: {', '.join(DEVICE_KINDS)})"
+    )
+
+
+def cap_guard(
+    device: Device, p_max_w: float | None, *, window_s: float | None = None
+) -> AbstractContextManager[None]:
+    """Arm ``device``'s cap guard around training (a no-op for backends without one).
+
+    Inside the block, a ``jetson`` or ``nvml`` meter steps the GPU frequency down one level
+    whenever sampled power stays above ``p_max_w`` for the window, and its measurement
+    reports ``cap_violations`` and ``time_over_cap_s``. Not for profiling, which must
+    measure the configurations above the cap.
+    """
+    guard = getattr(device, "cap_guard", None)
+    if guard is None:
+        return nullcontext()
+    return guard(p_max_w, window_s=window_s)
+
+
+def open_device(
+    kind: str,
+    backend: str = "simulated",
+    *,
+    seed: int = 0,
+    options: DeviceOptions | None = None,
+) -> Device:
+    """Open the device ``kind`` through ``backend``.
+
+    ``kind`` names a descriptor in ``configs/devices`` (e.g. ``jetson-nano``); the hardware
+    backends use it as the reported kind (empty: detected). ``backend="auto"`` tries jetson,
+    nvml, replay (when ``options.replay_table`` is set) and the digital twin, in this order,
+    and logs why each one passed over was not available. ``seed`` only affects the twin.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+    opts = options or DeviceOptions()
+    if backend != "auto":
+        return _open_backend(kind, backend, seed, opts)
+    reasons = []
+    for candidate in AUTO_ORDER:
+        if candidate == "replay" and not opts.replay_table:
+            reasons.append("replay: no replay-table given")
+            continue
+        try:
+            device = _open_backend(kind, candidate, seed, opts)
+        except DeviceUnavailableError as err:
+            reasons.append(f"{candidate}: {err}")
+            continue
+        except (ImportError, LookupError, OSError, ValueError) as err:
+            if candidate != "simulated":  # e.g. a broken replay table: the user must know
+                raise
+            reasons.append(f"{candidate}: {err}")
+            continue
+        for reason in reasons:
+            log.info("backend auto: passed over %s", reason)
+        log.info("backend auto: using %s for %s", candidate, device.info.kind)
+        return device
+    raise DeviceUnavailableError("backend auto: no backend available; " + "; ".join(reasons))
 
 
 __all__ = [
+    "AUTO_ORDER",
     "BACKENDS",
+    "POWER_SOURCES",
+    "BackendStatus",
     "Device",
     "DeviceError",
     "DeviceInfo",
+    "DeviceOptions",
     "DevicePermissionError",
     "DeviceUnavailableError",
     "InvalidFrequencyError",
     "Measurement",
     "Meter",
     "Workload",
+    "cap_guard",
+    "detect_backends",
     "locked",
     "open_device",
 ]

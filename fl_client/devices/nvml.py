@@ -1,0 +1,309 @@
+"""The ``nvml`` backend: discrete NVIDIA GPUs through NVML (``pynvml`` from nvidia-ml-py).
+
+Power comes from ``nvmlDeviceGetPowerUsage`` (mW → W), energy from the total energy counter
+(mJ → J, Volta and newer) where the GPU has one, else from the sampled power. Locked graphics
+clocks need root; without them the device runs *measure-only*: its frequency list is the
+single clock it runs at, and asking for any other is a clear error. Restoring resets the
+locked clocks (NVML cannot read back an earlier lock, so none is assumed).
+
+On recent data-centre GPUs ``nvmlDeviceGetPowerUsage`` is an average over about a second, so
+short peaks are smoothed; the energy counter is the better figure for energy.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from fl_client.devices import safety
+from fl_client.devices.base import (
+    DeviceError,
+    DeviceInfo,
+    DevicePermissionError,
+    DeviceUnavailableError,
+    InvalidFrequencyError,
+)
+from fl_client.devices.sampler import (
+    DEFAULT_CAP_WINDOW_S,
+    DEFAULT_SAMPLE_RATE_HZ,
+    SampledDevice,
+    validate_rate_hz,
+)
+
+log = logging.getLogger(__name__)
+
+BACKEND = "nvml"
+POWER_RAIL = "nvml:gpu-board"  # NVML reports the whole board of the GPU
+_NO_PERMISSION = 4  # NVML_ERROR_NO_PERMISSION
+_NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED
+
+
+def import_pynvml() -> ModuleType:
+    """The ``pynvml`` module, or DeviceUnavailableError saying how to install it."""
+    try:
+        return importlib.import_module("pynvml")
+    except ImportError:
+        raise DeviceUnavailableError(
+            "nvml: pynvml is not installed (pip install nvidia-ml-py, or powerfl[nvml])"
+        ) from None
+
+
+def _code(nvml: ModuleType, err: BaseException) -> int | None:
+    if not isinstance(err, getattr(nvml, "NVMLError", ())):
+        return None
+    value = getattr(err, "value", None)
+    return value if isinstance(value, int) else None
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+class NvmlDevice(SampledDevice):
+    """One NVIDIA GPU through NVML: locked clocks when permitted, else measure-only.
+
+    ``lock_clocks``: None locks when running as root (else measure-only), False is always
+    measure-only (never touches the clocks), True requires locking and fails without root.
+    """
+
+    def __init__(
+        self,
+        kind: str = "",
+        *,
+        index: int = 0,
+        lock_clocks: bool | None = None,
+        state_dir: str | os.PathLike[str] | None = None,
+        sample_rate_hz: float = DEFAULT_SAMPLE_RATE_HZ,
+        cap_window_s: float = DEFAULT_CAP_WINDOW_S,
+        nvml: ModuleType | None = None,
+    ) -> None:
+        self._nvml = nv = nvml if nvml is not None else import_pynvml()
+        try:
+            nv.nvmlInit()
+        except Exception as err:
+            raise DeviceUnavailableError(
+                f"nvml: cannot initialise NVML ({err}); is the NVIDIA driver loaded?"
+            ) from None
+        try:
+            count = int(nv.nvmlDeviceGetCount())
+            if not 0 <= index < count:
+                raise DeviceUnavailableError(
+                    f"nvml-index: GPU {index} does not exist; this machine has {count} GPU(s)"
+                )
+            self._handle = nv.nvmlDeviceGetHandleByIndex(index)
+            self.name = _text(nv.nvmlDeviceGetName(self._handle))
+            self.uuid = _text(nv.nvmlDeviceGetUUID(self._handle))
+            total_bytes = int(nv.nvmlDeviceGetMemoryInfo(self._handle).total)
+            self._supported_mhz = self._supported_clocks_mhz()
+            self._has_energy_counter = self._probe_energy_counter()
+            self.index = index
+            self.sample_rate_hz = validate_rate_hz(sample_rate_hz)
+            self.cap_window_s = cap_window_s
+            self._lock = threading.RLock()
+            self._locked_mhz: float | None = None
+            self._record = safety.GpuStateRecord(state_dir, BACKEND, self.uuid)
+            if self._record.leftover() is not None:
+                self._reset_clocks()
+                safety.clear_state(self._record.path)
+                log.warning("nvml: reset the locked clocks a killed run left on %s", self.name)
+            self.measure_only = self._decide_measure_only(lock_clocks)
+            freqs = (self.current_gpu_freq_mhz(),) if self.measure_only else self._supported_mhz
+        except Exception:
+            nv.nvmlShutdown()
+            raise
+        self._info = DeviceInfo(
+            kind=kind or _slug(self.name),
+            backend=BACKEND,
+            gpu_freqs_mhz=freqs,
+            memory_bytes=total_bytes,
+            power_rail=POWER_RAIL,
+        )
+
+    def _decide_measure_only(self, lock_clocks: bool | None) -> bool:
+        is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+        if lock_clocks and not is_root:
+            raise DevicePermissionError(
+                "nvml: locking GPU clocks needs root; run the SuperNode as root, or set "
+                "lock-clocks = false to measure only"
+            )
+        want = is_root if lock_clocks is None else lock_clocks
+        if want and self._supported_mhz:
+            return False
+        why = "lock-clocks = false" if lock_clocks is False else "not root or no clock list"
+        log.info("nvml: %s is measure-only (%s)", self.name, why)
+        return True
+
+    def _supported_clocks_mhz(self) -> tuple[float, ...]:
+        nv, h = self._nvml, self._handle
+        try:
+            mem_mhz = max(int(m) for m in nv.nvmlDeviceGetSupportedMemoryClocks(h))
+            gpu_mhz = nv.nvmlDeviceGetSupportedGraphicsClocks(h, mem_mhz)
+        except Exception as err:
+            if _code(nv, err) is None:
+                raise
+            log.info("nvml: supported clocks not reported (%s)", err)
+            return ()
+        return tuple(sorted({float(f) for f in gpu_mhz}))
+
+    def _probe_energy_counter(self) -> bool:
+        try:
+            self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
+        except Exception as err:
+            if _code(self._nvml, err) is None:
+                raise
+            return False
+        return True
+
+    @property
+    def has_energy_counter(self) -> bool:
+        return self._has_energy_counter
+
+    @property
+    def state_file(self) -> Path:
+        return self._record.path
+
+    def current_gpu_freq_mhz(self) -> float:
+        nv = self._nvml
+        return float(nv.nvmlDeviceGetClockInfo(self._handle, nv.NVML_CLOCK_GRAPHICS))
+
+    def set_gpu_freq_mhz(self, freq_mhz: float) -> None:
+        match = next((f for f in self.gpu_freqs_mhz if abs(f - freq_mhz) < 1e-3), None)
+        if match is None:
+            if self.measure_only:
+                raise InvalidFrequencyError(
+                    f"gpu-freq-mhz: {self.name} is measure-only (locking clocks needs root "
+                    f"and lock-clocks not false); its only frequency is the clock it runs at, "
+                    f"{self.gpu_freqs_mhz[0]:g} MHz, not {freq_mhz:g} MHz"
+                )
+            raise InvalidFrequencyError(
+                f"gpu-freq-mhz: {freq_mhz:g} MHz is not a supported clock of {self.name}; "
+                f"allowed: {', '.join(f'{f:g}' for f in self.gpu_freqs_mhz)}"
+            )
+        if self.measure_only:
+            return  # the clock it runs at: nothing to change
+        with self._lock:
+            self._lock_mhz(match)
+
+    def _lock_mhz(self, freq_mhz: float) -> None:
+        self._record.begin({"uuid": self.uuid, "index": self.index}, self.restore)
+        nv = self._nvml
+        try:
+            nv.nvmlDeviceSetGpuLockedClocks(self._handle, int(freq_mhz), int(freq_mhz))
+        except Exception as err:
+            code = _code(nv, err)
+            if code is None:
+                raise
+            self.restore()
+            if code == _NO_PERMISSION:
+                raise DevicePermissionError(
+                    f"nvml: no permission to lock the clocks of {self.name}: run the "
+                    "SuperNode as root (or set lock-clocks = false to measure only)"
+                ) from None
+            raise DeviceError(
+                f"nvml: locking {self.name} at {freq_mhz:g} MHz failed: {err}"
+            ) from None
+        self._locked_mhz = freq_mhz
+
+    def step_down_gpu_freq_mhz(self) -> float | None:
+        with self._lock:
+            if self._locked_mhz is None:
+                return None
+            i = self.gpu_freqs_mhz.index(self._locked_mhz)
+            if i == 0:
+                return None
+            self._lock_mhz(self.gpu_freqs_mhz[i - 1])
+            return self.gpu_freqs_mhz[i - 1]
+
+    def _reset_clocks(self) -> None:
+        try:
+            self._nvml.nvmlDeviceResetGpuLockedClocks(self._handle)
+        except Exception as err:
+            if _code(self._nvml, err) is None:
+                raise
+            raise DeviceError(
+                f"nvml: resetting the locked clocks of {self.name} failed: {err}"
+            ) from None
+
+    def restore(self) -> None:
+        with self._lock:
+            if not self._record.active:
+                return
+            self._reset_clocks()
+            self._record.end()
+            self._locked_mhz = None
+
+    def read_power_w(self) -> float:
+        return float(self._nvml.nvmlDeviceGetPowerUsage(self._handle)) / 1000.0
+
+    def read_energy_j(self) -> float:
+        """The GPU's total energy counter since driver load, in joules."""
+        return float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)) / 1000.0
+
+    def energy_counter_j(self) -> Callable[[], float] | None:
+        return self.read_energy_j if self._has_energy_counter else None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self._info.kind,
+            "backend": BACKEND,
+            "name": self.name,
+            "uuid": self.uuid,
+            "index": self.index,
+            "mode": "measure-only" if self.measure_only else "locked clocks",
+            "gpu-freqs-mhz": list(self.gpu_freqs_mhz),
+            "supported-clocks-mhz": list(self._supported_mhz),
+            "cur-freq-mhz": self.current_gpu_freq_mhz(),
+            "memory-bytes": self._info.memory_bytes,
+            "power-rail": POWER_RAIL,
+            "power-w": self.read_power_w(),
+            "energy-counter": self._has_energy_counter,
+            "state-file": str(self._record.path),
+        }
+
+    def _release(self) -> None:
+        self._nvml.nvmlShutdown()
+
+
+def restore_saved_settings(settings: Mapping[str, Any], nvml: ModuleType | None = None) -> None:
+    """Reset the locked clocks of the GPU named in a state file (``--restore``)."""
+    nv = nvml if nvml is not None else import_pynvml()
+    nv.nvmlInit()
+    try:
+        handle = nv.nvmlDeviceGetHandleByUUID(str(settings["uuid"]))
+        nv.nvmlDeviceResetGpuLockedClocks(handle)
+    except Exception as err:
+        if _code(nv, err) is None:
+            raise
+        raise DeviceError(
+            f"nvml: resetting clocks of GPU {settings['uuid']} failed: {err}"
+        ) from None
+    finally:
+        nv.nvmlShutdown()
+
+
+def gpu_count(nvml: ModuleType | None = None) -> int:
+    """How many GPUs NVML sees (DeviceUnavailableError when it cannot be used)."""
+    nv = nvml if nvml is not None else import_pynvml()
+    try:
+        nv.nvmlInit()
+    except Exception as err:
+        raise DeviceUnavailableError(f"nvml: cannot initialise NVML ({err})") from None
+    try:
+        return int(nv.nvmlDeviceGetCount())
+    except Exception as err:
+        if _code(nv, err) is None:
+            raise
+        raise DeviceUnavailableError(f"nvml: cannot count GPUs ({err})") from None
+    finally:
+        nv.nvmlShutdown()

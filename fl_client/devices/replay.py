@@ -1,0 +1,423 @@
+"""The ``replay`` backend: time and power per (b, f) from a measured table (CSV or JSON).
+
+Published measurements or a user's own earlier profiles drive profiling and training
+accounting: ``fn`` of every step runs for real (the model really trains), while the step's
+device time, energy and peak power come from the table's row for (batch size, locked
+frequency), on an emulated clock like the digital twin's. The file format is documented in
+``configs/replay/README.md``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fl_client.devices.base import (
+    DeviceError,
+    DeviceInfo,
+    InvalidFrequencyError,
+    Measurement,
+    Workload,
+)
+
+BACKEND = "replay"
+FORMAT = "powerfl-replay/1"
+ROW_KEYS = ("batch_size", "freq_mhz", "time_per_step_s", "peak_power_w", "avg_power_w")
+GROUP_KEYS = ("device", "model", "input_shape")
+META_KEYS = ("power_rail", "memory_bytes", "source")
+
+
+class ReplayFormatError(DeviceError, ValueError):
+    """A replay table that cannot be read; the message names the file, row and key."""
+
+
+def _norm(key: str) -> str:
+    return key.strip().lower().replace("-", "_")
+
+
+def parse_shape(value: object, where: str) -> tuple[int, ...] | None:
+    """``[3, 32, 32]``, ``"3x32x32"`` or empty (any shape)."""
+    if value is None or value == "":
+        return None
+    try:
+        if isinstance(value, str):
+            parts = [p for p in value.lower().replace("×", "x").split("x") if p.strip()]
+            return tuple(int(p) for p in parts)
+        if isinstance(value, list | tuple):
+            return tuple(int(v) for v in value)
+    except ValueError:
+        pass
+    raise ReplayFormatError(
+        f"{where}: input_shape: expected e.g. 3x32x32 or [3, 32, 32], got {value!r}"
+    )
+
+
+@dataclass(frozen=True)
+class ReplayRow:
+    """One measured (b, f) point."""
+
+    batch_size: int
+    freq_mhz: float
+    time_per_step_s: float
+    peak_power_w: float
+    avg_power_w: float
+
+    @property
+    def time_per_sample_s(self) -> float:
+        return self.time_per_step_s / self.batch_size
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], where: str) -> ReplayRow:
+        data = {_norm(k): v for k, v in raw.items() if v not in (None, "")}
+
+        def number(key: str) -> float:
+            if key not in data:
+                raise ReplayFormatError(f"{where}: {key}: missing")
+            try:
+                value = float(data[key])
+            except (TypeError, ValueError):
+                raise ReplayFormatError(f"{where}: {key}: not a number: {data[key]!r}") from None
+            if not (math.isfinite(value) and value > 0):
+                raise ReplayFormatError(f"{where}: {key}: must be > 0, got {data[key]!r}")
+            return value
+
+        batch_size = number("batch_size")
+        if batch_size != int(batch_size):
+            raise ReplayFormatError(f"{where}: batch_size: must be an integer, got {batch_size}")
+        if "time_per_step_s" in data:
+            step_s = number("time_per_step_s")
+        elif "time_per_sample_s" in data:
+            step_s = number("time_per_sample_s") * batch_size
+        else:
+            raise ReplayFormatError(f"{where}: time_per_step_s or time_per_sample_s: missing")
+        row = cls(
+            int(batch_size),
+            number("freq_mhz"),
+            step_s,
+            number("peak_power_w"),
+            number("avg_power_w"),
+        )
+        if row.avg_power_w > row.peak_power_w * (1 + 1e-9):
+            raise ReplayFormatError(
+                f"{where}: avg_power_w {row.avg_power_w} above peak_power_w {row.peak_power_w}"
+            )
+        return row
+
+
+@dataclass(frozen=True)
+class ReplayTable:
+    """Measured rows of one (device, model, input shape)."""
+
+    device: str
+    model: str
+    input_shape: tuple[int, ...] | None
+    rows: tuple[ReplayRow, ...]
+    power_rail: str = ""
+    memory_bytes: int | None = None
+    source: str = ""
+    _index: dict[tuple[int, float], ReplayRow] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        for row in self.rows:
+            key = (row.batch_size, round(row.freq_mhz, 3))
+            if key in self._index:
+                raise ReplayFormatError(
+                    f"replay table {self.device}/{self.model}: two rows for "
+                    f"batch_size={row.batch_size}, freq_mhz={row.freq_mhz:g}"
+                )
+            self._index[key] = row
+
+    @property
+    def freqs_mhz(self) -> tuple[float, ...]:
+        return tuple(sorted({r.freq_mhz for r in self.rows}))
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted({r.batch_size for r in self.rows}))
+
+    def matches(self, workload: Workload) -> bool:
+        return self.model == workload.model_name and (
+            self.input_shape is None or self.input_shape == tuple(workload.input_shape)
+        )
+
+    def row(self, batch_size: int, freq_mhz: float) -> ReplayRow:
+        found = self._index.get((batch_size, round(freq_mhz, 3)))
+        if found is None:
+            at_f = sorted(r.batch_size for r in self.rows if abs(r.freq_mhz - freq_mhz) < 1e-3)
+            raise DeviceError(
+                f"replay: no row for batch_size={batch_size} at freq_mhz={freq_mhz:g} in the "
+                f"{self.device}/{self.model} table; at that frequency it has batch sizes "
+                f"{at_f or 'none'}, frequencies {', '.join(f'{f:g}' for f in self.freqs_mhz)}"
+            )
+        return found
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "device": self.device,
+            "model": self.model,
+            "input_shape": list(self.input_shape) if self.input_shape else None,
+            "power_rail": self.power_rail,
+            "memory_bytes": self.memory_bytes,
+            "source": self.source,
+            "rows": [
+                {
+                    "batch_size": r.batch_size,
+                    "freq_mhz": r.freq_mhz,
+                    "time_per_step_s": r.time_per_step_s,
+                    "peak_power_w": r.peak_power_w,
+                    "avg_power_w": r.avg_power_w,
+                }
+                for r in sorted(self.rows, key=lambda r: (r.batch_size, r.freq_mhz))
+            ],
+        }
+
+
+def _table(meta: Mapping[str, Any], rows: Sequence[ReplayRow], where: str) -> ReplayTable:
+    for key in ("device", "model"):
+        if not str(meta.get(key, "")).strip():
+            raise ReplayFormatError(f"{where}: {key}: missing")
+    if not rows:
+        raise ReplayFormatError(f"{where}: rows: the table has no rows")
+    memory = meta.get("memory_bytes")
+    try:
+        memory_bytes = int(memory) if memory not in (None, "") else None
+    except (TypeError, ValueError):
+        raise ReplayFormatError(f"{where}: memory_bytes: not an integer: {memory!r}") from None
+    return ReplayTable(
+        device=str(meta["device"]).strip(),
+        model=str(meta["model"]).strip(),
+        input_shape=parse_shape(meta.get("input_shape"), where),
+        rows=tuple(rows),
+        power_rail=str(meta.get("power_rail") or ""),
+        memory_bytes=memory_bytes,
+        source=str(meta.get("source") or ""),
+    )
+
+
+def _from_json(path: Path) -> list[ReplayTable]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ReplayFormatError(f"{path}: not valid JSON: {err}") from None
+    items = data.get("tables", [data]) if isinstance(data, dict) else data
+    if not isinstance(items, list):
+        raise ReplayFormatError(f"{path}: expected an object with rows, or a list of them")
+    tables = []
+    for t, item in enumerate(items):
+        where = f"{path} table #{t + 1}"
+        if not isinstance(item, dict) or not isinstance(item.get("rows"), list):
+            raise ReplayFormatError(f"{where}: rows: expected a list of row objects")
+        meta = {_norm(k): v for k, v in item.items() if k != "rows"}
+        rows = [ReplayRow.parse(r, f"{where} row #{i + 1}") for i, r in enumerate(item["rows"])]
+        tables.append(_table(meta, rows, where))
+    return tables
+
+
+def _from_csv(path: Path) -> list[ReplayTable]:
+    meta: dict[str, Any] = {}
+    lines: list[str] = []
+    line_numbers: list[int] = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        stripped = line.strip()
+        if stripped.startswith("#"):  # "# key: value" lines carry table-wide metadata
+            key, sep, value = stripped.lstrip("#").partition(":")
+            if sep and _norm(key) in (*GROUP_KEYS, *META_KEYS):
+                meta[_norm(key)] = value.strip()
+        elif stripped:
+            lines.append(line)
+            line_numbers.append(number)
+    reader = csv.DictReader(lines)
+    groups: dict[tuple[str, ...], tuple[dict[str, Any], list[ReplayRow]]] = {}
+    for i, raw in enumerate(reader):
+        where = f"{path} line {line_numbers[i + 1]}"
+        row = {_norm(k): (v.strip() if isinstance(v, str) else v) for k, v in raw.items() if k}
+        group_meta = {**meta, **{k: row[k] for k in GROUP_KEYS if row.get(k)}}
+        group = tuple(str(group_meta.get(k, "")) for k in GROUP_KEYS)
+        groups.setdefault(group, (group_meta, []))[1].append(ReplayRow.parse(row, where))
+    if not groups:
+        raise ReplayFormatError(f"{path}: rows: the table has no rows")
+    return [_table(m, rows, str(path)) for m, rows in groups.values()]
+
+
+def load_replay_tables(path: str | os.PathLike[str]) -> list[ReplayTable]:
+    """Every table in a ``.json`` or ``.csv`` replay file."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ReplayFormatError(f"replay-table: file not found: {p}")
+    if p.suffix.lower() == ".json":
+        return _from_json(p)
+    if p.suffix.lower() == ".csv":
+        return _from_csv(p)
+    raise ReplayFormatError(f"replay-table: {p}: expected a .json or .csv file")
+
+
+def save_replay_table(table: ReplayTable, path: str | os.PathLike[str]) -> Path:
+    """Write one table as JSON (or CSV with ``# key: value`` metadata lines) by suffix."""
+    p = Path(path)
+    if p.suffix.lower() == ".csv":
+        data = table.to_json()
+        head = [f"# {k}: {data[k]}" for k in ("device", "model", *META_KEYS) if data[k]]
+        if table.input_shape:
+            head.append("# input_shape: " + "x".join(map(str, table.input_shape)))
+        body = [",".join(ROW_KEYS)] + [
+            ",".join(f"{r[k]:g}" if isinstance(r[k], float) else str(r[k]) for k in ROW_KEYS)
+            for r in data["rows"]
+        ]
+        p.write_text("\n".join(head + body) + "\n")
+    else:
+        p.write_text(json.dumps(table.to_json(), indent=2) + "\n")
+    return p
+
+
+class ReplayMeter:
+    """Runs each step for real; accounts its time and power from the table."""
+
+    def __init__(self, device: ReplayDevice, table: ReplayTable) -> None:
+        self._device = device
+        self._table = table
+        self._m = Measurement()
+
+    def step(self, batch_size: int, fn: Callable[[], object]) -> None:
+        row = self._table.row(batch_size, self._device.current_gpu_freq_mhz())
+        fn()
+        self._device.advance_clock(row.time_per_step_s)
+        m = self._m
+        m.time_s += row.time_per_step_s
+        m.energy_j += row.avg_power_w * row.time_per_step_s
+        m.peak_power_w = max(m.peak_power_w, row.peak_power_w)
+        m.power_samples_w.append(row.peak_power_w)
+        m.steps += 1
+        m.samples += batch_size
+
+    @property
+    def measurement(self) -> Measurement:
+        return self._m
+
+
+def _twin_memory_bytes(kind: str) -> int | None:
+    try:
+        from fl_client.devices.simulated import load_device_spec
+
+        value = getattr(load_device_spec(kind), "memory_bytes", None)
+    except Exception:  # no twin for this kind (or no twin module): the table must say
+        return None
+    return int(value) if value else None
+
+
+class ReplayDevice:
+    """A device whose time and power come from measured tables, on an emulated clock."""
+
+    def __init__(self, tables: Sequence[ReplayTable], kind: str = "") -> None:
+        devices = sorted({t.device for t in tables})
+        if not kind and len(devices) > 1:
+            raise DeviceError(f"replay: the table holds devices {devices}; name one as kind")
+        kind = kind or (devices[0] if devices else "")
+        self._tables = [t for t in tables if t.device == kind]
+        if not self._tables:
+            raise DeviceError(
+                f"device: the replay table has no rows for {kind!r}; it has {', '.join(devices)}"
+            )
+        memory = next((t.memory_bytes for t in self._tables if t.memory_bytes), None)
+        memory = memory or _twin_memory_bytes(kind)
+        if not memory:
+            raise DeviceError(
+                f"replay: memory_bytes: missing for {kind!r} (no digital twin to take it "
+                "from); add it to the table"
+            )
+        freqs = tuple(sorted({f for t in self._tables for f in t.freqs_mhz}))
+        self._info = DeviceInfo(
+            kind=kind,
+            backend=BACKEND,
+            gpu_freqs_mhz=freqs,
+            memory_bytes=memory,
+            power_rail=next((t.power_rail for t in self._tables if t.power_rail), "replay"),
+        )
+        self._locked_mhz: float | None = None
+        self._clock_s = 0.0
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], kind: str = "") -> ReplayDevice:
+        return cls(load_replay_tables(path), kind)
+
+    @property
+    def info(self) -> DeviceInfo:
+        return self._info
+
+    @property
+    def gpu_freqs_mhz(self) -> tuple[float, ...]:
+        return self._info.gpu_freqs_mhz
+
+    @property
+    def tables(self) -> tuple[ReplayTable, ...]:
+        return tuple(self._tables)
+
+    def current_gpu_freq_mhz(self) -> float:
+        return self._locked_mhz if self._locked_mhz is not None else self.gpu_freqs_mhz[-1]
+
+    def set_gpu_freq_mhz(self, freq_mhz: float) -> None:
+        match = next((f for f in self.gpu_freqs_mhz if abs(f - freq_mhz) < 1e-3), None)
+        if match is None:
+            raise InvalidFrequencyError(
+                f"gpu-freq-mhz: {freq_mhz:g} MHz is not in the replay table of "
+                f"{self._info.kind}; allowed: {', '.join(f'{f:g}' for f in self.gpu_freqs_mhz)}"
+            )
+        self._locked_mhz = match
+
+    def restore(self) -> None:
+        self._locked_mhz = None
+
+    def now_s(self) -> float:
+        return self._clock_s
+
+    def advance_clock(self, dt_s: float) -> None:
+        """Move the emulated clock on by one step's device time."""
+        self._clock_s += dt_s
+
+    def table_for(self, workload: Workload) -> ReplayTable:
+        for table in self._tables:
+            if table.matches(workload):
+                return table
+        have = ", ".join(
+            f"{t.model} {'x'.join(map(str, t.input_shape)) if t.input_shape else '(any shape)'}"
+            for t in self._tables
+        )
+        raise DeviceError(
+            f"replay: no table for model {workload.model_name!r} at input shape "
+            f"{'x'.join(map(str, workload.input_shape))} on {self._info.kind}; it has: {have}"
+        )
+
+    @contextmanager
+    def measure(self, workload: Workload) -> Iterator[ReplayMeter]:
+        yield ReplayMeter(self, self.table_for(workload))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self._info.kind,
+            "backend": BACKEND,
+            "gpu-freqs-mhz": list(self.gpu_freqs_mhz),
+            "cur-freq-mhz": self.current_gpu_freq_mhz(),
+            "memory-bytes": self._info.memory_bytes,
+            "power-rail": self._info.power_rail,
+            "tables": [
+                {
+                    "model": t.model,
+                    "input-shape": t.input_shape,
+                    "rows": len(t.rows),
+                    "source": t.source,
+                }
+                for t in self._tables
+            ],
+        }
+
+    def close(self) -> None:
+        self.restore()

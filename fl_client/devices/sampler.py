@@ -1,0 +1,492 @@
+"""Power sampling on real hardware: a sampler thread, energy by integration, the cap guard.
+
+The hardware backends (``jetson``, ``nvml``) share one wall-clock Meter and one base class
+(``SampledDevice``) built here: every training step is bracketed by two synchronous power
+samples, a background thread samples in between (default 20 Hz; the paper's 1 Hz missed
+short peaks), and a step's energy is the trapezoidal integral of the piecewise-linear power
+trace over the step's time window.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TypeVar
+
+from fl_client.devices.base import DeviceInfo, Measurement, Workload
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SAMPLE_RATE_HZ = 20.0
+DEFAULT_CAP_WINDOW_S = 1.0
+
+PowerReader = Callable[[], float]
+Clock = Callable[[], float]
+
+
+def integrate_energy_j(times_s: Sequence[float], powers_w: Sequence[float]) -> float:
+    """Energy in joules of a sampled power trace, by the trapezoidal rule over time stamps."""
+    if len(times_s) != len(powers_w):
+        raise ValueError(f"{len(times_s)} time stamps for {len(powers_w)} power samples")
+    return sum(
+        0.5 * (powers_w[i] + powers_w[i + 1]) * (times_s[i + 1] - times_s[i])
+        for i in range(len(times_s) - 1)
+    )
+
+
+def validate_rate_hz(rate_hz: float, key: str = "sample-rate-hz") -> float:
+    ok = isinstance(rate_hz, int | float) and not isinstance(rate_hz, bool)
+    if not (ok and math.isfinite(rate_hz) and rate_hz > 0):
+        raise ValueError(f"{key}: must be a number of samples per second > 0, got {rate_hz!r}")
+    return float(rate_hz)
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    """Power over one time window: energy, highest power, and the samples inside."""
+
+    energy_j: float
+    peak_power_w: float
+    powers_w: tuple[float, ...]
+
+
+class PowerSampler:
+    """Samples ``read_power_w`` at ``rate_hz`` in a daemon thread, keeping (time, power) pairs.
+
+    ``clock`` and ``read_power_w`` are injectable so tests run on a synthetic trace;
+    ``on_sample(t_s, power_w)`` (e.g. the cap guard) is called after each sample.
+    """
+
+    def __init__(
+        self,
+        read_power_w: PowerReader,
+        *,
+        rate_hz: float = DEFAULT_SAMPLE_RATE_HZ,
+        clock: Clock = time.monotonic,
+        on_sample: Callable[[float, float], None] | None = None,
+    ) -> None:
+        self.rate_hz = validate_rate_hz(rate_hz)
+        self._read = read_power_w
+        self._clock = clock
+        self._on_sample = on_sample
+        self._lock = threading.Lock()
+        self._times_s: list[float] = []
+        self._powers_w: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.read_errors = 0
+
+    # -- sampling
+    def sample(self) -> tuple[float, float]:
+        """Take one sample now (any thread) and return ``(t_s, power_w)``."""
+        with self._lock:
+            t_s = self._clock()
+            power_w = float(self._read())
+            self._times_s.append(t_s)
+            self._powers_w.append(power_w)
+        if self._on_sample is not None:
+            self._on_sample(t_s, power_w)
+        return t_s, power_w
+
+    def try_sample(self) -> tuple[float, float] | None:
+        """``sample()``, but a sensor read error is logged (once) and skipped."""
+        try:
+            return self.sample()
+        except (OSError, ValueError) as err:
+            self.read_errors += 1
+            if self.read_errors == 1:
+                log.warning("power sensor read failed (%s); skipping samples", err)
+            return None
+
+    def stamp(self) -> float:
+        """Sample now and return the time stamp (the clock's time if the read failed)."""
+        taken = self.try_sample()
+        return taken[0] if taken is not None else self._clock()
+
+    def _run(self) -> None:
+        interval_s = 1.0 / self.rate_hz
+        while not self._stop.wait(interval_s):
+            self.try_sample()
+
+    def start(self) -> PowerSampler:
+        if self._thread is not None:
+            return self
+        self._stop.clear()
+        self.try_sample()
+        self._thread = threading.Thread(target=self._run, name="powerfl-power", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread (waits for it) and take a last sample."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join(timeout=max(5.0, 5.0 / self.rate_hz))
+        self._thread = None
+        self.try_sample()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    def __enter__(self) -> PowerSampler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- results
+    @property
+    def trace(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Time stamps (s) and powers (W) kept so far."""
+        with self._lock:
+            return tuple(self._times_s), tuple(self._powers_w)
+
+    @property
+    def energy_j(self) -> float:
+        times_s, powers_w = self.trace
+        return integrate_energy_j(times_s, powers_w)
+
+    @property
+    def peak_power_w(self) -> float:
+        return max(self.trace[1], default=0.0)
+
+    @property
+    def duration_s(self) -> float:
+        times_s = self.trace[0]
+        return times_s[-1] - times_s[0] if len(times_s) > 1 else 0.0
+
+    @property
+    def avg_power_w(self) -> float:
+        duration_s = self.duration_s
+        return self.energy_j / duration_s if duration_s > 0 else 0.0
+
+    def window(self, t0_s: float, t1_s: float) -> WindowStats:
+        """Power over ``[t0_s, t1_s]``, interpolating linearly at the window's edges."""
+        times_s, powers_w = self.trace
+        if not times_s or t1_s <= t0_s:
+            return WindowStats(0.0, 0.0, ())
+        inner = [i for i, t in enumerate(times_s) if t0_s < t < t1_s]
+        ts = [t0_s, *(times_s[i] for i in inner), t1_s]
+        ps = [
+            _interpolate(times_s, powers_w, t0_s),
+            *(powers_w[i] for i in inner),
+            _interpolate(times_s, powers_w, t1_s),
+        ]
+        exact = tuple(p for t, p in zip(times_s, powers_w, strict=True) if t0_s <= t <= t1_s)
+        return WindowStats(integrate_energy_j(ts, ps), max(ps), exact)
+
+    def discard_before(self, t_s: float) -> None:
+        """Forget samples older than ``t_s`` but keep the last one before it (for edges)."""
+        with self._lock:
+            first = bisect.bisect_left(self._times_s, t_s)  # first sample at or after t_s
+            exact = first < len(self._times_s) and self._times_s[first] == t_s
+            keep_from = first if exact else max(first - 1, 0)
+            del self._times_s[:keep_from]
+            del self._powers_w[:keep_from]
+
+
+def _interpolate(times_s: Sequence[float], powers_w: Sequence[float], t_s: float) -> float:
+    """Power at ``t_s`` on the piecewise-linear trace (held constant outside it)."""
+    if t_s <= times_s[0]:
+        return powers_w[0]
+    if t_s >= times_s[-1]:
+        return powers_w[-1]
+    for i in range(1, len(times_s)):
+        if times_s[i] >= t_s:
+            t_a, t_b = times_s[i - 1], times_s[i]
+            p_a, p_b = powers_w[i - 1], powers_w[i]
+            if t_b == t_a:
+                return p_b
+            return p_a + (p_b - p_a) * (t_s - t_a) / (t_b - t_a)
+    return powers_w[-1]  # pragma: no cover - unreachable
+
+
+class CapGuard:
+    """Watches sampled power against P_max during training.
+
+    When power stays above ``p_max_w`` for ``window_s`` or longer, ``on_violation`` is called
+    (the backend steps the GPU frequency down one level) and counted; the time spent above
+    the cap is accumulated with linear interpolation of the crossing points.
+    """
+
+    def __init__(
+        self,
+        p_max_w: float,
+        *,
+        window_s: float = DEFAULT_CAP_WINDOW_S,
+        on_violation: Callable[[], None] | None = None,
+    ) -> None:
+        if not (math.isfinite(p_max_w) and p_max_w > 0):
+            raise ValueError(f"p-max-w: the cap guard needs a finite cap > 0 W, got {p_max_w!r}")
+        if not (math.isfinite(window_s) and window_s >= 0):
+            raise ValueError(f"cap-window-s: must be ≥ 0 s, got {window_s!r}")
+        self.p_max_w = float(p_max_w)
+        self.window_s = float(window_s)
+        self._on_violation = on_violation
+        self.cap_violations = 0
+        self.time_over_cap_s = 0.0
+        self._last: tuple[float, float] | None = None
+        self._over_since_s: float | None = None
+        self._lock = threading.Lock()
+
+    def update(self, t_s: float, power_w: float) -> None:
+        fire = False
+        with self._lock:
+            cap = self.p_max_w
+            crossing_s = t_s
+            if self._last is not None:
+                t_a, p_a = self._last
+                dt = t_s - t_a
+                if dt > 0:
+                    if p_a > cap and power_w > cap:
+                        self.time_over_cap_s += dt
+                    elif p_a > cap or power_w > cap:
+                        # Linear crossing between the two samples.
+                        crossing_s = t_a + dt * (cap - p_a) / (power_w - p_a)
+                        self.time_over_cap_s += (
+                            (t_s - crossing_s) if power_w > cap else (crossing_s - t_a)
+                        )
+            self._last = (t_s, power_w)
+            if power_w > cap:
+                if self._over_since_s is None:
+                    self._over_since_s = crossing_s
+                if t_s - self._over_since_s >= self.window_s:
+                    self.cap_violations += 1
+                    self._over_since_s = t_s  # the next step down needs another full window
+                    fire = True
+            else:
+                self._over_since_s = None
+        if fire and self._on_violation is not None:
+            self._on_violation()
+
+
+@dataclass
+class PowerMeasurement(Measurement):
+    """A Measurement from a real power sensor, with the cap guard's figures.
+
+    ``energy_j`` comes from the device's own energy counter where it has one (NVML), else it
+    is ``sampled_energy_j``, the integral of the sampled power.
+    """
+
+    cap_violations: int = 0
+    time_over_cap_s: float = 0.0
+    sampled_energy_j: float = 0.0
+    counter_energy_j: float | None = None
+    power_rail: str = ""
+
+
+def cuda_synchronize() -> None:
+    """Wait for queued CUDA work, so wall time covers the step (no-op without CUDA in use)."""
+    torch = sys.modules.get("torch")  # never import torch here: only sync if the step used it
+    if torch is None:
+        return
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and cuda.is_available() and cuda.is_initialized():
+        cuda.synchronize()
+
+
+class SampledMeter:
+    """Wall-clock Meter: times each step, integrates sampled power over it, runs the guard."""
+
+    def __init__(
+        self,
+        sampler: PowerSampler,
+        *,
+        power_rail: str,
+        guard: CapGuard | None = None,
+        energy_counter_j: Callable[[], float] | None = None,
+        synchronize: Callable[[], None] = cuda_synchronize,
+    ) -> None:
+        self._sampler = sampler
+        self._guard = guard
+        self._counter = energy_counter_j
+        self._sync = synchronize
+        self._m = PowerMeasurement(power_rail=power_rail)
+        if energy_counter_j is not None:
+            self._m.counter_energy_j = 0.0
+
+    def step(self, batch_size: int, fn: Callable[[], object]) -> None:
+        if batch_size <= 0:
+            raise ValueError(f"batch_size: must be > 0, got {batch_size}")
+        self._sync()
+        e0_j = self._counter() if self._counter is not None else 0.0
+        t0_s = self._sampler.stamp()
+        fn()
+        self._sync()
+        t1_s = self._sampler.stamp()
+        e1_j = self._counter() if self._counter is not None else 0.0
+        window = self._sampler.window(t0_s, t1_s)
+        m = self._m
+        m.time_s += t1_s - t0_s
+        m.sampled_energy_j += window.energy_j
+        if m.counter_energy_j is not None:
+            m.counter_energy_j += max(0.0, e1_j - e0_j)
+        m.energy_j = m.counter_energy_j if m.counter_energy_j is not None else m.sampled_energy_j
+        m.peak_power_w = max(m.peak_power_w, window.peak_power_w)
+        m.power_samples_w.extend(window.powers_w)
+        m.steps += 1
+        m.samples += batch_size
+        self._sampler.discard_before(t1_s)
+
+    @property
+    def measurement(self) -> PowerMeasurement:
+        if self._guard is not None:
+            self._m.cap_violations = self._guard.cap_violations
+            self._m.time_over_cap_s = self._guard.time_over_cap_s
+        return self._m
+
+
+@contextmanager
+def sampled_measurement(
+    read_power_w: PowerReader,
+    *,
+    power_rail: str,
+    rate_hz: float = DEFAULT_SAMPLE_RATE_HZ,
+    clock: Clock = time.monotonic,
+    guard: CapGuard | None = None,
+    energy_counter_j: Callable[[], float] | None = None,
+) -> Iterator[SampledMeter]:
+    """A running sampler and the Meter on top of it; the thread stops on the way out."""
+    sampler = PowerSampler(
+        read_power_w,
+        rate_hz=rate_hz,
+        clock=clock,
+        on_sample=guard.update if guard is not None else None,
+    )
+    with sampler:
+        yield SampledMeter(
+            sampler, power_rail=power_rail, guard=guard, energy_counter_j=energy_counter_j
+        )
+
+
+_D = TypeVar("_D", bound="SampledDevice")
+
+
+class SampledDevice:
+    """What the hardware backends (jetson, nvml) share: wall clock, sampled meter, cap guard.
+
+    Subclasses set ``_info`` and implement ``read_power_w``, ``restore``,
+    ``step_down_gpu_freq_mhz`` and (if they hold resources) ``_release``.
+
+    The cap guard is armed only around training: profiling must measure configurations
+    above the cap (that is how it finds the feasible ones), so ``with device.cap_guard(p):``
+    arms it for the meters opened inside the block.
+    """
+
+    _info: DeviceInfo
+    sample_rate_hz: float = DEFAULT_SAMPLE_RATE_HZ
+    cap_window_s: float = DEFAULT_CAP_WINDOW_S
+    _armed_p_max_w: float | None = None
+
+    @property
+    def info(self) -> DeviceInfo:
+        return self._info
+
+    @property
+    def gpu_freqs_mhz(self) -> tuple[float, ...]:
+        return self._info.gpu_freqs_mhz
+
+    def now_s(self) -> float:
+        return time.monotonic()
+
+    def read_power_w(self) -> float:
+        raise NotImplementedError
+
+    def energy_counter_j(self) -> Callable[[], float] | None:
+        """The device's own energy counter in J, if it has one (else power is integrated)."""
+        return None
+
+    def restore(self) -> None:
+        raise NotImplementedError
+
+    def step_down_gpu_freq_mhz(self) -> float | None:
+        """Lock one frequency level lower; None when not locked or already lowest."""
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        """Free what the backend holds (library handles, reader threads)."""
+
+    @contextmanager
+    def cap_guard(self, p_max_w: float | None, *, window_s: float | None = None) -> Iterator[None]:
+        """Arm the guard at ``p_max_w`` (None or inf: no cap, nothing armed) inside the block."""
+        armed = p_max_w is not None and not math.isinf(p_max_w)
+        window = self.cap_window_s if window_s is None else window_s
+        if p_max_w is not None and armed:
+            CapGuard(p_max_w, window_s=window)  # validate now, not in the sampler thread
+        saved = (self._armed_p_max_w, self.cap_window_s)
+        self._armed_p_max_w, self.cap_window_s = (p_max_w if armed else None), window
+        try:
+            yield
+        finally:
+            self._armed_p_max_w, self.cap_window_s = saved
+
+    def _new_guard(self) -> CapGuard | None:
+        p_max_w = self._armed_p_max_w
+        if p_max_w is None:
+            return None
+        window_s = self.cap_window_s
+        backend = self._info.backend
+        stuck_told = False
+
+        def step_down() -> None:
+            nonlocal stuck_told
+            new_mhz = self.step_down_gpu_freq_mhz()
+            if new_mhz is not None:
+                log.warning(
+                    "%s: power above P_max %.2f W for %.1f s: GPU frequency stepped down to %g MHz",
+                    backend,
+                    p_max_w,
+                    window_s,
+                    new_mhz,
+                )
+            elif not stuck_told:  # said once; the violations keep being counted
+                stuck_told = True
+                log.warning(
+                    "%s: power above P_max %.2f W for %.1f s and the GPU frequency cannot go "
+                    "lower (lowest level, or not locked): the cap is not met",
+                    backend,
+                    p_max_w,
+                    window_s,
+                )
+
+        return CapGuard(p_max_w, window_s=window_s, on_violation=step_down)
+
+    @contextmanager
+    def measure(self, workload: Workload) -> Iterator[SampledMeter]:
+        """Time and power of the steps run through the meter (wall clock, sampled power)."""
+        with sampled_measurement(
+            self.read_power_w,
+            power_rail=self._info.power_rail,
+            rate_hz=self.sample_rate_hz,
+            clock=self.now_s,
+            guard=self._new_guard(),
+            energy_counter_j=self.energy_counter_j(),
+        ) as meter:
+            yield meter
+
+    def close(self) -> None:
+        try:
+            self.restore()
+        finally:
+            self._release()
+
+    def __enter__(self: _D) -> _D:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

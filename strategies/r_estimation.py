@@ -1,0 +1,634 @@
+"""Server-side estimation of r (paper §4.2, Eq. 3): proxy training per batch size, cached.
+
+From the same initial weights, the model is trained with every batch size b on the proxy
+training set (Adam, learning rate scaled by sqrt(b / b_ref)) and evaluated on the proxy
+evaluation set on a fixed schedule in samples. ``N_s_acc(b)`` is the number of samples
+processed when the proxy target accuracy is first reached, averaged over seeds, and
+``r_b = N_s_acc(b) / max_b N_s_acc(b)``.
+
+Budget rule: a batch size that does not reach the target within ``max_samples`` for every
+seed is marked *unreached*, reported, and left out of the batch sizes the server sends (its
+r would be unbounded, and a client must not pick it). If no batch size reaches the target,
+``TargetNotReachedError`` says to lower ``proxy-target-accuracy`` or raise ``max-samples``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fl_client import task
+from fl_client.settings import parse_batch_sizes
+
+log = logging.getLogger(__name__)
+
+#: Bump when a change to this module or to training changes the numbers it produces:
+#: it is part of the cache key, so old cache entries are not reused.
+CODE_VERSION = "r-estimation/1"
+
+#: Defaults measured for the embedded demo (cnn on the digits proxy slice, B = 4…128,
+#: Adam, b-ref 128, proxy-target-accuracy 0.8, one seed, 2 CPU threads): 7–13 s per
+#: estimate, 8k–15k samples; every b reaches the target within 0.8k–5.2k samples (r ≈ 0.2,
+#: 0.2, 0.3, 0.4, 0.5, 1 at lr-ref 1e-2; ≈ 0.3, 0.35, 0.45, 0.55, 0.7, 1 at 3e-3). An
+#: evaluation every 128 samples is one step of the largest b, so the schedule is exact for
+#: every b; 12288 samples leave a ≥2.4× margin over the slowest b.
+DEFAULT_EVAL_EVERY_SAMPLES = 128
+DEFAULT_MAX_SAMPLES = 12288
+
+ProgressFn = Callable[[int], None]
+
+
+class TargetNotReachedError(RuntimeError):
+    """No batch size reached the proxy target accuracy within the sample budget."""
+
+    def __init__(self, message: str, estimate: REstimate) -> None:
+        super().__init__(message)
+        self.estimate = estimate
+
+
+@dataclass(frozen=True)
+class REstimate:
+    """Result of ``estimate_r``.
+
+    Attributes
+    ----------
+    model_name : str
+        The model trained.
+    batch_sizes : tuple of int
+        The batch sizes that reached the target (ascending): the ones the server sends.
+    r : tuple of float
+        ``r_b`` in (0, 1], aligned with ``batch_sizes``; its maximum is 1.
+    all_batch_sizes : tuple of int
+        Every batch size that was tried.
+    reached : tuple of bool
+        Whether each of ``all_batch_sizes`` reached the target for every seed.
+    samples_to_target : dict
+        b → samples to target per seed (``None`` where the budget ran out).
+    mean_samples_to_target : dict
+        b → mean over seeds of ``samples_to_target`` (``None`` if unreached): N_s_acc(b).
+    unreached : tuple of int
+        Batch sizes left out by the budget rule.
+    curves : dict
+        b → per seed, the (samples, proxy accuracy) evaluation points.
+    cost_time_s : float
+        Host wall time of the estimation (of the original run when read from the cache).
+    cost_samples : int
+        Training samples processed over all (seed, b) runs.
+    settings : dict
+        What the estimate depends on (target, lr-ref, b-ref, schedule, budget, seeds, …).
+    cache_key : str
+        sha256 of everything the estimate depends on.
+    from_cache : bool
+        True when read from the on-disk cache (not part of equality or JSON).
+    """
+
+    model_name: str
+    batch_sizes: tuple[int, ...]
+    r: tuple[float, ...]
+    all_batch_sizes: tuple[int, ...]
+    reached: tuple[bool, ...]
+    samples_to_target: dict[int, tuple[int | None, ...]]
+    mean_samples_to_target: dict[int, float | None]
+    unreached: tuple[int, ...]
+    curves: dict[int, tuple[tuple[tuple[int, float], ...], ...]]
+    cost_time_s: float
+    cost_samples: int
+    settings: dict[str, Any]
+    cache_key: str = ""
+    from_cache: bool = field(default=False, compare=False)
+
+    @property
+    def r_by_batch_size(self) -> dict[int, float]:
+        """b → r_b for the reached batch sizes."""
+        return dict(zip(self.batch_sizes, self.r, strict=True))
+
+    def table(self) -> list[dict[str, Any]]:
+        """One row per tried batch size: lr, reached, N_s_acc per seed and mean, r."""
+        lrs = self.settings.get("lr_by_batch_size", {})
+        return [
+            {
+                "batch-size": b,
+                "lr": lrs.get(str(b)),
+                "reached": ok,
+                "samples-to-target": list(self.samples_to_target[b]),
+                "mean-samples-to-target": self.mean_samples_to_target[b],
+                "r": self.r_by_batch_size.get(b),
+            }
+            for b, ok in zip(self.all_batch_sizes, self.reached, strict=True)
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-compatible dict (``json.dumps`` it); inverse of ``from_json``."""
+        return {
+            "code_version": CODE_VERSION,
+            "model_name": self.model_name,
+            "batch_sizes": list(self.batch_sizes),
+            "r": list(self.r),
+            "all_batch_sizes": list(self.all_batch_sizes),
+            "reached": list(self.reached),
+            "samples_to_target": {str(b): list(v) for b, v in self.samples_to_target.items()},
+            "mean_samples_to_target": {str(b): v for b, v in self.mean_samples_to_target.items()},
+            "unreached": list(self.unreached),
+            "curves": {
+                str(b): [[list(pt) for pt in c] for c in cs] for b, cs in self.curves.items()
+            },
+            "cost_time_s": self.cost_time_s,
+            "cost_samples": self.cost_samples,
+            "settings": self.settings,
+            "cache_key": self.cache_key,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | str, *, from_cache: bool = False) -> REstimate:
+        """Rebuild from ``to_json()``'s dict (or its JSON text).
+
+        Raises
+        ------
+        ValueError
+            Malformed or inconsistent data (missing keys, wrong types, r outside (0, 1]).
+        """
+        d = json.loads(data) if isinstance(data, str) else data
+        try:
+            est = cls(
+                model_name=str(d["model_name"]),
+                batch_sizes=tuple(int(b) for b in d["batch_sizes"]),
+                r=tuple(float(x) for x in d["r"]),
+                all_batch_sizes=tuple(int(b) for b in d["all_batch_sizes"]),
+                reached=tuple(bool(x) for x in d["reached"]),
+                samples_to_target={
+                    int(b): tuple(None if s is None else int(s) for s in v)
+                    for b, v in d["samples_to_target"].items()
+                },
+                mean_samples_to_target={
+                    int(b): None if v is None else float(v)
+                    for b, v in d["mean_samples_to_target"].items()
+                },
+                unreached=tuple(int(b) for b in d["unreached"]),
+                curves={
+                    int(b): tuple(tuple((int(s), float(a)) for s, a in c) for c in cs)
+                    for b, cs in d["curves"].items()
+                },
+                cost_time_s=float(d["cost_time_s"]),
+                cost_samples=int(d["cost_samples"]),
+                settings=dict(d["settings"]),
+                cache_key=str(d.get("cache_key", "")),
+                from_cache=from_cache,
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"malformed r estimate: {exc!r}") from exc
+        if len(est.r) != len(est.batch_sizes) or len(est.reached) != len(est.all_batch_sizes):
+            raise ValueError("malformed r estimate: lengths do not match")
+        if not all(0.0 < x <= 1.0 for x in est.r):
+            raise ValueError(f"malformed r estimate: r outside (0, 1]: {est.r}")
+        return est
+
+
+def validate_settings(
+    batch_sizes: Sequence[int],
+    *,
+    target_accuracy: float,
+    lr_ref: float,
+    b_ref: int,
+    eval_every_samples: int,
+    max_samples: int,
+    seeds: Sequence[int],
+) -> list[int]:
+    """Check the estimation settings; returns the batch sizes as a list of ints.
+
+    Raises
+    ------
+    ValueError
+        The message names the offending key and what is allowed (a ``SettingsError``
+        for ``batch-sizes``).
+    """
+    sizes = parse_batch_sizes(list(batch_sizes))
+    if not 0.0 < target_accuracy < 1.0:
+        raise ValueError(f"proxy-target-accuracy: must be in (0, 1), got {target_accuracy!r}")
+    if not lr_ref > 0:
+        raise ValueError(f"lr-ref: must be > 0, got {lr_ref!r}")
+    if not b_ref > 0:
+        raise ValueError(f"b-ref: must be > 0, got {b_ref!r}")
+    if not eval_every_samples > 0:
+        raise ValueError(f"eval-every-samples: must be > 0, got {eval_every_samples!r}")
+    if not max_samples >= eval_every_samples:
+        raise ValueError(
+            f"max-samples: must be ≥ eval-every-samples ({eval_every_samples}), got {max_samples!r}"
+        )
+    if not seeds:
+        raise ValueError("r-seeds: at least one seed is needed")
+    return sizes
+
+
+def cache_key(
+    model_name: str,
+    initial_state_dict: Mapping[str, torch.Tensor],
+    proxy_train: task.Data,
+    proxy_eval: task.Data,
+    batch_sizes: Sequence[int],
+    settings: Mapping[str, Any],
+) -> str:
+    """sha256 (hex) of everything an estimate depends on, including ``CODE_VERSION``."""
+    payload = {
+        "code_version": CODE_VERSION,
+        "model_name": model_name,
+        "initial_state": task.state_hash(initial_state_dict),
+        "proxy_train": task.data_hash(proxy_train),
+        "proxy_eval": task.data_hash(proxy_eval),
+        "batch_sizes": [int(b) for b in batch_sizes],
+        "settings": dict(settings),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def samples_to_target(
+    model_name: str,
+    initial_state_dict: Mapping[str, torch.Tensor],
+    proxy_train: task.Data,
+    proxy_eval: task.Data,
+    *,
+    batch_size: int,
+    lr: float,
+    target_accuracy: float,
+    eval_every_samples: int,
+    max_samples: int,
+    seed: int,
+    on_eval: ProgressFn | None = None,
+) -> tuple[int | None, list[tuple[int, float]], int]:
+    """Train one (b, seed) from ``initial_state_dict`` until the proxy target accuracy.
+
+    Minibatches of exactly ``batch_size`` samples are drawn from a stream of seeded
+    permutations of ``proxy_train`` (a minibatch may span two epochs, so every step has the
+    same size even when b does not divide the set). The model is evaluated on ``proxy_eval``
+    after the first step that reaches each multiple of ``eval_every_samples`` (and at the
+    budget's end); when ``eval_every_samples`` is a multiple of b that is exactly the
+    schedule, otherwise the next step boundary after it.
+
+    Returns
+    -------
+    (int or None, list of (int, float), int)
+        Samples processed when the target was first reached (``None`` if not within
+        ``max_samples``), the evaluation points, and the samples processed in all.
+    """
+    model = task.build_model(model_name)
+    model.load_state_dict(dict(initial_state_dict))
+    device = task.model_device(model)
+    x_all, y_all = task.as_tensors(proxy_train)
+    n = len(x_all)
+    if n == 0:
+        raise ValueError("proxy_train: empty proxy training set")
+    optimizer = task.make_optimizer(model, lr)
+    gen = torch.Generator().manual_seed(seed)
+    model.train()
+    order = torch.randperm(n, generator=gen)
+    pos = 0
+    samples = 0
+    next_eval = eval_every_samples
+    curve: list[tuple[int, float]] = []
+    while samples < max_samples:
+        parts = []
+        need = batch_size
+        while need > 0:
+            if pos == n:
+                order, pos = torch.randperm(n, generator=gen), 0
+            take = min(need, n - pos)
+            parts.append(order[pos : pos + take])
+            pos += take
+            need -= take
+        ids = torch.cat(parts)
+        task.train_step(model, optimizer, x_all[ids].to(device), y_all[ids].to(device))
+        samples += batch_size
+        if samples >= next_eval or samples >= max_samples:
+            _, acc = task.evaluate(model, proxy_eval)
+            curve.append((samples, float(acc)))
+            if on_eval is not None:
+                on_eval(samples)
+            if acc >= target_accuracy:
+                return samples, curve, samples
+            next_eval = (samples // eval_every_samples + 1) * eval_every_samples
+    return None, curve, samples
+
+
+def estimate_r(
+    model_name: str,
+    initial_state_dict: Mapping[str, torch.Tensor],
+    proxy_train: task.Data,
+    proxy_eval: task.Data,
+    batch_sizes: Sequence[int],
+    *,
+    target_accuracy: float,
+    lr_ref: float,
+    b_ref: int,
+    eval_every_samples: int = DEFAULT_EVAL_EVERY_SAMPLES,
+    max_samples: int = DEFAULT_MAX_SAMPLES,
+    seeds: Sequence[int] = (0,),
+    cache_dir: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+) -> REstimate:
+    """Estimate r (Eq. 3) on the proxy set, reading and writing an on-disk cache.
+
+    Parameters
+    ----------
+    model_name : str
+        One of ``fl_client.task.MODEL_NAMES``.
+    initial_state_dict : mapping of str to Tensor
+        The weights every run starts from (the federated run's initial global model).
+    proxy_train, proxy_eval : TensorDataset or (Tensor, Tensor)
+        The server's proxy data D_S: trained on, and evaluated on.
+    batch_sizes : sequence of int
+        B, positive and strictly ascending (``batch-sizes``).
+    target_accuracy : float
+        Proxy target accuracy in (0, 1) (``proxy-target-accuracy``).
+    lr_ref : float
+        Adam learning rate at ``b_ref`` (``lr-ref``); b trains at lr_ref·sqrt(b/b_ref).
+    b_ref : int
+        Reference batch size (``b-ref``).
+    eval_every_samples : int
+        Evaluation period in samples, the same for every b (``eval-every-samples``); a
+        multiple of max(B) makes the schedule exact for every b.
+    max_samples : int
+        Budget per (seed, b) run (``max-samples``).
+    seeds : sequence of int
+        Data-order seeds; N_s_acc(b) is averaged over them (``r-seeds``).
+    cache_dir : path, optional
+        Where estimates are cached (keyed by ``cache_key``); no caching if ``None``.
+    progress : bool
+        A rich progress bar on a terminal; plain log lines otherwise or when False.
+
+    Returns
+    -------
+    REstimate
+        r for the batch sizes that reached the target, and the full per-b table.
+
+    Raises
+    ------
+    ValueError
+        Invalid settings (the message names the key).
+    TargetNotReachedError
+        No batch size reached the target within ``max_samples``.
+    """
+    sizes = validate_settings(
+        batch_sizes,
+        target_accuracy=target_accuracy,
+        lr_ref=lr_ref,
+        b_ref=b_ref,
+        eval_every_samples=eval_every_samples,
+        max_samples=max_samples,
+        seeds=seeds,
+    )
+    if model_name not in task.MODEL_NAMES:
+        raise ValueError(
+            f"model: unknown model {model_name!r}; allowed: {', '.join(task.MODEL_NAMES)}"
+        )
+    lrs = {b: task.scaled_lr(lr_ref, b_ref, b) for b in sizes}
+    settings: dict[str, Any] = {
+        "target_accuracy": float(target_accuracy),
+        "lr_ref": float(lr_ref),
+        "b_ref": int(b_ref),
+        "eval_every_samples": int(eval_every_samples),
+        "max_samples": int(max_samples),
+        "seeds": [int(s) for s in seeds],
+        "optimizer": "adam",
+        "lr_scaling": "sqrt",
+        "lr_by_batch_size": {str(b): lr for b, lr in lrs.items()},
+        "proxy_train_size": len(task.as_tensors(proxy_train)[0]),
+        "proxy_eval_size": len(task.as_tensors(proxy_eval)[0]),
+    }
+    key = cache_key(model_name, initial_state_dict, proxy_train, proxy_eval, sizes, settings)
+    path = None
+    if cache_dir is not None:
+        path = Path(cache_dir) / f"r-{model_name}-{key[:24]}.json"
+        cached = _read_cache(path, key)
+        if cached is not None:
+            log.info("r estimate read from cache %s", path)
+            return cached
+
+    est = _compute(
+        model_name,
+        initial_state_dict,
+        proxy_train,
+        proxy_eval,
+        sizes,
+        lrs,
+        settings,
+        key,
+        progress,
+    )
+    if path is not None:
+        _atomic_write_json(path, est.to_json())
+    return est
+
+
+def _compute(
+    model_name: str,
+    initial_state_dict: Mapping[str, torch.Tensor],
+    proxy_train: task.Data,
+    proxy_eval: task.Data,
+    sizes: list[int],
+    lrs: dict[int, float],
+    settings: dict[str, Any],
+    key: str,
+    progress: bool,
+) -> REstimate:
+    seeds: list[int] = settings["seeds"]
+    target = settings["target_accuracy"]
+    runs = [(seed, b) for seed in seeds for b in sizes]
+    per_b: dict[int, list[int | None]] = {b: [] for b in sizes}
+    curves: dict[int, list[tuple[tuple[int, float], ...]]] = {b: [] for b in sizes}
+    cost_samples = 0
+    t0 = time.perf_counter()
+    with _Progress(progress, len(runs), settings["max_samples"]) as bar:
+        for seed, b in runs:
+            bar.start(f"r: seed {seed} b={b}")
+            t_run = time.perf_counter()
+            n_acc, curve, used = samples_to_target(
+                model_name,
+                initial_state_dict,
+                proxy_train,
+                proxy_eval,
+                batch_size=b,
+                lr=lrs[b],
+                target_accuracy=target,
+                eval_every_samples=settings["eval_every_samples"],
+                max_samples=settings["max_samples"],
+                seed=seed,
+                on_eval=bar.update,
+            )
+            per_b[b].append(n_acc)
+            curves[b].append(tuple(curve))
+            cost_samples += used
+            best = max((a for _, a in curve), default=float("nan"))
+            bar.done(
+                f"r: seed {seed} b={b} lr={lrs[b]:.2e}: "
+                + (
+                    f"target {target:.2f} reached at {n_acc} samples"
+                    if n_acc is not None
+                    else f"target {target:.2f} NOT reached in {used} samples (best {best:.3f})"
+                )
+                + f" ({time.perf_counter() - t_run:.1f} s)"
+            )
+    cost_time_s = time.perf_counter() - t0
+
+    reached = tuple(all(n is not None for n in per_b[b]) for b in sizes)
+    mean_n: dict[int, float | None] = {
+        b: (sum(n for n in per_b[b] if n is not None) / len(per_b[b]) if ok else None)
+        for b, ok in zip(sizes, reached, strict=True)
+    }
+    reached_sizes = [b for b, ok in zip(sizes, reached, strict=True) if ok]
+    unreached = tuple(b for b, ok in zip(sizes, reached, strict=True) if not ok)
+    n_max = max((mean_n[b] or 0.0 for b in reached_sizes), default=0.0)
+    est = REstimate(
+        model_name=model_name,
+        batch_sizes=tuple(reached_sizes),
+        r=tuple(float(mean_n[b] or 0.0) / n_max for b in reached_sizes),
+        all_batch_sizes=tuple(sizes),
+        reached=reached,
+        samples_to_target={b: tuple(v) for b, v in per_b.items()},
+        mean_samples_to_target=mean_n,
+        unreached=unreached,
+        curves={b: tuple(v) for b, v in curves.items()},
+        cost_time_s=cost_time_s,
+        cost_samples=cost_samples,
+        settings=settings,
+        cache_key=key,
+    )
+    summary = ", ".join(
+        f"b{b}={'—' if row['r'] is None else format(row['r'], '.2f')}"
+        for b, row in zip(sizes, est.table(), strict=True)
+    )
+    bar.report(
+        f"r estimate ({model_name}, proxy target {target:.2f}): {summary}; "
+        f"cost {cost_time_s:.1f} s, {cost_samples} samples"
+    )
+    if not reached_sizes:
+        raise TargetNotReachedError(
+            f"r estimation: no batch size in {sizes} reached proxy-target-accuracy "
+            f"{target} within max-samples={settings['max_samples']} (best proxy accuracy "
+            f"{_best_accuracy(est):.3f}); lower proxy-target-accuracy or raise max-samples "
+            "(or lr-ref)",
+            est,
+        )
+    if unreached:
+        log.warning(
+            "r estimation: batch sizes %s did not reach proxy-target-accuracy %.2f within "
+            "max-samples=%d for every seed; they are excluded from the batch sizes sent "
+            "to clients",
+            list(unreached),
+            target,
+            settings["max_samples"],
+        )
+    return est
+
+
+def _best_accuracy(est: REstimate) -> float:
+    accs = [a for cs in est.curves.values() for c in cs for _, a in c]
+    return max(accs, default=float("nan"))
+
+
+def _read_cache(path: Path, key: str) -> REstimate | None:
+    """The cached estimate at ``path``; a corrupt file is renamed aside and ignored."""
+    if not path.is_file():
+        return None
+    try:
+        est = REstimate.from_json(path.read_text(encoding="utf-8"), from_cache=True)
+        if est.cache_key != key:
+            raise ValueError(f"cache key {est.cache_key[:12]}… does not match {key[:12]}…")
+    except (ValueError, OSError) as exc:  # json.JSONDecodeError is a ValueError
+        stamp = datetime.now().strftime("%Y%m%dT%H%M%S%f")
+        aside = path.with_name(f"{path.name}.corrupt-{stamp}")
+        log.warning("corrupt r cache %s (%s): moved to %s, recomputing", path, exc, aside)
+        try:
+            path.replace(aside)
+        except OSError as move_exc:  # pragma: no cover - e.g. read-only cache dir
+            log.warning("could not move corrupt r cache aside: %s", move_exc)
+        return None
+    return est
+
+
+def _atomic_write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` through a temporary file and ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class _Progress:
+    """A rich bar over the (seed, b) runs on a terminal; log lines otherwise."""
+
+    def __init__(self, enabled: bool, total_runs: int, max_samples: int) -> None:
+        self._bar: Any = None
+        self._task: Any = None
+        self._max_samples = max_samples
+        if enabled:
+            from rich.console import Console
+
+            console = Console(stderr=True)
+            if console.is_terminal:
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    Progress,
+                    TextColumn,
+                    TimeElapsedColumn,
+                )
+
+                self._bar = Progress(
+                    TextColumn("{task.description}"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TextColumn("{task.fields[samples]} samples"),
+                    TimeElapsedColumn(),
+                    console=console,
+                    transient=False,
+                )
+                self._task = self._bar.add_task("r estimation", total=total_runs, samples=0)
+
+    def __enter__(self) -> _Progress:
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def start(self, description: str) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, description=description, samples=0)
+
+    def update(self, samples: int) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, samples=f"{samples}/{self._max_samples}")
+
+    def done(self, line: str) -> None:
+        """One (seed, b) run finished."""
+        if self._bar is not None:
+            self._bar.console.print(line, markup=False, highlight=False)
+            self._bar.advance(self._task)
+        else:
+            log.info(line)
+
+    def report(self, line: str) -> None:
+        """The closing summary: on the terminal when the bar is shown, and always logged."""
+        if self._bar is not None:
+            self._bar.console.print(line, markup=False, highlight=False)
+        log.info(line)

@@ -1,0 +1,235 @@
+"""The factory (backend = auto | simulated | jetson | nvml | replay), node-config options,
+imports without vendor libraries, and the ``powerfl devices`` command."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from fl_client.devices import (
+    BACKENDS,
+    Device,
+    DeviceOptions,
+    DeviceUnavailableError,
+    cap_guard,
+    detect_backends,
+    open_device,
+)
+from fl_client.devices.cli import add_devices_parser, cmd_devices
+from fl_client.devices.jetson import JetsonDevice
+from fl_client.devices.nvml import NvmlDevice
+from fl_client.devices.replay import ReplayDevice
+from fl_client.settings import REPO_ROOT
+from tests.fl_client.devices.fakes_sysfs import build_tree
+
+EXAMPLE = str(REPO_ROOT / "configs" / "replay" / "example-illustrative-jetson-nano-resnet18.csv")
+
+
+@pytest.fixture
+def no_jtop(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "jtop", None)
+
+
+def test_every_module_imports_without_vendor_libraries():
+    code = (
+        "import sys; sys.modules['pynvml'] = None; sys.modules['jtop'] = None\n"
+        "import fl_client.devices, fl_client.devices.jetson, fl_client.devices.nvml\n"
+        "import fl_client.devices.replay, fl_client.devices.safety, fl_client.devices.sampler\n"
+        "import fl_client.devices.cli\n"
+        "assert 'torch' not in sys.modules, 'the device layer must not import torch'\n"
+        "print('ok')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_unknown_backend_names_the_allowed_ones():
+    with pytest.raises(ValueError, match="allowed: auto, simulated, jetson, nvml, replay"):
+        open_device("jetson-nano", "tpu")
+    assert BACKENDS == ("auto", "simulated", "jetson", "nvml", "replay")
+
+
+def test_simulated_backend_unchanged():
+    pytest.importorskip("fl_client.devices.simulated")
+    from fl_client.devices.simulated import SimulatedDevice
+
+    dev = open_device("jetson-nano", "simulated", seed=3)
+    assert isinstance(dev, SimulatedDevice)
+    assert dev.info.backend == "simulated"
+    dev.close()
+
+
+def test_jetson_backend_with_options(tmp_path: Path, state_dir: Path):
+    fake = build_tree(tmp_path / "root", "orin-nano-jp6")
+    options = DeviceOptions(sysfs_root=str(fake.root), state_dir=str(state_dir), cap_window_s=2)
+    dev = open_device("jetson-orin-nano", "jetson", options=options)
+    assert isinstance(dev, JetsonDevice) and isinstance(dev, Device)
+    assert dev.cap_window_s == 2
+    dev.set_gpu_freq_mhz(612.0)
+    assert fake.max_hz == 612_000_000
+    dev.close()
+    assert fake.max_hz == 1_020_000_000
+
+
+def test_auto_prefers_the_jetson(tmp_path: Path, no_pynvml: None):
+    fake = build_tree(tmp_path / "root", "xavier-nx-jp5")
+    dev = open_device("", "auto", options=DeviceOptions(sysfs_root=str(fake.root)))
+    assert isinstance(dev, JetsonDevice) and dev.info.kind == "jetson-xavier-nx"
+
+
+def test_auto_falls_back_to_nvml(
+    tmp_path: Path, fake_pynvml: types.ModuleType, not_root: None, caplog: pytest.LogCaptureFixture
+):
+    caplog.set_level(logging.INFO, logger="fl_client.devices")
+    dev = open_device("", "auto", options=DeviceOptions(sysfs_root=str(tmp_path)))
+    assert isinstance(dev, NvmlDevice) and dev.measure_only
+    assert "passed over jetson: jetson: no GPU devfreq node" in caplog.text
+    assert "using nvml" in caplog.text
+
+
+def test_auto_falls_back_to_replay_and_says_why(
+    tmp_path: Path, no_pynvml: None, caplog: pytest.LogCaptureFixture
+):
+    caplog.set_level(logging.INFO, logger="fl_client.devices")
+    options = DeviceOptions(sysfs_root=str(tmp_path), replay_table=EXAMPLE)
+    dev = open_device("jetson-nano", "auto", options=options)
+    assert isinstance(dev, ReplayDevice)
+    assert "pip install nvidia-ml-py" in caplog.text
+
+
+def test_auto_with_nothing_lists_every_reason(tmp_path: Path, no_pynvml: None):
+    with pytest.raises(DeviceUnavailableError) as info:
+        open_device("no-such-board", "auto", options=DeviceOptions(sysfs_root=str(tmp_path)))
+    msg = str(info.value)
+    for part in ("jetson:", "nvml:", "replay: no replay-table given", "simulated:"):
+        assert part in msg
+
+
+def test_cap_guard_helper_arms_guarded_backends_only(tmp_path: Path, state_dir: Path):
+    fake = build_tree(tmp_path / "root", "nano-jp4")
+    dev = open_device("", "jetson", options=DeviceOptions(sysfs_root=str(fake.root)))
+    assert isinstance(dev, JetsonDevice)
+    assert dev._new_guard() is None  # profiling: never guarded
+    with cap_guard(dev, 4.5, window_s=0.25):
+        guard = dev._new_guard()
+        assert guard is not None and guard.p_max_w == 4.5 and guard.window_s == 0.25
+    assert dev._new_guard() is None
+    with cap_guard(dev, float("inf")):
+        assert dev._new_guard() is None  # no cap, nothing to guard
+    with pytest.raises(ValueError, match="cap-window-s"), cap_guard(dev, 4.5, window_s=-1):
+        pass
+    replay = open_device("jetson-nano", "replay", options=DeviceOptions(replay_table=EXAMPLE))
+    with cap_guard(replay, 4.5):  # a backend without a guard: nothing to arm
+        pass
+
+
+def test_replay_backend_needs_a_table():
+    with pytest.raises(DeviceUnavailableError, match="replay-table"):
+        open_device("jetson-nano", "replay")
+    dev = open_device("jetson-nano", "replay", options=DeviceOptions(replay_table=EXAMPLE))
+    assert dev.info.backend == "replay"
+
+
+def test_nvml_backend_unavailable_without_pynvml(no_pynvml: None):
+    with pytest.raises(DeviceUnavailableError, match="nvidia-ml-py"):
+        open_device("", "nvml")
+
+
+def test_options_from_node_config():
+    opts = DeviceOptions.from_config(
+        {
+            "device": "jetson-nano",
+            "sysfs-root": "/tmp/x",
+            "p-max-w": "4.5",  # the node's cap is not a device option: ignored here
+            "cap-window-s": 0.5,
+            "sample-rate-hz": 50,
+            "lock-clocks": "false",
+            "replay-table": "",
+            "nvml-index": "1",
+            "power-rails": "VDD_IN, VDD_SOC",
+            "power-source": "sysfs",
+        }
+    )
+    assert opts == DeviceOptions(
+        sysfs_root="/tmp/x",
+        cap_window_s=0.5,
+        sample_rate_hz=50.0,
+        lock_clocks=False,
+        nvml_index=1,
+        power_rails=("VDD_IN", "VDD_SOC"),
+        power_source="sysfs",
+    )
+    assert DeviceOptions.from_config({}) == DeviceOptions()
+
+
+@pytest.mark.parametrize(
+    ("config", "key"),
+    [
+        ({"sample-rate-hz": 0}, "sample-rate-hz"),
+        ({"cap-window-s": -1}, "cap-window-s"),
+        ({"lock-clocks": "maybe"}, "lock-clocks"),
+        ({"nvml-index": "first"}, "nvml-index"),
+        ({"power-source": "tegrastats"}, "power-source"),
+    ],
+)
+def test_bad_options_name_the_key(config: dict[str, object], key: str):
+    with pytest.raises(ValueError, match=key):
+        DeviceOptions.from_config(config)
+
+
+def test_detect_backends(tmp_path: Path, fake_pynvml: types.ModuleType):
+    fake = build_tree(tmp_path / "root", "nano-jp4")
+    status = {s.backend: s for s in detect_backends("", DeviceOptions(sysfs_root=str(fake.root)))}
+    assert status["jetson"].available and "POM_5V_IN" in status["jetson"].reason
+    assert status["nvml"].available and "1 NVIDIA GPU" in status["nvml"].reason
+    assert not status["replay"].available
+    assert set(status) == {"jetson", "nvml", "replay", "simulated"}
+
+
+def run_cli(argv: list[str]) -> tuple[int, str]:
+    parser = argparse.ArgumentParser(prog="powerfl")
+    add_devices_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    out = io.StringIO()
+    return cmd_devices(args, out=out), out.getvalue()
+
+
+def test_devices_command_text(tmp_path: Path, no_pynvml: None, no_jtop: None):
+    fake = build_tree(tmp_path / "root", "agx-orin-jp5")
+    code, text = run_cli(["devices", "--sysfs-root", str(fake.root)])
+    assert code == 0
+    assert "jetson     yes" in text and "nvml       no" in text
+    assert "17000000.ga10b" in text
+    assert "114.75, 216.75" in text and "1300.5" in text
+    assert "nvhost_podgov" in text
+    assert "VDD_GPU_SOC 10.38 W" in text
+    assert "sum(VDD_GPU_SOC+VDD_CPU_CV+VIN_SYS_5V0+VDDQ_VDD2_1V8AO)" in text
+
+
+def test_devices_command_json_and_error(tmp_path: Path, no_pynvml: None):
+    fake = build_tree(tmp_path / "root", "nano-jp4")
+    code, text = run_cli(
+        ["devices", "--json", "--backend", "jetson", "--sysfs-root", str(fake.root)]
+    )
+    report = json.loads(text)
+    assert code == 0
+    assert report["device"]["min-freq-mhz"] == 76.8
+    assert report["device"]["rails-w"]["POM_5V_IN"] == pytest.approx(3.149)
+    code, text = run_cli(["devices", "--backend", "jetson", "--sysfs-root", str(tmp_path)])
+    assert code == 1 and "DeviceUnavailableError" in text
+
+
+def test_devices_restore_flag(tmp_path: Path, state_dir: Path):
+    code, text = run_cli(["devices", "--restore", "--state-dir", str(state_dir)])
+    assert code == 0 and "nothing to restore" in text

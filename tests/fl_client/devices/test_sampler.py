@@ -1,0 +1,233 @@
+"""The power sampler, energy integration, the cap guard and the wall-clock meter, on
+synthetic traces with an injected clock (deterministic)."""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import types
+
+import pytest
+
+from fl_client.devices.sampler import (
+    CapGuard,
+    PowerSampler,
+    SampledMeter,
+    cuda_synchronize,
+    integrate_energy_j,
+    sampled_measurement,
+)
+
+
+class FakeClock:
+    """Advances by ``tick_s`` on every call; ``now`` is the last time handed out."""
+
+    def __init__(self, tick_s: float = 0.1, start_s: float = 100.0) -> None:
+        self.tick_s = tick_s
+        self.now = start_s - tick_s
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            self.now += self.tick_s
+            return self.now
+
+    def advance(self, dt_s: float) -> None:
+        with self._lock:
+            self.now += dt_s
+
+
+def test_trapezoidal_energy_of_a_known_trace():
+    # 0-1 s ramp 2→4 W (3 J), 1-2 s flat 4 W (4 J), 2-4 s ramp 4→0 W (4 J)
+    assert integrate_energy_j([0, 1, 2, 4], [2, 4, 4, 0]) == pytest.approx(11.0)
+    assert integrate_energy_j([5.0], [3.0]) == 0.0
+    assert integrate_energy_j([], []) == 0.0
+    with pytest.raises(ValueError, match="time stamps"):
+        integrate_energy_j([0, 1], [1.0])
+
+
+def test_sampler_on_a_synthetic_trace():
+    clock = FakeClock(tick_s=0.5, start_s=0.0)
+    trace = iter([4.0, 6.0, 8.0, 6.0, 4.0])
+    sampler = PowerSampler(lambda: next(trace), clock=clock)
+    for _ in range(5):
+        sampler.sample()
+    times, powers = sampler.trace
+    assert times == (0.0, 0.5, 1.0, 1.5, 2.0)
+    assert powers == (4.0, 6.0, 8.0, 6.0, 4.0)
+    assert sampler.energy_j == pytest.approx(0.5 * (5 + 7 + 7 + 5))
+    assert sampler.peak_power_w == 8.0
+    assert sampler.duration_s == 2.0
+    assert sampler.avg_power_w == pytest.approx(12.0 / 2.0)
+
+
+def test_sampler_thread_integrates_a_ramp_exactly():
+    # P(t) = 5 + 2 (t - t0): trapezoids are exact on a linear trace, whatever the sample times.
+    clock = FakeClock(tick_s=0.01, start_s=0.0)
+    sampler = PowerSampler(lambda: 5.0 + 2.0 * clock.now, rate_hz=500.0, clock=clock)
+    with sampler:
+        assert sampler.running
+        deadline = threading.Event()
+        deadline.wait(0.1)
+    assert not sampler.running
+    times = sampler.trace[0]
+    assert len(times) >= 5  # start, thread samples, stop
+    assert times == tuple(sorted(times))
+    t0, t1 = times[0], times[-1]
+    exact = 5.0 * (t1 - t0) + (t1**2 - t0**2)
+    assert sampler.energy_j == pytest.approx(exact, rel=1e-9)
+    assert sampler.peak_power_w == pytest.approx(5.0 + 2.0 * t1)
+
+
+def test_sampler_thread_rate_is_at_least_ten_hertz_by_default():
+    sampler = PowerSampler(lambda: 1.0)
+    assert sampler.rate_hz >= 10.0
+    with sampler:
+        threading.Event().wait(0.35)
+    assert len(sampler.trace[0]) >= 5  # ≈ 0.35 s × 20 Hz + 2
+
+
+def test_window_interpolates_edges():
+    clock = FakeClock(tick_s=2.0, start_s=0.0)
+    trace = iter([0.0, 4.0])
+    sampler = PowerSampler(lambda: next(trace), clock=clock)
+    sampler.sample()
+    sampler.sample()  # (0 s, 0 W), (2 s, 4 W): P = 2 t
+    w = sampler.window(0.5, 1.5)
+    assert w.energy_j == pytest.approx(2.0)  # ∫ 2t dt from 0.5 to 1.5
+    assert w.peak_power_w == pytest.approx(3.0)
+    assert w.powers_w == ()
+    assert sampler.window(1.0, 1.0).energy_j == 0.0
+    sampler.discard_before(1.0)
+    assert sampler.trace[0] == (0.0, 2.0)  # the sample before 1.0 stays for interpolation
+    sampler.discard_before(2.0)
+    assert sampler.trace[0] == (2.0,)
+
+
+def test_sensor_errors_are_skipped_not_fatal():
+    calls = {"n": 0}
+
+    def flaky() -> float:
+        calls["n"] += 1
+        if calls["n"] % 2 == 0:
+            raise OSError("i2c timeout")
+        return 3.0
+
+    sampler = PowerSampler(flaky, clock=FakeClock())
+    assert sampler.try_sample() is not None
+    assert sampler.try_sample() is None
+    assert sampler.read_errors == 1
+
+
+@pytest.mark.parametrize("rate", [0, -1, math.nan, math.inf])
+def test_bad_rate_names_the_key(rate: float):
+    with pytest.raises(ValueError, match="sample-rate-hz"):
+        PowerSampler(lambda: 1.0, rate_hz=rate)
+
+
+def test_cap_guard_counts_violations_and_time_over_cap():
+    fired: list[int] = []
+    guard = CapGuard(5.0, window_s=1.0, on_violation=lambda: fired.append(1))
+    # 4 W → 6 W crosses 5 W at 0.25 s; 6 W → 4 W crosses back at 1.75 s
+    for t, p in [(0.0, 4.0), (0.5, 6.0), (1.0, 6.0), (1.5, 6.0), (2.0, 4.0), (2.5, 4.0)]:
+        guard.update(t, p)
+    assert guard.time_over_cap_s == pytest.approx(1.5)
+    assert guard.cap_violations == 1  # over the cap 0.25 → 1.5 s ≥ 1 s window
+    assert fired == [1]
+
+
+def test_cap_guard_needs_a_full_window_between_steps_down():
+    guard = CapGuard(5.0, window_s=1.0)
+    for i in range(31):  # 3 s at 9 W, sampled at 10 Hz
+        guard.update(i * 0.1, 9.0)
+    assert guard.cap_violations == 3
+    assert guard.time_over_cap_s == pytest.approx(3.0)
+
+
+def test_cap_guard_short_peaks_do_not_step_down():
+    guard = CapGuard(5.0, window_s=1.0)
+    for i in range(40):  # 0.2 s spikes every second
+        guard.update(i * 0.1, 8.0 if i % 10 in (3, 4) else 4.0)
+    assert guard.cap_violations == 0
+    assert guard.time_over_cap_s > 0
+
+
+@pytest.mark.parametrize("p_max_w", [0.0, -1.0, math.nan, math.inf])
+def test_cap_guard_needs_a_finite_cap(p_max_w: float):
+    with pytest.raises(ValueError, match="p-max-w"):
+        CapGuard(p_max_w)
+
+
+def test_meter_integrates_each_step_window():
+    clock = FakeClock(tick_s=0.0, start_s=10.0)
+    power = {"w": 4.0}
+    sampler = PowerSampler(lambda: power["w"], clock=clock)
+    meter = SampledMeter(sampler, power_rail="VDD_IN", synchronize=lambda: None)
+
+    def work() -> None:  # 2 s of work while power ramps to 8 W, sampled mid-way
+        clock.advance(1.0)
+        power["w"] = 6.0
+        sampler.sample()
+        clock.advance(1.0)
+        power["w"] = 8.0
+
+    meter.step(32, work)
+    clock.advance(5.0)  # idle between steps is not accounted
+    power["w"] = 2.0
+    meter.step(32, lambda: clock.advance(0.5))
+    m = meter.measurement
+    assert m.steps == 2 and m.samples == 64
+    assert m.time_s == pytest.approx(2.5)
+    assert m.energy_j == pytest.approx((5.0 + 7.0) + 2.0 * 0.5)
+    assert m.sampled_energy_j == m.energy_j
+    assert m.peak_power_w == 8.0
+    assert m.counter_energy_j is None
+    assert m.avg_power_w == pytest.approx(13.0 / 2.5)
+
+
+def test_meter_prefers_the_energy_counter():
+    clock = FakeClock(tick_s=0.0)
+    counter = iter([100.0, 112.5])
+    sampler = PowerSampler(lambda: 5.0, clock=clock)
+    meter = SampledMeter(
+        sampler, power_rail="nvml", energy_counter_j=lambda: next(counter), synchronize=lambda: None
+    )
+    meter.step(8, lambda: clock.advance(2.0))
+    m = meter.measurement
+    assert m.counter_energy_j == pytest.approx(12.5)
+    assert m.energy_j == pytest.approx(12.5)
+    assert m.sampled_energy_j == pytest.approx(10.0)
+
+
+def test_meter_rejects_bad_batch_size():
+    meter = SampledMeter(PowerSampler(lambda: 1.0), power_rail="x", synchronize=lambda: None)
+    with pytest.raises(ValueError, match="batch_size"):
+        meter.step(0, lambda: None)
+
+
+def test_sampled_measurement_reports_guard_figures():
+    clock = FakeClock(tick_s=0.0)
+    guard = CapGuard(5.0, window_s=0.5)
+    with sampled_measurement(lambda: 7.0, power_rail="VDD_IN", clock=clock, guard=guard) as meter:
+        meter.step(4, lambda: clock.advance(1.2))
+    m = meter.measurement
+    assert m.cap_violations >= 1
+    assert m.time_over_cap_s == pytest.approx(1.2)
+
+
+def test_cuda_synchronize_only_when_cuda_is_in_use(monkeypatch: pytest.MonkeyPatch):
+    synced: list[int] = []
+    cuda = types.SimpleNamespace(
+        is_available=lambda: True,
+        is_initialized=lambda: True,
+        synchronize=lambda: synced.append(1),
+    )
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    cuda_synchronize()
+    assert synced == [1]
+    cuda.is_initialized = lambda: False
+    cuda_synchronize()
+    assert synced == [1]
+    monkeypatch.setitem(sys.modules, "torch", None)
+    cuda_synchronize()  # torch not imported: nothing to do

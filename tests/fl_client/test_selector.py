@@ -1,0 +1,402 @@
+"""fl_client.selector: Eq. 4 against brute force, the baselines, and input errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from fl_client import selector
+from fl_client.selector import (
+    METHODS,
+    InfeasibleCapError,
+    feasible_freq_index,
+    select,
+    select_b1,
+    select_b2,
+    select_fixed,
+    select_oracle,
+    select_power_aware,
+    validate_batch_sizes,
+    validate_p_max_w,
+    validate_r,
+)
+
+NANO_FREQS_MHZ = [round(76.8 * k, 1) for k in range(1, 13)]  # 76.8 … 921.6
+B6 = [4, 8, 16, 32, 64, 128]
+F14 = [100.0 * k for k in range(1, 15)]
+
+
+# --------------------------------------------------------------------------- brute force
+
+
+def _key(score: float, power_w: float, b: int) -> tuple[float, float, int]:
+    return (score, power_w, -b)
+
+
+def brute_force_eq4_literal(time_s, power_w, batch_sizes, freqs_mhz, r, p_max_w):
+    """Eq. 4 as written: j_i = max{j : P[i, j] < P_max}; argmin T × r over C."""
+    best = None
+    for i, b in enumerate(batch_sizes):
+        feasible = [j for j in range(len(freqs_mhz)) if power_w[i][j] < p_max_w]
+        if not feasible:
+            continue
+        j = max(feasible)
+        key = _key(time_s[i][j] * r[i], power_w[i][j], b)
+        if best is None or key < best[0]:
+            best = (key, b, freqs_mhz[j])
+    return None if best is None else best[1:]
+
+
+def brute_force_prefix_index(row, p_max_w):
+    """The documented rule, by a plain scan: last measured j before the running max hits P_max."""
+    running, answer = -math.inf, None
+    for j, p in enumerate(row):
+        if math.isnan(p):
+            continue
+        running = max(running, p)
+        if running >= p_max_w:
+            break
+        answer = j
+    return answer
+
+
+def brute_force_prefix(time_s, power_w, batch_sizes, freqs_mhz, r, p_max_w):
+    best = None
+    for i, b in enumerate(batch_sizes):
+        j = brute_force_prefix_index(power_w[i], p_max_w)
+        if j is None:
+            continue
+        key = _key(time_s[i][j] * r[i], power_w[i][j], b)
+        if best is None or key < best[0]:
+            best = (key, b, freqs_mhz[j])
+    return None if best is None else best[1:]
+
+
+# --------------------------------------------------------------------------- strategies
+
+POS = st.floats(0.01, 10.0, allow_nan=False, allow_infinity=False)
+R_VALUE = st.floats(0.01, 1.0, allow_nan=False)
+SHAPES = st.sampled_from([(1, 1), (2, 3), (3, 5), (4, 12), (6, 14)])
+
+
+def _table(n_b: int, n_f: int, elements=POS):
+    return hnp.arrays(np.float64, (n_b, n_f), elements=elements)
+
+
+@st.composite
+def monotone_tables(draw, shape=SHAPES):
+    n_b, n_f = draw(shape)
+    # Power rises with f (cumulative positive steps); times are arbitrary positive numbers.
+    power = np.cumsum(draw(_table(n_b, n_f)), axis=1)
+    time = draw(_table(n_b, n_f))
+    r = draw(st.lists(R_VALUE, min_size=n_b, max_size=n_b))
+    cap = draw(st.floats(0.005, float(power.max()) * 1.2 + 1, allow_nan=False))
+    return time, power, B6[:n_b], F14[:n_f], r, cap
+
+
+@st.composite
+def noisy_tables(draw, shape=SHAPES):
+    n_b, n_f = draw(shape)
+    power, time = draw(_table(n_b, n_f)), draw(_table(n_b, n_f))
+    holes = draw(_table(n_b, n_f, st.booleans()).map(lambda a: a.astype(bool)))
+    holes[0, 0] = False  # at least one profiled cell
+    power[holes] = np.nan
+    time[holes] = np.nan
+    r = draw(st.lists(R_VALUE, min_size=n_b, max_size=n_b))
+    cap = draw(st.floats(0.005, 12.0, allow_nan=False))
+    return time, power, B6[:n_b], F14[:n_f], r, cap
+
+
+# --------------------------------------------------------------------------- Eq. 4
+
+
+@settings(max_examples=150, deadline=None)
+@given(monotone_tables())
+def test_power_aware_equals_literal_eq4_on_monotone_tables(tables):
+    time, power, b, f, r, cap = tables
+    expected = brute_force_eq4_literal(time, power, b, f, r, cap)
+    if expected is None:
+        with pytest.raises(InfeasibleCapError):
+            select_power_aware(time, power, b, f, r, cap)
+        return
+    sel = select_power_aware(time, power, b, f, r, cap)
+    assert (sel.batch_size, sel.freq_mhz) == expected
+    assert sel.peak_power_w < cap
+    i, j = b.index(sel.batch_size), f.index(sel.freq_mhz)
+    assert sel.time_per_sample_s == time[i, j]
+    assert sel.score == pytest.approx(time[i, j] * r[i])
+
+
+@settings(max_examples=150, deadline=None)
+@given(noisy_tables())
+def test_power_aware_equals_prefix_max_rule_on_noisy_tables_with_holes(tables):
+    time, power, b, f, r, cap = tables
+    expected = brute_force_prefix(time, power, b, f, r, cap)
+    if expected is None:
+        with pytest.raises(InfeasibleCapError):
+            select_power_aware(time, power, b, f, r, cap)
+        return
+    sel = select_power_aware(time, power, b, f, r, cap)
+    assert (sel.batch_size, sel.freq_mhz) == expected
+    assert sel.peak_power_w < cap  # never above the cap
+    # every candidate's frequency is feasible under the documented rule
+    for i, c in enumerate(sel.candidates):
+        j = brute_force_prefix_index(power[i], cap)
+        assert c.freq_mhz == (None if j is None else f[j])
+
+
+@settings(max_examples=60, deadline=None)
+@given(monotone_tables(shape=st.just((6, 14))))
+def test_paper_sized_tables_6x14(tables):
+    time, power, b, f, r, cap = tables
+    expected = brute_force_eq4_literal(time, power, b, f, r, cap)
+    if expected is None:
+        with pytest.raises(InfeasibleCapError):
+            select_power_aware(time, power, b, f, r, cap)
+    else:
+        sel = select_power_aware(time, power, b, f, r, cap)
+        assert (sel.batch_size, sel.freq_mhz) == expected
+        assert len(sel.candidates) == 6
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    row=st.lists(st.one_of(POS, st.just(math.nan)), min_size=1, max_size=20),
+    cap=st.floats(0.005, 12.0),
+)
+def test_feasible_freq_index_is_the_prefix_max_rule(row, cap):
+    assert feasible_freq_index(row, cap) == brute_force_prefix_index(row, cap)
+
+
+@settings(max_examples=100, deadline=None)
+@given(row=st.lists(POS, min_size=1, max_size=20), cap=st.floats(0.005, 12.0))
+def test_feasible_freq_index_on_monotone_rows_is_eq4(row, cap):
+    row = np.cumsum(row)
+    literal = [j for j, p in enumerate(row) if p < cap]
+    assert feasible_freq_index(row, cap) == (max(literal) if literal else None)
+
+
+def test_feasible_freq_index_examples():
+    assert feasible_freq_index([1.0, 2.0, 3.0, 4.0], 3.0) == 1  # strictly below the cap
+    assert feasible_freq_index([1.0, 2.0, 3.0, 4.0], 3.0001) == 2
+    assert feasible_freq_index([5.0, 6.0], 4.0) is None
+    # a dip below the cap after a violation is not trusted
+    assert feasible_freq_index([1.0, 4.5, 2.0, 2.5], 4.0) == 0
+    # holes: the last measured cell before the boundary
+    assert feasible_freq_index([np.nan, 1.0, np.nan, 2.0, np.nan, 5.0, np.nan], 4.0) == 3
+    assert feasible_freq_index([np.nan, np.nan], 4.0) is None
+    # no cap: the highest measured frequency
+    assert feasible_freq_index([1.0, 9.0, np.nan], None) == 1
+    assert feasible_freq_index([1.0, 9.0, 10.0], math.inf) == 2
+
+
+def test_no_cap_picks_fastest_score_at_highest_frequency():
+    time = np.array([[4.0, 2.0, 1.0], [3.0, 1.5, 0.6]])
+    power = np.array([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0]])
+    sel = select_power_aware(time, power, [8, 16], [100.0, 200.0, 300.0], [0.5, 1.0], "none")
+    # scores at the top frequency: 1.0 × 0.5 = 0.5 vs 0.6 × 1.0 = 0.6
+    assert (sel.batch_size, sel.freq_mhz, sel.p_max_w) == (8, 300.0, None)
+    sel = select_power_aware(time, power, [8, 16], [100.0, 200.0, 300.0], [0.5, 1.0], 3.5)
+    # under 3.5 W: b=8 → 300 MHz (0.5); b=16 → 100 MHz (3.0)
+    assert (sel.batch_size, sel.freq_mhz, sel.p_max_w) == (8, 300.0, 3.5)
+    assert [c.freq_mhz for c in sel.candidates] == [300.0, 100.0]
+    assert sel.to_dict()["candidates"][1]["score"] == pytest.approx(3.0)
+
+
+def test_paper_figure_1_example_prefers_smaller_batch_at_higher_frequency():
+    # Nano under 5 W: b=128 feasible to 307 MHz, b=64 to 460 MHz, 31.9 % faster per sample.
+    freqs = [230.4, 307.2, 384.0, 460.8, 537.6]
+    time = np.array([[1.5, 1.3, 1.1, 0.9, 0.8], [1.4, 1.3220, 1.1, 1.0, 0.9]]) * 1e-3
+    time[0, 3] = time[1, 1] * (1 - 0.319)
+    power = np.array([[3.5, 4.0, 4.5, 4.9, 5.4], [4.0, 4.8, 5.3, 5.9, 6.4]])
+    sel = select_power_aware(time, power, [64, 128], freqs, [1.0, 1.0], 5.0)
+    assert (sel.batch_size, sel.freq_mhz) == (64, 460.8)
+
+
+def test_ties_go_to_lower_power_then_larger_batch():
+    time = np.array([[1.0], [1.0]])
+    sel = select_power_aware(time, np.array([[2.0], [2.0]]), [8, 16], [500.0], [1.0, 1.0], 5.0)
+    assert sel.batch_size == 16
+    sel = select_power_aware(time, np.array([[1.5], [2.0]]), [8, 16], [500.0], [1.0, 1.0], 5.0)
+    assert sel.batch_size == 8
+
+
+def test_infeasible_cap_names_cap_and_lowest_measured_power():
+    power = np.array([[np.nan, 3.2, 3.9], [3.6, 4.0, np.nan]])
+    time = np.where(np.isnan(power), np.nan, 1.0)
+    with pytest.raises(InfeasibleCapError) as info:
+        select_power_aware(time, power, [4, 8], [76.8, 153.6, 230.4], [1.0, 1.0], 3.0)
+    err = info.value
+    assert (err.p_max_w, err.min_power_w, err.batch_size, err.freq_mhz) == (3.0, 3.2, 4, 153.6)
+    msg = str(err)
+    assert "p-max-w" in msg and "3 W" in msg and "3.200 W" in msg
+    assert "b=4" in msg and "153.6 MHz" in msg
+    assert isinstance(err, ValueError)
+
+
+def test_oracle_is_eq4_with_its_own_r():
+    time = np.array([[2.0, 1.0], [1.2, 0.55]])
+    power = np.array([[1.0, 2.0], [2.0, 4.0]])
+    args = (time, power, [8, 16], [100.0, 200.0])
+    proxy = select_power_aware(*args, [0.5, 1.0], 5.0)
+    oracle = select_oracle(*args, [1.0, 0.4], 5.0)
+    assert (proxy.method, proxy.batch_size) == ("power-aware", 8)
+    assert (oracle.method, oracle.batch_size, oracle.freq_mhz) == ("oracle", 16, 200.0)
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+def test_b1_largest_batch_at_fixed_cap_with_whole_mhz_tolerance():
+    for cap_mhz, expected in [
+        (307, 307.2),
+        (614, 614.4),
+        (921.6, 921.6),
+        (921, 921.6),
+        (300, 230.4),
+        (10_000, 921.6),
+    ]:
+        sel = select_b1(B6, NANO_FREQS_MHZ, cap_mhz)
+        assert (sel.method, sel.batch_size, sel.freq_mhz) == ("b1", 128, expected), cap_mhz
+        assert math.isnan(sel.time_per_sample_s) and math.isnan(sel.score)
+    with pytest.raises(ValueError, match="b1-freq-cap-mhz"):
+        select_b1(B6, NANO_FREQS_MHZ, 50.0)
+
+
+def test_b1_and_b2_predictions_come_from_the_lut():
+    freqs = [100.0, 200.0, 300.0]
+    time = np.array([[3.0, 2.0, 1.0], [2.0, np.nan, np.nan], [1.5, 1.0, 0.5]])
+    power = np.where(np.isnan(time), np.nan, 4.0 - time)
+    sel = select_b1([8, 16, 32], freqs, 250.0, time, power, r=[0.2, 0.5, 1.0])
+    assert (sel.batch_size, sel.freq_mhz) == (32, 200.0)
+    assert (sel.time_per_sample_s, sel.peak_power_w, sel.score) == (1.0, 3.0, 1.0)
+    assert [c.freq_mhz for c in sel.candidates] == [200.0] * 3
+    b2 = select_b2([8, 16, 32], freqs, [0.5, 0.2, 1.0], 250.0, time, power)
+    assert (b2.method, b2.batch_size, b2.freq_mhz) == ("b2", 16, 200.0)
+    assert math.isnan(b2.time_per_sample_s)  # that cell was not profiled
+    assert b2.to_dict()["predicted-time-per-sample-s"] is None
+
+
+def test_b2_smallest_r_ties_to_larger_batch():
+    assert select_b2(B6, NANO_FREQS_MHZ, [1.0, 0.3, 0.3, 0.5, 0.8, 1.0], 614).batch_size == 16
+    assert select_b2(B6, NANO_FREQS_MHZ, [0.2, 0.3, 0.3, 0.5, 0.8, 1.0], 614).batch_size == 4
+    assert select_b2(B6, NANO_FREQS_MHZ, [1.0] * 6, 614).batch_size == 128
+
+
+@settings(max_examples=100, deadline=None)
+@given(r=st.lists(R_VALUE, min_size=6, max_size=6), cap=st.floats(76.8, 2000.0))
+def test_baselines_against_brute_force(r, cap):
+    f_expected = max(f for f in NANO_FREQS_MHZ if f <= cap + selector.FREQ_TOLERANCE_MHZ)
+    b1 = select_b1(B6, NANO_FREQS_MHZ, cap)
+    assert (b1.batch_size, b1.freq_mhz) == (max(B6), f_expected)
+    b2 = select_b2(B6, NANO_FREQS_MHZ, r, cap)
+    best = min(range(6), key=lambda i: (r[i], -B6[i]))
+    assert (b2.batch_size, b2.freq_mhz) == (B6[best], f_expected)
+
+
+def test_fixed_validates_membership():
+    sel = select_fixed(32, 614, B6, NANO_FREQS_MHZ)
+    assert (sel.method, sel.batch_size, sel.freq_mhz) == ("fixed", 32, 614.4)
+    assert [c.batch_size for c in sel.candidates] == [32]
+    with pytest.raises(ValueError, match=r"fixed-batch-size: 12 is not one of batch-sizes"):
+        select_fixed(12, 614.4, B6, NANO_FREQS_MHZ)
+    with pytest.raises(ValueError, match=r"fixed-freq-mhz: 600 is not in the device's frequency"):
+        select_fixed(32, 600, B6, NANO_FREQS_MHZ)
+
+
+def test_dispatcher_matches_the_functions_and_rejects_unknown_methods():
+    time = np.array([[2.0, 1.0], [1.2, 0.55]])
+    power = np.array([[1.0, 2.0], [2.0, 4.0]])
+    common = {
+        "lut_time_s": time,
+        "lut_power_w": power,
+        "batch_sizes": [8, 16],
+        "freqs_mhz": [100.0, 200.0],
+    }
+    assert select("power-aware", r=[0.5, 1.0], p_max_w=5.0, **common) == select_power_aware(
+        time, power, [8, 16], [100.0, 200.0], [0.5, 1.0], 5.0
+    )
+    assert select("oracle", r=[1.0, 0.4], p_max_w=math.inf, **common).batch_size == 16
+    assert select("b1", b1_freq_cap_mhz=150.0, **common).freq_mhz == 100.0
+    assert select("b2", r=[0.5, 1.0], b1_freq_cap_mhz=200.0, **common).batch_size == 8
+    assert select("fixed", fixed_batch_size=16, fixed_freq_mhz=200.0, **common).batch_size == 16
+    assert {m for m in METHODS} == {"power-aware", "b1", "b2", "oracle", "fixed"}
+    with pytest.raises(ValueError, match=r"method: unknown value 'fast'; allowed: power-aware, b1"):
+        select("fast", **common)
+    with pytest.raises(ValueError, match=r"p-max-w: required by method 'power-aware'"):
+        select("power-aware", r=[0.5, 1.0], **common)
+    with pytest.raises(ValueError, match=r"b1-freq-cap-mhz: required by method 'b2'"):
+        select("b2", r=[0.5, 1.0], **common)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (4.5, 4.5),
+        (7, 7.0),
+        ("5", 5.0),
+        (None, None),
+        ("none", None),
+        ("None", None),
+        (math.inf, None),
+        ("inf", None),
+        (np.float64(3.0), 3.0),
+    ],
+)
+def test_validate_p_max_w_accepts(value, expected):
+    assert validate_p_max_w(value) == expected
+
+
+@pytest.mark.parametrize("value", [0, -1.0, math.nan, "abc", True, [5.0], -math.inf, "nan"])
+def test_validate_p_max_w_rejects(value):
+    with pytest.raises(ValueError, match=r"p-max-w: must be a finite number of watts > 0"):
+        validate_p_max_w(value)
+
+
+def test_validate_batch_sizes():
+    assert validate_batch_sizes([4, 8.0, np.int64(16)]) == [4, 8, 16]
+    for bad, what in [
+        ([], "empty"),
+        ([8, 4], "not strictly ascending"),
+        ([4, 4], "ascending"),
+        ([0, 4], "positive"),
+        ([4, 8.5], "positive integer"),
+        (["8"], "integer"),
+        ([True], "integer"),
+        ("4,8", "list"),
+    ]:
+        with pytest.raises(ValueError, match=r"batch-sizes") as info:
+            validate_batch_sizes(bad)
+        assert what in str(info.value)
+
+
+def test_validate_r():
+    assert validate_r([0.5, 1], [4, 8]) == [0.5, 1.0]
+    assert validate_r(np.array([0.5, 1.0]), np.array([4, 8])) == [0.5, 1.0]
+    with pytest.raises(ValueError, match=r"r: has 1 values but batch-sizes has 2"):
+        validate_r([0.5], [4, 8])
+    for bad in ([0.0, 1.0], [0.5, 1.01], [math.nan, 1.0], ["x", 1.0], [-0.1, 1.0]):
+        with pytest.raises(ValueError, match=r"r: value .* is not in \(0, 1\]"):
+            validate_r(bad, [4, 8])
+
+
+def test_table_errors_name_the_table():
+    f = [100.0, 200.0]
+    with pytest.raises(ValueError, match=r"lut_time_s: shape \(1, 2\) does not match"):
+        select_power_aware([[1.0, 1.0]], [[1.0, 1.0]], [4, 8], f, [1.0, 1.0], 5.0)
+    with pytest.raises(ValueError, match=r"NaN \(not profiled\) at different cells"):
+        select_power_aware([[1.0, np.nan]], [[1.0, 1.0]], [4], f, [1.0], 5.0)
+    with pytest.raises(ValueError, match=r"lut_time_s: profiled cells must be finite and > 0"):
+        select_power_aware([[1.0, -1.0]], [[1.0, 1.0]], [4], f, [1.0], 5.0)
+    with pytest.raises(ValueError, match=r"no cell was profiled"):
+        select_power_aware([[np.nan, np.nan]], [[np.nan, np.nan]], [4], f, [1.0], 5.0)
+    with pytest.raises(ValueError, match=r"freqs-mhz: .* not strictly ascending"):
+        select_power_aware([[1.0, 1.0]], [[1.0, 1.0]], [4], [200.0, 100.0], [1.0], 5.0)

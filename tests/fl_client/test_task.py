@@ -1,0 +1,214 @@
+"""fl_client.task: digits splits, partitions, train/evaluate, profiler step, memory, weights."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from fl_client import task
+
+
+def tiny_data(n: int = 40, seed: int = 0) -> TensorDataset:
+    """Two easily separable classes of 3×32×32 images (mean +1 vs −1, plus noise)."""
+    gen = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % 2
+    x = torch.randn(n, *task.IMAGE_SHAPE, generator=gen) * 0.5
+    x += (1.0 - 2.0 * y.float()).view(-1, 1, 1, 1)
+    return TensorDataset(x, y)
+
+
+def label_skew(parts: list[np.ndarray], labels: np.ndarray) -> float:
+    """Mean total-variation distance between each part's label histogram and the whole's."""
+    k = int(labels.max()) + 1
+    whole = np.bincount(labels, minlength=k) / len(labels)
+    return float(
+        np.mean(
+            [
+                0.5 * np.abs(np.bincount(labels[p], minlength=k) / len(p) - whole).sum()
+                for p in parts
+            ]
+        )
+    )
+
+
+# --- digits splits -----------------------------------------------------------------------
+
+
+def test_splits_shapes_sizes_and_dtypes() -> None:
+    s = task.load_digits_splits(seed=3)
+    assert s.sizes() == {
+        "proxy-train": task.PROXY_TRAIN_SIZE,
+        "proxy-eval": task.PROXY_EVAL_SIZE,
+        "test": task.TEST_SIZE,
+        "pool": 1797 - task.PROXY_TRAIN_SIZE - task.PROXY_EVAL_SIZE - task.TEST_SIZE,
+    }
+    for ds in (s.proxy_train, s.proxy_eval, s.test, s.pool):
+        x, y = task.as_tensors(ds)
+        assert x.shape[1:] == task.IMAGE_SHAPE and x.dtype == torch.float32
+        assert y.dtype == torch.int64 and set(y.unique().tolist()) == set(range(10))
+        assert torch.isfinite(x).all()
+
+
+def test_splits_disjoint_cover_everything_and_stratified() -> None:
+    s = task.load_digits_splits(seed=3)
+    ids = np.concatenate(list(s.indices.values()))
+    assert len(ids) == len(np.unique(ids)) == 1797
+    # Stratified: every class holds about 10% of the test set.
+    counts = np.bincount(task.as_tensors(s.test)[1].numpy(), minlength=10)
+    assert counts.min() >= 27 and counts.max() <= 33
+
+
+def test_splits_deterministic_per_seed() -> None:
+    a, b = task.load_digits_splits(seed=5), task.load_digits_splits.__wrapped__(seed=5)
+    c = task.load_digits_splits(seed=6)
+    for name in a.indices:
+        np.testing.assert_array_equal(a.indices[name], b.indices[name])
+    assert torch.equal(a.test.tensors[0], b.test.tensors[0])
+    assert not np.array_equal(a.indices["test"], c.indices["test"])
+
+
+# --- partitions ---------------------------------------------------------------------------
+
+
+def test_partition_iid_covers_once_and_is_seeded() -> None:
+    parts = task.partition_iid(101, 4, seed=1)
+    assert sorted(len(p) for p in parts) == [25, 25, 25, 26]
+    np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(101))
+    again = task.partition_iid(101, 4, seed=1)
+    assert all(np.array_equal(p, q) for p, q in zip(parts, again, strict=True))
+
+
+def test_partition_dirichlet_covers_once_seeded_min_size_and_skewed() -> None:
+    labels = task.as_tensors(task.load_digits_splits(seed=7).pool)[1].numpy()
+    parts = task.partition_dirichlet(labels, 8, alpha=0.5, seed=7, min_size=20)
+    np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(len(labels)))
+    assert min(len(p) for p in parts) >= 20
+    again = task.partition_dirichlet(labels, 8, alpha=0.5, seed=7, min_size=20)
+    assert all(np.array_equal(p, q) for p, q in zip(parts, again, strict=True))
+    other = task.partition_dirichlet(labels, 8, alpha=0.5, seed=8, min_size=20)
+    assert not all(np.array_equal(p, q) for p, q in zip(parts, other, strict=True))
+    iid = task.partition_iid(len(labels), 8, seed=7)
+    assert label_skew(parts, labels) > 2 * label_skew(iid, labels)
+
+
+def test_partition_dirichlet_errors() -> None:
+    labels = np.arange(100) % 10
+    with pytest.raises(ValueError, match="dirichlet-alpha"):
+        task.partition_dirichlet(labels, 4, alpha=0.0, seed=0)
+    with pytest.raises(ValueError, match="min_size"):
+        task.partition_dirichlet(labels, 4, alpha=0.5, seed=0, min_size=30)
+    with pytest.raises(ValueError, match="num-partitions"):
+        task.partition_iid(10, 0, seed=0)
+
+
+def test_client_data_splits_partition_into_train_and_val() -> None:
+    train, val = task.client_data(2, 8, partitioning="dirichlet", alpha=0.5, seed=7)
+    train2, val2 = task.client_data(2, 8, partitioning="dirichlet", alpha=0.5, seed=7)
+    assert torch.equal(train.tensors[0], train2.tensors[0])
+    assert torch.equal(val.tensors[1], val2.tensors[1])
+    assert len(val) == round(task.VAL_FRACTION * (len(train) + len(val)))
+    total = sum(sum(map(len, task.client_data(p, 8, partitioning="iid", seed=7))) for p in range(8))
+    assert total == len(task.load_digits_splits(seed=7).pool)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "key"),
+    [
+        ({"partitioning": "zipf"}, "partitioning"),
+        ({"alpha": 0.0}, "dirichlet-alpha"),
+        ({"alpha": -1.0}, "dirichlet-alpha"),
+        ({"partition_id": 8}, "partition-id"),
+        ({"partition_id": -1}, "partition-id"),
+    ],
+)
+def test_client_data_errors_name_the_key(kwargs: dict, key: str) -> None:
+    args = {"partition_id": 0, "num_partitions": 8, **kwargs}
+    with pytest.raises(ValueError, match=key):
+        task.client_data(**args)
+
+
+# --- train / evaluate ---------------------------------------------------------------------
+
+
+def test_scaled_lr_is_sqrt_scaling() -> None:
+    assert task.scaled_lr(1e-3, 128, 128) == pytest.approx(1e-3)
+    assert task.scaled_lr(1e-3, 128, 32) == pytest.approx(5e-4)
+    assert task.scaled_lr(2e-3, 16, 64) == pytest.approx(4e-3)
+    with pytest.raises(ValueError, match="lr-ref"):
+        task.scaled_lr(0.0, 128, 32)
+    with pytest.raises(ValueError, match="b-ref"):
+        task.scaled_lr(1e-3, 0, 32)
+
+
+def test_train_reduces_loss_and_runs_every_minibatch_through_step_runner() -> None:
+    torch.manual_seed(0)
+    model = task.build_model("cnn")
+    data = tiny_data(40)
+    loss0, _ = task.evaluate(model, data)
+    calls: list[int] = []
+
+    def runner(batch_size: int, fn) -> None:
+        calls.append(batch_size)
+        fn()
+
+    res = task.train(model, data, batch_size=16, lr=3e-3, epochs=3, seed=1, step_runner=runner)
+    assert calls == [16, 16, 8] * 3
+    assert (res.num_examples, res.steps, res.samples) == (40, 9, 120)
+    assert math.isfinite(res.mean_loss)
+    loss1, acc1 = task.evaluate(model, data)
+    assert loss1 < 0.5 * loss0 and acc1 > 0.9
+
+
+def test_train_is_seeded_and_respects_max_samples() -> None:
+    data = tiny_data(40)
+    states = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = task.build_model("cnn")
+        res = task.train(model, data, batch_size=8, lr=1e-3, epochs=5, seed=4, max_samples=20)
+        assert (res.steps, res.samples) == (3, 24)
+        states.append(task.state_hash(model))
+    assert states[0] == states[1]
+
+
+def test_evaluate_accuracy_in_unit_interval_and_restores_mode() -> None:
+    model = task.build_model("cnn")
+    model.train()
+    loss, acc = task.evaluate(model, tiny_data(10), batch_size=3)
+    assert 0.0 <= acc <= 1.0 and loss > 0 and model.training
+    empty = TensorDataset(torch.zeros(0, *task.IMAGE_SHAPE), torch.zeros(0, dtype=torch.long))
+    assert all(math.isnan(v) for v in task.evaluate(model, empty))
+
+
+def test_make_train_step_runs_and_leaves_global_rng_alone() -> None:
+    before = torch.get_rng_state()
+    step = task.make_train_step("cnn", task.IMAGE_SHAPE, 4, device="cpu")
+    step()
+    step()
+    assert torch.equal(before, torch.get_rng_state())
+
+
+def test_estimate_train_memory_grows_with_batch_size() -> None:
+    model = task.build_model("cnn")
+    model.train()
+    weights = 4 * sum(p.numel() * 4 for p in model.parameters())
+    m1, m8, m64 = (task.estimate_train_memory_bytes(model, task.IMAGE_SHAPE, b) for b in (1, 8, 64))
+    assert weights < m1 < m8 < m64
+    assert (m64 - m8) * 7 == (m8 - m1) * 56  # linear in b
+    assert model.training
+
+
+def test_weights_roundtrip_and_state_hash() -> None:
+    torch.manual_seed(0)
+    a = task.build_model("cnn")
+    torch.manual_seed(1)
+    b = task.build_model("cnn")
+    assert task.state_hash(a) != task.state_hash(b)
+    task.set_weights(b, task.get_weights(a))
+    assert task.state_hash(a) == task.state_hash(b) == task.state_hash(a.state_dict())
+    with pytest.raises(ValueError, match="weights"):
+        task.set_weights(b, task.get_weights(a)[:-1])

@@ -1,0 +1,240 @@
+"""strategies.r_estimation: Eq. 3 on a tiny task, the budget rule, validation and the cache.
+
+The embedded demo's settings were measured separately (see the comment above
+``DEFAULT_EVAL_EVERY_SAMPLES``); these tests use a tiny two-class task so they run in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from fl_client import task
+from strategies import r_estimation
+from strategies.r_estimation import REstimate, TargetNotReachedError, estimate_r
+
+
+def blobs(n: int, seed: int) -> TensorDataset:
+    """Two separable classes of 3×32×32 images (mean +1 vs −1, plus noise)."""
+    gen = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % 2
+    x = torch.randn(n, *task.IMAGE_SHAPE, generator=gen) * 0.5
+    x += (1.0 - 2.0 * y.float()).view(-1, 1, 1, 1)
+    return TensorDataset(x, y)
+
+
+@pytest.fixture(scope="module")
+def init_state() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    return dict(task.build_model("cnn").state_dict())
+
+
+SETTINGS: dict[str, Any] = {
+    "target_accuracy": 0.9,
+    "lr_ref": 3e-3,
+    "b_ref": 16,
+    "eval_every_samples": 16,
+    "max_samples": 256,
+    "progress": False,
+}
+
+
+def run(init_state: dict[str, torch.Tensor], **overrides: Any) -> REstimate:
+    kwargs = {**SETTINGS, **overrides}
+    batch_sizes = kwargs.pop("batch_sizes", (4, 16))
+    return estimate_r("cnn", init_state, blobs(48, 1), blobs(24, 2), batch_sizes, **kwargs)
+
+
+@pytest.fixture
+def count_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Batch sizes of every (seed, b) training run that really happens."""
+    calls: list[int] = []
+    real = r_estimation.samples_to_target
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs["batch_size"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(r_estimation, "samples_to_target", counting)
+    return calls
+
+
+def same_result(a: REstimate, b: REstimate) -> bool:
+    """Equal up to the wall time it took."""
+    return {**a.to_json(), "cost_time_s": 0} == {**b.to_json(), "cost_time_s": 0}
+
+
+def fake_samples_to_target(table: dict[int, int | None]) -> Any:
+    """A stand-in for ``samples_to_target`` returning N_s_acc(b) from ``table``."""
+
+    def fake(*_args: Any, batch_size: int, max_samples: int, **_kw: Any) -> Any:
+        n = table[batch_size]
+        used = max_samples if n is None else n
+        return n, [(used, 0.95 if n is not None else 0.2)], used
+
+    return fake
+
+
+def test_r_on_tiny_task_is_in_unit_interval_with_max_one(init_state: Any) -> None:
+    est = run(init_state, seeds=(0, 1))
+    assert est.batch_sizes == (4, 16) and est.unreached == () and all(est.reached)
+    assert all(0.0 < r <= 1.0 for r in est.r) and max(est.r) == 1.0
+    per_seed = [[int(s or 0) for s in v] for v in est.samples_to_target.values()]
+    assert all(len(v) == 2 for v in per_seed)
+    assert all(s is not None for v in est.samples_to_target.values() for s in v)
+    n = {b: float(v or 0) for b, v in est.mean_samples_to_target.items()}
+    assert est.r == tuple(n[b] / max(n.values()) for b in est.batch_sizes)
+    # N_s_acc lies on the shared evaluation schedule and is at least one evaluation period.
+    assert all(s % 16 == 0 and s >= 16 for v in per_seed for s in v)
+    assert est.cost_samples >= sum(map(sum, per_seed))
+    assert est.settings["lr_by_batch_size"] == {"4": pytest.approx(1.5e-3), "16": 3e-3}
+
+
+def test_eq3_and_budget_rule_exclude_unreached_batch_size(
+    init_state: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = {4: 64, 8: 96, 16: 128, 32: None}
+    monkeypatch.setattr(r_estimation, "samples_to_target", fake_samples_to_target(table))
+    est = run(init_state, batch_sizes=(4, 8, 16, 32))
+    assert est.batch_sizes == (4, 8, 16)
+    assert est.r == pytest.approx((0.5, 0.75, 1.0))
+    assert est.unreached == (32,)
+    assert est.reached == (True, True, True, False)
+    assert [row["r"] for row in est.table()] == [0.5, 0.75, 1.0, None]
+
+
+def test_b_reached_for_only_some_seeds_counts_as_unreached(
+    init_state: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fake(*_a: Any, batch_size: int, seed: int, max_samples: int, **_kw: Any) -> Any:
+        n = None if (batch_size == 16 and seed == 1) else 32 * batch_size
+        return n, [], max_samples if n is None else n
+
+    monkeypatch.setattr(r_estimation, "samples_to_target", fake)
+    est = run(init_state, batch_sizes=(4, 16), seeds=(0, 1))
+    assert est.batch_sizes == (4,) and est.r == (1.0,) and est.unreached == (16,)
+    assert est.samples_to_target[16] == (512, None)
+
+
+def test_unreachable_target_raises_with_advice(init_state: Any) -> None:
+    # Labels of the evaluation set are random: no model gets 99% on them.
+    x, _ = task.as_tensors(blobs(24, 2))
+    noise = TensorDataset(
+        x, torch.randint(0, 10, (24,), generator=torch.Generator().manual_seed(3))
+    )
+    with pytest.raises(TargetNotReachedError, match="proxy-target-accuracy") as err:
+        estimate_r(
+            "cnn", init_state, blobs(48, 1), noise, (16, 32),
+            **{**SETTINGS, "target_accuracy": 0.99, "max_samples": 32},
+        )  # fmt: skip
+    assert "max-samples" in str(err.value)
+    assert err.value.estimate.unreached == (16, 32)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        ({"batch_sizes": ()}, "batch-sizes"),
+        ({"batch_sizes": (16, 4)}, "batch-sizes"),
+        ({"batch_sizes": (0, 4)}, "batch-sizes"),
+        ({"target_accuracy": 1.0}, "proxy-target-accuracy"),
+        ({"target_accuracy": 0.0}, "proxy-target-accuracy"),
+        ({"lr_ref": 0.0}, "lr-ref"),
+        ({"b_ref": 0}, "b-ref"),
+        ({"eval_every_samples": 0}, "eval-every-samples"),
+        ({"max_samples": 8}, "max-samples"),
+        ({"seeds": ()}, "r-seeds"),
+    ],
+)
+def test_invalid_settings_name_the_key(init_state: Any, overrides: dict, key: str) -> None:
+    with pytest.raises(ValueError, match=key):
+        run(init_state, **overrides)
+
+
+def test_cache_hit_returns_identical_result_without_training(
+    init_state: Any, tmp_path: Path, count_runs: list[int]
+) -> None:
+    first = run(init_state, cache_dir=tmp_path)
+    assert count_runs == [4, 16] and not first.from_cache
+    second = run(init_state, cache_dir=tmp_path)
+    assert count_runs == [4, 16]  # no new training
+    assert second.from_cache and second == first and second.to_json() == first.to_json()
+    assert [p.name for p in tmp_path.iterdir()] == [f"r-cnn-{first.cache_key[:24]}.json"]
+
+
+def test_cache_key_changes_with_every_setting(init_state: Any) -> None:
+    data = (blobs(48, 1), blobs(24, 2))
+    base = {"target_accuracy": 0.9, "lr_ref": 3e-3, "b_ref": 16}
+    key = r_estimation.cache_key("cnn", init_state, *data, [4, 16], base)
+    assert key == r_estimation.cache_key("cnn", init_state, *data, [4, 16], dict(base))
+    other_state = {k: v + 1 if v.is_floating_point() else v for k, v in init_state.items()}
+    variants = [
+        r_estimation.cache_key("cnn", init_state, *data, [4, 16], {**base, "lr_ref": 1e-3}),
+        r_estimation.cache_key("cnn", init_state, *data, [4, 16], {**base, "target_accuracy": 0.8}),
+        r_estimation.cache_key("cnn", init_state, *data, [4, 8], base),
+        r_estimation.cache_key("resnet18", init_state, *data, [4, 16], base),
+        r_estimation.cache_key("cnn", other_state, *data, [4, 16], base),
+        r_estimation.cache_key("cnn", init_state, blobs(48, 5), data[1], [4, 16], base),
+    ]
+    assert len({key, *variants}) == len(variants) + 1
+
+
+def test_changed_setting_misses_the_cache(
+    init_state: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(r_estimation, "samples_to_target", fake_samples_to_target({4: 32, 16: 64}))
+    a = run(init_state, cache_dir=tmp_path)
+    b = run(init_state, cache_dir=tmp_path, max_samples=512)
+    assert a.cache_key != b.cache_key and not b.from_cache
+    assert len(list(tmp_path.glob("r-cnn-*.json"))) == 2
+
+
+@pytest.mark.parametrize("garbage", ["{not json", '{"r": [1.0]}', "corrupt-key"])
+def test_corrupt_cache_is_moved_aside_and_recomputed(
+    init_state: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    garbage: str,
+) -> None:
+    monkeypatch.setattr(r_estimation, "samples_to_target", fake_samples_to_target({4: 32, 16: 64}))
+    first = run(init_state, cache_dir=tmp_path)
+    (path,) = tmp_path.glob("r-cnn-*.json")
+    if garbage == "corrupt-key":  # valid JSON for another key: must not be trusted
+        data = json.loads(path.read_text())
+        data["cache_key"] = "0" * 64
+        garbage = json.dumps(data)
+    path.write_text(garbage)
+    with caplog.at_level("WARNING", logger="strategies.r_estimation"):
+        again = run(init_state, cache_dir=tmp_path)
+    assert "corrupt r cache" in caplog.text
+    assert not again.from_cache and same_result(again, first)
+    assert len(list(tmp_path.glob(f"{path.name}.corrupt-*"))) == 1
+    assert same_result(REstimate.from_json(path.read_text()), first)  # rewritten, valid
+
+
+def test_json_roundtrip(init_state: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        r_estimation, "samples_to_target", fake_samples_to_target({4: 32, 16: None})
+    )
+    est = run(init_state)
+    text = json.dumps(est.to_json())
+    assert REstimate.from_json(text) == est
+    assert REstimate.from_json(json.loads(text)).unreached == (16,)
+    with pytest.raises(ValueError, match="malformed"):
+        REstimate.from_json({**est.to_json(), "r": [1.5]})
+
+
+def test_progress_falls_back_to_log_lines(
+    init_state: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(r_estimation, "samples_to_target", fake_samples_to_target({4: 32, 16: 64}))
+    with caplog.at_level("INFO", logger="strategies.r_estimation"):
+        run(init_state, progress=True)  # pytest captures stderr: not a terminal
+    assert "seed 0 b=4" in caplog.text and "seed 0 b=16" in caplog.text
+    assert "cost" in caplog.text
