@@ -11,6 +11,7 @@ Prints a table and writes JSON (default: benchmarks/results/runs.json).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -36,20 +37,28 @@ def tree_rss_bytes(pid: int) -> int:
         return 0
     total = 0
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             total += p.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
     return total
 
 
 def run_case(name: str, args: list[str], out_dir: Path) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "simulations", "simulate", "--methods", "power-aware",
-           "--output-dir", str(out_dir), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "simulations",
+        "simulate",
+        "--methods",
+        "power-aware",
+        "--output-dir",
+        str(out_dir),
+        *args,
+    ]
     print(f"== {name}: {' '.join(cmd[2:])}", flush=True)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     peak = 0
     stop = threading.Event()
 
@@ -87,15 +96,29 @@ def run_case(name: str, args: list[str], out_dir: Path) -> dict[str, Any]:
 
 def fleet100(path: Path) -> Path:
     """100 nodes: the default mix of devices and caps, repeated."""
-    mix = [("jetson-nano", 4.5), ("jetson-nano", 7.0), ("jetson-nano", "none"),
-           ("jetson-tx2-nx", 5.0), ("jetson-tx2-nx", 10.0), ("jetson-orin-nano", 7.0),
-           ("jetson-orin-nano", 15.0), ("jetson-agx-orin", 15.0), ("jetson-agx-orin", "none"),
-           ("jetson-agx-orin", 30.0)]
+    mix = [
+        ("jetson-nano", 4.5),
+        ("jetson-nano", 7.0),
+        ("jetson-nano", "none"),
+        ("jetson-tx2-nx", 5.0),
+        ("jetson-tx2-nx", 10.0),
+        ("jetson-orin-nano", 7.0),
+        ("jetson-orin-nano", 15.0),
+        ("jetson-agx-orin", 15.0),
+        ("jetson-agx-orin", "none"),
+        ("jetson-agx-orin", 30.0),
+    ]
     lines = []
     for i in range(100):
         device, cap = mix[i % len(mix)]
         cap_toml = f'"{cap}"' if isinstance(cap, str) else cap
-        lines += ["[[node]]", f'name = "n{i:03d}"', f'device = "{device}"', f"p-max-w = {cap_toml}", ""]
+        lines += [
+            "[[node]]",
+            f'name = "n{i:03d}"',
+            f'device = "{device}"',
+            f"p-max-w = {cap_toml}",
+            "",
+        ]
     path.write_text("\n".join(lines))
     return path
 
@@ -121,17 +144,29 @@ def main() -> None:
                     tmp_path / "fleet100",
                 )
             )
-    hdr = f"{'case':<10}{'nodes':>6}{'rounds':>7}{'wall s':>9}{'s/round':>9}{'peak MiB':>10}{'final acc':>10}{'profiling':>10}"
+    hdr = (
+        f"{'case':<10}{'nodes':>6}{'rounds':>7}{'wall s':>9}{'s/round':>9}"
+        f"{'peak MiB':>10}{'final acc':>10}{'profiling':>10}"
+    )
     print(hdr)
     for r in rows:
         print(
-            f"{r['case']:<10}{r['nodes']:>6}{r['rounds']:>7}{r['wall-s']:>9.1f}{r['s-per-round']:>9.1f}"
-            f"{r['peak-rss-mib']:>10.0f}{r['final-accuracy']:>10.3f}{100 * r['profile-share']:>9.2f}%"
+            f"{r['case']:<10}{r['nodes']:>6}{r['rounds']:>7}{r['wall-s']:>9.1f}"
+            f"{r['s-per-round']:>9.1f}{r['peak-rss-mib']:>10.0f}"
+            f"{r['final-accuracy']:>10.3f}{100 * r['profile-share']:>9.2f}%"
         )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(
-        json.dumps({"benchmark": "runs", "cases": rows, "cpus": os.cpu_count(),
-                    "python": platform.python_version()}, indent=2) + "\n"
+        json.dumps(
+            {
+                "benchmark": "runs",
+                "cases": rows,
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+            },
+            indent=2,
+        )
+        + "\n"
     )
     print(f"wrote {args.json}")
 

@@ -17,7 +17,9 @@ import numpy as np
 from fl_client import selector
 
 
-def make_tables(n_b: int, n_f: int, seed: int) -> tuple[np.ndarray, np.ndarray, list[int], list[float]]:
+def make_tables(
+    n_b: int, n_f: int, seed: int
+) -> tuple[np.ndarray, np.ndarray, list[int], list[float]]:
     rng = np.random.default_rng(seed)
     batch_sizes = [2 ** (i + 2) for i in range(n_b)]
     freqs_mhz = list(np.linspace(114.75, 1300.5, n_f))
@@ -46,12 +48,19 @@ def bench(calls: int, n_b: int = 6, n_f: int = 14) -> dict[str, float]:
 def _call(method, time_s, power_w, batch_sizes, freqs_mhz, r, p_max_w):  # type: ignore[no-untyped-def]
     if method == "power-aware":
         return selector.select_power_aware(
-            lut_time_s=time_s, lut_power_w=power_w, batch_sizes=batch_sizes,
-            freqs_mhz=freqs_mhz, r=r, p_max_w=p_max_w,
+            lut_time_s=time_s,
+            lut_power_w=power_w,
+            batch_sizes=batch_sizes,
+            freqs_mhz=freqs_mhz,
+            r=r,
+            p_max_w=p_max_w,
         )
     return selector.select_b1(
-        lut_time_s=time_s, lut_power_w=power_w, batch_sizes=batch_sizes,
-        freqs_mhz=freqs_mhz, b1_freq_cap_mhz=614.4,
+        lut_time_s=time_s,
+        lut_power_w=power_w,
+        batch_sizes=batch_sizes,
+        freqs_mhz=freqs_mhz,
+        b1_freq_cap_mhz=614.4,
     )
 
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from flwr.app import (
     ArrayRecord,
@@ -74,7 +72,7 @@ def make_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
         content = RecordDict(
             {
                 "arrays": ArrayRecord(new_state),
-                "metrics": MetricRecord(metrics),
+                "metrics": MetricRecord(dict[str, Any](metrics)),
                 "choice": ConfigRecord(info),
             }
         )

@@ -54,7 +54,9 @@ def node_context(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) 
 
 
 def _open(ctx: NodeContext) -> Device:
-    return open_device(ctx.node.device, ctx.node.backend, seed=ctx.settings.seed * 1000 + ctx.partition_id)
+    return open_device(
+        ctx.node.device, ctx.node.backend, seed=ctx.settings.seed * 1000 + ctx.partition_id
+    )
 
 
 def _workload(model_name: str) -> Workload:
@@ -176,7 +178,9 @@ def train_node(
     s = ctx.settings
     method = str(config.get("method", s.method))
     if method not in selector.METHODS:
-        raise SettingsError(f"method: unknown value {method!r}; allowed: {', '.join(selector.METHODS)}")
+        raise SettingsError(
+            f"method: unknown value {method!r}; allowed: {', '.join(selector.METHODS)}"
+        )
     model_name = str(config.get("model", s.model))
     batch_sizes = parse_batch_sizes(config.get("batch-sizes", s.batch_sizes))
     r = selector.validate_r([float(x) for x in config["r"]], batch_sizes)
@@ -269,24 +273,30 @@ def _select(
     device: Device,
     config: Mapping[str, Any],
 ) -> selector.Selection:
-    common = {
-        "lut_time_s": lut.time_per_sample_s,
-        "lut_power_w": lut.peak_power_w,
-        "batch_sizes": batch_sizes,
-        "freqs_mhz": list(lut.freqs_mhz),
-    }
+    lut_time_s, lut_power_w, freqs_mhz = (
+        lut.time_per_sample_s,
+        lut.peak_power_w,
+        list(lut.freqs_mhz),
+    )
     if method == "power-aware":
-        return selector.select_power_aware(r=r, p_max_w=p_max_w, **common)
+        return selector.select_power_aware(
+            lut_time_s, lut_power_w, batch_sizes, freqs_mhz, r=r, p_max_w=p_max_w
+        )
     if method == "oracle":
         assert r_true is not None
-        return selector.select_oracle(r=r_true, p_max_w=p_max_w, **common)
+        return selector.select_oracle(
+            lut_time_s, lut_power_w, batch_sizes, freqs_mhz, r=r_true, p_max_w=p_max_w
+        )
     if method in ("b1", "b2"):
         cap = b1_freq_cap_mhz(device, p_max_w)
         if method == "b1":
-            return selector.select_b1(b1_freq_cap_mhz=cap, **common)
-        return selector.select_b2(r=r, b1_freq_cap_mhz=cap, **common)
+            return selector.select_b1(batch_sizes, freqs_mhz, cap, lut_time_s, lut_power_w)
+        return selector.select_b2(batch_sizes, freqs_mhz, r, cap, lut_time_s, lut_power_w)
     return selector.select_fixed(
-        batch_size=int(config["fixed-batch-size"]),
-        freq_mhz=float(config["fixed-freq-mhz"]),
-        **common,
+        int(config["fixed-batch-size"]),
+        float(config["fixed-freq-mhz"]),
+        batch_sizes,
+        freqs_mhz,
+        lut_time_s,
+        lut_power_w,
     )

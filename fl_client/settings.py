@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 from collections.abc import Mapping
@@ -77,7 +78,7 @@ def parse_batch_sizes(value: object, key: str = "batch-sizes") -> list[int]:
         raise SettingsError(f"{key}: must not be empty (e.g. '4,8,16,32,64,128')")
     if any(b <= 0 for b in sizes):
         raise SettingsError(f"{key}: batch sizes must be positive, got {sizes}")
-    if any(b2 <= b1 for b1, b2 in zip(sizes, sizes[1:], strict=False)):
+    if any(b2 <= b1 for b1, b2 in itertools.pairwise(sizes)):
         raise SettingsError(f"{key}: must be strictly ascending, got {sizes}")
     return sizes
 
@@ -156,11 +157,10 @@ class RunSettings:
         method = _choice(cfg, "method", METHODS)
         fixed_b = cfg.get("fixed-batch-size")
         fixed_f = cfg.get("fixed-freq-mhz")
-        if method == "fixed":
-            if fixed_b in (None, "", 0) or fixed_f in (None, "", 0):
-                raise SettingsError(
-                    "method: 'fixed' needs fixed-batch-size and fixed-freq-mhz run settings"
-                )
+        if method == "fixed" and (fixed_b in (None, "", 0) or fixed_f in (None, "", 0)):
+            raise SettingsError(
+                "method: 'fixed' needs fixed-batch-size and fixed-freq-mhz run settings"
+            )
         return cls(
             method=method,
             fleet=str(_get(cfg, "fleet")),
@@ -237,7 +237,7 @@ def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) 
     from fl_client.devices import BACKENDS
 
     if "device" not in entry:
-        raise SettingsError(f"{where}: device: missing (e.g. device = \"jetson-nano\")")
+        raise SettingsError(f'{where}: device: missing (e.g. device = "jetson-nano")')
     backend = str(entry.get("backend", "simulated"))
     if backend not in BACKENDS:
         raise SettingsError(

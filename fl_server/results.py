@@ -99,9 +99,7 @@ class RunRecorder:
 
     def initial_eval(self, metrics: dict[str, float]) -> None:
         self.initial = dict(metrics)
-        self.console.print(
-            f"round   0  accuracy {metrics['accuracy']:.3f}  (initial global model)"
-        )
+        self.console.print(f"round   0  accuracy {metrics['accuracy']:.3f}  (initial global model)")
 
     def record_round(self, report: RoundReport, metrics: dict[str, float]) -> RoundRow:
         """Account one finished round, append its records and print its line."""
@@ -176,11 +174,12 @@ class RunRecorder:
 
     def _print_round(self, report: RoundReport, row: RoundRow) -> None:
         choices = sorted(
-            {f"b{int(n.metrics['batch-size'])}@{n.metrics['gpu-freq-mhz']:g}" for n in report.ok_nodes}
+            {
+                f"b{int(n.metrics['batch-size'])}@{n.metrics['gpu-freq-mhz']:g}"
+                for n in report.ok_nodes
+            }
         )
-        over = sum(
-            1 for n in report.ok_nodes if n.metrics["peak-power-w"] > n.metrics["p-max-w"]
-        )
+        over = sum(1 for n in report.ok_nodes if n.metrics["peak-power-w"] > n.metrics["p-max-w"])
         line = (
             f"round {row.server_round:3d}  accuracy {row.accuracy:.3f}  "
             f"round {row.round_time_s:7.1f} s  sim time {row.sim_time_s:8.1f} s  "
@@ -226,8 +225,16 @@ class RunRecorder:
     def print_summary(self, summ: dict[str, Any]) -> None:
         table = Table(title=f"Per node ({summ['method']})", title_justify="left")
         for col in (
-            "node", "device", "cap", "b*", "f* MHz", "peak W", "train s", "profile s",
-            "energy kJ", "failed",
+            "node",
+            "device",
+            "cap",
+            "b*",
+            "f* MHz",
+            "peak W",
+            "train s",
+            "profile s",
+            "energy kJ",
+            "failed",
         ):
             table.add_column(col, justify="left" if col in ("node", "device") else "right")
         for name, t in summ["nodes"].items():

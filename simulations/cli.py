@@ -84,8 +84,14 @@ def print_comparison(summaries: list[dict[str, Any]]) -> None:
 
     table = Table(title="Methods on the same fleet, data and seeds", title_justify="left")
     for col in (
-        "method", "final acc", "round→target", "time→target s", "energy→target kJ",
-        "sim time s", "fleet energy kJ", "profiling",
+        "method",
+        "final acc",
+        "round→target",
+        "time→target s",
+        "energy→target kJ",
+        "sim time s",
+        "fleet energy kJ",
+        "profiling",
     ):
         table.add_column(col, justify="left" if col == "method" else "right")
 
@@ -189,4 +195,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as err:
         print(f"powerfl: error: {err}", file=sys.stderr)
         return 2
-

@@ -152,7 +152,7 @@ class PowerAwareFedAvg(FedAvg):
         for reply in grid.send_and_receive(messages, timeout=timeout_s):
             node_id = reply.metadata.src_node_id
             if reply.has_error():
-                self.query_failures[node_id] = reply.error.reason
+                self.query_failures[node_id] = str(reply.error.reason)
                 continue
             info = dict(reply.content["device"])
             self.fleet[node_id] = info
@@ -214,7 +214,9 @@ class PowerAwareFedAvg(FedAvg):
             name, device = str(info.get("node-name", node_id)), str(info.get("device", "?"))
             if msg.has_error():
                 reports.append(
-                    NodeReport(server_round, node_id, name, device, False, error=msg.error.reason)
+                    NodeReport(
+                        server_round, node_id, name, device, False, error=str(msg.error.reason)
+                    )
                 )
                 continue
             metrics = {k: float(v) for k, v in dict(msg.content["metrics"]).items()}  # type: ignore[arg-type]
@@ -222,7 +224,11 @@ class PowerAwareFedAvg(FedAvg):
             if missing:
                 reports.append(
                     NodeReport(
-                        server_round, node_id, name, device, False,
+                        server_round,
+                        node_id,
+                        name,
+                        device,
+                        False,
                         error=f"reply lacks metrics: {', '.join(missing)}",
                     )
                 )
@@ -279,8 +285,12 @@ class PowerAwareFedAvg(FedAvg):
                 info = self.fleet.get(node_id, {})
                 self.rounds[-1].nodes.append(
                     NodeReport(
-                        server_round, node_id, str(info.get("node-name", node_id)),
-                        str(info.get("device", "?")), False, error="no reply (timeout)",
+                        server_round,
+                        node_id,
+                        str(info.get("node-name", node_id)),
+                        str(info.get("device", "?")),
+                        False,
+                        error="no reply (timeout)",
                     )
                 )
             if new_arrays is not None:

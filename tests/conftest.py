@@ -9,7 +9,7 @@ os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 os.environ.setdefault("FLWR_HOME", str(Path(__file__).resolve().parents[1] / ".flwr"))
 
 
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture

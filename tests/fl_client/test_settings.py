@@ -81,8 +81,10 @@ def test_fleet_errors(tmp_path):
     bad.write_text('[[node]]\ndevice = "jetson-nano"\np-max-w = -1\n')
     with pytest.raises(SettingsError, match="node #1: p-max-w: must be > 0 W"):
         load_fleet(bad)
-    bad.write_text('[[node]]\nname = "a"\ndevice = "jetson-nano"\ncount = 2\n'
-                   '[[node]]\nname = "a-1"\ndevice = "jetson-nano"\n')
+    bad.write_text(
+        '[[node]]\nname = "a"\ndevice = "jetson-nano"\ncount = 2\n'
+        '[[node]]\nname = "a-1"\ndevice = "jetson-nano"\n'
+    )
     with pytest.raises(SettingsError, match="node names must be unique, repeated: a-1"):
         load_fleet(bad)
     bad.write_text("this is not toml [")
@@ -92,8 +94,13 @@ def test_fleet_errors(tmp_path):
 
 def test_node_settings_from_node_config_or_fleet():
     node, pid, num = node_settings(
-        {"device": "jetson-nano", "backend": "simulated", "p-max-w": 5.0, "partition-id": 2,
-         "num-partitions": 4},
+        {
+            "device": "jetson-nano",
+            "backend": "simulated",
+            "p-max-w": 5.0,
+            "partition-id": 2,
+            "num-partitions": 4,
+        },
         None,
     )
     assert (node.device, node.p_max_w, pid, num) == ("jetson-nano", 5.0, 2, 4)

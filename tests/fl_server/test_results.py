@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 
@@ -11,18 +12,34 @@ from fl_server.results import RunRecorder, new_run_dir
 from strategies.power_aware import TRAIN_METRIC_KEYS, NodeReport, RoundReport
 
 
-def _node(rnd: int, name: str, train_s: float, energy_j: float, profile_s: float = 0.0) -> NodeReport:
+def _node(
+    rnd: int, name: str, train_s: float, energy_j: float, profile_s: float = 0.0
+) -> NodeReport:
     m = {k: 0.0 for k in TRAIN_METRIC_KEYS}
-    m.update({"train-time-s": train_s, "energy-j": energy_j, "profile-time-s": profile_s,
-              "profile-energy-j": profile_s * 2, "peak-power-w": 4.0, "p-max-w": 4.5,
-              "batch-size": 16, "gpu-freq-mhz": 460.8, "num-examples": 100})
+    m.update(
+        {
+            "train-time-s": train_s,
+            "energy-j": energy_j,
+            "profile-time-s": profile_s,
+            "profile-energy-j": profile_s * 2,
+            "peak-power-w": 4.0,
+            "p-max-w": 4.5,
+            "batch-size": 16,
+            "gpu-freq-mhz": 460.8,
+            "num-examples": 100,
+        }
+    )
     return NodeReport(rnd, hash(name) % 100, name, "jetson-nano", True, m)
 
 
 def test_records_accumulate_and_time_to_target(tmp_path):
     run_dir = new_run_dir(tmp_path, "power-aware")
-    rec = RunRecorder(run_dir, method="power-aware", target_accuracy=0.8,
-                      console=Console(file=open(tmp_path / "out.txt", "w")))
+    rec = RunRecorder(
+        run_dir,
+        method="power-aware",
+        target_accuracy=0.8,
+        console=Console(file=io.StringIO()),
+    )
     rec.initial_eval({"accuracy": 0.1, "loss": 2.3})
     r1 = RoundReport(1, [_node(1, "a", 10, 50, profile_s=2), _node(1, "b", 30, 60)])
     r1.nodes.append(NodeReport(1, 5, "c", "jetson-tx2-nx", False, error="boom"))
@@ -38,7 +55,7 @@ def test_records_accumulate_and_time_to_target(tmp_path):
     assert summ["profile-share"] == 2 / (2 + 10 + 30 + 10 + 20 + 5)
     assert summ["nodes"]["c"]["rounds-failed"] == 1
     rounds = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
-    assert [r["failed"] for r in rounds][0] == ["c: boom"]
+    assert rounds[0]["failed"] == ["c: boom"]
     nodes = (run_dir / "nodes.jsonl").read_text().splitlines()
     assert len(nodes) == 3 + 2 + 1
     on_disk = json.loads((run_dir / "summary.json").read_text())

@@ -40,14 +40,24 @@ def test_small_fleet_trains_under_caps_with_rising_accuracy(tmp_path):
     fleet.write_text(FLEET)
     out = tmp_path / "runs"
     cmd = [
-        sys.executable, "-m", "simulations", "simulate",
-        "--methods", "power-aware",
-        "--fleet", str(fleet),
-        "--rounds", "3",
-        "--output-dir", str(out),
-        "-c", f"cache-dir={json.dumps(str(tmp_path / 'cache'))}",
-        "-c", "target-accuracy=0.99",
-        "-c", "partitioning='iid'",
+        sys.executable,
+        "-m",
+        "simulations",
+        "simulate",
+        "--methods",
+        "power-aware",
+        "--fleet",
+        str(fleet),
+        "--rounds",
+        "3",
+        "--output-dir",
+        str(out),
+        "-c",
+        f"cache-dir={json.dumps(str(tmp_path / 'cache'))}",
+        "-c",
+        "target-accuracy=0.99",
+        "-c",
+        "partitioning='iid'",
     ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

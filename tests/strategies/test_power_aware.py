@@ -6,7 +6,15 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Error,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 
 from strategies.power_aware import TRAIN_METRIC_KEYS, PowerAwareFedAvg, RoundReport
 
@@ -92,7 +100,9 @@ def test_each_node_gets_its_own_record_with_r_aligned_to_what_fits():
     strategy = _strategy(method="b2")
     strategy.query_fleet(grid, timeout_s=5)
     arrays = ArrayRecord([np.zeros(3)])
-    msgs = {m.metadata.dst_node_id: m for m in strategy.configure_train(4, arrays, ConfigRecord(), grid)}
+    msgs = {
+        m.metadata.dst_node_id: m for m in strategy.configure_train(4, arrays, ConfigRecord(), grid)
+    }
     assert set(msgs) == {11, 12, 13}
     cfg_a, cfg_b = msgs[11].content["config"], msgs[12].content["config"]
     assert list(cfg_a["batch-sizes"]) == [16, 32, 64]  # nano-a fits up to 64
@@ -126,7 +136,7 @@ def test_failed_node_costs_only_its_update_and_is_recorded():
     strategy = _strategy()
     strategy.query_fleet(grid, timeout_s=5)
     msgs = strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), grid)
-    arrays, agg = strategy.aggregate_train(1, grid.send_and_receive(msgs, timeout=5))
+    arrays, _agg = strategy.aggregate_train(1, grid.send_and_receive(msgs, timeout=5))
     assert arrays is not None
     weights = np.array([110.0, 130.0])
     expected = (weights * np.array([11.0, 13.0])).sum() / weights.sum()
@@ -156,6 +166,9 @@ def test_run_stops_at_target_and_records_silent_nodes():
 def test_r_must_match_batch_sizes():
     with pytest.raises(ValueError, match="r: has 2 values but batch-sizes has 4"):
         PowerAwareFedAvg(
-            batch_sizes=[16, 32, 64, 128], r=[0.5, 1.0], method="power-aware",
-            train_config={}, query_config={},
+            batch_sizes=[16, 32, 64, 128],
+            r=[0.5, 1.0],
+            method="power-aware",
+            train_config={},
+            query_config={},
         )
