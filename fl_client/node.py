@@ -31,6 +31,10 @@ from fl_client.settings import (
 
 log = logging.getLogger(__name__)
 
+#: Methods that select from the profiled LUTs; B1, B2 and fixed use fixed rules and never
+#: profile, so a comparison charges profiling only to the methods that need it.
+NEEDS_LUT = ("power-aware", "oracle")
+
 # A Jetson's CPU and GPU share memory: leave half of it to the OS, CUDA and the data.
 MEMORY_SHARE_FOR_TRAINING = 0.5
 
@@ -201,17 +205,22 @@ def train_node(
     device = _open(ctx)
     try:
         workload = _workload(model_name)
-        lut, from_cache = load_or_profile(
-            device,
-            workload,
-            batch_sizes,
-            lambda b: task.make_train_step(model_name, task.IMAGE_SHAPE, b),
-            ctx.cache_dir / "lut",
-            p_max_w=None if math.isinf(p_max_w) else p_max_w,
-            progress=False,
-        )
-        profile_time_s = 0.0 if from_cache else lut.profile_time_s
-        profile_energy_j = 0.0 if from_cache else lut.profile_energy_j
+        lut: LUT | None = None
+        profile_time_s = profile_energy_j = 0.0
+        from_cache = False
+        if method in NEEDS_LUT:
+            lut, from_cache = load_or_profile(
+                device,
+                workload,
+                batch_sizes,
+                lambda b: task.make_train_step(model_name, task.IMAGE_SHAPE, b),
+                ctx.cache_dir / "lut",
+                p_max_w=None if math.isinf(p_max_w) else p_max_w,
+                uncapped="full" if s.profile_grid == "full" else "highest",
+                progress=False,
+            )
+            if not from_cache:
+                profile_time_s, profile_energy_j = lut.profile_time_s, lut.profile_energy_j
         r_true = (
             _oracle_r(ctx, model_name, state, batch_sizes, train_data, val_data)
             if method == "oracle"
@@ -251,9 +260,10 @@ def train_node(
         "profile-time-s": profile_time_s,
         "profile-energy-j": profile_energy_j,
         "cap-violations": float(cap_violations),
-        "predicted-time-s": choice.time_per_sample_s * result.samples,
         "train-loss": float(result.mean_loss),
     }
+    if lut is not None:  # what the LUT predicted for this local work
+        metrics["predicted-time-s"] = choice.time_per_sample_s * result.samples
     info = {
         "node-name": ctx.node.name,
         "device": device.info.kind,
@@ -265,7 +275,7 @@ def train_node(
 
 def _select(
     method: str,
-    lut: LUT,
+    lut: LUT | None,
     batch_sizes: list[int],
     r: list[float],
     r_true: list[float] | None,
@@ -273,17 +283,16 @@ def _select(
     device: Device,
     config: Mapping[str, Any],
 ) -> selector.Selection:
-    lut_time_s, lut_power_w, freqs_mhz = (
-        lut.time_per_sample_s,
-        lut.peak_power_w,
-        list(lut.freqs_mhz),
-    )
+    freqs_mhz = [float(f) for f in device.gpu_freqs_mhz]
+    lut_time_s = None if lut is None else lut.time_per_sample_s
+    lut_power_w = None if lut is None else lut.peak_power_w
     if method == "power-aware":
+        assert lut_time_s is not None and lut_power_w is not None
         return selector.select_power_aware(
             lut_time_s, lut_power_w, batch_sizes, freqs_mhz, r=r, p_max_w=p_max_w
         )
     if method == "oracle":
-        assert r_true is not None
+        assert r_true is not None and lut_time_s is not None and lut_power_w is not None
         return selector.select_oracle(
             lut_time_s, lut_power_w, batch_sizes, freqs_mhz, r=r_true, p_max_w=p_max_w
         )

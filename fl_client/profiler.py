@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 LUT_FORMAT = "powerfl-lut"
 LUT_VERSION = 1
+#: How much of the (b, f) grid a LUT covers; see ``LUT.grid``.
+GRIDS = ("full", "efficient", "highest")
 
 FloatArray = npt.NDArray[np.float64]
 StepFactory = Callable[[int], Callable[[], object]]
@@ -87,6 +89,11 @@ class LUT:
         ISO-8601 UTC time the tables were made.
     warmup_steps, steps : int
         Steps discarded and measured per cell.
+    grid : str
+        ``full`` (every cell; serves any cap), ``efficient`` (paper §4.1 under
+        ``p_max_w``) or ``highest`` (no cap: each b at the highest frequency only, the
+        cell Eq. 4 picks per b when nothing is infeasible). Default: ``full`` without a
+        cap, ``efficient`` with one.
     """
 
     device_kind: str
@@ -104,6 +111,7 @@ class LUT:
     created_utc: str = field(default_factory=_utc_now)
     warmup_steps: int = 1
     steps: int = 3
+    grid: str = ""
 
     def __post_init__(self) -> None:
         try:
@@ -117,8 +125,16 @@ class LUT:
             avg_w = validate_tables(time_s, self.avg_power_w, len(b), len(f))[1]
         except ValueError as err:
             raise LUTFormatError(str(err)) from None
-        if cap is None and np.isnan(time_s).any():
-            raise LUTFormatError("a full-grid LUT (p-max-w none) has unprofiled (NaN) cells")
+        grid = self.grid or ("full" if cap is None else "efficient")
+        if grid not in GRIDS:
+            raise LUTFormatError(f"grid: unknown value {grid!r}; allowed: {', '.join(GRIDS)}")
+        if grid == "full" and (cap is not None or np.isnan(time_s).any()):
+            raise LUTFormatError("a full-grid LUT needs p-max-w none and every cell profiled")
+        if grid == "efficient" and cap is None:
+            raise LUTFormatError("an efficient-mode LUT needs the cap it was made for (p-max-w)")
+        if grid == "highest" and cap is not None:
+            raise LUTFormatError("a highest-frequency LUT is made without a cap (p-max-w none)")
+        object.__setattr__(self, "grid", grid)
         shape = tuple(int(d) for d in self.input_shape)
         if not shape or any(d < 1 for d in shape):
             raise LUTFormatError(f"input-shape: must be positive sizes; got {self.input_shape}")
@@ -184,6 +200,7 @@ class LUT:
             "created-utc": self.created_utc,
             "warmup-steps": self.warmup_steps,
             "steps": self.steps,
+            "grid": self.grid,
         }
         return json.dumps(record, indent=1, allow_nan=False)
 
@@ -223,8 +240,10 @@ class LUT:
             "warmup-steps": int,
             "steps": int,
         }
+        optional = {"grid": str}  # absent in files written before it existed
         missing = sorted(set(expected) - set(rec))
-        unknown = sorted(set(rec) - set(expected))
+        unknown = sorted(set(rec) - set(expected) - set(optional))
+        expected.update({k: v for k, v in optional.items() if k in rec})
         if missing or unknown:
             raise LUTFormatError(f"keys: missing {missing}, unknown {unknown}")
         for key, kind in expected.items():
@@ -258,6 +277,7 @@ class LUT:
             created_utc=rec["created-utc"],
             warmup_steps=rec["warmup-steps"],
             steps=rec["steps"],
+            grid=rec.get("grid", ""),
         )
         if lut.workload_key != rec["workload-key"]:
             raise LUTFormatError(
@@ -390,6 +410,7 @@ def profile(
     steps: int = 3,
     progress: bool = True,
     progress_stream: IO[str] | None = None,
+    uncapped: str = "full",
 ) -> LUT:
     """Measure LUT_time and LUT_power of ``workload`` on ``device`` (paper §4.1).
 
@@ -428,6 +449,9 @@ def profile(
         Show progress (rich bar on a terminal, plain lines otherwise); False: silent.
     progress_stream : text stream, optional
         Where progress goes; default ``sys.stderr``.
+    uncapped : {"full", "highest"}
+        Without a cap: profile every cell (``full``), or each b at the highest frequency
+        only (``highest``), which is what Eq. 4 selects per b when no cell is infeasible.
 
     Returns
     -------
@@ -440,14 +464,20 @@ def profile(
         raise ValueError(f"warmup-steps: must be an integer ≥ 0; got {warmup_steps!r}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps: must be an integer ≥ 1; got {steps!r}")
+    if uncapped not in ("full", "highest"):
+        raise ValueError(f"uncapped: unknown value {uncapped!r}; allowed: full, highest")
+    grid = "efficient" if cap is not None else uncapped
     freqs = tuple(float(f) for f in device.gpu_freqs_mhz)
     info = device.info
     shape = (len(b_list), len(freqs))
     tables = {name: np.full(shape, np.nan) for name in ("time", "peak", "avg")}
     energy_j = 0.0
 
-    total = None if cap is not None else shape[0] * shape[1]
-    mode = "full grid" if cap is None else f"efficient, P_max {cap:g} W"
+    total = {"full": shape[0] * shape[1], "highest": shape[0]}.get(grid)
+    if grid == "efficient":
+        mode = f"efficient, P_max {cap:g} W"
+    else:
+        mode = {"full": "full grid", "highest": "no cap: highest frequency per b"}[grid]
     bar = _Progress(
         progress,
         f"profile {info.kind} {workload.key} ({mode})",
@@ -475,9 +505,11 @@ def profile(
                 bar.cell(b, freqs[j], m)
                 return cap is None or m.peak_power_w < cap
 
-            if cap is None:
+            if grid == "full":
                 for j in range(len(freqs)):
                     cell(j)
+            elif grid == "highest":
+                cell(len(freqs) - 1)
             else:
                 highest = _efficient_row(cell, start_j, len(freqs))
                 start_j = 0 if highest is None else highest
@@ -501,6 +533,7 @@ def profile(
         profile_energy_j=energy_j,
         warmup_steps=warmup_steps,
         steps=steps,
+        grid=grid,
     )
 
 
@@ -518,6 +551,7 @@ def lut_cache_path(
     workload: Workload,
     batch_sizes: Sequence[int],
     p_max_w: float | None,
+    grid: str = "",
 ) -> Path:
     """Where the LUT of these settings is cached.
 
@@ -526,6 +560,8 @@ def lut_cache_path(
     ``p_max_w`` None names the full grid; a number names an efficient-mode profile.
     """
     cap = "full" if p_max_w is None else f"pmax{float(p_max_w)!r}w"
+    if p_max_w is None and grid == "highest":
+        cap = "highest"
     parts = [device_kind, backend, workload.key, "b" + "-".join(map(str, batch_sizes)), cap]
     exact = json.dumps(
         [
@@ -535,6 +571,7 @@ def lut_cache_path(
             list(workload.input_shape),
             list(batch_sizes),
             p_max_w,
+            *(["highest"] if cap == "highest" else []),
         ]
     )
     digest = hashlib.sha256(exact.encode()).hexdigest()[:10]
@@ -543,7 +580,12 @@ def lut_cache_path(
 
 
 def _mismatch(
-    lut: LUT, device: Device, workload: Workload, batch_sizes: list[int], p_max_w: float | None
+    lut: LUT,
+    device: Device,
+    workload: Workload,
+    batch_sizes: list[int],
+    p_max_w: float | None,
+    grid: str,
 ) -> str | None:
     """Why a cached LUT does not fit this request (None if it does)."""
     info = device.info
@@ -555,6 +597,7 @@ def _mismatch(
         "batch-sizes": (lut.batch_sizes, tuple(batch_sizes)),
         "freqs-mhz": (lut.freqs_mhz, tuple(float(f) for f in device.gpu_freqs_mhz)),
         "p-max-w": (lut.p_max_w, p_max_w),
+        "grid": (lut.grid, grid),
     }
     for key, (got, want) in expected.items():
         if got != want:
@@ -563,14 +606,19 @@ def _mismatch(
 
 
 def _load_cached(
-    path: Path, device: Device, workload: Workload, batch_sizes: list[int], p_max_w: float | None
+    path: Path,
+    device: Device,
+    workload: Workload,
+    batch_sizes: list[int],
+    p_max_w: float | None,
+    grid: str,
 ) -> LUT | None:
     """The cached LUT at ``path`` if it is valid and fits; a bad file is set aside."""
     if not path.is_file():
         return None
     try:
         lut = LUT.load(path)
-        reason = _mismatch(lut, device, workload, batch_sizes, p_max_w)
+        reason = _mismatch(lut, device, workload, batch_sizes, p_max_w, grid)
     except (LUTFormatError, OSError) as err:
         reason = str(err)
     if reason is None:
@@ -599,10 +647,12 @@ def load_or_profile(
     steps: int = 3,
     progress: bool = True,
     progress_stream: IO[str] | None = None,
+    uncapped: str = "full",
 ) -> tuple[LUT, bool]:
     """The cached LUT for these settings, or a new profile (then cached).
 
-    A cached full-grid LUT serves any cap; an efficient-mode LUT serves only its own cap.
+    A cached full-grid LUT serves any cap; an efficient-mode LUT serves only its own cap,
+    a highest-frequency LUT (``uncapped="highest"``) only runs without a cap.
     A cache file that is corrupt or does not match (device, backend, model, input shape,
     B, frequency table, cap) is renamed ``<name>.corrupt-<UTC timestamp>`` with a logged
     warning, and the tables are profiled again. Files are written atomically; a cache that
@@ -611,8 +661,9 @@ def load_or_profile(
     Parameters
     ----------
     device, workload, batch_sizes, step_factory, p_max_w, warmup_steps, steps, progress,
-    progress_stream
-        As in ``profile``; ``p_max_w`` None profiles (and caches) the full grid.
+    progress_stream, uncapped
+        As in ``profile``; ``p_max_w`` None profiles (and caches) the full grid, or with
+        ``uncapped="highest"`` the highest frequency of each b.
     cache_dir : path
         Folder of the cache files (created if needed).
 
@@ -624,10 +675,18 @@ def load_or_profile(
     b_list = validate_batch_sizes(batch_sizes)
     cap = validate_p_max_w(p_max_w)
     info = device.info
-    caps: list[float | None] = [None] if cap is None else [None, cap]
-    for wanted in caps:
-        path = lut_cache_path(cache_dir, info.kind, info.backend, workload, b_list, wanted)
-        cached = _load_cached(path, device, workload, b_list, wanted)
+    if uncapped not in ("full", "highest"):
+        raise ValueError(f"uncapped: unknown value {uncapped!r}; allowed: full, highest")
+    wanted: list[tuple[float | None, str]] = [(None, "full")]
+    if cap is not None:
+        wanted.append((cap, "efficient"))
+    elif uncapped == "highest":
+        wanted.append((None, "highest"))
+    for want_cap, want_grid in wanted:
+        path = lut_cache_path(
+            cache_dir, info.kind, info.backend, workload, b_list, want_cap, want_grid
+        )
+        cached = _load_cached(path, device, workload, b_list, want_cap, want_grid)
         if cached is not None:
             return cached, True
     lut = profile(
@@ -640,6 +699,7 @@ def load_or_profile(
         steps=steps,
         progress=progress,
         progress_stream=progress_stream,
+        uncapped=uncapped,
     )
     try:
         lut.save(path)  # the last path tried: the full grid's, or this cap's

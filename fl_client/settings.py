@@ -121,6 +121,11 @@ def _choice(cfg: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> str:
     return val
 
 
+#: ``profile-grid``: ``efficient`` profiles the cells that matter under each node's cap
+#: (paper §4.1; without a cap, each b at the highest frequency); ``full`` every (b, f).
+PROFILE_GRIDS = ("efficient", "full")
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """Validated run settings (``[tool.flwr.app.config]`` plus overrides)."""
@@ -144,6 +149,7 @@ class RunSettings:
     round_timeout_s: float
     output_dir: str
     cache_dir: str
+    profile_grid: str = "efficient"
     fixed_batch_size: int | None = None
     fixed_freq_mhz: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -181,6 +187,7 @@ class RunSettings:
             round_timeout_s=_num(cfg, "round-timeout-s", lo=0.0),
             output_dir=str(_get(cfg, "output-dir")),
             cache_dir=str(_get(cfg, "cache-dir")),
+            profile_grid=_choice(cfg, "profile-grid", PROFILE_GRIDS),
             fixed_batch_size=int(fixed_b) if fixed_b not in (None, "", 0) else None,
             fixed_freq_mhz=float(fixed_f) if fixed_f not in (None, "", 0) else None,
             extra={k: v for k, v in cfg.items() if k not in _KNOWN_KEYS},
@@ -208,6 +215,7 @@ _KNOWN_KEYS = {
     "round-timeout-s",
     "output-dir",
     "cache-dir",
+    "profile-grid",
     "fixed-batch-size",
     "fixed-freq-mhz",
 }

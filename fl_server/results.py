@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -58,6 +60,13 @@ class RoundRow:
     failed: list[str] = field(default_factory=list)
 
 
+def make_console() -> Console:
+    """A console for run output: 120 columns when not on a terminal (logs, CI), so
+    tables are not squeezed to rich's default of 80."""
+    wide = sys.stdout.isatty() or "COLUMNS" in os.environ
+    return Console(highlight=False, width=None if wide else 120)
+
+
 class RunRecorder:
     """Writes the records of one run as they happen, so a crash loses nothing written.
 
@@ -78,7 +87,7 @@ class RunRecorder:
         self.run_dir = run_dir
         self.method = method
         self.target_accuracy = target_accuracy
-        self.console = console or Console(highlight=False)
+        self.console = console or make_console()
         self.rows: list[RoundRow] = []
         self.initial: dict[str, float] = {}
         self.sim_time_s = 0.0
@@ -183,7 +192,7 @@ class RunRecorder:
         line = (
             f"round {row.server_round:3d}  accuracy {row.accuracy:.3f}  "
             f"round {row.round_time_s:7.1f} s  sim time {row.sim_time_s:8.1f} s  "
-            f"fleet energy {row.fleet_energy_j / 1000:7.2f} kJ  "
+            f"fleet energy {row.fleet_energy_j:8.1f} J  "
             f"nodes {row.nodes_ok}/{row.nodes_ok + row.nodes_failed}"
         )
         if over:
@@ -233,7 +242,7 @@ class RunRecorder:
             "peak W",
             "train s",
             "profile s",
-            "energy kJ",
+            "energy J",
             "failed",
         ):
             table.add_column(col, justify="left" if col in ("node", "device") else "right")
@@ -248,7 +257,7 @@ class RunRecorder:
                 f"{t['peak-power-w']:.2f}",
                 f"{t['train-time-s']:.1f}",
                 f"{t['profile-time-s']:.1f}",
-                f"{t['energy-j'] / 1000:.2f}",
+                f"{t['energy-j']:.1f}",
                 str(t["rounds-failed"]),
             )
         self.console.print(table)
@@ -260,7 +269,7 @@ class RunRecorder:
             + (
                 f"target {summ['target-accuracy']:.2f} reached in round "
                 f"{summ['round-to-target']} after {ttt:.1f} s simulated device time "
-                f"using {e2t / 1000:.2f} kJ fleet energy"
+                f"using {e2t:.1f} J fleet energy"
                 if ttt is not None
                 else f"target {summ['target-accuracy']:.2f} not reached"
             )

@@ -79,8 +79,9 @@ def simulate(
 
 def print_comparison(summaries: list[dict[str, Any]]) -> None:
     """Side-by-side table of methods run on the same fleet, data and seeds."""
-    from rich.console import Console
     from rich.table import Table
+
+    from fl_server.results import make_console
 
     table = Table(title="Methods on the same fleet, data and seeds", title_justify="left")
     for col in (
@@ -88,9 +89,9 @@ def print_comparison(summaries: list[dict[str, Any]]) -> None:
         "final acc",
         "round→target",
         "time→target s",
-        "energy→target kJ",
+        "energy→target J",
         "sim time s",
-        "fleet energy kJ",
+        "fleet energy J",
         "profiling",
     ):
         table.add_column(col, justify="left" if col == "method" else "right")
@@ -104,12 +105,12 @@ def print_comparison(summaries: list[dict[str, Any]]) -> None:
             f"{s['final-accuracy']:.3f}",
             str(s["round-to-target"] or "-"),
             fmt(s["sim-time-to-target-s"]),
-            fmt(s["fleet-energy-to-target-j"], 1000, 2),
+            fmt(s["fleet-energy-to-target-j"], 1, 1),
             fmt(s["sim-time-s"]),
-            fmt(s["fleet-energy-j"], 1000, 2),
+            fmt(s["fleet-energy-j"], 1, 1),
             f"{100 * s['profile-share']:.1f}%",
         )
-    console = Console(highlight=False)
+    console = make_console()
     console.print(table)
     base = summaries[0]
     for other in summaries[1:]:
@@ -120,9 +121,22 @@ def print_comparison(summaries: list[dict[str, Any]]) -> None:
                 f"{base['method']} vs {other['method']}: {t1 / t0:.2f}× less time to target, "
                 f"{e1 / e0:.2f}× less fleet energy to target"
             )
+        elif t0 and e0:
+            console.print(
+                f"{other['method']} did not reach the target within its {other['rounds']} "
+                f"rounds ({other['sim-time-s']:.1f} s, {other['fleet-energy-j']:.1f} J); "
+                f"{base['method']} reached it in {t0:.1f} s with {e0:.1f} J: at least "
+                f"{other['sim-time-s'] / t0:.2f}× less time"
+            )
+        elif t1 and e1:
+            console.print(
+                f"{base['method']} did not reach the target within its {base['rounds']} "
+                f"rounds ({base['sim-time-s']:.1f} s); {other['method']} reached it in "
+                f"{t1:.1f} s with {e1:.1f} J"
+            )
         else:
             console.print(
-                f"{base['method']} vs {other['method']}: target not reached by both; "
+                f"{base['method']} vs {other['method']}: target not reached by either; "
                 f"compare final accuracy and totals above"
             )
 

@@ -28,7 +28,6 @@ TRAIN_METRIC_KEYS = (
     "profile-time-s",
     "profile-energy-j",
     "cap-violations",
-    "predicted-time-s",
     "train-loss",
 )
 

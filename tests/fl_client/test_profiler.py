@@ -334,7 +334,11 @@ def test_json_round_trip_keeps_nan_cells_and_metadata():
         (lambda r: r.update({"workload-key": "resnet18-3x32x32"}), "workload-key"),
         (lambda r: r.update({"version": 99}), "format"),
         (lambda r: r.update({"batch-sizes": [4, 8, 16, 32, 128, 64]}), "ascending"),
-        (lambda r: r.update({"p-max-w": None}), "full-grid"),
+        (lambda r: r.update({"p-max-w": None}), "efficient-mode LUT needs the cap"),
+        (lambda r: r.update({"p-max-w": None, "grid": "full"}), "full-grid"),
+        (lambda r: (r.update({"p-max-w": None}), r.pop("grid")), "full-grid"),
+        (lambda r: r.update({"grid": "highest"}), "without a cap"),
+        (lambda r: r.update({"grid": "diagonal"}), "grid: unknown value"),
         (lambda r: r.update({"p-max-w": -1}), "p-max-w"),
         (lambda r: r.update({"batch-sizes": "4,8"}), "batch-sizes"),
         (lambda r: r["time-per-sample-s"][0].__setitem__(0, "x"), "numbers or null"),
@@ -446,3 +450,54 @@ def test_rich_progress_bar_on_a_terminal():
 
 def test_infinite_cap_profiles_the_full_grid():
     assert _profile(FakeDevice(), p_max_w=math.inf).is_full_grid
+
+
+def test_uncapped_highest_profiles_one_cell_per_batch_size_and_matches_the_full_grid():
+    full = _profile(FakeDevice())
+    dev = FakeDevice()
+    steps = CountingSteps()
+    top = profile(dev, WORKLOAD, B6, steps, uncapped="highest", progress=False)
+    assert top.grid == "highest" and top.p_max_w is None and not top.is_full_grid
+    assert top.cells_profiled == len(B6)
+    assert steps.calls == dict.fromkeys(B6, 1 + 3)  # one cell per b: warm-up + 3 measured
+    assert dev.set_calls == [NANO_FREQS_MHZ[-1]] * len(B6)
+    np.testing.assert_allclose(top.time_per_sample_s[:, -1], full.time_per_sample_s[:, -1])
+    assert np.isnan(top.time_per_sample_s[:, :-1]).all()
+    assert top.profile_time_s < full.profile_time_s / 10
+    # without a cap Eq. 4 picks the same configuration from either table
+    r = [0.3, 0.4, 0.5, 0.7, 0.9, 1.0]
+    a = select_power_aware(full.time_per_sample_s, full.peak_power_w, B6, NANO_FREQS_MHZ, r, None)
+    b = select_power_aware(top.time_per_sample_s, top.peak_power_w, B6, NANO_FREQS_MHZ, r, None)
+    assert (a.batch_size, a.freq_mhz) == (b.batch_size, b.freq_mhz)
+    # and the table survives a JSON round trip with its grid
+    again = LUT.from_json(top.to_json())
+    assert again.grid == "highest"
+    np.testing.assert_array_equal(again.peak_power_w, top.peak_power_w)
+
+
+def test_uncapped_highest_is_cached_apart_and_a_full_grid_serves_it(tmp_path):
+    steps = CountingSteps()
+
+    def cached(folder, p_max_w=None, uncapped="highest"):
+        return load_or_profile(
+            FakeDevice(),
+            WORKLOAD,
+            B6,
+            steps,
+            tmp_path / folder,
+            p_max_w=p_max_w,
+            uncapped=uncapped,
+            progress=False,
+        )
+
+    lut, hit = cached("a")
+    assert not hit and lut.grid == "highest"
+    lut, hit = cached("a")
+    assert hit and lut.grid == "highest"
+    lut, hit = cached("a", uncapped="full")  # a full grid is not served by one column
+    assert not hit and lut.grid == "full"
+    _, hit = cached("b", uncapped="full")
+    lut, hit = cached("b")
+    assert hit and lut.grid == "full"
+    with pytest.raises(ValueError, match="uncapped: unknown value"):
+        cached("c", uncapped="diagonal")

@@ -34,11 +34,12 @@ def _node(
 
 def test_records_accumulate_and_time_to_target(tmp_path):
     run_dir = new_run_dir(tmp_path, "power-aware")
+    out = io.StringIO()
     rec = RunRecorder(
         run_dir,
         method="power-aware",
         target_accuracy=0.8,
-        console=Console(file=io.StringIO()),
+        console=Console(file=out),
     )
     rec.initial_eval({"accuracy": 0.1, "loss": 2.3})
     r1 = RoundReport(1, [_node(1, "a", 10, 50, profile_s=2), _node(1, "b", 30, 60)])
@@ -60,4 +61,4 @@ def test_records_accumulate_and_time_to_target(tmp_path):
     assert len(nodes) == 3 + 2 + 1
     on_disk = json.loads((run_dir / "summary.json").read_text())
     assert on_disk["final-accuracy"] == 0.9 and not math.isnan(on_disk["sim-time-s"])
-    assert "target 0.80 reached in round 2" in (tmp_path / "out.txt").read_text()
+    assert "target 0.80 reached in round 2" in out.getvalue()
