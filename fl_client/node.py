@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from fl_client import selector, task
-from fl_client.devices import Device, Workload, locked, open_device
+from fl_client.devices import Device, DeviceOptions, Workload, cap_guard, locked, open_device
 from fl_client.profiler import LUT, load_or_profile
 from fl_client.settings import (
     NodeSettings,
@@ -59,7 +59,10 @@ def node_context(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) 
 
 def _open(ctx: NodeContext) -> Device:
     return open_device(
-        ctx.node.device, ctx.node.backend, seed=ctx.settings.seed * 1000 + ctx.partition_id
+        ctx.node.device,
+        ctx.node.backend,
+        seed=ctx.settings.seed * 1000 + ctx.partition_id,
+        options=DeviceOptions.from_config(ctx.node.options),
     )
 
 
@@ -231,7 +234,11 @@ def train_node(
         model = task.build_model(model_name)
         model.load_state_dict(dict(state))
         lr = task.scaled_lr(lr_ref, b_ref, choice.batch_size)
-        with locked(device, choice.freq_mhz), device.measure(workload) as meter:
+        with (
+            locked(device, choice.freq_mhz),
+            cap_guard(device, p_max_w),
+            device.measure(workload) as meter,
+        ):
             result = task.train(
                 model,
                 train_data,
@@ -247,7 +254,6 @@ def train_node(
     finally:
         device.close()
 
-    cap_violations = sum(1 for p in m.power_samples_w if p >= p_max_w)
     metrics = {
         "num-examples": float(len(train_data)),
         "train-time-s": m.time_s,
@@ -259,7 +265,9 @@ def train_node(
         "gpu-freq-mhz": float(choice.freq_mhz),
         "profile-time-s": profile_time_s,
         "profile-energy-j": profile_energy_j,
-        "cap-violations": float(cap_violations),
+        # The cap guard's step-downs: power above P_max for longer than its window.
+        "cap-violations": float(m.cap_violations),
+        "time-over-cap-s": float(m.time_over_cap_s),
         "train-loss": float(result.mean_loss),
     }
     if lut is not None:  # what the LUT predicted for this local work

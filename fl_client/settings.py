@@ -235,6 +235,9 @@ class NodeSettings:
     device: str
     backend: str
     p_max_w: float  # math.inf = no cap
+    #: The entry's other keys (backend options such as ``sysfs-root``, ``replay-table``,
+    #: ``cap-window-s``), handed to ``fl_client.devices.DeviceOptions``.
+    options: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def p_max_label(self) -> str:
@@ -264,8 +267,15 @@ def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) 
         p_max_w = parse_p_max_w(entry.get("p-max-w", "none"))
     except SettingsError as err:
         raise SettingsError(f"{where}: {err}") from None
+    options = {
+        k: v for k, v in entry.items() if k not in ("name", "device", "backend", "p-max-w", "count")
+    }
     return NodeSettings(
-        name=str(entry.get("name", default_name)), device=device, backend=backend, p_max_w=p_max_w
+        name=str(entry.get("name", default_name)),
+        device=device,
+        backend=backend,
+        p_max_w=p_max_w,
+        options=options,
     )
 
 
@@ -295,7 +305,9 @@ def load_fleet(path: str | Path) -> list[NodeSettings]:
         base = _node_from_mapping(entry, where, default_name=f"node-{i}")
         for k in range(count):
             name = base.name if count == 1 else f"{base.name}-{k + 1}"
-            nodes.append(NodeSettings(name, base.device, base.backend, base.p_max_w))
+            nodes.append(
+                NodeSettings(name, base.device, base.backend, base.p_max_w, dict(base.options))
+            )
     names = [n.name for n in nodes]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

@@ -88,6 +88,7 @@ class RunRecorder:
         self.method = method
         self.target_accuracy = target_accuracy
         self.console = console or make_console()
+        self._last_choices: list[str] = []
         self.rows: list[RoundRow] = []
         self.initial: dict[str, float] = {}
         self.sim_time_s = 0.0
@@ -198,7 +199,9 @@ class RunRecorder:
         if over:
             line += f"  [red]{over} over cap[/red]"
         self.console.print(line)
-        self.console.print(f"           choices: {', '.join(choices)}", style="dim")
+        if choices != self._last_choices:  # (b*, f*) per node: shown when they change
+            self.console.print(f"           (b*, f*): {', '.join(choices)}", style="dim")
+            self._last_choices = choices
         for f in row.failed:
             self.console.print(f"           [yellow]failed[/yellow] {f}")
 

@@ -198,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--backend", default="ray", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_simulate)
+    from fl_client.cli_tools import add_device_commands  # devices, profile, select
+
+    add_device_commands(sub)
     return parser
 
 

@@ -61,6 +61,9 @@ class Measurement:
 
     ``time_s`` is device time (emulated on the twin, wall time on hardware), ``energy_j`` is
     the integral of sampled power over that time, ``peak_power_w`` the highest sample.
+    ``cap_violations`` counts the cap guard's steps down (each: power above P_max for the
+    guard's window) and ``time_over_cap_s`` the device time spent above P_max; both stay 0
+    unless the guard was armed (``fl_client.devices.cap_guard``).
     """
 
     time_s: float = 0.0
@@ -69,6 +72,8 @@ class Measurement:
     steps: int = 0
     samples: int = 0
     power_samples_w: list[float] = field(default_factory=list)
+    cap_violations: int = 0
+    time_over_cap_s: float = 0.0
 
     @property
     def avg_power_w(self) -> float:

@@ -54,8 +54,11 @@ def add_devices_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def restore_command(state_dir: str | None, *, force: bool = False, out: TextIO = sys.stdout) -> int:
+def restore_command(
+    state_dir: str | None, *, force: bool = False, out: TextIO | None = None
+) -> int:
     """``powerfl devices --restore``: 0 when every leftover file was restored (or none)."""
+    out = out or sys.stdout
     reports = restore_leftovers(state_dir, force=force)
     if not reports:
         print("no leftover GPU state files: nothing to restore", file=out)
@@ -115,8 +118,9 @@ def _print_text(report: dict[str, Any], out: TextIO) -> None:
         print(f"  {key:<14} {value}", file=out)
 
 
-def cmd_devices(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def cmd_devices(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Handler of ``powerfl devices``."""
+    out = out or sys.stdout
     if args.restore:
         return restore_command(args.state_dir, force=args.force, out=out)
     options = DeviceOptions(

@@ -26,6 +26,7 @@ from fl_client.devices.base import (
     Measurement,
     Workload,
 )
+from fl_client.devices.sampler import CapGuard, CapGuarded, guard_step
 
 BACKEND = "replay"
 FORMAT = "powerfl-replay/1"
@@ -280,16 +281,24 @@ def save_replay_table(table: ReplayTable, path: str | os.PathLike[str]) -> Path:
 
 
 class ReplayMeter:
-    """Runs each step for real; accounts its time and power from the table."""
+    """Runs each step for real; accounts its time and power from the table.
 
-    def __init__(self, device: ReplayDevice, table: ReplayTable) -> None:
+    With a ``guard`` (armed by ``device.cap_guard(p_max_w)``), each step's peak power is
+    held over its emulated time and checked against the cap, as on the digital twin.
+    """
+
+    def __init__(
+        self, device: ReplayDevice, table: ReplayTable, guard: CapGuard | None = None
+    ) -> None:
         self._device = device
         self._table = table
+        self._guard = guard
         self._m = Measurement()
 
     def step(self, batch_size: int, fn: Callable[[], object]) -> None:
         row = self._table.row(batch_size, self._device.current_gpu_freq_mhz())
         fn()
+        t0_s = self._device.now_s()
         self._device.advance_clock(row.time_per_step_s)
         m = self._m
         m.time_s += row.time_per_step_s
@@ -298,9 +307,13 @@ class ReplayMeter:
         m.power_samples_w.append(row.peak_power_w)
         m.steps += 1
         m.samples += batch_size
+        guard_step(self._guard, t0_s, self._device.now_s(), row.peak_power_w)
 
     @property
     def measurement(self) -> Measurement:
+        if self._guard is not None:
+            self._m.cap_violations = self._guard.cap_violations
+            self._m.time_over_cap_s = self._guard.time_over_cap_s
         return self._m
 
 
@@ -314,8 +327,12 @@ def _twin_memory_bytes(kind: str) -> int | None:
     return int(value) if value else None
 
 
-class ReplayDevice:
-    """A device whose time and power come from measured tables, on an emulated clock."""
+class ReplayDevice(CapGuarded):
+    """A device whose time and power come from measured tables, on an emulated clock.
+
+    Its cap guard (``cap_guard``) steps the locked frequency down to the table's next lower
+    frequency; that (b, f) must be in the table too.
+    """
 
     def __init__(self, tables: Sequence[ReplayTable], kind: str = "") -> None:
         devices = sorted({t.device for t in tables})
@@ -376,6 +393,16 @@ class ReplayDevice:
     def restore(self) -> None:
         self._locked_mhz = None
 
+    def step_down_gpu_freq_mhz(self) -> float | None:
+        """Lock the next lower table frequency; None when not locked or already lowest."""
+        if self._locked_mhz is None:
+            return None
+        i = self.gpu_freqs_mhz.index(self._locked_mhz)
+        if i == 0:
+            return None
+        self._locked_mhz = self.gpu_freqs_mhz[i - 1]
+        return self._locked_mhz
+
     def now_s(self) -> float:
         return self._clock_s
 
@@ -398,7 +425,7 @@ class ReplayDevice:
 
     @contextmanager
     def measure(self, workload: Workload) -> Iterator[ReplayMeter]:
-        yield ReplayMeter(self, self.table_for(workload))
+        yield ReplayMeter(self, self.table_for(workload), self._new_guard())
 
     def describe(self) -> dict[str, Any]:
         return {

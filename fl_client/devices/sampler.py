@@ -278,8 +278,6 @@ class PowerMeasurement(Measurement):
     is ``sampled_energy_j``, the integral of the sampled power.
     """
 
-    cap_violations: int = 0
-    time_over_cap_s: float = 0.0
     sampled_energy_j: float = 0.0
     counter_energy_j: float | None = None
     power_rail: str = ""
@@ -372,49 +370,34 @@ def sampled_measurement(
 _D = TypeVar("_D", bound="SampledDevice")
 
 
-class SampledDevice:
-    """What the hardware backends (jetson, nvml) share: wall clock, sampled meter, cap guard.
+def guard_step(guard: CapGuard | None, t0_s: float, t1_s: float, power_w: float) -> None:
+    """Feed one emulated step (power ``power_w`` held over ``[t0_s, t1_s]``) to ``guard``.
 
-    Subclasses set ``_info`` and implement ``read_power_w``, ``restore``,
-    ``step_down_gpu_freq_mhz`` and (if they hold resources) ``_release``.
+    The digital twin and the replay backend report one power per step on an emulated clock;
+    this gives the guard the two samples that bracket the step.
+    """
+    if guard is not None:
+        guard.update(t0_s, power_w)
+        guard.update(t1_s, power_w)
 
-    The cap guard is armed only around training: profiling must measure configurations
-    above the cap (that is how it finds the feasible ones), so ``with device.cap_guard(p):``
-    arms it for the meters opened inside the block.
+
+class CapGuarded:
+    """The cap guard of a device: armed around training only, by ``with dev.cap_guard(p):``.
+
+    Profiling must measure the configurations above the cap (that is how it finds the
+    feasible ones), so the guard is off unless armed. While armed, meters opened inside the
+    block get a ``CapGuard`` from ``_new_guard()`` that calls ``step_down_gpu_freq_mhz``
+    whenever power stays above P_max for ``cap_window_s``. Subclasses set ``_info`` and
+    implement ``step_down_gpu_freq_mhz``.
     """
 
     _info: DeviceInfo
-    sample_rate_hz: float = DEFAULT_SAMPLE_RATE_HZ
     cap_window_s: float = DEFAULT_CAP_WINDOW_S
     _armed_p_max_w: float | None = None
-
-    @property
-    def info(self) -> DeviceInfo:
-        return self._info
-
-    @property
-    def gpu_freqs_mhz(self) -> tuple[float, ...]:
-        return self._info.gpu_freqs_mhz
-
-    def now_s(self) -> float:
-        return time.monotonic()
-
-    def read_power_w(self) -> float:
-        raise NotImplementedError
-
-    def energy_counter_j(self) -> Callable[[], float] | None:
-        """The device's own energy counter in J, if it has one (else power is integrated)."""
-        return None
-
-    def restore(self) -> None:
-        raise NotImplementedError
 
     def step_down_gpu_freq_mhz(self) -> float | None:
         """Lock one frequency level lower; None when not locked or already lowest."""
         raise NotImplementedError
-
-    def _release(self) -> None:
-        """Free what the backend holds (library handles, reader threads)."""
 
     @contextmanager
     def cap_guard(self, p_max_w: float | None, *, window_s: float | None = None) -> Iterator[None]:
@@ -460,6 +443,40 @@ class SampledDevice:
                 )
 
         return CapGuard(p_max_w, window_s=window_s, on_violation=step_down)
+
+
+class SampledDevice(CapGuarded):
+    """What the hardware backends (jetson, nvml) share: wall clock, sampled meter, cap guard.
+
+    Subclasses set ``_info`` and implement ``read_power_w``, ``restore``,
+    ``step_down_gpu_freq_mhz`` and (if they hold resources) ``_release``.
+    """
+
+    sample_rate_hz: float = DEFAULT_SAMPLE_RATE_HZ
+
+    @property
+    def info(self) -> DeviceInfo:
+        return self._info
+
+    @property
+    def gpu_freqs_mhz(self) -> tuple[float, ...]:
+        return self._info.gpu_freqs_mhz
+
+    def now_s(self) -> float:
+        return time.monotonic()
+
+    def read_power_w(self) -> float:
+        raise NotImplementedError
+
+    def energy_counter_j(self) -> Callable[[], float] | None:
+        """The device's own energy counter in J, if it has one (else power is integrated)."""
+        return None
+
+    def restore(self) -> None:
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        """Free what the backend holds (library handles, reader threads)."""
 
     @contextmanager
     def measure(self, workload: Workload) -> Iterator[SampledMeter]:

@@ -63,6 +63,7 @@ from typing import Any
 import numpy as np
 
 from fl_client.devices.base import DeviceInfo, InvalidFrequencyError, Measurement, Workload
+from fl_client.devices.sampler import CapGuard, CapGuarded, guard_step
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -594,12 +595,20 @@ class StepRecord:
 
 
 class SimulatedMeter:
-    """Runs each step for real on the host; accounts its device time and power from the twin."""
+    """Runs each step for real on the host; accounts its device time and power from the twin.
 
-    def __init__(self, device: SimulatedDevice, workload: Workload) -> None:
+    With a ``guard`` (armed by ``device.cap_guard(p_max_w)``), each step's reported power
+    is held over the step's emulated time and checked against the cap; the guard steps the
+    twin's frequency down one level when power stays above P_max for its window.
+    """
+
+    def __init__(
+        self, device: SimulatedDevice, workload: Workload, guard: CapGuard | None = None
+    ) -> None:
         self._device = device
         self._workload = workload
         self._flops = workload.flops_per_sample
+        self._guard = guard
         self._m = Measurement()
         self.records: list[StepRecord] = []
 
@@ -611,6 +620,7 @@ class SimulatedMeter:
         _check_inputs(batch_size, self._device.current_gpu_freq_mhz(), self._flops)
         fn()
         record = self._device._model_step(batch_size, self._flops)
+        t0_s = self._device.now_s()
         self._device._advance(record.time_s)
         m = self._m
         m.time_s += record.time_s
@@ -620,14 +630,21 @@ class SimulatedMeter:
         m.steps += 1
         m.samples += batch_size
         self.records.append(record)
+        guard_step(self._guard, t0_s, self._device.now_s(), record.peak_power_w)
 
     @property
     def measurement(self) -> Measurement:
+        if self._guard is not None:
+            self._m.cap_violations = self._guard.cap_violations
+            self._m.time_over_cap_s = self._guard.time_over_cap_s
         return self._m
 
 
-class SimulatedDevice:
+class SimulatedDevice(CapGuarded):
     """Digital twin of one Jetson board (``Device`` protocol) on an emulated clock.
+
+    Like the hardware backends it has a cap guard (``cap_guard``), off unless armed, whose
+    window is measured on the emulated clock.
 
     Parameters
     ----------
@@ -670,6 +687,17 @@ class SimulatedDevice:
         """Back to the default (the highest frequency, as the governor would run it)."""
         self._freq_mhz = self._spec.max_freq_mhz
 
+    def step_down_gpu_freq_mhz(self) -> float | None:
+        """Go one table level below the current frequency (the cap guard's move).
+
+        Returns the new frequency, or None when already at the lowest.
+        """
+        i = self._spec.freq_index(self._freq_mhz)
+        if i == 0:
+            return None
+        self._freq_mhz = self.gpu_freqs_mhz[i - 1]
+        return self._freq_mhz
+
     def now_s(self) -> float:
         return self._clock_s
 
@@ -698,7 +726,7 @@ class SimulatedDevice:
                 f"flops-per-sample: the twin needs the workload's FLOPs per sample > 0, got "
                 f"{workload.flops_per_sample!r} for {workload.key}"
             )
-        yield SimulatedMeter(self, workload)
+        yield SimulatedMeter(self, workload, self._new_guard())
 
     def describe(self) -> dict[str, Any]:
         spec = self._spec

@@ -109,3 +109,25 @@ def test_node_settings_from_node_config_or_fleet():
     assert node == fleet[1] and pid == 1
     with pytest.raises(SettingsError, match="partition-id: 99 has no node"):
         node_settings({"partition-id": 99}, fleet)
+
+
+def test_backend_options_in_fleet_and_node_config_reach_the_device_options(tmp_path):
+    from fl_client.devices import DeviceOptions
+
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(
+        '[[node]]\nname = "n"\ndevice = "jetson-nano"\np-max-w = 5\ncount = 2\n'
+        "cap-window-s = 2.5\nsample-rate-hz = 40\n"
+    )
+    nodes = load_fleet(fleet)
+    assert [n.name for n in nodes] == ["n-1", "n-2"]
+    for n in nodes:
+        assert n.options == {"cap-window-s": 2.5, "sample-rate-hz": 40}
+        opts = DeviceOptions.from_config(n.options)
+        assert (opts.cap_window_s, opts.sample_rate_hz) == (2.5, 40)
+    node, _, _ = node_settings(
+        {"device": "jetson-nano", "backend": "jetson", "sysfs-root": "/tmp/x", "p-max-w": 7},
+        None,
+    )
+    assert node.options == {"sysfs-root": "/tmp/x"}
+    assert DeviceOptions.from_config(node.options).sysfs_root == "/tmp/x"

@@ -130,7 +130,17 @@ def test_cap_guard_helper_arms_guarded_backends_only(tmp_path: Path, state_dir: 
     with pytest.raises(ValueError, match="cap-window-s"), cap_guard(dev, 4.5, window_s=-1):
         pass
     replay = open_device("jetson-nano", "replay", options=DeviceOptions(replay_table=EXAMPLE))
-    with cap_guard(replay, 4.5):  # a backend without a guard: nothing to arm
+    twin = open_device("jetson-nano", "simulated")
+    for emulated in (replay, twin):  # the emulated backends have the same guard
+        assert emulated._new_guard() is None  # type: ignore[attr-defined]
+        with cap_guard(emulated, 4.5, window_s=0.5):
+            guard = emulated._new_guard()  # type: ignore[attr-defined]
+            assert guard is not None and (guard.p_max_w, guard.window_s) == (4.5, 0.5)
+
+    class Unguarded:  # e.g. a third-party Device without a guard: nothing to arm
+        pass
+
+    with cap_guard(Unguarded(), 4.5):  # type: ignore[arg-type]
         pass
 
 

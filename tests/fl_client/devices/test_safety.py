@@ -200,3 +200,60 @@ def test_handlers_chain_to_the_previous_handler(monkeypatch: pytest.MonkeyPatch)
     finally:
         safety.uninstall_handlers()
         signal.signal(signal.SIGTERM, previous)
+
+
+CLI = "import sys; from simulations.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def powerfl(*argv: str, **kwargs: object) -> subprocess.Popen[str]:
+    """The ``powerfl`` command line in a child process (no installed script needed)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-c", CLI, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+        env=env,
+        **kwargs,  # type: ignore[call-overload]
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_profile_command_killed_mid_profile(
+    nano: FakeJetson, state_dir: Path, tmp_path: Path, signum: int
+):
+    """`powerfl profile` on a fake Nano, killed while it holds a frequency lock: SIGTERM
+    restores at once; after SIGKILL `powerfl devices --restore` does."""
+    lowest = (76_800_000, 76_800_000)  # a full-grid profile locks the lowest f first
+    proc = powerfl(
+        "profile", "--backend", "jetson", "--sysfs-root", str(nano.root),
+        "--state-dir", str(state_dir), "--model", "cnn", "--batch-sizes", "4",
+        "--warmup-steps", "0", "--steps", "100000000", "--quiet",
+        "--cache-dir", str(tmp_path / "lut"),
+    )  # fmt: skip
+    deadline = time.monotonic() + 240  # the child imports torch first
+    while limits(nano) != lowest:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"profile did not lock: {proc.communicate()}")
+        time.sleep(0.05)
+    [state] = safety.leftover_states(state_dir)
+    assert (safety.load_state(state).settings["max-freq-hz"]) == ORIGINAL[1]
+    time.sleep(0.3)  # inside the measured steps, sampler thread running
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signum  # dies by the signal, as before
+    if signum == signal.SIGTERM:
+        assert limits(nano) == ORIGINAL
+        assert safety.leftover_states(state_dir) == []
+        assert "Traceback" not in err
+        return
+    assert limits(nano) == lowest  # SIGKILL: nothing could run, the state file stayed
+    restore = powerfl("devices", "--restore", "--state-dir", str(state_dir))
+    out, err = restore.communicate(timeout=120)
+    assert restore.returncode == 0, err
+    assert "restored" in out and "jetson" in out
+    assert limits(nano) == ORIGINAL
+    assert safety.leftover_states(state_dir) == []

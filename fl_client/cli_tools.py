@@ -1,0 +1,539 @@
+"""``powerfl devices | profile | select``: the device tools of the command line.
+
+* ``powerfl devices [--restore]`` — what is detected here (``fl_client.devices.cli``).
+* ``powerfl profile --model M --batch-sizes B [--p-max-w W]`` — profile LUT_time and
+  LUT_power on a device (real or twin), write the LUT (cache file, ``--out``, optionally a
+  ``--replay-out`` replay table) and print it as a table.
+* ``powerfl select --lut FILE --r R --p-max-w W`` — Eq. 4 (or a baseline) on a LUT file.
+
+The top-level CLI registers all three with ``add_device_commands(subparsers)``; every
+handler returns the exit status (0 ok, 1 no feasible configuration or failed restore,
+2 bad input or device error) and prints errors as ``powerfl <command>: error: ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+from fl_client.devices import BACKENDS, POWER_SOURCES, Device, DeviceError, DeviceOptions
+from fl_client.devices.base import DeviceInfo, Measurement, Meter, Workload
+from fl_client.devices.cli import add_devices_parser
+from fl_client.selector import METHODS
+
+DEFAULT_LUT_CACHE_DIR = ".powerfl-cache/lut"
+MODEL_NAMES = ("cnn", "resnet18", "mobilenetv2")  # = fl_client.task.MODEL_NAMES (no torch here)
+
+
+def add_device_commands(subparsers: Any) -> None:
+    """Add ``devices``, ``profile`` and ``select`` to an argparse sub-parser set."""
+    add_devices_parser(subparsers)
+    add_profile_parser(subparsers)
+    add_select_parser(subparsers)
+
+
+def _error(command: str, message: object, err: TextIO) -> None:
+    print(f"powerfl {command}: error: {message}", file=err)
+
+
+# ------------------------------------------------------------------------------ profile
+
+
+def add_profile_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``profile`` to an argparse sub-parser set."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "profile",
+        help="profile time and power per (batch size, GPU frequency) and write the LUT",
+        description="Lock each GPU frequency, run real training steps of the model at each "
+        "batch size and record time per sample, peak and average power (paper §4.1). The LUT "
+        "is cached (see --cache-dir), optionally copied to --out and to a replay table, and "
+        "printed as a table. With --p-max-w only the cells that matter under that cap are "
+        "profiled (efficient mode). The GPU settings found at start are restored at the end, "
+        "on Ctrl-C and on SIGTERM.",
+    )
+    p.add_argument("--model", required=True, help=f"model to profile: {' | '.join(MODEL_NAMES)}")
+    p.add_argument(
+        "--batch-sizes", required=True, help="comma-separated, ascending, e.g. 4,8,16,32,64,128"
+    )
+    p.add_argument(
+        "--p-max-w",
+        default="none",
+        help="power cap in W for efficient mode; none (default) profiles the full grid",
+    )
+    p.add_argument(
+        "--device",
+        "--kind",
+        dest="device",
+        default="",
+        help="device kind, e.g. jetson-nano (needed by the simulated backend; hardware: "
+        "detected when empty)",
+    )
+    p.add_argument("--backend", default="auto", choices=BACKENDS, help="default: auto")
+    p.add_argument("--sysfs-root", help="jetson: root of the sysfs tree (default: /)")
+    p.add_argument(
+        "--state-dir",
+        help="folder of the GPU state files (default: $POWERFL_STATE_DIR or "
+        "~/.cache/powerfl/state)",
+    )
+    p.add_argument(
+        "--power-source", choices=POWER_SOURCES, help="jetson: power reader (default: auto)"
+    )
+    p.add_argument(
+        "--power-rails",
+        help="jetson: comma-separated INA3221 rails summed as board power (default: VDD_IN "
+        "or POM_5V_IN, else the sum of all rails)",
+    )
+    p.add_argument("--sample-rate-hz", help="power samples per second (default: 20)")
+    p.add_argument("--replay-table", help="replay: the measured table (CSV or JSON)")
+    p.add_argument("--nvml-index", help="nvml: GPU index (default: 0)")
+    p.add_argument(
+        "--lock-clocks",
+        help="nvml: true | false | auto (default auto: lock when root, else measure-only)",
+    )
+    p.add_argument("--warmup-steps", type=int, default=1, help="discarded steps per cell")
+    p.add_argument("--steps", type=int, default=3, help="measured steps per cell")
+    p.add_argument(
+        "--cache-dir",
+        default=DEFAULT_LUT_CACHE_DIR,
+        help=f"LUT cache folder (default: {DEFAULT_LUT_CACHE_DIR})",
+    )
+    p.add_argument(
+        "--no-cache", action="store_true", help="profile again even if a cached LUT fits"
+    )
+    p.add_argument("--out", help="also write the LUT (JSON) to this file")
+    p.add_argument(
+        "--replay-out",
+        help="also write the measured cells as a replay table (.csv or .json, see "
+        "configs/replay/README.md)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="simulated: seed of the twin's noise")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--json", action="store_true", help="print the LUT as JSON")
+    p.set_defaults(func=cmd_profile)
+    return p
+
+
+def device_options(args: argparse.Namespace) -> DeviceOptions:
+    """DeviceOptions from the command line (validated as the node_config keys)."""
+    config: dict[str, Any] = {}
+    for key in (
+        "sysfs-root",
+        "state-dir",
+        "power-source",
+        "power-rails",
+        "sample-rate-hz",
+        "replay-table",
+        "nvml-index",
+        "lock-clocks",
+    ):
+        value = getattr(args, key.replace("-", "_"), None)
+        if value is not None:
+            config[key] = value
+    return DeviceOptions.from_config(config)
+
+
+class RecordingDevice:
+    """A Device that keeps the Measurement of every meter opened through it.
+
+    ``powerfl profile`` uses it to compare a device's energy counter (NVML) with the
+    integral of the sampled power over the same steps.
+    """
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        self.measurements: list[Measurement] = []
+
+    @property
+    def info(self) -> DeviceInfo:
+        return self.device.info
+
+    @property
+    def gpu_freqs_mhz(self) -> tuple[float, ...]:
+        return self.device.gpu_freqs_mhz
+
+    def current_gpu_freq_mhz(self) -> float:
+        return self.device.current_gpu_freq_mhz()
+
+    def set_gpu_freq_mhz(self, freq_mhz: float) -> None:
+        self.device.set_gpu_freq_mhz(freq_mhz)
+
+    def restore(self) -> None:
+        self.device.restore()
+
+    def now_s(self) -> float:
+        return self.device.now_s()
+
+    @contextmanager
+    def measure(self, workload: Workload) -> Iterator[Meter]:
+        with self.device.measure(workload) as meter:
+            yield meter
+        self.measurements.append(meter.measurement)
+
+    def close(self) -> None:
+        self.device.close()
+
+
+def energy_check(measurements: Sequence[Measurement]) -> dict[str, float] | None:
+    """Energy counter vs integrated sampled power over the measurements that have both.
+
+    Returns ``counter-energy-j``, ``sampled-energy-j`` and ``difference-pct`` (sampled
+    relative to the counter), or None when the device has no energy counter.
+    """
+    pairs = [
+        (float(c), float(getattr(m, "sampled_energy_j", 0.0)))
+        for m in measurements
+        if (c := getattr(m, "counter_energy_j", None)) is not None
+    ]
+    counter_j = sum(c for c, _ in pairs)
+    if not pairs or counter_j <= 0:
+        return None
+    sampled_j = sum(s for _, s in pairs)
+    return {
+        "counter-energy-j": counter_j,
+        "sampled-energy-j": sampled_j,
+        "difference-pct": 100.0 * (sampled_j - counter_j) / counter_j,
+    }
+
+
+def _cells(lut: Any) -> Iterator[tuple[int, int]]:
+    for i in range(len(lut.batch_sizes)):
+        for j in range(len(lut.freqs_mhz)):
+            if not math.isnan(lut.time_per_sample_s[i, j]):
+                yield i, j
+
+
+def lut_to_replay_table(lut: Any, *, power_rail: str, memory_bytes: int, source: str) -> Any:
+    """The measured cells of ``lut`` as a replay table (what ``--replay-out`` writes).
+
+    Average power above the sampled peak (possible when energy comes from NVML's counter
+    while the sampled power is smoothed) is written as the peak.
+    """
+    from fl_client.devices.replay import ReplayRow, ReplayTable
+
+    rows = []
+    for i, j in _cells(lut):
+        b = lut.batch_sizes[i]
+        peak_w = float(lut.peak_power_w[i, j])
+        avg_w = float(lut.avg_power_w[i, j])
+        rows.append(
+            ReplayRow(
+                batch_size=b,
+                freq_mhz=float(lut.freqs_mhz[j]),
+                time_per_step_s=float(lut.time_per_sample_s[i, j]) * b,
+                peak_power_w=peak_w,
+                avg_power_w=min(avg_w, peak_w) if avg_w > 0 else peak_w,
+            )
+        )
+    return ReplayTable(
+        device=lut.device_kind,
+        model=lut.model_name,
+        input_shape=tuple(lut.input_shape),
+        rows=tuple(rows),
+        power_rail=power_rail,
+        memory_bytes=memory_bytes or None,
+        source=source,
+    )
+
+
+def format_lut(lut: Any, p_max_w: float | None = None) -> str:
+    """The three tables of a LUT as text: rows = batch sizes, columns = frequencies (MHz).
+
+    Cells not profiled (efficient mode) show ``-``; with ``p_max_w``, peak powers that are
+    not below the cap are marked ``*``.
+    """
+    cap = p_max_w if p_max_w is not None else lut.p_max_w
+    heads = [f"{f:g}" for f in lut.freqs_mhz]
+    width = max(8, *(len(h) + 1 for h in heads))
+
+    corner = "b \\ MHz"
+
+    def block(title: str, table: Any, fmt: Callable[[float], str], mark: bool) -> list[str]:
+        lines = [title, f"{corner:>8}" + "".join(f"{h:>{width}}" for h in heads)]
+        for i, b in enumerate(lut.batch_sizes):
+            cells = []
+            for j in range(len(lut.freqs_mhz)):
+                x = float(table[i, j])
+                text = "-" if math.isnan(x) else fmt(x)
+                if mark and cap is not None and not math.isnan(x) and x >= cap:
+                    text += "*"
+                cells.append(f"{text:>{width}}")
+            lines.append(f"{b:>8}" + "".join(cells))
+        return lines
+
+    mode = "full grid" if lut.p_max_w is None else f"efficient mode for P_max {lut.p_max_w:g} W"
+    lines = [
+        f"LUT {lut.device_kind} ({lut.backend}) {lut.workload_key}: {mode}, "
+        f"{lut.cells_profiled} cells, {lut.warmup_steps} warm-up + {lut.steps} steps per cell, "
+        f"profiling took {lut.profile_time_s:.1f} s and {lut.profile_energy_j:.1f} J",
+        "",
+    ]
+    lines += block("time per sample (ms)", lut.time_per_sample_s, lambda x: f"{1e3 * x:.4g}", False)
+    lines.append("")
+    peak_title = "peak power (W)" + (f"; * = not below P_max {cap:g} W" if cap is not None else "")
+    lines += block(peak_title, lut.peak_power_w, lambda x: f"{x:.2f}", True)
+    lines.append("")
+    lines += block("average power (W)", lut.avg_power_w, lambda x: f"{x:.2f}", False)
+    return "\n".join(lines)
+
+
+def cmd_profile(
+    args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    """Handler of ``powerfl profile``."""
+    out, err = out or sys.stdout, err or sys.stderr
+    from fl_client.devices import open_device
+    from fl_client.profiler import LUTFormatError, load_or_profile, lut_cache_path, profile
+    from fl_client.selector import validate_p_max_w
+    from fl_client.settings import SettingsError, parse_batch_sizes
+
+    try:
+        if args.model not in MODEL_NAMES:
+            raise ValueError(
+                f"model: unknown model {args.model!r}; allowed: {', '.join(MODEL_NAMES)}"
+            )
+        batch_sizes = parse_batch_sizes(args.batch_sizes)
+        cap = validate_p_max_w(args.p_max_w)
+        options = device_options(args)
+        if args.replay_out and Path(args.replay_out).suffix.lower() not in (".csv", ".json"):
+            raise ValueError(f"replay-out: must end in .csv or .json, got {args.replay_out!r}")
+    except (SettingsError, ValueError) as e:
+        _error("profile", e, err)
+        return 2
+
+    try:
+        device = open_device(args.device, args.backend, seed=args.seed, options=options)
+    except (DeviceError, ValueError, OSError, LookupError) as e:
+        _error("profile", e, err)
+        return 2
+    recorder = RecordingDevice(device)
+    info = device.info
+    try:
+        from fl_client import task  # torch: only once the arguments and the device are good
+
+        workload = Workload(
+            model_name=args.model,
+            input_shape=task.IMAGE_SHAPE,
+            flops_per_sample=task.train_flops_per_sample(args.model, task.IMAGE_SHAPE),
+            param_count=task.param_count(task.build_model(args.model)),
+        )
+
+        def step_factory(b: int) -> Callable[[], object]:
+            return task.make_train_step(args.model, task.IMAGE_SHAPE, b)
+
+        common: dict[str, Any] = {
+            "p_max_w": cap,
+            "warmup_steps": args.warmup_steps,
+            "steps": args.steps,
+            "progress": not args.quiet,
+            "progress_stream": err,
+        }
+        if args.no_cache:
+            lut = profile(recorder, workload, batch_sizes, step_factory, **common)
+            from_cache = False
+            lut_path = lut_cache_path(
+                args.cache_dir, info.kind, info.backend, workload, batch_sizes, cap
+            )
+            lut.save(lut_path)
+        else:
+            lut, from_cache = load_or_profile(
+                recorder, workload, batch_sizes, step_factory, args.cache_dir, **common
+            )
+            lut_path = lut_cache_path(
+                args.cache_dir, info.kind, info.backend, workload, batch_sizes, lut.p_max_w
+            )
+    except (DeviceError, ValueError, OSError, LUTFormatError) as e:
+        _error("profile", e, err)
+        return 2
+    except KeyboardInterrupt:
+        _error("profile", "interrupted; the GPU settings found at start are restored", err)
+        return 130
+    finally:
+        device.close()
+
+    written = [str(lut_path)]
+    try:
+        if args.out:
+            written.append(str(lut.save(args.out)))
+        if args.replay_out:
+            from fl_client.devices.replay import save_replay_table
+
+            source = (
+                f"powerfl profile --backend {info.backend} --model {args.model} on "
+                f"{info.kind}, {lut.created_utc}, {lut.warmup_steps} warm-up + {lut.steps} "
+                "steps per cell"
+            )
+            table = lut_to_replay_table(
+                lut, power_rail=info.power_rail, memory_bytes=info.memory_bytes, source=source
+            )
+            written.append(str(save_replay_table(table, args.replay_out)))
+    except OSError as e:
+        _error("profile", f"cannot write {e.filename or 'the output'}: {e.strerror or e}", err)
+        return 2
+    check = energy_check(recorder.measurements)
+    if args.json:
+        print(lut.to_json(), file=out)
+    else:
+        print(format_lut(lut), file=out)
+        print("", file=out)
+        print(f"power rail: {info.power_rail}", file=out)
+    where = "from the cache" if from_cache else "profiled"
+    print(f"LUT ({where}) written to: {', '.join(written)}", file=err if args.json else out)
+    if check is not None:
+        print(
+            f"energy check: device counter {check['counter-energy-j']:.2f} J, integrated "
+            f"sampled power {check['sampled-energy-j']:.2f} J, difference "
+            f"{check['difference-pct']:+.2f}%",
+            file=err if args.json else out,
+        )
+    return 0
+
+
+# ------------------------------------------------------------------------------ select
+
+
+def add_select_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``select`` to an argparse sub-parser set."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "select",
+        help="choose (batch size, GPU frequency) from a LUT under a power cap",
+        description="Apply Eq. 4 (power-aware: for each batch size the highest frequency "
+        "whose peak power is below P_max, then the smallest time per sample × r_b) or a "
+        "baseline to a LUT written by `powerfl profile`.",
+    )
+    p.add_argument("--lut", required=True, help="LUT file (JSON) written by `powerfl profile`")
+    p.add_argument(
+        "--r",
+        required=True,
+        help="comma-separated r_b in (0, 1], one per batch size of the LUT (Eq. 3)",
+    )
+    p.add_argument("--p-max-w", required=True, help="power cap in W, or none")
+    p.add_argument("--method", default="power-aware", choices=METHODS, help="default: power-aware")
+    p.add_argument(
+        "--b1-freq-cap-mhz",
+        type=float,
+        help="b1/b2: fixed safe frequency (default: the device's band for the cap)",
+    )
+    p.add_argument("--fixed-batch-size", type=int, help="fixed: the batch size")
+    p.add_argument("--fixed-freq-mhz", type=float, help="fixed: the GPU frequency in MHz")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=cmd_select)
+    return p
+
+
+def parse_r(text: str) -> list[float]:
+    """``"0.9,0.8,1"`` → ``[0.9, 0.8, 1.0]`` (range checked later against the LUT)."""
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        raise ValueError(
+            f"r: expected comma-separated numbers in (0, 1], one per batch size; got {text!r}"
+        ) from None
+    if not values:
+        raise ValueError("r: expected comma-separated numbers in (0, 1], one per batch size")
+    return values
+
+
+def format_selection(
+    selection: Any, r: Sequence[float], *, b1_freq_cap_mhz: float | None = None
+) -> str:
+    """The choice and the candidate set (Eq. 4's C) as text."""
+    if selection.method in ("power-aware", "oracle"):
+        cap = "none" if selection.p_max_w is None else f"{selection.p_max_w:g} W"
+        under = f" under P_max {cap}"
+    elif b1_freq_cap_mhz is not None:
+        under = f" at the fixed frequency cap {b1_freq_cap_mhz:g} MHz"
+    else:
+        under = ""
+    lines = [
+        f"{selection.method}: b* = {selection.batch_size}, f* = {selection.freq_mhz:g} MHz"
+        f"{under}; predicted {1e3 * selection.time_per_sample_s:.4g} ms/sample, "
+        f"peak {selection.peak_power_w:.2f} W",
+        "",
+        f"{'':2}{'b':>6} {'f MHz':>9} {'ms/sample':>10} {'peak W':>8} {'r':>7} {'score':>10}",
+    ]
+    r_by_b = dict(zip([c.batch_size for c in selection.candidates], r, strict=False))
+    for c in selection.candidates:
+        chosen = "*" if c.batch_size == selection.batch_size else " "
+        f = "-" if c.freq_mhz is None else f"{c.freq_mhz:g}"
+        t = "-" if math.isnan(c.time_per_sample_s) else f"{1e3 * c.time_per_sample_s:.4g}"
+        pw = "-" if math.isnan(c.peak_power_w) else f"{c.peak_power_w:.2f}"
+        rb = r_by_b.get(c.batch_size)
+        rs = "-" if rb is None else f"{rb:.3g}"
+        sc = "-" if math.isnan(c.score) else f"{1e3 * c.score:.4g}"
+        lines.append(f"{chosen:2}{c.batch_size:>6} {f:>9} {t:>10} {pw:>8} {rs:>7} {sc:>10}")
+    lines.append("")
+    lines.append("score = ms/sample × r_b (smaller trains to accuracy sooner); * = chosen")
+    return "\n".join(lines)
+
+
+def cmd_select(
+    args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    """Handler of ``powerfl select``."""
+    out, err = out or sys.stdout, err or sys.stderr
+    from fl_client.profiler import LUT, LUTFormatError
+    from fl_client.selector import InfeasibleCapError, select, validate_p_max_w
+
+    try:
+        cap = validate_p_max_w(args.p_max_w)
+        r = parse_r(args.r)
+        path = Path(args.lut).expanduser()
+        if not path.is_file():
+            raise ValueError(f"lut: file not found: {path}")
+        try:
+            lut = LUT.load(path)
+        except (LUTFormatError, OSError) as e:
+            raise ValueError(f"lut: {path} is not a valid LUT file ({e})") from None
+        if lut.p_max_w is not None and cap != lut.p_max_w:
+            want = "none" if cap is None else f"{cap:g} W"
+            raise ValueError(
+                f"p-max-w: {want} differs from the cap this LUT was profiled for in efficient "
+                f"mode ({lut.p_max_w:g} W); use --p-max-w {lut.p_max_w:g}, or profile the full "
+                "grid (powerfl profile without --p-max-w) to select under any cap"
+            )
+        b1_cap = args.b1_freq_cap_mhz
+        if args.method in ("b1", "b2") and b1_cap is None:
+            b1_cap = _default_b1_cap_mhz(lut.device_kind, cap)
+        selection = select(
+            args.method,
+            batch_sizes=list(lut.batch_sizes),
+            freqs_mhz=list(lut.freqs_mhz),
+            lut_time_s=lut.time_per_sample_s,
+            lut_power_w=lut.peak_power_w,
+            r=r,
+            p_max_w=math.inf if cap is None else cap,
+            b1_freq_cap_mhz=b1_cap,
+            fixed_batch_size=args.fixed_batch_size,
+            fixed_freq_mhz=args.fixed_freq_mhz,
+        )
+    except InfeasibleCapError as e:
+        _error("select", e, err)
+        return 1
+    except ValueError as e:
+        _error("select", e, err)
+        return 2
+    if args.json:
+        print(json.dumps(selection.to_dict(), indent=2), file=out)
+    else:
+        print(format_selection(selection, r, b1_freq_cap_mhz=b1_cap), file=out)
+    return 0
+
+
+def _default_b1_cap_mhz(device_kind: str, p_max_w: float | None) -> float:
+    from fl_client.devices.simulated import DeviceSpecError, load_device_spec
+
+    try:
+        spec = load_device_spec(device_kind)
+    except (DeviceSpecError, ValueError, OSError) as e:
+        raise ValueError(
+            f"b1-freq-cap-mhz: no B1 frequency bands known for {device_kind!r} ({e}); give "
+            "--b1-freq-cap-mhz"
+        ) from None
+    return float(spec.b1_freq_cap_mhz(p_max_w))  # a cap below every band: ValueError

@@ -1,0 +1,385 @@
+"""``powerfl devices | profile | select`` through the real ``powerfl`` entry point: the LUT
+written and printed, replay tables, fake Jetson and fake NVML devices, errors naming keys."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fl_client import cli_tools, task
+from fl_client.devices import jetson as jetson_mod
+from fl_client.devices import safety
+from fl_client.devices.cli import cmd_devices
+from fl_client.devices.replay import ReplayDevice
+from fl_client.devices.sampler import PowerMeasurement
+from fl_client.devices.simulated import load_device_spec
+from fl_client.profiler import LUT
+from fl_client.selector import select_power_aware
+from simulations.cli import build_parser, main
+from tests.fl_client.devices.conftest import FakeGpu, make_fake_pynvml
+from tests.fl_client.devices.fakes_sysfs import build_tree
+
+NANO_MHZ = [76.8 * k for k in range(1, 13)]
+FAST = ["--warmup-steps", "0", "--steps", "1", "--quiet"]
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """GPU state files in tmp_path; no handler or registration outlives the test."""
+    folder = tmp_path / "powerfl-state"
+    monkeypatch.setenv(safety.STATE_DIR_ENV, str(folder))
+    yield folder
+    with safety._lock:
+        safety._active.clear()
+    safety.uninstall_handlers()
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_powerfl_has_the_device_commands():
+    parser = build_parser()
+    assert parser.parse_args(["devices"]).func is cmd_devices
+    args = parser.parse_args(["profile", "--model", "cnn", "--batch-sizes", "4,8"])
+    assert args.func is cli_tools.cmd_profile
+    assert (args.p_max_w, args.backend, args.device) == ("none", "auto", "")
+    args = parser.parse_args(["select", "--lut", "x.json", "--r", "1", "--p-max-w", "5"])
+    assert args.func is cli_tools.cmd_select and args.method == "power-aware"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["profile", "--model", "cnn"])  # --batch-sizes is required
+    assert cli_tools.MODEL_NAMES == task.MODEL_NAMES
+
+
+# ------------------------------------------------------------------------------ profile
+
+
+def test_profile_on_the_twin_writes_and_prints_the_lut(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    cache = tmp_path / "cache"
+    argv = ["profile", "--backend", "simulated", "--device", "jetson-nano", "--model", "cnn"]
+    argv += ["--batch-sizes", "4,8", "--cache-dir", str(cache), *FAST]
+    out_path, replay_path = tmp_path / "lut.json", tmp_path / "nano-cnn.csv"
+    code, out, err = run([*argv, "--out", str(out_path), "--replay-out", str(replay_path)], capsys)
+    assert code == 0, err
+    lut = LUT.load(out_path)
+    assert lut.device_kind == "jetson-nano" and lut.backend == "simulated"
+    assert lut.batch_sizes == (4, 8) and lut.freqs_mhz == pytest.approx(NANO_MHZ)
+    assert lut.is_full_grid and lut.p_max_w is None
+    [cached] = list(cache.glob("lut_*.json"))
+    assert LUT.load(cached).to_json() == lut.to_json()
+    assert str(cached) in out and str(out_path) in out and "(profiled)" in out
+    # the printed table: a header per frequency and the measured numbers
+    assert "full grid, 24 cells" in out and "power rail: POM_5V_IN" in out
+    assert re.search(r"b \\ MHz\s+76\.8\s+153\.6 .*921\.6", out)
+    row8 = next(line for line in out.splitlines() if line.split()[:1] == ["8"])
+    assert row8.split()[1:] == [f"{1e3 * x:.4g}" for x in lut.time_per_sample_s[1]]
+    assert f"{lut.peak_power_w[0, -1]:.2f}" in out
+    # the replay table holds the same cells, per step
+    replay = ReplayDevice.from_file(replay_path)
+    [table] = replay.tables
+    assert len(table.rows) == 24 and table.power_rail == "POM_5V_IN"
+    assert replay.info.memory_bytes == load_device_spec("jetson-nano").memory_bytes
+    row = table.row(8, 921.6)
+    assert row.time_per_step_s == pytest.approx(8 * lut.time_per_sample_s[1, -1], rel=1e-5)
+    assert row.peak_power_w == pytest.approx(lut.peak_power_w[1, -1], rel=1e-5)
+    # the second time the cache answers, with the same tables
+    code, out, _ = run(argv, capsys)
+    assert code == 0 and "(from the cache)" in out
+    # and `select` on the written LUT is Eq. 4 on its tables
+    code, out, _ = run(
+        ["select", "--lut", str(out_path), "--r", "1,0.6", "--p-max-w", "2.5", "--json"], capsys
+    )
+    expected = select_power_aware(
+        lut.time_per_sample_s, lut.peak_power_w, [4, 8], lut.freqs_mhz, [1, 0.6], 2.5
+    )
+    assert code == 0 and json.loads(out) == json.loads(json.dumps(expected.to_dict()))
+
+
+def test_profile_efficient_mode_marks_the_cap(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    argv = ["profile", "--backend", "simulated", "--device", "jetson-nano", "--model", "cnn"]
+    argv += ["--batch-sizes", "4,64", "--p-max-w", "3", "--cache-dir", str(tmp_path), *FAST]
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    assert "efficient mode for P_max 3 W" in out and "* = not below P_max 3 W" in out
+    peak_block = out.split("peak power (W)")[1].split("average power")[0]
+    row64 = next(line for line in peak_block.splitlines() if line.split()[:1] == ["64"])
+    cells = row64.split()[1:]
+    # b=64 walks up from the lowest f and stops at the first cell over the cap
+    assert cells[-1] == "-" and sum(c.endswith("*") for c in cells) == 1
+    assert all(float(c.rstrip("*")) >= 3 for c in cells if c.endswith("*"))
+
+
+def test_profile_on_a_fake_jetson_measures_the_board_rail_and_restores(
+    tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
+):
+    fake = build_tree(tmp_path / "root", "nano-jp4")
+    argv = ["profile", "--backend", "jetson", "--sysfs-root", str(fake.root), "--model", "cnn"]
+    argv += ["--batch-sizes", "4", "--sample-rate-hz", "200", "--cache-dir", str(tmp_path), *FAST]
+    code, out, err = run([*argv, "--json"], capsys)
+    assert code == 0, err
+    lut = LUT.from_json(out)
+    assert lut.device_kind == "jetson-nano" and lut.backend == "jetson"  # detected
+    assert lut.freqs_mhz == pytest.approx(NANO_MHZ)
+    # POM_5V_IN reads 3149 mW on the fake board, whatever the frequency
+    assert np.allclose(lut.peak_power_w, 3.149) and np.allclose(lut.avg_power_w, 3.149)
+    assert "written to" in err
+    assert (fake.min_hz, fake.max_hz) == (76_800_000, 921_600_000)  # restored
+    assert safety.leftover_states(state_dir) == []
+
+
+def test_profile_without_write_permission_is_a_clear_error(
+    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys
+):
+    fake = build_tree(tmp_path / "root", "orin-nano-jp6")
+    real_access = os.access
+    monkeypatch.setattr(
+        jetson_mod.os, "access", lambda p, mode: False if mode == os.W_OK else real_access(p, mode)
+    )
+    argv = ["profile", "--backend", "jetson", "--sysfs-root", str(fake.root), "--model", "cnn"]
+    code, out, err = run([*argv, "--batch-sizes", "4", "--cache-dir", str(tmp_path), *FAST], capsys)
+    assert code == 2
+    assert err.startswith("powerfl profile: error: no write permission on ")
+    assert "min_freq" in err and "SuperNode as root" in err and "udev" in err
+    assert "Traceback" not in err + out
+    assert (fake.min_hz, fake.max_hz) == (306_000_000, 1_020_000_000)
+    assert safety.leftover_states(state_dir) == []
+
+
+def test_profile_nvml_measure_only_compares_energy_counter_and_samples(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    gpu = FakeGpu()
+    monkeypatch.setitem(sys.modules, "pynvml", make_fake_pynvml(gpu))
+    monkeypatch.setattr("os.geteuid", lambda: 1000)  # not root: measure-only
+    argv = ["profile", "--backend", "nvml", "--model", "cnn", "--batch-sizes", "4,8"]
+    code, out, err = run([*argv, "--cache-dir", str(tmp_path), *FAST], capsys)
+    assert code == 0, err
+    assert "power rail: nvml:gpu-board" in out
+    assert re.search(r"energy check: device counter \d+\.\d\d J, integrated sampled power "
+                     r"\d+\.\d\d J, difference [+-]\d+\.\d\d%", out)  # fmt: skip
+    [path] = list(tmp_path.glob("lut_*.json"))
+    lut = LUT.load(path)
+    assert lut.freqs_mhz == (1755.0,)  # the one clock it runs at
+    assert np.allclose(lut.peak_power_w, 123.456)
+    assert not any(name == "nvmlDeviceSetGpuLockedClocks" for name, _ in gpu.calls)
+
+
+def test_energy_check_sums_the_measurements_with_a_counter():
+    ms = [
+        PowerMeasurement(counter_energy_j=6.0, sampled_energy_j=6.5),
+        PowerMeasurement(counter_energy_j=4.0, sampled_energy_j=4.0),
+        PowerMeasurement(sampled_energy_j=100.0),  # no counter: not compared
+    ]
+    check = cli_tools.energy_check(ms)
+    assert check == {
+        "counter-energy-j": 10.0,
+        "sampled-energy-j": 10.5,
+        "difference-pct": pytest.approx(5.0),
+    }
+    assert cli_tools.energy_check([PowerMeasurement(sampled_energy_j=1.0)]) is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--model", "vgg"], "model: unknown model 'vgg'; allowed: cnn, resnet18, mobilenetv2"),
+        (["--batch-sizes", "8,4"], "batch-sizes: must be strictly ascending"),
+        (["--batch-sizes", ""], "batch-sizes: must not be empty"),
+        (["--p-max-w", "-1"], "p-max-w: must be a finite number of watts > 0"),
+        (["--p-max-w", "nan"], "p-max-w:"),
+        (["--sample-rate-hz", "0"], "sample-rate-hz: must be > 0"),
+        (["--power-source", "jtop", "--lock-clocks", "maybe"], "lock-clocks: expected true"),
+        (["--replay-out", "x.txt"], "replay-out: must end in .csv or .json"),
+        (["--device", "jetson-nanoo"], "jetson-nanoo"),
+    ],
+)
+def test_profile_bad_input_names_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+):
+    argv = ["profile", "--backend", "simulated", "--device", "jetson-nano", "--model", "cnn"]
+    argv += ["--batch-sizes", "4", "--cache-dir", str(tmp_path), *FAST, *extra]
+    code, out, err = run(argv, capsys)
+    assert code == 2
+    assert err.startswith("powerfl profile: error: ") and message in err
+    assert "Traceback" not in err and out == ""
+
+
+# ------------------------------------------------------------------------------ select
+
+
+def small_lut(p_max_w: float | None = None) -> LUT:
+    time_s = np.array([[3e-3, 2e-3, 1.5e-3], [6e-4, 4e-4, 3e-4]])
+    peak_w = np.array([[2.0, 2.5, 3.0], [3.5, 4.6, 5.5]])
+    if p_max_w is not None:  # efficient mode: b=64 stopped at its first cell over the cap
+        time_s[1, 2] = peak_w[1, 2] = math.nan
+    return LUT(
+        device_kind="jetson-nano",
+        backend="simulated",
+        model_name="cnn",
+        input_shape=(3, 32, 32),
+        batch_sizes=(4, 64),
+        freqs_mhz=(307.2, 614.4, 921.6),
+        time_per_sample_s=time_s,
+        peak_power_w=peak_w,
+        avg_power_w=peak_w * 0.9,
+        p_max_w=p_max_w,
+    )
+
+
+@pytest.fixture
+def lut_file(tmp_path: Path) -> Path:
+    return small_lut().save(tmp_path / "lut.json")
+
+
+@pytest.mark.parametrize(
+    ("r", "p_max_w", "b", "f_mhz"),
+    [
+        ("1,0.5", "5", 64, 614.4),  # b=64 scores 0.4 ms × 0.5 < b=4's 1.5 ms × 1
+        ("1,0.5", "4", 64, 307.2),  # tighter cap: b=64 one level lower
+        ("0.1,1", "5", 4, 921.6),  # r favours b=4 strongly: 0.15 < 0.4
+        ("1,1", "none", 64, 921.6),  # no cap: every b at its top frequency
+    ],
+)
+def test_select_applies_eq4(
+    lut_file: Path, capsys: pytest.CaptureFixture[str], r: str, p_max_w: str, b: int, f_mhz: float
+):
+    argv = ["select", "--lut", str(lut_file), "--r", r, "--p-max-w", p_max_w]
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    assert out.startswith(f"power-aware: b* = {b}, f* = {f_mhz:g} MHz under P_max ")
+    chosen = [line for line in out.splitlines() if line.startswith("*")]
+    assert len(chosen) == 1 and chosen[0].split()[1:3] == [str(b), f"{f_mhz:g}"]
+    code, out, _ = run([*argv, "--json"], capsys)
+    data = json.loads(out)
+    assert (data["batch-size"], data["gpu-freq-mhz"]) == (b, f_mhz)
+    assert len(data["candidates"]) == 2
+
+
+def test_select_infeasible_cap_names_the_lowest_power(
+    lut_file: Path, capsys: pytest.CaptureFixture[str]
+):
+    code, out, err = run(
+        ["select", "--lut", str(lut_file), "--r", "1,1", "--p-max-w", "1.5"], capsys
+    )
+    assert code == 1 and out == ""
+    assert "lowest measured peak power is 2.000 W (b=4, f=307.2 MHz)" in err
+
+
+def test_select_baselines(lut_file: Path, capsys: pytest.CaptureFixture[str]):
+    base = ["select", "--lut", str(lut_file), "--r", "1,0.5", "--p-max-w", "4.5"]
+    code, out, _ = run([*base, "--method", "b1"], capsys)  # the Nano's band for 4.5 W
+    assert code == 0 and out.startswith("b1: b* = 64, f* = 307.2 MHz at the fixed frequency cap")
+    code, out, _ = run([*base, "--method", "b1", "--b1-freq-cap-mhz", "614.4"], capsys)
+    assert code == 0 and out.startswith("b1: b* = 64, f* = 614.4 MHz")
+    code, out, _ = run(
+        [*base, "--method", "fixed", "--fixed-batch-size", "4", "--fixed-freq-mhz", "921.6"],
+        capsys,
+    )
+    assert code == 0 and out.startswith("fixed: b* = 4, f* = 921.6 MHz")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--r", "1", "--p-max-w", "5"], "r: has 1 values but batch-sizes has 2"),
+        (["--r", "1,abc", "--p-max-w", "5"], "r: expected comma-separated numbers"),
+        (["--r", "1,1.5", "--p-max-w", "5"], "r: value 1.5 for batch size 64 is not in (0, 1]"),
+        (["--r", "1,1", "--p-max-w", "0"], "p-max-w: must be a finite number of watts > 0"),
+        (
+            ["--r", "1,1", "--p-max-w", "5", "--method", "fixed"],
+            "fixed-batch-size: required by method 'fixed'",
+        ),
+        (
+            ["--r", "1,1", "--p-max-w", "5", "--method", "fixed", "--fixed-batch-size", "4",
+             "--fixed-freq-mhz", "500"],
+            "fixed-freq-mhz: 500.0 is not in the device's frequency table",
+        ),
+    ],
+)  # fmt: skip
+def test_select_bad_input_names_the_key(
+    lut_file: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+):
+    code, out, err = run(["select", "--lut", str(lut_file), *argv], capsys)
+    assert code == 2 and out == ""
+    assert err.startswith("powerfl select: error: ") and message in err
+
+
+def test_select_bad_lut_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    args = ["--r", "1,1", "--p-max-w", "5"]
+    code, _, err = run(["select", "--lut", str(tmp_path / "missing.json"), *args], capsys)
+    assert code == 2 and "lut: file not found" in err
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"format": "powerfl-lut"')
+    code, _, err = run(["select", "--lut", str(broken), *args], capsys)
+    assert code == 2 and f"lut: {broken} is not a valid LUT file (not valid JSON" in err
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"format": "powerfl-lut"}))
+    code, _, err = run(["select", "--lut", str(other), *args], capsys)
+    assert code == 2 and "keys: missing" in err
+
+
+def test_select_efficient_lut_only_under_its_own_cap(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    path = small_lut(p_max_w=5.0).save(tmp_path / "eff.json")
+    code, _, err = run(["select", "--lut", str(path), "--r", "1,0.5", "--p-max-w", "4"], capsys)
+    assert code == 2
+    assert "p-max-w: 4 W differs from the cap this LUT was profiled for" in err
+    assert "--p-max-w 5" in err
+    code, out, _ = run(["select", "--lut", str(path), "--r", "1,0.5", "--p-max-w", "5"], capsys)
+    assert code == 0 and out.startswith("power-aware: b* = 64, f* = 614.4 MHz")
+
+
+def test_b1_without_bands_for_the_device_asks_for_the_cap(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    lut = small_lut()
+    data = json.loads(lut.to_json())
+    data["device-kind"] = "rtx-4090"
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(data))
+    argv = ["select", "--lut", str(path), "--r", "1,1", "--p-max-w", "5", "--method", "b1"]
+    code, _, err = run(argv, capsys)
+    assert code == 2 and "b1-freq-cap-mhz: no B1 frequency bands known for 'rtx-4090'" in err
+    code, _, err = run(["select", "--lut", str(path), "--r", "1,1", "--p-max-w", "1"], capsys)
+    assert code == 1  # infeasible, not a crash
+
+
+# ------------------------------------------------------------------------------ devices
+
+
+def test_devices_command_is_reachable_from_powerfl(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setitem(sys.modules, "jtop", None)
+    fake = build_tree(tmp_path / "root", "orin-nano-jp6")
+    code, out, _ = run(["devices", "--sysfs-root", str(fake.root)], capsys)
+    assert code == 0
+    assert "jetson     yes" in out and "17000000.gpu" in out and "VDD_IN" in out
+    code, out, _ = run(["devices", "--restore", "--state-dir", str(tmp_path / "s")], capsys)
+    assert code == 0 and "nothing to restore" in out
+
+
+def test_profile_output_that_cannot_be_written_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    argv = ["profile", "--backend", "simulated", "--device", "jetson-nano", "--model", "cnn"]
+    argv += ["--batch-sizes", "4", "--cache-dir", str(tmp_path), *FAST]
+    code, _, err = run([*argv, "--out", str(blocker / "lut.json")], capsys)
+    assert code == 2 and err.startswith("powerfl profile: error: cannot write ")
+    assert "Traceback" not in err
