@@ -45,6 +45,9 @@ def start_locked(fake: FakeJetson, state_dir: Path, mode: str = "wait") -> subpr
         text=True,
         cwd=REPO_ROOT,
         env=env,
+        # A shell that runs us in the background ignores SIGINT, and a child inherits that
+        # (Python then installs no KeyboardInterrupt handler): give it the default back.
+        preexec_fn=_default_sigint,
     )
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], 30.0)
@@ -53,6 +56,10 @@ def start_locked(fake: FakeJetson, state_dir: Path, mode: str = "wait") -> subpr
         proc.kill()
         pytest.fail(f"child did not lock: {line!r} {proc.communicate()[1]}")
     return proc
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.fixture
