@@ -215,6 +215,9 @@ def validate_batch_sizes(batch_sizes: Sequence[object]) -> list[int]:
         raise ValueError(f"batch-sizes: must be {allowed}; got an empty list")
     out: list[int] = []
     for b in batch_sizes:
+        if type(b) is int and b >= 1:  # the common case, without the ABC checks below
+            out.append(b)
+            continue
         if isinstance(b, bool) or not isinstance(b, numbers.Real):
             raise ValueError(f"batch-sizes: {b!r} is not an integer; must be {allowed}")
         if not float(b).is_integer() or b < 1:
@@ -245,6 +248,11 @@ def validate_r(r: Sequence[object], batch_sizes: Sequence[object]) -> list[float
         When the lengths differ or a value is not a number in (0, 1].
     """
     b = validate_batch_sizes(batch_sizes)
+    return _validate_r_for(r, b)
+
+
+def _validate_r_for(r: Sequence[object], b: list[int]) -> list[float]:
+    """``validate_r`` against batch sizes that are already validated."""
     if isinstance(r, np.ndarray):
         r = r.tolist()
     if isinstance(r, (str, bytes)) or not isinstance(r, Sequence):
@@ -256,6 +264,9 @@ def validate_r(r: Sequence[object], batch_sizes: Sequence[object]) -> list[float
         )
     out: list[float] = []
     for bi, x in zip(b, r, strict=True):
+        if type(x) is float and 0 < x <= 1:  # the common case, without the ABC checks
+            out.append(x)
+            continue
         if isinstance(x, bool) or not isinstance(x, numbers.Real) or not 0 < float(x) <= 1:
             raise ValueError(f"r: value {x!r} for batch size {bi} is not in (0, 1]")
         out.append(float(x))
@@ -306,11 +317,12 @@ def validate_tables(
     if not np.array_equal(np.isnan(time_s), np.isnan(power_w)):
         raise ValueError("lut_time_s and lut_power_w: NaN (not profiled) at different cells")
     measured = ~np.isnan(time_s)
-    if not np.all(np.isfinite(time_s[measured])) or np.any(time_s[measured] <= 0):
+    t, p = time_s[measured], power_w[measured]
+    if not (np.isfinite(t).all() and (t > 0).all()):
         raise ValueError("lut_time_s: profiled cells must be finite and > 0 seconds per sample")
-    if not np.all(np.isfinite(power_w[measured])) or np.any(power_w[measured] < 0):
+    if not (np.isfinite(p).all() and (p >= 0).all()):
         raise ValueError("lut_power_w: profiled cells must be finite and ≥ 0 W")
-    if not measured.any():
+    if not t.size:
         raise ValueError("lut_time_s / lut_power_w: no cell was profiled")
     return time_s, power_w
 
@@ -379,6 +391,25 @@ def feasible_freq_index(power_row_w: npt.ArrayLike, p_max_w: float | None) -> in
     return None if j < 0 else j
 
 
+def feasible_freq_indices(power_w: FloatArray, p_max_w: float | None) -> list[int | None]:
+    """``feasible_freq_index`` of every row of a (|B|, |F|) table, vectorised.
+
+    The running maxima and last-measured indices of all rows are computed in one pass;
+    each row's boundary is then a binary search (``searchsorted``) on its running maximum.
+    """
+    cap = math.inf if p_max_w is None else float(p_max_w)
+    measured = ~np.isnan(power_w)
+    running_max = np.maximum.accumulate(np.where(measured, power_w, -np.inf), axis=1)
+    cols = np.broadcast_to(np.arange(power_w.shape[1]), power_w.shape)
+    last_measured = np.maximum.accumulate(np.where(measured, cols, -1), axis=1)
+    out: list[int | None] = []
+    for row_max, row_last in zip(running_max, last_measured, strict=True):
+        first_bad = int(row_max.searchsorted(cap, side="left"))
+        j = int(row_last[first_bad - 1]) if first_bad > 0 else -1
+        out.append(None if j < 0 else j)
+    return out
+
+
 def _nan_if_none(table: FloatArray | None, i: int, j: int) -> float:
     return math.nan if table is None else float(table[i, j])
 
@@ -429,10 +460,10 @@ def _select_eq4(
 ) -> Selection:
     b_list = validate_batch_sizes(batch_sizes)
     f_list = validate_freqs_mhz(freqs_mhz)
-    r_list = validate_r(r, b_list)
+    r_list = _validate_r_for(r, b_list)
     cap = validate_p_max_w(p_max_w)
     time_s, power_w = validate_tables(lut_time_s, lut_power_w, len(b_list), len(f_list))
-    index = [feasible_freq_index(power_w[i], cap) for i in range(len(b_list))]
+    index = feasible_freq_indices(power_w, cap)
     candidates = _candidates_at(b_list, f_list, index, time_s, power_w, r_list)
     feasible = [c for c in candidates if c.freq_mhz is not None]
     if not feasible:

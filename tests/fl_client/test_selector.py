@@ -400,3 +400,17 @@ def test_table_errors_name_the_table():
         select_power_aware([[np.nan, np.nan]], [[np.nan, np.nan]], [4], f, [1.0], 5.0)
     with pytest.raises(ValueError, match=r"freqs-mhz: .* not strictly ascending"):
         select_power_aware([[1.0, 1.0]], [[1.0, 1.0]], [4], [200.0, 100.0], [1.0], 5.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    hnp.arrays(
+        np.float64,
+        st.tuples(st.integers(1, 6), st.integers(1, 14)),
+        elements=st.one_of(st.floats(0.0, 20.0), st.just(math.nan)),
+    ),
+    st.one_of(st.none(), st.floats(0.1, 25.0)),
+)
+def test_vectorised_feasible_indices_equal_the_row_rule(power_w, p_max_w):
+    rows = [feasible_freq_index(row, p_max_w) for row in power_w]
+    assert selector.feasible_freq_indices(power_w, p_max_w) == rows
