@@ -43,6 +43,25 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def check_partitions(settings: Any, num_nodes: int) -> None:
+    """Refuse a fleet the embedded data cannot be split over, before any engine starts."""
+    from fl_client import task
+
+    try:
+        task.client_data(
+            0,
+            num_nodes,
+            partitioning=settings.partitioning,
+            alpha=settings.dirichlet_alpha,
+            seed=settings.seed,
+        )
+    except ValueError as err:
+        raise SettingsError(
+            f"fleet: the {task.load_digits_splits(settings.seed).sizes()['pool']} training "
+            f"images cannot be split over {num_nodes} nodes: {err}"
+        ) from None
+
+
 def simulate(
     overrides: dict[str, Any], *, backend: str = "ray", num_cpus_per_node: float = 1.0
 ) -> dict[str, Any]:
@@ -55,6 +74,7 @@ def simulate(
 
     settings = RunSettings.from_config(overrides)  # fail fast, before any engine starts
     fleet = load_fleet(settings.fleet)
+    check_partitions(settings, len(fleet))
     summary_marker = Path(settings.output_dir).expanduser().resolve()
     before = set(summary_marker.glob("*/summary.json")) if summary_marker.exists() else set()
     run_simulation(
@@ -155,6 +175,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
         raise SettingsError("--methods: give at least one of power-aware, b1, b2, oracle, fixed")
+    from fl_client.settings import RunSettings
+
+    for method in methods:  # every method's settings are checked before the first run starts
+        RunSettings.from_config({**overrides, "method": method})
     t0 = time.perf_counter()
     summaries = []
     for method in methods:
@@ -164,7 +188,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"done in {time.perf_counter() - t0:.0f} s wall time; results:")
     for s in summaries:
         print(f"  {s['method']:<12} {s['run-dir']}")
+    failed = [s["method"] for s in summaries if not any_node_trained(s)]
+    if failed:
+        print(
+            f"powerfl: error: no node trained in any round of {', '.join(failed)}; "
+            "the reasons are in the run's nodes.jsonl and the log above",
+            file=sys.stderr,
+        )
+        return 1
     return 0
+
+
+def any_node_trained(summary: dict[str, Any]) -> bool:
+    """Whether at least one node returned an update in at least one round."""
+    return any(n.get("rounds-ok", 0) > 0 for n in summary.get("nodes", {}).values())
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -134,6 +134,26 @@ class PowerAwareFedAvg(FedAvg):
         self.fleet: dict[int, dict[str, Any]] = {}  # node_id -> QUERY reply
         self.query_failures: dict[int, str] = {}
         self.rounds: list[RoundReport] = []
+        self._sent_to: dict[str, int] = {}  # message id -> node it was sent to
+
+    def _node_of(self, reply: Message) -> int:
+        """The node a reply answers for.
+
+        A reply the SuperLink makes itself (e.g. "Node Unavailable" once a node misses its
+        heartbeats) has the SuperLink's id as source: map it back through the message it
+        answers, whose id ``send_and_receive`` filled in on the sent message.
+        """
+        src = reply.metadata.src_node_id
+        return self._sent_to.get(reply.metadata.reply_to_message_id, src)
+
+    def _send_and_receive(
+        self, grid: Grid, messages: list[Message], timeout_s: float
+    ) -> list[Message]:
+        replies = list(grid.send_and_receive(messages, timeout=timeout_s))
+        self._sent_to = {
+            m.metadata.message_id: m.metadata.dst_node_id for m in messages if m.metadata.message_id
+        }
+        return replies
 
     # ----------------------------------------------------------------------------- QUERY
     def query_fleet(self, grid: Grid, timeout_s: float) -> dict[int, dict[str, Any]]:
@@ -148,8 +168,8 @@ class PowerAwareFedAvg(FedAvg):
             )
             for node_id in node_ids
         ]
-        for reply in grid.send_and_receive(messages, timeout=timeout_s):
-            node_id = reply.metadata.src_node_id
+        for reply in self._send_and_receive(grid, messages, timeout_s):
+            node_id = self._node_of(reply)
             if reply.has_error():
                 self.query_failures[node_id] = str(reply.error.reason)
                 continue
@@ -208,7 +228,7 @@ class PowerAwareFedAvg(FedAvg):
         reports: list[NodeReport] = []
         good: list[RecordDict] = []
         for msg in replies:
-            node_id = msg.metadata.src_node_id
+            node_id = self._node_of(msg)
             info = self.fleet.get(node_id, {})
             name, device = str(info.get("node-name", node_id)), str(info.get("device", "?"))
             if msg.has_error():
@@ -275,10 +295,9 @@ class PowerAwareFedAvg(FedAvg):
         evaluate_fn(0, arrays)
         for server_round in range(1, num_rounds + 1):
             messages = list(self.configure_train(server_round, arrays, ConfigRecord(), grid))
-            replies = grid.send_and_receive(messages, timeout=timeout_s)
-            replies = list(replies)
+            replies = self._send_and_receive(grid, messages, timeout_s)
             sent = {m.metadata.dst_node_id for m in messages}
-            got = {m.metadata.src_node_id for m in replies}
+            got = {self._node_of(m) for m in replies}
             new_arrays, _ = self.aggregate_train(server_round, replies)
             for node_id in sorted(sent - got):  # no reply at all within the timeout
                 info = self.fleet.get(node_id, {})
