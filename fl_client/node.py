@@ -14,11 +14,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from fl_client import selector, task
 from fl_client.devices import Device, DeviceOptions, Workload, cap_guard, locked, open_device
-from fl_client.profiler import LUT, load_or_profile
+from fl_client.profiler import (
+    LUT,
+    load_or_profile,
+    lut_cache_path,
+    measure_cell,
+    merge_cells,
+    profile,
+    scale_cells,
+)
 from fl_client.settings import (
     NodeSettings,
     RunSettings,
@@ -57,12 +66,12 @@ def node_context(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) 
     return NodeContext(settings, node, pid, num, cache_dir)
 
 
-def _open(ctx: NodeContext) -> Device:
+def _open(ctx: NodeContext, server_round: int = 0) -> Device:
     return open_device(
         ctx.node.device,
         ctx.node.backend,
         seed=ctx.settings.seed * 1000 + ctx.partition_id,
-        options=DeviceOptions.from_config(ctx.node.options),
+        options=DeviceOptions.from_config(ctx.node.options).at_round(server_round),
     )
 
 
@@ -106,6 +115,9 @@ def describe_node(
         "backend": info.backend,
         "p-max-w": ctx.node.p_max_w,
         "p-max-label": ctx.node.p_max_label,
+        "p-max-schedule": ",".join(
+            f"{r}:{'none' if math.isinf(c) else f'{c:g}'}" for r, c in ctx.node.p_max_schedule
+        ),
         "gpu-freqs-mhz": [float(f) for f in info.gpu_freqs_mhz],
         "memory-bytes": int(info.memory_bytes),
         "power-rail": info.power_rail,
@@ -167,6 +179,261 @@ def _oracle_r(
     return r
 
 
+@dataclass(frozen=True)
+class PacePlan:
+    """The frequency a paced node runs at, and what its LUT predicts there and at f*.
+
+    Times and energies are for the round's local work, from the LUT (time per sample ×
+    samples × ``time_calibration``; energy = average power × that time).
+    """
+
+    freq_mhz: float
+    predicted_time_s: float
+    predicted_energy_j: float
+    fastest_time_s: float  # at f*
+    fastest_energy_j: float  # at f*
+    meets_deadline: bool
+
+
+def _freq_index(freqs_mhz: tuple[float, ...], freq_mhz: float) -> int:
+    return min(range(len(freqs_mhz)), key=lambda j: abs(freqs_mhz[j] - freq_mhz))
+
+
+def plan_pacing(
+    lut: LUT,
+    batch_size: int,
+    f_star_mhz: float,
+    p_max_w: float,
+    samples: int,
+    deadline_s: float | None,
+    *,
+    margin: float = 0.05,
+    time_calibration: float = 1.0,
+) -> PacePlan:
+    """Deadline-aware pacing: the frequency of least predicted energy that meets the deadline.
+
+    Candidates are the measured frequencies of ``batch_size``'s row at or below f* that are
+    feasible under ``p_max_w`` (``selector.feasible_freq_index``), and f* itself. Pacing
+    only ever slows a node down: b* and the cap are kept. A candidate meets the deadline
+    when its predicted time is ≤ ``deadline_s × (1 − margin)``; among those the one with the
+    least predicted energy (LUT average power × time) wins. Without a deadline, or when no
+    candidate meets it, the node runs at f* (its fastest).
+    """
+    i = lut.batch_sizes.index(batch_size)
+    j_star = _freq_index(lut.freqs_mhz, f_star_mhz)
+    row_t, row_peak, row_avg = (
+        lut.time_per_sample_s[i],
+        lut.peak_power_w[i],
+        lut.avg_power_w[i],
+    )
+    if math.isnan(row_t[j_star]):
+        raise ValueError(f"gpu-freq-mhz: the LUT has no cell at b={batch_size}, f*={f_star_mhz:g}")
+    j_hi = selector.feasible_freq_index(row_peak, None if math.isinf(p_max_w) else p_max_w)
+    top = j_star if j_hi is None else min(j_hi, j_star)
+    cands = [j for j in range(top + 1) if not math.isnan(row_t[j]) and j_hi is not None]
+    if j_star not in cands:
+        cands.append(j_star)
+
+    def time_s(j: int) -> float:
+        return float(row_t[j]) * samples * time_calibration
+
+    def energy_j(j: int) -> float:
+        return float(row_avg[j]) * time_s(j)
+
+    chosen, meets = j_star, deadline_s is None
+    if deadline_s is not None:
+        budget_s = deadline_s * (1.0 - margin)
+        meeting = [j for j in cands if time_s(j) <= budget_s]
+        if meeting:
+            chosen, meets = min(meeting, key=lambda j: (energy_j(j), -j)), True
+        else:
+            meets = time_s(j_star) <= deadline_s
+    return PacePlan(
+        freq_mhz=float(lut.freqs_mhz[chosen]),
+        predicted_time_s=time_s(chosen),
+        predicted_energy_j=energy_j(chosen),
+        fastest_time_s=time_s(j_star),
+        fastest_energy_j=energy_j(j_star),
+        meets_deadline=meets,
+    )
+
+
+def _luts(
+    ctx: NodeContext,
+    device: Device,
+    workload: Workload,
+    batch_sizes: list[int],
+    model_name: str,
+    p_max_w: float,
+) -> tuple[dict[float, LUT], bool, float, float]:
+    """The LUT per cap, and (all from cache, profile time, profile energy).
+
+    With a cap schedule, every cap of the schedule gets its LUT (profiled once, cached), so
+    later rounds re-select from the cache without profiling.
+    """
+    s = ctx.settings
+    caps = ctx.node.scheduled_caps_w if ctx.node.p_max_schedule else (p_max_w,)
+    time_s = energy_j = 0.0
+    all_cached = True
+    luts: dict[float, LUT] = {}
+    for cap in caps:
+        lut, cached = load_or_profile(
+            device,
+            workload,
+            batch_sizes,
+            lambda b: task.make_train_step(model_name, task.IMAGE_SHAPE, b),
+            ctx.cache_dir / "lut",
+            p_max_w=None if math.isinf(cap) else cap,
+            uncapped="full" if s.profile_grid == "full" else "highest",
+            progress=False,
+        )
+        if not cached:
+            time_s += lut.profile_time_s
+            energy_j += lut.profile_energy_j
+        all_cached = all_cached and cached
+        luts[cap] = lut
+    return luts, all_cached, time_s, energy_j
+
+
+def _row_lut(
+    ctx: NodeContext,
+    device: Device,
+    workload: Workload,
+    model_name: str,
+    batch_size: int,
+    p_max_w: float,
+) -> tuple[LUT, bool]:
+    """b*'s row from the lowest frequency up to the cap (the whole row without a cap), cached.
+
+    Efficient profiling of the single batch size b* is exactly that walk.
+    """
+    return load_or_profile(
+        device,
+        workload,
+        [batch_size],
+        lambda b: task.make_train_step(model_name, task.IMAGE_SHAPE, b),
+        ctx.cache_dir / "lut",
+        p_max_w=None if math.isinf(p_max_w) else p_max_w,
+        uncapped="full",
+        progress=False,
+    )
+
+
+@dataclass(frozen=True)
+class DriftCheck:
+    """One drift check at the operating point (b, f)."""
+
+    deviation: float  # largest relative deviation of time, peak and average power
+    reprofiled: bool
+    lut: LUT  # the LUT after the check (updated if re-profiled)
+    time_s: float  # device time of the check and any re-profiling
+    energy_j: float
+
+
+def check_drift(
+    ctx: NodeContext,
+    device: Device,
+    workload: Workload,
+    model_name: str,
+    lut: LUT,
+    batch_size: int,
+    freq_mhz: float,
+    p_max_w: float,
+) -> DriftCheck:
+    """Measure (b, f) as the profiler did and compare with the LUT; re-profile b's row if off.
+
+    Beyond ``drift-threshold`` (relative, on time per sample, peak or average power), b's
+    row is profiled again from the lowest frequency up to the cap, merged over the LUT
+    (fresh cells win; the other rows scaled by the change measured on this row) and written
+    to the cache, so the node re-selects from it.
+    """
+    i = lut.batch_sizes.index(batch_size)
+    j = _freq_index(lut.freqs_mhz, freq_mhz)
+    step = task.make_train_step(model_name, task.IMAGE_SHAPE, batch_size)
+    m, time_s, energy_j = measure_cell(
+        device,
+        workload,
+        batch_size,
+        step,
+        freq_mhz,
+        warmup_steps=lut.warmup_steps,
+        steps=lut.steps,
+    )
+    measured = (
+        m.time_s / (m.samples if m.samples > 0 else batch_size * lut.steps),
+        m.peak_power_w,
+        m.avg_power_w,
+    )
+    predicted = (lut.time_per_sample_s[i, j], lut.peak_power_w[i, j], lut.avg_power_w[i, j])
+    deviation = max(abs(x / float(p) - 1.0) for x, p in zip(measured, predicted, strict=True))
+    if not deviation > ctx.settings.drift_threshold:
+        return DriftCheck(deviation, False, lut, time_s, energy_j)
+    cap = None if math.isinf(p_max_w) else p_max_w
+    row = profile(
+        device,
+        workload,
+        [batch_size],
+        lambda b: task.make_train_step(model_name, task.IMAGE_SHAPE, b),
+        p_max_w=cap,
+        warmup_steps=lut.warmup_steps,
+        steps=lut.steps,
+        progress=False,
+        uncapped="full",
+    )
+    # The other rows are scaled by the change measured on b's row (a uniform drift, such as
+    # throttling or a busy neighbour, moves every b alike) until they are measured again, so
+    # fresh and stale rows stay comparable for Eq. 4.
+    old, new = lut.batch_sizes.index(batch_size), 0
+    both = ~np.isnan(lut.time_per_sample_s[old]) & ~np.isnan(row.time_per_sample_s[new])
+    factors = {
+        name: float(np.median(getattr(row, attr)[new, both] / getattr(lut, attr)[old, both]))
+        if both.any()
+        else 1.0
+        for name, attr in (
+            ("time_factor", "time_per_sample_s"),
+            ("peak_factor", "peak_power_w"),
+            ("avg_factor", "avg_power_w"),
+        )
+    }
+    new_lut = merge_cells(scale_cells(lut, **factors), row, overwrite=True)
+    info = device.info
+    paths = (
+        lut_cache_path(
+            ctx.cache_dir / "lut",
+            info.kind,
+            info.backend,
+            workload,
+            list(lut.batch_sizes),
+            lut.p_max_w,
+            lut.grid,
+        ),
+        lut_cache_path(
+            ctx.cache_dir / "lut",
+            info.kind,
+            info.backend,
+            workload,
+            [batch_size],
+            cap,
+            row.grid,
+        ),
+    )
+    for path, table in zip(paths, (new_lut, row), strict=True):
+        try:
+            table.save(path)
+        except OSError as err:
+            log.warning("drift check: could not update the LUT cache %s (%s)", path, err)
+    log.info(
+        "drift check: b=%d f=%g MHz off by %.0f%% (> %.0f%%): re-profiled that row",
+        batch_size,
+        freq_mhz,
+        100 * deviation,
+        100 * ctx.settings.drift_threshold,
+    )
+    return DriftCheck(
+        deviation, True, new_lut, time_s + row.profile_time_s, energy_j + row.profile_energy_j
+    )
+
+
 def train_node(
     run_config: Mapping[str, Any],
     node_config: Mapping[str, Any],
@@ -178,7 +445,10 @@ def train_node(
     """One TRAIN round on this node.
 
     Profile once (LUTs cached on disk), select (b*, f*) with the round's ``method`` under
-    this node's P_max, lock the GPU at f*, train ``local-epochs`` with b*, restore the GPU.
+    this node's P_max (this round's step of its ``p-max-schedule`` if it has one), lock the
+    GPU at f* (or, with ``pacing = "deadline"`` and a ``deadline-s`` in the config, at the
+    frequency ``plan_pacing`` picks), train ``local-epochs`` with b*, restore the GPU; every
+    ``drift-check-every`` rounds compare the operating point with the LUT.
     Returns the new weights, the metrics of DESIGN §5 and what was chosen.
     """
     ctx = node_context(run_config, node_config)
@@ -191,11 +461,17 @@ def train_node(
     model_name = str(config.get("model", s.model))
     batch_sizes = parse_batch_sizes(config.get("batch-sizes", s.batch_sizes))
     r = selector.validate_r([float(x) for x in config["r"]], batch_sizes)
-    p_max_w = ctx.node.p_max_w
     lr_ref = float(config.get("lr-ref", s.lr_ref))
     b_ref = int(config.get("b-ref", s.b_ref))
     local_epochs = int(config.get("local-epochs", s.local_epochs))
     server_round = int(config.get("server-round", 0))
+    p_max_w = ctx.node.p_max_at(server_round)
+    deadline_s = float(config["deadline-s"]) if "deadline-s" in config else None
+    if deadline_s is not None and not (deadline_s > 0 and math.isfinite(deadline_s)):
+        raise SettingsError(f"deadline-s: must be a finite number of seconds > 0, got {deadline_s}")
+    time_calibration = float(config.get("time-calibration", 1.0))
+    if not (time_calibration > 0 and math.isfinite(time_calibration)):
+        time_calibration = 1.0
     torch.set_num_threads(1)  # simulated nodes share the host's cores
 
     train_data, val_data = task.client_data(
@@ -205,37 +481,73 @@ def train_node(
         alpha=s.dirichlet_alpha,
         seed=s.seed,
     )
-    device = _open(ctx)
+    device = _open(ctx, server_round)
+    pace: PacePlan | None = None
+    drift: DriftCheck | None = None
     try:
         workload = _workload(model_name)
         lut: LUT | None = None
         profile_time_s = profile_energy_j = 0.0
         from_cache = False
         if method in NEEDS_LUT:
-            lut, from_cache = load_or_profile(
-                device,
-                workload,
-                batch_sizes,
-                lambda b: task.make_train_step(model_name, task.IMAGE_SHAPE, b),
-                ctx.cache_dir / "lut",
-                p_max_w=None if math.isinf(p_max_w) else p_max_w,
-                uncapped="full" if s.profile_grid == "full" else "highest",
-                progress=False,
+            luts, from_cache, profile_time_s, profile_energy_j = _luts(
+                ctx, device, workload, batch_sizes, model_name, p_max_w
             )
-            if not from_cache:
-                profile_time_s, profile_energy_j = lut.profile_time_s, lut.profile_energy_j
+            lut = luts[p_max_w]
         r_true = (
             _oracle_r(ctx, model_name, state, batch_sizes, train_data, val_data)
             if method == "oracle"
             else None
         )
-        choice = _select(method, lut, batch_sizes, r, r_true, p_max_w, device, config)
+        try:
+            choice = _select(method, lut, batch_sizes, r, r_true, p_max_w, device, config)
+        except selector.InfeasibleCapError as err:
+            if not ctx.node.p_max_schedule:
+                raise
+            raise RuntimeError(
+                f"p-max-schedule: no configuration fits round {server_round}'s cap of "
+                f"{p_max_w:g} W; this node skips the round ({err})"
+            ) from err
+        run_freq_mhz = choice.freq_mhz
+        plan_lut = lut
+        if s.pacing == "deadline" and lut is not None:
+            # b*'s row for pacing, for every cap of a schedule at once (profiled once, then
+            # cached), so a later cap step needs no profiling either.
+            row = None
+            for cap, cap_lut in luts.items():
+                try:
+                    b_cap = (
+                        choice
+                        if cap == p_max_w
+                        else _select(method, cap_lut, batch_sizes, r, r_true, cap, device, config)
+                    ).batch_size
+                except selector.InfeasibleCapError:
+                    continue  # that cap's rounds are skipped anyway
+                cap_row, row_cached = _row_lut(ctx, device, workload, model_name, b_cap, cap)
+                if not row_cached:
+                    profile_time_s += cap_row.profile_time_s
+                    profile_energy_j += cap_row.profile_energy_j
+                if cap == p_max_w:
+                    row = cap_row
+            assert row is not None
+            plan_lut = merge_cells(lut, row, overwrite=False)
+            pace = plan_pacing(
+                plan_lut,
+                choice.batch_size,
+                choice.freq_mhz,
+                p_max_w,
+                local_epochs * len(train_data),
+                deadline_s,
+                margin=s.pacing_margin,
+                time_calibration=time_calibration,
+            )
+            run_freq_mhz = pace.freq_mhz
 
         model = task.build_model(model_name)
         model.load_state_dict(dict(state))
         lr = task.scaled_lr(lr_ref, b_ref, choice.batch_size)
         with (
-            locked(device, choice.freq_mhz),
+            locked(device, run_freq_mhz),
             cap_guard(device, p_max_w),
             device.measure(workload) as meter,
         ):
@@ -251,6 +563,20 @@ def train_node(
             if step_hook is not None:
                 step_hook()
         m = meter.measurement
+        k = s.drift_check_every
+        if plan_lut is not None and k > 0 and server_round % k == 0 and from_cache:
+            drift = check_drift(
+                ctx,
+                device,
+                workload,
+                model_name,
+                plan_lut,
+                choice.batch_size,
+                run_freq_mhz,
+                p_max_w,
+            )
+            profile_time_s += drift.time_s
+            profile_energy_j += drift.energy_j
     finally:
         device.close()
 
@@ -262,7 +588,7 @@ def train_node(
         "peak-power-w": m.peak_power_w,
         "p-max-w": p_max_w,
         "batch-size": float(choice.batch_size),
-        "gpu-freq-mhz": float(choice.freq_mhz),
+        "gpu-freq-mhz": float(run_freq_mhz),
         "profile-time-s": profile_time_s,
         "profile-energy-j": profile_energy_j,
         # The cap guard's step-downs: power above P_max for longer than its window.
@@ -271,7 +597,20 @@ def train_node(
         "train-loss": float(result.mean_loss),
     }
     if lut is not None:  # what the LUT predicted for this local work
-        metrics["predicted-time-s"] = choice.time_per_sample_s * result.samples
+        metrics["predicted-time-s"] = (
+            pace.predicted_time_s / time_calibration
+            if pace is not None
+            else choice.time_per_sample_s * result.samples
+        )
+    if pace is not None:
+        metrics.update(_pacing_metrics(pace, choice.freq_mhz, m.time_s, m.energy_j, deadline_s))
+    if drift is not None:
+        metrics["drift-deviation"] = drift.deviation
+        metrics["drift-reprofiled"] = float(drift.reprofiled)
+        if drift.reprofiled:
+            again = _select(method, drift.lut, batch_sizes, r, r_true, p_max_w, device, config)
+            metrics["drift-batch-size"] = float(again.batch_size)
+            metrics["drift-freq-mhz"] = float(again.freq_mhz)
     info = {
         "node-name": ctx.node.name,
         "device": device.info.kind,
@@ -279,6 +618,35 @@ def train_node(
         "lut-from-cache": bool(from_cache),
     }
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, metrics, info
+
+
+def _pacing_metrics(
+    pace: PacePlan,
+    f_star_mhz: float,
+    time_s: float,
+    energy_j: float,
+    deadline_s: float | None,
+) -> dict[str, float]:
+    """Per-round pacing report.
+
+    ``fastest-time-s`` (the node's local time at f*) and ``energy-saved-j`` (energy at f*
+    minus the measured energy) scale the LUT's prediction at f* by how the measurement at
+    the frequency run compares with its own prediction, so a LUT that is off by a constant
+    factor (partial last batch, calibration) cancels out; at f* they are the measurement
+    itself and 0.
+    """
+    time_ratio = time_s / pace.predicted_time_s if pace.predicted_time_s > 0 else 1.0
+    energy_ratio = energy_j / pace.predicted_energy_j if pace.predicted_energy_j > 0 else 1.0
+    out = {
+        "f-star-mhz": float(f_star_mhz),
+        "fastest-time-s": pace.fastest_time_s * time_ratio,
+        "energy-saved-j": pace.fastest_energy_j * energy_ratio - energy_j,
+    }
+    if deadline_s is not None:
+        out["deadline-s"] = deadline_s
+        out["slack-s"] = deadline_s - time_s
+        out["deadline-miss"] = float(time_s > deadline_s)
+    return out
 
 
 def _select(

@@ -706,3 +706,120 @@ def load_or_profile(
     except OSError as err:
         log.warning("could not write the LUT cache %s (%s); profiling again next time", path, err)
     return lut, False
+
+
+# --------------------------------------------------------------------------- merging
+
+
+def scale_cells(lut: LUT, *, time_factor: float, peak_factor: float, avg_factor: float) -> LUT:
+    """``lut`` with every measured cell scaled (an estimate of a uniform drift).
+
+    Used after a drift check re-profiled one row: the other rows are scaled by the change
+    measured on that row until they are measured again.
+    """
+    for key, factor in (
+        ("time-factor", time_factor),
+        ("peak-factor", peak_factor),
+        ("avg-factor", avg_factor),
+    ):
+        if not (factor > 0 and math.isfinite(factor)):
+            raise ValueError(f"{key}: must be a finite number > 0, got {factor!r}")
+    return LUT(
+        device_kind=lut.device_kind,
+        backend=lut.backend,
+        model_name=lut.model_name,
+        input_shape=lut.input_shape,
+        batch_sizes=lut.batch_sizes,
+        freqs_mhz=lut.freqs_mhz,
+        time_per_sample_s=lut.time_per_sample_s * time_factor,
+        peak_power_w=lut.peak_power_w * peak_factor,
+        avg_power_w=lut.avg_power_w * avg_factor,
+        p_max_w=lut.p_max_w,
+        profile_time_s=lut.profile_time_s,
+        profile_energy_j=lut.profile_energy_j,
+        created_utc=lut.created_utc,
+        warmup_steps=lut.warmup_steps,
+        steps=lut.steps,
+        grid=lut.grid,
+    )
+
+
+def merge_cells(base: LUT, extra: LUT, *, overwrite: bool) -> LUT:
+    """``base`` with the measured cells of ``extra`` (same device, model, frequencies).
+
+    ``extra`` may cover only some of ``base``'s batch sizes (e.g. one re-profiled row).
+    ``overwrite=False`` only fills cells ``base`` left NaN (its own measurements win);
+    ``overwrite=True`` replaces every cell ``extra`` measured (fresh measurements win, as
+    after a drift check). The result keeps ``base``'s cap, grid and profiling cost.
+
+    Raises
+    ------
+    LUTFormatError
+        When the two tables are not of the same device, backend, workload and frequency
+        table, or ``extra`` has a batch size ``base`` lacks.
+    """
+    for name in ("device_kind", "backend", "model_name", "input_shape", "freqs_mhz"):
+        if getattr(base, name) != getattr(extra, name):
+            raise LUTFormatError(
+                f"{name.replace('_', '-')}: cannot merge LUTs of {getattr(base, name)!r} and "
+                f"{getattr(extra, name)!r}"
+            )
+    unknown = sorted(set(extra.batch_sizes) - set(base.batch_sizes))
+    if unknown:
+        raise LUTFormatError(f"batch-sizes: {unknown} are not rows of the base LUT")
+    tables = {
+        name: np.array(getattr(base, name), dtype=np.float64)
+        for name in ("time_per_sample_s", "peak_power_w", "avg_power_w")
+    }
+    for i_extra, b in enumerate(extra.batch_sizes):
+        i = base.batch_sizes.index(b)
+        measured = ~np.isnan(extra.time_per_sample_s[i_extra])
+        take = measured if overwrite else measured & np.isnan(tables["time_per_sample_s"][i])
+        for name, table in tables.items():
+            table[i, take] = getattr(extra, name)[i_extra, take]
+    return LUT(
+        device_kind=base.device_kind,
+        backend=base.backend,
+        model_name=base.model_name,
+        input_shape=base.input_shape,
+        batch_sizes=base.batch_sizes,
+        freqs_mhz=base.freqs_mhz,
+        time_per_sample_s=tables["time_per_sample_s"],
+        peak_power_w=tables["peak_power_w"],
+        avg_power_w=tables["avg_power_w"],
+        p_max_w=base.p_max_w,
+        profile_time_s=base.profile_time_s,
+        profile_energy_j=base.profile_energy_j,
+        created_utc=base.created_utc,
+        warmup_steps=base.warmup_steps,
+        steps=base.steps,
+        grid=base.grid,
+    )
+
+
+def measure_cell(
+    device: Device,
+    workload: Workload,
+    batch_size: int,
+    step: Callable[[], object],
+    freq_mhz: float,
+    *,
+    warmup_steps: int = 1,
+    steps: int = 3,
+) -> tuple[Measurement, float, float]:
+    """Measure one (b, f) cell as ``profile`` does (warm-up, then ``steps`` steps).
+
+    Returns the measured steps' ``Measurement`` plus the device time and energy of the
+    whole check (warm-up included), which is profiling cost. The frequency is restored.
+    """
+    start_s = device.now_s()
+    energy_j = 0.0
+    try:
+        device.set_gpu_freq_mhz(freq_mhz)
+        if warmup_steps:
+            energy_j += _run_steps(device, workload, batch_size, step, warmup_steps).energy_j
+        m = _run_steps(device, workload, batch_size, step, steps)
+        energy_j += m.energy_j
+    finally:
+        device.restore()
+    return m, max(device.now_s() - start_s, 0.0), energy_j

@@ -114,12 +114,41 @@ def _int(cfg: Mapping[str, Any], key: str, *, lo: int) -> int:
     return val
 
 
+def _fraction(cfg: Mapping[str, Any], key: str, default: float) -> float:
+    """An optional setting in [0, 1)."""
+    raw = cfg.get(key, default)
+    try:
+        val = float(raw)
+    except (TypeError, ValueError):
+        raise SettingsError(f"{key}: expected a number in [0, 1), got {raw!r}") from None
+    if isinstance(raw, bool) or not (0.0 <= val < 1.0):
+        raise SettingsError(f"{key}: expected a number in [0, 1), got {raw!r}")
+    return val
+
+
+def _nonneg(cfg: Mapping[str, Any], key: str, default: float) -> float:
+    """An optional finite setting ≥ 0."""
+    raw = cfg.get(key, default)
+    try:
+        val = float(raw)
+    except (TypeError, ValueError):
+        raise SettingsError(f"{key}: expected a number ≥ 0, got {raw!r}") from None
+    if isinstance(raw, bool) or not (0.0 <= val < math.inf):
+        raise SettingsError(f"{key}: expected a finite number ≥ 0, got {raw!r}")
+    return val
+
+
 def _choice(cfg: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> str:
     val = str(_get(cfg, key))
     if val not in allowed:
         raise SettingsError(f"{key}: unknown value {val!r}; allowed: {', '.join(allowed)}")
     return val
 
+
+#: ``pacing``: ``off`` runs every node at its (b*, f*); ``deadline`` keeps b* and, from
+#: round 2, lets a node that would wait for the slowest one run at the frequency of least
+#: predicted energy that still meets the round's deadline (``deadline-s``).
+PACING_MODES = ("off", "deadline")
 
 #: ``profile-grid``: ``efficient`` profiles the cells that matter under each node's cap
 #: (paper §4.1; without a cap, each b at the highest frequency); ``full`` every (b, f).
@@ -152,6 +181,17 @@ class RunSettings:
     profile_grid: str = "efficient"
     fixed_batch_size: int | None = None
     fixed_freq_mhz: float | None = None
+    #: ``pacing`` (see ``PACING_MODES``); ``pacing-margin``: share of the deadline a paced
+    #: node keeps in reserve against noise; ``pacing-deadline-s``: a fixed deadline in
+    #: seconds of local training time (0: from the slowest node's time at f*).
+    pacing: str = "off"
+    pacing_margin: float = 0.05
+    pacing_deadline_s: float = 0.0
+    #: Every ``drift-check-every`` rounds (0: never) a node compares its measured time per
+    #: sample and average power with its LUT; beyond ``drift-threshold`` (relative) it
+    #: re-profiles its batch size's row up to the cap.
+    drift_check_every: int = 0
+    drift_threshold: float = 0.15
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -190,6 +230,17 @@ class RunSettings:
             profile_grid=_choice(cfg, "profile-grid", PROFILE_GRIDS),
             fixed_batch_size=int(fixed_b) if fixed_b not in (None, "", 0) else None,
             fixed_freq_mhz=float(fixed_f) if fixed_f not in (None, "", 0) else None,
+            pacing=_choice({"pacing": cfg.get("pacing", "off")}, "pacing", PACING_MODES),
+            pacing_margin=_fraction(cfg, "pacing-margin", 0.05),
+            pacing_deadline_s=_nonneg(cfg, "pacing-deadline-s", 0.0),
+            drift_check_every=_int(
+                {**cfg, "drift-check-every": cfg.get("drift-check-every", 0)},
+                "drift-check-every",
+                lo=0,
+            ),
+            drift_threshold=_num(
+                {"drift-threshold": cfg.get("drift-threshold", 0.15)}, "drift-threshold", lo=0.0
+            ),
             extra={k: v for k, v in cfg.items() if k not in _KNOWN_KEYS},
         )
 
@@ -218,6 +269,11 @@ _KNOWN_KEYS = {
     "profile-grid",
     "fixed-batch-size",
     "fixed-freq-mhz",
+    "pacing",
+    "pacing-margin",
+    "pacing-deadline-s",
+    "drift-check-every",
+    "drift-threshold",
 }
 
 
@@ -238,10 +294,93 @@ class NodeSettings:
     #: The entry's other keys (backend options such as ``sysfs-root``, ``replay-table``,
     #: ``cap-window-s``), handed to ``fl_client.devices.DeviceOptions``.
     options: dict[str, Any] = field(default_factory=dict, compare=False)
+    #: ``p-max-schedule``: (first round, cap in W) steps, ascending, the first at round 1;
+    #: empty = the fixed ``p_max_w`` every round.
+    p_max_schedule: tuple[tuple[int, float], ...] = ()
 
     @property
     def p_max_label(self) -> str:
         return "none" if math.isinf(self.p_max_w) else f"{self.p_max_w:g} W"
+
+    def p_max_at(self, server_round: int) -> float:
+        """The cap in W for ``server_round`` (inf = none): the schedule's step, else p_max_w."""
+        cap = self.p_max_w
+        for first_round, step_cap in self.p_max_schedule:
+            if server_round >= first_round:
+                cap = step_cap
+        return cap
+
+    @property
+    def scheduled_caps_w(self) -> tuple[float, ...]:
+        """Every distinct cap this node runs under, ascending (inf last)."""
+        caps = {c for _, c in self.p_max_schedule} or {self.p_max_w}
+        return tuple(sorted(caps))
+
+
+#: Allowed forms of ``p-max-schedule``.
+SCHEDULE_FORMS = (
+    "'1:7.0,5:4.5,9:none' (from round 1 7 W, from round 5 4.5 W, from round 9 no cap)",
+    "a path to a .csv file with a 'round,p-max-w' header and one row per round 1, 2, …, N "
+    "(the last cap holds after round N)",
+)
+
+
+def parse_p_max_schedule(
+    value: object, where: str, base: Path | None = None
+) -> tuple[tuple[int, float], ...]:
+    """A node's ``p-max-schedule``: inline steps or a per-round CSV trace (see SCHEDULE_FORMS).
+
+    Raises SettingsError naming ``where`` and the key for gaps, unsorted or repeated
+    rounds, a first step after round 1, and caps that are not numbers > 0 or 'none'.
+    """
+    key = f"{where}: p-max-schedule"
+    allowed = "; allowed: " + " or ".join(SCHEDULE_FORMS)
+    if not isinstance(value, str) or not value.strip():
+        raise SettingsError(f"{key}: expected a string, got {value!r}{allowed}")
+    text = value.strip()
+    pairs: list[tuple[str, str]] = []
+    per_round = text.lower().endswith(".csv")
+    if per_round:
+        path = resolve_path(text, base)
+        if not path.is_file():
+            raise SettingsError(f"{key}: schedule file not found: {path}")
+        lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
+        head = [h.strip() for h in lines[0].split(",")] if lines else []
+        if head != ["round", "p-max-w"]:
+            raise SettingsError(f"{key}: {path.name} must start with the header 'round,p-max-w'")
+        for ln in lines[1:]:
+            cells = [c.strip() for c in ln.split(",")]
+            if len(cells) != 2:
+                raise SettingsError(f"{key}: {path.name}: expected 'round,p-max-w', got {ln!r}")
+            pairs.append((cells[0], cells[1]))
+    else:
+        for item in text.split(","):
+            first, sep, cap = item.partition(":")
+            if not sep:
+                raise SettingsError(f"{key}: entry {item.strip()!r} is not 'round:cap'{allowed}")
+            pairs.append((first.strip(), cap.strip()))
+    if not pairs:
+        raise SettingsError(f"{key}: empty schedule{allowed}")
+    steps: list[tuple[int, float]] = []
+    for first, cap in pairs:
+        try:
+            rnd = int(first)
+        except ValueError:
+            raise SettingsError(f"{key}: round {first!r} is not an integer ≥ 1") from None
+        try:
+            cap_w = parse_p_max_w(cap, key=f"{key} (round {rnd})")
+        except SettingsError as err:
+            raise SettingsError(f"{err}{allowed}") from None
+        steps.append((rnd, cap_w))
+    rounds = [r for r, _ in steps]
+    if rounds[0] != 1:
+        raise SettingsError(f"{key}: must start at round 1, starts at round {rounds[0]}")
+    if any(b <= a for a, b in itertools.pairwise(rounds)):
+        raise SettingsError(f"{key}: rounds must be strictly ascending, got {rounds}")
+    if per_round and rounds != list(range(1, len(rounds) + 1)):
+        missing = sorted(set(range(1, rounds[-1] + 1)) - set(rounds))
+        raise SettingsError(f"{key}: a per-round trace has gaps: rounds {missing} are missing")
+    return tuple(steps)
 
 
 def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) -> NodeSettings:
@@ -263,19 +402,31 @@ def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) 
                 f"{where}: device: unknown device kind {device!r}; "
                 f"allowed: {', '.join(DEVICE_KINDS)}"
             )
+    name = str(entry.get("name", default_name))
     try:
         p_max_w = parse_p_max_w(entry.get("p-max-w", "none"))
     except SettingsError as err:
         raise SettingsError(f"{where}: {err}") from None
+    schedule: tuple[tuple[int, float], ...] = ()
+    if "p-max-schedule" in entry:
+        if "p-max-w" in entry:
+            raise SettingsError(
+                f"{where} ({name}): p-max-w and p-max-schedule: give one of them, not both"
+            )
+        schedule = parse_p_max_schedule(entry["p-max-schedule"], f"{where} ({name})")
+        p_max_w = schedule[0][1]
     options = {
-        k: v for k, v in entry.items() if k not in ("name", "device", "backend", "p-max-w", "count")
+        k: v
+        for k, v in entry.items()
+        if k not in ("name", "device", "backend", "p-max-w", "p-max-schedule", "count")
     }
     return NodeSettings(
-        name=str(entry.get("name", default_name)),
+        name=name,
         device=device,
         backend=backend,
         p_max_w=p_max_w,
         options=options,
+        p_max_schedule=schedule,
     )
 
 
@@ -306,7 +457,14 @@ def load_fleet(path: str | Path) -> list[NodeSettings]:
         for k in range(count):
             name = base.name if count == 1 else f"{base.name}-{k + 1}"
             nodes.append(
-                NodeSettings(name, base.device, base.backend, base.p_max_w, dict(base.options))
+                NodeSettings(
+                    name,
+                    base.device,
+                    base.backend,
+                    base.p_max_w,
+                    dict(base.options),
+                    base.p_max_schedule,
+                )
             )
     names = [n.name for n in nodes]
     dupes = sorted({n for n in names if names.count(n) > 1})

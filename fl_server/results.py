@@ -58,6 +58,11 @@ class RoundRow:
     nodes_ok: int
     nodes_failed: int
     failed: list[str] = field(default_factory=list)
+    # Pacing (None / 0 without a deadline this round)
+    deadline_s: float | None = None
+    deadline_misses: int = 0
+    energy_saved_j: float = 0.0
+    warnings: list[str] = field(default_factory=list)
 
 
 def make_console() -> Console:
@@ -83,8 +88,13 @@ class RunRecorder:
         method: str,
         target_accuracy: float,
         console: Console | None = None,
+        pacing: str = "off",
     ) -> None:
         self.run_dir = run_dir
+        self.pacing = pacing
+        self.energy_saved_j = 0.0
+        self.deadline_misses = 0
+        self.drift_reprofiles = 0
         self.method = method
         self.target_accuracy = target_accuracy
         self.console = console or make_console()
@@ -129,6 +139,15 @@ class RunRecorder:
             nodes_ok=len(report.ok_nodes),
             nodes_failed=len(failed),
             failed=failed,
+            deadline_s=report.deadline_s,
+            deadline_misses=report.deadline_misses,
+            energy_saved_j=report.energy_saved_j,
+            warnings=list(report.warnings),
+        )
+        self.energy_saved_j += report.energy_saved_j
+        self.deadline_misses += report.deadline_misses
+        self.drift_reprofiles += sum(
+            int(n.metrics.get("drift-reprofiled", 0.0)) for n in report.ok_nodes
         )
         self.rows.append(row)
         self._append("rounds.jsonl", asdict(row))
@@ -181,6 +200,8 @@ class RunRecorder:
         tot["p-max-w"] = m["p-max-w"]
         tot["batch-size"] = int(m["batch-size"])
         tot["gpu-freq-mhz"] = m["gpu-freq-mhz"]
+        tot["energy-saved-j"] = tot.get("energy-saved-j", 0.0) + m.get("energy-saved-j", 0.0)
+        tot["deadline-misses"] = tot.get("deadline-misses", 0) + int(m.get("deadline-miss", 0.0))
 
     def _print_round(self, report: RoundReport, row: RoundRow) -> None:
         choices = sorted(
@@ -198,7 +219,14 @@ class RunRecorder:
         )
         if over:
             line += f"  [red]{over} over cap[/red]"
+        if row.deadline_s is not None:
+            line += (
+                f"  deadline {row.deadline_s:.1f} s, saved {row.energy_saved_j:.1f} J, "
+                f"misses {row.deadline_misses}"
+            )
         self.console.print(line)
+        for w in row.warnings:
+            self.console.print(f"           [yellow]warning[/yellow] {w}")
         if choices != self._last_choices:  # (b*, f*) per node: shown when they change
             self.console.print(f"           (b*, f*): {', '.join(choices)}", style="dim")
             self._last_choices = choices
@@ -223,6 +251,10 @@ class RunRecorder:
             "device-train-time-s": self.train_time_s,
             "device-profile-time-s": self.profile_time_s,
             "profile-share": self.profile_time_s / device_time_s if device_time_s else 0.0,
+            "pacing": self.pacing,
+            "fleet-energy-saved-j": self.energy_saved_j,
+            "deadline-misses": self.deadline_misses,
+            "drift-reprofiles": self.drift_reprofiles,
             "nodes": self.node_totals,
             "run-dir": str(self.run_dir),
         }
@@ -282,4 +314,11 @@ class RunRecorder:
             f"{summ['device-profile-time-s'] + summ['device-train-time-s']:.1f} s device time "
             f"({100 * summ['profile-share']:.1f}%)"
         )
+        if summ.get("pacing", "off") != "off":
+            self.console.print(
+                f"pacing ({summ['pacing']}): {summ['fleet-energy-saved-j']:.1f} J saved against "
+                f"running every node at f*, {summ['deadline-misses']} deadline misses"
+            )
+        if summ.get("drift-reprofiles"):
+            self.console.print(f"drift checks re-profiled {summ['drift-reprofiles']} time(s)")
         self.console.print(f"results: {summ['run-dir']}")

@@ -26,10 +26,17 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
     torch.manual_seed(settings.seed)
     cache_dir = resolve_path(settings.cache_dir)
     run_dir = new_run_dir(settings.output_dir, settings.method)
-    rec = RunRecorder(run_dir, method=settings.method, target_accuracy=settings.target_accuracy)
+    rec = RunRecorder(
+        run_dir,
+        method=settings.method,
+        target_accuracy=settings.target_accuracy,
+        pacing=settings.pacing,
+    )
     rec.console.print(
         f"[bold]powerfl[/bold] method={settings.method} model={settings.model} "
-        f"rounds≤{settings.num_rounds} target={settings.target_accuracy:.2f} → {run_dir}"
+        f"rounds≤{settings.num_rounds} target={settings.target_accuracy:.2f} "
+        + (f"pacing={settings.pacing} " if settings.pacing != "off" else "")
+        + f"→ {run_dir}"
     )
     rec.write("settings.json", {**{k: v for k, v in vars(settings).items()}})
 
@@ -96,6 +103,8 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
         fraction_train=settings.fraction_train,
         min_train_nodes=settings.min_train_nodes,
         min_available_nodes=settings.min_train_nodes,
+        pacing=settings.pacing,
+        pacing_deadline_s=settings.pacing_deadline_s,
     )
     strategy.query_fleet(grid, settings.round_timeout_s)
     rec.write(

@@ -51,6 +51,19 @@ class RoundReport:
 
     server_round: int
     nodes: list[NodeReport]
+    #: Deadline sent to the nodes this round (pacing), None without one.
+    deadline_s: float | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def deadline_misses(self) -> int:
+        """Nodes whose local training took longer than the round's deadline."""
+        return sum(int(n.metrics.get("deadline-miss", 0.0)) for n in self.ok_nodes)
+
+    @property
+    def energy_saved_j(self) -> float:
+        """Sum of the nodes' ``energy-saved-j`` (pacing against running at f*)."""
+        return sum(n.metrics.get("energy-saved-j", 0.0) for n in self.ok_nodes)
 
     @property
     def ok_nodes(self) -> list[NodeReport]:
@@ -102,6 +115,12 @@ class PowerAwareFedAvg(FedAvg):
         Called with each ``RoundReport`` and the server-side evaluation of the new global
         model (the results writer).
     fraction_train, min_train_nodes : see ``FedAvg``.
+    pacing : str
+        ``off`` or ``deadline``: from round 2 each node gets a ``deadline-s`` (and its own
+        ``time-calibration``, measured / LUT-predicted time of its last round).
+    pacing_deadline_s : float
+        A fixed deadline in seconds (> 0), or 0: the largest ``fastest-time-s`` (a node's
+        local time at its f*) the round's nodes reported last.
     """
 
     def __init__(
@@ -116,6 +135,8 @@ class PowerAwareFedAvg(FedAvg):
         fraction_train: float = 1.0,
         min_train_nodes: int = 2,
         min_available_nodes: int = 2,
+        pacing: str = "off",
+        pacing_deadline_s: float = 0.0,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -135,6 +156,24 @@ class PowerAwareFedAvg(FedAvg):
         self.query_failures: dict[int, str] = {}
         self.rounds: list[RoundReport] = []
         self._sent_to: dict[str, int] = {}  # message id -> node it was sent to
+        if pacing not in ("off", "deadline"):
+            raise ValueError(f"pacing: unknown value {pacing!r}; allowed: off, deadline")
+        if not (pacing_deadline_s >= 0 and math.isfinite(pacing_deadline_s)):
+            raise ValueError(f"pacing-deadline-s: must be a number ≥ 0, got {pacing_deadline_s}")
+        self.pacing = pacing
+        self.pacing_deadline_s = float(pacing_deadline_s)
+        self.fastest_time_s: dict[int, float] = {}  # node -> last reported time at f*
+        self.time_calibration: dict[int, float] = {}  # node -> measured / predicted time
+        self._deadline_s: float | None = None
+
+    def deadline_for(self, node_ids: list[int]) -> float | None:
+        """This round's deadline for ``node_ids`` (None: pacing off or nothing reported yet)."""
+        if self.pacing != "deadline":
+            return None
+        if self.pacing_deadline_s > 0:
+            return self.pacing_deadline_s
+        known = [self.fastest_time_s[n] for n in node_ids if n in self.fastest_time_s]
+        return max(known) if known else None
 
     def _node_of(self, reply: Message) -> int:
         """The node a reply answers for.
@@ -202,8 +241,13 @@ class PowerAwareFedAvg(FedAvg):
 
             node_ids = sorted(random.sample(available, sample_size))
         messages = []
+        self._deadline_s = self.deadline_for(node_ids) if server_round > 1 else None
         for node_id in node_ids:
             b_node, r_node = self.node_batch_sizes(node_id)
+            pacing: dict[str, float] = {}
+            if self._deadline_s is not None:
+                pacing["deadline-s"] = self._deadline_s
+                pacing["time-calibration"] = self.time_calibration.get(node_id, 1.0)
             node_cfg = ConfigRecord(
                 {
                     **dict(config),
@@ -212,6 +256,7 @@ class PowerAwareFedAvg(FedAvg):
                     "method": self.method,
                     "batch-sizes": b_node,
                     "r": r_node,
+                    **pacing,
                 }
             )
             content = RecordDict({"arrays": arrays, "config": node_cfg})
@@ -254,12 +299,28 @@ class PowerAwareFedAvg(FedAvg):
                 continue
             reports.append(NodeReport(server_round, node_id, name, device, True, metrics))
             good.append(msg.content)
-        report = RoundReport(server_round, reports)
+            self._remember_pacing(node_id, metrics)
+        report = RoundReport(server_round, reports, deadline_s=self._deadline_s)
+        ok = report.ok_nodes
+        if self._deadline_s is not None and ok and report.deadline_misses == len(ok):
+            key = "pacing-deadline-s" if self.pacing_deadline_s > 0 else "pacing"
+            fastest = min(n.metrics.get("fastest-time-s", math.inf) for n in ok)
+            warning = (
+                f"{key}: every node missed round {server_round}'s deadline of "
+                f"{self._deadline_s:.1f} s (the fastest node needs {fastest:.1f} s at f*); "
+                "they ran at f*"
+                + (
+                    "; raise pacing-deadline-s or set it to 0 (from the slowest node)"
+                    if self.pacing_deadline_s > 0
+                    else ""
+                )
+            )
+            log.warning(warning)
+            report.warnings.append(warning)
         self.rounds.append(report)
         if not good:
             return None, None
         arrays = aggregate_arrayrecords(good, self.weighted_by_key)
-        ok = report.ok_nodes
         agg = MetricRecord(
             {
                 "round-time-s": report.round_time_s,
@@ -270,6 +331,15 @@ class PowerAwareFedAvg(FedAvg):
             }
         )
         return arrays, agg
+
+    def _remember_pacing(self, node_id: int, metrics: dict[str, float]) -> None:
+        """Keep what the next round's deadline and the node's calibration come from."""
+        fastest = metrics.get("fastest-time-s")
+        if fastest is not None and math.isfinite(fastest) and fastest > 0:
+            self.fastest_time_s[node_id] = fastest
+        predicted = metrics.get("predicted-time-s")
+        if predicted is not None and predicted > 0 and metrics["train-time-s"] > 0:
+            self.time_calibration[node_id] = metrics["train-time-s"] / predicted
 
     # ----------------------------------------------------------------------------- loop
     def run(

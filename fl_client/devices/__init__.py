@@ -12,7 +12,7 @@ import math
 import os
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fl_client.devices.base import (
@@ -54,6 +54,18 @@ class DeviceOptions:
     replay_table: str | None = None
     nvml_index: int = 0
     lock_clocks: bool | None = None  # nvml: None = when root, False = measure-only
+    #: Simulated drift of the twin (off by default), e.g. thermal throttling or a busy
+    #: neighbour process: from round ``twin_drift_from_round`` on, every step takes
+    #: ``twin_slowdown`` times longer and draws ``twin_extra_power_w`` more.
+    twin_slowdown: float = 1.0
+    twin_extra_power_w: float = 0.0
+    twin_drift_from_round: int = 1
+
+    def at_round(self, server_round: int) -> DeviceOptions:
+        """These options as they apply in ``server_round`` (the twin's drift off before it)."""
+        if server_round >= self.twin_drift_from_round:
+            return self
+        return replace(self, twin_slowdown=1.0, twin_extra_power_w=0.0)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> DeviceOptions:
@@ -96,7 +108,27 @@ class DeviceOptions:
             raise ValueError(
                 f"nvml-index: expected an integer, got {config.get('nvml-index')!r}"
             ) from None
+        slowdown = number("twin-slowdown", 1.0)
+        if slowdown < 1.0:
+            raise ValueError(f"twin-slowdown: must be ≥ 1 (a step-time factor), got {slowdown!r}")
+        extra_raw = config.get("twin-extra-power-w", 0.0)
+        try:
+            extra_w = float(extra_raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"twin-extra-power-w: expected W ≥ 0, got {extra_raw!r}") from None
+        if not (0.0 <= extra_w < math.inf):
+            raise ValueError(f"twin-extra-power-w: expected W ≥ 0, got {extra_raw!r}")
+        from_raw = config.get("twin-drift-from-round", 1)
+        try:
+            from_round = int(from_raw)
+        except (TypeError, ValueError):
+            from_round = 0
+        if isinstance(from_raw, bool) or from_round < 1:
+            raise ValueError(f"twin-drift-from-round: expected an integer ≥ 1, got {from_raw!r}")
         return cls(
+            twin_slowdown=slowdown,
+            twin_extra_power_w=extra_w,
+            twin_drift_from_round=from_round,
             sysfs_root=text("sysfs-root") or "/",
             state_dir=text("state-dir"),
             power_source=power_source,
@@ -122,7 +154,12 @@ def _open_backend(kind: str, backend: str, seed: int, options: DeviceOptions) ->
     if backend == "simulated":
         from fl_client.devices.simulated import SimulatedDevice, load_device_spec
 
-        return SimulatedDevice(load_device_spec(kind), seed=seed)
+        return SimulatedDevice(
+            load_device_spec(kind),
+            seed=seed,
+            slowdown=options.twin_slowdown,
+            extra_power_w=options.twin_extra_power_w,
+        )
     if backend == "jetson":
         from fl_client.devices.jetson import JetsonDevice
 

@@ -654,9 +654,29 @@ class SimulatedDevice(CapGuarded):
         Seed of the sensor and timing noise; the same seed and calls give the same numbers.
     noise : bool
         False: every step reports the noiseless model.
+    slowdown : float
+        Drift knob (≥ 1, default 1 = none): every step takes this many times longer than
+        the model says, as under thermal throttling or a busy neighbour process.
+    extra_power_w : float
+        Drift knob (≥ 0, default 0): power drawn on the rail beyond the model (peak and
+        average), e.g. by a neighbour process.
     """
 
-    def __init__(self, spec: DeviceSpec, seed: int = 0, noise: bool = True) -> None:
+    def __init__(
+        self,
+        spec: DeviceSpec,
+        seed: int = 0,
+        noise: bool = True,
+        *,
+        slowdown: float = 1.0,
+        extra_power_w: float = 0.0,
+    ) -> None:
+        if not (1.0 <= slowdown < math.inf):
+            raise ValueError(f"twin-slowdown: must be ≥ 1, got {slowdown!r}")
+        if not (0.0 <= extra_power_w < math.inf):
+            raise ValueError(f"twin-extra-power-w: must be ≥ 0 W, got {extra_power_w!r}")
+        self._slowdown = float(slowdown)
+        self._extra_power_w = float(extra_power_w)
         self._spec = spec
         self._seed = seed
         self._noise = noise
@@ -716,6 +736,7 @@ class SimulatedDevice(CapGuarded):
         t = step_time_s(spec, batch_size, f, flops) * self._factor(spec.time_noise)
         peak = power_w(spec, batch_size, f, flops) * self._factor(spec.power_noise)
         avg = avg_power_w(spec, batch_size, f, flops) * self._factor(spec.power_noise)
+        t, peak, avg = t * self._slowdown, peak + self._extra_power_w, avg + self._extra_power_w
         return StepRecord(int(batch_size), f, t, peak, min(avg, peak))
 
     @contextmanager

@@ -62,3 +62,29 @@ def test_records_accumulate_and_time_to_target(tmp_path):
     on_disk = json.loads((run_dir / "summary.json").read_text())
     assert on_disk["final-accuracy"] == 0.9 and not math.isnan(on_disk["sim-time-s"])
     assert "target 0.80 reached in round 2" in out.getvalue()
+
+
+def test_pacing_totals_in_rounds_and_summary(tmp_path):
+    run_dir = new_run_dir(tmp_path, "power-aware")
+    out = io.StringIO()
+    rec = RunRecorder(
+        run_dir,
+        method="power-aware",
+        target_accuracy=0.9,
+        console=Console(file=out),
+        pacing="deadline",
+    )
+    rec.initial_eval({"accuracy": 0.1, "loss": 2.3})
+    rec.record_round(RoundReport(1, [_node(1, "a", 10, 50)]), {"accuracy": 0.5, "loss": 1.0})
+    a, b = _node(2, "a", 10, 40), _node(2, "b", 12, 60)
+    a.metrics.update({"deadline-miss": 0.0, "energy-saved-j": 7.5})
+    b.metrics.update({"deadline-miss": 1.0, "energy-saved-j": 0.0})
+    report = RoundReport(2, [a, b], deadline_s=11.0, warnings=["pacing: w"])
+    row = rec.record_round(report, {"accuracy": 0.6, "loss": 0.9})
+    assert row.deadline_s == 11.0 and row.deadline_misses == 1 and row.energy_saved_j == 7.5
+    summ = rec.finish()
+    assert summ["pacing"] == "deadline" and summ["fleet-energy-saved-j"] == 7.5
+    assert summ["deadline-misses"] == 1 and summ["nodes"]["a"]["energy-saved-j"] == 7.5
+    rounds = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    assert rounds[1]["deadline_s"] == 11.0 and rounds[1]["warnings"] == ["pacing: w"]
+    assert "7.5 J saved" in out.getvalue() and "warning" in out.getvalue()

@@ -1,0 +1,258 @@
+"""Issue 7 on the node: deadline-aware pacing, cap schedules and LUT drift checks."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fl_client.node import plan_pacing, train_node
+from fl_client.profiler import LUT, LUTFormatError, merge_cells
+from fl_client.settings import RunSettings, SettingsError, load_fleet, parse_p_max_schedule
+from fl_client.task import build_model
+
+FREQS = (100.0, 200.0, 300.0, 400.0)
+
+
+def _lut(time_row, peak_row, avg_row, cap=None) -> LUT:
+    return LUT(
+        device_kind="jetson-nano",
+        backend="simulated",
+        model_name="cnn",
+        input_shape=(1, 8, 8),
+        batch_sizes=(16,),
+        freqs_mhz=FREQS,
+        time_per_sample_s=np.array([time_row], dtype=float),
+        peak_power_w=np.array([peak_row], dtype=float),
+        avg_power_w=np.array([avg_row], dtype=float),
+        p_max_w=cap,
+    )
+
+
+# time per sample falls with f; energy per sample (avg × time) is least at 200 MHz
+TIME = [4.0, 2.0, 1.5, 1.25]
+AVG = [2.0, 3.0, 5.0, 8.0]  # energy per sample: 8, 6, 7.5, 10
+PEAK = [2.5, 3.5, 5.5, 8.5]
+
+
+def test_pacing_picks_least_energy_frequency_that_meets_the_deadline():
+    lut = _lut(TIME, PEAK, AVG)
+    plan = plan_pacing(lut, 16, 400.0, math.inf, samples=10, deadline_s=100.0, margin=0.0)
+    assert plan.freq_mhz == 200.0  # 20 s, 60 J; 100 MHz would be 80 J
+    assert plan.meets_deadline
+    assert plan.predicted_energy_j == pytest.approx(60.0)
+    assert plan.fastest_time_s == pytest.approx(12.5)
+    assert plan.fastest_energy_j == pytest.approx(100.0)
+
+
+def test_pacing_keeps_deadline_margin_and_falls_back_to_f_star():
+    lut = _lut(TIME, PEAK, AVG)
+    # 20 s at 200 MHz does not fit 21 s minus a 10% margin: 300 MHz (15 s, 75 J) does
+    tight = plan_pacing(lut, 16, 400.0, math.inf, samples=10, deadline_s=21.0, margin=0.1)
+    assert tight.freq_mhz == 300.0
+    # nothing meets 5 s: run at f*, reported as not meeting
+    miss = plan_pacing(lut, 16, 400.0, math.inf, samples=10, deadline_s=5.0)
+    assert miss.freq_mhz == 400.0 and not miss.meets_deadline
+    # no deadline (round 1): f*
+    assert plan_pacing(lut, 16, 400.0, math.inf, samples=10, deadline_s=None).freq_mhz == 400.0
+
+
+def test_pacing_never_goes_above_f_star_nor_over_the_cap():
+    lut = _lut(TIME, PEAK, AVG, cap=6.0)
+    # f* = 300 MHz under the 6 W cap; 400 MHz is faster but above f* and the cap
+    plan = plan_pacing(lut, 16, 300.0, 6.0, samples=10, deadline_s=1000.0)
+    assert plan.freq_mhz == 200.0
+    fast = plan_pacing(lut, 16, 300.0, 6.0, samples=10, deadline_s=16.0, margin=0.0)
+    assert fast.freq_mhz == 300.0
+    # calibration scales the predicted times: 1.5 × 15 s = 22.5 s misses 20 s
+    slow = plan_pacing(lut, 16, 300.0, 6.0, 10, 20.0, margin=0.0, time_calibration=1.5)
+    assert slow.freq_mhz == 300.0 and not slow.meets_deadline
+
+
+def test_merge_cells_fills_or_overwrites():
+    base = _lut(
+        [4.0, 2.0, math.nan, math.nan],
+        [2.5, 3.5] + [math.nan] * 2,
+        [2, 3] + [math.nan] * 2,
+        cap=4.0,
+    )
+    extra = _lut([5.0, 2.5, 1.5, math.nan], [2.6, 3.6, 5.5, math.nan], [2, 3, 5, math.nan], cap=6.0)
+    filled = merge_cells(base, extra, overwrite=False)
+    assert filled.time_per_sample_s[0].tolist()[:3] == [4.0, 2.0, 1.5]
+    assert math.isnan(filled.time_per_sample_s[0, 3]) and filled.p_max_w == 4.0
+    fresh = merge_cells(base, extra, overwrite=True)
+    assert fresh.time_per_sample_s[0].tolist()[:3] == [5.0, 2.5, 1.5]
+    other = LUT(**{**_lut_kwargs(base), "freqs_mhz": (1.0, 2.0, 3.0, 4.0)})
+    with pytest.raises(LUTFormatError, match="freqs-mhz"):
+        merge_cells(base, other, overwrite=True)
+
+
+def _lut_kwargs(lut: LUT) -> dict:
+    return {
+        k: getattr(lut, k)
+        for k in (
+            "device_kind",
+            "backend",
+            "model_name",
+            "input_shape",
+            "batch_sizes",
+            "freqs_mhz",
+            "time_per_sample_s",
+            "peak_power_w",
+            "avg_power_w",
+            "p_max_w",
+        )
+    }
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def test_pacing_settings_are_validated_with_the_key():
+    assert RunSettings.from_config({}).pacing == "off"
+    s = RunSettings.from_config({"pacing": "deadline", "drift-check-every": 2})
+    assert s.pacing == "deadline" and s.drift_check_every == 2 and s.drift_threshold == 0.15
+    with pytest.raises(
+        SettingsError, match=r"pacing: unknown value 'fast'; allowed: off, deadline"
+    ):
+        RunSettings.from_config({"pacing": "fast"})
+    with pytest.raises(SettingsError, match="pacing-margin"):
+        RunSettings.from_config({"pacing-margin": 1.5})
+    with pytest.raises(SettingsError, match="drift-check-every"):
+        RunSettings.from_config({"drift-check-every": -1})
+    with pytest.raises(SettingsError, match="drift-threshold"):
+        RunSettings.from_config({"drift-threshold": 0})
+
+
+def test_schedule_parses_steps_and_csv(tmp_path):
+    assert parse_p_max_schedule("1:7.0, 5:4.5 ,9:none", "n") == ((1, 7.0), (5, 4.5), (9, math.inf))
+    csv = tmp_path / "trace.csv"
+    csv.write_text("round,p-max-w\n1,7\n2,6.5\n3,none\n")
+    assert parse_p_max_schedule(str(csv), "n") == ((1, 7.0), (2, 6.5), (3, math.inf))
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        ("2:7.0,5:4.5", "must start at round 1"),
+        ("1:7.0,5:-4.5", r"p-max-schedule \(round 5\): must be > 0 W"),
+        ("1:7.0,5:lots", r"p-max-schedule \(round 5\): expected a number"),
+        ("1:7.0,x:4.5", "round 'x' is not an integer"),
+        ("1:7.0,5:4.5,5:4.0", "strictly ascending"),
+        ("1-7.0", "is not 'round:cap'"),
+    ],
+)
+def test_bad_schedules_name_node_and_key(value, match):
+    with pytest.raises(SettingsError, match=match) as err:
+        parse_p_max_schedule(value, "fleet f.toml node #2 (nano)")
+    assert "fleet f.toml node #2 (nano): p-max-schedule" in str(err.value)
+
+
+def test_csv_trace_with_gaps_is_refused(tmp_path):
+    csv = tmp_path / "trace.csv"
+    csv.write_text("round,p-max-w\n1,7\n2,6.5\n5,4.5\n")
+    with pytest.raises(SettingsError, match=r"gaps: rounds \[3, 4\] are missing"):
+        parse_p_max_schedule(str(csv), "node-config")
+
+
+def test_fleet_schedule_and_both_keys(tmp_path):
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(
+        '[[node]]\nname = "solar"\ndevice = "jetson-nano"\np-max-schedule = "1:7,3:4.5"\n'
+        "count = 2\n"
+    )
+    nodes = load_fleet(fleet)
+    assert [nodes[0].p_max_at(r) for r in (1, 2, 3, 9)] == [7.0, 7.0, 4.5, 4.5]
+    assert nodes[1].scheduled_caps_w == (4.5, 7.0) and "p-max-schedule" not in nodes[1].options
+    fleet.write_text(
+        '[[node]]\nname = "solar"\ndevice = "jetson-nano"\np-max-w = 5\np-max-schedule = "1:7"\n'
+    )
+    with pytest.raises(SettingsError, match=r"\(solar\): p-max-w and p-max-schedule"):
+        load_fleet(fleet)
+
+
+# --------------------------------------------------------------------------- train_node
+
+NODE = {"device": "jetson-nano", "backend": "simulated", "partition-id": 0, "num-partitions": 4}
+CFG = {
+    "method": "power-aware",
+    "batch-sizes": [8, 16, 32, 64],
+    "r": [0.4, 0.5, 0.7, 1.0],
+    "local-epochs": 1,
+    "model": "cnn",
+}
+
+
+def _run(tmp_path, **over):
+    return {"cache-dir": str(tmp_path / "cache"), "output-dir": str(tmp_path / "runs"), **over}
+
+
+def test_paced_node_reports_deadline_slack_and_saving(tmp_path):
+    run = _run(tmp_path, pacing="deadline")
+    node = {**NODE, "p-max-w": 7.0}
+    state = build_model("cnn").state_dict()
+    _, m1, _ = train_node(run, node, {**CFG, "server-round": 1}, state)
+    # round 1: f*, profiled (the b* row too), no deadline yet
+    assert m1["gpu-freq-mhz"] == m1["f-star-mhz"] and m1["profile-time-s"] > 0
+    assert m1["fastest-time-s"] == pytest.approx(m1["train-time-s"])
+    assert "deadline-s" not in m1 and m1["energy-saved-j"] == 0.0
+    # a generous deadline: slower frequency, no miss, energy saved, nothing profiled
+    deadline = 3 * m1["fastest-time-s"]
+    _, m2, _ = train_node(run, node, {**CFG, "server-round": 2, "deadline-s": deadline}, state)
+    assert m2["batch-size"] == m1["batch-size"]
+    assert m2["gpu-freq-mhz"] < m2["f-star-mhz"] == m1["f-star-mhz"]
+    assert m2["deadline-s"] == deadline and m2["deadline-miss"] == 0.0
+    assert m2["slack-s"] == pytest.approx(deadline - m2["train-time-s"])
+    assert m2["energy-saved-j"] > 0 and m2["profile-time-s"] == 0.0
+    # an impossible deadline: f*, reported as a miss with negative slack
+    tiny = m1["fastest-time-s"] / 4
+    _, m3, _ = train_node(run, node, {**CFG, "server-round": 3, "deadline-s": tiny}, state)
+    assert m3["gpu-freq-mhz"] == m3["f-star-mhz"]
+    assert m3["deadline-miss"] == 1.0 and m3["slack-s"] < 0
+
+
+def test_unpaced_node_ignores_deadline_and_has_no_pacing_metrics(tmp_path):
+    node = {**NODE, "p-max-w": 7.0}
+    state = build_model("cnn").state_dict()
+    _, m, _ = train_node(
+        _run(tmp_path), node, {**CFG, "server-round": 2, "deadline-s": 99.0}, state
+    )
+    assert "deadline-s" not in m and "energy-saved-j" not in m
+
+
+def test_cap_schedule_reselects_from_cache_and_skips_infeasible_rounds(tmp_path):
+    run = _run(tmp_path)
+    node = {**NODE, "p-max-schedule": "1:7.0,2:4.5,3:1.0,4:none"}
+    state = build_model("cnn").state_dict()
+    _, m1, _ = train_node(run, node, {**CFG, "server-round": 1}, state)
+    assert m1["p-max-w"] == 7.0 and m1["peak-power-w"] < 7.0 and m1["profile-time-s"] > 0
+    _, m2, _ = train_node(run, node, {**CFG, "server-round": 2}, state)
+    assert m2["p-max-w"] == 4.5 and m2["peak-power-w"] < 4.5
+    assert m2["profile-time-s"] == 0.0  # every cap of the schedule was profiled in round 1
+    assert m2["gpu-freq-mhz"] < m1["gpu-freq-mhz"] or m2["batch-size"] < m1["batch-size"]
+    with pytest.raises(RuntimeError, match=r"p-max-schedule: no configuration fits round 3's"):
+        train_node(run, node, {**CFG, "server-round": 3}, state)
+    _, m4, _ = train_node(run, node, {**CFG, "server-round": 4}, state)
+    assert math.isinf(m4["p-max-w"]) and m4["profile-time-s"] == 0.0
+
+
+def test_drift_check_reprofiles_only_when_the_twin_drifts(tmp_path):
+    run = _run(tmp_path, **{"drift-check-every": 1, "drift-threshold": 0.15})
+    node = {**NODE, "p-max-w": 7.0, "twin-drift-from-round": 3}
+    node.update({"twin-slowdown": 1.5, "twin-extra-power-w": 2.0})  # throttled, busy
+    state = build_model("cnn").state_dict()
+    _, m1, _ = train_node(run, node, {**CFG, "server-round": 1}, state)
+    assert "drift-reprofiled" not in m1  # the LUT was just profiled
+    _, m2, _ = train_node(run, node, {**CFG, "server-round": 2}, state)
+    assert m2["drift-reprofiled"] == 0.0 and m2["drift-deviation"] < 0.15
+    _, m3, _ = train_node(run, node, {**CFG, "server-round": 3}, state)
+    assert m3["drift-reprofiled"] == 1.0 and m3["drift-deviation"] > 0.3
+    assert m3["profile-time-s"] > 0 and "drift-freq-mhz" in m3
+    # the cache now holds the drifted row: the next check agrees with it
+    _, m4, _ = train_node(run, node, {**CFG, "server-round": 4}, state)
+    assert m4["drift-reprofiled"] == 0.0 and m4["drift-deviation"] < 0.15
+    # +2 W makes the old (b*, f*) break the cap: the node re-selected and runs there
+    reselected = (m3["drift-batch-size"], m3["drift-freq-mhz"])
+    assert reselected != (m2["batch-size"], m2["gpu-freq-mhz"])
+    assert (m4["batch-size"], m4["gpu-freq-mhz"]) == reselected and m4["peak-power-w"] < 7.0

@@ -1,0 +1,84 @@
+"""End to end: pacing, a cap schedule and a drift check in one small simulated run."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+FLEET = """
+[[node]]
+name = "nano-solar"
+device = "jetson-nano"
+p-max-schedule = "1:7.0,3:4.5"
+
+[[node]]
+name = "tx2nx-hot"
+device = "jetson-tx2-nx"
+p-max-w = 7.0
+twin-slowdown = 1.6
+twin-drift-from-round = 2
+
+[[node]]
+name = "orin-free"
+device = "jetson-orin-nano"
+p-max-w = "none"
+"""
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_paced_run_with_cap_schedule_and_drift_check(tmp_path):
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(FLEET)
+    out = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "simulations", "simulate", "--methods", "power-aware"]
+    cmd += ["--fleet", str(fleet), "--rounds", "3", "--output-dir", str(out)]
+    for setting in (
+        f"cache-dir={json.dumps(str(tmp_path / 'cache'))}",
+        "target-accuracy=0.99",
+        "partitioning='iid'",
+        "pacing='deadline'",
+        "drift-check-every=2",
+    ):
+        cmd += ["-c", setting]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rounds = _read_jsonl(run_dir / "rounds.jsonl")
+    nodes = {(n["node-name"], n["server-round"]): n for n in _read_jsonl(run_dir / "nodes.jsonl")}
+
+    assert all(r["nodes_ok"] == 3 for r in rounds)
+    assert summary["final-accuracy"] > summary["initial-accuracy"] + 0.2
+    # pacing: round 1 has no deadline; from round 2 the slowest node's time at f*
+    assert rounds[0]["deadline_s"] is None
+    fastest_1 = max(nodes[(name, 1)]["fastest-time-s"] for name, _ in nodes if _ == 1)
+    assert rounds[1]["deadline_s"] == pytest.approx(fastest_1)
+    paced = [n for (name, rnd), n in nodes.items() if rnd > 1]
+    assert all(n["gpu-freq-mhz"] <= n["f-star-mhz"] for n in paced)
+    assert any(n["gpu-freq-mhz"] < n["f-star-mhz"] for n in paced)  # someone slowed down
+    assert summary["pacing"] == "deadline"
+    assert summary["fleet-energy-saved-j"] == pytest.approx(sum(n["energy-saved-j"] for n in paced))
+    assert summary["deadline-misses"] == sum(int(n["deadline-miss"]) for n in paced)
+    # cap schedule: 7 W, then 4.5 W from round 3, re-selected without profiling
+    solar = [nodes[("nano-solar", r)] for r in (1, 2, 3)]
+    assert [n["p-max-w"] for n in solar] == [7.0, 7.0, 4.5]
+    assert solar[2]["profile-time-s"] == 0.0 and solar[2]["peak-power-w"] < 4.5
+    # drift: the throttled TX2 is re-profiled at the round-2 check, the others are not
+    assert nodes[("tx2nx-hot", 2)]["drift-reprofiled"] == 1.0
+    assert nodes[("orin-free", 2)]["drift-reprofiled"] == 0.0
+    assert summary["drift-reprofiles"] >= 1
+    for n in nodes.values():
+        cap = math.inf if n["p-max-w"] in ("inf", "Infinity") else float(n["p-max-w"])
+        assert n["peak-power-w"] < cap, n
+    assert "J saved against running every node at f*" in proc.stdout
