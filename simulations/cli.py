@@ -238,6 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fl_client.cli_tools import add_device_commands  # devices, profile, select
 
     add_device_commands(sub)
+    from simulations.experiments.cli import add_experiment_commands  # experiment run/report
+
+    add_experiment_commands(sub)
     return parser
 
 

@@ -1,0 +1,156 @@
+"""``powerfl experiment run FILE`` and ``powerfl experiment report DIR``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from simulations.experiments.config import (
+    SCALES,
+    ExperimentConfigError,
+    SingleDeviceConfig,
+    load_experiment,
+)
+from simulations.experiments.records import write_json
+
+DATA_NOTE = (
+    "Data: scikit-learn's bundled digits (1,797 8×8 images) upsampled to 3×32×32 "
+    "(fl_client.task). Target `digits` = the 1,047-image client pool of "
+    "`load_digits_splits(0)`, split per seed 80/20 (stratified) into target-train / "
+    "target-test. Proxy `digits-rotated` = the 450 proxy images of the same function (disjoint "
+    "images: proxy-train 300, proxy-eval 150), each rotated by its own angle in "
+    "±`proxy-rotate-deg` and with N(0, `proxy-noise-std`²) noise on the standardised pixels "
+    "(fixed seed): a differently transformed copy of other digits. Models start from random "
+    "weights seeded per seed (the paper fine-tunes CIFAR100-pretrained weights; no "
+    "pretraining here). Device time, power and energy come from the digital twins in "
+    "configs/devices (models calibrated to the paper's Nano points; the TX2 NX twin's "
+    "coefficients are assumptions, see its TOML)."
+)
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("torch", "torchvision", "numpy", "scikit-learn", "matplotlib", "flwr", "rich"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = "not installed"
+    out["platform"] = platform.platform()
+    return out
+
+
+def default_out(cfg: SingleDeviceConfig) -> Path:
+    return Path("runs") / "experiments" / f"{cfg.name}-{cfg.scale}"
+
+
+def run_experiment(
+    path: str | Path,
+    *,
+    out: str | Path | None = None,
+    seeds: int | None = None,
+    scale: str = "mini",
+    progress: bool = True,
+    command: str | None = None,
+) -> Path:
+    """Run (or resume) the experiment file ``path``; write records and the report; return
+    the output folder."""
+    cfg = load_experiment(path, scale=scale, seeds=seeds)  # all validation before training
+    from simulations.experiments.datasets import study_data
+    from simulations.experiments.report import render
+    from simulations.experiments.single_device import _data_kwargs, run_study
+
+    out_dir = Path(out) if out is not None else default_out(cfg)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "experiment.toml").write_text(Path(path).read_text(encoding="utf-8"))
+    sizes = study_data(seed=0, **_data_kwargs(cfg)).sizes()
+    manifest: dict[str, Any] = {
+        "study": cfg.study,
+        "experiment-file": str(path),
+        "command": command or "powerfl " + shlex.join(sys.argv[1:]),
+        "config": cfg.to_dict(),
+        "config-key": cfg.key(),
+        "data-sizes": sizes,
+        "data-note": DATA_NOTE,
+        "versions": _versions(),
+        "host": {"cpus": os.cpu_count()},
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "complete": False,
+    }
+    write_json(out_dir / "manifest.json", manifest)
+    t0 = time.perf_counter()
+    counts = run_study(cfg, out_dir, progress=progress)
+    manifest.update(
+        complete=True,
+        counts=counts,
+        **{"wall-s": time.perf_counter() - t0},
+        finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    write_json(out_dir / "manifest.json", manifest)
+    render(out_dir)
+    return out_dir
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    command = shlex.join(
+        ["powerfl", "experiment", "run", args.experiment, "--scale", args.scale]
+        + (["--out", args.out] if args.out else [])
+        + (["--seeds", str(args.seeds)] if args.seeds is not None else [])
+        + (["--no-progress"] if args.no_progress else [])
+    )
+    try:
+        out = run_experiment(
+            args.experiment,
+            command=command,
+            out=args.out,
+            seeds=args.seeds,
+            scale=args.scale,
+            progress=not args.no_progress,
+        )
+    except ExperimentConfigError as err:
+        print(f"powerfl experiment: error: {err}", file=sys.stderr)
+        return 2
+    print(f"report: {out / 'report.md'}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from simulations.experiments.report import ReportError, render
+
+    try:
+        path = render(Path(args.dir))
+    except ReportError as err:
+        print(f"powerfl experiment: error: {err}", file=sys.stderr)
+        return 2
+    print(f"report: {path}")
+    return 0
+
+
+def add_experiment_commands(sub: Any) -> None:
+    """Register ``experiment run`` / ``experiment report`` on the ``powerfl`` subparsers."""
+    p = sub.add_parser(
+        "experiment",
+        help="research experiments: run a study from a TOML file, render its report",
+        description="Run a study (configs/experiments/*.toml) with tables and plots, resumably.",
+    )
+    esub = p.add_subparsers(dest="experiment_command", required=True)
+    r = esub.add_parser("run", help="run (or resume) an experiment file")
+    r.add_argument(
+        "experiment", help="experiment file, e.g. configs/experiments/single-device.toml"
+    )
+    r.add_argument("--out", help="output folder (default: runs/experiments/NAME-SCALE)")
+    r.add_argument("--seeds", type=int, help="number of seeds (overrides the file)")
+    r.add_argument("--scale", choices=SCALES, default="mini", help="mini (default) or paper")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.set_defaults(func=cmd_run)
+    rep = esub.add_parser("report", help="re-render report.md and plots from saved records")
+    rep.add_argument("dir", help="an output folder of `powerfl experiment run`")
+    rep.set_defaults(func=cmd_report)

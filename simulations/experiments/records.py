@@ -1,0 +1,77 @@
+"""Raw records of an experiment: one JSON file per finished cell, written atomically.
+
+A record carries the ``key`` (sha256 of every input it depends on); a record whose key
+does not match, or that does not parse, is set aside (``<name>.stale-<UTC stamp>``) and the
+cell is computed again. That makes a run resumable: rerunning the same command skips every
+cell whose record is on disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def digest(payload: Any) -> str:
+    """sha256 (hex) of a JSON-serialisable payload (keys sorted)."""
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _clean(x: Any) -> Any:
+    """JSON-safe copy: NaN/inf floats become None, tuples become lists."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_clean(v) for v in x]
+    return x
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON through a temporary file and ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(_clean(data), fh, indent=1, allow_nan=False)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_record(path: Path, key: str) -> dict[str, Any] | None:
+    """The record at ``path`` if it exists, parses and has ``key``; else None (set aside)."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or data.get("key") != key:
+            raise ValueError("key does not match the current settings")
+        return data
+    except (ValueError, OSError) as exc:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+        aside = path.with_name(f"{path.name}.stale-{stamp}")
+        log.warning("record %s is stale or corrupt (%s): moved to %s", path, exc, aside.name)
+        with contextlib.suppress(OSError):
+            path.replace(aside)
+        return None
+
+
+def load_all(folder: Path) -> list[dict[str, Any]]:
+    """Every ``*.json`` record under ``folder`` (sorted by path)."""
+    if not folder.is_dir():
+        return []
+    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.rglob("*.json"))]
