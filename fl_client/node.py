@@ -75,6 +75,16 @@ def _open(ctx: NodeContext, server_round: int = 0) -> Device:
     )
 
 
+def idle_power_w(device: Device) -> float:
+    """The board's idle power in W where the backend knows it (the twin's descriptor), else NaN.
+
+    It prices the time a node waits for the slowest one at the end of a synchronous round.
+    """
+    spec = getattr(device, "spec", None)
+    value = getattr(spec, "idle_power_w", None)
+    return float(value) if isinstance(value, (int, float)) else math.nan
+
+
 def _workload(model_name: str) -> Workload:
     return Workload(
         model_name=model_name,
@@ -209,6 +219,7 @@ def plan_pacing(
     *,
     margin: float = 0.05,
     time_calibration: float = 1.0,
+    idle_power_w: float = 0.0,
 ) -> PacePlan:
     """Deadline-aware pacing: the frequency of least predicted energy that meets the deadline.
 
@@ -218,6 +229,11 @@ def plan_pacing(
     when its predicted time is ≤ ``deadline_s × (1 − margin)``; among those the one with the
     least predicted energy (LUT average power × time) wins. Without a deadline, or when no
     candidate meets it, the node runs at f* (its fastest).
+
+    In a synchronous round a node that finishes early idles until the round ends, so its
+    energy over the round is ``(P_avg(f) − P_idle) · t(f) + P_idle · T`` with T the round's
+    length: the frequency chosen minimises ``(P_avg − idle_power_w) · t``. With
+    ``idle_power_w`` 0 (unknown) that is the training energy alone.
     """
     i = lut.batch_sizes.index(batch_size)
     j_star = _freq_index(lut.freqs_mhz, f_star_mhz)
@@ -240,12 +256,15 @@ def plan_pacing(
     def energy_j(j: int) -> float:
         return float(row_avg[j]) * time_s(j)
 
+    def energy_above_idle_j(j: int) -> float:
+        return (float(row_avg[j]) - idle_power_w) * time_s(j)
+
     chosen, meets = j_star, deadline_s is None
     if deadline_s is not None:
         budget_s = deadline_s * (1.0 - margin)
         meeting = [j for j in cands if time_s(j) <= budget_s]
         if meeting:
-            chosen, meets = min(meeting, key=lambda j: (energy_j(j), -j)), True
+            chosen, meets = min(meeting, key=lambda j: (energy_above_idle_j(j), -j)), True
         else:
             meets = time_s(j_star) <= deadline_s
     return PacePlan(
@@ -482,6 +501,7 @@ def train_node(
         seed=s.seed,
     )
     device = _open(ctx, server_round)
+    idle_w = idle_power_w(device)
     pace: PacePlan | None = None
     drift: DriftCheck | None = None
     try:
@@ -540,6 +560,7 @@ def train_node(
                 deadline_s,
                 margin=s.pacing_margin,
                 time_calibration=time_calibration,
+                idle_power_w=0.0 if math.isnan(idle_w) else idle_w,
             )
             run_freq_mhz = pace.freq_mhz
 
@@ -586,6 +607,8 @@ def train_node(
         "energy-j": m.energy_j,
         "avg-power-w": m.avg_power_w,
         "peak-power-w": m.peak_power_w,
+        # Board power when idle (NaN: unknown), for the energy spent waiting for the round
+        "idle-power-w": idle_w,
         "p-max-w": p_max_w,
         "batch-size": float(choice.batch_size),
         "gpu-freq-mhz": float(run_freq_mhz),
@@ -603,7 +626,16 @@ def train_node(
             else choice.time_per_sample_s * result.samples
         )
     if pace is not None:
-        metrics.update(_pacing_metrics(pace, choice.freq_mhz, m.time_s, m.energy_j, deadline_s))
+        metrics.update(
+            _pacing_metrics(
+                pace,
+                choice.freq_mhz,
+                m.time_s,
+                m.energy_j,
+                deadline_s,
+                idle_power_w=0.0 if math.isnan(idle_w) else idle_w,
+            )
+        )
     if drift is not None:
         metrics["drift-deviation"] = drift.deviation
         metrics["drift-reprofiled"] = float(drift.reprofiled)
@@ -626,8 +658,13 @@ def _pacing_metrics(
     time_s: float,
     energy_j: float,
     deadline_s: float | None,
+    idle_power_w: float = 0.0,
 ) -> dict[str, float]:
     """Per-round pacing report.
+
+    ``energy-saved-j`` counts the whole round: running at f* would have finished sooner and
+    then idled at ``idle_power_w`` for the difference, so the saving is
+    ``E(f*) − E(f) + P_idle · (t(f) − t(f*))`` (0 W: training energy alone).
 
     ``fastest-time-s`` (the node's local time at f*) and ``energy-saved-j`` (energy at f*
     minus the measured energy) scale the LUT's prediction at f* by how the measurement at
@@ -637,10 +674,14 @@ def _pacing_metrics(
     """
     time_ratio = time_s / pace.predicted_time_s if pace.predicted_time_s > 0 else 1.0
     energy_ratio = energy_j / pace.predicted_energy_j if pace.predicted_energy_j > 0 else 1.0
+    fastest_time_s = pace.fastest_time_s * time_ratio
+    saved_j = (
+        pace.fastest_energy_j * energy_ratio - energy_j + idle_power_w * (time_s - fastest_time_s)
+    )
     out = {
         "f-star-mhz": float(f_star_mhz),
-        "fastest-time-s": pace.fastest_time_s * time_ratio,
-        "energy-saved-j": pace.fastest_energy_j * energy_ratio - energy_j,
+        "fastest-time-s": fastest_time_s,
+        "energy-saved-j": 0.0 if pace.freq_mhz == f_star_mhz else saved_j,
     }
     if deadline_s is not None:
         out["deadline-s"] = deadline_s

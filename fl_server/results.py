@@ -55,6 +55,9 @@ class RoundRow:
     sim_time_s: float
     round_energy_j: float
     fleet_energy_j: float
+    # Idle energy of the nodes waiting for the slowest one (this round / cumulative)
+    round_wait_energy_j: float
+    fleet_wait_energy_j: float
     nodes_ok: int
     nodes_failed: int
     failed: list[str] = field(default_factory=list)
@@ -103,6 +106,8 @@ class RunRecorder:
         self.initial: dict[str, float] = {}
         self.sim_time_s = 0.0
         self.fleet_energy_j = 0.0
+        self.fleet_wait_energy_j = 0.0
+        self.wait_energy_to_target_j: float | None = None
         self.profile_time_s = 0.0
         self.train_time_s = 0.0
         self.node_totals: dict[str, dict[str, Any]] = {}
@@ -125,6 +130,7 @@ class RunRecorder:
         """Account one finished round, append its records and print its line."""
         self.sim_time_s += report.round_time_s
         self.fleet_energy_j += report.energy_j
+        self.fleet_wait_energy_j += report.wait_energy_j
         self.profile_time_s += report.profile_time_s
         self.train_time_s += report.train_time_s
         failed = [f"{n.node_name}: {n.error}" for n in report.nodes if not n.ok]
@@ -136,6 +142,8 @@ class RunRecorder:
             sim_time_s=self.sim_time_s,
             round_energy_j=report.energy_j,
             fleet_energy_j=self.fleet_energy_j,
+            round_wait_energy_j=report.wait_energy_j,
+            fleet_wait_energy_j=self.fleet_wait_energy_j,
             nodes_ok=len(report.ok_nodes),
             nodes_failed=len(failed),
             failed=failed,
@@ -156,6 +164,7 @@ class RunRecorder:
         if self.time_to_target_s is None and row.accuracy >= self.target_accuracy:
             self.time_to_target_s = self.sim_time_s
             self.energy_to_target_j = self.fleet_energy_j
+            self.wait_energy_to_target_j = self.fleet_wait_energy_j
             self.round_to_target = row.server_round
         self._print_round(report, row)
         return row
@@ -248,6 +257,9 @@ class RunRecorder:
             "fleet-energy-to-target-j": self.energy_to_target_j,
             "sim-time-s": self.sim_time_s,
             "fleet-energy-j": self.fleet_energy_j,
+            # Idle energy while waiting for the slowest node (not in fleet-energy-j)
+            "fleet-wait-energy-j": self.fleet_wait_energy_j,
+            "fleet-wait-energy-to-target-j": self.wait_energy_to_target_j,
             "device-train-time-s": self.train_time_s,
             "device-profile-time-s": self.profile_time_s,
             "profile-share": self.profile_time_s / device_time_s if device_time_s else 0.0,
@@ -313,6 +325,10 @@ class RunRecorder:
             f"profiling took {summ['device-profile-time-s']:.1f} s of "
             f"{summ['device-profile-time-s'] + summ['device-train-time-s']:.1f} s device time "
             f"({100 * summ['profile-share']:.1f}%)"
+        )
+        self.console.print(
+            f"waiting for the slowest node at idle power: {summ['fleet-wait-energy-j']:.1f} J "
+            "(not in fleet energy)"
         )
         if summ.get("pacing", "off") != "off":
             self.console.print(

@@ -81,6 +81,18 @@ class RoundReport:
         return sum(n.metrics["energy-j"] + n.metrics["profile-energy-j"] for n in self.ok_nodes)
 
     @property
+    def wait_energy_j(self) -> float:
+        """Energy the nodes spend idle while they wait for the slowest one (idle power ×
+        waiting time); nodes whose idle power is unknown count 0."""
+        total = 0.0
+        for n in self.ok_nodes:
+            idle_w = n.metrics.get("idle-power-w", math.nan)
+            busy_s = n.metrics["train-time-s"] + n.metrics["profile-time-s"]
+            if math.isfinite(idle_w):
+                total += idle_w * max(self.round_time_s - busy_s, 0.0)
+        return total
+
+    @property
     def profile_time_s(self) -> float:
         return sum(n.metrics["profile-time-s"] for n in self.ok_nodes)
 
@@ -268,8 +280,19 @@ class PowerAwareFedAvg(FedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """FedAvg of the arrays; per-node time/energy/power kept in a ``RoundReport``."""
-        replies = list(replies)
+        """FedAvg of the arrays; per-node time/energy/power kept in a ``RoundReport``.
+
+        Replies are taken in the fleet's order (node name, then id), not in arrival order, so
+        the floating-point sums of FedAvg, and with them a whole run, repeat exactly for the
+        same fleet, data and seeds.
+        """
+        replies = sorted(
+            replies,
+            key=lambda m: (
+                str(self.fleet.get(self._node_of(m), {}).get("node-name", "")),
+                self._node_of(m),
+            ),
+        )
         reports: list[NodeReport] = []
         good: list[RecordDict] = []
         for msg in replies:
@@ -381,6 +404,19 @@ class PowerAwareFedAvg(FedAvg):
                         error="no reply (timeout)",
                     )
                 )
+            if self.fraction_train >= 1.0:  # every connected node is asked: name the absent
+                for node_id in sorted(set(self.fleet) - sent):
+                    info = self.fleet[node_id]
+                    self.rounds[-1].nodes.append(
+                        NodeReport(
+                            server_round,
+                            node_id,
+                            str(info.get("node-name", node_id)),
+                            str(info.get("device", "?")),
+                            False,
+                            error="not connected this round (absent from the SuperLink)",
+                        )
+                    )
             if new_arrays is not None:
                 arrays = new_arrays
             ev = evaluate_fn(server_round, arrays)

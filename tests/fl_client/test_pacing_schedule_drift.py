@@ -256,3 +256,22 @@ def test_drift_check_reprofiles_only_when_the_twin_drifts(tmp_path):
     reselected = (m3["drift-batch-size"], m3["drift-freq-mhz"])
     assert reselected != (m2["batch-size"], m2["gpu-freq-mhz"])
     assert (m4["batch-size"], m4["gpu-freq-mhz"]) == reselected and m4["peak-power-w"] < 7.0
+
+
+def test_pacing_counts_the_idle_wait_so_racing_to_idle_is_not_free():
+    # Training energy per sample is least at the top frequency (race to idle) ...
+    time_row, avg_row = [4.0, 2.0, 1.5, 1.25], [1.6, 2.6, 3.2, 3.6]  # 6.4, 5.2, 4.8, 4.5 J
+    lut = _lut(time_row, [x + 0.5 for x in avg_row], avg_row)
+    plan = plan_pacing(lut, 16, 400.0, math.inf, samples=10, deadline_s=100.0, margin=0.0)
+    assert plan.freq_mhz == 400.0
+    # ... but a node that finishes early idles at 1.5 W until the round ends: above idle,
+    # energy per sample is 0.4, 2.2, 2.55, 2.625 J, so the slowest frequency in time wins.
+    paced = plan_pacing(
+        lut, 16, 400.0, math.inf, samples=10, deadline_s=100.0, margin=0.0, idle_power_w=1.5
+    )
+    assert paced.freq_mhz == 100.0 and paced.meets_deadline
+    # the deadline still rules: 40 s at 100 MHz does not fit 25 s, 20 s at 200 MHz does
+    tight = plan_pacing(
+        lut, 16, 400.0, math.inf, samples=10, deadline_s=25.0, margin=0.0, idle_power_w=1.5
+    )
+    assert tight.freq_mhz == 200.0

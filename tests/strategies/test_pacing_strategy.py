@@ -84,3 +84,25 @@ def test_bad_pacing_arguments_name_the_key():
         _strategy(pacing="on")
     with pytest.raises(ValueError, match="pacing-deadline-s"):
         _strategy(pacing="deadline", pacing_deadline_s=-1.0)
+
+
+def test_wait_energy_prices_each_node_idle_until_the_slowest_finishes():
+    from strategies.power_aware import NodeReport, RoundReport
+
+    def node(name: str, train_s: float, profile_s: float, idle_w: float) -> NodeReport:
+        metrics = {"train-time-s": train_s, "profile-time-s": profile_s, "energy-j": 1.0}
+        metrics["profile-energy-j"] = 0.0
+        metrics["idle-power-w"] = idle_w
+        return NodeReport(1, hash(name), name, "jetson-nano", True, metrics)
+
+    report = RoundReport(
+        1,
+        [
+            node("slow", 3.0, 1.0, 2.0),  # the straggler: 4 s, waits 0 s
+            node("fast", 1.0, 0.5, 2.0),  # waits 2.5 s at 2 W
+            node("unknown", 1.0, 0.0, float("nan")),  # idle power unknown: not counted
+            NodeReport(1, 9, "failed", "jetson-nano", False, error="boom"),
+        ],
+    )
+    assert report.round_time_s == 4.0
+    assert report.wait_energy_j == pytest.approx(2.0 * 2.5)

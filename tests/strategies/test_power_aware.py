@@ -172,3 +172,54 @@ def test_r_must_match_batch_sizes():
             train_config={},
             query_config={},
         )
+
+
+def test_a_node_gone_from_the_superlink_is_named_absent_and_counted_back_when_it_rejoins():
+    grid = FakeGrid([11, 12, 13], _handler())
+    seen: list[RoundReport] = []
+    strategy = _strategy(on_round=lambda rep, ev: seen.append(rep))
+    strategy.query_fleet(grid, timeout_s=5)
+    online = iter([[11, 12, 13], [11, 12], [11, 12, 13]])
+
+    def evaluate(rnd: int, arr: ArrayRecord) -> dict[str, float]:
+        if rnd < 3:  # the SuperLink's view of who is connected in the next round
+            grid.node_ids = next(online)
+        return {"accuracy": 0.1, "loss": 1.0}
+
+    strategy.run(grid, ArrayRecord([np.zeros(3)]), num_rounds=3, timeout_s=5, evaluate_fn=evaluate)
+    absent = [[(n.node_name, n.error) for n in rep.nodes if not n.ok] for rep in seen]
+    assert absent[0] == [] and absent[2] == []
+    assert absent[1] == [("orin", "not connected this round (absent from the SuperLink)")]
+    assert [len(rep.ok_nodes) for rep in seen] == [3, 2, 3]
+
+
+def test_aggregation_order_does_not_depend_on_arrival_order():
+    rng = np.random.default_rng(0)
+    # values over 16 orders of magnitude: float sums then depend on the order of terms
+    arrays = {
+        n: (rng.normal(size=1000) * 10 ** rng.uniform(-8, 8, 1000)).astype(np.float32)
+        for n in (11, 12, 13)
+    }
+
+    def aggregate(reverse: bool) -> np.ndarray:
+        grid = FakeGrid([11, 12, 13], _handler())
+        strategy = _strategy()
+        strategy.query_fleet(grid, timeout_s=5)
+        msgs = strategy.configure_train(1, ArrayRecord([np.zeros(1000)]), ConfigRecord(), grid)
+        replies = [
+            Message(
+                RecordDict(
+                    {
+                        "arrays": ArrayRecord([arrays[m.metadata.dst_node_id]]),
+                        "metrics": MetricRecord(_metrics(m.metadata.dst_node_id)),
+                    }
+                ),
+                reply_to=m,
+            )
+            for m in msgs
+        ]
+        out, _ = strategy.aggregate_train(1, replies[::-1] if reverse else replies)
+        assert out is not None
+        return out.to_numpy_ndarrays()[0]
+
+    np.testing.assert_array_equal(aggregate(False), aggregate(True))
