@@ -110,8 +110,9 @@ def print_comparison(summaries: list[dict[str, Any]]) -> None:
         "round→target",
         "time→target s",
         "energy→target J",
-        "sim time s",
-        "fleet energy J",
+        "sim s",
+        "energy J",
+        "idle wait J",
         "profiling",
     ):
         table.add_column(col, justify="left" if col == "method" else "right")
@@ -128,6 +129,7 @@ def print_comparison(summaries: list[dict[str, Any]]) -> None:
             fmt(s["fleet-energy-to-target-j"], 1, 1),
             fmt(s["sim-time-s"]),
             fmt(s["fleet-energy-j"], 1, 1),
+            fmt(s.get("fleet-wait-energy-j"), 1, 1),
             f"{100 * s['profile-share']:.1f}%",
         )
     console = make_console()
