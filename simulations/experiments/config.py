@@ -20,6 +20,8 @@ from fl_client import selector, task
 from fl_client.settings import tomllib
 
 STUDIES = ("single-device",)
+#: Every study an experiment file may name; ``load_any`` dispatches on it.
+ALL_STUDIES = ("single-device", "federated")
 SCALES = ("mini", "paper")
 #: Methods of the single-device study, in report order.
 STUDY_METHODS = ("b1", "b2", "power-aware", "oracle")
@@ -171,6 +173,28 @@ def load_experiment(
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ExperimentConfigError(f"{where}: not valid TOML ({exc})") from None
+    return parse_experiment(data, where, scale=scale, seeds=seeds)
+
+
+def load_any(path: str | Path, *, scale: str = "mini", seeds: int | None = None) -> Any:
+    """Read and validate an experiment file of any study (``study`` in ``[experiment]``):
+    a ``SingleDeviceConfig`` or a ``simulations.experiments.federated.FederatedConfig``."""
+    p = Path(path)
+    where = str(p)
+    if not p.is_file():
+        raise ExperimentConfigError(f"{where}: experiment file not found")
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ExperimentConfigError(f"{where}: not valid TOML ({exc})") from None
+    base = data.get("experiment")
+    study = base.get("study") if isinstance(base, Mapping) else None
+    if study == "federated":
+        from simulations.experiments.federated import parse_federated
+
+        return parse_federated(data, where, scale=scale, seeds=seeds)
+    if isinstance(base, Mapping) and study is not None and study not in ALL_STUDIES:
+        raise _err(where, "study", f"unknown value {study!r}; allowed: {', '.join(ALL_STUDIES)}")
     return parse_experiment(data, where, scale=scale, seeds=seeds)
 
 

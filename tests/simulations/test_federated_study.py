@@ -1,0 +1,207 @@
+"""The federated study: config validation, the cell plan, a tiny study end to end, resume."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from simulations.cli import main
+from simulations.experiments.config import ExperimentConfigError, load_any
+from simulations.experiments.federated import (
+    FederatedConfig,
+    fixed_at_minimum_fleet,
+    load_federated,
+    plan,
+)
+from simulations.experiments.records import load_all
+
+REPO = Path(__file__).resolve().parents[2]
+
+TINY_FLEET = """
+[[node]]
+name = "nano-4.5w"
+device = "jetson-nano"
+p-max-w = 4.5
+
+[[node]]
+name = "orin-free"
+device = "jetson-orin-nano"
+p-max-w = "none"
+"""
+
+
+def _tiny(fleet: Path) -> str:
+    return f"""
+[experiment]
+name = "tiny-fed"
+study = "federated"
+fleet = {json.dumps(str(fleet))}
+methods = ["b1", "power-aware"]
+partitioning = "iid"
+num-rounds = 2
+target-accuracy = 0.6
+local-epochs = 2
+batch-sizes = [16, 64]
+proxy-target-accuracy = 0.5
+r-max-samples = 2048
+seeds = 1
+scenarios = []
+"""
+
+
+@pytest.fixture
+def tiny_file(tmp_path: Path) -> Path:
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(TINY_FLEET)
+    p = tmp_path / "fed.toml"
+    p.write_text(_tiny(fleet))
+    return p
+
+
+# --------------------------------------------------------------------------- config
+
+
+def test_shipped_federated_file_parses_at_both_scales():
+    path = REPO / "configs" / "experiments" / "federated.toml"
+    mini = load_any(path, scale="mini")
+    paper = load_federated(path, scale="paper", seeds=3)
+    assert isinstance(mini, FederatedConfig)
+    assert mini.methods == ("b1", "b2", "power-aware", "oracle")
+    assert mini.scenarios == ("pacing", "varying-cap", "drift")
+    assert (mini.seeds, mini.num_rounds, mini.target_accuracy) == (2, 20, 0.8)
+    assert (paper.seeds, paper.num_rounds, paper.target_accuracy) == (3, 40, 0.85)
+
+
+@pytest.mark.parametrize(
+    ("patch", "needle"),
+    [
+        ("bogus-key = 1\n", "unknown key(s) bogus-key"),
+        ('methods = ["b1", "magic"]\n', "methods: unknown value 'magic'"),
+        ("methods = []\n", "methods: must be a non-empty list (empty sweep)"),
+        ('scenarios = ["weather"]\n', "scenarios: unknown value 'weather'"),
+        ("num-rounds = 0\n", "num-rounds: must be an integer ≥ 1"),
+        ("target-accuracy = 1.5\n", "target-accuracy: must be > 0 and < 1"),
+        ('partitioning = "shards"\n', "partitioning: unknown value 'shards'"),
+        ('fleet = "no/such/fleet.toml"\n', "fleet: fleet: fleet file not found"),
+        (
+            'scenarios = ["varying-cap"]\nvarying-cap-fleet = "configs/fleets/default.toml"\n',
+            "varying-cap-fleet: configs/fleets/default.toml: no node has a p-max-schedule",
+        ),
+        (
+            'scenarios = ["drift"]\ndrift-fleet = "configs/fleets/default.toml"\n',
+            "drift-fleet: configs/fleets/default.toml: no node has twin-slowdown",
+        ),
+        ("drift-check-every = 0\n", "drift-check-every: must be an integer ≥ 1"),
+    ],
+)
+def test_bad_federated_files_name_the_key(tiny_file, patch, needle):
+    keys = {ln.split("=")[0].strip() for ln in patch.splitlines()}
+    lines = [
+        ln for ln in tiny_file.read_text().splitlines() if ln.split("=")[0].strip() not in keys
+    ]
+    tiny_file.write_text("\n".join(lines) + "\n" + patch)
+    with pytest.raises(ExperimentConfigError) as err:
+        load_any(tiny_file)
+    assert needle in str(err.value)
+
+
+def test_cli_rejects_bad_federated_file_before_any_run(tiny_file, tmp_path, capsys):
+    tiny_file.write_text(tiny_file.read_text().replace('"power-aware"]', '"ours"]'))
+    out = tmp_path / "out"
+    rc = main(["experiment", "run", str(tiny_file), "--out", str(out), "--no-progress"])
+    assert rc == 2
+    assert "methods: unknown value 'ours'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_plan_shares_identical_cells_and_derives_the_fixed_minimum_fleet(tmp_path):
+    cfg = load_federated(REPO / "configs" / "experiments" / "federated.toml", seeds=1)
+    cells = plan(cfg, tmp_path)
+    uses = [u for c in cells for u in c.uses]
+    # 4 methods + pacing deadline + 2 varying-cap + 2 drift; pacing "off" is ours' cell
+    assert len(cells) == 9 and len(uses) == 10
+    (shared,) = [c for c in cells if ("pacing", "off") in c.uses]
+    assert ("methods", "power-aware") in shared.uses
+    deadline = next(c for c in cells if ("pacing", "deadline") in c.uses).settings
+    drift_on = next(c for c in cells if ("drift", "check") in c.uses).settings
+    drift_off = next(c for c in cells if ("drift", "off") in c.uses).settings
+    assert deadline["pacing"] == "deadline" and shared.settings["pacing"] == "off"
+    assert {k: v for k, v in deadline.items() if k not in ("pacing", "pacing-margin")} == {
+        k: v for k, v in shared.settings.items() if k != "pacing"
+    }
+    assert (drift_on["drift-check-every"], drift_off["drift-check-every"]) == (2, 0)
+    assert len({c.key() for c in cells}) == len(cells)
+    # the fixed-at-minimum fleet: each schedule replaced by its lowest cap
+    from fl_client.settings import load_fleet
+
+    fixed = next(c for c in cells if ("varying-cap", "fixed-at-minimum") in c.uses)
+    nodes = {n.name: n for n in load_fleet(fixed.settings["fleet"])}
+    sched = {n.name: n for n in load_fleet(REPO / "configs" / "fleets" / "varying-cap.toml")}
+    assert set(nodes) == set(sched)
+    for name, n in sched.items():
+        assert not nodes[name].p_max_schedule
+        assert nodes[name].p_max_w == min(n.scheduled_caps_w)
+    assert nodes["nano-solar-1"].p_max_w == 4.5 and nodes["nano-battery"].p_max_w == 5.0
+
+
+def test_fixed_minimum_of_a_schedule_with_none_keeps_the_lowest_number(tmp_path):
+    f = tmp_path / "f.toml"
+    f.write_text('[[node]]\nname = "a"\ndevice = "jetson-nano"\np-max-schedule = "1:none,3:6.0"\n')
+    text = fixed_at_minimum_fleet(f)
+    assert "p-max-w = 6.0" in text and "\np-max-schedule" not in text
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+@pytest.mark.slow
+def test_tiny_federated_study_runs_reports_and_resumes(tiny_file, tmp_path):
+    out = tmp_path / "out"
+    args = ["experiment", "run", str(tiny_file), "--out", str(out), "--no-progress"]
+    assert main(args) == 0
+    recs = load_all(out / "records" / "cells")
+    assert sorted(r["method"] for r in recs) == ["b1", "power-aware"]
+    for r in recs:
+        s = r["summary"]
+        k = len(r["rounds"])  # a run stops at the round that reaches the target
+        assert [x["server_round"] for x in r["rounds"]] == list(range(1, k + 1))
+        assert k == 2 or s["round-to-target"] == k
+        assert len(r["nodes"]) == 2 * k and all(n["ok"] for n in r["nodes"])
+        assert s["method"] == r["method"] and s["rounds"] == k
+        # the summary's fleet energy is the sum of its nodes' training + profiling energy
+        e = sum(n["energy-j"] + n["profile-energy-j"] for n in r["nodes"])
+        assert s["fleet-energy-j"] == pytest.approx(e)
+        assert r["settings"]["partitioning"] == "iid" and r["settings"]["seed"] == 0
+    by = {r["method"]: r for r in recs}
+    assert by["power-aware"]["summary"]["device-profile-time-s"] > 0  # fresh cache: it profiled
+    assert by["b1"]["summary"]["device-profile-time-s"] == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["counts"]["cells-done"] == 2
+    report = (out / "report.md").read_text()
+    assert "federated study (mini scale)" in report
+    assert "Straggler share" in report and "Per-device time and energy breakdown" in report
+    assert "powerfl experiment run" in report and "- flwr " in report
+    for name in ("fig-accuracy-vs-time", "fig-energy-to-target"):
+        assert (out / f"{name}.png").stat().st_size > 1000
+    rows = (out / "fig-accuracy-vs-time.csv").read_text().splitlines()
+    assert len(rows) == 1 + sum(1 + len(r["rounds"]) for r in recs)  # header, round 0 + rounds
+    summary = json.loads((out / "summary.json").read_text())
+    for m in ("b1", "power-aware"):
+        g = summary["methods"][m]
+        per = summary["per-seed"]["methods"][m]["0"]
+        assert g["seeds"] == 1
+        assert per["total-energy-j"] == pytest.approx(per["energy-j"] + per["wait-energy-j"])
+        assert math.isclose(g["sim-time-s-mean"], by[m]["summary"]["sim-time-s"])
+    # resume: nothing re-runs, the records are untouched
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "records" / "cells").glob("*.json")}
+    assert main(args) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"]["cells-done"] == 0 and manifest["counts"]["cells-reused"] == 2
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    # the report re-renders from the records alone
+    (out / "report.md").unlink()
+    assert main(["experiment", "report", str(out)]) == 0
+    assert "Straggler share" in (out / "report.md").read_text()
