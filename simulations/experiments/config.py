@@ -137,13 +137,61 @@ def _err(where: str, key: str, message: str) -> ExperimentConfigError:
     return ExperimentConfigError(f"{where}: {key}: {message}")
 
 
-def _check_keys(table: Mapping[str, Any], where: str, section: str) -> None:
-    unknown = sorted(set(table) - set(_DEFAULTS))
+def check_keys(
+    table: Mapping[str, Any], where: str, section: str, allowed: Mapping[str, Any]
+) -> None:
+    """Unknown keys in ``[section]`` are an error listing the ``allowed`` ones."""
+    unknown = sorted(set(table) - set(allowed))
     if unknown:
         raise ExperimentConfigError(
             f"{where}: [{section}] unknown key(s) {', '.join(unknown)}; allowed: "
-            f"{', '.join(_DEFAULTS)}"
+            f"{', '.join(allowed)}"
         )
+
+
+def merge_scale(
+    data: Mapping[str, Any],
+    where: str,
+    defaults: Mapping[str, Any],
+    *,
+    scale: str,
+    seeds: int | None,
+) -> dict[str, Any]:
+    """``defaults``, then ``[experiment]``, then ``[scale.<scale>]``, then ``--seeds``.
+
+    Any study's file has these two tables only; keys outside ``defaults``, unknown scales
+    and a missing ``[experiment]`` are errors naming the table.
+    """
+    if scale not in SCALES:
+        raise ExperimentConfigError(
+            f"--scale: unknown scale {scale!r}; allowed: {', '.join(SCALES)}"
+        )
+    top_unknown = sorted(set(data) - {"experiment", "scale"})
+    if top_unknown:
+        raise ExperimentConfigError(
+            f"{where}: unknown top-level table(s) {', '.join(top_unknown)}; allowed: "
+            "experiment, scale"
+        )
+    base = data.get("experiment")
+    if not isinstance(base, Mapping):
+        raise ExperimentConfigError(f"{where}: missing the [experiment] table")
+    check_keys(base, where, "experiment", defaults)
+    scales = data.get("scale", {})
+    if not isinstance(scales, Mapping):
+        raise ExperimentConfigError(f"{where}: scale: must be tables [scale.mini]/[scale.paper]")
+    bad_scales = sorted(set(scales) - set(SCALES))
+    if bad_scales:
+        raise ExperimentConfigError(
+            f"{where}: [scale.{bad_scales[0]}] unknown scale; allowed: {', '.join(SCALES)}"
+        )
+    override = scales.get(scale, {})
+    check_keys(override, where, f"scale.{scale}", defaults)
+    merged: dict[str, Any] = dict(defaults)
+    merged.update(base)
+    merged.update(override)
+    if seeds is not None:
+        merged["seeds"] = seeds
+    return merged
 
 
 def load_experiment(
@@ -202,35 +250,7 @@ def parse_experiment(
     data: Mapping[str, Any], where: str, *, scale: str = "mini", seeds: int | None = None
 ) -> SingleDeviceConfig:
     """Validate an already-parsed experiment mapping (see ``load_experiment``)."""
-    if scale not in SCALES:
-        raise ExperimentConfigError(
-            f"--scale: unknown scale {scale!r}; allowed: {', '.join(SCALES)}"
-        )
-    top_unknown = sorted(set(data) - {"experiment", "scale"})
-    if top_unknown:
-        raise ExperimentConfigError(
-            f"{where}: unknown top-level table(s) {', '.join(top_unknown)}; allowed: "
-            "experiment, scale"
-        )
-    base = data.get("experiment")
-    if not isinstance(base, Mapping):
-        raise ExperimentConfigError(f"{where}: missing the [experiment] table")
-    _check_keys(base, where, "experiment")
-    scales = data.get("scale", {})
-    if not isinstance(scales, Mapping):
-        raise ExperimentConfigError(f"{where}: scale: must be tables [scale.mini]/[scale.paper]")
-    bad_scales = sorted(set(scales) - set(SCALES))
-    if bad_scales:
-        raise ExperimentConfigError(
-            f"{where}: [scale.{bad_scales[0]}] unknown scale; allowed: {', '.join(SCALES)}"
-        )
-    override = scales.get(scale, {})
-    _check_keys(override, where, f"scale.{scale}")
-    merged: dict[str, Any] = dict(_DEFAULTS)
-    merged.update(base)
-    merged.update(override)
-    if seeds is not None:
-        merged["seeds"] = seeds
+    merged = merge_scale(data, where, _DEFAULTS, scale=scale, seeds=seeds)
     return _build(merged, where, scale)
 
 

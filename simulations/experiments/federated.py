@@ -50,7 +50,11 @@ from fl_client.settings import (
     resolve_path,
     tomllib,
 )
-from simulations.experiments.config import SCALES, STUDY_METHODS, ExperimentConfigError
+from simulations.experiments.config import (
+    STUDY_METHODS,
+    ExperimentConfigError,
+    merge_scale,
+)
 from simulations.experiments.records import digest, read_record, write_json
 
 log = logging.getLogger(__name__)
@@ -165,15 +169,6 @@ def _err(where: str, key: str, message: str) -> ExperimentConfigError:
     return ExperimentConfigError(f"{where}: {key}: {message}")
 
 
-def _check_keys(table: Mapping[str, Any], where: str, section: str) -> None:
-    unknown = sorted(set(table) - set(FED_DEFAULTS))
-    if unknown:
-        raise ExperimentConfigError(
-            f"{where}: [{section}] unknown key(s) {', '.join(unknown)}; allowed: "
-            f"{', '.join(FED_DEFAULTS)}"
-        )
-
-
 def load_federated(
     path: str | Path, *, scale: str = "mini", seeds: int | None = None
 ) -> FederatedConfig:
@@ -195,35 +190,7 @@ def parse_federated(
     """Validate a parsed federated experiment: unknown keys, bad values, empty sweeps, fleet
     files that do not load or do not fit the scenario are errors naming the key, raised
     before any training starts."""
-    if scale not in SCALES:
-        raise ExperimentConfigError(
-            f"--scale: unknown scale {scale!r}; allowed: {', '.join(SCALES)}"
-        )
-    top_unknown = sorted(set(data) - {"experiment", "scale"})
-    if top_unknown:
-        raise ExperimentConfigError(
-            f"{where}: unknown top-level table(s) {', '.join(top_unknown)}; allowed: "
-            "experiment, scale"
-        )
-    base = data.get("experiment")
-    if not isinstance(base, Mapping):
-        raise ExperimentConfigError(f"{where}: missing the [experiment] table")
-    _check_keys(base, where, "experiment")
-    scales = data.get("scale", {})
-    if not isinstance(scales, Mapping):
-        raise ExperimentConfigError(f"{where}: scale: must be tables [scale.mini]/[scale.paper]")
-    bad_scales = sorted(set(scales) - set(SCALES))
-    if bad_scales:
-        raise ExperimentConfigError(
-            f"{where}: [scale.{bad_scales[0]}] unknown scale; allowed: {', '.join(SCALES)}"
-        )
-    override = scales.get(scale, {})
-    _check_keys(override, where, f"scale.{scale}")
-    merged: dict[str, Any] = dict(FED_DEFAULTS)
-    merged.update(base)
-    merged.update(override)
-    if seeds is not None:
-        merged["seeds"] = seeds
+    merged = merge_scale(data, where, FED_DEFAULTS, scale=scale, seeds=seeds)
     return _build(merged, where, scale)
 
 
