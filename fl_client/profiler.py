@@ -8,6 +8,7 @@ P_max only the cells that matter are profiled (efficient mode). Tables are cache
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -724,23 +725,11 @@ def scale_cells(lut: LUT, *, time_factor: float, peak_factor: float, avg_factor:
     ):
         if not (factor > 0 and math.isfinite(factor)):
             raise ValueError(f"{key}: must be a finite number > 0, got {factor!r}")
-    return LUT(
-        device_kind=lut.device_kind,
-        backend=lut.backend,
-        model_name=lut.model_name,
-        input_shape=lut.input_shape,
-        batch_sizes=lut.batch_sizes,
-        freqs_mhz=lut.freqs_mhz,
+    return dataclasses.replace(
+        lut,
         time_per_sample_s=lut.time_per_sample_s * time_factor,
         peak_power_w=lut.peak_power_w * peak_factor,
         avg_power_w=lut.avg_power_w * avg_factor,
-        p_max_w=lut.p_max_w,
-        profile_time_s=lut.profile_time_s,
-        profile_energy_j=lut.profile_energy_j,
-        created_utc=lut.created_utc,
-        warmup_steps=lut.warmup_steps,
-        steps=lut.steps,
-        grid=lut.grid,
     )
 
 
@@ -777,23 +766,11 @@ def merge_cells(base: LUT, extra: LUT, *, overwrite: bool) -> LUT:
         take = measured if overwrite else measured & np.isnan(tables["time_per_sample_s"][i])
         for name, table in tables.items():
             table[i, take] = getattr(extra, name)[i_extra, take]
-    return LUT(
-        device_kind=base.device_kind,
-        backend=base.backend,
-        model_name=base.model_name,
-        input_shape=base.input_shape,
-        batch_sizes=base.batch_sizes,
-        freqs_mhz=base.freqs_mhz,
+    return dataclasses.replace(
+        base,
         time_per_sample_s=tables["time_per_sample_s"],
         peak_power_w=tables["peak_power_w"],
         avg_power_w=tables["avg_power_w"],
-        p_max_w=base.p_max_w,
-        profile_time_s=base.profile_time_s,
-        profile_energy_j=base.profile_energy_j,
-        created_utc=base.created_utc,
-        warmup_steps=base.warmup_steps,
-        steps=base.steps,
-        grid=base.grid,
     )
 
 
