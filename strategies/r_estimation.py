@@ -264,12 +264,14 @@ def samples_to_target(
     max_samples: int,
     seed: int,
     on_eval: ProgressFn | None = None,
+    device: torch.device | str | None = None,
 ) -> tuple[int | None, list[tuple[int, float]], int]:
     """Train one (b, seed) from ``initial_state_dict`` until the proxy target accuracy.
 
     Minibatches of exactly ``batch_size`` samples are drawn from a stream of seeded
     permutations of ``proxy_train`` (a minibatch may span two epochs, so every step has the
-    same size even when b does not divide the set). The model is evaluated on ``proxy_eval``
+    same size even when b does not divide the set); ``device`` is where the model trains
+    (default: the CPU). The model is evaluated on ``proxy_eval``
     after the first step that reaches each multiple of ``eval_every_samples`` (and at the
     budget's end); when ``eval_every_samples`` is a multiple of b that is exactly the
     schedule, otherwise the next step boundary after it.
@@ -282,7 +284,9 @@ def samples_to_target(
     """
     model = task.build_model(model_name)
     model.load_state_dict(dict(initial_state_dict))
-    device = task.model_device(model)
+    if device is not None:
+        model.to(device)
+    dev = task.model_device(model)
     x_all, y_all = task.as_tensors(proxy_train)
     n = len(x_all)
     if n == 0:
@@ -306,7 +310,7 @@ def samples_to_target(
             pos += take
             need -= take
         ids = torch.cat(parts)
-        task.train_step(model, optimizer, x_all[ids].to(device), y_all[ids].to(device))
+        task.train_step(model, optimizer, x_all[ids].to(dev), y_all[ids].to(dev))
         samples += batch_size
         if samples >= next_eval or samples >= max_samples:
             _, acc = task.evaluate(model, proxy_eval)

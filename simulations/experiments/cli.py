@@ -9,10 +9,12 @@ import platform
 import shlex
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from fl_client.settings import tomllib
 from simulations.experiments.config import (
     SCALES,
     ExperimentConfigError,
@@ -61,16 +63,34 @@ def run_experiment(
     scale: str = "mini",
     progress: bool = True,
     command: str | None = None,
+    sets: Mapping[str, Any] | None = None,
+    only_training: bool = False,
 ) -> Path:
     """Run (or resume) the experiment file ``path``; write records and the report; return
-    the output folder."""
-    cfg = load_any(path, scale=scale, seeds=seeds)  # all validation before training
+    the output folder.
+
+    ``sets`` override keys of the file (``--set``); ``only_training`` (single-device study)
+    runs the proxy and target training runs (the r estimation) and stops before profiling,
+    so they can run on a GPU host and the rest elsewhere from the same records.
+    """
+    cfg = load_any(path, scale=scale, seeds=seeds, sets=sets)  # all validation first
     if not isinstance(cfg, SingleDeviceConfig):
+        if only_training:
+            raise ExperimentConfigError("--only-training: only the single-device study has it")
         return run_federated_experiment(cfg, path, out=out, progress=progress, command=command)
     from simulations.experiments.datasets import study_data
     from simulations.experiments.report import render
-    from simulations.experiments.single_device import _data_kwargs, run_study
+    from simulations.experiments.single_device import (
+        _data_kwargs,
+        resolve_torch_device,
+        run_study,
+        torch_device_name,
+    )
 
+    try:
+        device = torch_device_name(resolve_torch_device(cfg.torch_device))
+    except RuntimeError as err:
+        raise ExperimentConfigError(f"{path}: {err}") from None
     out_dir = Path(out) if out is not None else default_out(cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "experiment.toml").write_text(Path(path).read_text(encoding="utf-8"))
@@ -84,13 +104,23 @@ def run_experiment(
         "data-sizes": sizes,
         "data-note": DATA_NOTE,
         "versions": _versions(),
-        "host": {"cpus": os.cpu_count()},
+        "host": {"cpus": os.cpu_count(), "torch-device": device},
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "complete": False,
     }
     write_json(out_dir / "manifest.json", manifest)
     t0 = time.perf_counter()
-    counts = run_study(cfg, out_dir, progress=progress)
+    counts = run_study(cfg, out_dir, progress=progress, only_training=only_training)
+    if only_training:
+        manifest.update(
+            stage="training",
+            counts=counts,
+            **{"wall-s": time.perf_counter() - t0},
+            finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+        write_json(out_dir / "manifest.json", manifest)
+        return out_dir
+    manifest.pop("stage", None)
     manifest.update(
         complete=True,
         counts=counts,
@@ -152,11 +182,29 @@ def run_federated_experiment(
     return out_dir
 
 
+def parse_sets(items: Sequence[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` items → a mapping; VALUE is TOML (``4``, ``"cuda"``,
+    ``["resnet18"]``), or a bare string when it is not valid TOML."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise ExperimentConfigError(f"--set: expected KEY=VALUE, got {item!r}")
+        try:
+            out[key] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key] = value.strip()
+    return out
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     command = shlex.join(
         ["powerfl", "experiment", "run", args.experiment, "--scale", args.scale]
         + (["--out", args.out] if args.out else [])
         + (["--seeds", str(args.seeds)] if args.seeds is not None else [])
+        + [f"--set={s}" for s in args.set]
+        + (["--only-training"] if args.only_training else [])
         + (["--no-progress"] if args.no_progress else [])
     )
     try:
@@ -167,11 +215,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             seeds=args.seeds,
             scale=args.scale,
             progress=not args.no_progress,
+            sets=parse_sets(args.set),
+            only_training=args.only_training,
         )
     except ExperimentConfigError as err:
         print(f"powerfl experiment: error: {err}", file=sys.stderr)
         return 2
-    print(f"report: {out / 'report.md'}")
+    if args.only_training:
+        print(f"training records: {out / 'records' / 'train'}")
+    else:
+        print(f"report: {out / 'report.md'}")
     return 0
 
 
@@ -212,6 +265,20 @@ def add_experiment_commands(sub: Any) -> None:
     r.add_argument("--out", help="output folder (default: runs/experiments/NAME-SCALE)")
     r.add_argument("--seeds", type=int, help="number of seeds (overrides the file)")
     r.add_argument("--scale", choices=SCALES, default="mini", help="mini (default) or paper")
+    r.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key of the file after the scale, VALUE as TOML "
+        "(e.g. --set 'models=[\"resnet18\"]' --set torch-device=cuda); repeatable",
+    )
+    r.add_argument(
+        "--only-training",
+        action="store_true",
+        help="single-device study: only the proxy/target training runs (r estimation), "
+        "e.g. on a GPU host; a later run without it reuses them",
+    )
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_run)
     rep = esub.add_parser("report", help="re-render report.md and plots from saved records")

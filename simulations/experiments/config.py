@@ -77,6 +77,7 @@ class SingleDeviceConfig:
     profile_uncapped: str
     ts_samples: int
     torch_threads: int
+    torch_device: str = "cpu"
 
     def to_dict(self) -> dict[str, Any]:
         """Kebab-case, JSON-ready settings (no cap written as ``"none"``)."""
@@ -130,7 +131,12 @@ _DEFAULTS: dict[str, Any] = {
     "profile-uncapped": "highest",
     "ts-samples": 4096,
     "torch-threads": 1,
+    "torch-device": "cpu",  # where the r-estimation training runs: cpu | cuda | auto
 }
+
+
+#: Where a study's training runs may execute ("auto": CUDA when available, else the CPU).
+TORCH_DEVICES = ("cpu", "cuda", "auto")
 
 
 def _err(where: str, key: str, message: str) -> ExperimentConfigError:
@@ -156,8 +162,10 @@ def merge_scale(
     *,
     scale: str,
     seeds: int | None,
+    sets: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``defaults``, then ``[experiment]``, then ``[scale.<scale>]``, then ``--seeds``.
+    """``defaults``, then ``[experiment]``, then ``[scale.<scale>]``, then ``--set``s, then
+    ``--seeds``.
 
     Any study's file has these two tables only; keys outside ``defaults``, unknown scales
     and a missing ``[experiment]`` are errors naming the table.
@@ -189,13 +197,24 @@ def merge_scale(
     merged: dict[str, Any] = dict(defaults)
     merged.update(base)
     merged.update(override)
+    if sets:
+        unknown = sorted(set(sets) - set(defaults))
+        if unknown:
+            raise ExperimentConfigError(
+                f"--set: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(defaults)}"
+            )
+        merged.update(sets)
     if seeds is not None:
         merged["seeds"] = seeds
     return merged
 
 
 def load_experiment(
-    path: str | Path, *, scale: str = "mini", seeds: int | None = None
+    path: str | Path,
+    *,
+    scale: str = "mini",
+    seeds: int | None = None,
+    sets: Mapping[str, Any] | None = None,
 ) -> SingleDeviceConfig:
     """Read and validate the experiment file ``path`` at ``scale``.
 
@@ -207,6 +226,8 @@ def load_experiment(
         Which ``[scale.*]`` overrides apply.
     seeds : int, optional
         Overrides ``seeds`` (the command's ``--seeds``).
+    sets : mapping, optional
+        Keys that override the file after the scale (the command's ``--set KEY=VALUE``).
 
     Raises
     ------
@@ -221,10 +242,16 @@ def load_experiment(
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ExperimentConfigError(f"{where}: not valid TOML ({exc})") from None
-    return parse_experiment(data, where, scale=scale, seeds=seeds)
+    return parse_experiment(data, where, scale=scale, seeds=seeds, sets=sets)
 
 
-def load_any(path: str | Path, *, scale: str = "mini", seeds: int | None = None) -> Any:
+def load_any(
+    path: str | Path,
+    *,
+    scale: str = "mini",
+    seeds: int | None = None,
+    sets: Mapping[str, Any] | None = None,
+) -> Any:
     """Read and validate an experiment file of any study (``study`` in ``[experiment]``):
     a ``SingleDeviceConfig`` or a ``simulations.experiments.federated.FederatedConfig``."""
     p = Path(path)
@@ -240,17 +267,22 @@ def load_any(path: str | Path, *, scale: str = "mini", seeds: int | None = None)
     if study == "federated":
         from simulations.experiments.federated import parse_federated
 
-        return parse_federated(data, where, scale=scale, seeds=seeds)
+        return parse_federated(data, where, scale=scale, seeds=seeds, sets=sets)
     if isinstance(base, Mapping) and study is not None and study not in ALL_STUDIES:
         raise _err(where, "study", f"unknown value {study!r}; allowed: {', '.join(ALL_STUDIES)}")
-    return parse_experiment(data, where, scale=scale, seeds=seeds)
+    return parse_experiment(data, where, scale=scale, seeds=seeds, sets=sets)
 
 
 def parse_experiment(
-    data: Mapping[str, Any], where: str, *, scale: str = "mini", seeds: int | None = None
+    data: Mapping[str, Any],
+    where: str,
+    *,
+    scale: str = "mini",
+    seeds: int | None = None,
+    sets: Mapping[str, Any] | None = None,
 ) -> SingleDeviceConfig:
     """Validate an already-parsed experiment mapping (see ``load_experiment``)."""
-    merged = merge_scale(data, where, _DEFAULTS, scale=scale, seeds=seeds)
+    merged = merge_scale(data, where, _DEFAULTS, scale=scale, seeds=seeds, sets=sets)
     return _build(merged, where, scale)
 
 
@@ -348,6 +380,7 @@ def _build(m: Mapping[str, Any], where: str, scale: str) -> SingleDeviceConfig:
         profile_uncapped=text("profile-uncapped", UNCAPPED_GRIDS),
         ts_samples=integer("ts-samples", 1),
         torch_threads=integer("torch-threads", 1),
+        torch_device=text("torch-device", TORCH_DEVICES),
     )
     # Methods that need each other's inputs: all need the target runs; ours/b2 the proxy r.
     return cfg

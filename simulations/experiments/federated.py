@@ -185,12 +185,17 @@ def load_federated(
 
 
 def parse_federated(
-    data: Mapping[str, Any], where: str, *, scale: str = "mini", seeds: int | None = None
+    data: Mapping[str, Any],
+    where: str,
+    *,
+    scale: str = "mini",
+    seeds: int | None = None,
+    sets: Mapping[str, Any] | None = None,
 ) -> FederatedConfig:
     """Validate a parsed federated experiment: unknown keys, bad values, empty sweeps, fleet
     files that do not load or do not fit the scenario are errors naming the key, raised
     before any training starts."""
-    merged = merge_scale(data, where, FED_DEFAULTS, scale=scale, seeds=seeds)
+    merged = merge_scale(data, where, FED_DEFAULTS, scale=scale, seeds=seeds, sets=sets)
     return _build(merged, where, scale)
 
 

@@ -247,6 +247,7 @@ def run_training(
         else (data.target_train, data.target_test, cfg.target_accuracy)
     )
     lr = task.scaled_lr(cfg.lr_ref, cfg.b_ref, b)
+    device = resolve_torch_device(cfg.torch_device)
     t0 = time.perf_counter()
     n_acc, curve, used = samples_to_target(
         model,
@@ -260,6 +261,7 @@ def run_training(
         max_samples=cfg.max_samples,
         seed=seed,
         on_eval=on_eval,
+        device=device,
     )
     return {
         "key": train_key(cfg, model, role, seed, b),
@@ -277,7 +279,24 @@ def run_training(
         "train-size": len(train_set),
         "eval-size": len(eval_set),
         "host-wall-s": time.perf_counter() - t0,
+        "torch-device": torch_device_name(device),
     }
+
+
+def resolve_torch_device(setting: str) -> torch.device:
+    """``torch-device`` → a torch device; ``cuda`` without a usable GPU is an error."""
+    if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("torch-device: 'cuda' asked for, but torch sees no CUDA GPU")
+    return torch.device("cuda")
+
+
+def torch_device_name(device: torch.device) -> str:
+    """``cpu`` or the GPU's name (``cuda: NVIDIA H100 80GB HBM3``), for the records."""
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    return device.type
 
 
 def _r_for(n_by_b: dict[int, int | None], sizes: list[int]) -> tuple[list[int], list[float]]:
@@ -505,8 +524,13 @@ def run_full_lut(cfg: SingleDeviceConfig, model: str, device_kind: str) -> dict[
 # --------------------------------------------------------------------------- the study
 
 
-def run_study(cfg: SingleDeviceConfig, out: Path, *, progress: bool = True) -> dict[str, int]:
-    """Compute every missing record of ``cfg`` under ``out``; return counts done / reused."""
+def run_study(
+    cfg: SingleDeviceConfig, out: Path, *, progress: bool = True, only_training: bool = False
+) -> dict[str, int]:
+    """Compute every missing record of ``cfg`` under ``out``; return counts done / reused.
+
+    With ``only_training`` the profiling/selection cells and full-grid LUTs are left for a
+    later call (they reuse the training records)."""
     torch.set_num_threads(cfg.torch_threads)
     lay = Layout(out)
     seeds = cfg.seed_list()
@@ -528,6 +552,8 @@ def run_study(cfg: SingleDeviceConfig, out: Path, *, progress: bool = True) -> d
     todo_train = [u for u in train_units if read_record(lay.train(*u), train_key(cfg, *u)) is None]
     todo_cells = [u for u in cell_units if read_record(lay.cell(*u), cell_key(cfg, *u)) is None]
     todo_luts = [u for u in lut_units if read_record(lay.lut(*u), lut_key(cfg, *u)) is None]
+    if only_training:
+        cell_units, lut_units, todo_cells, todo_luts = [], [], [], []
     counts = {
         "train-done": len(todo_train),
         "train-reused": len(train_units) - len(todo_train),

@@ -91,6 +91,52 @@ def test_cli_rejects_bad_file_before_any_training(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_set_overrides_after_the_scale_and_unknown_set_keys_are_errors(tmp_path):
+    from simulations.experiments.cli import parse_sets
+
+    sets = parse_sets(['models=["resnet18"]', "torch-device=auto", "max-samples=512"])
+    assert sets == {"models": ["resnet18"], "torch-device": "auto", "max-samples": 512}
+    path = REPO / "configs" / "experiments" / "single-device.toml"
+    cfg = load_experiment(path, scale="paper", sets=sets)
+    assert cfg.models == ("resnet18",) and cfg.torch_device == "auto"
+    assert cfg.max_samples == 512 and cfg.lr_ref == 5e-4  # the rest of the paper scale stays
+    with pytest.raises(ExperimentConfigError, match="--set: unknown key"):
+        load_experiment(path, sets={"modles": ["cnn"]})
+    with pytest.raises(ExperimentConfigError, match="torch-device: unknown value 'tpu'"):
+        load_experiment(path, sets={"torch-device": "tpu"})
+    with pytest.raises(ExperimentConfigError, match="--set: expected KEY=VALUE"):
+        parse_sets(["seeds"])
+
+
+def test_cuda_without_a_gpu_is_refused_before_training(tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "out"
+    path = _write(tmp_path, TINY)
+    rc = main(["experiment", "run", str(path), "--out", str(out), "--set", "torch-device=cuda"])
+    assert rc == 2
+    assert "torch-device: 'cuda' asked for, but torch sees no CUDA GPU" in capsys.readouterr().err
+    assert not (out / "records").exists()
+
+
+def test_only_training_writes_the_r_runs_and_a_later_run_reuses_them(tmp_path):
+    path = _write(tmp_path, TINY)
+    out = tmp_path / "out"
+    args = ["experiment", "run", str(path), "--out", str(out), "--no-progress"]
+    assert main([*args, "--only-training", "--set", "torch-device=auto"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["stage"] == "training" and manifest["complete"] is False
+    assert manifest["counts"]["train-done"] == 4 and manifest["counts"]["cells-done"] == 0
+    assert not (out / "records" / "cells").exists() and not (out / "report.md").exists()
+    train = load_all(out / "records" / "train")
+    assert {r["torch-device"] for r in train} == {"cpu"}  # no GPU here
+    assert main(args) == 0  # the rest of the study, from the same training records
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] is True and "stage" not in manifest
+    assert manifest["counts"]["train-reused"] == 4 and manifest["counts"]["cells-done"] == 1
+
+
 # --------------------------------------------------------------------------- end to end
 
 
