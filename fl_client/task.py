@@ -15,8 +15,25 @@ import torchvision
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from fl_client.text_model import SEQ_LEN, TEXT_MODELS, VOCAB, CharTransformer, build_text_model
+
+#: Image models (3×32×32 inputs, 10 classes).
 MODEL_NAMES = ("cnn", "resnet18", "mobilenetv2")
 IMAGE_SHAPE = (3, 32, 32)
+#: Next-character models (``SEQ_LEN`` character ids in, a distribution over ``VOCAB`` out
+#: at every position); see ``fl_client.text_model``.
+TEXT_MODEL_NAMES = tuple(TEXT_MODELS)
+ALL_MODEL_NAMES = MODEL_NAMES + TEXT_MODEL_NAMES
+
+
+def is_text_model(name: str) -> bool:
+    """Whether ``name`` is one of ``TEXT_MODEL_NAMES``."""
+    return name in TEXT_MODELS
+
+
+def input_shape_for(name: str) -> tuple[int, ...]:
+    """The shape of one sample of model ``name``: ``(SEQ_LEN,)`` for text, else 3×32×32."""
+    return (SEQ_LEN,) if is_text_model(name) else IMAGE_SHAPE
 
 
 class SmallCNN(nn.Module):
@@ -43,12 +60,15 @@ class SmallCNN(nn.Module):
 
 
 def build_model(name: str, num_classes: int = 10) -> nn.Module:
-    """Build ``name`` (one of ``MODEL_NAMES``) for 3×32×32 inputs.
+    """Build ``name`` (one of ``ALL_MODEL_NAMES``): image models for 3×32×32 inputs, text
+    models (``TEXT_MODEL_NAMES``, ``num_classes`` ignored) for ``SEQ_LEN`` character ids.
 
     ResNet18 and MobileNetV2 are torchvision's definitions adapted the usual way for
     32×32 images: ResNet18's stem becomes a 3×3 stride-1 conv without max-pool, and
     MobileNetV2's first conv gets stride 1, so the feature maps are not shrunk to nothing.
     """
+    if is_text_model(name):
+        return build_text_model(name)
     if name == "cnn":
         return SmallCNN(num_classes)
     if name == "resnet18":
@@ -62,7 +82,7 @@ def build_model(name: str, num_classes: int = 10) -> nn.Module:
         assert isinstance(first, nn.Conv2d)
         first.stride = (1, 1)
         return model
-    raise ValueError(f"model: unknown model {name!r}; allowed: {', '.join(MODEL_NAMES)}")
+    raise ValueError(f"model: unknown model {name!r}; allowed: {', '.join(ALL_MODEL_NAMES)}")
 
 
 @lru_cache(maxsize=32)
@@ -76,7 +96,7 @@ def train_flops_per_sample(name: str, input_shape: tuple[int, ...] = IMAGE_SHAPE
 
     model = build_model(name)
     model.train()
-    x = torch.randn(2, *input_shape)
+    x, _ = synthetic_batch(name, input_shape, 2, NUM_CLASSES, torch.Generator().manual_seed(0))
     counter = FlopCounterMode(display=False)
     with counter:
         out = model(x)
@@ -598,8 +618,8 @@ def make_train_step(
         torch.manual_seed(seed)
         model = build_model(model_name, num_classes).to(dev)
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch_size, *input_shape, generator=gen).to(dev)
-    y = torch.randint(0, num_classes, (batch_size,), generator=gen).to(dev)
+    x, y = synthetic_batch(model_name, input_shape, batch_size, num_classes, gen)
+    x, y = x.to(dev), y.to(dev)
     optimizer = make_optimizer(model, lr=1e-4)
     model.train()
 
@@ -607,6 +627,27 @@ def make_train_step(
         train_step(model, optimizer, x, y)
 
     return step
+
+
+def synthetic_batch(
+    model_name: str,
+    input_shape: tuple[int, ...],
+    batch_size: int,
+    num_classes: int,
+    gen: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random (inputs, targets) batch shaped for ``model_name``: Gaussian images and class
+    labels, or random character ids with a next-character target at every position."""
+    if is_text_model(model_name):
+        shape = (batch_size, *input_shape)
+        return (
+            torch.randint(0, len(VOCAB), shape, generator=gen),
+            torch.randint(0, len(VOCAB), shape, generator=gen),
+        )
+    return (
+        torch.randn(batch_size, *input_shape, generator=gen),
+        torch.randint(0, num_classes, (batch_size,), generator=gen),
+    )
 
 
 def estimate_train_memory_bytes(
@@ -648,14 +689,17 @@ def estimate_train_memory_bytes(
     was_training = model.training
     model.eval()  # batch of one: BatchNorm in train mode would refuse it
     try:
-        x = torch.zeros(1, *input_shape, device=model_device(model))
+        text = isinstance(model, CharTransformer)
+        x = torch.zeros(
+            1, *input_shape, device=model_device(model), dtype=torch.int64 if text else None
+        )
         with torch.no_grad():
             model(x)
     finally:
         for h in handles:
             h.remove()
         model.train(was_training)
-    input_bytes = math.prod(input_shape) * 4
+    input_bytes = math.prod(input_shape) * x.element_size()
     return int(4 * param_bytes + buffer_bytes + batch_size * (per_sample + input_bytes))
 
 

@@ -21,7 +21,7 @@ from fl_client.settings import tomllib
 
 STUDIES = ("single-device",)
 #: Every study an experiment file may name; ``load_any`` dispatches on it.
-ALL_STUDIES = ("single-device", "federated")
+ALL_STUDIES = ("single-device", "federated", "proxy-sensitivity")
 SCALES = ("mini", "paper")
 #: Methods of the single-device study, in report order.
 STUDY_METHODS = ("b1", "b2", "power-aware", "oracle")
@@ -268,6 +268,10 @@ def load_any(
         from simulations.experiments.federated import parse_federated
 
         return parse_federated(data, where, scale=scale, seeds=seeds, sets=sets)
+    if study == "proxy-sensitivity":
+        from simulations.experiments.proxy_sensitivity import parse_sensitivity
+
+        return parse_sensitivity(data, where, scale=scale, seeds=seeds, sets=sets)
     if isinstance(base, Mapping) and study is not None and study not in ALL_STUDIES:
         raise _err(where, "study", f"unknown value {study!r}; allowed: {', '.join(ALL_STUDIES)}")
     return parse_experiment(data, where, scale=scale, seeds=seeds, sets=sets)

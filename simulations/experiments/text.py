@@ -22,7 +22,6 @@ feed-forward. AdamW at lr 1e-3 for b = 128 with square-root scaling (``lr_for``)
 from __future__ import annotations
 
 import math
-import string
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,42 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
+
+from fl_client.text_model import (
+    EMBED_DIM,
+    NUM_HEADS,
+    NUM_LAYERS,
+    SEQ_LEN,
+    VOCAB,
+    CharTransformer,
+    build_text_model,
+)
+
+__all__ = [
+    "B_REF",
+    "DEFAULT_DATA_ROOT",
+    "EMBED_DIM",
+    "LAYOUT",
+    "LR_REF",
+    "NUM_HEADS",
+    "NUM_LAYERS",
+    "SEQ_LEN",
+    "TEXT_DATASETS",
+    "VOCAB",
+    "CharTransformer",
+    "TextDataError",
+    "TextSplits",
+    "build_text_model",
+    "char_accuracy",
+    "decode",
+    "encode",
+    "load_text",
+    "locate_text",
+    "lr_for",
+    "normalize_text",
+    "samples_to_target_text",
+    "windows",
+]
 
 #: The repository's sibling ``shared/data`` (the data kit), the default ``--data-root``.
 DEFAULT_DATA_ROOT = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -42,7 +77,6 @@ LAYOUT = (
     "<data-root>/text/tinyshakespeare.txt, <data-root>/text/austen/*.txt and "
     "<data-root>/text/dickens/*.txt (see shared/data/MANIFEST.md)"
 )
-VOCAB = string.ascii_letters + string.digits + string.punctuation + " \n"
 _CHAR_TO_ID = {c: i for i, c in enumerate(VOCAB)}
 _MAP = {
     "\u2018": "'",
@@ -57,10 +91,6 @@ _MAP = {
     "\u00a0": " ",
 }
 
-SEQ_LEN = 64
-EMBED_DIM = 256
-NUM_LAYERS = 6
-NUM_HEADS = 8  # the paper's 6 does not divide 256
 LR_REF = 1e-3
 B_REF = 128
 
@@ -146,54 +176,6 @@ def windows(
     x = ids[starts[:, None] + offsets]
     y = ids[starts[:, None] + offsets + 1]
     return x, y
-
-
-class CharTransformer(nn.Module):
-    """Decoder-only character transformer; ``forward`` returns logits (B, V, T).
-
-    The class dimension comes second so ``F.cross_entropy(logits, y)`` works on (B, T)
-    targets directly.
-    """
-
-    def __init__(
-        self,
-        vocab_size: int = len(VOCAB),
-        seq_len: int = SEQ_LEN,
-        embed_dim: int = EMBED_DIM,
-        num_layers: int = NUM_LAYERS,
-        num_heads: int = NUM_HEADS,
-        dropout: float = 0.0,
-    ) -> None:
-        super().__init__()
-        if embed_dim % num_heads:
-            raise ValueError(f"num-heads: {num_heads} does not divide embed-dim {embed_dim}")
-        self.seq_len = seq_len
-        self.tok = nn.Embedding(vocab_size, embed_dim)
-        self.pos = nn.Embedding(seq_len, embed_dim)
-        layer = nn.TransformerEncoderLayer(
-            embed_dim,
-            num_heads,
-            4 * embed_dim,
-            dropout=dropout,
-            activation="gelu",
-            batch_first=True,
-            norm_first=True,
-        )
-        self.blocks = nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
-        self.norm = nn.LayerNorm(embed_dim)
-        self.head = nn.Linear(embed_dim, vocab_size)
-        self.register_buffer(
-            "mask", torch.triu(torch.full((seq_len, seq_len), float("-inf")), 1), persistent=False
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        t = x.shape[1]
-        if t > self.seq_len:
-            raise ValueError(f"sequence length {t} > {self.seq_len}")
-        h = self.tok(x) + self.pos(torch.arange(t, device=x.device))
-        mask: torch.Tensor = self.mask  # type: ignore[assignment]
-        h = self.blocks(h, mask=mask[:t, :t], is_causal=True)
-        return self.head(self.norm(h)).transpose(1, 2)
 
 
 def lr_for(batch_size: int, lr_ref: float = LR_REF, b_ref: int = B_REF) -> float:

@@ -1,0 +1,218 @@
+"""Proxy-sensitivity study: config validation, a tiny image and a tiny text study end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fl_client import task
+from simulations.cli import main
+from simulations.experiments.config import ExperimentConfigError, load_any
+from simulations.experiments.proxy_sensitivity import SensitivityConfig
+from simulations.experiments.records import load_all
+
+REPO = Path(__file__).resolve().parents[2]
+
+TINY_IMAGE = """
+[experiment]
+name = "tiny-sens"
+study = "proxy-sensitivity"
+datasets = ["digits", "digits-parity"]
+accuracy = { digits = 0.4, digits-parity = 0.7 }
+reference-proxy = "digits"
+model = "cnn"
+devices = ["jetson-nano"]
+caps-w = [4.5, "none"]
+batch-sizes = [16, 64]
+lr-ref = 3e-3
+eval-every-samples = 128
+max-samples = 2048
+profile-steps = 1
+seeds = 1
+"""
+
+
+def _write(tmp_path: Path, text: str, name: str = "sens.toml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_shipped_files_parse_at_both_scales():
+    img = load_any(REPO / "configs/experiments/proxy-sensitivity-image.toml", scale="mini")
+    txt = load_any(REPO / "configs/experiments/proxy-sensitivity-text.toml", scale="paper")
+    assert isinstance(img, SensitivityConfig) and img.task == "image"
+    assert len(img.datasets) == 4 and img.model == "cnn"
+    assert txt.task == "text" and txt.model == "char-transformer"
+    assert txt.accuracy_of("austen") == 0.62 and txt.accuracy_of("dickens") == 0.61  # paper
+    assert txt.batch_sizes == (4, 8, 16, 32, 64, 128) and txt.lr_ref == 1e-3
+
+
+@pytest.mark.parametrize(
+    ("patch", "needle"),
+    [
+        ('datasets = ["digits", "austen"]\n', "mixes image and text datasets"),
+        ('datasets = ["digits"]\n', "datasets: must list at least 2 datasets"),
+        ('datasets = ["digits", "cifar10"]\n', "datasets: unknown value 'cifar10'"),
+        ("accuracy = { digits = 0.4 }\n", "accuracy: no accuracy target for digits-parity"),
+        (
+            "accuracy = { digits = 0.4, digits-parity = 0.7, svhn = 0.9 }\n",
+            "accuracy: svhn not in datasets",
+        ),
+        ("accuracy = { digits = 1.4, digits-parity = 0.7 }\n", "accuracy.digits: must be > 0"),
+        ('model = "char-transformer"\n', "model: unknown value 'char-transformer'; allowed: cnn"),
+        ('reference-proxy = "austen"\n', "reference-proxy: unknown value 'austen'"),
+        ("caps-w = []\n", "caps-w: must be a non-empty list (empty sweep)"),
+        ("bogus = 1\n", "unknown key(s) bogus"),
+    ],
+)
+def test_bad_files_name_the_key(tmp_path, patch, needle):
+    key = patch.split("=")[0].strip()
+    lines = [ln for ln in TINY_IMAGE.splitlines() if not ln.startswith(key + " ")]
+    with pytest.raises(ExperimentConfigError) as err:
+        load_any(_write(tmp_path, "\n".join(lines) + "\n" + patch))
+    assert needle in str(err.value)
+
+
+def _brute_force_choice(lut: dict, n_by_b: dict[int, int], cap_w: float | None):
+    """Eq. 4 written out: min over feasible (b, f) of r_b * t(b, f)."""
+    bs = [int(b) for b in lut["batch-sizes"]]
+    t = np.asarray(lut["time-per-sample-s"])
+    p = np.asarray(lut["peak-power-w"])
+    n_max = max(n_by_b.values())
+    best = None
+    for i, b in enumerate(bs):
+        for j, f in enumerate(lut["freqs-mhz"]):
+            if cap_w is not None and p[i, j] > cap_w:
+                continue
+            cost = n_by_b[b] / n_max * t[i, j]
+            if best is None or cost < best[0]:
+                best = (cost, b, f, t[i, j])
+    return best
+
+
+@pytest.fixture(scope="module")
+def tiny_image(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sens")
+    out = tmp / "out"
+    path = _write(tmp, TINY_IMAGE)
+    assert main(["experiment", "run", str(path), "--out", str(out), "--no-progress"]) == 0
+    return path, out
+
+
+def test_tiny_image_study_matrix_matches_eq4_written_out(tiny_image):
+    _, out = tiny_image
+    train = load_all(out / "records" / "train")
+    assert {(r["dataset"], r["batch-size"]) for r in train} == {
+        ("digits", 16),
+        ("digits", 64),
+        ("digits-parity", 16),
+        ("digits-parity", 64),
+    }
+    n = {(r["dataset"], r["batch-size"]): r["samples-to-target"] for r in train}
+    assert all(v is not None for v in n.values())  # real runs that reached the targets
+    [lut_rec] = load_all(out / "records" / "lut")
+    lut = lut_rec["lut"]
+    summary = json.loads((out / "summary.json").read_text())
+    caps = summary["devices"]["jetson-nano"]["caps"]
+    for cap_label, cap_w in (("4.5W", 4.5), ("none", None)):
+        for p in ("digits", "digits-parity"):
+            for t in ("digits", "digits-parity"):
+                cell = caps[cap_label]["matrix"][p][t]
+                n_p = {b: n[(p, b)] for b in (16, 64)}
+                n_t = {b: n[(t, b)] for b in (16, 64)}
+                _, b_p, f_p, t_p = _brute_force_choice(lut, n_p, cap_w)
+                _, b_o, f_o, t_o = _brute_force_choice(lut, n_t, cap_w)
+                expected = 100.0 * (n_t[b_p] * t_p / (n_t[b_o] * t_o) - 1.0)
+                assert cell["increase-pct"] == [pytest.approx(expected, abs=1e-9)]
+                assert cell["same-choice"] == int((b_p, f_p) == (b_o, f_o))
+                if p == t:
+                    assert cell["increase-pct"] == [0.0]
+    report = (out / "report.md").read_text()
+    assert "| proxy \\ target | digits | digits-parity |" in report
+    assert "methods with proxy `digits`" in report and "| Baseline 1 s |" in report
+    assert (out / "fig-proxy-sensitivity-jetson-nano.png").stat().st_size > 1000
+    rows = (out / "fig-proxy-sensitivity-jetson-nano.csv").read_text().splitlines()
+    assert rows[0] == "cap,proxy,target,increase-pct-mean" and len(rows) == 1 + 2 * 4
+
+
+def test_rerun_reuses_records_and_report_rerenders(tiny_image):
+    path, out = tiny_image
+    assert main(["experiment", "run", str(path), "--out", str(out), "--no-progress"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"] == {
+        "train-done": 0,
+        "train-reused": 4,
+        "luts-done": 0,
+        "luts-reused": 1,
+    }
+    (out / "report.md").unlink()
+    assert main(["experiment", "report", str(out)]) == 0
+    assert "Proxy sensitivity: tiny-sens" in (out / "report.md").read_text()
+
+
+def _kit(root: Path) -> None:
+    (root / "text" / "austen").mkdir(parents=True)
+    (root / "text" / "dickens").mkdir(parents=True)
+    (root / "text" / "tinyshakespeare.txt").write_text("abc abd abe " * 800)
+    (root / "text" / "austen" / "a.txt").write_text("the cat sat. " * 800)
+    (root / "text" / "dickens" / "d.txt").write_text("pip said no. " * 800)
+
+
+TINY_TEXT = """
+[experiment]
+name = "tiny-text"
+study = "proxy-sensitivity"
+datasets = ["tinyshakespeare", "austen", "dickens"]
+accuracy = { tinyshakespeare = 0.3, austen = 0.3, dickens = 0.3 }
+reference-proxy = "tinyshakespeare"
+model = "char-transformer-mini"
+devices = ["jetson-nano"]
+caps-w = [4.5]
+batch-sizes = [8, 32]
+lr-ref = 1e-2
+b-ref = 32
+eval-every-samples = 64
+max-samples = 1024
+eval-windows = 16
+profile-steps = 1
+seeds = 1
+"""
+
+
+def test_tiny_text_study_runs_on_a_data_root(tmp_path):
+    _kit(tmp_path / "kit")
+    out = tmp_path / "out"
+    path = _write(tmp_path, TINY_TEXT + f'data-root = "{tmp_path / "kit"}"\n')
+    assert main(["experiment", "run", str(path), "--out", str(out), "--no-progress"]) == 0
+    train = load_all(out / "records" / "train")
+    assert len(train) == 6
+    assert all(r["samples-to-target"] is not None for r in train)  # repetitive text: learnt
+    assert sorted({round(r["lr"], 12) for r in train}) == [pytest.approx(5e-3), 1e-2]
+    report = (out / "report.md").read_text()
+    assert "| tinyshakespeare | austen | dickens |" in report
+
+
+def test_missing_corpus_is_an_error_before_training(tmp_path, capsys):
+    out = tmp_path / "out"
+    path = _write(tmp_path, TINY_TEXT + f'data-root = "{tmp_path / "nowhere"}"\n')
+    assert main(["experiment", "run", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "data-root:" in err and "text/tinyshakespeare.txt" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("name", task.TEXT_MODEL_NAMES)
+def test_text_models_profile_like_image_models(name):
+    shape = task.input_shape_for(name)
+    assert shape == (64,)
+    model = task.build_model(name)
+    assert model(torch.zeros(2, *shape, dtype=torch.int64)).shape == (2, 96, 64)
+    task.make_train_step(name, shape, 2, seed=0, device="cpu")()  # one step, random chars
+    assert task.train_flops_per_sample(name, shape) > 0
+    small = task.estimate_train_memory_bytes(model, shape, 4)
+    assert task.estimate_train_memory_bytes(model, shape, 64) > small > 0
