@@ -19,7 +19,10 @@ For every dataset D of the study (each one serves as proxy and as target):
 Image datasets are views of scikit-learn's digits (the same 1,047-image pool, split 80/20
 per seed): ``digits``, ``digits-rotated`` (rotation ±25° + noise), ``digits-inverted``
 (inverted contrast + noise) and ``digits-parity`` (even/odd labels, a different task on the
-same images). Text datasets are the data kit's corpora (``data-root``).
+same images); or, for users who hold them under ``data-root``, the paper's kind of datasets
+read with torchvision and never downloaded (``cifar10``, ``svhn``, ``fashion-mnist``,
+``stl10``: a stratified ``image-subset-size`` subset of the train split, 80/20 per seed, at
+3×32×32). Text datasets are the data kit's corpora (``data-root``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +54,19 @@ from simulations.experiments.config import (
 )
 from simulations.experiments.records import digest, read_record, write_json
 
-IMAGE_DATASETS = ("digits", "digits-rotated", "digits-inverted", "digits-parity")
+DIGITS_VIEWS = ("digits", "digits-rotated", "digits-inverted", "digits-parity")
+#: Datasets read with torchvision from ``data-root`` (never downloaded): name → (torchvision
+#: class, the layout it expects under the root).
+TORCHVISION_DATASETS: dict[str, tuple[str, str]] = {
+    "cifar10": ("CIFAR10", "<data-root>/cifar-10-batches-py/{data_batch_1..5,test_batch}"),
+    "svhn": ("SVHN", "<data-root>/{train_32x32.mat,test_32x32.mat}"),
+    "fashion-mnist": (
+        "FashionMNIST",
+        "<data-root>/FashionMNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte",
+    ),
+    "stl10": ("STL10", "<data-root>/stl10_binary/{train,test}_{X,y}.bin"),
+}
+IMAGE_DATASETS = DIGITS_VIEWS + tuple(TORCHVISION_DATASETS)
 TEXT_DATASETS = ("tinyshakespeare", "austen", "dickens")
 CODE_VERSION = 1
 #: Transform noise of the image views (fixed, so a view is the same data for every run).
@@ -81,6 +97,7 @@ SENS_DEFAULTS: dict[str, Any] = {
     "data-root": "",  # text: the data kit (default ../shared/data beside the repository)
     "text-train-chars": 0,  # text: keep the first N training characters (0: all)
     "eval-windows": 512,  # text: test windows the character accuracy is measured on
+    "image-subset-size": 5000,  # torchvision sets: a stratified subset of the train split
     "profile-warmup-steps": 1,
     "profile-steps": 3,
     "torch-threads": 1,
@@ -115,6 +132,7 @@ class SensitivityConfig:
     data_root: str
     text_train_chars: int
     eval_windows: int
+    image_subset_size: int
     profile_warmup_steps: int
     profile_steps: int
     torch_threads: int
@@ -258,6 +276,7 @@ def parse_sensitivity(
         data_root=text("data-root"),
         text_train_chars=integer("text-train-chars", 0),
         eval_windows=integer("eval-windows", 1),
+        image_subset_size=integer("image-subset-size", 0),
         profile_warmup_steps=integer("profile-warmup-steps", 0),
         profile_steps=integer("profile-steps", 1),
         torch_threads=integer("torch-threads", 1),
@@ -282,9 +301,68 @@ def check_data(cfg: SensitivityConfig) -> dict[str, dict[str, int]]:
                 raise ExperimentConfigError(f"data-root: {err}") from None
             sizes[d] = {"train-chars": len(splits.train), "test-chars": len(splits.test)}
         else:
-            tr, te = image_sets(cfg, d, 0)
+            try:
+                tr, te = image_sets(cfg, d, 0)
+            except DataMissingError as err:
+                raise ExperimentConfigError(f"data-root: {err}") from None
             sizes[d] = {"train": len(tr), "test": len(te)}
     return sizes
+
+
+class DataMissingError(FileNotFoundError):
+    """A torchvision dataset that is not under ``data-root``; names the path and layout."""
+
+
+@lru_cache(maxsize=8)
+def _torchvision_subset(cfg: SensitivityConfig, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stratified ``image-subset-size`` subset of ``name``'s train split as standardised
+    3×32×32 float images and int64 labels (grey images repeated over 3 channels and padded,
+    larger ones resized)."""
+    import torchvision.datasets as tvd
+    from sklearn.model_selection import train_test_split
+
+    cls_name, layout = TORCHVISION_DATASETS[name]
+    if not cfg.data_root:
+        raise DataMissingError(f"{name}: set data-root to a folder holding {layout}")
+    root = Path(cfg.data_root).expanduser()
+    cls = getattr(tvd, cls_name)
+    try:
+        ds = (
+            cls(str(root), split="train", download=False)
+            if name in ("svhn", "stl10")
+            else (cls(str(root), train=True, download=False))
+        )
+    except RuntimeError as err:
+        raise DataMissingError(
+            f"{name}: not found under {root.resolve()} ({err}); expected {layout}"
+        ) from None
+    data = ds.data
+    x = torch.as_tensor(np.asarray(data))
+    labels = getattr(ds, "targets", None)
+    if labels is None:
+        labels = ds.labels
+    y = torch.as_tensor(np.asarray(labels), dtype=torch.int64)
+    if x.ndim == 3:  # N×H×W grey (FashionMNIST)
+        x = x[:, None].repeat(1, 3, 1, 1)
+    elif x.shape[-1] == 3:  # N×H×W×C (CIFAR)
+        x = x.permute(0, 3, 1, 2)
+    keep = np.arange(len(y))
+    if 0 < cfg.image_subset_size < len(y):
+        keep, _ = train_test_split(
+            keep, train_size=cfg.image_subset_size, stratify=y.numpy(), random_state=0
+        )
+        keep = np.sort(keep)
+    idx = torch.from_numpy(keep)
+    xf = x[idx].float() / 255.0
+    h = xf.shape[-1]
+    if h < 32:
+        pad = (32 - h) // 2
+        xf = torch.nn.functional.pad(xf, (pad, 32 - h - pad, pad, 32 - h - pad))
+    elif h > 32:
+        xf = torch.nn.functional.interpolate(xf, size=(32, 32), mode="area")
+    mean = xf.mean(dim=(0, 2, 3), keepdim=True)
+    std = xf.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
+    return ((xf - mean) / std).contiguous(), y[idx]
 
 
 def _text(cfg: SensitivityConfig, name: str) -> Any:
@@ -302,8 +380,10 @@ def image_sets(cfg: SensitivityConfig, name: str, seed: int) -> tuple[TensorData
 
     from simulations.experiments.datasets import rotate_and_noise
 
-    pool = task.load_digits_splits(0).pool
-    x, y = task.as_tensors(pool)
+    if name in TORCHVISION_DATASETS:
+        x, y = _torchvision_subset(cfg, name)
+    else:
+        x, y = task.as_tensors(task.load_digits_splits(0).pool)
     idx = np.arange(len(y))
     tr, te = train_test_split(
         idx, test_size=cfg.test_fraction, stratify=y.numpy(), random_state=seed
@@ -346,6 +426,8 @@ def train_key(cfg: SensitivityConfig, dataset: str, seed: int, b: int) -> str:
         data.update(
             {"test-fraction": cfg.test_fraction, "rotate": cfg.rotate_deg, "noise": cfg.noise_std}
         )
+        if dataset in TORCHVISION_DATASETS:
+            data.update({"data-root": cfg.data_root, "subset": cfg.image_subset_size})
     return digest(
         {
             "code": CODE_VERSION,

@@ -216,3 +216,55 @@ def test_text_models_profile_like_image_models(name):
     assert task.train_flops_per_sample(name, shape) > 0
     small = task.estimate_train_memory_bytes(model, shape, 4)
     assert task.estimate_train_memory_bytes(model, shape, 64) > small > 0
+
+
+def _fake_fashion_mnist(root: Path, n_train: int = 300) -> None:
+    """FashionMNIST's raw idx files (the format torchvision reads): class k is a bright
+    k-th row band on a dark 28×28 image, plus noise, so a CNN can learn it."""
+    raw = root / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", n_train), ("t10k", 50)):
+        y = np.arange(n, dtype=np.uint8) % 10
+        x = rng.integers(0, 60, size=(n, 28, 28), dtype=np.uint8)
+        for i, k in enumerate(y):
+            x[i, 2 + 2 * k : 4 + 2 * k, :] = 250
+        header = np.array([2051, n, 28, 28], dtype=">i4").tobytes()
+        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(header + x.tobytes())
+        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(
+            np.array([2049, n], dtype=">i4").tobytes() + y.tobytes()
+        )
+
+
+def test_torchvision_dataset_from_a_local_root(tmp_path):
+    from simulations.experiments.proxy_sensitivity import image_sets
+
+    _fake_fashion_mnist(tmp_path / "data")
+    text = TINY_IMAGE.replace('"digits-parity"]', '"fashion-mnist"]').replace(
+        "digits-parity = 0.7", "fashion-mnist = 0.5"
+    )
+    cfg = load_any(
+        _write(tmp_path, text + f'data-root = "{tmp_path / "data"}"\nimage-subset-size = 200\n')
+    )
+    train, test = image_sets(cfg, "fashion-mnist", 0)
+    assert len(train) + len(test) == 200 and len(test) == 40  # subset, then 80/20
+    x, y = train.tensors
+    assert x.shape[1:] == (3, 32, 32) and set(y.tolist()) == set(range(10))
+    assert abs(float(x.mean())) < 0.05  # standardised
+    out = tmp_path / "out"
+    path = _write(tmp_path, text + f'data-root = "{tmp_path / "data"}"\nimage-subset-size = 200\n')
+    assert main(["experiment", "run", str(path), "--out", str(out), "--no-progress"]) == 0
+    recs = [r for r in load_all(out / "records" / "train") if r["dataset"] == "fashion-mnist"]
+    assert len(recs) == 2 and all(r["sizes"] == {"train": 160, "test": 40} for r in recs)
+
+
+def test_missing_torchvision_dataset_names_path_and_layout(tmp_path, capsys):
+    text = TINY_IMAGE.replace('"digits-parity"]', '"cifar10"]').replace(
+        "digits-parity = 0.7", "cifar10 = 0.5"
+    )
+    out = tmp_path / "out"
+    path = _write(tmp_path, text + f'data-root = "{tmp_path / "none"}"\n')
+    assert main(["experiment", "run", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "data-root: cifar10: not found under" in err and "cifar-10-batches-py" in err
+    assert not out.exists()
