@@ -143,6 +143,82 @@ def _err(where: str, key: str, message: str) -> ExperimentConfigError:
     return ExperimentConfigError(f"{where}: {key}: {message}")
 
 
+class Fields:
+    """Typed reads of a merged experiment table; every error names the file and the key."""
+
+    def __init__(self, m: Mapping[str, Any], where: str, defaults: Mapping[str, Any]) -> None:
+        self.m, self.where = m, where
+        for key, default in defaults.items():
+            if default is None and m.get(key) is None:
+                raise _err(where, key, "required key missing")
+
+    def err(self, key: str, message: str) -> ExperimentConfigError:
+        return _err(self.where, key, message)
+
+    def text(self, key: str, allowed: tuple[str, ...] | None = None) -> str:
+        v = self.m[key]
+        if not isinstance(v, str):
+            raise self.err(key, f"must be a string, got {v!r}")
+        if allowed is not None and v not in allowed:
+            raise self.err(key, f"unknown value {v!r}; allowed: {', '.join(allowed)}")
+        return v
+
+    def str_list(
+        self, key: str, allowed: tuple[str, ...], *, empty_ok: bool = False, min_len: int = 1
+    ) -> tuple[str, ...]:
+        v = self.m[key]
+        if not isinstance(v, list) or (len(v) < min_len and not empty_ok):
+            what = "a non-empty list (empty sweep)" if min_len == 1 else f"≥ {min_len} values"
+            raise self.err(key, f"must be {what}; got {v!r}")
+        for x in v:
+            if x not in allowed:
+                raise self.err(key, f"unknown value {x!r}; allowed: {', '.join(allowed)}")
+        if len(set(v)) != len(v):
+            raise self.err(key, f"duplicate values in {v!r}")
+        return tuple(v)
+
+    def integer(self, key: str, lo: int) -> int:
+        v = self.m[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise self.err(key, f"must be an integer ≥ {lo}, got {v!r}")
+        return v
+
+    def number(self, key: str, lo: float, hi: float = math.inf, open_lo: bool = True) -> float:
+        v = self.m[key]
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise self.err(key, f"must be a number, got {v!r}")
+        x = float(v)
+        ok = (x > lo if open_lo else x >= lo) and x < hi and not math.isnan(x)
+        if not ok:
+            lo_s = f"> {lo:g}" if open_lo else f"≥ {lo:g}"
+            hi_s = "" if math.isinf(hi) else f" and < {hi:g}"
+            raise self.err(key, f"must be {lo_s}{hi_s}, got {v!r}")
+        return x
+
+    def caps(self, key: str = "caps-w") -> tuple[float | None, ...]:
+        """A non-empty list of caps in W (``"none"``: no cap), without duplicates."""
+        raw = self.m[key]
+        if not isinstance(raw, list) or not raw:
+            raise self.err(key, f"must be a non-empty list (empty sweep); got {raw!r}")
+        caps: list[float | None] = []
+        for c in raw:
+            try:
+                caps.append(selector.validate_p_max_w(c))
+            except ValueError:
+                raise self.err(
+                    key, f"{c!r} is not a cap; allowed: numbers of watts > 0 or 'none'"
+                ) from None
+        if len(set(caps)) != len(caps):
+            raise self.err(key, f"duplicate caps in {raw!r}")
+        return tuple(caps)
+
+    def batch_sizes(self, key: str = "batch-sizes") -> tuple[int, ...]:
+        try:
+            return tuple(selector.validate_batch_sizes(self.m[key]))
+        except ValueError as exc:
+            raise ExperimentConfigError(f"{self.where}: {exc}") from None
+
+
 def check_keys(
     table: Mapping[str, Any], where: str, section: str, allowed: Mapping[str, Any]
 ) -> None:
@@ -291,68 +367,13 @@ def parse_experiment(
 
 
 def _build(m: Mapping[str, Any], where: str, scale: str) -> SingleDeviceConfig:
-    for key, default in _DEFAULTS.items():
-        if default is None and m.get(key) is None:
-            raise _err(where, key, "required key missing")
-
-    def text(key: str, allowed: tuple[str, ...] | None = None) -> str:
-        v = m[key]
-        if not isinstance(v, str):
-            raise _err(where, key, f"must be a string, got {v!r}")
-        if allowed is not None and v not in allowed:
-            raise _err(where, key, f"unknown value {v!r}; allowed: {', '.join(allowed)}")
-        return v
-
-    def str_list(key: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
-        v = m[key]
-        if not isinstance(v, list) or not v:
-            raise _err(where, key, f"must be a non-empty list (empty sweep); got {v!r}")
-        for x in v:
-            if x not in allowed:
-                raise _err(where, key, f"unknown value {x!r}; allowed: {', '.join(allowed)}")
-        if len(set(v)) != len(v):
-            raise _err(where, key, f"duplicate values in {v!r}")
-        return tuple(v)
-
-    def integer(key: str, lo: int) -> int:
-        v = m[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise _err(where, key, f"must be an integer ≥ {lo}, got {v!r}")
-        return v
-
-    def number(key: str, lo: float, hi: float = math.inf, open_lo: bool = True) -> float:
-        v = m[key]
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise _err(where, key, f"must be a number, got {v!r}")
-        x = float(v)
-        ok = (x > lo if open_lo else x >= lo) and x < hi
-        if not ok or math.isnan(x):
-            lo_s = f"> {lo:g}" if open_lo else f"≥ {lo:g}"
-            hi_s = "" if math.isinf(hi) else f" and < {hi:g}"
-            raise _err(where, key, f"must be {lo_s}{hi_s}, got {v!r}")
-        return x
-
     from fl_client.devices.simulated import available_device_kinds
 
-    kinds = available_device_kinds()
-    devices = str_list("devices", tuple(kinds))
-    caps_raw = m["caps-w"]
-    if not isinstance(caps_raw, list) or not caps_raw:
-        raise _err(where, "caps-w", f"must be a non-empty list (empty sweep); got {caps_raw!r}")
-    caps: list[float | None] = []
-    for c in caps_raw:
-        try:
-            caps.append(selector.validate_p_max_w(c))
-        except ValueError:
-            raise _err(
-                where, "caps-w", f"{c!r} is not a cap; allowed: numbers of watts > 0 or 'none'"
-            ) from None
-    if len(set(caps)) != len(caps):
-        raise _err(where, "caps-w", f"duplicate caps in {caps_raw!r}")
-    try:
-        batch_sizes = selector.validate_batch_sizes(m["batch-sizes"])
-    except ValueError as exc:
-        raise ExperimentConfigError(f"{where}: {exc}") from None
+    f = Fields(m, where, _DEFAULTS)
+    text, str_list, integer, number = f.text, f.str_list, f.integer, f.number
+    devices = str_list("devices", tuple(available_device_kinds()))
+    caps = f.caps()
+    batch_sizes = f.batch_sizes()
     b_ref = integer("b-ref", 1)
     cfg = SingleDeviceConfig(
         name=text("name"),

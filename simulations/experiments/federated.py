@@ -53,6 +53,7 @@ from fl_client.settings import (
 from simulations.experiments.config import (
     STUDY_METHODS,
     ExperimentConfigError,
+    Fields,
     merge_scale,
 )
 from simulations.experiments.records import digest, read_record, write_json
@@ -200,54 +201,12 @@ def parse_federated(
 
 
 def _build(m: Mapping[str, Any], where: str, scale: str) -> FederatedConfig:
-    from fl_client import selector, task
+    from fl_client import task
 
-    for key, default in FED_DEFAULTS.items():
-        if default is None and m.get(key) is None:
-            raise _err(where, key, "required key missing")
-
-    def text(key: str, allowed: tuple[str, ...] | None = None) -> str:
-        v = m[key]
-        if not isinstance(v, str):
-            raise _err(where, key, f"must be a string, got {v!r}")
-        if allowed is not None and v not in allowed:
-            raise _err(where, key, f"unknown value {v!r}; allowed: {', '.join(allowed)}")
-        return v
-
-    def str_list(key: str, allowed: tuple[str, ...], empty_ok: bool = False) -> tuple[str, ...]:
-        v = m[key]
-        if not isinstance(v, list) or (not v and not empty_ok):
-            raise _err(where, key, f"must be a non-empty list (empty sweep); got {v!r}")
-        for x in v:
-            if x not in allowed:
-                raise _err(where, key, f"unknown value {x!r}; allowed: {', '.join(allowed)}")
-        if len(set(v)) != len(v):
-            raise _err(where, key, f"duplicate values in {v!r}")
-        return tuple(v)
-
-    def integer(key: str, lo: int) -> int:
-        v = m[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise _err(where, key, f"must be an integer ≥ {lo}, got {v!r}")
-        return v
-
-    def number(key: str, lo: float, hi: float = math.inf, open_lo: bool = True) -> float:
-        v = m[key]
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise _err(where, key, f"must be a number, got {v!r}")
-        x = float(v)
-        ok = (x > lo if open_lo else x >= lo) and x < hi and not math.isnan(x)
-        if not ok:
-            lo_s = f"> {lo:g}" if open_lo else f"≥ {lo:g}"
-            hi_s = "" if math.isinf(hi) else f" and < {hi:g}"
-            raise _err(where, key, f"must be {lo_s}{hi_s}, got {v!r}")
-        return x
-
+    f = Fields(m, where, FED_DEFAULTS)
+    text, str_list, integer, number = f.text, f.str_list, f.integer, f.number
     study = text("study", (STUDY,))
-    try:
-        batch_sizes = tuple(selector.validate_batch_sizes(m["batch-sizes"]))
-    except ValueError as exc:
-        raise _err(where, "batch-sizes", str(exc)) from None
+    batch_sizes = f.batch_sizes()
     scenarios = str_list("scenarios", SCENARIOS, empty_ok=True)
     cfg = FederatedConfig(
         name=text("name"),

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -49,6 +48,7 @@ from fl_client.profiler import profile
 from simulations.experiments.config import (
     TORCH_DEVICES,
     ExperimentConfigError,
+    Fields,
     _err,
     merge_scale,
 )
@@ -173,45 +173,9 @@ def parse_sensitivity(
 ) -> SensitivityConfig:
     """Validate a parsed proxy-sensitivity experiment (errors name the key, before any run)."""
     m = merge_scale(data, where, SENS_DEFAULTS, scale=scale, seeds=seeds, sets=sets)
-    for key, default in SENS_DEFAULTS.items():
-        if default is None and m.get(key) is None:
-            raise _err(where, key, "required key missing")
-
-    def text(key: str, allowed: tuple[str, ...] | None = None) -> str:
-        v = m[key]
-        if not isinstance(v, str):
-            raise _err(where, key, f"must be a string, got {v!r}")
-        if allowed is not None and v not in allowed:
-            raise _err(where, key, f"unknown value {v!r}; allowed: {', '.join(allowed)}")
-        return v
-
-    def integer(key: str, lo: int) -> int:
-        v = m[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise _err(where, key, f"must be an integer ≥ {lo}, got {v!r}")
-        return v
-
-    def number(key: str, lo: float, hi: float = math.inf, open_lo: bool = True) -> float:
-        v = m[key]
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise _err(where, key, f"must be a number, got {v!r}")
-        x = float(v)
-        if not ((x > lo if open_lo else x >= lo) and x < hi):
-            hi_s = "" if math.isinf(hi) else f" and < {hi:g}"
-            raise _err(where, key, f"must be {'>' if open_lo else '≥'} {lo:g}{hi_s}, got {v!r}")
-        return x
-
-    allowed_sets = IMAGE_DATASETS + TEXT_DATASETS
-    ds = m["datasets"]
-    if not isinstance(ds, list) or len(ds) < 2:
-        raise _err(where, "datasets", f"must list at least 2 datasets; got {ds!r}")
-    for d in ds:
-        if d not in allowed_sets:
-            raise _err(
-                where, "datasets", f"unknown value {d!r}; allowed: {', '.join(allowed_sets)}"
-            )
-    if len(set(ds)) != len(ds):
-        raise _err(where, "datasets", f"duplicate values in {ds!r}")
+    f = Fields(m, where, SENS_DEFAULTS)
+    text, integer, number = f.text, f.integer, f.number
+    ds = list(f.str_list("datasets", IMAGE_DATASETS + TEXT_DATASETS, min_len=2))
     kinds = {"text" if d in TEXT_DATASETS else "image" for d in ds}
     if len(kinds) != 1:
         raise _err(where, "datasets", "mixes image and text datasets; one task per study")
@@ -230,28 +194,9 @@ def parse_sensitivity(
         if isinstance(a, bool) or not isinstance(a, int | float) or not 0 < float(a) < 1:
             raise _err(where, f"accuracy.{d}", f"must be > 0 and < 1, got {a!r}")
     models = task.TEXT_MODEL_NAMES if kind == "text" else task.MODEL_NAMES
-    caps_raw = m["caps-w"]
-    if not isinstance(caps_raw, list) or not caps_raw:
-        raise _err(where, "caps-w", f"must be a non-empty list (empty sweep); got {caps_raw!r}")
-    caps: list[float | None] = []
-    for c in caps_raw:
-        try:
-            caps.append(selector.validate_p_max_w(c))
-        except ValueError:
-            raise _err(
-                where, "caps-w", f"{c!r} is not a cap; allowed: numbers of watts > 0 or 'none'"
-            ) from None
-    devs = m["devices"]
-    kinds_dev = available_device_kinds()
-    if not isinstance(devs, list) or not devs:
-        raise _err(where, "devices", f"must be a non-empty list (empty sweep); got {devs!r}")
-    for d in devs:
-        if d not in kinds_dev:
-            raise _err(where, "devices", f"unknown value {d!r}; allowed: {', '.join(kinds_dev)}")
-    try:
-        batch_sizes = selector.validate_batch_sizes(m["batch-sizes"])
-    except ValueError as exc:
-        raise ExperimentConfigError(f"{where}: {exc}") from None
+    caps = f.caps()
+    devs = f.str_list("devices", tuple(available_device_kinds()))
+    batch_sizes = f.batch_sizes()
     return SensitivityConfig(
         name=text("name"),
         study=text("study", ("proxy-sensitivity",)),

@@ -56,8 +56,8 @@ def test_shipped_files_parse_at_both_scales():
     ("patch", "needle"),
     [
         ('datasets = ["digits", "austen"]\n', "mixes image and text datasets"),
-        ('datasets = ["digits"]\n', "datasets: must list at least 2 datasets"),
-        ('datasets = ["digits", "cifar10"]\n', "datasets: unknown value 'cifar10'"),
+        ('datasets = ["digits"]\n', "datasets: must be ≥ 2 values"),
+        ('datasets = ["digits", "imagenet"]\n', "datasets: unknown value 'imagenet'"),
         ("accuracy = { digits = 0.4 }\n", "accuracy: no accuracy target for digits-parity"),
         (
             "accuracy = { digits = 0.4, digits-parity = 0.7, svhn = 0.9 }\n",
