@@ -194,6 +194,21 @@ class REstimate:
         return est
 
 
+def r_from_samples(
+    n_by_b: Mapping[int, int | None], batch_sizes: Sequence[int]
+) -> tuple[list[int], list[float]]:
+    """Eq. 3 over the batch sizes that reached the target: (those b, r_b = N(b) / max N).
+
+    ``n_by_b`` maps b to its samples to the accuracy target (None: never reached); batch
+    sizes that never reached it are left out, so the result may be empty.
+    """
+    reached = [b for b in batch_sizes if n_by_b.get(b) is not None]
+    if not reached:
+        return [], []
+    n_max = max(float(n_by_b[b] or 0) for b in reached)
+    return reached, [float(n_by_b[b] or 0) / n_max for b in reached]
+
+
 def validate_settings(
     batch_sizes: Sequence[int],
     *,

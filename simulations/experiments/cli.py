@@ -19,6 +19,7 @@ from simulations.experiments.config import (
     SCALES,
     ExperimentConfigError,
     SingleDeviceConfig,
+    config_key,
     load_any,
 )
 from simulations.experiments.records import write_json
@@ -84,56 +85,85 @@ def run_experiment(
         return run_federated_experiment(cfg, path, out=out, progress=progress, command=command)
     from simulations.experiments.datasets import study_data
     from simulations.experiments.report import render
-    from simulations.experiments.single_device import (
-        _data_kwargs,
-        resolve_torch_device,
-        run_study,
-        torch_device_name,
+    from simulations.experiments.single_device import _data_kwargs, run_study
+
+    device = _torch_device(cfg, path)
+    sizes = study_data(seed=0, **_data_kwargs(cfg)).sizes()
+    out_dir, manifest = _start(
+        cfg, path, out, command, sizes=sizes, note=DATA_NOTE, torch_device=device
     )
+    t0 = time.perf_counter()
+    counts = run_study(cfg, out_dir, progress=progress, only_training=only_training)
+    if only_training:
+        _finish(out_dir, manifest, counts, t0, complete=False, stage="training")
+        return out_dir
+    manifest.pop("stage", None)
+    _finish(out_dir, manifest, counts, t0, complete=True)
+    render(out_dir)
+    return out_dir
+
+
+def _torch_device(cfg: Any, path: str | Path) -> str:
+    """The study's ``torch-device`` as recorded; 'cuda' without a GPU is an error now."""
+    from simulations.experiments.single_device import resolve_torch_device, torch_device_name
 
     try:
-        device = torch_device_name(resolve_torch_device(cfg.torch_device))
+        return torch_device_name(resolve_torch_device(cfg.torch_device))
     except RuntimeError as err:
         raise ExperimentConfigError(f"{path}: {err}") from None
+
+
+def _start(
+    cfg: Any,
+    path: str | Path,
+    out: str | Path | None,
+    command: str | None,
+    *,
+    note: str,
+    sizes: Mapping[str, Any] | None = None,
+    torch_device: str | None = None,
+) -> tuple[Path, dict[str, Any]]:
+    """Create the output folder (with a copy of the experiment file) and its manifest."""
     out_dir = Path(out) if out is not None else default_out(cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "experiment.toml").write_text(Path(path).read_text(encoding="utf-8"))
-    sizes = study_data(seed=0, **_data_kwargs(cfg)).sizes()
+    host: dict[str, Any] = {"cpus": os.cpu_count()}
+    if torch_device is not None:
+        host["torch-device"] = torch_device
     manifest: dict[str, Any] = {
         "study": cfg.study,
         "experiment-file": str(path),
         "command": command or "powerfl " + shlex.join(sys.argv[1:]),
         "config": cfg.to_dict(),
-        "config-key": cfg.key(),
-        "data-sizes": sizes,
-        "data-note": DATA_NOTE,
+        "config-key": config_key(cfg),
+        **({"data-sizes": dict(sizes)} if sizes is not None else {}),
+        "data-note": note,
         "versions": _versions(),
-        "host": {"cpus": os.cpu_count(), "torch-device": device},
+        "host": host,
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "complete": False,
     }
     write_json(out_dir / "manifest.json", manifest)
-    t0 = time.perf_counter()
-    counts = run_study(cfg, out_dir, progress=progress, only_training=only_training)
-    if only_training:
-        manifest.update(
-            stage="training",
-            counts=counts,
-            **{"wall-s": time.perf_counter() - t0},
-            finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        )
-        write_json(out_dir / "manifest.json", manifest)
-        return out_dir
-    manifest.pop("stage", None)
+    return out_dir, manifest
+
+
+def _finish(
+    out_dir: Path,
+    manifest: dict[str, Any],
+    counts: Mapping[str, int],
+    t0: float,
+    *,
+    complete: bool,
+    **extra: Any,
+) -> None:
     manifest.update(
-        complete=True,
-        counts=counts,
+        complete=complete,
+        counts=dict(counts),
         **{"wall-s": time.perf_counter() - t0},
         finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **extra,
     )
     write_json(out_dir / "manifest.json", manifest)
-    render(out_dir)
-    return out_dir
 
 
 FEDERATED_NOTE = (
@@ -158,30 +188,10 @@ def run_federated_experiment(
     from simulations.experiments.federated import run_study
     from simulations.experiments.federated_report import render
 
-    out_dir = Path(out) if out is not None else default_out(cfg)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "experiment.toml").write_text(Path(path).read_text(encoding="utf-8"))
-    manifest: dict[str, Any] = {
-        "study": cfg.study,
-        "experiment-file": str(path),
-        "command": command or "powerfl " + shlex.join(sys.argv[1:]),
-        "config": cfg.to_dict(),
-        "data-note": FEDERATED_NOTE,
-        "versions": _versions(),
-        "host": {"cpus": os.cpu_count()},
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "complete": False,
-    }
-    write_json(out_dir / "manifest.json", manifest)
+    out_dir, manifest = _start(cfg, path, out, command, note=FEDERATED_NOTE)
     t0 = time.perf_counter()
     counts = run_study(cfg, out_dir, progress=progress)
-    manifest.update(
-        complete=counts["cells-failed"] == 0,
-        counts=counts,
-        **{"wall-s": time.perf_counter() - t0},
-        finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    )
-    write_json(out_dir / "manifest.json", manifest)
+    _finish(out_dir, manifest, counts, t0, complete=counts["cells-failed"] == 0)
     render(out_dir)
     return out_dir
 
@@ -197,39 +207,14 @@ def run_sensitivity_experiment(
     """Run (or resume) a proxy-sensitivity study; write records, plots and report.md."""
     from simulations.experiments.proxy_sensitivity import check_data, run_sensitivity
     from simulations.experiments.sensitivity_report import render
-    from simulations.experiments.single_device import resolve_torch_device, torch_device_name
 
-    try:
-        device = torch_device_name(resolve_torch_device(cfg.torch_device))
-    except RuntimeError as err:
-        raise ExperimentConfigError(f"{path}: {err}") from None
+    device = _torch_device(cfg, path)
     sizes = check_data(cfg)  # a missing corpus is an error before any training
-    out_dir = Path(out) if out is not None else default_out(cfg)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "experiment.toml").write_text(Path(path).read_text(encoding="utf-8"))
-    manifest: dict[str, Any] = {
-        "study": cfg.study,
-        "experiment-file": str(path),
-        "command": command or "powerfl " + shlex.join(sys.argv[1:]),
-        "config": cfg.to_dict(),
-        "config-key": cfg.key(),
-        "data-sizes": sizes,
-        "data-note": SENSITIVITY_NOTE_TEXT if cfg.task == "text" else SENSITIVITY_NOTE_IMAGE,
-        "versions": _versions(),
-        "host": {"cpus": os.cpu_count(), "torch-device": device},
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "complete": False,
-    }
-    write_json(out_dir / "manifest.json", manifest)
+    note = SENSITIVITY_NOTE_TEXT if cfg.task == "text" else SENSITIVITY_NOTE_IMAGE
+    out_dir, manifest = _start(cfg, path, out, command, note=note, sizes=sizes, torch_device=device)
     t0 = time.perf_counter()
     counts = run_sensitivity(cfg, out_dir, progress=progress)
-    manifest.update(
-        complete=True,
-        counts=counts,
-        **{"wall-s": time.perf_counter() - t0},
-        finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    )
-    write_json(out_dir / "manifest.json", manifest)
+    _finish(out_dir, manifest, counts, t0, complete=True)
     render(out_dir)
     return out_dir
 

@@ -91,14 +91,19 @@ class SingleDeviceConfig:
         return out
 
     def key(self) -> str:
-        """sha256 of the settings that change results (not name/description)."""
-        d = self.to_dict()
-        for k in ("name", "description"):
-            d.pop(k, None)
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+        return config_key(self)
 
     def seed_list(self) -> list[int]:
         return list(range(self.seeds))
+
+
+def config_key(cfg: Any) -> str:
+    """sha256 of a study config's settings that change results (``to_dict`` without name and
+    description)."""
+    d = cfg.to_dict()
+    for k in ("name", "description"):
+        d.pop(k, None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 
 #: Allowed keys and their defaults (None: required). Values are validated in ``_build``.

@@ -27,8 +27,6 @@ read with torchvision and never downloaded (``cifar10``, ``svhn``, ``fashion-mni
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -50,9 +48,11 @@ from simulations.experiments.config import (
     ExperimentConfigError,
     Fields,
     _err,
+    config_key,
     merge_scale,
 )
 from simulations.experiments.records import digest, read_record, write_json
+from strategies.r_estimation import r_from_samples
 
 DIGITS_VIEWS = ("digits", "digits-rotated", "digits-inverted", "digits-parity")
 #: Datasets read with torchvision from ``data-root`` (never downloaded): name → (torchvision
@@ -157,10 +157,7 @@ class SensitivityConfig:
         return out
 
     def key(self) -> str:
-        d = self.to_dict()
-        for k in ("name", "description"):
-            d.pop(k, None)
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+        return config_key(self)
 
 
 def parse_sensitivity(
@@ -627,15 +624,6 @@ class Grid:
         return float(self.time_per_sample_s[i, j]), float(self.avg_power_w[i, j])
 
 
-def r_of(n_by_b: Mapping[int, int | None], sizes: list[int]) -> tuple[list[int], list[float]]:
-    """Eq. 3 over the batch sizes that reached the target: (those b, r_b)."""
-    reached = [b for b in sizes if n_by_b.get(b) is not None]
-    if not reached:
-        return [], []
-    n_max = max(float(n_by_b[b] or 0) for b in reached)
-    return reached, [float(n_by_b[b] or 0) / n_max for b in reached]
-
-
 def choose(
     method: str,
     grid: Grid,
@@ -653,12 +641,12 @@ def choose(
         if method == "b1":
             sel = selector.select_b1(sizes, grid.freqs_mhz, f_cap)
         else:
-            bs, r = r_of(n_proxy, sizes)
+            bs, r = r_from_samples(n_proxy, sizes)
             if not bs:
                 raise ValueError("no batch size reached the proxy's accuracy target")
             sel = selector.select_b2(bs, grid.freqs_mhz, r, f_cap)
         return sel.batch_size, sel.freq_mhz
-    bs, r = r_of(n_proxy, sizes)
+    bs, r = r_from_samples(n_proxy, sizes)
     if not bs:
         raise ValueError("no batch size reached the accuracy target")
     t_rows, p_rows = grid.rows(bs)

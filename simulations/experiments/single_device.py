@@ -52,7 +52,7 @@ from fl_client.profiler import LUT, profile
 from simulations.experiments.config import SingleDeviceConfig
 from simulations.experiments.datasets import StudyData, study_data
 from simulations.experiments.records import digest, read_record, write_json
-from strategies.r_estimation import samples_to_target
+from strategies.r_estimation import r_from_samples, samples_to_target
 
 log = logging.getLogger(__name__)
 
@@ -299,15 +299,6 @@ def torch_device_name(device: torch.device) -> str:
     return device.type
 
 
-def _r_for(n_by_b: dict[int, int | None], sizes: list[int]) -> tuple[list[int], list[float]]:
-    """Eq. 3 over the batch sizes that reached the target: (those b, r_b)."""
-    reached = [b for b in sizes if n_by_b.get(b) is not None]
-    if not reached:
-        return [], []
-    n_max = max(float(n_by_b[b] or 0) for b in reached)
-    return reached, [float(n_by_b[b] or 0) / n_max for b in reached]
-
-
 def _account(
     device_kind: str,
     seed: int,
@@ -364,8 +355,8 @@ def run_cell(
     workload = _workload(model)
     sizes = _fitting_batch_sizes(cfg, model, device_kind)
     freqs = [float(f) for f in spec.gpu_freqs_mhz]
-    proxy_b, proxy_r = _r_for(n_proxy, sizes)
-    target_b, target_r = _r_for(n_target, sizes)
+    proxy_b, proxy_r = r_from_samples(n_proxy, sizes)
+    target_b, target_r = r_from_samples(n_target, sizes)
     methods: dict[str, Any] = {}
     lut: LUT | None = None
     if any(m in ("power-aware", "oracle") for m in cfg.methods):
