@@ -56,6 +56,15 @@ class NodeContext:
     num_partitions: int
     cache_dir: Path
 
+    @property
+    def cap_margin(self) -> float:
+        """This node's ``cap-margin`` if it has one, else the run setting."""
+        return self.settings.cap_margin if self.node.cap_margin is None else self.node.cap_margin
+
+    def selection_cap_w(self, p_max_w: float) -> float:
+        """What profiled peaks must stay below under ``p_max_w``: P_max less ``cap-margin``."""
+        return selector.margin_cap_w(p_max_w, self.cap_margin)
+
 
 def node_context(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) -> NodeContext:
     """Validated run settings and this node's settings (from node_config or the fleet)."""
@@ -287,8 +296,10 @@ def _luts(
 ) -> tuple[dict[float, LUT], bool, float, float]:
     """The LUT per cap, and (all from cache, profile time, profile energy).
 
-    With a cap schedule, every cap of the schedule gets its LUT (profiled once, cached), so
-    later rounds re-select from the cache without profiling.
+    Each LUT is profiled in efficient mode for the cap less ``cap-margin``
+    (``NodeContext.selection_cap_w``). With a cap schedule, every cap of the schedule gets
+    its LUT (profiled once, cached), so later rounds re-select from the cache without
+    profiling.
     """
     s = ctx.settings
     caps = ctx.node.scheduled_caps_w if ctx.node.p_max_schedule else (p_max_w,)
@@ -296,13 +307,14 @@ def _luts(
     all_cached = True
     luts: dict[float, LUT] = {}
     for cap in caps:
+        select_cap_w = ctx.selection_cap_w(cap)
         lut, cached = load_or_profile(
             device,
             workload,
             batch_sizes,
             lambda b: task.make_train_step(model_name, task.IMAGE_SHAPE, b),
             ctx.cache_dir / "lut",
-            p_max_w=None if math.isinf(cap) else cap,
+            p_max_w=None if math.isinf(select_cap_w) else select_cap_w,
             uncapped="full" if s.profile_grid == "full" else "highest",
             progress=False,
         )
@@ -485,6 +497,7 @@ def train_node(
     local_epochs = int(config.get("local-epochs", s.local_epochs))
     server_round = int(config.get("server-round", 0))
     p_max_w = ctx.node.p_max_at(server_round)
+    select_cap_w = ctx.selection_cap_w(p_max_w)
     deadline_s = float(config["deadline-s"]) if "deadline-s" in config else None
     if deadline_s is not None and not (deadline_s > 0 and math.isfinite(deadline_s)):
         raise SettingsError(f"deadline-s: must be a finite number of seconds > 0, got {deadline_s}")
@@ -520,7 +533,7 @@ def train_node(
             else None
         )
         try:
-            choice = _select(method, lut, batch_sizes, r, r_true, p_max_w, device, config)
+            choice = _select(method, lut, batch_sizes, r, r_true, p_max_w, ctx, device, config)
         except selector.InfeasibleCapError as err:
             if not ctx.node.p_max_schedule:
                 raise
@@ -539,11 +552,15 @@ def train_node(
                     b_cap = (
                         choice
                         if cap == p_max_w
-                        else _select(method, cap_lut, batch_sizes, r, r_true, cap, device, config)
+                        else _select(
+                            method, cap_lut, batch_sizes, r, r_true, cap, ctx, device, config
+                        )
                     ).batch_size
                 except selector.InfeasibleCapError:
                     continue  # that cap's rounds are skipped anyway
-                cap_row, row_cached = _row_lut(ctx, device, workload, model_name, b_cap, cap)
+                cap_row, row_cached = _row_lut(
+                    ctx, device, workload, model_name, b_cap, ctx.selection_cap_w(cap)
+                )
                 if not row_cached:
                     profile_time_s += cap_row.profile_time_s
                     profile_energy_j += cap_row.profile_energy_j
@@ -555,7 +572,7 @@ def train_node(
                 plan_lut,
                 choice.batch_size,
                 choice.freq_mhz,
-                p_max_w,
+                select_cap_w,
                 local_epochs * len(train_data),
                 deadline_s,
                 margin=s.pacing_margin,
@@ -594,7 +611,7 @@ def train_node(
                 plan_lut,
                 choice.batch_size,
                 run_freq_mhz,
-                p_max_w,
+                select_cap_w,
             )
             profile_time_s += drift.time_s
             profile_energy_j += drift.energy_j
@@ -610,6 +627,7 @@ def train_node(
         # Board power when idle (NaN: unknown), for the energy spent waiting for the round
         "idle-power-w": idle_w,
         "p-max-w": p_max_w,
+        "cap-margin": ctx.cap_margin,
         "batch-size": float(choice.batch_size),
         "gpu-freq-mhz": float(run_freq_mhz),
         "profile-time-s": profile_time_s,
@@ -640,7 +658,7 @@ def train_node(
         metrics["drift-deviation"] = drift.deviation
         metrics["drift-reprofiled"] = float(drift.reprofiled)
         if drift.reprofiled:
-            again = _select(method, drift.lut, batch_sizes, r, r_true, p_max_w, device, config)
+            again = _select(method, drift.lut, batch_sizes, r, r_true, p_max_w, ctx, device, config)
             metrics["drift-batch-size"] = float(again.batch_size)
             metrics["drift-freq-mhz"] = float(again.freq_mhz)
     info = {
@@ -697,21 +715,28 @@ def _select(
     r: list[float],
     r_true: list[float] | None,
     p_max_w: float,
+    ctx: NodeContext,
     device: Device,
     config: Mapping[str, Any],
 ) -> selector.Selection:
+    """The round's (b*, f*): Eq. 4 under P_max less the node's ``cap-margin`` (power-aware,
+    oracle), or the baselines' rules (B1 and B2 take their frequency band from P_max)."""
     freqs_mhz = [float(f) for f in device.gpu_freqs_mhz]
     lut_time_s = None if lut is None else lut.time_per_sample_s
     lut_power_w = None if lut is None else lut.peak_power_w
-    if method == "power-aware":
+    if method in ("power-aware", "oracle"):
         assert lut_time_s is not None and lut_power_w is not None
-        return selector.select_power_aware(
-            lut_time_s, lut_power_w, batch_sizes, freqs_mhz, r=r, p_max_w=p_max_w
-        )
-    if method == "oracle":
-        assert r_true is not None and lut_time_s is not None and lut_power_w is not None
-        return selector.select_oracle(
-            lut_time_s, lut_power_w, batch_sizes, freqs_mhz, r=r_true, p_max_w=p_max_w
+        r_eq4 = r if method == "power-aware" else r_true
+        assert r_eq4 is not None
+        return selector.select(
+            method,
+            lut_time_s=lut_time_s,
+            lut_power_w=lut_power_w,
+            batch_sizes=batch_sizes,
+            freqs_mhz=freqs_mhz,
+            r=r_eq4,
+            p_max_w=p_max_w,
+            cap_margin=ctx.cap_margin,
         )
     if method in ("b1", "b2"):
         cap = b1_freq_cap_mhz(device, p_max_w)

@@ -8,7 +8,8 @@ was not profiled (efficient mode). NumPy only: no torch, no Flower.
 Methods (``METHODS``):
 
 * ``power-aware`` — Eq. 4 / Algorithm 1: for each b the highest frequency whose peak power
-  is below P_max, then the b minimising time per sample × r_b (r from the server's proxy).
+  is below P_max (less an optional ``cap-margin``), then the b minimising time per sample ×
+  r_b (r from the server's proxy).
 * ``oracle`` — the same with r measured on the client's own data (the paper's "fastest
   configuration").
 * ``b1`` — largest b, highest table frequency at or below the device's fixed safe cap.
@@ -51,18 +52,35 @@ class InfeasibleCapError(ValueError):
         Batch size of the cell where ``min_power_w`` was measured.
     freq_mhz : float
         GPU frequency of that cell.
+    cap_margin : float
+        The share of P_max that was kept free (``margin_cap_w``); 0 for the bare cap.
     """
 
-    def __init__(self, p_max_w: float, min_power_w: float, batch_size: int, freq_mhz: float):
+    def __init__(
+        self,
+        p_max_w: float,
+        min_power_w: float,
+        batch_size: int,
+        freq_mhz: float,
+        cap_margin: float = 0.0,
+    ):
         self.p_max_w = p_max_w
         self.min_power_w = min_power_w
         self.batch_size = batch_size
         self.freq_mhz = freq_mhz
+        self.cap_margin = cap_margin
+        limit = f"P_max = {p_max_w:g} W"
+        fix = f"Raise p-max-w above {min_power_w:.3f} W"
+        if cap_margin > 0:
+            limit += (
+                f" less cap-margin {100 * cap_margin:g}% "
+                f"({margin_cap_w(p_max_w, cap_margin):.3f} W)"
+            )
+            fix = f"Raise p-max-w above {min_power_w / (1 - cap_margin):.3f} W, lower cap-margin"
         super().__init__(
-            f"p-max-w: no (batch size, GPU frequency) runs below P_max = {p_max_w:g} W; the "
+            f"p-max-w: no (batch size, GPU frequency) runs below {limit}; the "
             f"lowest measured peak power is {min_power_w:.3f} W (b={batch_size}, "
-            f"f={freq_mhz:g} MHz). Raise p-max-w above {min_power_w:.3f} W or add smaller "
-            "batch sizes / lower frequencies."
+            f"f={freq_mhz:g} MHz). {fix} or add smaller batch sizes / lower frequencies."
         )
 
 
@@ -187,6 +205,33 @@ def validate_p_max_w(p_max_w: object) -> float | None:
     if math.isnan(value) or value <= 0:
         raise ValueError(f"p-max-w: must be {allowed}; got {p_max_w!r}")
     return value
+
+
+def validate_cap_margin(cap_margin: object) -> float:
+    """Check ``cap-margin``: the share of P_max kept free of profiled peak power, in [0, 1).
+
+    Raises
+    ------
+    ValueError
+        For a non-number, NaN, a negative value or one ≥ 1.
+    """
+    allowed = "a number in [0, 1) (a share of P_max, e.g. 0.05)"
+    if isinstance(cap_margin, bool) or not isinstance(cap_margin, numbers.Real):
+        raise ValueError(f"cap-margin: must be {allowed}; got {cap_margin!r}")
+    value = float(cap_margin)
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"cap-margin: must be {allowed}; got {cap_margin!r}")
+    return value
+
+
+def margin_cap_w(p_max_w: float, cap_margin: float) -> float:
+    """The power a profiled peak must stay below: ``P_max · (1 − cap_margin)`` (inf: no cap).
+
+    One profiled peak is a noisy sample of a cell's power, and training runs many more
+    steps than profiling: keeping profiled peaks ``cap_margin`` below P_max leaves room for
+    the sensor's excursions above what profiling saw.
+    """
+    return math.inf if math.isinf(p_max_w) else p_max_w * (1.0 - cap_margin)
 
 
 def validate_batch_sizes(batch_sizes: Sequence[object]) -> list[int]:
@@ -457,19 +502,21 @@ def _select_eq4(
     freqs_mhz: Sequence[float],
     r: Sequence[float],
     p_max_w: float | str | None,
+    cap_margin: float,
 ) -> Selection:
     b_list = validate_batch_sizes(batch_sizes)
     f_list = validate_freqs_mhz(freqs_mhz)
     r_list = _validate_r_for(r, b_list)
     cap = validate_p_max_w(p_max_w)
+    margin = validate_cap_margin(cap_margin)
     time_s, power_w = validate_tables(lut_time_s, lut_power_w, len(b_list), len(f_list))
-    index = feasible_freq_indices(power_w, cap)
+    index = feasible_freq_indices(power_w, None if cap is None else margin_cap_w(cap, margin))
     candidates = _candidates_at(b_list, f_list, index, time_s, power_w, r_list)
     feasible = [c for c in candidates if c.freq_mhz is not None]
     if not feasible:
         assert cap is not None  # without a cap every row with a measured cell is feasible
         i, j = np.unravel_index(int(np.nanargmin(power_w)), power_w.shape)
-        raise InfeasibleCapError(cap, float(power_w[i, j]), b_list[i], f_list[j])
+        raise InfeasibleCapError(cap, float(power_w[i, j]), b_list[i], f_list[j], margin)
     # Ties in the score go to the lower power (same time, less energy), then the larger b.
     best = min(feasible, key=lambda c: (c.score, c.peak_power_w, -c.batch_size))
     return _selection(method, best, cap, candidates)
@@ -482,12 +529,14 @@ def select_power_aware(
     freqs_mhz: Sequence[float],
     r: Sequence[float],
     p_max_w: float | str | None,
+    *,
+    cap_margin: float = 0.0,
 ) -> Selection:
     """Eq. 4 / Algorithm 1: the (b, f) minimising time per sample × r_b under P_max.
 
     For each b the frequency is ``feasible_freq_index`` of its power row (the highest f
-    below the cap); among those candidates the smallest ``lut_time_s[b, f] × r_b`` wins
-    (ties: lower peak power, then larger b).
+    below the cap, less ``cap_margin``); among those candidates the smallest
+    ``lut_time_s[b, f] × r_b`` wins (ties: lower peak power, then larger b).
 
     Parameters
     ----------
@@ -503,11 +552,14 @@ def select_power_aware(
         Eq. 3's r_b per batch size, each in (0, 1], from the server's proxy training.
     p_max_w : float, str or None
         The cap P_max in W; None / "none" / infinity for no cap.
+    cap_margin : float
+        Share of P_max kept free (``validate_cap_margin``): a cell is feasible when its
+        profiled peak is below ``P_max · (1 − cap_margin)``; 0 is the paper's rule.
 
     Returns
     -------
     Selection
-        With ``method="power-aware"`` and the candidate set C.
+        With ``method="power-aware"``, ``p_max_w`` the cap itself, and the candidate set C.
 
     Raises
     ------
@@ -516,7 +568,9 @@ def select_power_aware(
     ValueError
         For malformed inputs (the message names the key).
     """
-    return _select_eq4("power-aware", lut_time_s, lut_power_w, batch_sizes, freqs_mhz, r, p_max_w)
+    return _select_eq4(
+        "power-aware", lut_time_s, lut_power_w, batch_sizes, freqs_mhz, r, p_max_w, cap_margin
+    )
 
 
 def select_oracle(
@@ -526,13 +580,17 @@ def select_oracle(
     freqs_mhz: Sequence[float],
     r: Sequence[float],
     p_max_w: float | str | None,
+    *,
+    cap_margin: float = 0.0,
 ) -> Selection:
     """The paper's "fastest configuration": Eq. 4 with r measured on the client's own data.
 
     Same parameters as ``select_power_aware``; ``r`` is the true r of the target data.
     Returns a Selection with ``method="oracle"``.
     """
-    return _select_eq4("oracle", lut_time_s, lut_power_w, batch_sizes, freqs_mhz, r, p_max_w)
+    return _select_eq4(
+        "oracle", lut_time_s, lut_power_w, batch_sizes, freqs_mhz, r, p_max_w, cap_margin
+    )
 
 
 def _select_at_fixed_cap(
@@ -684,6 +742,7 @@ def select(
     lut_power_w: npt.ArrayLike | None = None,
     r: Sequence[float] | None = None,
     p_max_w: float | str | None = None,
+    cap_margin: float = 0.0,
     b1_freq_cap_mhz: float | None = None,
     fixed_batch_size: int | None = None,
     fixed_freq_mhz: float | None = None,
@@ -698,8 +757,8 @@ def select(
         a forgotten cap is an error here, not "no cap"); ``b1`` needs ``b1_freq_cap_mhz``;
         ``b2`` needs ``r`` and ``b1_freq_cap_mhz``; ``fixed`` needs ``fixed_batch_size`` and
         ``fixed_freq_mhz``. The tables are optional for the baselines (predictions only).
-    batch_sizes, freqs_mhz, lut_time_s, lut_power_w, r, p_max_w, b1_freq_cap_mhz
-        As in the per-method functions.
+    batch_sizes, freqs_mhz, lut_time_s, lut_power_w, r, p_max_w, cap_margin, b1_freq_cap_mhz
+        As in the per-method functions (``cap_margin``: power-aware and oracle only).
     fixed_batch_size, fixed_freq_mhz
         The (b, f) of ``fixed``.
 
@@ -729,6 +788,7 @@ def select(
             freqs_mhz,
             need("r", r),
             need("p-max-w", p_max_w),
+            cap_margin=cap_margin,
         )
     if method == "b1":
         cap = need("b1-freq-cap-mhz", b1_freq_cap_mhz)

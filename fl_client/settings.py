@@ -6,7 +6,7 @@ import itertools
 import math
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +187,11 @@ class RunSettings:
     pacing: str = "off"
     pacing_margin: float = 0.05
     pacing_deadline_s: float = 0.0
+    #: ``cap-margin``: share of P_max kept free of profiled peak power (a node's own
+    #: ``cap-margin`` overrides it). One profiled peak is a noisy sample and training runs
+    #: many more steps than profiling, so a cell is feasible only when its profiled peak is
+    #: ≤ P_max · (1 − cap-margin); 0 is the paper's rule.
+    cap_margin: float = 0.05
     #: Every ``drift-check-every`` rounds (0: never) a node compares its measured time per
     #: sample and average power with its LUT; beyond ``drift-threshold`` (relative) it
     #: re-profiles its batch size's row up to the cap.
@@ -230,6 +235,7 @@ class RunSettings:
             profile_grid=_choice(cfg, "profile-grid", PROFILE_GRIDS),
             fixed_batch_size=int(fixed_b) if fixed_b not in (None, "", 0) else None,
             fixed_freq_mhz=float(fixed_f) if fixed_f not in (None, "", 0) else None,
+            cap_margin=_fraction(cfg, "cap-margin", 0.05),
             pacing=_choice({"pacing": cfg.get("pacing", "off")}, "pacing", PACING_MODES),
             pacing_margin=_fraction(cfg, "pacing-margin", 0.05),
             pacing_deadline_s=_nonneg(cfg, "pacing-deadline-s", 0.0),
@@ -269,6 +275,7 @@ _KNOWN_KEYS = {
     "profile-grid",
     "fixed-batch-size",
     "fixed-freq-mhz",
+    "cap-margin",
     "pacing",
     "pacing-margin",
     "pacing-deadline-s",
@@ -297,6 +304,8 @@ class NodeSettings:
     #: ``p-max-schedule``: (first round, cap in W) steps, ascending, the first at round 1;
     #: empty = the fixed ``p_max_w`` every round.
     p_max_schedule: tuple[tuple[int, float], ...] = ()
+    #: ``cap-margin`` of this node (None: the run setting's).
+    cap_margin: float | None = None
 
     @property
     def p_max_label(self) -> str:
@@ -383,6 +392,10 @@ def parse_p_max_schedule(
     return tuple(steps)
 
 
+#: Keys of a fleet entry or node_config that are node settings, not backend options.
+NODE_KEYS = ("name", "device", "backend", "p-max-w", "p-max-schedule", "cap-margin")
+
+
 def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) -> NodeSettings:
     from fl_client.devices import BACKENDS
 
@@ -415,11 +428,13 @@ def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) 
             )
         schedule = parse_p_max_schedule(entry["p-max-schedule"], f"{where} ({name})")
         p_max_w = schedule[0][1]
-    options = {
-        k: v
-        for k, v in entry.items()
-        if k not in ("name", "device", "backend", "p-max-w", "p-max-schedule", "count")
-    }
+    cap_margin = None
+    if "cap-margin" in entry:
+        try:
+            cap_margin = _fraction(entry, "cap-margin", 0.0)
+        except SettingsError as err:
+            raise SettingsError(f"{where} ({name}): {err}") from None
+    options = {k: v for k, v in entry.items() if k not in (*NODE_KEYS, "count")}
     return NodeSettings(
         name=name,
         device=device,
@@ -427,6 +442,7 @@ def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) 
         p_max_w=p_max_w,
         options=options,
         p_max_schedule=schedule,
+        cap_margin=cap_margin,
     )
 
 
@@ -456,16 +472,7 @@ def load_fleet(path: str | Path) -> list[NodeSettings]:
         base = _node_from_mapping(entry, where, default_name=f"node-{i}")
         for k in range(count):
             name = base.name if count == 1 else f"{base.name}-{k + 1}"
-            nodes.append(
-                NodeSettings(
-                    name,
-                    base.device,
-                    base.backend,
-                    base.p_max_w,
-                    dict(base.options),
-                    base.p_max_schedule,
-                )
-            )
+            nodes.append(replace(base, name=name, options=dict(base.options)))
     names = [n.name for n in nodes]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

@@ -239,6 +239,52 @@ def test_infeasible_cap_names_cap_and_lowest_measured_power():
     assert isinstance(err, ValueError)
 
 
+def test_cap_margin_keeps_profiled_peaks_below_the_reduced_cap():
+    # b=8 peaks at 4.9 W at 300 MHz and 4.6 W at 200 MHz under a 5 W cap
+    time = np.array([[3.0, 2.0, 1.5], [2.5, 1.2, 0.9]])
+    power = np.array([[3.0, 4.6, 4.9], [4.0, 5.5, 6.0]])
+    args = (time, power, [8, 16], [100.0, 200.0, 300.0], [1.0, 1.0], 5.0)
+    bare = select_power_aware(*args)
+    assert (bare.batch_size, bare.freq_mhz) == (8, 300.0)
+    # 5 % of 5 W leaves 4.75 W: 4.9 W no longer fits, 4.6 W does
+    kept = select_power_aware(*args, cap_margin=0.05)
+    assert (kept.batch_size, kept.freq_mhz, kept.p_max_w) == (8, 200.0, 5.0)
+    assert (
+        select(
+            "power-aware",
+            batch_sizes=[8, 16],
+            freqs_mhz=[100.0, 200.0, 300.0],
+            lut_time_s=time,
+            lut_power_w=power,
+            r=[1.0, 1.0],
+            p_max_w=5.0,
+            cap_margin=0.05,
+        )
+        == kept
+    )
+    # without a cap the margin changes nothing
+    assert select_power_aware(*args[:-1], math.inf, cap_margin=0.5) == select_power_aware(
+        *args[:-1], math.inf
+    )
+    with pytest.raises(InfeasibleCapError) as info:
+        select_power_aware(*args[:-1], 3.1, cap_margin=0.05)
+    assert info.value.cap_margin == 0.05
+    assert "less cap-margin 5% (2.945 W)" in str(info.value)
+    assert "Raise p-max-w above 3.158 W, lower cap-margin" in str(info.value)
+
+
+@pytest.mark.parametrize("value", [-0.01, 1.0, 2, float("nan"), "0.1", True, None])
+def test_bad_cap_margin_is_refused_with_the_key(value):
+    with pytest.raises(ValueError, match=r"cap-margin: must be a number in \[0, 1\)"):
+        selector.validate_cap_margin(value)
+
+
+def test_margin_cap_w():
+    assert selector.margin_cap_w(4.5, 0.05) == pytest.approx(4.275)
+    assert selector.margin_cap_w(4.5, 0.0) == 4.5
+    assert math.isinf(selector.margin_cap_w(math.inf, 0.05))
+
+
 def test_oracle_is_eq4_with_its_own_r():
     time = np.array([[2.0, 1.0], [1.2, 0.55]])
     power = np.array([[1.0, 2.0], [2.0, 4.0]])

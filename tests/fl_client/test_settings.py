@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -41,10 +42,13 @@ def test_overrides_win():
         ({"lr-ref": "fast"}, "lr-ref: expected a number"),
         ({"partitioning": "shards"}, "partitioning: unknown value 'shards'"),
         ({"method": "fixed"}, "method: 'fixed' needs fixed-batch-size and fixed-freq-mhz"),
+        ({"cap-margin": 1.0}, "cap-margin: expected a number in [0, 1), got 1.0"),
+        ({"cap-margin": -0.05}, "cap-margin: expected a number in [0, 1), got -0.05"),
+        ({"cap-margin": "lots"}, "cap-margin: expected a number in [0, 1), got 'lots'"),
     ],
 )
 def test_bad_run_settings_name_the_key(override, message):
-    with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace("[", r"\[")):
+    with pytest.raises(SettingsError, match=re.escape(message)):
         RunSettings.from_config(override)
 
 
@@ -131,3 +135,22 @@ def test_backend_options_in_fleet_and_node_config_reach_the_device_options(tmp_p
     )
     assert node.options == {"sysfs-root": "/tmp/x"}
     assert DeviceOptions.from_config(node.options).sysfs_root == "/tmp/x"
+
+
+def test_cap_margin_default_and_per_node_override(tmp_path):
+    assert RunSettings.from_config({}).cap_margin == 0.05
+    assert RunSettings.from_config({"cap-margin": 0}).cap_margin == 0.0
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(
+        '[[node]]\nname = "tight"\ndevice = "jetson-nano"\np-max-w = 4.5\n'
+        "cap-margin = 0.1\ncount = 2\n"
+        '[[node]]\nname = "plain"\ndevice = "jetson-nano"\np-max-w = 7\n'
+    )
+    nodes = load_fleet(fleet)
+    assert [n.cap_margin for n in nodes] == [0.1, 0.1, None]
+    assert "cap-margin" not in nodes[0].options  # a node setting, not a backend option
+    node, _, _ = node_settings({"device": "jetson-nano", "cap-margin": "0.02"}, None)
+    assert node.cap_margin == 0.02
+    fleet.write_text('[[node]]\nname = "bad"\ndevice = "jetson-nano"\ncap-margin = 1.5\n')
+    with pytest.raises(SettingsError, match=r"node #1 \(bad\): cap-margin: expected a number"):
+        load_fleet(fleet)
