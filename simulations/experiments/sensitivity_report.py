@@ -139,6 +139,12 @@ def analyse(
     return out
 
 
+def _ms(xs: list[float]) -> tuple[float | None, float | None]:
+    """Mean ± std, no std for a single seed."""
+    m, s = _mean_std(xs)
+    return m, (s if len(xs) > 1 else None)
+
+
 def _cell_text(cell: Mapping[str, Any]) -> str:
     xs = cell["increase-pct"]
     if not xs:
@@ -233,12 +239,12 @@ def render(out: Path) -> Path:
                 cells.append("(not run)")
             elif len(got) < len(xs):
                 cells.append(
-                    f"{_fmt(*_mean_std(got), digits=0)} ({len(xs) - len(got)}/{len(xs)} —)"
+                    f"{_fmt(*_ms(got), digits=0)} ({len(xs) - len(got)}/{len(xs)} —)"
                     if got
                     else "—"
                 )
             else:
-                cells.append(_fmt(*_mean_std(got), digits=0))
+                cells.append(_fmt(*_ms(got), digits=0))
         add(f"| {d} | {config['accuracy'][d]:g} | " + " | ".join(cells) + " |")
     add("")
     figs: list[str] = []
@@ -289,8 +295,8 @@ def render(out: Path) -> Path:
             for cap, c in a["caps"].items():
                 ms = c["methods"][t]
                 means = {m: _mean_std(ms[m]["time-s"])[0] for m in METHODS}
-                e_cells = [_fmt(*_mean_std(ms[m]["energy-j"])) for m in METHODS]
-                t_cells = [_fmt(*_mean_std(ms[m]["time-s"])) for m in METHODS]
+                e_cells = [_fmt(*_ms(ms[m]["energy-j"])) for m in METHODS]
+                t_cells = [_fmt(*_ms(ms[m]["time-s"])) for m in METHODS]
 
                 ratios = [
                     _ratio_of(means, "b1", "power-aware"),
