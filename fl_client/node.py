@@ -21,12 +21,16 @@ from fl_client import selector, task
 from fl_client.devices import Device, DeviceOptions, Workload, cap_guard, locked, open_device
 from fl_client.profiler import (
     LUT,
+    add_measured_cell,
+    load_on_demand,
     load_or_profile,
     lut_cache_path,
     measure_cell,
     merge_cells,
+    on_demand_path,
     profile,
     scale_cells,
+    time_per_sample_s,
 )
 from fl_client.settings import (
     NodeSettings,
@@ -229,15 +233,17 @@ def plan_pacing(
     margin: float = 0.05,
     time_calibration: float = 1.0,
     idle_power_w: float = 0.0,
+    reserved_s: float = 0.0,
 ) -> PacePlan:
     """Deadline-aware pacing: the frequency of least predicted energy that meets the deadline.
 
     Candidates are the measured frequencies of ``batch_size``'s row at or below f* that are
     feasible under ``p_max_w`` (``selector.feasible_freq_index``), and f* itself. Pacing
     only ever slows a node down: b* and the cap are kept. A candidate meets the deadline
-    when its predicted time is ≤ ``deadline_s × (1 − margin)``; among those the one with the
-    least predicted energy (LUT average power × time) wins. Without a deadline, or when no
-    candidate meets it, the node runs at f* (its fastest).
+    when ``reserved_s`` (device time this round spent before training, e.g. measuring
+    cells for pacing) plus its predicted time is ≤ ``deadline_s × (1 − margin)``; among
+    those the one with the least predicted energy (LUT average power × time) wins. Without
+    a deadline, or when no candidate meets it, the node runs at f* (its fastest).
 
     In a synchronous round a node that finishes early idles until the round ends, so its
     energy over the round is ``(P_avg(f) − P_idle) · t(f) + P_idle · T`` with T the round's
@@ -270,12 +276,12 @@ def plan_pacing(
 
     chosen, meets = j_star, deadline_s is None
     if deadline_s is not None:
-        budget_s = deadline_s * (1.0 - margin)
+        budget_s = deadline_s * (1.0 - margin) - reserved_s
         meeting = [j for j in cands if time_s(j) <= budget_s]
         if meeting:
             chosen, meets = min(meeting, key=lambda j: (energy_above_idle_j(j), -j)), True
         else:
-            meets = time_s(j_star) <= deadline_s
+            meets = reserved_s + time_s(j_star) <= deadline_s
     return PacePlan(
         freq_mhz=float(lut.freqs_mhz[chosen]),
         predicted_time_s=time_s(chosen),
@@ -326,28 +332,142 @@ def _luts(
     return luts, all_cached, time_s, energy_j
 
 
-def _row_lut(
+#: The pacing walk stops once a cell's predicted energy above idle is this share above the
+#: least found so far: energy over f has one minimum (static power × time grows as f falls,
+#: dynamic energy shrinks), and a measured cell is noisy by a few percent, so a smaller rise
+#: is not yet proof of having passed the minimum.
+PACING_ENERGY_RISE_STOP = 0.05
+
+
+def pacing_walk(
+    lut: LUT,
+    batch_size: int,
+    f_star_mhz: float,
+    budget_s: float,
+    measure: Callable[[float], tuple[LUT, float]],
+    *,
+    samples: float,
+    cell_samples: int,
+    idle_power_w: float = 0.0,
+) -> LUT:
+    """The cells pacing can use: b*'s row from f* down while slowing down can still pay.
+
+    Walks b*'s row one frequency at a time from f* down. A cell the LUT lacks is measured
+    (``measure(freq_mhz)`` returns the LUT with that cell and the device time it took)
+    only if, after what this walk already measured, measuring it (``cell_samples``: warm-up
+    and measured steps × b, at most the next higher frequency's time per sample × their f
+    ratio, as time = a + c/f with a ≥ 0) and then training (``samples``: the round's samples
+    × time calibration) at the next higher frequency still fit in ``budget_s`` (the
+    deadline less its margin). So measuring never makes a node the round's straggler: the
+    frequency above always remains to run at; what does not fit this round is measured in
+    a later one.
+
+    The walk stops at the first frequency the node cannot afford to measure, whose time
+    does not fit ``budget_s`` (time rises as f falls, so no lower frequency fits either; a
+    node whose f* already misses it measures nothing), or whose predicted energy per sample
+    above ``idle_power_w`` is ``PACING_ENERGY_RISE_STOP`` above the least seen (past the
+    energy minimum lower frequencies only cost more). Cells already in ``lut`` cost
+    nothing, so with a cache only a looser deadline measures anything new. Returns the LUT
+    with every cell the walk measured.
+    """
+    i = lut.batch_sizes.index(batch_size)
+    least_j = math.inf
+    spent_s = 0.0
+    j_star = _freq_index(lut.freqs_mhz, f_star_mhz)
+    for j in range(j_star, -1, -1):
+        if math.isnan(lut.time_per_sample_s[i, j]):
+            above = float(lut.time_per_sample_s[i, j + 1])
+            bound = above * lut.freqs_mhz[j + 1] / lut.freqs_mhz[j]
+            if spent_s + cell_samples * bound + samples * above > budget_s:
+                break
+            lut, cell_s = measure(lut.freqs_mhz[j])
+            spent_s += cell_s
+        t = float(lut.time_per_sample_s[i, j])
+        if not spent_s + samples * t <= budget_s:
+            break
+        energy_j = (float(lut.avg_power_w[i, j]) - idle_power_w) * t
+        if energy_j > least_j * (1.0 + PACING_ENERGY_RISE_STOP):
+            break
+        least_j = min(least_j, energy_j)
+    return lut
+
+
+@dataclass(frozen=True)
+class PacingCells:
+    """What pacing plans from: the LUT with the on-demand cells, and what measuring cost."""
+
+    plan_lut: LUT  # the selection LUT, gaps filled from ``cells``
+    cells: LUT | None  # this node's on-demand cells (cached), None if there are none
+    time_s: float  # device time and energy of the cells measured this round
+    energy_j: float
+    measured: int  # how many cells were measured this round
+
+
+def _pacing_cells(
     ctx: NodeContext,
     device: Device,
     workload: Workload,
     model_name: str,
-    batch_size: int,
-    p_max_w: float,
-) -> tuple[LUT, bool]:
-    """b*'s row from the lowest frequency up to the cap (the whole row without a cap), cached.
+    lut: LUT,
+    choice: selector.Selection,
+    samples: int,
+    deadline_s: float | None,
+    time_calibration: float,
+    idle_power_w: float,
+) -> PacingCells:
+    """``lut`` with the cells of b*'s row that pacing needs, measured lazily and cached.
 
-    Efficient profiling of the single batch size b* is exactly that walk.
+    Without a deadline (round 1) nothing is measured: pacing runs at f*, whose cell the LUT
+    has. With one, ``pacing_walk`` goes down b*'s row from f* (reusing the cells efficient
+    profiling measured); new cells go to this node's on-demand cache, kept apart from the
+    selection LUT so they never change (b*, f*).
     """
-    return load_or_profile(
-        device,
-        workload,
-        [batch_size],
-        lambda b: task.make_train_step(model_name, task.IMAGE_SHAPE, b),
-        ctx.cache_dir / "lut",
-        p_max_w=None if math.isinf(p_max_w) else p_max_w,
-        uncapped="full",
-        progress=False,
+    cache = ctx.cache_dir / "lut"
+    cells = load_on_demand(cache, device, workload, lut.batch_sizes)
+    plan = lut if cells is None else merge_cells(lut, cells, overwrite=False)
+    if deadline_s is None:
+        return PacingCells(plan, cells, 0.0, 0.0, 0)
+    step = task.make_train_step(model_name, task.IMAGE_SHAPE, choice.batch_size)
+    time_s = energy_j = 0.0
+    measured = 0
+
+    def measure(freq_mhz: float) -> tuple[LUT, float]:
+        nonlocal cells, time_s, energy_j, measured
+        cells, cell_time_s, cell_energy_j = add_measured_cell(
+            cells,
+            device,
+            workload,
+            lut.batch_sizes,
+            choice.batch_size,
+            step,
+            freq_mhz,
+            warmup_steps=lut.warmup_steps,
+            steps=lut.steps,
+        )
+        time_s, energy_j, measured = time_s + cell_time_s, energy_j + cell_energy_j, measured + 1
+        return merge_cells(lut, cells, overwrite=False), cell_time_s
+
+    plan = pacing_walk(
+        plan,
+        choice.batch_size,
+        choice.freq_mhz,
+        deadline_s * (1.0 - ctx.settings.pacing_margin),
+        measure,
+        samples=samples * time_calibration,
+        cell_samples=(lut.warmup_steps + lut.steps) * choice.batch_size,
+        idle_power_w=idle_power_w,
     )
+    if cells is not None and measured:
+        _save(cells, on_demand_path(cache, device, workload, lut.batch_sizes))
+    return PacingCells(plan, cells, time_s, energy_j, measured)
+
+
+def _save(lut: LUT, path: Path) -> None:
+    """Write a LUT to the cache; a cache that cannot be written only costs a warning."""
+    try:
+        lut.save(path)
+    except OSError as err:
+        log.warning("could not update the LUT cache %s (%s)", path, err)
 
 
 @dataclass(frozen=True)
@@ -356,7 +476,8 @@ class DriftCheck:
 
     deviation: float  # largest relative deviation of time, peak and average power
     reprofiled: bool
-    lut: LUT  # the LUT after the check (updated if re-profiled)
+    lut: LUT  # the selection LUT after the check (updated if re-profiled)
+    cells: LUT | None  # the on-demand cells after the check (scaled if re-profiled)
     time_s: float  # device time of the check and any re-profiling
     energy_j: float
 
@@ -370,16 +491,20 @@ def check_drift(
     batch_size: int,
     freq_mhz: float,
     p_max_w: float,
+    cells: LUT | None = None,
 ) -> DriftCheck:
     """Measure (b, f) as the profiler did and compare with the LUT; re-profile b's row if off.
 
-    Beyond ``drift-threshold`` (relative, on time per sample, peak or average power), b's
-    row is profiled again from the lowest frequency up to the cap, merged over the LUT
-    (fresh cells win; the other rows scaled by the change measured on this row) and written
-    to the cache, so the node re-selects from it.
+    The prediction is the selection LUT's cell, or the on-demand ``cells``' where the LUT
+    has none (a paced frequency). Beyond ``drift-threshold`` (relative, on time per sample,
+    peak or average power), b's row is profiled again from the lowest frequency up to
+    ``p_max_w`` (the selection cap), merged over the LUT (fresh cells win; the other rows,
+    and the on-demand cells, scaled by the change measured on this row) and both are
+    written to the cache, so the node re-selects from them.
     """
-    i = lut.batch_sizes.index(batch_size)
-    j = _freq_index(lut.freqs_mhz, freq_mhz)
+    known = lut if cells is None else merge_cells(lut, cells, overwrite=False)
+    i = known.batch_sizes.index(batch_size)
+    j = _freq_index(known.freqs_mhz, freq_mhz)
     step = task.make_train_step(model_name, task.IMAGE_SHAPE, batch_size)
     m, time_s, energy_j = measure_cell(
         device,
@@ -390,15 +515,15 @@ def check_drift(
         warmup_steps=lut.warmup_steps,
         steps=lut.steps,
     )
-    measured = (
-        m.time_s / (m.samples if m.samples > 0 else batch_size * lut.steps),
-        m.peak_power_w,
-        m.avg_power_w,
+    measured = (time_per_sample_s(m, batch_size, lut.steps), m.peak_power_w, m.avg_power_w)
+    predicted = (
+        known.time_per_sample_s[i, j],
+        known.peak_power_w[i, j],
+        known.avg_power_w[i, j],
     )
-    predicted = (lut.time_per_sample_s[i, j], lut.peak_power_w[i, j], lut.avg_power_w[i, j])
     deviation = max(abs(x / float(p) - 1.0) for x, p in zip(measured, predicted, strict=True))
     if not deviation > ctx.settings.drift_threshold:
-        return DriftCheck(deviation, False, lut, time_s, energy_j)
+        return DriftCheck(deviation, False, lut, cells, time_s, energy_j)
     cap = None if math.isinf(p_max_w) else p_max_w
     row = profile(
         device,
@@ -414,10 +539,9 @@ def check_drift(
     # The other rows are scaled by the change measured on b's row (a uniform drift, such as
     # throttling or a busy neighbour, moves every b alike) until they are measured again, so
     # fresh and stale rows stay comparable for Eq. 4.
-    old, new = lut.batch_sizes.index(batch_size), 0
-    both = ~np.isnan(lut.time_per_sample_s[old]) & ~np.isnan(row.time_per_sample_s[new])
+    both = ~np.isnan(known.time_per_sample_s[i]) & ~np.isnan(row.time_per_sample_s[0])
     factors = {
-        name: float(np.median(getattr(row, attr)[new, both] / getattr(lut, attr)[old, both]))
+        name: float(np.median(getattr(row, attr)[0, both] / getattr(known, attr)[i, both]))
         if both.any()
         else 1.0
         for name, attr in (
@@ -428,31 +552,16 @@ def check_drift(
     }
     new_lut = merge_cells(scale_cells(lut, **factors), row, overwrite=True)
     info = device.info
-    paths = (
+    cache = ctx.cache_dir / "lut"
+    _save(
+        new_lut,
         lut_cache_path(
-            ctx.cache_dir / "lut",
-            info.kind,
-            info.backend,
-            workload,
-            list(lut.batch_sizes),
-            lut.p_max_w,
-            lut.grid,
-        ),
-        lut_cache_path(
-            ctx.cache_dir / "lut",
-            info.kind,
-            info.backend,
-            workload,
-            [batch_size],
-            cap,
-            row.grid,
+            cache, info.kind, info.backend, workload, list(lut.batch_sizes), lut.p_max_w, lut.grid
         ),
     )
-    for path, table in zip(paths, (new_lut, row), strict=True):
-        try:
-            table.save(path)
-        except OSError as err:
-            log.warning("drift check: could not update the LUT cache %s (%s)", path, err)
+    new_cells = None if cells is None else scale_cells(cells, **factors)
+    if new_cells is not None:
+        _save(new_cells, on_demand_path(cache, device, workload, lut.batch_sizes))
     log.info(
         "drift check: b=%d f=%g MHz off by %.0f%% (> %.0f%%): re-profiled that row",
         batch_size,
@@ -461,7 +570,12 @@ def check_drift(
         100 * ctx.settings.drift_threshold,
     )
     return DriftCheck(
-        deviation, True, new_lut, time_s + row.profile_time_s, energy_j + row.profile_energy_j
+        deviation,
+        True,
+        new_lut,
+        new_cells,
+        time_s + row.profile_time_s,
+        energy_j + row.profile_energy_j,
     )
 
 
@@ -516,6 +630,7 @@ def train_node(
     device = _open(ctx, server_round)
     idle_w = idle_power_w(device)
     pace: PacePlan | None = None
+    paced: PacingCells | None = None
     drift: DriftCheck | None = None
     try:
         workload = _workload(model_name)
@@ -542,34 +657,23 @@ def train_node(
                 f"{p_max_w:g} W; this node skips the round ({err})"
             ) from err
         run_freq_mhz = choice.freq_mhz
-        plan_lut = lut
         if s.pacing == "deadline" and lut is not None:
-            # b*'s row for pacing, for every cap of a schedule at once (profiled once, then
-            # cached), so a later cap step needs no profiling either.
-            row = None
-            for cap, cap_lut in luts.items():
-                try:
-                    b_cap = (
-                        choice
-                        if cap == p_max_w
-                        else _select(
-                            method, cap_lut, batch_sizes, r, r_true, cap, ctx, device, config
-                        )
-                    ).batch_size
-                except selector.InfeasibleCapError:
-                    continue  # that cap's rounds are skipped anyway
-                cap_row, row_cached = _row_lut(
-                    ctx, device, workload, model_name, b_cap, ctx.selection_cap_w(cap)
-                )
-                if not row_cached:
-                    profile_time_s += cap_row.profile_time_s
-                    profile_energy_j += cap_row.profile_energy_j
-                if cap == p_max_w:
-                    row = cap_row
-            assert row is not None
-            plan_lut = merge_cells(lut, row, overwrite=False)
+            paced = _pacing_cells(
+                ctx,
+                device,
+                workload,
+                model_name,
+                lut,
+                choice,
+                local_epochs * len(train_data),
+                deadline_s,
+                time_calibration,
+                0.0 if math.isnan(idle_w) else idle_w,
+            )
+            profile_time_s += paced.time_s
+            profile_energy_j += paced.energy_j
             pace = plan_pacing(
-                plan_lut,
+                paced.plan_lut,
                 choice.batch_size,
                 choice.freq_mhz,
                 select_cap_w,
@@ -578,6 +682,7 @@ def train_node(
                 margin=s.pacing_margin,
                 time_calibration=time_calibration,
                 idle_power_w=0.0 if math.isnan(idle_w) else idle_w,
+                reserved_s=paced.time_s,
             )
             run_freq_mhz = pace.freq_mhz
 
@@ -602,16 +707,17 @@ def train_node(
                 step_hook()
         m = meter.measurement
         k = s.drift_check_every
-        if plan_lut is not None and k > 0 and server_round % k == 0 and from_cache:
+        if lut is not None and k > 0 and server_round % k == 0 and from_cache:
             drift = check_drift(
                 ctx,
                 device,
                 workload,
                 model_name,
-                plan_lut,
+                lut,
                 choice.batch_size,
                 run_freq_mhz,
                 select_cap_w,
+                cells=None if paced is None else paced.cells,
             )
             profile_time_s += drift.time_s
             profile_energy_j += drift.energy_j
@@ -654,6 +760,8 @@ def train_node(
                 idle_power_w=0.0 if math.isnan(idle_w) else idle_w,
             )
         )
+    if paced is not None:  # cells of b*'s row measured for pacing this round (profiling)
+        metrics["pacing-cells-measured"] = float(paced.measured)
     if drift is not None:
         metrics["drift-deviation"] = drift.deviation
         metrics["drift-reprofiled"] = float(drift.reprofiled)

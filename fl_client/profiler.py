@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 LUT_FORMAT = "powerfl-lut"
 LUT_VERSION = 1
 #: How much of the (b, f) grid a LUT covers; see ``LUT.grid``.
-GRIDS = ("full", "efficient", "highest")
+GRIDS = ("full", "efficient", "highest", "on-demand")
 
 FloatArray = npt.NDArray[np.float64]
 StepFactory = Callable[[int], Callable[[], object]]
@@ -93,8 +93,9 @@ class LUT:
     grid : str
         ``full`` (every cell; serves any cap), ``efficient`` (paper §4.1 under
         ``p_max_w``) or ``highest`` (no cap: each b at the highest frequency only, the
-        cell Eq. 4 picks per b when nothing is infeasible). Default: ``full`` without a
-        cap, ``efficient`` with one.
+        cell Eq. 4 picks per b when nothing is infeasible) or ``on-demand`` (no cap: single
+        cells measured when something needed them, e.g. pacing below f*; never selected
+        from on its own). Default: ``full`` without a cap, ``efficient`` with one.
     """
 
     device_kind: str
@@ -133,8 +134,8 @@ class LUT:
             raise LUTFormatError("a full-grid LUT needs p-max-w none and every cell profiled")
         if grid == "efficient" and cap is None:
             raise LUTFormatError("an efficient-mode LUT needs the cap it was made for (p-max-w)")
-        if grid == "highest" and cap is not None:
-            raise LUTFormatError("a highest-frequency LUT is made without a cap (p-max-w none)")
+        if grid in ("highest", "on-demand") and cap is not None:
+            raise LUTFormatError(f"a {grid} LUT is made without a cap (p-max-w none)")
         object.__setattr__(self, "grid", grid)
         shape = tuple(int(d) for d in self.input_shape)
         if not shape or any(d < 1 for d in shape):
@@ -382,6 +383,11 @@ def _run_steps(
     return meter.measurement
 
 
+def time_per_sample_s(m: Measurement, batch_size: int, steps: int) -> float:
+    """A measurement's time per sample (the samples it counted, else ``batch_size × steps``)."""
+    return m.time_s / (m.samples if m.samples > 0 else batch_size * steps)
+
+
 def _efficient_row(feasible: Callable[[int], bool], start: int, n_f: int) -> int | None:
     """Walk one batch size's frequencies for efficient mode; its highest feasible index.
 
@@ -500,7 +506,7 @@ def profile(
                     energy_j += _run_steps(device, workload, b, step, warmup_steps).energy_j
                 m = _run_steps(device, workload, b, step, steps)
                 energy_j += m.energy_j
-                tables["time"][i, j] = m.time_s / (m.samples if m.samples > 0 else b * steps)
+                tables["time"][i, j] = time_per_sample_s(m, b, steps)
                 tables["peak"][i, j] = m.peak_power_w
                 tables["avg"][i, j] = m.avg_power_w
                 bar.cell(b, freqs[j], m)
@@ -558,11 +564,11 @@ def lut_cache_path(
 
     The name is readable (kind, backend, workload key, B, ``full`` or the cap) and ends in
     a short hash of the exact key, so differently spelled names never share a file.
-    ``p_max_w`` None names the full grid; a number names an efficient-mode profile.
+    ``p_max_w`` None names the full grid (or, with ``grid`` ``highest`` or ``on-demand``,
+    that grid); a number names an efficient-mode profile.
     """
-    cap = "full" if p_max_w is None else f"pmax{float(p_max_w)!r}w"
-    if p_max_w is None and grid == "highest":
-        cap = "highest"
+    named_grid = p_max_w is None and grid in ("highest", "on-demand")
+    cap = grid if named_grid else "full" if p_max_w is None else f"pmax{float(p_max_w)!r}w"
     parts = [device_kind, backend, workload.key, "b" + "-".join(map(str, batch_sizes)), cap]
     exact = json.dumps(
         [
@@ -572,7 +578,7 @@ def lut_cache_path(
             list(workload.input_shape),
             list(batch_sizes),
             p_max_w,
-            *(["highest"] if cap == "highest" else []),
+            *([grid] if named_grid else []),
         ]
     )
     digest = hashlib.sha256(exact.encode()).hexdigest()[:10]
@@ -800,3 +806,88 @@ def measure_cell(
     finally:
         device.restore()
     return m, max(device.now_s() - start_s, 0.0), energy_j
+
+
+# --------------------------------------------------------------------------- cells on demand
+
+
+def on_demand_path(
+    cache_dir: str | os.PathLike[str],
+    device: Device,
+    workload: Workload,
+    batch_sizes: Sequence[int],
+) -> Path:
+    """Where a device's cells measured on demand (``grid="on-demand"``) are cached."""
+    info = device.info
+    return lut_cache_path(
+        cache_dir, info.kind, info.backend, workload, list(batch_sizes), None, "on-demand"
+    )
+
+
+def load_on_demand(
+    cache_dir: str | os.PathLike[str],
+    device: Device,
+    workload: Workload,
+    batch_sizes: Sequence[int],
+) -> LUT | None:
+    """The cached on-demand cells of this device and workload, or None (a bad file is set
+    aside as ``load_or_profile`` does)."""
+    b_list = validate_batch_sizes(batch_sizes)
+    path = on_demand_path(cache_dir, device, workload, b_list)
+    return _load_cached(path, device, workload, b_list, None, "on-demand")
+
+
+def add_measured_cell(
+    cells: LUT | None,
+    device: Device,
+    workload: Workload,
+    batch_sizes: Sequence[int],
+    batch_size: int,
+    step: Callable[[], object],
+    freq_mhz: float,
+    *,
+    warmup_steps: int = 1,
+    steps: int = 3,
+) -> tuple[LUT, float, float]:
+    """``cells`` (an on-demand LUT, or None for a new one) with (b, f) measured now.
+
+    Measured as ``profile`` measures a cell (``measure_cell``); the cell replaces any value
+    ``cells`` had, and its device time and energy are added to ``cells``' profiling cost.
+    Returns the new cells and the device time and energy of this measurement.
+    """
+    b_list = validate_batch_sizes(batch_sizes)
+    freqs = tuple(float(f) for f in device.gpu_freqs_mhz)
+    if batch_size not in b_list or freq_mhz not in freqs:
+        raise ValueError(f"batch-size / gpu-freq-mhz: ({batch_size}, {freq_mhz:g}) is not a cell")
+    m, time_s, energy_j = measure_cell(
+        device, workload, batch_size, step, freq_mhz, warmup_steps=warmup_steps, steps=steps
+    )
+    tables = {name: np.full((len(b_list), len(freqs)), np.nan) for name in ("time", "peak", "avg")}
+    i, j = b_list.index(batch_size), freqs.index(freq_mhz)
+    tables["time"][i, j] = time_per_sample_s(m, batch_size, steps)
+    tables["peak"][i, j] = m.peak_power_w
+    tables["avg"][i, j] = m.avg_power_w
+    info = device.info
+    one = LUT(
+        device_kind=info.kind,
+        backend=info.backend,
+        model_name=workload.model_name,
+        input_shape=tuple(workload.input_shape),
+        batch_sizes=tuple(b_list),
+        freqs_mhz=freqs,
+        time_per_sample_s=tables["time"],
+        peak_power_w=tables["peak"],
+        avg_power_w=tables["avg"],
+        profile_time_s=time_s,
+        profile_energy_j=energy_j,
+        warmup_steps=warmup_steps,
+        steps=steps,
+        grid="on-demand",
+    )
+    if cells is not None:
+        one = dataclasses.replace(
+            merge_cells(cells, one, overwrite=True),
+            profile_time_s=cells.profile_time_s + time_s,
+            profile_energy_j=cells.profile_energy_j + energy_j,
+        )
+    return one, time_s, energy_j

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from fl_client.node import plan_pacing, train_node
+from fl_client.node import pacing_walk, plan_pacing, train_node
 from fl_client.profiler import LUT, LUTFormatError, merge_cells
 from fl_client.settings import RunSettings, SettingsError, load_fleet, parse_p_max_schedule
 from fl_client.task import build_model
@@ -15,7 +15,7 @@ from fl_client.task import build_model
 FREQS = (100.0, 200.0, 300.0, 400.0)
 
 
-def _lut(time_row, peak_row, avg_row, cap=None) -> LUT:
+def _lut(time_row, peak_row, avg_row, cap=None, grid="") -> LUT:
     return LUT(
         device_kind="jetson-nano",
         backend="simulated",
@@ -27,6 +27,7 @@ def _lut(time_row, peak_row, avg_row, cap=None) -> LUT:
         peak_power_w=np.array([peak_row], dtype=float),
         avg_power_w=np.array([avg_row], dtype=float),
         p_max_w=cap,
+        grid=grid,
     )
 
 
@@ -68,6 +69,92 @@ def test_pacing_never_goes_above_f_star_nor_over_the_cap():
     # calibration scales the predicted times: 1.5 × 15 s = 22.5 s misses 20 s
     slow = plan_pacing(lut, 16, 300.0, 6.0, 10, 20.0, margin=0.0, time_calibration=1.5)
     assert slow.freq_mhz == 300.0 and not slow.meets_deadline
+
+
+def _walker(avg_row, cost_per_sample=0.0):
+    """A LUT that knows only f* = 400 MHz (an uncapped node's), and a ``measure`` that fills
+    in cells of the TIME / ``avg_row`` row at a device time of ``cost_per_sample`` × the
+    cell's time per sample, recording which frequencies it measured."""
+    nan = math.nan
+    peak_row = [a + 0.5 for a in avg_row]
+    lut = _lut(
+        [nan] * 3 + [TIME[3]], [nan] * 3 + [peak_row[3]], [nan] * 3 + [avg_row[3]], grid="highest"
+    )
+    known = {"lut": lut}
+    measured: list[float] = []
+
+    def measure(freq_mhz: float) -> tuple[LUT, float]:
+        measured.append(freq_mhz)
+        j = FREQS.index(freq_mhz)
+        cell = [[row[j] if k == j else nan for k in range(4)] for row in (TIME, peak_row, avg_row)]
+        known["lut"] = merge_cells(known["lut"], _lut(*cell, grid="on-demand"), overwrite=False)
+        return known["lut"], cost_per_sample * TIME[j]
+
+    return lut, measure, measured
+
+
+def _walk(lut, budget_s, measure, *, cell_samples=0, idle_power_w=0.0):
+    return pacing_walk(
+        lut,
+        16,
+        400.0,
+        budget_s,
+        measure,
+        samples=1.0,
+        cell_samples=cell_samples,
+        idle_power_w=idle_power_w,
+    )
+
+
+def test_pacing_walk_measures_down_from_f_star_until_the_deadline_is_missed():
+    lut, measure, measured = _walker(AVG)  # energy per sample 8, 6, 7.5, 10
+    # 1.5 s fits a budget of 1.8 s, 2.0 s does not: 300 and 200 MHz measured, not 100
+    walked = _walk(lut, 1.8, measure)
+    assert measured == [300.0, 200.0]
+    assert math.isnan(walked.time_per_sample_s[0, 0])
+    assert walked.time_per_sample_s[0, 1:].tolist() == [2.0, 1.5, 1.25]
+    # the same or a tighter budget measures nothing new; a looser one only what it needs
+    assert _walk(walked, 1.8, measure) is walked
+    assert _walk(walked, 1.3, measure) is walked
+    assert len(measured) == 2
+    _walk(walked, 5.0, measure)
+    assert measured == [300.0, 200.0, 100.0]
+    # a node whose f* already misses the budget (the straggler) measures nothing
+    lut, measure, measured = _walker(AVG)
+    assert _walk(lut, 1.0, measure) is lut and measured == []
+
+
+def test_pacing_walk_measures_only_what_fits_the_round_with_the_frequency_above():
+    # measuring a cell takes as long as 1 sample there; training takes 1 sample as well
+    lut, measure, measured = _walker(AVG, cost_per_sample=1.0)
+    # 300 MHz: at most 1.25 × 4/3 s to measure + 1.25 s at 400 MHz = 2.9 s fit 4 s; it took
+    # 1.5 s. 200 MHz: 1.5 + (at most 2.25 + 1.5 s) > 4 s: left for a later round
+    walked = _walk(lut, 4.0, measure, cell_samples=1)
+    assert measured == [300.0]
+    # next round: 300 MHz is cached, 200 MHz now fits (2.25 + 1.5 s), 100 MHz not after it
+    _walk(walked, 4.0, measure, cell_samples=1)
+    assert measured == [300.0, 200.0]
+
+
+def test_pacing_walk_stops_once_energy_rises_past_its_minimum():
+    # energy per sample at 100, 200, 300, 400 MHz: 20, 9, 6, 10 J; every frequency meets
+    # the budget, but 9 J at 200 MHz is past the minimum at 300 MHz: 100 MHz is never measured
+    avg = [5.0, 4.5, 4.0, 8.0]
+    lut, measure, measured = _walker(avg)
+    _walk(lut, 100.0, measure)
+    assert measured == [300.0, 200.0]
+    # above an idle power of 2 W: 12, 5, 3, 7.5 J, the same minimum
+    lut, measure, measured = _walker(avg)
+    _walk(lut, 100.0, measure, idle_power_w=2.0)
+    assert measured == [300.0, 200.0]
+    # energy falling all the way down: nothing stops the walk before the lowest frequency;
+    # rising right below f*: one cell, then stop
+    lut, measure, measured = _walker([1.0, 2.0, 3.0, 8.0])  # 4, 4, 4.5, 10 J
+    _walk(lut, 100.0, measure)
+    assert measured == [300.0, 200.0, 100.0]
+    lut, measure, measured = _walker([5.0, 6.0, 8.0, 7.0])  # 20, 12, 12, 8.75 J
+    _walk(lut, 100.0, measure)
+    assert measured == [300.0]
 
 
 def test_merge_cells_fills_or_overwrites():
@@ -193,8 +280,9 @@ def test_paced_node_reports_deadline_slack_and_saving(tmp_path):
     node = {**NODE, "p-max-w": 7.0}
     state = build_model("cnn").state_dict()
     _, m1, _ = train_node(run, node, {**CFG, "server-round": 1}, state)
-    # round 1: f*, profiled (the b* row too), no deadline yet
+    # round 1: f*, the LUT profiled, no deadline yet, nothing measured for pacing
     assert m1["gpu-freq-mhz"] == m1["f-star-mhz"] and m1["profile-time-s"] > 0
+    assert m1["pacing-cells-measured"] == 0
     assert m1["fastest-time-s"] == pytest.approx(m1["train-time-s"])
     assert "deadline-s" not in m1 and m1["energy-saved-j"] == 0.0
     # a generous deadline: slower frequency, no miss, energy saved, nothing profiled
@@ -210,6 +298,53 @@ def test_paced_node_reports_deadline_slack_and_saving(tmp_path):
     _, m3, _ = train_node(run, node, {**CFG, "server-round": 3, "deadline-s": tiny}, state)
     assert m3["gpu-freq-mhz"] == m3["f-star-mhz"]
     assert m3["deadline-miss"] == 1.0 and m3["slack-s"] < 0
+
+
+def test_pacing_measures_b_star_row_lazily_below_f_star_and_caches_it(tmp_path):
+    run = _run(tmp_path, pacing="deadline")
+    node = {**NODE, "p-max-w": "none"}  # its LUT has each b at the top frequency only
+    state = build_model("cnn").state_dict()
+    _, m1, _ = train_node(run, node, {**CFG, "server-round": 1}, state)
+    lut_dir = tmp_path / "cache" / "nodes"
+    (lut_file,) = lut_dir.rglob("lut_*_highest_*.json")
+    lut = LUT.load(lut_file)
+    assert m1["profile-time-s"] == pytest.approx(lut.profile_time_s)  # the LUT alone
+    assert m1["pacing-cells-measured"] == 0 and not list(lut_dir.rglob("*on-demand*"))
+    # as the server does: a deadline from the slowest node, the node's own calibration
+    deadline = 8 * m1["fastest-time-s"]
+    paced = {
+        "deadline-s": deadline,
+        "time-calibration": m1["train-time-s"] / m1["predicted-time-s"],
+    }
+    rounds = []
+    for rnd in range(2, 10):
+        _, m, _ = train_node(run, node, {**CFG, "server-round": rnd, **paced}, state)
+        rounds.append(m)
+        # measuring is part of the round and never makes the node late
+        assert m["profile-time-s"] + m["train-time-s"] <= deadline
+        assert m["gpu-freq-mhz"] < m["f-star-mhz"] and m["deadline-miss"] == 0.0
+        if m["pacing-cells-measured"] == 0:
+            break
+    counts = [m["pacing-cells-measured"] for m in rounds]
+    assert counts[0] >= 1 and counts[-1] == 0  # the walk ends, spread over rounds if need be
+    (cells_file,) = lut_dir.rglob("lut_*_on-demand_*.json")
+    cells = LUT.load(cells_file)
+    assert cells.p_max_w is None and cells.grid == "on-demand"
+    assert cells.cells_profiled == sum(counts)
+    assert cells.profile_time_s == pytest.approx(sum(m["profile-time-s"] for m in rounds))
+    # b*'s row only, from just below f* down, one frequency after the other
+    i = cells.batch_sizes.index(int(m1["batch-size"]))
+    row = cells.time_per_sample_s[i]
+    measured = [j for j in range(len(row)) if not math.isnan(row[j])]
+    j_star = cells.freqs_mhz.index(m1["f-star-mhz"])
+    assert measured == list(range(j_star - len(measured), j_star))
+    # the selection LUT is untouched, so (b*, f*) cannot move
+    assert LUT.load(lut_file).to_json() == lut.to_json()
+    assert all(m["f-star-mhz"] == m1["f-star-mhz"] for m in rounds)
+    # once the walk has ended, the same deadline measures nothing and runs where it ran
+    _, again, _ = train_node(run, node, {**CFG, "server-round": 10, **paced}, state)
+    assert again["pacing-cells-measured"] == 0 and again["profile-time-s"] == 0.0
+    assert again["gpu-freq-mhz"] == rounds[-1]["gpu-freq-mhz"]
 
 
 def test_unpaced_node_ignores_deadline_and_has_no_pacing_metrics(tmp_path):
@@ -256,6 +391,26 @@ def test_drift_check_reprofiles_only_when_the_twin_drifts(tmp_path):
     reselected = (m3["drift-batch-size"], m3["drift-freq-mhz"])
     assert reselected != (m2["batch-size"], m2["gpu-freq-mhz"])
     assert (m4["batch-size"], m4["gpu-freq-mhz"]) == reselected and m4["peak-power-w"] < 7.0
+
+
+def test_drift_check_at_a_paced_frequency_rescales_the_on_demand_cells(tmp_path):
+    run = _run(tmp_path, pacing="deadline", **{"drift-check-every": 3})
+    node = {**NODE, "p-max-w": "none", "twin-drift-from-round": 3, "twin-slowdown": 1.5}
+    state = build_model("cnn").state_dict()
+    _, m1, _ = train_node(run, node, {**CFG, "server-round": 1}, state)
+    deadline = 8 * m1["fastest-time-s"]
+    train_node(run, node, {**CFG, "server-round": 2, "deadline-s": deadline}, state)
+    (cells_file,) = (tmp_path / "cache").rglob("lut_*_on-demand_*.json")
+    before = LUT.load(cells_file)
+    # round 3: 1.5× slower; the paced frequency's prediction comes from the on-demand cells
+    cfg3 = {**CFG, "server-round": 3, "deadline-s": 1.5 * deadline}
+    _, m3, _ = train_node(run, node, cfg3, state)
+    assert m3["gpu-freq-mhz"] < m3["f-star-mhz"]
+    assert m3["drift-reprofiled"] == 1.0 and m3["drift-deviation"] > 0.3
+    after = LUT.load(cells_file)
+    measured = ~np.isnan(before.time_per_sample_s)
+    ratio = after.time_per_sample_s[measured] / before.time_per_sample_s[measured]
+    assert np.allclose(ratio, ratio[0]) and 1.3 < ratio[0] < 1.7
 
 
 def test_pacing_counts_the_idle_wait_so_racing_to_idle_is_not_free():

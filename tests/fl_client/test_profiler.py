@@ -23,8 +23,11 @@ from fl_client.devices.base import (
 from fl_client.profiler import (
     LUT,
     LUTFormatError,
+    add_measured_cell,
+    load_on_demand,
     load_or_profile,
     lut_cache_path,
+    on_demand_path,
     profile,
 )
 from fl_client.selector import feasible_freq_index, select_power_aware
@@ -501,3 +504,40 @@ def test_uncapped_highest_is_cached_apart_and_a_full_grid_serves_it(tmp_path):
     assert hit and lut.grid == "full"
     with pytest.raises(ValueError, match="uncapped: unknown value"):
         cached("c", uncapped="diagonal")
+
+
+def test_cells_measured_on_demand_accumulate_and_are_cached_apart(tmp_path):
+    device, steps = FakeDevice(), CountingSteps()
+    assert load_on_demand(tmp_path, device, WORKLOAD, B6) is None
+    step = steps(32)
+    cells, t1, e1 = add_measured_cell(None, device, WORKLOAD, B6, 32, step, 460.8)
+    assert cells.grid == "on-demand" and cells.p_max_w is None and cells.cells_profiled == 1
+    i, j = B6.index(32), NANO_FREQS_MHZ.index(460.8)
+    assert cells.time_per_sample_s[i, j] == pytest.approx(device.time_per_sample_s(32, 460.8))
+    assert cells.peak_power_w[i, j] == pytest.approx(device.power_w(32, 460.8))  # warm steps
+    assert t1 > 0 and e1 > 0 and (cells.profile_time_s, cells.profile_energy_j) == (t1, e1)
+    assert device.freq == device.initial_freq  # restored after the cell
+    cells, t2, e2 = add_measured_cell(cells, device, WORKLOAD, B6, 32, step, 384.0)
+    assert cells.cells_profiled == 2
+    assert cells.profile_time_s == pytest.approx(t1 + t2)
+    assert cells.profile_energy_j == pytest.approx(e1 + e2)
+    with pytest.raises(ValueError, match="is not a cell"):
+        add_measured_cell(cells, device, WORKLOAD, B6, 32, step, 400.0)
+    path = on_demand_path(tmp_path, device, WORKLOAD, B6)
+    cells.save(path)
+    assert "on-demand" in path.name
+    others = {
+        lut_cache_path(tmp_path, "fake-nano", "fake", WORKLOAD, B6, None, grid)
+        for grid in ("full", "highest")
+    }
+    assert path not in others and len(others) == 2
+    again = load_on_demand(tmp_path, device, WORKLOAD, B6)
+    assert again is not None and again.to_json() == cells.to_json()
+    with pytest.raises(LUTFormatError, match="on-demand LUT is made without a cap"):
+        LUT(**{**_lut_fields(cells), "p_max_w": 5.0})
+
+
+def _lut_fields(lut: LUT) -> dict:
+    names = ("device_kind", "backend", "model_name", "input_shape", "batch_sizes", "freqs_mhz")
+    tables = ("time_per_sample_s", "peak_power_w", "avg_power_w", "grid")
+    return {name: getattr(lut, name) for name in names + tables}
