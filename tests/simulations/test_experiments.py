@@ -232,6 +232,43 @@ def test_rerun_resumes_and_report_rerenders(tiny_run):
     assert "| Baseline 1 |" in (out / "report.md").read_text()
 
 
+def test_report_compares_with_the_papers_claims(tiny_run):
+    from simulations.experiments.report import compare_with_paper
+
+    _, out = tiny_run
+    assert "## Against the paper's claims" in (out / "report.md").read_text()
+    summary = {
+        "ratios": [
+            {
+                "ratio": "b1/power-aware",
+                "cap": "4.5W",
+                "tt-acc-s": 0.5,
+                "train-time-s": 2.0,
+                "energy-j": 0.8,
+            },
+            {
+                "ratio": "b1/power-aware",
+                "cap": "none",
+                "tt-acc-s": 1.2,
+                "train-time-s": 1.1,
+                "energy-j": 1.5,
+            },
+            {"ratio": "power-aware/oracle", "cap": "4.5W", "tt-acc-s": 1.02},
+        ],
+        "rows": [
+            {"method": "power-aware", "profile-share-of-training-mean": 0.4},
+            {"method": "b1", "profile-share-of-training-mean": 0.0},
+        ],
+    }
+    text = compare_with_paper(summary)
+    assert "| TT_acc B1/ours | up to 2.4× | 0.50×–1.20× (training only, profiling " in text
+    assert "excluded: 1.10×–2.00×; under a cap: 2.00×) |" in text
+    assert "| TT_acc ours/oracle | within about 3% (≤ 1.03×) | 1.02× |" in text
+    assert "| profiling / ours' training time | ≤ 1.9–6% | 40% |" in text
+    assert "ours is slower than B1 in 1 of 2" in text
+    assert "| TT_acc B2/ours | 1.4–1.7× | — |" in text
+
+
 def test_report_on_a_folder_without_records_is_an_error(tmp_path, capsys):
     assert main(["experiment", "report", str(tmp_path)]) == 2
     assert "no manifest.json" in capsys.readouterr().err
