@@ -292,44 +292,32 @@ def plan_pacing(
     )
 
 
-def _luts(
+def _lut(
     ctx: NodeContext,
     device: Device,
     workload: Workload,
     batch_sizes: list[int],
     model_name: str,
     p_max_w: float,
-) -> tuple[dict[float, LUT], bool, float, float]:
-    """The LUT per cap, and (all from cache, profile time, profile energy).
+) -> tuple[LUT, bool]:
+    """The LUT for this round's cap, and whether it came from the cache.
 
-    Each LUT is profiled in efficient mode for the cap less ``cap-margin``
-    (``NodeContext.selection_cap_w``). With a cap schedule, every cap of the schedule gets
-    its LUT (profiled once, cached), so later rounds re-select from the cache without
-    profiling.
+    Profiled in efficient mode for the cap less ``cap-margin``
+    (``NodeContext.selection_cap_w``) the first round that cap applies, cached afterwards:
+    a cap schedule pays for each of its caps only when (and if) the run reaches it, and
+    later rounds under the same cap re-select from the cache without profiling.
     """
-    s = ctx.settings
-    caps = ctx.node.scheduled_caps_w if ctx.node.p_max_schedule else (p_max_w,)
-    time_s = energy_j = 0.0
-    all_cached = True
-    luts: dict[float, LUT] = {}
-    for cap in caps:
-        select_cap_w = ctx.selection_cap_w(cap)
-        lut, cached = load_or_profile(
-            device,
-            workload,
-            batch_sizes,
-            lambda b: task.make_train_step(model_name, task.IMAGE_SHAPE, b),
-            ctx.cache_dir / "lut",
-            p_max_w=None if math.isinf(select_cap_w) else select_cap_w,
-            uncapped="full" if s.profile_grid == "full" else "highest",
-            progress=False,
-        )
-        if not cached:
-            time_s += lut.profile_time_s
-            energy_j += lut.profile_energy_j
-        all_cached = all_cached and cached
-        luts[cap] = lut
-    return luts, all_cached, time_s, energy_j
+    select_cap_w = ctx.selection_cap_w(p_max_w)
+    return load_or_profile(
+        device,
+        workload,
+        batch_sizes,
+        lambda b: task.make_train_step(model_name, task.IMAGE_SHAPE, b),
+        ctx.cache_dir / "lut",
+        p_max_w=None if math.isinf(select_cap_w) else select_cap_w,
+        uncapped="full" if ctx.settings.profile_grid == "full" else "highest",
+        progress=False,
+    )
 
 
 #: The pacing walk stops once a cell's predicted energy above idle is this share above the
@@ -589,8 +577,9 @@ def train_node(
 ) -> tuple[dict[str, torch.Tensor], dict[str, float], dict[str, Any]]:
     """One TRAIN round on this node.
 
-    Profile once (LUTs cached on disk), select (b*, f*) with the round's ``method`` under
-    this node's P_max (this round's step of its ``p-max-schedule`` if it has one), lock the
+    Profile once per cap (LUTs cached on disk), select (b*, f*) with the round's ``method``
+    under this node's P_max (this round's step of its ``p-max-schedule`` if it has one; a
+    step whose cap no configuration meets is skipped with the reason), lock the
     GPU at f* (or, with ``pacing = "deadline"`` and a ``deadline-s`` in the config, at the
     frequency ``plan_pacing`` picks), train ``local-epochs`` with b*, restore the GPU; every
     ``drift-check-every`` rounds compare the operating point with the LUT.
@@ -638,10 +627,9 @@ def train_node(
         profile_time_s = profile_energy_j = 0.0
         from_cache = False
         if method in NEEDS_LUT:
-            luts, from_cache, profile_time_s, profile_energy_j = _luts(
-                ctx, device, workload, batch_sizes, model_name, p_max_w
-            )
-            lut = luts[p_max_w]
+            lut, from_cache = _lut(ctx, device, workload, batch_sizes, model_name, p_max_w)
+            if not from_cache:
+                profile_time_s, profile_energy_j = lut.profile_time_s, lut.profile_energy_j
         r_true = (
             _oracle_r(ctx, model_name, state, batch_sizes, train_data, val_data)
             if method == "oracle"
@@ -652,9 +640,14 @@ def train_node(
         except selector.InfeasibleCapError as err:
             if not ctx.node.p_max_schedule:
                 raise
+            spent = (
+                f"; profiling for this cap took {profile_time_s:.2f} s and {profile_energy_j:.2f} J"
+                if profile_time_s > 0
+                else ""
+            )
             raise RuntimeError(
                 f"p-max-schedule: no configuration fits round {server_round}'s cap of "
-                f"{p_max_w:g} W; this node skips the round ({err})"
+                f"{p_max_w:g} W; this node skips the round ({err}){spent}"
             ) from err
         run_freq_mhz = choice.freq_mhz
         if s.pacing == "deadline" and lut is not None:

@@ -356,20 +356,37 @@ def test_unpaced_node_ignores_deadline_and_has_no_pacing_metrics(tmp_path):
     assert "deadline-s" not in m and "energy-saved-j" not in m
 
 
-def test_cap_schedule_reselects_from_cache_and_skips_infeasible_rounds(tmp_path):
+def test_cap_schedule_profiles_each_cap_when_it_first_applies_and_skips_infeasible_rounds(
+    tmp_path,
+):
     run = _run(tmp_path)
-    node = {**NODE, "p-max-schedule": "1:7.0,2:4.5,3:1.0,4:none"}
+    node = {**NODE, "p-max-schedule": "1:7.0,2:4.5,3:1.0,4:none,5:7.0,6:1.0"}
     state = build_model("cnn").state_dict()
+    luts = tmp_path / "cache" / "nodes"
+
+    def cached_caps() -> list[float | None]:
+        return sorted((LUT.load(f).p_max_w for f in luts.rglob("lut_*.json")), key=str)
+
     _, m1, _ = train_node(run, node, {**CFG, "server-round": 1}, state)
     assert m1["p-max-w"] == 7.0 and m1["peak-power-w"] < 7.0 and m1["profile-time-s"] > 0
+    assert cached_caps() == [pytest.approx(7.0 * 0.95)]  # only round 1's cap so far
     _, m2, _ = train_node(run, node, {**CFG, "server-round": 2}, state)
     assert m2["p-max-w"] == 4.5 and m2["peak-power-w"] < 4.5
-    assert m2["profile-time-s"] == 0.0  # every cap of the schedule was profiled in round 1
+    assert m2["profile-time-s"] > 0  # 4.5 W applies for the first time
     assert m2["gpu-freq-mhz"] < m1["gpu-freq-mhz"] or m2["batch-size"] < m1["batch-size"]
-    with pytest.raises(RuntimeError, match=r"p-max-schedule: no configuration fits round 3's"):
+    with pytest.raises(RuntimeError, match=r"no configuration fits round 3.s") as e3:
         train_node(run, node, {**CFG, "server-round": 3}, state)
+    assert "profiling for this cap took" in str(e3.value)
     _, m4, _ = train_node(run, node, {**CFG, "server-round": 4}, state)
-    assert math.isinf(m4["p-max-w"]) and m4["profile-time-s"] == 0.0
+    assert math.isinf(m4["p-max-w"]) and m4["profile-time-s"] > 0
+    assert len(cached_caps()) == 4  # 6.65 W, 4.275 W, 0.95 W and no cap
+    # caps seen before come from the cache: no profiling, the same choice, the same skip
+    _, m5, _ = train_node(run, node, {**CFG, "server-round": 5}, state)
+    assert m5["profile-time-s"] == 0.0
+    assert (m5["batch-size"], m5["gpu-freq-mhz"]) == (m1["batch-size"], m1["gpu-freq-mhz"])
+    with pytest.raises(RuntimeError, match=r"no configuration fits round 6's") as e6:
+        train_node(run, node, {**CFG, "server-round": 6}, state)
+    assert "profiling for this cap took" not in str(e6.value)
 
 
 def test_drift_check_reprofiles_only_when_the_twin_drifts(tmp_path):
