@@ -781,15 +781,19 @@ def _pacing_metrics(
 ) -> dict[str, float]:
     """Per-round pacing report.
 
-    ``energy-saved-j`` counts the whole round: running at f* would have finished sooner and
-    then idled at ``idle_power_w`` for the difference, so the saving is
-    ``E(f*) − E(f) + P_idle · (t(f) − t(f*))`` (0 W: training energy alone).
-
-    ``fastest-time-s`` (the node's local time at f*) and ``energy-saved-j`` (energy at f*
-    minus the measured energy) scale the LUT's prediction at f* by how the measurement at
-    the frequency run compares with its own prediction, so a LUT that is off by a constant
-    factor (partial last batch, calibration) cancels out; at f* they are the measurement
-    itself and 0.
+    ``predicted-energy-saved-j`` is a prediction, not a measurement: the node never runs at
+    f* in a paced round, so what f* would have used comes from its LUT cell. It counts the
+    whole round: running at f* would have finished sooner and then idled at
+    ``idle_power_w`` for the difference, so the saving is
+    ``E(f*) − E(f) + P_idle · (t(f) − t(f*))`` (0 W: training energy alone), with E(f) and
+    t(f) measured and E(f*), t(f*) the LUT's cell at f* scaled by how the measurement at the
+    frequency run compares with its own LUT cell (a LUT off by a constant factor, such as a
+    partial last batch, cancels out). Each LUT cell comes from a few profiled steps and is
+    noisy by about a percent in time and power, as much as the few percent a paced node
+    saves, so a single node's prediction can be off by more than its size; a paired run
+    with pacing off measures the saving itself. ``fastest-time-s`` (the node's local time
+    at f*, from which the server sets the next deadline) is predicted the same way; at f*
+    both are the measurement itself and 0.
     """
     time_ratio = time_s / pace.predicted_time_s if pace.predicted_time_s > 0 else 1.0
     energy_ratio = energy_j / pace.predicted_energy_j if pace.predicted_energy_j > 0 else 1.0
@@ -800,7 +804,7 @@ def _pacing_metrics(
     out = {
         "f-star-mhz": float(f_star_mhz),
         "fastest-time-s": fastest_time_s,
-        "energy-saved-j": 0.0 if pace.freq_mhz == f_star_mhz else saved_j,
+        "predicted-energy-saved-j": 0.0 if pace.freq_mhz == f_star_mhz else saved_j,
     }
     if deadline_s is not None:
         out["deadline-s"] = deadline_s
