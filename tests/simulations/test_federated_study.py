@@ -205,3 +205,24 @@ def test_tiny_federated_study_runs_reports_and_resumes(tiny_file, tmp_path):
     (out / "report.md").unlink()
     assert main(["experiment", "report", str(out)]) == 0
     assert "Straggler share" in (out / "report.md").read_text()
+    # pacing's predicted saving is read under its current and its earlier record names
+    from simulations.experiments.federated_report import cell_metrics
+
+    rec = by["power-aware"]
+    fleet_keys = ("fleet-predicted-energy-saved-j", "fleet-energy-saved-j")
+    for new, old, fleet in (
+        ("predicted_energy_saved_j", "energy_saved_j", fleet_keys[0]),
+        ("energy_saved_j", "predicted_energy_saved_j", fleet_keys[1]),
+    ):
+        for k in fleet_keys:
+            rec["summary"].pop(k, None)
+        for i, r in enumerate(rec["rounds"]):
+            r.pop(old, None)
+            r[new] = 1.5 * (i + 1)
+        rec["summary"][fleet] = 7.0
+        got = cell_metrics(rec)
+        later = [1.5 * (i + 1) for i in range(1, len(rec["rounds"]))]
+        assert got["energy-saved-j"] == 7.0
+        assert got["saved-per-round-after-1-j"] == pytest.approx(
+            sum(later) / len(later) if later else None
+        )
