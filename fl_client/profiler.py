@@ -388,6 +388,43 @@ def time_per_sample_s(m: Measurement, batch_size: int, steps: int) -> float:
     return m.time_s / (m.samples if m.samples > 0 else batch_size * steps)
 
 
+def _new_tables(shape: tuple[int, int]) -> dict[str, FloatArray]:
+    """Empty (all NaN) time, peak and average power tables of a (|B|, |F|) grid."""
+    return {name: np.full(shape, np.nan) for name in ("time", "peak", "avg")}
+
+
+def _record(
+    tables: dict[str, FloatArray], i: int, j: int, m: Measurement, batch_size: int, steps: int
+) -> None:
+    """Write one measured cell into ``_new_tables``' tables."""
+    tables["time"][i, j] = time_per_sample_s(m, batch_size, steps)
+    tables["peak"][i, j] = m.peak_power_w
+    tables["avg"][i, j] = m.avg_power_w
+
+
+def _lut_of(
+    device: Device,
+    workload: Workload,
+    batch_sizes: Sequence[int],
+    tables: dict[str, FloatArray],
+    **fields: Any,
+) -> LUT:
+    """The LUT of ``tables`` measured on ``device`` (its frequency table as columns)."""
+    info = device.info
+    return LUT(
+        device_kind=info.kind,
+        backend=info.backend,
+        model_name=workload.model_name,
+        input_shape=tuple(workload.input_shape),
+        batch_sizes=tuple(batch_sizes),
+        freqs_mhz=tuple(float(f) for f in device.gpu_freqs_mhz),
+        time_per_sample_s=tables["time"],
+        peak_power_w=tables["peak"],
+        avg_power_w=tables["avg"],
+        **fields,
+    )
+
+
 def _efficient_row(feasible: Callable[[int], bool], start: int, n_f: int) -> int | None:
     """Walk one batch size's frequencies for efficient mode; its highest feasible index.
 
@@ -477,7 +514,7 @@ def profile(
     freqs = tuple(float(f) for f in device.gpu_freqs_mhz)
     info = device.info
     shape = (len(b_list), len(freqs))
-    tables = {name: np.full(shape, np.nan) for name in ("time", "peak", "avg")}
+    tables = _new_tables(shape)
     energy_j = 0.0
 
     total = {"full": shape[0] * shape[1], "highest": shape[0]}.get(grid)
@@ -506,9 +543,7 @@ def profile(
                     energy_j += _run_steps(device, workload, b, step, warmup_steps).energy_j
                 m = _run_steps(device, workload, b, step, steps)
                 energy_j += m.energy_j
-                tables["time"][i, j] = time_per_sample_s(m, b, steps)
-                tables["peak"][i, j] = m.peak_power_w
-                tables["avg"][i, j] = m.avg_power_w
+                _record(tables, i, j, m, b, steps)
                 bar.cell(b, freqs[j], m)
                 return cap is None or m.peak_power_w < cap
 
@@ -525,16 +560,11 @@ def profile(
         bar.close()
         device.restore()
     end_s = device.now_s()
-    return LUT(
-        device_kind=info.kind,
-        backend=info.backend,
-        model_name=workload.model_name,
-        input_shape=tuple(workload.input_shape),
-        batch_sizes=tuple(b_list),
-        freqs_mhz=freqs,
-        time_per_sample_s=tables["time"],
-        peak_power_w=tables["peak"],
-        avg_power_w=tables["avg"],
+    return _lut_of(
+        device,
+        workload,
+        b_list,
+        tables,
         p_max_w=cap,
         profile_time_s=max(end_s - start_s, 0.0),
         profile_energy_j=energy_j,
@@ -862,22 +892,13 @@ def add_measured_cell(
     m, time_s, energy_j = measure_cell(
         device, workload, batch_size, step, freq_mhz, warmup_steps=warmup_steps, steps=steps
     )
-    tables = {name: np.full((len(b_list), len(freqs)), np.nan) for name in ("time", "peak", "avg")}
-    i, j = b_list.index(batch_size), freqs.index(freq_mhz)
-    tables["time"][i, j] = time_per_sample_s(m, batch_size, steps)
-    tables["peak"][i, j] = m.peak_power_w
-    tables["avg"][i, j] = m.avg_power_w
-    info = device.info
-    one = LUT(
-        device_kind=info.kind,
-        backend=info.backend,
-        model_name=workload.model_name,
-        input_shape=tuple(workload.input_shape),
-        batch_sizes=tuple(b_list),
-        freqs_mhz=freqs,
-        time_per_sample_s=tables["time"],
-        peak_power_w=tables["peak"],
-        avg_power_w=tables["avg"],
+    tables = _new_tables((len(b_list), len(freqs)))
+    _record(tables, b_list.index(batch_size), freqs.index(freq_mhz), m, batch_size, steps)
+    one = _lut_of(
+        device,
+        workload,
+        b_list,
+        tables,
         profile_time_s=time_s,
         profile_energy_j=energy_j,
         warmup_steps=warmup_steps,

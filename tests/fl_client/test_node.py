@@ -7,22 +7,10 @@ import pytest
 from fl_client.node import train_node
 from fl_client.profiler import LUT
 from fl_client.task import build_model
+from tests.fl_client import test_pacing_schedule_drift as paced
 
-NODE = {
-    "device": "jetson-nano",
-    "backend": "simulated",
-    "p-max-w": 5.0,
-    "partition-id": 0,
-    "num-partitions": 4,
-}
-CFG = {
-    "method": "power-aware",
-    "batch-sizes": [8, 16, 32, 64],
-    "r": [0.4, 0.5, 0.7, 1.0],
-    "local-epochs": 1,
-    "model": "cnn",
-    "server-round": 1,
-}
+NODE = {**paced.NODE, "p-max-w": 5.0}
+CFG = {**paced.CFG, "server-round": 1}
 
 
 def _profiled_peak_w(cache, metrics) -> tuple[LUT, float]:
