@@ -781,7 +781,7 @@ def _pacing_metrics(
 ) -> dict[str, float]:
     """Per-round pacing report.
 
-    ``energy-saved-j`` is a prediction, not a measurement: the node never runs at
+    ``predicted-energy-saved-j`` is a prediction, not a measurement: the node never runs at
     f* in a paced round, so what f* would have used comes from its LUT cell. It counts the
     whole round: running at f* would have finished sooner and then idled at
     ``idle_power_w`` for the difference, so the saving is
@@ -804,7 +804,7 @@ def _pacing_metrics(
     out = {
         "f-star-mhz": float(f_star_mhz),
         "fastest-time-s": fastest_time_s,
-        "energy-saved-j": 0.0 if pace.freq_mhz == f_star_mhz else saved_j,
+        "predicted-energy-saved-j": 0.0 if pace.freq_mhz == f_star_mhz else saved_j,
     }
     if deadline_s is not None:
         out["deadline-s"] = deadline_s

@@ -64,8 +64,7 @@ class RoundRow:
     # Pacing (None / 0 without a deadline this round)
     deadline_s: float | None = None
     deadline_misses: int = 0
-    # Predicted from the nodes' LUTs, not measured (fl_client.node._pacing_metrics)
-    energy_saved_j: float = 0.0
+    predicted_energy_saved_j: float = 0.0
     warnings: list[str] = field(default_factory=list)
 
 
@@ -96,7 +95,7 @@ class RunRecorder:
     ) -> None:
         self.run_dir = run_dir
         self.pacing = pacing
-        self.energy_saved_j = 0.0
+        self.predicted_energy_saved_j = 0.0
         self.deadline_misses = 0
         self.drift_reprofiles = 0
         self.method = method
@@ -150,10 +149,10 @@ class RunRecorder:
             failed=failed,
             deadline_s=report.deadline_s,
             deadline_misses=report.deadline_misses,
-            energy_saved_j=report.energy_saved_j,
+            predicted_energy_saved_j=report.predicted_energy_saved_j,
             warnings=list(report.warnings),
         )
-        self.energy_saved_j += report.energy_saved_j
+        self.predicted_energy_saved_j += report.predicted_energy_saved_j
         self.deadline_misses += report.deadline_misses
         self.drift_reprofiles += sum(
             int(n.metrics.get("drift-reprofiled", 0.0)) for n in report.ok_nodes
@@ -210,7 +209,9 @@ class RunRecorder:
         tot["p-max-w"] = m["p-max-w"]
         tot["batch-size"] = int(m["batch-size"])
         tot["gpu-freq-mhz"] = m["gpu-freq-mhz"]
-        tot["energy-saved-j"] = tot.get("energy-saved-j", 0.0) + m.get("energy-saved-j", 0.0)
+        tot["predicted-energy-saved-j"] = tot.get("predicted-energy-saved-j", 0.0) + m.get(
+            "predicted-energy-saved-j", 0.0
+        )
         tot["deadline-misses"] = tot.get("deadline-misses", 0) + int(m.get("deadline-miss", 0.0))
 
     def _print_round(self, report: RoundReport, row: RoundRow) -> None:
@@ -232,7 +233,7 @@ class RunRecorder:
         if row.deadline_s is not None:
             line += (
                 f"  deadline {row.deadline_s:.1f} s, predicted saving "
-                f"{row.energy_saved_j:.1f} J, "
+                f"{row.predicted_energy_saved_j:.1f} J, "
                 f"misses {row.deadline_misses}"
             )
         self.console.print(line)
@@ -266,8 +267,7 @@ class RunRecorder:
             "device-profile-time-s": self.profile_time_s,
             "profile-share": self.profile_time_s / device_time_s if device_time_s else 0.0,
             "pacing": self.pacing,
-            # Pacing's saving against f*, predicted from the LUTs (not measured)
-            "fleet-energy-saved-j": self.energy_saved_j,
+            "fleet-predicted-energy-saved-j": self.predicted_energy_saved_j,
             "deadline-misses": self.deadline_misses,
             "drift-reprofiles": self.drift_reprofiles,
             "nodes": self.node_totals,
@@ -335,7 +335,7 @@ class RunRecorder:
         )
         if summ.get("pacing", "off") != "off":
             self.console.print(
-                f"pacing ({summ['pacing']}): {summ['fleet-energy-saved-j']:.1f} J "
+                f"pacing ({summ['pacing']}): {summ['fleet-predicted-energy-saved-j']:.1f} J "
                 "predicted saving against running every node at f* (from the LUTs, not "
                 f"measured), {summ['deadline-misses']} deadline misses"
             )

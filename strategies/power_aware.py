@@ -61,10 +61,10 @@ class RoundReport:
         return sum(int(n.metrics.get("deadline-miss", 0.0)) for n in self.ok_nodes)
 
     @property
-    def energy_saved_j(self) -> float:
-        """Sum of the nodes' ``energy-saved-j`` (pacing against running at f*, as
+    def predicted_energy_saved_j(self) -> float:
+        """Sum of the nodes' ``predicted-energy-saved-j`` (pacing against running at f*, as
         their LUTs predict it; see ``fl_client.node._pacing_metrics``)."""
-        return sum(n.metrics.get("energy-saved-j", 0.0) for n in self.ok_nodes)
+        return sum(n.metrics.get("predicted-energy-saved-j", 0.0) for n in self.ok_nodes)
 
     @property
     def ok_nodes(self) -> list[NodeReport]:

@@ -284,7 +284,7 @@ def test_paced_node_reports_deadline_slack_and_saving(tmp_path):
     assert m1["gpu-freq-mhz"] == m1["f-star-mhz"] and m1["profile-time-s"] > 0
     assert m1["pacing-cells-measured"] == 0
     assert m1["fastest-time-s"] == pytest.approx(m1["train-time-s"])
-    assert "deadline-s" not in m1 and m1["energy-saved-j"] == 0.0
+    assert "deadline-s" not in m1 and m1["predicted-energy-saved-j"] == 0.0
     # a generous deadline: slower frequency, no miss, energy saved, nothing profiled
     deadline = 3 * m1["fastest-time-s"]
     _, m2, _ = train_node(run, node, {**CFG, "server-round": 2, "deadline-s": deadline}, state)
@@ -292,7 +292,7 @@ def test_paced_node_reports_deadline_slack_and_saving(tmp_path):
     assert m2["gpu-freq-mhz"] < m2["f-star-mhz"] == m1["f-star-mhz"]
     assert m2["deadline-s"] == deadline and m2["deadline-miss"] == 0.0
     assert m2["slack-s"] == pytest.approx(deadline - m2["train-time-s"])
-    assert m2["energy-saved-j"] > 0 and m2["profile-time-s"] == 0.0
+    assert m2["predicted-energy-saved-j"] > 0 and m2["profile-time-s"] == 0.0
     # an impossible deadline: f*, reported as a miss with negative slack
     tiny = m1["fastest-time-s"] / 4
     _, m3, _ = train_node(run, node, {**CFG, "server-round": 3, "deadline-s": tiny}, state)
@@ -353,7 +353,7 @@ def test_unpaced_node_ignores_deadline_and_has_no_pacing_metrics(tmp_path):
     _, m, _ = train_node(
         _run(tmp_path), node, {**CFG, "server-round": 2, "deadline-s": 99.0}, state
     )
-    assert "deadline-s" not in m and "energy-saved-j" not in m
+    assert "deadline-s" not in m and "predicted-energy-saved-j" not in m
 
 
 def test_cap_schedule_profiles_each_cap_when_it_first_applies_and_skips_infeasible_rounds(

@@ -77,14 +77,16 @@ def test_pacing_totals_in_rounds_and_summary(tmp_path):
     rec.initial_eval({"accuracy": 0.1, "loss": 2.3})
     rec.record_round(RoundReport(1, [_node(1, "a", 10, 50)]), {"accuracy": 0.5, "loss": 1.0})
     a, b = _node(2, "a", 10, 40), _node(2, "b", 12, 60)
-    a.metrics.update({"deadline-miss": 0.0, "energy-saved-j": 7.5})
-    b.metrics.update({"deadline-miss": 1.0, "energy-saved-j": 0.0})
+    a.metrics.update({"deadline-miss": 0.0, "predicted-energy-saved-j": 7.5})
+    b.metrics.update({"deadline-miss": 1.0, "predicted-energy-saved-j": 0.0})
     report = RoundReport(2, [a, b], deadline_s=11.0, warnings=["pacing: w"])
     row = rec.record_round(report, {"accuracy": 0.6, "loss": 0.9})
-    assert row.deadline_s == 11.0 and row.deadline_misses == 1 and row.energy_saved_j == 7.5
+    assert (
+        row.deadline_s == 11.0 and row.deadline_misses == 1 and row.predicted_energy_saved_j == 7.5
+    )
     summ = rec.finish()
-    assert summ["pacing"] == "deadline" and summ["fleet-energy-saved-j"] == 7.5
-    assert summ["deadline-misses"] == 1 and summ["nodes"]["a"]["energy-saved-j"] == 7.5
+    assert summ["pacing"] == "deadline" and summ["fleet-predicted-energy-saved-j"] == 7.5
+    assert summ["deadline-misses"] == 1 and summ["nodes"]["a"]["predicted-energy-saved-j"] == 7.5
     rounds = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
     assert rounds[1]["deadline_s"] == 11.0 and rounds[1]["warnings"] == ["pacing: w"]
     assert "7.5 J predicted saving" in out.getvalue() and "warning" in out.getvalue()

@@ -68,7 +68,9 @@ def test_paced_run_with_cap_schedule_and_drift_check(tmp_path):
     assert all(n["gpu-freq-mhz"] <= n["f-star-mhz"] for n in paced)
     assert any(n["gpu-freq-mhz"] < n["f-star-mhz"] for n in paced)  # someone slowed down
     assert summary["pacing"] == "deadline"
-    assert summary["fleet-energy-saved-j"] == pytest.approx(sum(n["energy-saved-j"] for n in paced))
+    assert summary["fleet-predicted-energy-saved-j"] == pytest.approx(
+        sum(n["predicted-energy-saved-j"] for n in paced)
+    )
     assert summary["deadline-misses"] == sum(int(n["deadline-miss"]) for n in paced)
     # cap schedule: 7 W, then 4.5 W from round 3, profiled in the round it first applies
     solar = [nodes[("nano-solar", r)] for r in (1, 2, 3)]

@@ -24,9 +24,9 @@ def _paced_handler(miss: bool = False):
         cfg = msg.content["config"]
         m = {k: 1.0 for k in TRAIN_METRIC_KEYS}
         m.update({"train-time-s": FASTEST[node], "predicted-time-s": FASTEST[node] / 1.25})
-        m.update({"fastest-time-s": FASTEST[node], "energy-saved-j": 0.0})
+        m.update({"fastest-time-s": FASTEST[node], "predicted-energy-saved-j": 0.0})
         if "deadline-s" in cfg:
-            m.update({"deadline-s": cfg["deadline-s"], "energy-saved-j": 2.0})
+            m.update({"deadline-s": cfg["deadline-s"], "predicted-energy-saved-j": 2.0})
             m["deadline-miss"] = 1.0 if miss else 0.0
         reply = RecordDict(
             {"arrays": ArrayRecord([np.full(3, float(node))]), "metrics": MetricRecord(m)}
@@ -53,7 +53,7 @@ def test_deadline_is_the_slowest_fastest_time_from_round_two():
     assert second[11]["time-calibration"] == pytest.approx(1.25)
     report = strategy.rounds[-1]
     assert report.deadline_s == 9.0 and report.deadline_misses == 0
-    assert report.energy_saved_j == pytest.approx(6.0) and not report.warnings
+    assert report.predicted_energy_saved_j == pytest.approx(6.0) and not report.warnings
 
 
 def test_pacing_off_sends_no_deadline():
