@@ -299,25 +299,39 @@ def _lut(
     batch_sizes: list[int],
     model_name: str,
     p_max_w: float,
-) -> tuple[LUT, bool]:
-    """The LUT for this round's cap, and whether it came from the cache.
+) -> tuple[LUT, bool, float, float]:
+    """The LUT for this round's cap, whether it came from the cache, and the profiling time
+    and energy this call spent.
 
-    Profiled in efficient mode for the cap less ``cap-margin``
-    (``NodeContext.selection_cap_w``) the first round that cap applies, cached afterwards:
-    a cap schedule pays for each of its caps only when (and if) the run reaches it, and
-    later rounds under the same cap re-select from the cache without profiling.
+    Each LUT is profiled in efficient mode for the cap less ``cap-margin``
+    (``NodeContext.selection_cap_w``) and cached. A node with a cap schedule profiles every
+    cap of it now under ``schedule-profiling = "upfront"`` (round 1 in practice), or only
+    this round's cap under ``"lazy"`` (each cap the first round it applies); later rounds
+    under a cap seen before re-select from the cache without profiling.
     """
-    select_cap_w = ctx.selection_cap_w(p_max_w)
-    return load_or_profile(
-        device,
-        workload,
-        batch_sizes,
-        lambda b: task.make_train_step(model_name, task.IMAGE_SHAPE, b),
-        ctx.cache_dir / "lut",
-        p_max_w=None if math.isinf(select_cap_w) else select_cap_w,
-        uncapped="full" if ctx.settings.profile_grid == "full" else "highest",
-        progress=False,
-    )
+    upfront = ctx.settings.schedule_profiling == "upfront" and ctx.node.p_max_schedule
+    caps = ctx.node.scheduled_caps_w if upfront else (p_max_w,)
+    time_s = energy_j = 0.0
+    this: tuple[LUT, bool] | None = None
+    for cap in dict.fromkeys((p_max_w, *caps)):
+        select_cap_w = ctx.selection_cap_w(cap)
+        lut, cached = load_or_profile(
+            device,
+            workload,
+            batch_sizes,
+            lambda b: task.make_train_step(model_name, task.IMAGE_SHAPE, b),
+            ctx.cache_dir / "lut",
+            p_max_w=None if math.isinf(select_cap_w) else select_cap_w,
+            uncapped="full" if ctx.settings.profile_grid == "full" else "highest",
+            progress=False,
+        )
+        if not cached:
+            time_s += lut.profile_time_s
+            energy_j += lut.profile_energy_j
+        if cap == p_max_w:
+            this = (lut, cached)
+    assert this is not None
+    return this[0], this[1] and time_s == 0.0, time_s, energy_j
 
 
 #: The pacing walk stops once a cell's predicted energy above idle is this share above the
@@ -627,9 +641,9 @@ def train_node(
         profile_time_s = profile_energy_j = 0.0
         from_cache = False
         if method in NEEDS_LUT:
-            lut, from_cache = _lut(ctx, device, workload, batch_sizes, model_name, p_max_w)
-            if not from_cache:
-                profile_time_s, profile_energy_j = lut.profile_time_s, lut.profile_energy_j
+            lut, from_cache, profile_time_s, profile_energy_j = _lut(
+                ctx, device, workload, batch_sizes, model_name, p_max_w
+            )
         r_true = (
             _oracle_r(ctx, model_name, state, batch_sizes, train_data, val_data)
             if method == "oracle"

@@ -154,6 +154,12 @@ PACING_MODES = ("off", "deadline")
 #: (paper §4.1; without a cap, each b at the highest frequency); ``full`` every (b, f).
 PROFILE_GRIDS = ("efficient", "full")
 
+#: ``schedule-profiling``: when a node with a ``p-max-schedule`` profiles its caps' LUTs.
+#: ``upfront``: every cap in round 1, when every node profiles anyway, so the fleet waits
+#: once; ``lazy``: each cap the first round it applies, so an unreached cap costs nothing
+#: but every cap step makes that round wait for one node's profiling.
+SCHEDULE_PROFILING = ("upfront", "lazy")
+
 
 @dataclass(frozen=True)
 class RunSettings:
@@ -179,6 +185,7 @@ class RunSettings:
     output_dir: str
     cache_dir: str
     profile_grid: str = "efficient"
+    schedule_profiling: str = "upfront"
     fixed_batch_size: int | None = None
     fixed_freq_mhz: float | None = None
     #: ``pacing`` (see ``PACING_MODES``); ``pacing-margin``: share of the deadline a paced
@@ -233,6 +240,11 @@ class RunSettings:
             output_dir=str(_get(cfg, "output-dir")),
             cache_dir=str(_get(cfg, "cache-dir")),
             profile_grid=_choice(cfg, "profile-grid", PROFILE_GRIDS),
+            schedule_profiling=_choice(
+                {"schedule-profiling": cfg.get("schedule-profiling", "upfront")},
+                "schedule-profiling",
+                SCHEDULE_PROFILING,
+            ),
             fixed_batch_size=int(fixed_b) if fixed_b not in (None, "", 0) else None,
             fixed_freq_mhz=float(fixed_f) if fixed_f not in (None, "", 0) else None,
             cap_margin=_fraction(cfg, "cap-margin", 0.05),
@@ -273,6 +285,7 @@ _KNOWN_KEYS = {
     "output-dir",
     "cache-dir",
     "profile-grid",
+    "schedule-profiling",
     "fixed-batch-size",
     "fixed-freq-mhz",
     "cap-margin",

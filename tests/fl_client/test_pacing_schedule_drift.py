@@ -359,7 +359,7 @@ def test_unpaced_node_ignores_deadline_and_has_no_pacing_metrics(tmp_path):
 def test_cap_schedule_profiles_each_cap_when_it_first_applies_and_skips_infeasible_rounds(
     tmp_path,
 ):
-    run = _run(tmp_path)
+    run = _run(tmp_path, **{"schedule-profiling": "lazy"})
     node = {**NODE, "p-max-schedule": "1:7.0,2:4.5,3:1.0,4:none,5:7.0,6:1.0"}
     state = build_model("cnn").state_dict()
     luts = tmp_path / "cache" / "nodes"
@@ -387,6 +387,34 @@ def test_cap_schedule_profiles_each_cap_when_it_first_applies_and_skips_infeasib
     with pytest.raises(RuntimeError, match=r"no configuration fits round 6's") as e6:
         train_node(run, node, {**CFG, "server-round": 6}, state)
     assert "profiling for this cap took" not in str(e6.value)
+
+
+def test_cap_schedule_upfront_profiles_every_cap_in_round_1_then_nothing(tmp_path):
+    run = _run(tmp_path)  # schedule-profiling = "upfront", the default
+    node = {**NODE, "p-max-schedule": "1:7.0,2:4.5,3:1.0,4:none"}
+    state = build_model("cnn").state_dict()
+    luts = tmp_path / "cache" / "nodes"
+    _, m1, _ = train_node(run, node, {**CFG, "server-round": 1}, state)
+    assert len(list(luts.rglob("lut_*.json"))) == 4  # 6.65 W, 4.275 W, 0.95 W and no cap
+    lazy_run = _run(tmp_path / "lazy", **{"schedule-profiling": "lazy"})
+    _, lazy1, _ = train_node(lazy_run, node, {**CFG, "server-round": 1}, state)
+    assert m1["profile-time-s"] > lazy1["profile-time-s"] > 0  # it paid for all four caps
+    assert (m1["batch-size"], m1["gpu-freq-mhz"]) == (lazy1["batch-size"], lazy1["gpu-freq-mhz"])
+    _, m2, _ = train_node(run, node, {**CFG, "server-round": 2}, state)
+    assert m2["p-max-w"] == 4.5 and m2["profile-time-s"] == 0.0
+    with pytest.raises(RuntimeError, match=r"no configuration fits round 3.s") as e3:
+        train_node(run, node, {**CFG, "server-round": 3}, state)
+    assert "profiling for this cap took" not in str(e3.value)
+    _, m4, _ = train_node(run, node, {**CFG, "server-round": 4}, state)
+    assert math.isinf(m4["p-max-w"]) and m4["profile-time-s"] == 0.0
+
+
+def test_schedule_profiling_rejects_unknown_values(tmp_path):
+    from fl_client.settings import RunSettings, SettingsError
+
+    with pytest.raises(SettingsError, match="schedule-profiling"):
+        RunSettings.from_config({"schedule-profiling": "sometimes"})
+    assert RunSettings.from_config({}).schedule_profiling == "upfront"
 
 
 def test_drift_check_reprofiles_only_when_the_twin_drifts(tmp_path):
