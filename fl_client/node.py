@@ -99,10 +99,11 @@ def idle_power_w(device: Device) -> float:
 
 
 def _workload(model_name: str) -> Workload:
+    shape = task.input_shape_for(model_name)
     return Workload(
         model_name=model_name,
-        input_shape=task.IMAGE_SHAPE,
-        flops_per_sample=task.train_flops_per_sample(model_name, task.IMAGE_SHAPE),
+        input_shape=shape,
+        flops_per_sample=task.train_flops_per_sample(model_name, shape),
         param_count=task.param_count(task.build_model(model_name)),
     )
 
@@ -110,11 +111,10 @@ def _workload(model_name: str) -> Workload:
 def max_batch_size(model_name: str, batch_sizes: list[int], memory_bytes: int) -> int:
     """Largest b in ``batch_sizes`` whose training footprint fits the device (0 if none)."""
     model = task.build_model(model_name)
+    shape = task.input_shape_for(model_name)
     budget = MEMORY_SHARE_FOR_TRAINING * memory_bytes
     fitting = [
-        b
-        for b in batch_sizes
-        if task.estimate_train_memory_bytes(model, task.IMAGE_SHAPE, b) <= budget
+        b for b in batch_sizes if task.estimate_train_memory_bytes(model, shape, b) <= budget
     ]
     return max(fitting, default=0)
 

@@ -290,6 +290,19 @@ def merge_scale(
     return merged
 
 
+def read_experiment_file(path: str | Path) -> tuple[dict[str, Any], str]:
+    """The parsed TOML of an experiment file and its name for messages; a missing file or
+    bad TOML is an ``ExperimentConfigError`` naming the file."""
+    p = Path(path)
+    where = str(p)
+    if not p.is_file():
+        raise ExperimentConfigError(f"{where}: experiment file not found")
+    try:
+        return tomllib.loads(p.read_text(encoding="utf-8")), where
+    except tomllib.TOMLDecodeError as exc:
+        raise ExperimentConfigError(f"{where}: not valid TOML ({exc})") from None
+
+
 def load_experiment(
     path: str | Path,
     *,
@@ -315,14 +328,7 @@ def load_experiment(
     ExperimentConfigError
         Missing file, TOML syntax, unknown keys or bad values (naming the key).
     """
-    p = Path(path)
-    where = str(p)
-    if not p.is_file():
-        raise ExperimentConfigError(f"{where}: experiment file not found")
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ExperimentConfigError(f"{where}: not valid TOML ({exc})") from None
+    data, where = read_experiment_file(path)
     return parse_experiment(data, where, scale=scale, seeds=seeds, sets=sets)
 
 
@@ -335,14 +341,7 @@ def load_any(
 ) -> Any:
     """Read and validate an experiment file of any study (``study`` in ``[experiment]``):
     a ``SingleDeviceConfig`` or a ``simulations.experiments.federated.FederatedConfig``."""
-    p = Path(path)
-    where = str(p)
-    if not p.is_file():
-        raise ExperimentConfigError(f"{where}: experiment file not found")
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ExperimentConfigError(f"{where}: not valid TOML ({exc})") from None
+    data, where = read_experiment_file(path)
     base = data.get("experiment")
     study = base.get("study") if isinstance(base, Mapping) else None
     if study == "federated":

@@ -55,6 +55,7 @@ from simulations.experiments.config import (
     ExperimentConfigError,
     Fields,
     merge_scale,
+    read_experiment_file,
 )
 from simulations.experiments.records import digest, read_record, write_json
 
@@ -174,14 +175,7 @@ def load_federated(
     path: str | Path, *, scale: str = "mini", seeds: int | None = None
 ) -> FederatedConfig:
     """Read and validate a federated experiment file (see ``parse_federated``)."""
-    p = Path(path)
-    where = str(p)
-    if not p.is_file():
-        raise ExperimentConfigError(f"{where}: experiment file not found")
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ExperimentConfigError(f"{where}: not valid TOML ({exc})") from None
+    data, where = read_experiment_file(path)
     return parse_federated(data, where, scale=scale, seeds=seeds)
 
 

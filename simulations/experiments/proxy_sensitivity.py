@@ -39,10 +39,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from fl_client import selector, task
-from fl_client.devices import open_device
-from fl_client.devices.base import Workload
 from fl_client.devices.simulated import available_device_kinds, load_device_spec
-from fl_client.profiler import profile
 from simulations.experiments.config import (
     TORCH_DEVICES,
     ExperimentConfigError,
@@ -52,6 +49,16 @@ from simulations.experiments.config import (
     merge_scale,
 )
 from simulations.experiments.records import digest, read_record, write_json
+from simulations.experiments.single_device import (
+    Progress,
+    _lut_dict,
+    b1_bands,
+    fitting_batch_sizes,
+    initial_state,
+    profile_full_grid,
+    resolve_torch_device,
+    torch_device_name,
+)
 from strategies.r_estimation import r_from_samples
 
 DIGITS_VIEWS = ("digits", "digits-rotated", "digits-inverted", "digits-parity")
@@ -71,9 +78,6 @@ TEXT_DATASETS = ("tinyshakespeare", "austen", "dickens")
 CODE_VERSION = 1
 #: Transform noise of the image views (fixed, so a view is the same data for every run).
 VIEW_SEED = 20250218
-INIT_SEED_OFFSET = 1000
-#: Share of a device's memory a training run may take (as ``fl_client.node``).
-MEMORY_SHARE_FOR_TRAINING = 0.5
 
 SENS_DEFAULTS: dict[str, Any] = {
     "name": None,
@@ -400,31 +404,6 @@ def lut_key(cfg: SensitivityConfig, device: str) -> str:
     )
 
 
-def workload_for(model: str) -> Workload:
-    shape = task.input_shape_for(model)
-    return Workload(
-        model_name=model,
-        input_shape=shape,
-        flops_per_sample=task.train_flops_per_sample(model, shape),
-        param_count=task.param_count(task.build_model(model)),
-    )
-
-
-def fitting_batch_sizes(model: str, batch_sizes: list[int], memory_bytes: int) -> list[int]:
-    """The b of ``batch_sizes`` whose estimated training footprint fits the device."""
-    net = task.build_model(model)
-    shape = task.input_shape_for(model)
-    budget = MEMORY_SHARE_FOR_TRAINING * memory_bytes
-    return [b for b in batch_sizes if task.estimate_train_memory_bytes(net, shape, b) <= budget]
-
-
-def initial_state(model: str, seed: int) -> dict[str, torch.Tensor]:
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(INIT_SEED_OFFSET + seed)
-        net = task.build_model(model)
-    return {k: v.detach().clone() for k, v in net.state_dict().items()}
-
-
 def run_training(
     cfg: SensitivityConfig,
     dataset: str,
@@ -433,8 +412,6 @@ def run_training(
     on_eval: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """One real training run of ``cfg.model`` on ``dataset`` with batch size ``b``."""
-    from simulations.experiments.single_device import resolve_torch_device, torch_device_name
-
     device = resolve_torch_device(cfg.torch_device)
     lr = task.scaled_lr(cfg.lr_ref, cfg.b_ref, b)
     target = cfg.accuracy_of(dataset)
@@ -500,43 +477,25 @@ def run_training(
 
 def run_lut(cfg: SensitivityConfig, device_kind: str) -> dict[str, Any]:
     """Every (b, f) of ``device_kind``'s twin for ``cfg.model`` (seed 0), with B1's bands."""
-    from simulations.experiments.single_device import _lut_dict, cap_label
-
-    spec = load_device_spec(device_kind)
-    sizes = fitting_batch_sizes(cfg.model, list(cfg.batch_sizes), spec.memory_bytes)
+    sizes = fitting_batch_sizes(cfg.model, cfg.batch_sizes, device_kind)
     if not sizes:
         raise ExperimentConfigError(
             f"batch-sizes: none of {list(cfg.batch_sizes)} fits {device_kind}'s memory"
         )
-    shape = task.input_shape_for(cfg.model)
-    device = open_device(device_kind, "simulated", seed=0)
-    try:
-        lut = profile(
-            device,
-            workload_for(cfg.model),
-            sizes,
-            lambda b: task.make_train_step(cfg.model, shape, b, seed=0),
-            p_max_w=None,
-            warmup_steps=cfg.profile_warmup_steps,
-            steps=cfg.profile_steps,
-            progress=False,
-            uncapped="full",
-        )
-    finally:
-        device.close()
-    b1: dict[str, float | None] = {}
-    for cap in cfg.caps_w:
-        try:
-            b1[cap_label(cap)] = spec.b1_freq_cap_mhz(cap)
-        except ValueError:
-            b1[cap_label(cap)] = None
+    lut = profile_full_grid(
+        cfg.model,
+        device_kind,
+        sizes,
+        warmup_steps=cfg.profile_warmup_steps,
+        steps=cfg.profile_steps,
+    )
     return {
         "key": lut_key(cfg, device_kind),
         "unit": "sensitivity-lut",
         "model": cfg.model,
         "device": device_kind,
-        "display-name": spec.display_name,
-        "b1-freq-mhz": b1,
+        "display-name": load_device_spec(device_kind).display_name,
+        "b1-freq-mhz": b1_bands(device_kind, cfg.caps_w),
         "avg-power-w": lut.avg_power_w.tolist(),
         "lut": _lut_dict(lut),
     }
@@ -544,8 +503,6 @@ def run_lut(cfg: SensitivityConfig, device_kind: str) -> dict[str, Any]:
 
 def run_sensitivity(cfg: SensitivityConfig, out: Path, *, progress: bool = True) -> dict[str, int]:
     """Compute every missing record of ``cfg`` under ``out``; return counts done / reused."""
-    from simulations.experiments.single_device import Progress
-
     torch.set_num_threads(cfg.torch_threads)
     lay = Layout(out)
     train_units = [

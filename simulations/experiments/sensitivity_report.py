@@ -15,7 +15,7 @@ from typing import Any
 from fl_client import selector
 from simulations.experiments.proxy_sensitivity import Grid, choose, time_on_target
 from simulations.experiments.records import load_all, write_json
-from simulations.experiments.report import _fmt, _mean_std, _ratio, _write_csv
+from simulations.experiments.report import _cap_label, _fmt, _mean_std, _ratio, _write_csv
 
 METHODS = ("b1", "b2", "power-aware", "oracle")
 LABELS = {"b1": "Baseline 1", "b2": "Baseline 2", "power-aware": "Ours", "oracle": "Oracle"}
@@ -23,10 +23,6 @@ LABELS = {"b1": "Baseline 1", "b2": "Baseline 2", "power-aware": "Ours", "oracle
 
 class SensitivityReportError(ValueError):
     """An output folder that cannot be reported on."""
-
-
-def _cap_label(cap: Any) -> str:
-    return "none" if cap is None or cap == "none" else f"{float(cap):g}W"
 
 
 def _cap_value(cap: Any) -> float | None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,10 +189,11 @@ def train_key(cfg: SingleDeviceConfig, model: str, role: str, seed: int, b: int)
     )
 
 
-def _fitting_batch_sizes(cfg: SingleDeviceConfig, model: str, device: str) -> list[int]:
+def fitting_batch_sizes(model: str, batch_sizes: Sequence[int], device: str) -> list[int]:
+    """The b of ``batch_sizes`` whose training footprint fits ``device``'s memory."""
     spec = load_device_spec(device)
-    b_max = max_batch_size(model, list(cfg.batch_sizes), spec.memory_bytes)
-    return [b for b in cfg.batch_sizes if b <= b_max]
+    b_max = max_batch_size(model, list(batch_sizes), spec.memory_bytes)
+    return [b for b in batch_sizes if b <= b_max]
 
 
 def cell_key(
@@ -353,7 +354,7 @@ def run_cell(
     """Profile, select with every method, account each choice on the twin (one seed)."""
     spec = load_device_spec(device_kind)
     workload = _workload(model)
-    sizes = _fitting_batch_sizes(cfg, model, device_kind)
+    sizes = fitting_batch_sizes(model, cfg.batch_sizes, device_kind)
     freqs = [float(f) for f in spec.gpu_freqs_mhz]
     proxy_b, proxy_r = r_from_samples(n_proxy, sizes)
     target_b, target_r = r_from_samples(n_target, sizes)
@@ -477,37 +478,56 @@ def _lut_dict(lut: LUT) -> dict[str, Any]:
     }
 
 
-def run_full_lut(cfg: SingleDeviceConfig, model: str, device_kind: str) -> dict[str, Any]:
-    """The full-grid LUT of (model, device) for the Fig. 1/2 plots (twin seed 0)."""
+def profile_full_grid(
+    model: str, device_kind: str, batch_sizes: Sequence[int], *, warmup_steps: int, steps: int
+) -> LUT:
+    """Every (b, f) of ``device_kind``'s twin (seed 0) for ``model``, real steps on the host."""
+    shape = task.input_shape_for(model)
     device = open_device(device_kind, "simulated", seed=0)
     try:
-        lut = profile(
+        return profile(
             device,
             _workload(model),
-            _fitting_batch_sizes(cfg, model, device_kind),
-            lambda b: task.make_train_step(model, task.IMAGE_SHAPE, b, seed=0),
+            list(batch_sizes),
+            lambda b: task.make_train_step(model, shape, b, seed=0),
             p_max_w=None,
-            warmup_steps=cfg.profile_warmup_steps,
-            steps=cfg.profile_steps,
+            warmup_steps=warmup_steps,
+            steps=steps,
             progress=False,
             uncapped="full",
         )
     finally:
         device.close()
+
+
+def b1_bands(device_kind: str, caps_w: Sequence[float | None]) -> dict[str, float | None]:
+    """B1's fixed safe frequency per cap label (None where the board has no band for it)."""
     spec = load_device_spec(device_kind)
-    b1: dict[str, float | None] = {}
-    for cap in cfg.caps_w:
+    out: dict[str, float | None] = {}
+    for cap in caps_w:
         try:
-            b1[cap_label(cap)] = spec.b1_freq_cap_mhz(cap)
+            out[cap_label(cap)] = spec.b1_freq_cap_mhz(cap)
         except ValueError:
-            b1[cap_label(cap)] = None
+            out[cap_label(cap)] = None
+    return out
+
+
+def run_full_lut(cfg: SingleDeviceConfig, model: str, device_kind: str) -> dict[str, Any]:
+    """The full-grid LUT of (model, device) for the Fig. 1/2 plots (twin seed 0)."""
+    lut = profile_full_grid(
+        model,
+        device_kind,
+        fitting_batch_sizes(model, cfg.batch_sizes, device_kind),
+        warmup_steps=cfg.profile_warmup_steps,
+        steps=cfg.profile_steps,
+    )
     return {
         "key": lut_key(cfg, model, device_kind),
         "unit": "lut-full",
         "model": model,
         "device": device_kind,
-        "display-name": spec.display_name,
-        "b1-freq-mhz": b1,
+        "display-name": load_device_spec(device_kind).display_name,
+        "b1-freq-mhz": b1_bands(device_kind, cfg.caps_w),
         "lut": _lut_dict(lut),
     }
 
