@@ -169,7 +169,7 @@ def _oracle_r(
     val_data: Any,
 ) -> list[float]:
     """r measured on this node's own data (the oracle): computed once, kept on disk."""
-    from strategies.r_estimation import estimate_r
+    from fl_client.r_estimation import estimate_r
 
     key = f"oracle-r-{model_name}-{'-'.join(map(str, batch_sizes))}.json"
     path = ctx.cache_dir / key

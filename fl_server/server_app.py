@@ -15,7 +15,7 @@ from fl_client import task
 from fl_client.settings import RunSettings, load_fleet, resolve_path
 from fl_server.results import RunRecorder, new_run_dir
 from strategies.power_aware import PowerAwareFedAvg, RoundReport
-from strategies.r_estimation import estimate_r
+from fl_client.r_estimation import estimate_r
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ For every dataset D of the study (each one serves as proxy and as target):
 
 1. **Training runs** (per dataset, seed, batch size b; real runs, the r estimation): the
    model trains from the seed's initial weights at lr_ref·sqrt(b/b_ref) until D's accuracy
-   target, giving N_D(b) and r_D (Eq. 3). Images: Adam, ``strategies.r_estimation``; text:
+   target, giving N_D(b) and r_D (Eq. 3). Images: Adam, ``fl_client.r_estimation``; text:
    AdamW on random windows, ``simulations.experiments.text``.
 2. **Full-grid LUT** (per device): every (b, f) profiled once on the device's digital twin
    (real training steps of the model on the host, time and power from the twin).
@@ -59,7 +59,7 @@ from simulations.experiments.single_device import (
     resolve_torch_device,
     torch_device_name,
 )
-from strategies.r_estimation import r_from_samples
+from fl_client.r_estimation import r_from_samples
 
 DIGITS_VIEWS = ("digits", "digits-rotated", "digits-inverted", "digits-parity")
 #: Datasets read with torchvision from ``data-root`` (never downloaded): name → (torchvision
@@ -438,7 +438,7 @@ def run_training(
         )
         sizes = {"train-chars": len(splits.train), "eval-windows": len(tx)}
     else:
-        from strategies.r_estimation import samples_to_target
+        from fl_client.r_estimation import samples_to_target
 
         train_set, test_set = image_sets(cfg, dataset, seed)
         n_acc, curve, used = samples_to_target(

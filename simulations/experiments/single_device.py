@@ -5,7 +5,7 @@ real work, nothing assumed:
 
 1. **Training runs** (per model, seed and batch size b, on the host, no device): the model
    trains from the seed's initial weights with Adam at lr_ref·sqrt(b/b_ref)
-   (``strategies.r_estimation.samples_to_target``) until the accuracy target, on
+   (``fl_client.r_estimation.samples_to_target``) until the accuracy target, on
 
    * the proxy (``proxy``, evaluated on proxy-eval, ``proxy-target-accuracy``): N_proxy(b),
      from which r for ours and B2 (Eq. 3);
@@ -52,7 +52,7 @@ from fl_client.profiler import LUT, profile
 from simulations.experiments.config import SingleDeviceConfig
 from simulations.experiments.datasets import StudyData, study_data
 from simulations.experiments.records import digest, read_record, write_json
-from strategies.r_estimation import r_from_samples, samples_to_target
+from fl_client.r_estimation import r_from_samples, samples_to_target
 
 log = logging.getLogger(__name__)
 

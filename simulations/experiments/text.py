@@ -214,7 +214,7 @@ def samples_to_target_text(
 ) -> tuple[int | None, list[tuple[int, float]], int]:
     """Train with AdamW on random windows until the character accuracy target.
 
-    Same contract as ``strategies.r_estimation.samples_to_target``: (samples when the
+    Same contract as ``fl_client.r_estimation.samples_to_target``: (samples when the
     target was first reached or None, evaluation curve, samples processed). A sample is
     one window of ``SEQ_LEN`` characters.
     """

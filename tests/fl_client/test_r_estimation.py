@@ -1,4 +1,4 @@
-"""strategies.r_estimation: Eq. 3 on a tiny task, the budget rule, validation and the cache.
+"""fl_client.r_estimation: Eq. 3 on a tiny task, the budget rule, validation and the cache.
 
 The embedded demo's settings were measured separately (see the comment above
 ``DEFAULT_EVAL_EVERY_SAMPLES``); these tests use a tiny two-class task so they run in seconds.
@@ -15,8 +15,8 @@ import torch
 from torch.utils.data import TensorDataset
 
 from fl_client import task
-from strategies import r_estimation
-from strategies.r_estimation import REstimate, TargetNotReachedError, estimate_r
+from fl_client import r_estimation
+from fl_client.r_estimation import REstimate, TargetNotReachedError, estimate_r
 
 
 def blobs(n: int, seed: int) -> TensorDataset:
@@ -210,7 +210,7 @@ def test_corrupt_cache_is_moved_aside_and_recomputed(
         data["cache_key"] = "0" * 64
         garbage = json.dumps(data)
     path.write_text(garbage)
-    with caplog.at_level("WARNING", logger="strategies.r_estimation"):
+    with caplog.at_level("WARNING", logger="fl_client.r_estimation"):
         again = run(init_state, cache_dir=tmp_path)
     assert "corrupt r cache" in caplog.text
     assert not again.from_cache and same_result(again, first)
@@ -234,7 +234,7 @@ def test_progress_falls_back_to_log_lines(
     init_state: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(r_estimation, "samples_to_target", fake_samples_to_target({4: 32, 16: 64}))
-    with caplog.at_level("INFO", logger="strategies.r_estimation"):
+    with caplog.at_level("INFO", logger="fl_client.r_estimation"):
         run(init_state, progress=True)  # pytest captures stderr: not a terminal
     assert "seed 0 b=4" in caplog.text and "seed 0 b=16" in caplog.text
     assert "cost" in caplog.text
