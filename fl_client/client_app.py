@@ -59,21 +59,20 @@ def make_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
     def query(msg: Message, context: Context) -> Message:
         config = dict(msg.content["config"])
         info = describe_node(run_config(context), dict(context.node_config), config)
-        return Message(RecordDict({"device": ConfigRecord(info)}), reply_to=msg)
+        return Message(RecordDict({"device": ConfigRecord(info.to_config())}), reply_to=msg)
 
     @client_app.train()
     @reply_errors
     def train(msg: Message, context: Context) -> Message:
         config = dict(msg.content["config"])
         state = msg.content["arrays"].to_torch_state_dict()  # type: ignore[union-attr]
-        new_state, metrics, info = train_node(
+        new_state, report = train_node(
             run_config(context), dict(context.node_config), config, state
         )
         content = RecordDict(
             {
                 "arrays": ArrayRecord(new_state),
-                "metrics": MetricRecord(dict[str, Any](metrics)),
-                "choice": ConfigRecord(info),
+                "metrics": MetricRecord(dict[str, Any](report.to_metrics())),
             }
         )
         return Message(content, reply_to=msg)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
+import functools
 import itertools
 import math
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +17,40 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10 on JetPack 6
     import tomli as tomllib
 
+from fl_client.contract import (
+    METHODS,
+    Cap,
+    SettingsError,
+    key_of,
+    parse_batch_sizes,
+    parse_int_list,
+)
+
+__all__ = [
+    "METHODS",
+    "Cap",
+    "SettingsError",
+    "parse_batch_sizes",
+    "parse_int_list",
+]
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-METHODS = ("power-aware", "b1", "b2", "oracle", "fixed")
 PARTITIONINGS = ("iid", "dirichlet")
+DATASETS = ("digits",)
 
 
-class SettingsError(ValueError):
-    """A run or node setting is missing or invalid; the message names the key."""
+def unknown_key_error(key: str, known: list[str] | tuple[str, ...], where: str) -> SettingsError:
+    """``<where>: unknown key 'cap-margn' (did you mean cap-margin?)``."""
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else f"; known keys: {', '.join(sorted(known))}"
+    return SettingsError(f"{where}: unknown key {key!r}{hint}")
+
+
+@functools.lru_cache(maxsize=4)
+def _app_defaults_cached(path: Path, mtime_ns: int) -> dict[str, Any]:
+    with path.open("rb") as fh:
+        data = tomllib.load(fh)
+    return dict(data.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {}))
 
 
 def app_defaults(pyproject: Path | None = None) -> dict[str, Any]:
@@ -33,54 +62,12 @@ def app_defaults(pyproject: Path | None = None) -> dict[str, Any]:
     path = pyproject or REPO_ROOT / "pyproject.toml"
     if not path.is_file():
         return {}
-    with path.open("rb") as fh:
-        data = tomllib.load(fh)
-    return dict(data.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {}))
+    return dict(_app_defaults_cached(path, path.stat().st_mtime_ns))
 
 
 def parse_p_max_w(value: object, key: str = "p-max-w") -> float:
-    """A power cap in watts; ``"none"``, ``""`` or ``inf`` mean no cap (returns inf)."""
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
-        return math.inf
-    if isinstance(value, bool):
-        raise SettingsError(f"{key}: expected a number of watts > 0 or 'none', got {value!r}")
-    try:
-        p_max_w = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise SettingsError(
-            f"{key}: expected a number of watts > 0 or 'none', got {value!r}"
-        ) from None
-    if math.isnan(p_max_w) or p_max_w <= 0:
-        raise SettingsError(f"{key}: must be > 0 W (or 'none' for no cap), got {value!r}")
-    return p_max_w
-
-
-def parse_int_list(value: object, key: str) -> list[int]:
-    """``"4,8,16"`` or ``[4, 8, 16]`` → ``[4, 8, 16]``."""
-    items: list[object]
-    if isinstance(value, str):
-        items = [s for s in (p.strip() for p in value.split(",")) if s]
-    elif isinstance(value, list | tuple):
-        items = list(value)
-    else:
-        raise SettingsError(f"{key}: expected a comma-separated list of integers, got {value!r}")
-    try:
-        out = [int(str(v)) for v in items]
-    except ValueError:
-        raise SettingsError(f"{key}: expected integers, got {value!r}") from None
-    return out
-
-
-def parse_batch_sizes(value: object, key: str = "batch-sizes") -> list[int]:
-    """Non-empty, positive, strictly ascending batch sizes."""
-    sizes = parse_int_list(value, key)
-    if not sizes:
-        raise SettingsError(f"{key}: must not be empty (e.g. '4,8,16,32,64,128')")
-    if any(b <= 0 for b in sizes):
-        raise SettingsError(f"{key}: batch sizes must be positive, got {sizes}")
-    if any(b2 <= b1 for b1, b2 in itertools.pairwise(sizes)):
-        raise SettingsError(f"{key}: must be strictly ascending, got {sizes}")
-    return sizes
+    """A power cap in watts, inf for no cap (``Cap.parse(value).watts``)."""
+    return Cap.parse(value, key).watts
 
 
 def _get(cfg: Mapping[str, Any], key: str) -> Any:
@@ -204,7 +191,18 @@ class RunSettings:
     #: re-profiles its batch size's row up to the cap.
     drift_check_every: int = 0
     drift_threshold: float = 0.15
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: Where the server's data comes from (``digits``: scikit-learn's bundled digits).
+    dataset: str = "digits"
+    #: r estimation (Eq. 3) on the proxy set: evaluate every ``r-eval-every-samples``
+    #: training samples; a batch size that has not reached ``proxy-target-accuracy`` after
+    #: ``r-max-samples`` is left out of B. The oracle uses the same two on a node's data.
+    r_eval_every_samples: int = 256
+    r_max_samples: int = 40_000
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """Every run setting's key (kebab-case)."""
+        return tuple(key_of(f.name) for f in fields(cls))
 
     @classmethod
     def from_config(cls, run_config: Mapping[str, Any]) -> RunSettings:
@@ -212,6 +210,10 @@ class RunSettings:
         from fl_client.task import MODEL_NAMES
 
         cfg: dict[str, Any] = {**app_defaults(), **dict(run_config)}
+        known = cls.keys()
+        for key in cfg:
+            if key not in known:
+                raise unknown_key_error(key, known, "run settings")
         method = _choice(cfg, "method", METHODS)
         fixed_b = cfg.get("fixed-batch-size")
         fixed_f = cfg.get("fixed-freq-mhz")
@@ -259,42 +261,16 @@ class RunSettings:
             drift_threshold=_num(
                 {"drift-threshold": cfg.get("drift-threshold", 0.15)}, "drift-threshold", lo=0.0
             ),
-            extra={k: v for k, v in cfg.items() if k not in _KNOWN_KEYS},
+            dataset=_choice({"dataset": cfg.get("dataset", "digits")}, "dataset", DATASETS),
+            r_eval_every_samples=_int(
+                {"r-eval-every-samples": cfg.get("r-eval-every-samples", 256)},
+                "r-eval-every-samples",
+                lo=1,
+            ),
+            r_max_samples=_int(
+                {"r-max-samples": cfg.get("r-max-samples", 40_000)}, "r-max-samples", lo=1
+            ),
         )
-
-
-_KNOWN_KEYS = {
-    "method",
-    "fleet",
-    "model",
-    "dataset",
-    "partitioning",
-    "dirichlet-alpha",
-    "seed",
-    "num-rounds",
-    "target-accuracy",
-    "local-epochs",
-    "batch-sizes",
-    "lr-ref",
-    "b-ref",
-    "proxy-target-accuracy",
-    "r-seeds",
-    "fraction-train",
-    "min-train-nodes",
-    "round-timeout-s",
-    "output-dir",
-    "cache-dir",
-    "profile-grid",
-    "schedule-profiling",
-    "fixed-batch-size",
-    "fixed-freq-mhz",
-    "cap-margin",
-    "pacing",
-    "pacing-margin",
-    "pacing-deadline-s",
-    "drift-check-every",
-    "drift-threshold",
-}
 
 
 def resolve_path(path: str, base: Path | None = None) -> Path:
@@ -310,32 +286,28 @@ class NodeSettings:
     name: str
     device: str
     backend: str
-    p_max_w: float  # math.inf = no cap
+    p_max: Cap
     #: The entry's other keys (backend options such as ``sysfs-root``, ``replay-table``,
     #: ``cap-window-s``), handed to ``fl_client.devices.DeviceOptions``.
     options: dict[str, Any] = field(default_factory=dict, compare=False)
-    #: ``p-max-schedule``: (first round, cap in W) steps, ascending, the first at round 1;
-    #: empty = the fixed ``p_max_w`` every round.
-    p_max_schedule: tuple[tuple[int, float], ...] = ()
+    #: ``p-max-schedule``: (first round, cap) steps, ascending, the first at round 1;
+    #: empty = the fixed ``p_max`` every round.
+    p_max_schedule: tuple[tuple[int, Cap], ...] = ()
     #: ``cap-margin`` of this node (None: the run setting's).
     cap_margin: float | None = None
 
-    @property
-    def p_max_label(self) -> str:
-        return "none" if math.isinf(self.p_max_w) else f"{self.p_max_w:g} W"
-
-    def p_max_at(self, server_round: int) -> float:
-        """The cap in W for ``server_round`` (inf = none): the schedule's step, else p_max_w."""
-        cap = self.p_max_w
+    def p_max_at(self, server_round: int) -> Cap:
+        """The cap of ``server_round``: the schedule's step, else ``p_max``."""
+        cap = self.p_max
         for first_round, step_cap in self.p_max_schedule:
             if server_round >= first_round:
                 cap = step_cap
         return cap
 
     @property
-    def scheduled_caps_w(self) -> tuple[float, ...]:
-        """Every distinct cap this node runs under, ascending (inf last)."""
-        caps = {c for _, c in self.p_max_schedule} or {self.p_max_w}
+    def scheduled_caps(self) -> tuple[Cap, ...]:
+        """Every distinct cap this node runs under, ascending (no cap last)."""
+        caps = {c for _, c in self.p_max_schedule} or {self.p_max}
         return tuple(sorted(caps))
 
 
@@ -349,7 +321,7 @@ SCHEDULE_FORMS = (
 
 def parse_p_max_schedule(
     value: object, where: str, base: Path | None = None
-) -> tuple[tuple[int, float], ...]:
+) -> tuple[tuple[int, Cap], ...]:
     """A node's ``p-max-schedule``: inline steps or a per-round CSV trace (see SCHEDULE_FORMS).
 
     Raises SettingsError naming ``where`` and the key for gaps, unsorted or repeated
@@ -383,14 +355,14 @@ def parse_p_max_schedule(
             pairs.append((first.strip(), cap.strip()))
     if not pairs:
         raise SettingsError(f"{key}: empty schedule{allowed}")
-    steps: list[tuple[int, float]] = []
+    steps: list[tuple[int, Cap]] = []
     for first, cap in pairs:
         try:
             rnd = int(first)
         except ValueError:
             raise SettingsError(f"{key}: round {first!r} is not an integer ≥ 1") from None
         try:
-            cap_w = parse_p_max_w(cap, key=f"{key} (round {rnd})")
+            cap_w = Cap.parse(cap, key=f"{key} (round {rnd})")
         except SettingsError as err:
             raise SettingsError(f"{err}{allowed}") from None
         steps.append((rnd, cap_w))
@@ -407,6 +379,17 @@ def parse_p_max_schedule(
 
 #: Keys of a fleet entry or node_config that are node settings, not backend options.
 NODE_KEYS = ("name", "device", "backend", "p-max-w", "p-max-schedule", "cap-margin")
+#: Keys Flower's simulation puts in node_config, and a fleet entry's ``count``.
+FLOWER_NODE_KEYS = ("partition-id", "num-partitions", "count")
+
+
+def node_entry_keys() -> tuple[str, ...]:
+    """Every key a fleet entry or a node_config may have: node settings, Flower's own keys
+    and the backends' options (``fl_client.devices.DeviceOptions``)."""
+    from fl_client.devices import DeviceOptions
+
+    options = tuple(key_of(f.name) for f in fields(DeviceOptions))
+    return (*NODE_KEYS, *FLOWER_NODE_KEYS, *options)
 
 
 def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) -> NodeSettings:
@@ -429,30 +412,34 @@ def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) 
                 f"allowed: {', '.join(DEVICE_KINDS)}"
             )
     name = str(entry.get("name", default_name))
+    allowed = node_entry_keys()
+    for key in entry:
+        if key not in allowed:
+            raise unknown_key_error(key, allowed, f"{where} ({name})")
     try:
-        p_max_w = parse_p_max_w(entry.get("p-max-w", "none"))
+        p_max = Cap.parse(entry.get("p-max-w", "none"))
     except SettingsError as err:
         raise SettingsError(f"{where}: {err}") from None
-    schedule: tuple[tuple[int, float], ...] = ()
+    schedule: tuple[tuple[int, Cap], ...] = ()
     if "p-max-schedule" in entry:
         if "p-max-w" in entry:
             raise SettingsError(
                 f"{where} ({name}): p-max-w and p-max-schedule: give one of them, not both"
             )
         schedule = parse_p_max_schedule(entry["p-max-schedule"], f"{where} ({name})")
-        p_max_w = schedule[0][1]
+        p_max = schedule[0][1]
     cap_margin = None
     if "cap-margin" in entry:
         try:
             cap_margin = _fraction(entry, "cap-margin", 0.0)
         except SettingsError as err:
             raise SettingsError(f"{where} ({name}): {err}") from None
-    options = {k: v for k, v in entry.items() if k not in (*NODE_KEYS, "count")}
+    options = {k: v for k, v in entry.items() if k not in (*NODE_KEYS, *FLOWER_NODE_KEYS)}
     return NodeSettings(
         name=name,
         device=device,
         backend=backend,
-        p_max_w=p_max_w,
+        p_max=p_max,
         options=options,
         p_max_schedule=schedule,
         cap_margin=cap_margin,
@@ -468,6 +455,12 @@ def load_fleet(path: str | Path) -> list[NodeSettings]:
     p = resolve_path(str(path))
     if not p.is_file():
         raise SettingsError(f"fleet: fleet file not found: {p}")
+    return list(_load_fleet_cached(p, p.stat().st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=8)
+def _load_fleet_cached(p: Path, mtime_ns: int) -> tuple[NodeSettings, ...]:
+    """A fleet file is read once per process and version (every message used to re-read it)."""
     try:
         with p.open("rb") as fh:
             data = tomllib.load(fh)
@@ -490,7 +483,7 @@ def load_fleet(path: str | Path) -> list[NodeSettings]:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise SettingsError(f"fleet: node names must be unique, repeated: {', '.join(dupes)}")
-    return nodes
+    return tuple(nodes)
 
 
 def node_settings(

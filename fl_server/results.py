@@ -7,65 +7,159 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from strategies.power_aware import NodeReport, RoundReport
+from fl_client.contract import RECORD_VERSION, NodeRow, RoundRow, key_of, to_record
+from strategies.power_aware import RoundReport
 
 
 def new_run_dir(output_dir: str | Path, method: str) -> Path:
-    """A fresh folder ``<output_dir>/<UTC time>-<method>`` (suffixed if it exists)."""
+    """A fresh folder ``<output_dir>/<UTC time>-<method>``, created atomically (suffixed if
+    it exists), so two runs started at once never share one."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    base = Path(output_dir).expanduser().resolve() / f"{stamp}-{method}"
-    path, k = base, 1
-    while path.exists():
-        k += 1
-        path = base.with_name(f"{base.name}-{k}")
-    path.mkdir(parents=True)
-    return path
-
-
-def _json_default(obj: object) -> Any:
-    if isinstance(obj, float) and math.isinf(obj):
-        return "inf"
-    if hasattr(obj, "tolist"):
-        return obj.tolist()  # numpy
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+    parent = Path(output_dir).expanduser().resolve()
+    parent.mkdir(parents=True, exist_ok=True)
+    for k in range(1, 10_000):
+        path = parent / (f"{stamp}-{method}" if k == 1 else f"{stamp}-{method}-{k}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"output-dir: no free run folder for {stamp}-{method} in {parent}")
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write ``data`` as indented JSON (atomically)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=_json_default) + "\n")
+    """Write ``data`` as indented standard JSON (no Infinity/NaN: null), atomically."""
+    tmp = path.with_suffix(path.suffix + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(to_record(data), indent=2, allow_nan=False) + "\n")
     tmp.replace(path)
 
 
-@dataclass
-class RoundRow:
-    """One line of ``rounds.jsonl``."""
+@dataclass(frozen=True)
+class RoundAccount:
+    """The accounting of one synchronous round, done once: the round lasts as long as its
+    slowest node's device time (training plus profiling); energy is the fleet's sum; a node
+    that finishes early waits at idle power for the rest of the round (unknown idle power
+    counts 0)."""
 
-    server_round: int
-    accuracy: float
-    loss: float
     round_time_s: float
-    sim_time_s: float
-    round_energy_j: float
-    fleet_energy_j: float
-    # Idle energy of the nodes waiting for the slowest one (this round / cumulative)
-    round_wait_energy_j: float
-    fleet_wait_energy_j: float
-    nodes_ok: int
-    nodes_failed: int
-    failed: list[str] = field(default_factory=list)
-    # Pacing (None / 0 without a deadline this round)
-    deadline_s: float | None = None
-    deadline_misses: int = 0
+    train_time_s: float
+    profile_time_s: float
+    train_energy_j: float
+    profile_energy_j: float
+    wait_energy_j: float
+    busy_s: dict[str, float]  # node -> training + profiling time
+    deadline_misses: int
+    predicted_energy_saved_j: float
+
+    @property
+    def energy_j(self) -> float:
+        return self.train_energy_j + self.profile_energy_j
+
+    @property
+    def slowest(self) -> str | None:
+        return max(self.busy_s, key=lambda k: self.busy_s[k]) if self.busy_s else None
+
+    @classmethod
+    def of(cls, report: RoundReport) -> RoundAccount:
+        ok = [(n.node_name, n.report) for n in report.nodes if n.ok and n.report is not None]
+        busy = {name: r.train_time_s + r.profile_time_s for name, r in ok}
+        round_s = max(busy.values(), default=0.0)
+        wait_j = sum(
+            r.idle_power_w * (round_s - busy[name])
+            for name, r in ok
+            if math.isfinite(r.idle_power_w)
+        )
+        return cls(
+            round_time_s=round_s,
+            train_time_s=sum(r.train_time_s for _, r in ok),
+            profile_time_s=sum(r.profile_time_s for _, r in ok),
+            train_energy_j=sum(r.train_energy_j for _, r in ok),
+            profile_energy_j=sum(r.profile_energy_j for _, r in ok),
+            wait_energy_j=wait_j,
+            busy_s=busy,
+            deadline_misses=sum(int(r.deadline_miss or 0) for _, r in ok),
+            predicted_energy_saved_j=sum(r.predicted_energy_saved_j or 0.0 for _, r in ok),
+        )
+
+
+@dataclass
+class NodeTotals:
+    """One node over the run (``summary.json`` → ``nodes``): written once, read by reports."""
+
+    device: str
+    p_max_w: float | None = None  # the cap of its last round (null: none)
+    cap_label: str = "none"
+    rounds: int = 0
+    rounds_ok: int = 0
+    rounds_failed: int = 0
+    train_time_s: float = 0.0
+    profile_time_s: float = 0.0
+    train_energy_j: float = 0.0
+    profile_energy_j: float = 0.0
+    wait_s: float = 0.0
+    wait_energy_j: float = 0.0
+    slowest_rounds: int = 0
+    slowest_time_s: float = 0.0
+    over_cap_rounds: int = 0  # rounds whose peak power was above the cap
+    violation_rounds: int = 0  # rounds the cap guard had to step down in
+    peak_power_w: float = 0.0
+    time_over_cap_s: float = 0.0
+    drift_reprofiles: int = 0
     predicted_energy_saved_j: float = 0.0
-    warnings: list[str] = field(default_factory=list)
+    deadline_misses: int = 0
+    batch_size: int | None = None
+    gpu_freq_mhz: float | None = None
+    caps: list[str] = field(default_factory=list)
+    choices: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def add(self, row: NodeRow, account: RoundAccount) -> None:
+        self.rounds += 1
+        self.p_max_w, self.cap_label = row.p_max.to_record(), row.p_max.label
+        if row.p_max.label not in self.caps:
+            self.caps.append(row.p_max.label)
+        r = row.report
+        if not row.ok or r is None:
+            self.rounds_failed += 1
+            reason = row.error[:120]
+            self.errors[reason] = self.errors.get(reason, 0) + 1
+            return
+        self.rounds_ok += 1
+        self.train_time_s += r.train_time_s
+        self.profile_time_s += r.profile_time_s
+        self.train_energy_j += r.train_energy_j
+        self.profile_energy_j += r.profile_energy_j
+        wait = account.round_time_s - account.busy_s[row.node_name]
+        self.wait_s += wait
+        if math.isfinite(r.idle_power_w):
+            self.wait_energy_j += r.idle_power_w * wait
+        if account.slowest == row.node_name:
+            self.slowest_rounds += 1
+            self.slowest_time_s += account.round_time_s
+        self.over_cap_rounds += int(r.peak_power_w > r.p_max_w)
+        self.violation_rounds += int(r.cap_violations > 0)
+        self.peak_power_w = max(self.peak_power_w, r.peak_power_w)
+        self.time_over_cap_s += r.time_over_cap_s
+        self.drift_reprofiles += int(r.drift_reprofiled or 0)
+        self.predicted_energy_saved_j += r.predicted_energy_saved_j or 0.0
+        self.deadline_misses += int(r.deadline_miss or 0)
+        self.batch_size, self.gpu_freq_mhz = int(r.batch_size), r.gpu_freq_mhz
+        choice = f"b{int(r.batch_size)}@{r.gpu_freq_mhz:g}"
+        self.choices[choice] = self.choices.get(choice, 0) + 1
+
+    def to_record(self, sim_time_s: float) -> dict[str, Any]:
+        out = {key_of(f.name): getattr(self, f.name) for f in fields(self)}
+        out["mean-wait-s"] = self.wait_s / self.rounds_ok if self.rounds_ok else None
+        out["slowest-share"] = self.slowest_rounds / self.rounds if self.rounds else 0.0
+        out["slowest-time-share"] = self.slowest_time_s / sim_time_s if sim_time_s else 0.0
+        return dict(to_record(out))
 
 
 def make_console() -> Console:
@@ -79,9 +173,11 @@ class RunRecorder:
     """Writes the records of one run as they happen, so a crash loses nothing written.
 
     Files in ``run_dir``: ``settings.json``, ``fleet.json``, ``r.json``, ``rounds.jsonl``
-    (one line per round), ``nodes.jsonl`` (one line per node and round), ``summary.json``.
-    Simulated time is device time: each synchronous round lasts as long as its slowest
-    node (training plus, in the node's first round, profiling).
+    (one ``RoundRow`` per round), ``nodes.jsonl`` (one ``NodeRow`` per node and round),
+    ``summary.json``; all standard JSON, kebab-case (see ``fl_client.contract``). The
+    recorder is the one place that accounts time and energy (``RoundAccount``, ``NodeTotals``);
+    reports read its records and never re-derive them. Simulated time is device time: each
+    synchronous round lasts as long as its slowest node (training plus profiling).
     """
 
     def __init__(
@@ -95,24 +191,14 @@ class RunRecorder:
     ) -> None:
         self.run_dir = run_dir
         self.pacing = pacing
-        self.predicted_energy_saved_j = 0.0
-        self.deadline_misses = 0
-        self.drift_reprofiles = 0
         self.method = method
         self.target_accuracy = target_accuracy
         self.console = console or make_console()
         self._last_choices: list[str] = []
         self.rows: list[RoundRow] = []
+        self.accounts: list[RoundAccount] = []
         self.initial: dict[str, float] = {}
-        self.sim_time_s = 0.0
-        self.fleet_energy_j = 0.0
-        self.fleet_wait_energy_j = 0.0
-        self.wait_energy_to_target_j: float | None = None
-        self.profile_time_s = 0.0
-        self.train_time_s = 0.0
-        self.node_totals: dict[str, dict[str, Any]] = {}
-        self.time_to_target_s: float | None = None
-        self.energy_to_target_j: float | None = None
+        self.node_totals: dict[str, NodeTotals] = {}
         self.round_to_target: int | None = None
 
     def write(self, name: str, data: Any) -> None:
@@ -120,108 +206,57 @@ class RunRecorder:
 
     def _append(self, name: str, row: dict[str, Any]) -> None:
         with (self.run_dir / name).open("a") as fh:
-            fh.write(json.dumps(row, default=_json_default) + "\n")
+            fh.write(json.dumps(to_record(row), allow_nan=False) + "\n")
 
     def initial_eval(self, metrics: dict[str, float]) -> None:
         self.initial = dict(metrics)
         self.console.print(f"round   0  accuracy {metrics['accuracy']:.3f}  (initial global model)")
 
+    @property
+    def sim_time_s(self) -> float:
+        return sum(a.round_time_s for a in self.accounts)
+
+    def _sum(self, attr: str, upto: int | None = None) -> float:
+        """Sum of one ``RoundAccount`` figure over the rounds (up to round index ``upto``)."""
+        return float(sum(getattr(a, attr) for a in self.accounts[:upto]))
+
     def record_round(self, report: RoundReport, metrics: dict[str, float]) -> RoundRow:
         """Account one finished round, append its records and print its line."""
-        self.sim_time_s += report.round_time_s
-        self.fleet_energy_j += report.energy_j
-        self.fleet_wait_energy_j += report.wait_energy_j
-        self.profile_time_s += report.profile_time_s
-        self.train_time_s += report.train_time_s
+        account = RoundAccount.of(report)
+        self.accounts.append(account)
         failed = [f"{n.node_name}: {n.error}" for n in report.nodes if not n.ok]
         row = RoundRow(
             server_round=report.server_round,
             accuracy=float(metrics["accuracy"]),
             loss=float(metrics["loss"]),
-            round_time_s=report.round_time_s,
+            round_time_s=account.round_time_s,
             sim_time_s=self.sim_time_s,
-            round_energy_j=report.energy_j,
-            fleet_energy_j=self.fleet_energy_j,
-            round_wait_energy_j=report.wait_energy_j,
-            fleet_wait_energy_j=self.fleet_wait_energy_j,
+            round_energy_j=account.energy_j,
+            fleet_energy_j=self._sum("energy_j"),
+            round_wait_energy_j=account.wait_energy_j,
+            fleet_wait_energy_j=self._sum("wait_energy_j"),
             nodes_ok=len(report.ok_nodes),
             nodes_failed=len(failed),
             failed=failed,
             deadline_s=report.deadline_s,
-            deadline_misses=report.deadline_misses,
-            predicted_energy_saved_j=report.predicted_energy_saved_j,
+            deadline_misses=account.deadline_misses,
+            predicted_energy_saved_j=account.predicted_energy_saved_j,
             warnings=list(report.warnings),
         )
-        self.predicted_energy_saved_j += report.predicted_energy_saved_j
-        self.deadline_misses += report.deadline_misses
-        self.drift_reprofiles += sum(
-            int(n.metrics.get("drift-reprofiled", 0.0)) for n in report.ok_nodes
-        )
         self.rows.append(row)
-        self._append("rounds.jsonl", asdict(row))
+        self._append("rounds.jsonl", row.to_record())
         for node in report.nodes:
-            self._record_node(node)
-        if self.time_to_target_s is None and row.accuracy >= self.target_accuracy:
-            self.time_to_target_s = self.sim_time_s
-            self.energy_to_target_j = self.fleet_energy_j
-            self.wait_energy_to_target_j = self.fleet_wait_energy_j
-            self.round_to_target = row.server_round
+            self._append("nodes.jsonl", node.to_record())
+            self.node_totals.setdefault(node.node_name, NodeTotals(node.device)).add(node, account)
+        if self.round_to_target is None and row.accuracy >= self.target_accuracy:
+            self.round_to_target = len(self.rows)
         self._print_round(report, row)
         return row
 
-    def _record_node(self, node: NodeReport) -> None:
-        self._append(
-            "nodes.jsonl",
-            {
-                "server-round": node.server_round,
-                "node-name": node.node_name,
-                "node-id": node.node_id,
-                "device": node.device,
-                "ok": node.ok,
-                "error": node.error,
-                **node.metrics,
-            },
-        )
-        tot = self.node_totals.setdefault(
-            node.node_name,
-            {
-                "device": node.device,
-                "rounds-ok": 0,
-                "rounds-failed": 0,
-                "train-time-s": 0.0,
-                "profile-time-s": 0.0,
-                "energy-j": 0.0,
-                "peak-power-w": 0.0,
-                "p-max-w": math.inf,
-                "batch-size": None,
-                "gpu-freq-mhz": None,
-            },
-        )
-        if not node.ok:
-            tot["rounds-failed"] += 1
-            return
-        m = node.metrics
-        tot["rounds-ok"] += 1
-        tot["train-time-s"] += m["train-time-s"]
-        tot["profile-time-s"] += m["profile-time-s"]
-        tot["energy-j"] += m["energy-j"] + m["profile-energy-j"]
-        tot["peak-power-w"] = max(tot["peak-power-w"], m["peak-power-w"])
-        tot["p-max-w"] = m["p-max-w"]
-        tot["batch-size"] = int(m["batch-size"])
-        tot["gpu-freq-mhz"] = m["gpu-freq-mhz"]
-        tot["predicted-energy-saved-j"] = tot.get("predicted-energy-saved-j", 0.0) + m.get(
-            "predicted-energy-saved-j", 0.0
-        )
-        tot["deadline-misses"] = tot.get("deadline-misses", 0) + int(m.get("deadline-miss", 0.0))
-
     def _print_round(self, report: RoundReport, row: RoundRow) -> None:
-        choices = sorted(
-            {
-                f"b{int(n.metrics['batch-size'])}@{n.metrics['gpu-freq-mhz']:g}"
-                for n in report.ok_nodes
-            }
-        )
-        over = sum(1 for n in report.ok_nodes if n.metrics["peak-power-w"] > n.metrics["p-max-w"])
+        reports = report.reports()
+        choices = sorted({f"b{int(r.batch_size)}@{r.gpu_freq_mhz:g}" for r in reports})
+        over = sum(1 for r in reports if r.peak_power_w > r.p_max_w)
         line = (
             f"round {row.server_round:3d}  accuracy {row.accuracy:.3f}  "
             f"round {row.round_time_s:7.1f} s  sim time {row.sim_time_s:8.1f} s  "
@@ -247,39 +282,49 @@ class RunRecorder:
 
     def summary(self) -> dict[str, Any]:
         """The run's headline numbers (also written to ``summary.json``)."""
-        device_time_s = self.train_time_s + self.profile_time_s
+        train_s, profile_s = self._sum("train_time_s"), self._sum("profile_time_s")
+        device_time_s = train_s + profile_s
         final = self.rows[-1] if self.rows else None
+        upto = self.round_to_target
+        reached = upto is not None
+        totals = self.node_totals.values()
         return {
+            "record-version": RECORD_VERSION,
             "method": self.method,
             "rounds": len(self.rows),
             "initial-accuracy": self.initial.get("accuracy"),
             "final-accuracy": final.accuracy if final else None,
             "target-accuracy": self.target_accuracy,
-            "round-to-target": self.round_to_target,
-            "sim-time-to-target-s": self.time_to_target_s,
-            "fleet-energy-to-target-j": self.energy_to_target_j,
+            "round-to-target": self.rows[upto - 1].server_round if upto else None,
+            "sim-time-to-target-s": self._sum("round_time_s", upto) if reached else None,
+            # Training and profiling, summed over nodes
+            "fleet-energy-to-target-j": self._sum("energy_j", upto) if reached else None,
             "sim-time-s": self.sim_time_s,
-            "fleet-energy-j": self.fleet_energy_j,
+            "fleet-energy-j": self._sum("energy_j"),
+            "fleet-train-energy-j": self._sum("train_energy_j"),
+            "fleet-profile-energy-j": self._sum("profile_energy_j"),
             # Idle energy while waiting for the slowest node (not in fleet-energy-j)
-            "fleet-wait-energy-j": self.fleet_wait_energy_j,
-            "fleet-wait-energy-to-target-j": self.wait_energy_to_target_j,
-            "device-train-time-s": self.train_time_s,
-            "device-profile-time-s": self.profile_time_s,
-            "profile-share": self.profile_time_s / device_time_s if device_time_s else 0.0,
+            "fleet-wait-energy-j": self._sum("wait_energy_j"),
+            "fleet-wait-energy-to-target-j": self._sum("wait_energy_j", upto) if reached else None,
+            "device-train-time-s": train_s,
+            "device-profile-time-s": profile_s,
+            "profile-share": profile_s / device_time_s if device_time_s else 0.0,
             "pacing": self.pacing,
-            "fleet-predicted-energy-saved-j": self.predicted_energy_saved_j,
-            "deadline-misses": self.deadline_misses,
-            "drift-reprofiles": self.drift_reprofiles,
-            "nodes": self.node_totals,
+            "fleet-predicted-energy-saved-j": self._sum("predicted_energy_saved_j"),
+            "deadline-misses": int(self._sum("deadline_misses")),
+            "drift-reprofiles": sum(t.drift_reprofiles for t in totals),
+            "node-rounds-failed": sum(t.rounds_failed for t in totals),
+            "over-cap-node-rounds": sum(t.over_cap_rounds for t in totals),
+            "nodes": {name: t.to_record(self.sim_time_s) for name, t in self.node_totals.items()},
             "run-dir": str(self.run_dir),
         }
 
     def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write ``summary.json`` and print the summary tables."""
-        summ = {**self.summary(), **(extra or {})}
+        summ = to_record({**self.summary(), **(extra or {})})
         self.write("summary.json", summ)
         self.print_summary(summ)
-        return summ
+        return dict(summ)
 
     def print_summary(self, summ: dict[str, Any]) -> None:
         table = Table(title=f"Per node ({summ['method']})", title_justify="left")
@@ -297,17 +342,16 @@ class RunRecorder:
         ):
             table.add_column(col, justify="left" if col in ("node", "device") else "right")
         for name, t in summ["nodes"].items():
-            cap = t["p-max-w"]
             table.add_row(
                 name,
                 t["device"],
-                "none" if math.isinf(cap) else f"{cap:g} W",
+                t["cap-label"],
                 str(t["batch-size"]),
                 f"{t['gpu-freq-mhz']:g}" if t["gpu-freq-mhz"] is not None else "-",
                 f"{t['peak-power-w']:.2f}",
                 f"{t['train-time-s']:.1f}",
                 f"{t['profile-time-s']:.1f}",
-                f"{t['energy-j']:.1f}",
+                f"{t['train-energy-j'] + t['profile-energy-j']:.1f}",
                 str(t["rounds-failed"]),
             )
         self.console.print(table)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -12,19 +12,90 @@ from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from fl_client import task
+from fl_client.contract import TrainConfig
+from fl_client.r_estimation import estimate_r
 from fl_client.settings import RunSettings, load_fleet, resolve_path
 from fl_server.results import RunRecorder, new_run_dir
-from strategies.power_aware import PowerAwareFedAvg, RoundReport
-from fl_client.r_estimation import estimate_r
+from strategies.power_aware import PowerAwareFedAvg
 
 log = logging.getLogger(__name__)
+
+
+def estimate_proxy_r(settings: RunSettings, rec: RunRecorder, state: dict[str, Any]) -> Any:
+    """Eq. 3's r on the server's proxy set (cached), written to ``r.json`` and printed."""
+    splits = task.load_digits_splits(seed=settings.seed)
+    t0 = time.perf_counter()
+    r_est = estimate_r(
+        settings.model,
+        state,
+        splits.proxy_train,
+        splits.proxy_eval,
+        settings.batch_sizes,
+        target_accuracy=settings.proxy_target_accuracy,
+        lr_ref=settings.lr_ref,
+        b_ref=settings.b_ref,
+        eval_every_samples=settings.r_eval_every_samples,
+        max_samples=settings.r_max_samples,
+        seeds=tuple(range(settings.r_seeds)),
+        cache_dir=resolve_path(settings.cache_dir) / "r",
+        progress=True,
+    )
+    rec.write("r.json", r_est.to_json())
+    rec.console.print(
+        "r on the proxy set: "
+        + ", ".join(f"b{b}={r:.2f}" for b, r in zip(r_est.batch_sizes, r_est.r, strict=True))
+        + f"  ({time.perf_counter() - t0:.1f} s)"
+    )
+    return r_est
+
+
+def make_strategy(settings: RunSettings, r_est: Any, rec: RunRecorder) -> PowerAwareFedAvg:
+    """The run's strategy: its TRAIN config template, QUERY config and pacing."""
+    fixed = settings.method == "fixed"
+    template = TrainConfig(
+        server_round=0,
+        method=settings.method,
+        model=settings.model,
+        batch_sizes=tuple(r_est.batch_sizes),
+        r=tuple(r_est.r),
+        lr_ref=settings.lr_ref,
+        b_ref=settings.b_ref,
+        local_epochs=settings.local_epochs,
+        fixed_batch_size=settings.fixed_batch_size if fixed else None,
+        fixed_freq_mhz=settings.fixed_freq_mhz if fixed else None,
+    )
+    return PowerAwareFedAvg(
+        template=template,
+        query_config={"model": settings.model, "batch-sizes": list(r_est.batch_sizes)},
+        on_round=rec.record_round,
+        fraction_train=settings.fraction_train,
+        min_train_nodes=settings.min_train_nodes,
+        min_available_nodes=settings.min_train_nodes,
+        pacing=settings.pacing,
+        pacing_deadline_s=settings.pacing_deadline_s,
+    )
+
+
+def record_fleet(strategy: PowerAwareFedAvg, rec: RunRecorder) -> None:
+    """``fleet.json`` and the console line naming every node that answered the QUERY."""
+    rec.write(
+        "fleet.json",
+        {
+            "nodes": {str(k): v.to_record() for k, v in strategy.fleet.items()},
+            "query-failures": {str(k): v for k, v in strategy.query_failures.items()},
+        },
+    )
+    descs = sorted(strategy.fleet.values(), key=lambda d: d.node_name)
+    rec.console.print(
+        f"fleet: {len(descs)} nodes answered "
+        + ", ".join(f"{d.node_name} ({d.device}, cap {d.p_max.label})" for d in descs)
+    )
 
 
 def run_server(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
     """The whole server side of a run; returns the summary that was written."""
     settings = RunSettings.from_config(run_config)
     torch.manual_seed(settings.seed)
-    cache_dir = resolve_path(settings.cache_dir)
     run_dir = new_run_dir(settings.output_dir, settings.method)
     rec = RunRecorder(
         run_dir,
@@ -38,36 +109,10 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
         + (f"pacing={settings.pacing} " if settings.pacing != "off" else "")
         + f"→ {run_dir}"
     )
-    rec.write("settings.json", {**{k: v for k, v in vars(settings).items()}})
-
-    splits = task.load_digits_splits(seed=settings.seed)
+    rec.write("settings.json", dict(vars(settings)))
     model = task.build_model(settings.model)
-    initial_state = {k: v.clone() for k, v in model.state_dict().items()}
-
-    t0 = time.perf_counter()
-    r_est = estimate_r(
-        settings.model,
-        initial_state,
-        splits.proxy_train,
-        splits.proxy_eval,
-        settings.batch_sizes,
-        target_accuracy=settings.proxy_target_accuracy,
-        lr_ref=settings.lr_ref,
-        b_ref=settings.b_ref,
-        eval_every_samples=int(settings.extra.get("eval-every-samples", 256)),
-        max_samples=int(settings.extra.get("max-samples", 40_000)),
-        seeds=tuple(range(settings.r_seeds)),
-        cache_dir=cache_dir / "r",
-        progress=True,
-    )
-    rec.write("r.json", r_est.to_json())
-    rec.console.print(
-        "r on the proxy set: "
-        + ", ".join(f"b{b}={r:.2f}" for b, r in zip(r_est.batch_sizes, r_est.r, strict=True))
-        + f"  ({time.perf_counter() - t0:.1f} s)"
-    )
-
-    test_set = splits.test
+    r_est = estimate_proxy_r(settings, rec, {k: v.clone() for k, v in model.state_dict().items()})
+    test_set = task.load_digits_splits(seed=settings.seed).test
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> dict[str, float]:
         model.load_state_dict(arrays.to_torch_state_dict())
@@ -77,50 +122,9 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
             rec.initial_eval(metrics)
         return metrics
 
-    def on_round(report: RoundReport, metrics: dict[str, float]) -> None:
-        rec.record_round(report, metrics)
-
-    strategy = PowerAwareFedAvg(
-        batch_sizes=list(r_est.batch_sizes),
-        r=list(r_est.r),
-        method=settings.method,
-        train_config={
-            "lr-ref": settings.lr_ref,
-            "b-ref": settings.b_ref,
-            "local-epochs": settings.local_epochs,
-            "model": settings.model,
-            **(
-                {
-                    "fixed-batch-size": settings.fixed_batch_size,
-                    "fixed-freq-mhz": settings.fixed_freq_mhz,
-                }
-                if settings.method == "fixed"
-                else {}
-            ),
-        },
-        query_config={"model": settings.model, "batch-sizes": list(r_est.batch_sizes)},
-        on_round=on_round,
-        fraction_train=settings.fraction_train,
-        min_train_nodes=settings.min_train_nodes,
-        min_available_nodes=settings.min_train_nodes,
-        pacing=settings.pacing,
-        pacing_deadline_s=settings.pacing_deadline_s,
-    )
+    strategy = make_strategy(settings, r_est, rec)
     strategy.query_fleet(grid, settings.round_timeout_s)
-    rec.write(
-        "fleet.json",
-        {
-            "nodes": {str(k): v for k, v in strategy.fleet.items()},
-            "query-failures": {str(k): v for k, v in strategy.query_failures.items()},
-        },
-    )
-    rec.console.print(
-        f"fleet: {len(strategy.fleet)} nodes answered "
-        + ", ".join(
-            f"{v.get('node-name')} ({v.get('device')}, cap {v.get('p-max-label')})"
-            for _, v in sorted(strategy.fleet.items(), key=lambda kv: str(kv[1].get("node-name")))
-        )
-    )
+    record_fleet(strategy, rec)
     final = strategy.run(
         grid,
         ArrayRecord(model.state_dict()),
@@ -141,13 +145,20 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
     )
 
 
-def make_server_app(overrides: Mapping[str, Any] | None = None) -> ServerApp:
-    """A ServerApp; ``overrides`` (used by ``powerfl simulate``) win over run_config."""
+def make_server_app(
+    overrides: Mapping[str, Any] | None = None,
+    on_summary: Callable[[dict[str, Any]], None] | None = None,
+) -> ServerApp:
+    """A ServerApp; ``overrides`` (used by ``powerfl simulate``) win over run_config, and
+    ``on_summary`` gets this run's summary (so an in-process caller reads back its own run,
+    never the newest folder)."""
     server_app = ServerApp()
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        run_server(grid, {**dict(context.run_config), **dict(overrides or {})})
+        summary = run_server(grid, {**dict(context.run_config), **dict(overrides or {})})
+        if on_summary is not None:
+            on_summary(summary)
 
     return server_app
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,121 +15,52 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords, sample_nodes
 
+from fl_client.contract import Cap, NodeDescriptor, NodeRow, TrainConfig, TrainReport
+
 log = logging.getLogger(__name__)
-
-# Metrics every TRAIN reply carries (DESIGN §5); replies must agree on their keys.
-TRAIN_METRIC_KEYS = (
-    "num-examples",
-    "train-time-s",
-    "energy-j",
-    "avg-power-w",
-    "peak-power-w",
-    "p-max-w",
-    "batch-size",
-    "gpu-freq-mhz",
-    "profile-time-s",
-    "profile-energy-j",
-    "cap-violations",
-    "train-loss",
-)
-
-
-@dataclass
-class NodeReport:
-    """One node's reply in one round (or why it has none)."""
-
-    server_round: int
-    node_id: int
-    node_name: str
-    device: str
-    ok: bool
-    metrics: dict[str, float] = field(default_factory=dict)
-    error: str = ""
 
 
 @dataclass
 class RoundReport:
-    """Fleet-level accounting of one synchronous round."""
+    """One synchronous round as the strategy saw it: every node's row (its report, or why it
+    has none), the deadline sent (pacing; None without one) and warnings. Accounting (round
+    time, fleet energy, waiting) is done once, by the run recorder (``fl_server.results``).
+    """
 
     server_round: int
-    nodes: list[NodeReport]
-    #: Deadline sent to the nodes this round (pacing), None without one.
+    nodes: list[NodeRow]
     deadline_s: float | None = None
     warnings: list[str] = field(default_factory=list)
 
     @property
-    def deadline_misses(self) -> int:
-        """Nodes whose local training took longer than the round's deadline."""
-        return sum(int(n.metrics.get("deadline-miss", 0.0)) for n in self.ok_nodes)
-
-    @property
-    def predicted_energy_saved_j(self) -> float:
-        """Sum of the nodes' ``predicted-energy-saved-j`` (pacing against running at f*, as
-        their LUTs predict it; see ``fl_client.node._pacing_metrics``)."""
-        return sum(n.metrics.get("predicted-energy-saved-j", 0.0) for n in self.ok_nodes)
-
-    @property
-    def ok_nodes(self) -> list[NodeReport]:
+    def ok_nodes(self) -> list[NodeRow]:
         return [n for n in self.nodes if n.ok]
 
-    @property
-    def round_time_s(self) -> float:
-        """Synchronous round: the slowest node's device time (profiling included)."""
-        times = [n.metrics["train-time-s"] + n.metrics["profile-time-s"] for n in self.ok_nodes]
-        return max(times, default=0.0)
-
-    @property
-    def energy_j(self) -> float:
-        """Fleet energy of the round: training and profiling, summed over nodes."""
-        return sum(n.metrics["energy-j"] + n.metrics["profile-energy-j"] for n in self.ok_nodes)
-
-    @property
-    def wait_energy_j(self) -> float:
-        """Energy the nodes spend idle while they wait for the slowest one (idle power ×
-        waiting time); nodes whose idle power is unknown count 0."""
-        total = 0.0
-        for n in self.ok_nodes:
-            idle_w = n.metrics.get("idle-power-w", math.nan)
-            busy_s = n.metrics["train-time-s"] + n.metrics["profile-time-s"]
-            if math.isfinite(idle_w):
-                total += idle_w * max(self.round_time_s - busy_s, 0.0)
-        return total
-
-    @property
-    def profile_time_s(self) -> float:
-        return sum(n.metrics["profile-time-s"] for n in self.ok_nodes)
-
-    @property
-    def train_time_s(self) -> float:
-        return sum(n.metrics["train-time-s"] for n in self.ok_nodes)
+    def reports(self) -> list[TrainReport]:
+        return [n.report for n in self.nodes if n.ok and n.report is not None]
 
 
 class PowerAwareFedAvg(FedAvg):
     """FedAvg whose clients choose (batch size, GPU frequency) under their own power caps.
 
-    Before the first round the strategy asks every node (QUERY) for its device, backend,
-    power cap and the batch sizes that fit its memory. Each TRAIN message is built per
-    node (a fresh RecordDict each) and carries the global arrays, the vector ``r`` aligned
-    with that node's ``batch-sizes``, ``lr-ref``, ``b-ref``, ``local-epochs``,
-    ``server-round`` and ``method``. Weights are aggregated with FedAvg; time, energy and
-    power are kept per node and per round (see ``RoundReport``).
+    Before the first round the strategy asks every node (QUERY) for its ``NodeDescriptor``:
+    device, backend, power cap and the batch sizes that fit its memory. Each TRAIN message
+    is built per node (a fresh RecordDict each) from ``template``: the global arrays and a
+    ``TrainConfig`` whose B is cut to what fits the node, with ``r`` aligned to it. Weights
+    are aggregated with FedAvg; every node's ``TrainReport`` (or why it has none) is kept in
+    a ``RoundReport`` per round for the run recorder.
 
     Parameters
     ----------
-    batch_sizes : list[int]
-        Candidate batch sizes B (ascending) for which ``r`` was estimated.
-    r : list[float]
-        Eq. 3's r_b in (0, 1], aligned with ``batch_sizes``.
-    method : str
-        ``power-aware`` | ``b1`` | ``b2`` | ``oracle`` | ``fixed``; the clients' rule.
-    train_config : dict
-        Further keys sent in every TRAIN config (``lr-ref``, ``b-ref``, ``local-epochs``...).
+    template : TrainConfig
+        The run's TRAIN config: method, model, B and Eq. 3's r (aligned with B), lr-ref,
+        b-ref, local-epochs (``server_round`` is set per round).
     query_config : dict
-        Keys sent in the QUERY message (``model``...).
+        Keys sent in the QUERY message (``model``, ``batch-sizes``).
     on_round : callable, optional
         Called with each ``RoundReport`` and the server-side evaluation of the new global
         model (the results writer).
-    fraction_train, min_train_nodes : see ``FedAvg``.
+    fraction_train, min_train_nodes, min_available_nodes : see ``FedAvg``.
     pacing : str
         ``off`` or ``deadline``: from round 2 each node gets a ``deadline-s`` (and its own
         ``time-calibration``, measured / LUT-predicted time of its last round).
@@ -139,12 +72,9 @@ class PowerAwareFedAvg(FedAvg):
     def __init__(
         self,
         *,
-        batch_sizes: list[int],
-        r: list[float],
-        method: str,
-        train_config: dict[str, Any],
+        template: TrainConfig,
         query_config: dict[str, Any],
-        on_round: Callable[[RoundReport, dict[str, float]], None] | None = None,
+        on_round: Callable[[RoundReport, dict[str, float]], object] | None = None,
         fraction_train: float = 1.0,
         min_train_nodes: int = 2,
         min_available_nodes: int = 2,
@@ -157,15 +87,10 @@ class PowerAwareFedAvg(FedAvg):
             min_train_nodes=min_train_nodes,
             min_available_nodes=min_available_nodes,
         )
-        if len(r) != len(batch_sizes):
-            raise ValueError(f"r: has {len(r)} values but batch-sizes has {len(batch_sizes)}")
-        self.batch_sizes = list(batch_sizes)
-        self.r = [float(x) for x in r]
-        self.method = method
-        self.train_config = dict(train_config)
+        self.template = template
         self.query_config = dict(query_config)
         self.on_round = on_round
-        self.fleet: dict[int, dict[str, Any]] = {}  # node_id -> QUERY reply
+        self.fleet: dict[int, NodeDescriptor] = {}  # node_id -> QUERY reply
         self.query_failures: dict[int, str] = {}
         self.rounds: list[RoundReport] = []
         self._sent_to: dict[str, int] = {}  # message id -> node it was sent to
@@ -178,6 +103,14 @@ class PowerAwareFedAvg(FedAvg):
         self.fastest_time_s: dict[int, float] = {}  # node -> last reported time at f*
         self.time_calibration: dict[int, float] = {}  # node -> measured / predicted time
         self._deadline_s: float | None = None
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        return list(self.template.batch_sizes)
+
+    @property
+    def r(self) -> list[float]:
+        return list(self.template.r)
 
     def deadline_for(self, node_ids: list[int]) -> float | None:
         """This round's deadline for ``node_ids`` (None: pacing off or nothing reported yet)."""
@@ -207,10 +140,19 @@ class PowerAwareFedAvg(FedAvg):
         }
         return replies
 
+    def _row(self, server_round: int, node_id: int, error: str) -> NodeRow:
+        """A failed node's row, with its name, device and real cap where the QUERY gave them."""
+        desc = self.fleet.get(node_id)
+        if desc is None:
+            return NodeRow(server_round, node_id, str(node_id), "?", Cap.NONE, False, error=error)
+        cap = desc.cap_at(server_round)
+        return NodeRow(server_round, node_id, desc.node_name, desc.device, cap, False, error=error)
+
     # ----------------------------------------------------------------------------- QUERY
-    def query_fleet(self, grid: Grid, timeout_s: float) -> dict[int, dict[str, Any]]:
-        """Ask every connected node for its device descriptor and power cap."""
-        node_ids, _ = sample_nodes(grid, self.min_available_nodes, self.min_available_nodes)
+    def query_fleet(self, grid: Grid, timeout_s: float) -> dict[int, NodeDescriptor]:
+        """Ask every connected node for its device descriptor and power cap (after waiting for
+        ``min_available_nodes`` to connect)."""
+        sample_nodes(grid, self.min_available_nodes, self.min_available_nodes)
         node_ids = list(grid.get_node_ids())
         messages = [
             Message(
@@ -225,18 +167,33 @@ class PowerAwareFedAvg(FedAvg):
             if reply.has_error():
                 self.query_failures[node_id] = str(reply.error.reason)
                 continue
-            info = dict(reply.content["device"])
-            self.fleet[node_id] = info
+            try:
+                self.fleet[node_id] = NodeDescriptor.from_config(dict(reply.content["device"]))
+            except (ValueError, KeyError) as err:
+                self.query_failures[node_id] = f"malformed QUERY reply: {err}"
         return self.fleet
 
     def node_batch_sizes(self, node_id: int) -> tuple[list[int], list[float]]:
         """B restricted to what fits the node's memory, with r aligned to it."""
-        info = self.fleet.get(node_id, {})
-        max_b = int(info.get("max-batch-size", self.batch_sizes[-1]))
+        desc = self.fleet.get(node_id)
+        max_b = self.batch_sizes[-1] if desc is None else desc.max_batch_size
         pairs = [(b, r) for b, r in zip(self.batch_sizes, self.r, strict=True) if b <= max_b]
         if not pairs:  # nothing fits: send the smallest and let the node explain
             pairs = [(self.batch_sizes[0], self.r[0])]
         return [b for b, _ in pairs], [r for _, r in pairs]
+
+    def node_config(self, server_round: int, node_id: int) -> TrainConfig:
+        """The TRAIN config of ``node_id`` in ``server_round``."""
+        b_node, r_node = self.node_batch_sizes(node_id)
+        deadline = self._deadline_s
+        return dataclasses.replace(
+            self.template,
+            server_round=server_round,
+            batch_sizes=tuple(b_node),
+            r=tuple(r_node),
+            deadline_s=deadline,
+            time_calibration=self.time_calibration.get(node_id, 1.0) if deadline else 1.0,
+        )
 
     # ----------------------------------------------------------------------------- TRAIN
     def configure_train(
@@ -245,125 +202,98 @@ class PowerAwareFedAvg(FedAvg):
         """One TRAIN message per node, each with its own RecordDict."""
         if self.fraction_train == 0.0:
             return []
-        available = [n for n in grid.get_node_ids() if n in self.fleet]
+        available = sorted(n for n in grid.get_node_ids() if n in self.fleet)
         sample_size = max(int(len(available) * self.fraction_train), self.min_train_nodes)
         sample_size = min(sample_size, len(available))
-        node_ids = sorted(available)[:sample_size] if sample_size == len(available) else None
-        if node_ids is None:
-            import random
-
-            node_ids = sorted(random.sample(available, sample_size))
-        messages = []
+        node_ids = (
+            available
+            if sample_size == len(available)
+            else sorted(random.sample(available, sample_size))
+        )
         self._deadline_s = self.deadline_for(node_ids) if server_round > 1 else None
+        messages = []
         for node_id in node_ids:
-            b_node, r_node = self.node_batch_sizes(node_id)
-            pacing: dict[str, float] = {}
-            if self._deadline_s is not None:
-                pacing["deadline-s"] = self._deadline_s
-                pacing["time-calibration"] = self.time_calibration.get(node_id, 1.0)
-            node_cfg = ConfigRecord(
-                {
-                    **dict(config),
-                    **self.train_config,
-                    "server-round": server_round,
-                    "method": self.method,
-                    "batch-sizes": b_node,
-                    "r": r_node,
-                    **pacing,
-                }
-            )
+            node_cfg = ConfigRecord(self.node_config(server_round, node_id).to_config())
             content = RecordDict({"arrays": arrays, "config": node_cfg})
             messages.append(
                 Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node_id)
             )
         return messages
 
+    def _sort_key(self, reply: Message) -> tuple[str, int]:
+        node_id = self._node_of(reply)
+        desc = self.fleet.get(node_id)
+        return ("" if desc is None else desc.node_name, node_id)
+
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """FedAvg of the arrays; per-node time/energy/power kept in a ``RoundReport``.
+        """FedAvg of the arrays; every node's report kept in a ``RoundReport``.
 
         Replies are taken in the fleet's order (node name, then id), not in arrival order, so
         the floating-point sums of FedAvg, and with them a whole run, repeat exactly for the
         same fleet, data and seeds.
         """
-        replies = sorted(
-            replies,
-            key=lambda m: (
-                str(self.fleet.get(self._node_of(m), {}).get("node-name", "")),
-                self._node_of(m),
-            ),
-        )
-        reports: list[NodeReport] = []
+        rows: list[NodeRow] = []
         good: list[RecordDict] = []
-        for msg in replies:
+        for msg in sorted(replies, key=self._sort_key):
             node_id = self._node_of(msg)
-            info = self.fleet.get(node_id, {})
-            name, device = str(info.get("node-name", node_id)), str(info.get("device", "?"))
             if msg.has_error():
-                reports.append(
-                    NodeReport(
-                        server_round, node_id, name, device, False, error=str(msg.error.reason)
-                    )
-                )
+                rows.append(self._row(server_round, node_id, str(msg.error.reason)))
                 continue
-            metrics = {k: float(v) for k, v in dict(msg.content["metrics"]).items()}  # type: ignore[arg-type]
-            missing = [k for k in TRAIN_METRIC_KEYS if k not in metrics]
-            if missing:
-                reports.append(
-                    NodeReport(
-                        server_round,
-                        node_id,
-                        name,
-                        device,
-                        False,
-                        error=f"reply lacks metrics: {', '.join(missing)}",
-                    )
-                )
+            try:
+                report = TrainReport.from_metrics(dict(msg.content["metrics"]))
+            except (ValueError, TypeError) as err:
+                rows.append(self._row(server_round, node_id, str(err)))
                 continue
-            reports.append(NodeReport(server_round, node_id, name, device, True, metrics))
+            row = self._row(server_round, node_id, "")
+            rows.append(dataclasses.replace(row, ok=True, report=report, p_max=report.cap))
             good.append(msg.content)
-            self._remember_pacing(node_id, metrics)
-        report = RoundReport(server_round, reports, deadline_s=self._deadline_s)
-        ok = report.ok_nodes
-        if self._deadline_s is not None and ok and report.deadline_misses == len(ok):
-            key = "pacing-deadline-s" if self.pacing_deadline_s > 0 else "pacing"
-            fastest = min(n.metrics.get("fastest-time-s", math.inf) for n in ok)
-            warning = (
-                f"{key}: every node missed round {server_round}'s deadline of "
-                f"{self._deadline_s:.1f} s (the fastest node needs {fastest:.1f} s at f*); "
-                "they ran at f*"
-                + (
-                    "; raise pacing-deadline-s or set it to 0 (from the slowest node)"
-                    if self.pacing_deadline_s > 0
-                    else ""
-                )
-            )
-            log.warning(warning)
-            report.warnings.append(warning)
-        self.rounds.append(report)
+            self._remember_pacing(node_id, report)
+        report_ = RoundReport(server_round, rows, deadline_s=self._deadline_s)
+        self._warn_all_missed(report_)
+        self.rounds.append(report_)
         if not good:
             return None, None
         arrays = aggregate_arrayrecords(good, self.weighted_by_key)
+        ok = report_.reports()
         agg = MetricRecord(
             {
-                "round-time-s": report.round_time_s,
-                "fleet-energy-j": report.energy_j,
                 "nodes-ok": len(ok),
-                "nodes-failed": len(reports) - len(ok),
-                "num-examples": sum(n.metrics["num-examples"] for n in ok),
+                "nodes-failed": len(rows) - len(ok),
+                "num-examples": sum(r.num_examples for r in ok),
             }
         )
         return arrays, agg
 
-    def _remember_pacing(self, node_id: int, metrics: dict[str, float]) -> None:
+    def _warn_all_missed(self, report: RoundReport) -> None:
+        """A deadline every node missed is a setting to fix: say so in the round's record."""
+        ok = report.reports()
+        if self._deadline_s is None or not ok or not all(r.deadline_miss for r in ok):
+            return
+        key = "pacing-deadline-s" if self.pacing_deadline_s > 0 else "pacing"
+        fastest = min(r.fastest_time_s or math.inf for r in ok)
+        warning = (
+            f"{key}: every node missed round {report.server_round}'s deadline of "
+            f"{self._deadline_s:.1f} s (the fastest node needs {fastest:.1f} s at f*); "
+            "they ran at f*"
+            + (
+                "; raise pacing-deadline-s or set it to 0 (from the slowest node)"
+                if self.pacing_deadline_s > 0
+                else ""
+            )
+        )
+        log.warning(warning)
+        report.warnings.append(warning)
+
+    def _remember_pacing(self, node_id: int, report: TrainReport) -> None:
         """Keep what the next round's deadline and the node's calibration come from."""
-        fastest = metrics.get("fastest-time-s")
+        fastest = report.fastest_time_s
         if fastest is not None and math.isfinite(fastest) and fastest > 0:
             self.fastest_time_s[node_id] = fastest
-        predicted = metrics.get("predicted-time-s")
-        if predicted is not None and predicted > 0 and metrics["train-time-s"] > 0:
-            self.time_calibration[node_id] = metrics["train-time-s"] / predicted
+        predicted = report.predicted_time_s
+        if predicted is not None and predicted > 0 and report.train_time_s > 0:
+            self.time_calibration[node_id] = report.train_time_s / predicted
 
     # ----------------------------------------------------------------------------- loop
     def run(
@@ -393,31 +323,7 @@ class PowerAwareFedAvg(FedAvg):
             sent = {m.metadata.dst_node_id for m in messages}
             got = {self._node_of(m) for m in replies}
             new_arrays, _ = self.aggregate_train(server_round, replies)
-            for node_id in sorted(sent - got):  # no reply at all within the timeout
-                info = self.fleet.get(node_id, {})
-                self.rounds[-1].nodes.append(
-                    NodeReport(
-                        server_round,
-                        node_id,
-                        str(info.get("node-name", node_id)),
-                        str(info.get("device", "?")),
-                        False,
-                        error="no reply (timeout)",
-                    )
-                )
-            if self.fraction_train >= 1.0:  # every connected node is asked: name the absent
-                for node_id in sorted(set(self.fleet) - sent):
-                    info = self.fleet[node_id]
-                    self.rounds[-1].nodes.append(
-                        NodeReport(
-                            server_round,
-                            node_id,
-                            str(info.get("node-name", node_id)),
-                            str(info.get("device", "?")),
-                            False,
-                            error="not connected this round (absent from the SuperLink)",
-                        )
-                    )
+            self._name_the_silent(server_round, sent, got)
             if new_arrays is not None:
                 arrays = new_arrays
             ev = evaluate_fn(server_round, arrays)
@@ -428,3 +334,13 @@ class PowerAwareFedAvg(FedAvg):
                 log.info("target accuracy %.3f reached in round %d", target_accuracy, server_round)
                 break
         return arrays
+
+    def _name_the_silent(self, server_round: int, sent: set[int], got: set[int]) -> None:
+        """Rows for nodes that sent no reply, and (all asked) for nodes that were absent."""
+        nodes = self.rounds[-1].nodes
+        for node_id in sorted(sent - got):  # no reply at all within the timeout
+            nodes.append(self._row(server_round, node_id, "no reply (timeout)"))
+        if self.fraction_train >= 1.0:  # every connected node is asked: name the absent
+            for node_id in sorted(set(self.fleet) - sent):
+                error = "not connected this round (absent from the SuperLink)"
+                nodes.append(self._row(server_round, node_id, error))

@@ -1,0 +1,453 @@
+"""What crosses Flower and what lands on disk: one type per message and per record row.
+
+* ``Cap`` — a power cap, parsed once from any door ("none", ``inf``, ``null``, a number).
+* ``TrainConfig`` — the TRAIN ``ConfigRecord`` the server builds and the node parses once.
+* ``NodeDescriptor`` — the QUERY reply.
+* ``TrainReport`` — the TRAIN reply's ``MetricRecord``; its keys are its fields.
+* ``NodeRow`` / ``RoundRow`` — one line of ``nodes.jsonl`` / ``rounds.jsonl``.
+
+Every key is kebab-case and derived from the dataclass field (``train_time_s`` →
+``train-time-s``), so a key is written in one place. On the wire (Flower records) no cap is
+``inf``; on disk every record is standard JSON: no cap, an unknown value and "not a number"
+are ``null`` (``to_record``), never ``Infinity`` or ``NaN``. No Flower import: the records
+are plain dicts that ``client_app`` and the strategy wrap in Flower's records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+#: The selection rules a round can run (``fl_client.selector.select`` implements each).
+METHODS = ("power-aware", "b1", "b2", "oracle", "fixed")
+
+#: Version of the record files (rounds.jsonl, nodes.jsonl, summary.json). 2: kebab-case
+#: rounds.jsonl, training and profiling energy apart, caps and unknowns as null.
+RECORD_VERSION = 2
+
+
+class SettingsError(ValueError):
+    """A run, node or message setting is missing or invalid; the message names the key."""
+
+
+def key_of(name: str) -> str:
+    """The record key of a Python field name: ``train_time_s`` → ``train-time-s``."""
+    return name.replace("_", "-")
+
+
+def to_record(value: Any) -> Any:
+    """``value`` as standard JSON: inf / NaN → None, tuples → lists, ``Cap`` → its record
+    form, nested dicts and lists converted alike."""
+    if isinstance(value, Cap):
+        return value.to_record()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): to_record(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_record(v) for v in value]
+    if hasattr(value, "tolist"):  # numpy scalars and arrays
+        return to_record(value.tolist())
+    return value
+
+
+# --------------------------------------------------------------------------- the cap
+
+
+@dataclass(frozen=True, order=True)
+class Cap:
+    """A power cap P_max in watts; ``Cap.NONE`` (``watts`` = inf) is "no cap".
+
+    Parse every door through ``Cap.parse``; write it with ``to_wire`` (Flower records:
+    a float, inf for none) or ``to_record`` (JSON: a number, null for none).
+    """
+
+    watts: float
+
+    NONE: ClassVar[Cap]
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.watts) or self.watts <= 0:
+            raise SettingsError(f"p-max-w: must be > 0 W (or 'none' for no cap), got {self.watts}")
+
+    @classmethod
+    def parse(cls, value: object, key: str = "p-max-w") -> Cap:
+        """A cap from a setting or a record: a number of W > 0, or no cap as ``"none"``,
+        ``""``, ``None`` (JSON null), ``"inf"`` or ``math.inf``."""
+        if isinstance(value, Cap):
+            return value
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
+            return cls.NONE
+        expected = f"{key}: expected a number of watts > 0 or 'none', got {value!r}"
+        if isinstance(value, bool):
+            raise SettingsError(expected)
+        try:
+            watts = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise SettingsError(expected) from None
+        if math.isnan(watts) or watts <= 0:
+            raise SettingsError(f"{key}: must be > 0 W (or 'none' for no cap), got {value!r}")
+        return cls(watts)
+
+    @property
+    def capped(self) -> bool:
+        return math.isfinite(self.watts)
+
+    @property
+    def label(self) -> str:
+        """``"4.5 W"``, or ``"none"``."""
+        return f"{self.watts:g} W" if self.capped else "none"
+
+    @property
+    def setting(self) -> str:
+        """The form a user types in a setting: ``"4.5"`` or ``"none"``."""
+        return f"{self.watts:g}" if self.capped else "none"
+
+    def selection_w(self, cap_margin: float) -> float:
+        """What profiled peaks must stay below: P_max less ``cap_margin`` (inf without a cap)."""
+        if not 0.0 <= cap_margin < 1.0:
+            raise SettingsError(f"cap-margin: expected a number in [0, 1), got {cap_margin!r}")
+        return self.watts * (1.0 - cap_margin)
+
+    def to_wire(self) -> float:
+        return float(self.watts)
+
+    def to_record(self) -> float | None:
+        return float(self.watts) if self.capped else None
+
+    def __str__(self) -> str:
+        return self.label
+
+
+Cap.NONE = Cap(math.inf)
+
+
+# --------------------------------------------------------------------------- small parsers
+
+
+def parse_int_list(value: object, key: str) -> list[int]:
+    """``"4,8,16"`` or ``[4, 8, 16]`` → ``[4, 8, 16]``."""
+    items: list[object]
+    if isinstance(value, str):
+        items = [s for s in (p.strip() for p in value.split(",")) if s]
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        raise SettingsError(f"{key}: expected a comma-separated list of integers, got {value!r}")
+    try:
+        return [int(str(v)) for v in items]
+    except ValueError:
+        raise SettingsError(f"{key}: expected integers, got {value!r}") from None
+
+
+def parse_batch_sizes(value: object, key: str = "batch-sizes") -> list[int]:
+    """Non-empty, positive, strictly ascending batch sizes."""
+    sizes = parse_int_list(value, key)
+    if not sizes:
+        raise SettingsError(f"{key}: must not be empty (e.g. '4,8,16,32,64,128')")
+    if any(b <= 0 for b in sizes):
+        raise SettingsError(f"{key}: batch sizes must be positive, got {sizes}")
+    if any(b2 <= b1 for b1, b2 in itertools.pairwise(sizes)):
+        raise SettingsError(f"{key}: must be strictly ascending, got {sizes}")
+    return sizes
+
+
+def _required(cfg: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in cfg:
+        raise SettingsError(f"{key}: missing from the {where}")
+    return cfg[key]
+
+
+def _positive(value: object, key: str) -> float:
+    try:
+        x = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise SettingsError(f"{key}: expected a number > 0, got {value!r}") from None
+    if not (x > 0 and math.isfinite(x)):
+        raise SettingsError(f"{key}: must be a finite number > 0, got {value!r}")
+    return x
+
+
+# --------------------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The TRAIN config one node gets for one round (server → node).
+
+    ``batch_sizes`` is B restricted to what fits the node's memory and ``r`` is aligned
+    with it (Eq. 3). ``deadline_s`` and ``time_calibration`` come with deadline pacing from
+    round 2; ``fixed_*`` only with ``method = "fixed"``.
+    """
+
+    server_round: int
+    method: str
+    model: str
+    batch_sizes: tuple[int, ...]
+    r: tuple[float, ...]
+    lr_ref: float
+    b_ref: int
+    local_epochs: int
+    fixed_batch_size: int | None = None
+    fixed_freq_mhz: float | None = None
+    deadline_s: float | None = None
+    time_calibration: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise SettingsError(
+                f"method: unknown value {self.method!r}; allowed: {', '.join(METHODS)}"
+            )
+        b = tuple(parse_batch_sizes(list(self.batch_sizes)))
+        if len(self.r) != len(b):
+            raise SettingsError(f"r: has {len(self.r)} values but batch-sizes has {len(b)}")
+        r = tuple(float(x) for x in self.r)
+        if not all(0.0 < x <= 1.0 for x in r):
+            raise SettingsError(f"r: every value must be in (0, 1], got {list(r)}")
+        if self.method == "fixed" and (self.fixed_batch_size is None or not self.fixed_freq_mhz):
+            raise SettingsError("method: 'fixed' needs fixed-batch-size and fixed-freq-mhz")
+        if self.deadline_s is not None:
+            object.__setattr__(self, "deadline_s", _positive(self.deadline_s, "deadline-s"))
+        calibration = float(self.time_calibration)
+        object.__setattr__(
+            self,
+            "time_calibration",
+            calibration if calibration > 0 and math.isfinite(calibration) else 1.0,
+        )
+        object.__setattr__(self, "batch_sizes", b)
+        object.__setattr__(self, "r", r)
+
+    def to_config(self) -> dict[str, Any]:
+        """The ``ConfigRecord`` content (None fields left out)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                out[key_of(f.name)] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> TrainConfig:
+        """Parse a TRAIN config; a missing or malformed key is a SettingsError naming it."""
+        where = "TRAIN config"
+        known = {key_of(f.name) for f in fields(cls)}
+        unknown = sorted(set(cfg) - known)
+        if unknown:
+            raise SettingsError(f"{', '.join(unknown)}: not part of the {where}")
+
+        def opt(key: str, kind: type) -> Any:
+            return None if cfg.get(key) is None else kind(cfg[key])
+
+        return cls(
+            server_round=int(_required(cfg, "server-round", where)),
+            method=str(_required(cfg, "method", where)),
+            model=str(_required(cfg, "model", where)),
+            batch_sizes=tuple(parse_batch_sizes(_required(cfg, "batch-sizes", where))),
+            r=tuple(float(x) for x in _required(cfg, "r", where)),
+            lr_ref=_positive(_required(cfg, "lr-ref", where), "lr-ref"),
+            b_ref=int(_required(cfg, "b-ref", where)),
+            local_epochs=int(_required(cfg, "local-epochs", where)),
+            fixed_batch_size=opt("fixed-batch-size", int),
+            fixed_freq_mhz=opt("fixed-freq-mhz", float),
+            deadline_s=opt("deadline-s", float),
+            time_calibration=float(cfg.get("time-calibration", 1.0)),
+        )
+
+
+def format_schedule(schedule: Sequence[tuple[int, Cap]]) -> str:
+    """A cap schedule in its setting form: ``"1:7,5:4.5,9:none"``."""
+    return ",".join(f"{r}:{cap.setting}" for r, cap in schedule)
+
+
+@dataclass(frozen=True)
+class NodeDescriptor:
+    """The QUERY reply: who the node is, its device, its cap, the largest b that fits."""
+
+    node_name: str
+    partition_id: int
+    device: str
+    backend: str
+    p_max: Cap
+    p_max_schedule: str  # ``format_schedule`` form; "" without a schedule
+    gpu_freqs_mhz: tuple[float, ...]
+    memory_bytes: int
+    power_rail: str
+    max_batch_size: int
+
+    def to_config(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            key = "p-max-w" if f.name == "p_max" else key_of(f.name)
+            out[key] = (
+                value.to_wire()
+                if isinstance(value, Cap)
+                else (list(value) if isinstance(value, tuple) else value)
+            )
+        return out
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> NodeDescriptor:
+        where = "QUERY reply"
+        return cls(
+            node_name=str(_required(cfg, "node-name", where)),
+            partition_id=int(_required(cfg, "partition-id", where)),
+            device=str(_required(cfg, "device", where)),
+            backend=str(_required(cfg, "backend", where)),
+            p_max=Cap.parse(_required(cfg, "p-max-w", where)),
+            p_max_schedule=str(cfg.get("p-max-schedule", "")),
+            gpu_freqs_mhz=tuple(float(f) for f in _required(cfg, "gpu-freqs-mhz", where)),
+            memory_bytes=int(_required(cfg, "memory-bytes", where)),
+            power_rail=str(cfg.get("power-rail", "")),
+            max_batch_size=int(_required(cfg, "max-batch-size", where)),
+        )
+
+    def to_record(self) -> dict[str, Any]:
+        return {**to_record(self.to_config()), "p-max-w": self.p_max.to_record()}
+
+    def cap_at(self, server_round: int) -> Cap:
+        """The node's cap in ``server_round`` (its schedule's step, else ``p_max``)."""
+        cap = self.p_max
+        for item in filter(None, self.p_max_schedule.split(",")):
+            first, _, step = item.partition(":")
+            if server_round >= int(first):
+                cap = Cap.parse(step)
+        return cap
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    """The TRAIN reply's metrics (node → server): one field, one key, one meaning.
+
+    Device time and energy are apart for training (the round's local epochs at the chosen
+    (b, f)) and profiling (every measurement that is not training: LUT profiling, cells
+    measured for pacing, drift checks). ``idle_power_w`` is NaN where the backend does not
+    know it. The optional fields are sent only when the round had them.
+    """
+
+    num_examples: float
+    train_time_s: float
+    train_energy_j: float
+    avg_power_w: float
+    peak_power_w: float
+    idle_power_w: float
+    p_max_w: float  # the round's cap, inf = none (``Cap.to_wire``)
+    cap_margin: float
+    batch_size: float
+    gpu_freq_mhz: float
+    profile_time_s: float
+    profile_energy_j: float
+    cap_violations: float  # the cap guard's step-downs
+    time_over_cap_s: float
+    train_loss: float
+    lut_from_cache: float = 0.0
+    # What the LUT predicted for this local work (methods that select from a LUT)
+    predicted_time_s: float | None = None
+    # Deadline pacing
+    f_star_mhz: float | None = None
+    fastest_time_s: float | None = None
+    predicted_energy_saved_j: float | None = None
+    deadline_s: float | None = None
+    slack_s: float | None = None
+    deadline_miss: float | None = None
+    pacing_cells_measured: float | None = None
+    # Drift checks
+    drift_deviation: float | None = None
+    drift_reprofiled: float | None = None
+    drift_batch_size: float | None = None
+    drift_freq_mhz: float | None = None
+
+    @property
+    def cap(self) -> Cap:
+        return Cap.parse(self.p_max_w)
+
+    @classmethod
+    def required_keys(cls) -> tuple[str, ...]:
+        return tuple(key_of(f.name) for f in fields(cls) if f.default is dataclasses.MISSING)
+
+    def to_metrics(self) -> dict[str, float]:
+        """The ``MetricRecord`` content (None fields left out)."""
+        return {
+            key_of(f.name): float(getattr(self, f.name))
+            for f in fields(self)
+            if getattr(self, f.name) is not None
+        }
+
+    @classmethod
+    def from_metrics(cls, metrics: Mapping[str, Any]) -> TrainReport:
+        """Parse a reply's metrics; a missing required key is a ValueError naming it."""
+        missing = [k for k in cls.required_keys() if k not in metrics]
+        if missing:
+            raise ValueError(f"reply lacks metrics: {', '.join(missing)}")
+        known = {key_of(f.name): f.name for f in fields(cls)}
+        unknown = sorted(set(metrics) - set(known))
+        if unknown:
+            raise ValueError(f"reply has unknown metrics: {', '.join(unknown)}")
+        return cls(**{known[k]: float(v) for k, v in metrics.items()})
+
+    def to_record(self) -> dict[str, Any]:
+        """Standard-JSON form (``p-max-w`` null without a cap, NaN as null)."""
+        return to_record(self.to_metrics())
+
+
+# --------------------------------------------------------------------------- record rows
+
+
+@dataclass
+class NodeRow:
+    """One node in one round (a line of ``nodes.jsonl``): its report, or why it has none.
+
+    ``p_max`` is the node's cap that round, also when it failed.
+    """
+
+    server_round: int
+    node_id: int
+    node_name: str
+    device: str
+    p_max: Cap
+    ok: bool
+    report: TrainReport | None = None
+    error: str = ""
+
+    def to_record(self) -> dict[str, Any]:
+        head = {
+            "server-round": self.server_round,
+            "node-name": self.node_name,
+            "node-id": self.node_id,
+            "device": self.device,
+            "ok": self.ok,
+            "error": self.error,
+        }
+        body = {} if self.report is None else self.report.to_record()
+        return {**head, **body, "p-max-w": self.p_max.to_record()}
+
+
+@dataclass
+class RoundRow:
+    """One round of the run (a line of ``rounds.jsonl``); times are device time."""
+
+    server_round: int
+    accuracy: float
+    loss: float
+    round_time_s: float
+    sim_time_s: float
+    round_energy_j: float  # training and profiling, summed over nodes
+    fleet_energy_j: float  # cumulative
+    # Idle energy of the nodes waiting for the slowest one (this round / cumulative)
+    round_wait_energy_j: float
+    fleet_wait_energy_j: float
+    nodes_ok: int
+    nodes_failed: int
+    failed: list[str] = field(default_factory=list)
+    # Pacing (null / 0 without a deadline this round)
+    deadline_s: float | None = None
+    deadline_misses: int = 0
+    predicted_energy_saved_j: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+    def to_record(self) -> dict[str, Any]:
+        return {key_of(f.name): to_record(getattr(self, f.name)) for f in fields(self)}

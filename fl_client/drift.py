@@ -1,0 +1,131 @@
+"""LUT drift checks: measure the operating point as the profiler did, compare it with the
+LUT, and re-profile the batch size's row when the board has drifted (throttling, a busy
+neighbour). No Flower import.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from fl_client.lut import LUT, merge_cells, on_demand_key, save_quietly, scale_cells
+from fl_client.pacing import freq_index
+from fl_client.profiler import MeasureContext, ProfileOptions, measure_cell, profile
+from fl_client.profiler import time_per_sample_s as measured_time_per_sample_s
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DriftCheck:
+    """One drift check at the operating point (b, f)."""
+
+    deviation: float  # largest relative deviation of time, peak and average power
+    reprofiled: bool
+    lut: LUT  # the selection LUT after the check (updated if re-profiled)
+    cells: LUT | None  # the on-demand cells after the check (scaled if re-profiled)
+    time_s: float  # device time of the check and any re-profiling
+    energy_j: float
+
+
+def check_drift(
+    ctx: MeasureContext,
+    lut: LUT,
+    cells: LUT | None,
+    point: tuple[int, float],
+    threshold: float,
+) -> DriftCheck:
+    """Measure ``point`` = (b, f) as the profiler did and compare with the LUT; re-profile
+    b's row if off.
+
+    The prediction is the selection LUT's cell, or the on-demand ``cells``' where the LUT
+    has none (a paced frequency). Beyond ``threshold`` (relative, on time per sample, peak
+    or average power), b's row is profiled again from the lowest frequency up to the LUT's
+    cap less its margin, merged over the LUT (fresh cells win; the other rows, and the
+    on-demand cells, scaled by the change measured on this row) and both are written to
+    the cache, so the node re-selects from them.
+    """
+    batch_size, freq_mhz = point
+    known = lut if cells is None else merge_cells(lut, cells, overwrite=False)
+    i = known.batch_sizes.index(batch_size)
+    j = freq_index(known.freqs_mhz, freq_mhz)
+    m, time_s, energy_j = measure_cell(
+        ctx.device,
+        ctx.workload,
+        batch_size,
+        ctx.step_factory(batch_size),
+        freq_mhz,
+        warmup_steps=lut.warmup_steps,
+        steps=lut.steps,
+    )
+    measured = (
+        measured_time_per_sample_s(m, batch_size, lut.steps),
+        m.peak_power_w,
+        m.avg_power_w,
+    )
+    predicted = (
+        known.time_per_sample_s[i, j],
+        known.peak_power_w[i, j],
+        known.avg_power_w[i, j],
+    )
+    deviation = max(abs(x / float(p) - 1.0) for x, p in zip(measured, predicted, strict=True))
+    if not deviation > threshold:
+        return DriftCheck(deviation, False, lut, cells, time_s, energy_j)
+    row = profile(
+        ctx.device,
+        ctx.workload,
+        [batch_size],
+        ctx.step_factory,
+        ProfileOptions(
+            p_max_w=lut.p_max_w,
+            cap_margin=lut.cap_margin,
+            warmup_steps=lut.warmup_steps,
+            steps=lut.steps,
+            progress=False,
+            uncapped="full",
+        ),
+    )
+    factors = _drift_factors(known, row, i)
+    new_lut = merge_cells(scale_cells(lut, **factors), row, overwrite=True)
+    save_quietly(new_lut, new_lut.key.path(ctx.cache_dir))
+    new_cells = None if cells is None else scale_cells(cells, **factors)
+    if new_cells is not None:
+        key = on_demand_key(ctx.device, ctx.workload, lut.batch_sizes)
+        save_quietly(new_cells, key.path(ctx.cache_dir))
+    log.info(
+        "drift check: b=%d f=%g MHz off by %.0f%% (> %.0f%%): re-profiled that row",
+        batch_size,
+        freq_mhz,
+        100 * deviation,
+        100 * threshold,
+    )
+    return DriftCheck(
+        deviation,
+        True,
+        new_lut,
+        new_cells,
+        time_s + row.profile_time_s,
+        energy_j + row.profile_energy_j,
+    )
+
+
+def _drift_factors(known: LUT, row: LUT, i: int) -> dict[str, float]:
+    """How b's re-profiled row compares with the LUT (median ratio per table).
+
+    The other rows are scaled by this change (a uniform drift, such as throttling or a busy
+    neighbour, moves every b alike) until they are measured again, so fresh and stale rows
+    stay comparable for Eq. 4.
+    """
+    both = ~np.isnan(known.time_per_sample_s[i]) & ~np.isnan(row.time_per_sample_s[0])
+    return {
+        name: float(np.median(getattr(row, attr)[0, both] / getattr(known, attr)[i, both]))
+        if both.any()
+        else 1.0
+        for name, attr in (
+            ("time_factor", "time_per_sample_s"),
+            ("peak_factor", "peak_power_w"),
+            ("avg_factor", "avg_power_w"),
+        )
+    }

@@ -1,0 +1,574 @@
+"""The LUT file: LUT_time / LUT_power / average power per (batch size, GPU frequency), its
+JSON format, the on-disk cache (one file per device kind, backend, workload, B, cap and
+cap-margin), and merging and scaling of measured cells. Measuring lives in ``profiler``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from fl_client.devices.base import Device, Workload
+from fl_client.selector import (
+    validate_batch_sizes,
+    validate_freqs_mhz,
+    validate_p_max_w,
+    validate_tables,
+)
+
+log = logging.getLogger(__name__)
+
+LUT_FORMAT = "powerfl-lut"
+#: 2: ``cap-margin`` stored beside the bare cap ``p-max-w`` (version 1 stored the cap less
+#: its margin as ``p-max-w``; such files read as that cap with margin 0).
+LUT_VERSION = 2
+#: How much of the (b, f) grid a LUT covers; see ``LUT.grid``.
+GRIDS = ("full", "efficient", "highest", "on-demand")
+
+FloatArray = npt.NDArray[np.float64]
+
+
+class LUTFormatError(ValueError):
+    """A LUT file or record is malformed or does not fit together."""
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True, eq=False)
+class LUT:
+    """The profiled lookup tables of one (device, backend, model, input shape).
+
+    Rows follow ``batch_sizes``, columns ``freqs_mhz``; NaN marks a cell that was not
+    profiled (efficient mode), in all three tables at once. Arrays are read-only copies.
+
+    Attributes
+    ----------
+    device_kind : str
+        e.g. ``"jetson-nano"``.
+    backend : str
+        ``"simulated"``, ``"jetson"``, ``"nvml"`` or ``"replay"``.
+    model_name : str
+        The workload's model.
+    input_shape : tuple of int
+        Shape of one sample.
+    batch_sizes : tuple of int
+        B, strictly ascending.
+    freqs_mhz : tuple of float
+        The device's frequency table in MHz, strictly ascending.
+    time_per_sample_s : ndarray, shape (|B|, |F|)
+        Training time per sample in seconds (LUT_time).
+    peak_power_w : ndarray, shape (|B|, |F|)
+        Highest power sample in W (LUT_power, what Eq. 4 compares with P_max).
+    avg_power_w : ndarray, shape (|B|, |F|)
+        Energy / time of the measured steps in W.
+    p_max_w : float or None
+        The cap efficient mode profiled for; None for a full grid.
+    profile_time_s : float
+        Device time the profiling took (warm-up and measured steps, frequency changes).
+    profile_energy_j : float
+        Energy of the warm-up and measured steps.
+    created_utc : str
+        ISO-8601 UTC time the tables were made.
+    warmup_steps, steps : int
+        Steps discarded and measured per cell.
+    grid : str
+        ``full`` (every cell; serves any cap), ``efficient`` (paper §4.1 under
+        ``p_max_w``) or ``highest`` (no cap: each b at the highest frequency only, the
+        cell Eq. 4 picks per b when nothing is infeasible) or ``on-demand`` (no cap: single
+        cells measured when something needed them, e.g. pacing below f*; never selected
+        from on its own). Default: ``full`` without a cap, ``efficient`` with one.
+    """
+
+    device_kind: str
+    backend: str
+    model_name: str
+    input_shape: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+    freqs_mhz: tuple[float, ...]
+    time_per_sample_s: FloatArray
+    peak_power_w: FloatArray
+    avg_power_w: FloatArray
+    p_max_w: float | None = None
+    profile_time_s: float = 0.0
+    profile_energy_j: float = 0.0
+    created_utc: str = field(default_factory=_utc_now)
+    warmup_steps: int = 1
+    steps: int = 3
+    grid: str = ""
+    cap_margin: float = 0.0
+
+    def __post_init__(self) -> None:
+        try:
+            b = validate_batch_sizes(list(self.batch_sizes))
+            f = validate_freqs_mhz(list(self.freqs_mhz))
+            cap = validate_p_max_w(self.p_max_w)
+            time_s, peak_w = validate_tables(
+                self.time_per_sample_s, self.peak_power_w, len(b), len(f)
+            )
+            # Average power has the same cells and the same rules as peak power.
+            avg_w = validate_tables(time_s, self.avg_power_w, len(b), len(f))[1]
+        except ValueError as err:
+            raise LUTFormatError(str(err)) from None
+        grid = self.grid or ("full" if cap is None else "efficient")
+        if grid not in GRIDS:
+            raise LUTFormatError(f"grid: unknown value {grid!r}; allowed: {', '.join(GRIDS)}")
+        if grid == "full" and (cap is not None or np.isnan(time_s).any()):
+            raise LUTFormatError("a full-grid LUT needs p-max-w none and every cell profiled")
+        if grid == "efficient" and cap is None:
+            raise LUTFormatError("an efficient-mode LUT needs the cap it was made for (p-max-w)")
+        if grid in ("highest", "on-demand") and cap is not None:
+            raise LUTFormatError(f"a {grid} LUT is made without a cap (p-max-w none)")
+        object.__setattr__(self, "grid", grid)
+        margin = float(self.cap_margin)
+        if not 0.0 <= margin < 1.0 or (cap is None and margin != 0.0):
+            raise LUTFormatError(
+                f"cap-margin: must be in [0, 1), and 0 without a cap; got {self.cap_margin!r}"
+            )
+        object.__setattr__(self, "cap_margin", margin)
+        shape = tuple(int(d) for d in self.input_shape)
+        if not shape or any(d < 1 for d in shape):
+            raise LUTFormatError(f"input-shape: must be positive sizes; got {self.input_shape}")
+        for name in ("profile_time_s", "profile_energy_j"):
+            value = float(getattr(self, name))
+            if not math.isfinite(value) or value < 0:
+                raise LUTFormatError(f"{name}: must be a finite number ≥ 0; got {value}")
+            object.__setattr__(self, name, value)
+        if self.warmup_steps < 0 or self.steps < 1:
+            raise LUTFormatError(
+                f"warmup-steps / steps: need ≥ 0 / ≥ 1; got {self.warmup_steps} / {self.steps}"
+            )
+        object.__setattr__(self, "batch_sizes", tuple(b))
+        object.__setattr__(self, "freqs_mhz", tuple(f))
+        object.__setattr__(self, "input_shape", shape)
+        object.__setattr__(self, "p_max_w", cap)
+        for name, table in (
+            ("time_per_sample_s", time_s),
+            ("peak_power_w", peak_w),
+            ("avg_power_w", avg_w),
+        ):
+            table = np.array(table, dtype=np.float64)  # a private, read-only copy
+            table.flags.writeable = False
+            object.__setattr__(self, name, table)
+
+    @property
+    def key(self) -> LUTKey:
+        """The cache key this LUT answers."""
+        return LUTKey(
+            self.device_kind,
+            self.backend,
+            Workload(self.model_name, self.input_shape, 0.0),
+            self.batch_sizes,
+            self.freqs_mhz,
+            self.p_max_w,
+            self.cap_margin,
+            self.grid,
+        )
+
+    @property
+    def selection_cap_w(self) -> float | None:
+        """The cap profiled peaks were compared with: P_max less cap-margin (None: no cap)."""
+        return None if self.p_max_w is None else self.p_max_w * (1.0 - self.cap_margin)
+
+    @property
+    def workload_key(self) -> str:
+        """Same key as ``Workload.key``: model and input shape."""
+        return Workload(self.model_name, self.input_shape, 0.0).key
+
+    @property
+    def is_full_grid(self) -> bool:
+        """Whether every cell was profiled (such a LUT serves any cap)."""
+        return bool(np.all(~np.isnan(self.time_per_sample_s)))
+
+    @property
+    def cells_profiled(self) -> int:
+        """How many (b, f) cells were measured."""
+        return int(np.count_nonzero(~np.isnan(self.time_per_sample_s)))
+
+    def to_json(self) -> str:
+        """Strict JSON (NaN written as null), kebab-case keys."""
+
+        def table(arr: FloatArray) -> list[list[float | None]]:
+            return [[None if math.isnan(x) else float(x) for x in row] for row in arr]
+
+        record = {
+            "format": LUT_FORMAT,
+            "version": LUT_VERSION,
+            "device-kind": self.device_kind,
+            "backend": self.backend,
+            "model-name": self.model_name,
+            "input-shape": list(self.input_shape),
+            "workload-key": self.workload_key,
+            "batch-sizes": list(self.batch_sizes),
+            "freqs-mhz": list(self.freqs_mhz),
+            "p-max-w": self.p_max_w,
+            "cap-margin": self.cap_margin,
+            "time-per-sample-s": table(self.time_per_sample_s),
+            "peak-power-w": table(self.peak_power_w),
+            "avg-power-w": table(self.avg_power_w),
+            "profile-time-s": self.profile_time_s,
+            "profile-energy-j": self.profile_energy_j,
+            "created-utc": self.created_utc,
+            "warmup-steps": self.warmup_steps,
+            "steps": self.steps,
+            "grid": self.grid,
+        }
+        return json.dumps(record, indent=1, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> LUT:
+        """Parse and validate ``to_json`` output.
+
+        Raises
+        ------
+        LUTFormatError
+            On invalid JSON, a missing, unknown or mistyped key, a wrong format/version,
+            mismatching shapes, or a workload key that does not match model and shape.
+        """
+        try:
+            rec = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise LUTFormatError(f"not valid JSON: {err}") from None
+        if not isinstance(rec, dict):
+            raise LUTFormatError("a LUT file holds one JSON object")
+        expected = {
+            "format": str,
+            "version": int,
+            "device-kind": str,
+            "backend": str,
+            "model-name": str,
+            "input-shape": list,
+            "workload-key": str,
+            "batch-sizes": list,
+            "freqs-mhz": list,
+            "p-max-w": (int, float, type(None)),
+            "time-per-sample-s": list,
+            "peak-power-w": list,
+            "avg-power-w": list,
+            "profile-time-s": (int, float),
+            "profile-energy-j": (int, float),
+            "created-utc": str,
+            "warmup-steps": int,
+            "steps": int,
+        }
+        # absent in files written before they existed
+        optional = {"grid": str, "cap-margin": (int, float)}
+        missing = sorted(set(expected) - set(rec))
+        unknown = sorted(set(rec) - set(expected) - set(optional))
+        expected.update({k: v for k, v in optional.items() if k in rec})
+        if missing or unknown:
+            raise LUTFormatError(f"keys: missing {missing}, unknown {unknown}")
+        for key, kind in expected.items():
+            if not isinstance(rec[key], kind) or isinstance(rec[key], bool):  # type: ignore[arg-type]
+                raise LUTFormatError(f"{key}: wrong type {type(rec[key]).__name__}")
+        if rec["format"] != LUT_FORMAT or rec["version"] not in (1, LUT_VERSION):
+            raise LUTFormatError(
+                f"format: expected {LUT_FORMAT} v{LUT_VERSION}, got {rec['format']} "
+                f"v{rec['version']}"
+            )
+        for key in ("input-shape", "batch-sizes"):
+            if not all(isinstance(x, int) and not isinstance(x, bool) for x in rec[key]):
+                raise LUTFormatError(f"{key}: must be a list of integers")
+        if not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in rec["freqs-mhz"]
+        ):
+            raise LUTFormatError("freqs-mhz: must be a list of numbers")
+        lut = cls(
+            device_kind=rec["device-kind"],
+            backend=rec["backend"],
+            model_name=rec["model-name"],
+            input_shape=tuple(rec["input-shape"]),
+            batch_sizes=tuple(rec["batch-sizes"]),
+            freqs_mhz=tuple(rec["freqs-mhz"]),
+            time_per_sample_s=_table_from_json(rec["time-per-sample-s"], "time-per-sample-s"),
+            peak_power_w=_table_from_json(rec["peak-power-w"], "peak-power-w"),
+            avg_power_w=_table_from_json(rec["avg-power-w"], "avg-power-w"),
+            p_max_w=rec["p-max-w"],
+            profile_time_s=rec["profile-time-s"],
+            profile_energy_j=rec["profile-energy-j"],
+            created_utc=rec["created-utc"],
+            warmup_steps=rec["warmup-steps"],
+            steps=rec["steps"],
+            grid=rec.get("grid", ""),
+            cap_margin=rec.get("cap-margin", 0.0),
+        )
+        if lut.workload_key != rec["workload-key"]:
+            raise LUTFormatError(
+                f"workload-key: {rec['workload-key']!r} does not match model and input shape "
+                f"({lut.workload_key!r})"
+            )
+        return lut
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write atomically (temporary file in the same folder, then ``os.replace``)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(self.to_json())
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> LUT:
+        """Read a file written by ``save``; LUTFormatError if it is malformed."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise LUTFormatError(f"not UTF-8 text: {err}") from None
+        return cls.from_json(text)
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _table_from_json(rows: list[Any], key: str) -> FloatArray:
+    if not all(isinstance(row, list) for row in rows):
+        raise LUTFormatError(f"{key}: must be a list of rows")
+    lengths = {len(row) for row in rows}
+    if len(lengths) > 1:
+        raise LUTFormatError(f"{key}: rows of different lengths {sorted(lengths)}")
+    for row in rows:
+        for x in row:
+            if x is not None and not _is_number(x):
+                raise LUTFormatError(f"{key}: cells must be numbers or null; got {x!r}")
+    n_f = lengths.pop() if lengths else 0
+    out = np.array(
+        [[math.nan if x is None else float(x) for x in row] for row in rows], dtype=np.float64
+    )
+    return out.reshape(len(rows), n_f)
+
+
+# --------------------------------------------------------------------------- cache
+
+
+def _utc_stamp() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+
+
+@dataclass(frozen=True)
+class LUTKey:
+    """What a LUT is for: device kind, backend, workload, B, frequency table, cap and grid.
+
+    ``p_max_w`` is the bare cap an efficient-mode LUT was profiled for (None: no cap) and
+    ``cap_margin`` the share of it kept free; the profiler's walk compares peaks with
+    ``p_max_w · (1 − cap_margin)``. Both are stored as such, so a LUT profiled under 5 W
+    with a 5% margin serves ``select --p-max-w 5 --cap-margin 0.05``.
+    """
+
+    device_kind: str
+    backend: str
+    workload: Workload
+    batch_sizes: tuple[int, ...]
+    freqs_mhz: tuple[float, ...]
+    p_max_w: float | None = None
+    cap_margin: float = 0.0
+    grid: str = "full"
+
+    @classmethod
+    def of(
+        cls,
+        device: Device,
+        workload: Workload,
+        batch_sizes: Sequence[int],
+        *,
+        p_max_w: float | None = None,
+        cap_margin: float = 0.0,
+        grid: str = "full",
+    ) -> LUTKey:
+        info = device.info
+        return cls(
+            info.kind,
+            info.backend,
+            workload,
+            tuple(int(b) for b in batch_sizes),
+            tuple(float(f) for f in device.gpu_freqs_mhz),
+            p_max_w,
+            cap_margin if p_max_w is not None else 0.0,
+            grid,
+        )
+
+    def path(self, cache_dir: str | os.PathLike[str]) -> Path:
+        """Where this LUT is cached.
+
+        The name is readable (kind, backend, workload key, B, ``full``/the grid or the cap
+        and margin) and ends in a short hash of the exact key, so differently spelled
+        names never share a file.
+        """
+        w = self.workload
+        if self.p_max_w is None:
+            cap = self.grid
+        else:
+            cap = f"pmax{float(self.p_max_w)!r}w-margin{self.cap_margin!r}"
+        parts = [self.device_kind, self.backend, w.key, "b" + "-".join(map(str, self.batch_sizes))]
+        exact = json.dumps(
+            [
+                self.device_kind,
+                self.backend,
+                w.model_name,
+                list(w.input_shape),
+                list(self.batch_sizes),
+                self.p_max_w,
+                self.cap_margin,
+                self.grid,
+            ]
+        )
+        digest = hashlib.sha256(exact.encode()).hexdigest()[:10]
+        readable = "_".join(re.sub(r"[^A-Za-z0-9.+-]+", "-", p) for p in [*parts, cap])
+        return Path(cache_dir) / f"lut_{readable}_{digest}.json"
+
+    def mismatch(self, lut: LUT) -> str | None:
+        """Why ``lut`` does not fit this key (None if it does)."""
+        expected: dict[str, tuple[object, object]] = {
+            "device-kind": (lut.device_kind, self.device_kind),
+            "backend": (lut.backend, self.backend),
+            "model-name": (lut.model_name, self.workload.model_name),
+            "input-shape": (lut.input_shape, tuple(self.workload.input_shape)),
+            "batch-sizes": (lut.batch_sizes, self.batch_sizes),
+            "freqs-mhz": (lut.freqs_mhz, self.freqs_mhz),
+            "p-max-w": (lut.p_max_w, self.p_max_w),
+            "cap-margin": (lut.cap_margin, self.cap_margin),
+            "grid": (lut.grid, self.grid),
+        }
+        for key, (got, want) in expected.items():
+            if got != want:
+                return f"{key} is {got!r}, expected {want!r}"
+        return None
+
+
+def load_cached(path: Path, key: LUTKey) -> LUT | None:
+    """The cached LUT at ``path`` if it is valid and fits ``key``; a bad file is set aside."""
+    if not path.is_file():
+        return None
+    try:
+        lut = LUT.load(path)
+        reason = key.mismatch(lut)
+    except (LUTFormatError, OSError) as err:
+        reason = str(err)
+    if reason is None:
+        return lut
+    aside = path.with_name(f"{path.name}.corrupt-{_utc_stamp()}")
+    try:
+        path.rename(aside)
+        kept = f"kept as {aside.name}"
+    except OSError as err:
+        kept = f"could not be set aside ({err})"
+    log.warning(
+        "LUT cache %s is corrupt or does not match (%s): %s; re-profiling", path, reason, kept
+    )
+    return None
+
+
+# --------------------------------------------------------------------------- merging
+
+
+def scale_cells(lut: LUT, *, time_factor: float, peak_factor: float, avg_factor: float) -> LUT:
+    """``lut`` with every measured cell scaled (an estimate of a uniform drift).
+
+    Used after a drift check re-profiled one row: the other rows are scaled by the change
+    measured on that row until they are measured again.
+    """
+    for key, factor in (
+        ("time-factor", time_factor),
+        ("peak-factor", peak_factor),
+        ("avg-factor", avg_factor),
+    ):
+        if not (factor > 0 and math.isfinite(factor)):
+            raise ValueError(f"{key}: must be a finite number > 0, got {factor!r}")
+    return dataclasses.replace(
+        lut,
+        time_per_sample_s=lut.time_per_sample_s * time_factor,
+        peak_power_w=lut.peak_power_w * peak_factor,
+        avg_power_w=lut.avg_power_w * avg_factor,
+    )
+
+
+def merge_cells(base: LUT, extra: LUT, *, overwrite: bool) -> LUT:
+    """``base`` with the measured cells of ``extra`` (same device, model, frequencies).
+
+    ``extra`` may cover only some of ``base``'s batch sizes (e.g. one re-profiled row).
+    ``overwrite=False`` only fills cells ``base`` left NaN (its own measurements win);
+    ``overwrite=True`` replaces every cell ``extra`` measured (fresh measurements win, as
+    after a drift check). The result keeps ``base``'s cap, grid and profiling cost.
+
+    Raises
+    ------
+    LUTFormatError
+        When the two tables are not of the same device, backend, workload and frequency
+        table, or ``extra`` has a batch size ``base`` lacks.
+    """
+    for name in ("device_kind", "backend", "model_name", "input_shape", "freqs_mhz"):
+        if getattr(base, name) != getattr(extra, name):
+            raise LUTFormatError(
+                f"{name.replace('_', '-')}: cannot merge LUTs of {getattr(base, name)!r} and "
+                f"{getattr(extra, name)!r}"
+            )
+    unknown = sorted(set(extra.batch_sizes) - set(base.batch_sizes))
+    if unknown:
+        raise LUTFormatError(f"batch-sizes: {unknown} are not rows of the base LUT")
+    tables = {
+        name: np.array(getattr(base, name), dtype=np.float64)
+        for name in ("time_per_sample_s", "peak_power_w", "avg_power_w")
+    }
+    for i_extra, b in enumerate(extra.batch_sizes):
+        i = base.batch_sizes.index(b)
+        measured = ~np.isnan(extra.time_per_sample_s[i_extra])
+        take = measured if overwrite else measured & np.isnan(tables["time_per_sample_s"][i])
+        for name, table in tables.items():
+            table[i, take] = getattr(extra, name)[i_extra, take]
+    return dataclasses.replace(
+        base,
+        time_per_sample_s=tables["time_per_sample_s"],
+        peak_power_w=tables["peak_power_w"],
+        avg_power_w=tables["avg_power_w"],
+    )
+
+
+# --------------------------------------------------------------------------- cells on demand
+
+
+def on_demand_key(device: Device, workload: Workload, batch_sizes: Sequence[int]) -> LUTKey:
+    """The key of a device's cells measured on demand (``grid="on-demand"``)."""
+    return LUTKey.of(device, workload, validate_batch_sizes(batch_sizes), grid="on-demand")
+
+
+def load_on_demand(
+    cache_dir: str | os.PathLike[str],
+    device: Device,
+    workload: Workload,
+    batch_sizes: Sequence[int],
+) -> LUT | None:
+    """The cached on-demand cells of this device and workload, or None (a bad file is set
+    aside as ``load_or_profile`` does)."""
+    key = on_demand_key(device, workload, batch_sizes)
+    return load_cached(key.path(cache_dir), key)
+
+
+def save_quietly(lut: LUT, path: Path) -> None:
+    """Write a LUT to the cache; a cache that cannot be written only costs a warning."""
+    try:
+        lut.save(path)
+    except OSError as err:
+        log.warning("could not update the LUT cache %s (%s)", path, err)
