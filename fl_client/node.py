@@ -141,8 +141,11 @@ def describe_node(
 ) -> NodeDescriptor:
     """The QUERY reply: device descriptor, cap, and the largest batch size that fits."""
     ctx = node_context(run_config, node_config)
-    model_name = str(query.get("model", ctx.settings.model))
-    batch_sizes = parse_batch_sizes(query.get("batch-sizes", ctx.settings.batch_sizes))
+    for key in ("model", "batch-sizes"):
+        if key not in query:
+            raise SettingsError(f"{key}: missing from the QUERY config")
+    model_name = str(query["model"])
+    batch_sizes = parse_batch_sizes(query["batch-sizes"])
     device = ctx.open_device()
     try:
         info = device.info
@@ -287,7 +290,9 @@ def select_for(
         r=plan.r_true if cfg.method == "oracle" else list(cfg.r),
         p_max_w=plan.cap.watts,
         cap_margin=cap_margin,
-        b1_freq_cap_mhz=device.info.b1_freq_cap_mhz(plan.cap.watts),
+        b1_freq_cap_mhz=(
+            device.info.b1_freq_cap_mhz(plan.cap.watts) if cfg.method in ("b1", "b2") else None
+        ),
         fixed_batch_size=cfg.fixed_batch_size,
         fixed_freq_mhz=cfg.fixed_freq_mhz,
     )

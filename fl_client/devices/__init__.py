@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fl_client.devices.base import (
+    B1Band,
     Device,
     DeviceError,
     DeviceInfo,
@@ -45,14 +46,14 @@ class DeviceOptions:
     (armed around training by ``cap_guard``) steps the GPU frequency down one level.
     """
 
-    sysfs_root: str = "/"
+    sysfs_root: str = "/"  # jetson: the folder holding sys/ and proc/, or the sysfs mount
     state_dir: str | None = None  # default: $POWERFL_STATE_DIR or ~/.cache/powerfl/state
     power_source: str = "auto"  # jetson: auto | sysfs | jtop
     power_rails: tuple[str, ...] = ()  # jetson: rails summed as "board" power; () = VDD_IN…
     sample_rate_hz: float = DEFAULT_SAMPLE_RATE_HZ
     cap_window_s: float = DEFAULT_CAP_WINDOW_S
     replay_table: str | None = None
-    nvml_index: int = 0
+    nvml_index: int = 0  # nvml: the GPU as CUDA numbers it here (cuda:N), via CUDA_VISIBLE_DEVICES
     lock_clocks: bool | None = None  # nvml: None = when root, False = measure-only
     #: Simulated drift of the twin (off by default), e.g. thermal throttling or a busy
     #: neighbour process: from round ``twin_drift_from_round`` on, every step takes
@@ -306,6 +307,7 @@ __all__ = [
     "AUTO_ORDER",
     "BACKENDS",
     "POWER_SOURCES",
+    "B1Band",
     "BackendStatus",
     "Device",
     "DeviceError",

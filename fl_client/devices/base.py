@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
+import logging
+import math
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+
+log = logging.getLogger(__name__)
+
+#: Fixed frequency caps and fixed frequencies are often quoted in whole MHz (the paper's
+#: "307 / 614 / 921 MHz" are the Nano's 307.2 / 614.4 / 921.6 MHz); table steps are ≥ 25 MHz
+#: apart, so matching a table frequency within 1 MHz cannot pick a neighbouring step.
+FREQ_TOLERANCE_MHZ = 1.0
+#: (kind, backend) pairs already told that they have no B1 bands (said once per process).
+_NO_BANDS_LOGGED: set[tuple[str, str]] = set()
 
 
 class DeviceError(RuntimeError):
@@ -28,9 +40,9 @@ class InvalidFrequencyError(DeviceError, ValueError):
 class Workload:
     """What a device is asked to run: one model at one input shape.
 
-    ``flops_per_sample`` counts forward plus backward FLOPs of one training sample
-    (see ``fl_client.task.train_flops_per_sample``); the digital twin turns it into time
-    and power, real backends ignore it and measure.
+    ``flops_per_sample`` counts forward plus backward FLOPs of one training sample; the
+    caller, which knows the model, computes it (the device layer knows nothing of models).
+    The digital twin turns it into time and power; real backends ignore it and measure.
     """
 
     model_name: str
@@ -45,14 +57,96 @@ class Workload:
 
 
 @dataclass(frozen=True)
+class B1Band:
+    """B1's fixed GPU frequency for caps P_max ≥ ``min_p_max_w`` (inf: the no-cap band)."""
+
+    min_p_max_w: float
+    freq_mhz: float
+
+    @property
+    def label(self) -> str:
+        if math.isinf(self.min_p_max_w):
+            return f"no cap → {self.freq_mhz:g} MHz"
+        return f"≥{self.min_p_max_w:g} W → {self.freq_mhz:g} MHz"
+
+
+def check_p_max_w(p_max_w: float | None) -> float:
+    """P_max in W as a float (None → inf); NaN or ≤ 0 is a ValueError naming ``p-max-w``."""
+    try:
+        p = math.inf if p_max_w is None else float(p_max_w)
+    except (TypeError, ValueError):
+        raise ValueError(f"p-max-w: must be > 0 W or none, got {p_max_w!r}") from None
+    if math.isnan(p) or p <= 0:
+        raise ValueError(f"p-max-w: must be > 0 W or none, got {p_max_w!r}")
+    return p
+
+
+@dataclass(frozen=True)
 class DeviceInfo:
-    """What a node tells the server about itself in the QUERY round."""
+    """What a node tells the server about itself in the QUERY round.
+
+    ``b1_bands`` are B1's safe fixed frequencies per cap band (ascending in both cap and
+    frequency; the last is normally the no-cap band), from the device kind's descriptor
+    (``configs/devices/<kind>.toml``); empty when no descriptor knows this device.
+    """
 
     kind: str  # e.g. "jetson-nano"
     backend: str  # "simulated" | "jetson" | "nvml" | "replay"
     gpu_freqs_mhz: tuple[float, ...]
     memory_bytes: int
     power_rail: str  # which rail the power readings (and the cap) refer to
+    b1_bands: tuple[B1Band, ...] = ()
+
+    def __post_init__(self) -> None:
+        for band in self.b1_bands:
+            if not (band.min_p_max_w > 0 and math.isfinite(band.freq_mhz) and band.freq_mhz > 0):
+                raise ValueError(f"b1-freq-caps of {self.kind}: invalid band {band!r}")
+        if any(
+            b.min_p_max_w <= a.min_p_max_w or b.freq_mhz < a.freq_mhz
+            for a, b in itertools.pairwise(self.b1_bands)
+        ):
+            raise ValueError(
+                f"b1-freq-caps of {self.kind}: bands must ascend in min-p-max-w and freq-mhz"
+            )
+
+    def b1_freq_cap_mhz(self, p_max_w: float | None) -> float:
+        """B1's fixed GPU frequency in MHz under the cap ``p_max_w`` (inf or None: no cap).
+
+        The band with the largest lower bound ≤ P_max applies, and its frequency is taken
+        down to the highest table frequency at or below it (a board's table may differ
+        from its descriptor's). A cap below the lowest band has no safe B1 frequency: a
+        ValueError, never a silent violation. With no bands known this is the highest table
+        frequency, and the log says so once per (kind, backend).
+        """
+        p = check_p_max_w(p_max_w)
+        if not self.b1_bands:
+            if (self.kind, self.backend) not in _NO_BANDS_LOGGED:
+                _NO_BANDS_LOGGED.add((self.kind, self.backend))
+                log.warning(
+                    "B1: no frequency bands known for %s (%s backend; no descriptor "
+                    "configs/devices/%s.toml): using its highest frequency, %g MHz",
+                    self.kind,
+                    self.backend,
+                    self.kind,
+                    max(self.gpu_freqs_mhz),
+                )
+            return float(max(self.gpu_freqs_mhz))
+        eligible = [band for band in self.b1_bands if band.min_p_max_w <= p]
+        if not eligible:
+            bands = ", ".join(b.label for b in self.b1_bands)
+            raise ValueError(
+                f"p-max-w: {p:g} W is below the lowest B1 band of {self.kind} "
+                f"({self.b1_bands[0].min_p_max_w:g} W); B1 has no safe frequency there "
+                f"(bands: {bands})"
+            )
+        band_mhz = eligible[-1].freq_mhz
+        below = [f for f in self.gpu_freqs_mhz if f <= band_mhz + FREQ_TOLERANCE_MHZ]
+        if not below:
+            raise ValueError(
+                f"b1-freq-caps of {self.kind}: band frequency {band_mhz:g} MHz is below every "
+                f"frequency of this device ({', '.join(f'{f:g}' for f in self.gpu_freqs_mhz)})"
+            )
+        return float(max(below))
 
 
 @dataclass

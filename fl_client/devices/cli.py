@@ -1,24 +1,30 @@
 """``powerfl devices [--restore]``: what is detected, frequencies, settings, power rails.
 
 The top-level CLI adds the sub-command with ``add_devices_parser(subparsers)``; its handler
-``cmd_devices(args)`` returns the exit status.
+``cmd_devices(args)`` returns the exit status: 0 ok, 1 a device or restore failed, 2 bad
+input (e.g. a ``--state-dir`` that does not exist).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, TextIO
 
 from fl_client.devices import (
     BACKENDS,
+    POWER_SOURCES,
     DeviceError,
+    DeviceInfo,
     DeviceOptions,
     detect_backends,
     open_device,
 )
-from fl_client.devices.safety import restore_leftovers
+from fl_client.devices.safety import STATE_DIR_ENV, resolve_state_dir, restore_leftovers
+
+EXIT_BAD_INPUT = 2
 
 
 def add_devices_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -32,13 +38,31 @@ def add_devices_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="default: auto")
     p.add_argument("--kind", default="", help="device kind, e.g. jetson-nano (default: detected)")
-    p.add_argument("--sysfs-root", default="/", help="root of the sysfs tree (default: /)")
+    p.add_argument(
+        "--sysfs-root",
+        default="/",
+        help="the folder holding sys/ and proc/ (default: /), or the sysfs mount itself",
+    )
     p.add_argument(
         "--state-dir",
         help="folder of the GPU state files (default: $POWERFL_STATE_DIR or "
         "~/.cache/powerfl/state)",
     )
     p.add_argument("--replay-table", help="measured table for the replay backend")
+    p.add_argument(
+        "--power-source",
+        default="auto",
+        choices=POWER_SOURCES,
+        help="jetson power reader: INA3221 sysfs, the jtop service, or auto (default)",
+    )
+    p.add_argument(
+        "--power-rails",
+        default="",
+        metavar="RAIL[,RAIL...]",
+        help="jetson: the rail(s) whose summed power the cap applies to (node-config "
+        "power-rails); default: the board input rail (VDD_IN or POM_5V_IN), else every "
+        "rail. The rails found are listed under rails-w",
+    )
     p.add_argument(
         "--restore",
         action="store_true",
@@ -55,18 +79,44 @@ def add_devices_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def restore_command(
-    state_dir: str | None, *, force: bool = False, out: TextIO | None = None
+    state_dir: str | None,
+    *,
+    force: bool = False,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
 ) -> int:
-    """``powerfl devices --restore``: 0 when every leftover file was restored (or none)."""
+    """``powerfl devices --restore``: 0 when every leftover file was restored (or none).
+
+    A state folder the user named (``--state-dir`` or ``$POWERFL_STATE_DIR``) that does not
+    exist is an error (exit 2): a mistyped path must not read as "nothing to restore".
+    """
     out = out or sys.stdout
-    reports = restore_leftovers(state_dir, force=force)
+    folder = resolve_state_dir(state_dir)
+    if not folder.is_dir():
+        source = "--state-dir" if state_dir is not None else f"${STATE_DIR_ENV}"
+        named = state_dir is not None or os.environ.get(STATE_DIR_ENV, "").strip()
+        if named or folder.exists():
+            what = "is not a directory" if folder.exists() else "does not exist"
+            print(
+                f"devices --restore: state directory {folder} ({source}) {what}; nothing was "
+                "restored. Give the folder the runs wrote their state files to.",
+                file=err or sys.stderr,
+            )
+            return EXIT_BAD_INPUT
+    reports = restore_leftovers(folder, force=force)
     if not reports:
-        print("no leftover GPU state files: nothing to restore", file=out)
+        print(f"no leftover GPU state files in {folder}: nothing to restore", file=out)
         return 0
     for r in reports:
         line = f"{r.status:<9} {r.backend:<7} {r.device_id}  ({r.path})"
         print(line + (f": {r.detail}" if r.detail else ""), file=out)
     return 0 if all(r.status == "restored" for r in reports) else 1
+
+
+def _b1_bands_text(info: DeviceInfo) -> str:
+    if not info.b1_bands:
+        return "none known (B1 runs at the highest frequency)"
+    return ", ".join(band.label for band in info.b1_bands)
 
 
 def devices_report(kind: str, backend: str, options: DeviceOptions) -> dict[str, Any]:
@@ -83,11 +133,11 @@ def devices_report(kind: str, backend: str, options: DeviceOptions) -> dict[str,
         report["error"] = f"{type(err).__name__}: {err}"
         return report
     try:
+        info = device.info
         describe = getattr(device, "describe", None)
         if callable(describe):
             report["device"] = describe()
         else:
-            info = device.info
             report["device"] = {
                 "kind": info.kind,
                 "backend": info.backend,
@@ -96,8 +146,14 @@ def devices_report(kind: str, backend: str, options: DeviceOptions) -> dict[str,
                 "memory-bytes": info.memory_bytes,
                 "power-rail": info.power_rail,
             }
+        report["device"]["b1-bands"] = _b1_bands_text(info)
     finally:
         device.close()
+    if options.power_rails and info.backend != "jetson":
+        report["error"] = (
+            f"power-rails: only the jetson backend sums chosen rails; the {info.backend} "
+            f"backend reports {info.power_rail}"
+        )
     return report
 
 
@@ -106,25 +162,38 @@ def _print_text(report: dict[str, Any], out: TextIO) -> None:
     for s in report["backends"]:
         mark = "yes" if s["available"] else "no "
         print(f"  {s['backend']:<10} {mark}  {s['reason']}", file=out)
+    if "device" in report:
+        print("device:", file=out)
+        for key, value in report["device"].items():
+            if key == "gpu-freqs-mhz" or key == "supported-clocks-mhz":
+                value = ", ".join(f"{f:g}" for f in value)
+            elif key == "rails-w" and isinstance(value, dict):
+                value = ", ".join(f"{name} {w:.2f} W" for name, w in value.items())
+            elif key == "unreadable-rails":
+                if not value:
+                    continue
+                value = "; ".join(value)
+            elif key == "power-rail" and report["device"].get("backend") == "jetson":
+                value = f"{value}  (the cap applies to it; choose with --power-rails)"
+            print(f"  {key:<16} {value}", file=out)
     if "error" in report:
         print(f"device: {report['error']}", file=out)
-        return
-    print("device:", file=out)
-    for key, value in report["device"].items():
-        if key == "gpu-freqs-mhz" or key == "supported-clocks-mhz":
-            value = ", ".join(f"{f:g}" for f in value)
-        elif key == "rails-w" and isinstance(value, dict):
-            value = ", ".join(f"{name} {w:.2f} W" for name, w in value.items())
-        print(f"  {key:<14} {value}", file=out)
 
 
-def cmd_devices(args: argparse.Namespace, out: TextIO | None = None) -> int:
+def cmd_devices(
+    args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
     """Handler of ``powerfl devices``."""
     out = out or sys.stdout
     if args.restore:
-        return restore_command(args.state_dir, force=args.force, out=out)
+        return restore_command(args.state_dir, force=args.force, out=out, err=err)
+    rails = tuple(r.strip() for r in str(args.power_rails or "").split(",") if r.strip())
     options = DeviceOptions(
-        sysfs_root=args.sysfs_root, state_dir=args.state_dir, replay_table=args.replay_table
+        sysfs_root=args.sysfs_root,
+        state_dir=args.state_dir,
+        replay_table=args.replay_table,
+        power_source=args.power_source,
+        power_rails=rails,
     )
     report = devices_report(args.kind, args.backend, options)
     if args.json:

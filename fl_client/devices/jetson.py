@@ -1,6 +1,7 @@
 """The ``jetson`` backend: GPU frequency through devfreq sysfs, power from the INA3221 monitor.
 
-Every path is taken relative to a sysfs root (default ``/``), so tests run on fake trees.
+Every path is taken relative to a root (default ``/``), so tests run on fake trees; the root
+may be the folder holding ``sys/`` and ``proc/`` or the sysfs mount itself (``…/sys``).
 
 * GPU: the devfreq node whose ``device/of_node/name`` is a Jetson GPU (``gpu``, ``gp10b``,
   ``gv11b``, ``ga10b``), or one of the known per-generation nodes. Frequencies are in Hz in
@@ -19,7 +20,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,6 +38,7 @@ from fl_client.devices.sampler import (
     SampledDevice,
     validate_rate_hz,
 )
+from fl_client.devices.simulated import descriptor_b1_bands
 
 log = logging.getLogger(__name__)
 
@@ -79,13 +81,50 @@ def write_sysfs(path: Path, value: str) -> None:
         fh.write(value)
 
 
+class SysfsFormatError(DeviceError, ValueError):
+    """A sysfs file whose content is not what the kernel writes there; names the file."""
+
+
 def _read_text(path: Path) -> str:
     return path.read_text().replace("\x00", "").strip()
 
 
+def _parse_int(path: Path, token: str, text: str) -> int:
+    try:
+        return int(token)
+    except ValueError:
+        raise SysfsFormatError(f"{path}: expected an integer, got {text[:60]!r}") from None
+
+
 def _read_int(path: Path) -> int:
     # Some attributes carry a unit after the number ("32760 ma").
-    return int(_read_text(path).split()[0])
+    text = _read_text(path)
+    return _parse_int(path, text.split()[0] if text else "", text)
+
+
+@dataclass(frozen=True)
+class SysfsRoot:
+    """Where sysfs (``sys``) and procfs (``proc``) are for a root given by the user."""
+
+    given: Path
+    sys: Path
+    proc: Path
+
+
+def _is_sysfs(path: Path) -> bool:
+    return (path / "class").is_dir() and (path / "devices").is_dir()
+
+
+def sysfs_root(root: str | os.PathLike[str] = "/") -> SysfsRoot:
+    """Resolve ``root``: the folder holding ``sys/`` (e.g. ``/``) or the sysfs mount itself.
+
+    Given the mount (``/sys``, ``/mnt/board/sys``), procfs is taken from its sibling
+    ``proc`` (``/proc``, ``/mnt/board/proc``).
+    """
+    given = Path(root).expanduser()
+    if not _is_sysfs(given / "sys") and _is_sysfs(given):
+        return SysfsRoot(given, given, given.parent / "proc")
+    return SysfsRoot(given, given / "sys", given / "proc")
 
 
 def permission_message(path: Path, node: Path | None = None) -> str:
@@ -119,7 +158,7 @@ def _of_node_name(entry: Path) -> str | None:
 
 def find_gpu_devfreq(root: str | os.PathLike[str] = "/") -> Path | None:
     """The GPU's devfreq folder under ``root``, or None on a machine without one."""
-    base = Path(root) / "sys" / "class" / "devfreq"
+    base = sysfs_root(root).sys / "class" / "devfreq"
     entries = sorted(base.iterdir()) if base.is_dir() else []
     for entry in entries:
         if _of_node_name(entry) in GPU_OF_NODE_NAMES and (entry / "available_frequencies").exists():
@@ -158,10 +197,11 @@ class DevfreqGpu:
         return _of_node_name(self.node)
 
     def available_freqs_hz(self) -> tuple[int, ...]:
-        text = _read_text(self.node / "available_frequencies")
-        freqs = sorted({int(tok) for tok in text.split()})
+        path = self.node / "available_frequencies"
+        text = _read_text(path)
+        freqs = sorted({_parse_int(path, tok, text) for tok in text.split()})
         if not freqs:
-            raise DeviceError(f"{self.node / 'available_frequencies'} lists no frequencies")
+            raise DeviceError(f"{path} lists no frequencies")
         return tuple(freqs)
 
     def cur_freq_hz(self) -> int:
@@ -276,57 +316,130 @@ def _skip_label(label: str) -> bool:
     return not label or label.strip().lower() in SKIPPED_RAIL_LABELS
 
 
-def _iio_rails(folder: Path) -> list[PowerRail]:
-    rails = []
-    for label_path in sorted(folder.glob("rail_name_*")):
-        label = _read_text(label_path)
+def _why(err: OSError) -> str:
+    return err.strerror or str(err)
+
+
+@dataclass
+class Ina3221Scan:
+    """What discovery found: readable rails, the INA3221 chips, and what was missing."""
+
+    base: Path  # .../sys/bus/i2c/devices
+    rails: list[PowerRail] = field(default_factory=list)
+    chips: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def add(self, rail: PowerRail) -> None:
+        """Keep ``rail`` if it can be read now, else record why not."""
+        try:
+            rail.read_power_w()
+        except OSError as err:
+            self.problems.append(f"{rail.name}: {err.filename or rail.name}: {_why(err)}")
+        except ValueError as err:
+            self.problems.append(f"{rail.name}: {err}")
+        else:
+            self.rails.append(rail)
+
+    def why_none(self) -> str:
+        """Why there is no readable rail, naming what is missing."""
+        if not self.chips:
+            return f"no INA3221 under {self.base} (no i2c device whose name has 'ina3221')"
+        found = ", ".join(self.chips)
+        return f"INA3221 chip(s) {found} under {self.base}, but no readable channel: " + "; ".join(
+            self.problems or ["no channels"]
+        )
+
+
+def _label(scan: Ina3221Scan, path: Path) -> str | None:
+    try:
+        return _read_text(path)
+    except OSError as err:
+        scan.problems.append(f"{path}: {_why(err)}")
+        return None
+
+
+def _iio_rails(folder: Path, scan: Ina3221Scan) -> None:
+    labels = sorted(folder.glob("rail_name_*"))
+    if not labels:
+        scan.problems.append(f"{folder}: no rail_name_N files")
+    for label_path in labels:
+        label = _label(scan, label_path)
         n = label_path.name.removeprefix("rail_name_")
-        if _skip_label(label):
+        if label is None or _skip_label(label):
             continue
         power = folder / f"in_power{n}_input"
         volt, curr = folder / f"in_voltage{n}_input", folder / f"in_current{n}_input"
         if power.exists():
-            rails.append(PowerRail(label, power_path=power))
+            scan.add(PowerRail(label, power_path=power))
         elif volt.exists() and curr.exists():
-            rails.append(PowerRail(label, voltage_path=volt, current_path=curr))
-    return rails
+            scan.add(PowerRail(label, voltage_path=volt, current_path=curr))
+        else:
+            scan.problems.append(
+                f"{label}: neither {power.name} nor {volt.name} + {curr.name} in {folder}"
+            )
 
 
-def _hwmon_rails(folder: Path) -> list[PowerRail]:
-    rails = []
-    for label_path in sorted(folder.glob("in*_label")):
-        label = _read_text(label_path)
+def _hwmon_rails(folder: Path, scan: Ina3221Scan) -> None:
+    labels = sorted(folder.glob("in*_label"))
+    if not labels:
+        scan.problems.append(f"{folder}: no inN_label files")
+    for label_path in labels:
+        label = _label(scan, label_path)
         n = label_path.name.removeprefix("in").removesuffix("_label")
-        volt, curr = folder / f"in{n}_input", folder / f"curr{n}_input"
-        if _skip_label(label) or not (volt.exists() and curr.exists()):
+        if label is None or _skip_label(label):
             continue
-        rails.append(PowerRail(label, voltage_path=volt, current_path=curr))
-    return rails
+        volt, curr = folder / f"in{n}_input", folder / f"curr{n}_input"
+        missing = [p.name for p in (volt, curr) if not p.exists()]
+        if missing:
+            scan.problems.append(f"{label}: {' and '.join(missing)} missing in {folder}")
+            continue
+        scan.add(PowerRail(label, voltage_path=volt, current_path=curr))
 
 
-def find_power_rails(root: str | os.PathLike[str] = "/") -> list[PowerRail]:
-    """Every connected INA3221 channel under ``root`` (JetPack ≤ 4 iio and ≥ 5 hwmon)."""
-    base = Path(root) / "sys" / "bus" / "i2c" / "devices"
-    rails: list[PowerRail] = []
-    if not base.is_dir():
-        return rails
-    for chip in sorted(base.iterdir()):
+def _scan_chip(chip: Path, scan: Ina3221Scan) -> None:
+    folders = sorted(chip.glob("iio:device*")), sorted(chip.glob("hwmon/hwmon*"))
+    if not folders[0] and not folders[1]:
+        scan.problems.append(f"{chip}: no iio:deviceN or hwmon/hwmonN folder (driver not bound?)")
+    for folder in folders[0]:
+        _iio_rails(folder, scan)
+    for folder in folders[1]:
+        _hwmon_rails(folder, scan)
+
+
+def scan_ina3221(root: str | os.PathLike[str] = "/") -> Ina3221Scan:
+    """Every readable INA3221 channel under ``root``, and what kept the others out.
+
+    JetPack ≤ 4 iio and ≥ 5 hwmon; two chips may reuse a label: both are kept, told apart
+    as ``NAME#2``.
+    """
+    scan = Ina3221Scan(sysfs_root(root).sys / "bus" / "i2c" / "devices")
+    if not scan.base.is_dir():
+        return scan
+    for chip in sorted(scan.base.iterdir()):
         try:
             if "ina3221" not in _read_text(chip / "name"):
                 continue
         except OSError:
             continue
-        for folder in sorted(chip.glob("iio:device*")):
-            rails += _iio_rails(folder)
-        for folder in sorted(chip.glob("hwmon/hwmon*")):
-            rails += _hwmon_rails(folder)
+        scan.chips.append(chip.name)
+        _scan_chip(chip, scan)
     seen: dict[str, int] = {}
     unique = []
-    for rail in rails:  # two chips may reuse a label: keep both, told apart
+    for rail in scan.rails:
         seen[rail.name] = seen.get(rail.name, 0) + 1
         name = rail.name if seen[rail.name] == 1 else f"{rail.name}#{seen[rail.name]}"
         unique.append(PowerRail(name, rail.power_path, rail.voltage_path, rail.current_path))
-    return unique
+    scan.rails = unique
+    return scan
+
+
+def find_power_rails(root: str | os.PathLike[str] = "/") -> list[PowerRail]:
+    """Every readable INA3221 channel under ``root`` (JetPack ≤ 4 iio and ≥ 5 hwmon)."""
+    return scan_ina3221(root).rails
+
+
+def _rail_label(rails: Sequence[str], prefix: str = "") -> str:
+    return prefix + (rails[0] if len(rails) == 1 else "sum(" + "+".join(rails) + ")")
 
 
 class PowerReader(Protocol):
@@ -342,31 +455,37 @@ class PowerReader(Protocol):
 class Ina3221Monitor:
     """Board power from INA3221 rails; ``rail_label`` says which rail(s) it sums."""
 
-    def __init__(self, rails: Sequence[PowerRail], board_rails: Sequence[str]) -> None:
+    def __init__(
+        self,
+        rails: Sequence[PowerRail],
+        board_rails: Sequence[str],
+        problems: Sequence[str] = (),
+    ) -> None:
         self.rails = {r.name: r for r in rails}
         missing = [n for n in board_rails if n not in self.rails]
         if missing or not board_rails:
+            unreadable = f"; unreadable: {'; '.join(problems)}" if problems else ""
             raise DeviceError(
                 f"power-rails: {', '.join(missing) or '(none)'} not found; "
-                f"available rails: {', '.join(self.rails) or '(none)'}"
+                f"available rails: {', '.join(self.rails) or '(none)'}{unreadable}"
             )
         self.board_rails = tuple(board_rails)
-        self.rail_label = (
-            self.board_rails[0]
-            if len(self.board_rails) == 1
-            else "sum(" + "+".join(self.board_rails) + ")"
-        )
+        self.rail_label = _rail_label(self.board_rails)
+        self.problems = tuple(problems)
+
+    @classmethod
+    def from_scan(cls, scan: Ina3221Scan, rails: Sequence[str] | None = None) -> Ina3221Monitor:
+        """The monitor of ``rails`` (default: the board input rail, else every rail)."""
+        names = [r.name for r in scan.rails]
+        board = list(rails) if rails else next(([n] for n in BOARD_RAILS if n in names), names)
+        return cls(scan.rails, board, scan.problems)
 
     @classmethod
     def discover(
         cls, root: str | os.PathLike[str] = "/", rails: Sequence[str] | None = None
     ) -> Ina3221Monitor | None:
-        found = find_power_rails(root)
-        if not found:
-            return None
-        names = [r.name for r in found]
-        board = list(rails) if rails else next(([n] for n in BOARD_RAILS if n in names), names)
-        return cls(found, board)
+        scan = scan_ina3221(root)
+        return cls.from_scan(scan, rails) if scan.rails else None
 
     def read_power_w(self) -> float:
         return sum(self.rails[n].read_power_w() for n in self.board_rails)
@@ -379,9 +498,12 @@ class Ina3221Monitor:
 
 
 class JtopPowerReader:
-    """Board power from the jtop service (jetson-stats); reads only, never sets clocks."""
+    """Board power from the jtop service (jetson-stats); reads only, never sets clocks.
 
-    def __init__(self, interval_s: float = 0.5) -> None:
+    With ``rails``, the sum of those jtop rails; else jtop's total.
+    """
+
+    def __init__(self, interval_s: float = 0.5, rails: Sequence[str] | None = None) -> None:
         try:
             from jtop import jtop
         except ImportError:
@@ -396,10 +518,22 @@ class JtopPowerReader:
                 f"jtop: cannot connect to the jtop service ({err}); "
                 "start it with `sudo systemctl restart jtop.service`"
             ) from None
+        self._rails = tuple(rails or ())
+        available = list(self._jtop.power.get("rail", {}))
+        missing = [r for r in self._rails if r not in available]
+        if missing:
+            self._jtop.close()
+            raise DeviceError(
+                f"power-rails: {', '.join(missing)} not found in jtop; available rails: "
+                f"{', '.join(available) or '(none)'}"
+            )
         total = self._jtop.power.get("tot", {})
-        self.rail_label = f"jtop:{total.get('name', 'total')}"
+        self.rail_label = _rail_label(self._rails or [total.get("name", "total")], "jtop:")
 
     def read_power_w(self) -> float:
+        if self._rails:
+            rails = self._jtop.power["rail"]
+            return sum(float(rails[n]["power"]) for n in self._rails) / 1000.0
         return float(self._jtop.power["tot"]["power"]) / 1000.0
 
     def read_rails_w(self) -> dict[str, float]:
@@ -417,23 +551,27 @@ def open_power_reader(
     rails: Sequence[str] | None = None,
     interval_s: float = 0.5,
 ) -> PowerReader:
-    """The INA3221 monitor (``sysfs``), else the jtop service (``jtop``)."""
+    """The INA3221 monitor (``sysfs``), else the jtop service (``jtop``).
+
+    A chosen rail that does not exist is an error (never silently another rail).
+    """
     if source not in POWER_SOURCES:
         raise ValueError(f"power-source: unknown {source!r}; allowed: {', '.join(POWER_SOURCES)}")
     reasons = []
     if source in ("auto", "sysfs"):
-        monitor = Ina3221Monitor.discover(root, rails)
-        if monitor is not None:
+        scan = scan_ina3221(root)
+        if scan.rails:
+            monitor = Ina3221Monitor.from_scan(scan, rails)
             try:
                 monitor.read_power_w()
                 return monitor
-            except OSError as err:
+            except (OSError, ValueError) as err:
                 reasons.append(f"INA3221 rails unreadable ({err})")
         else:
-            reasons.append(f"no INA3221 under {Path(root) / 'sys/bus/i2c/devices'}")
+            reasons.append(scan.why_none())
     if source in ("auto", "jtop"):
         try:
-            return JtopPowerReader(interval_s)
+            return JtopPowerReader(interval_s, rails)
         except DeviceUnavailableError as err:
             reasons.append(str(err))
     raise DeviceUnavailableError("jetson: no power monitor: " + "; ".join(reasons))
@@ -445,7 +583,7 @@ def open_power_reader(
 def detect_kind(root: str | os.PathLike[str] = "/") -> str | None:
     """Twin kind from ``/proc/device-tree/model`` (e.g. ``jetson-orin-nano``), or None."""
     try:
-        model = _read_text(Path(root) / "proc" / "device-tree" / "model").lower()
+        model = _read_text(sysfs_root(root).proc / "device-tree" / "model").lower()
     except OSError:
         return None
     return next((kind for key, kind in MODEL_KINDS if key in model), None)
@@ -454,7 +592,7 @@ def detect_kind(root: str | os.PathLike[str] = "/") -> str | None:
 def memory_bytes(root: str | os.PathLike[str] = "/") -> int:
     """MemTotal of ``/proc/meminfo`` (CPU and GPU share it on a Jetson)."""
     try:
-        for line in (Path(root) / "proc" / "meminfo").read_text().splitlines():
+        for line in (sysfs_root(root).proc / "meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
@@ -464,6 +602,20 @@ def memory_bytes(root: str | os.PathLike[str] = "/") -> int:
 
 def _mhz(freq_hz: int) -> float:
     return freq_hz / 1_000_000
+
+
+def _no_gpu_message(paths: SysfsRoot) -> str:
+    devfreq = paths.sys / "class" / "devfreq"
+    if not devfreq.is_dir():
+        return (
+            f"jetson: no GPU devfreq node: {devfreq} does not exist (sysfs-root "
+            f"{paths.given}: give the folder holding sys/, e.g. /, or the sysfs mount itself, "
+            "e.g. /sys); not a Jetson?"
+        )
+    return (
+        f"jetson: no GPU devfreq node under {devfreq} (looked for of_node names "
+        f"{', '.join(GPU_OF_NODE_NAMES)} and nodes {', '.join(KNOWN_GPU_NODES)}); not a Jetson?"
+    )
 
 
 class JetsonDevice(SampledDevice):
@@ -482,13 +634,10 @@ class JetsonDevice(SampledDevice):
         writer: Writer = write_sysfs,
     ) -> None:
         self.root = Path(root)
+        self.paths = sysfs_root(root)
         node = find_gpu_devfreq(self.root)
         if node is None:
-            raise DeviceUnavailableError(
-                f"jetson: no GPU devfreq node under {self.root / 'sys/class/devfreq'} "
-                f"(looked for of_node names {', '.join(GPU_OF_NODE_NAMES)} and nodes "
-                f"{', '.join(KNOWN_GPU_NODES)}); not a Jetson?"
-            )
+            raise DeviceUnavailableError(_no_gpu_message(self.paths))
         self._gpu = DevfreqGpu(node, writer=writer)
         self._record = safety.GpuStateRecord(state_dir, BACKEND, os.path.realpath(node))
         self.sample_rate_hz = validate_rate_hz(sample_rate_hz)
@@ -506,12 +655,14 @@ class JetsonDevice(SampledDevice):
         detected = detect_kind(self.root)
         if kind and detected and kind != detected:
             log.warning("jetson: configured as %s but the board says %s", kind, detected)
+        kind = kind or detected or "jetson"
         self._info = DeviceInfo(
-            kind=kind or detected or "jetson",
+            kind=kind,
             backend=BACKEND,
             gpu_freqs_mhz=tuple(_mhz(f) for f in self._freqs_hz),
             memory_bytes=memory_bytes(self.root),
             power_rail=self._power.rail_label,
+            b1_bands=descriptor_b1_bands(kind),
         )
 
     def _take_over_leftover(self) -> DevfreqSettings | None:
@@ -616,6 +767,7 @@ class JetsonDevice(SampledDevice):
             "memory-bytes": self._info.memory_bytes,
             "power-rail": self._info.power_rail,
             "rails-w": rails_w,
+            "unreadable-rails": list(getattr(self._power, "problems", ())),
             "state-file": str(self._record.path),
         }
 

@@ -1,13 +1,22 @@
 """The ``nvml`` backend: discrete NVIDIA GPUs through NVML (``pynvml`` from nvidia-ml-py).
 
-Power comes from ``nvmlDeviceGetPowerUsage`` (mW → W), energy from the total energy counter
-(mJ → J, Volta and newer) where the GPU has one, else from the sampled power. Locked graphics
-clocks need root; without them the device runs *measure-only*: its frequency list is the
-single clock it runs at, and asking for any other is a clear error. Restoring resets the
-locked clocks (NVML cannot read back an earlier lock, so none is assumed).
+Power is the GPU's instantaneous reading (``NVML_FI_DEV_POWER_INSTANT`` through
+``nvmlDeviceGetFieldValues``) where the GPU and driver offer it, else
+``nvmlDeviceGetPowerUsage``, which on recent data-centre GPUs is an average over about a
+second that smooths the short peaks a cap is about (``describe()["power-reading"]`` says
+which). Energy comes from the total energy counter (mJ → J, Volta and newer) where the GPU
+has one, else from the sampled power.
 
-On recent data-centre GPUs ``nvmlDeviceGetPowerUsage`` is an average over about a second, so
-short peaks are smoothed; the energy counter is the better figure for energy.
+Locked graphics clocks need root; without them the device runs *measure-only*: its frequency
+list is the single clock it runs at, asking for any other is a clear error, and it never
+touches the clocks (not even to reset them). The state file is written only once a lock
+has succeeded, so a refused lock leaves nothing behind. Restoring resets the locked clocks
+(NVML cannot read back an earlier lock, so none is assumed).
+
+``index`` is the GPU as CUDA numbers it in this process (``cuda:index``): through
+``CUDA_VISIBLE_DEVICES`` (indices or ``GPU-`` UUIDs, abbreviated or not) it is mapped to
+the NVML index. Integer entries assume CUDA's order matches NVML's (PCI bus order): set
+``CUDA_DEVICE_ORDER=PCI_BUS_ID`` on machines with different GPU models.
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -41,8 +50,14 @@ log = logging.getLogger(__name__)
 
 BACKEND = "nvml"
 POWER_RAIL = "nvml:gpu-board"  # NVML reports the whole board of the GPU
+CUDA_VISIBLE_ENV = "CUDA_VISIBLE_DEVICES"
 _NO_PERMISSION = 4  # NVML_ERROR_NO_PERMISSION
 _NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED
+#: nvml.h's field id of the instantaneous power (older pynvml releases lack the constant).
+NVML_FI_DEV_POWER_INSTANT = 186
+#: ``c_nvmlValue_t`` member per ``NVML_VALUE_TYPE_*`` (0 double, 1 unsigned int, ...).
+_VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+PERMISSION_HINT = "run the SuperNode as root (or set lock-clocks = false to measure only)"
 
 
 def import_pynvml() -> ModuleType:
@@ -70,11 +85,72 @@ def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
+class _NoInstantPowerError(Exception):
+    """The GPU (or driver, or pynvml) does not report instantaneous power."""
+
+
+def _visible_entries(visible: str) -> list[str]:
+    """CUDA's parse of CUDA_VISIBLE_DEVICES: the list ends at the first invalid entry."""
+    entries = []
+    for raw in visible.split(","):
+        entry = raw.strip()
+        is_index = entry.isdigit()
+        if not (is_index or entry.upper().startswith(("GPU-", "MIG-"))):
+            break
+        entries.append(entry)
+    return entries
+
+
+def cuda_to_nvml_index(index: int, visible: str | None, uuids: Sequence[str]) -> int:
+    """The NVML index of the GPU this process calls ``cuda:index``.
+
+    ``visible`` is ``CUDA_VISIBLE_DEVICES`` (None: unset, every GPU visible in NVML's
+    order); ``uuids`` are the GPUs' UUIDs in NVML order. Entries are NVML indices or
+    ``GPU-`` UUIDs, abbreviated to any unique prefix as CUDA allows.
+    """
+    if index < 0:
+        raise DeviceUnavailableError(f"nvml-index: must be ≥ 0, got {index}")
+    if visible is None:
+        if index >= len(uuids):
+            raise DeviceUnavailableError(
+                f"nvml-index: GPU {index} does not exist; this machine has {len(uuids)} GPU(s)"
+            )
+        return index
+    entries = _visible_entries(visible)
+    if index >= len(entries):
+        raise DeviceUnavailableError(
+            f"nvml-index: {CUDA_VISIBLE_ENV}={visible!r} makes {len(entries)} GPU(s) "
+            f"visible, so there is no cuda:{index}"
+        )
+    entry = entries[index]
+    where = f"{CUDA_VISIBLE_ENV}={visible!r}, entry {entry!r}"
+    if entry.isdigit():
+        if int(entry) >= len(uuids):
+            raise DeviceUnavailableError(
+                f"nvml-index: {where}: this machine has {len(uuids)} GPU(s)"
+            )
+        return int(entry)
+    if entry.upper().startswith("MIG-"):
+        raise DeviceUnavailableError(
+            f"nvml-index: {where} is a MIG instance; NVML power and clocks are per GPU, so "
+            "the nvml backend needs a whole GPU"
+        )
+    matches = [i for i, u in enumerate(uuids) if u.lower().startswith(entry.lower())]
+    if len(matches) != 1:
+        what = "no GPU" if not matches else f"{len(matches)} GPUs"
+        raise DeviceUnavailableError(
+            f"nvml-index: {where} matches {what}; GPUs here: {', '.join(uuids) or '(none)'}"
+        )
+    return matches[0]
+
+
 class NvmlDevice(SampledDevice):
     """One NVIDIA GPU through NVML: locked clocks when permitted, else measure-only.
 
-    ``lock_clocks``: None locks when running as root (else measure-only), False is always
-    measure-only (never touches the clocks), True requires locking and fails without root.
+    ``index`` is the CUDA device index in this process (mapped through
+    ``CUDA_VISIBLE_DEVICES``). ``lock_clocks``: None locks when running as root (else
+    measure-only), False is always measure-only (never touches the clocks), True requires
+    locking and fails without root.
     """
 
     def __init__(
@@ -96,28 +172,22 @@ class NvmlDevice(SampledDevice):
                 f"nvml: cannot initialise NVML ({err}); is the NVIDIA driver loaded?"
             ) from None
         try:
-            count = int(nv.nvmlDeviceGetCount())
-            if not 0 <= index < count:
-                raise DeviceUnavailableError(
-                    f"nvml-index: GPU {index} does not exist; this machine has {count} GPU(s)"
-                )
-            self._handle = nv.nvmlDeviceGetHandleByIndex(index)
+            self.cuda_index = index
+            self.index = self._nvml_index(index)
+            self._handle = nv.nvmlDeviceGetHandleByIndex(self.index)
             self.name = _text(nv.nvmlDeviceGetName(self._handle))
             self.uuid = _text(nv.nvmlDeviceGetUUID(self._handle))
             total_bytes = int(nv.nvmlDeviceGetMemoryInfo(self._handle).total)
             self._supported_mhz = self._supported_clocks_mhz()
             self._has_energy_counter = self._probe_energy_counter()
-            self.index = index
+            self.power_reading = self._probe_power_reading()
             self.sample_rate_hz = validate_rate_hz(sample_rate_hz)
             self.cap_window_s = cap_window_s
             self._lock = threading.RLock()
             self._locked_mhz: float | None = None
             self._record = safety.GpuStateRecord(state_dir, BACKEND, self.uuid)
-            if self._record.leftover() is not None:
-                self._reset_clocks()
-                safety.clear_state(self._record.path)
-                log.warning("nvml: reset the locked clocks a killed run left on %s", self.name)
             self.measure_only = self._decide_measure_only(lock_clocks)
+            self._handle_leftover()
             freqs = (self.current_gpu_freq_mhz(),) if self.measure_only else self._supported_mhz
         except Exception:
             nv.nvmlShutdown()
@@ -129,6 +199,17 @@ class NvmlDevice(SampledDevice):
             memory_bytes=total_bytes,
             power_rail=POWER_RAIL,
         )
+
+    def _nvml_index(self, cuda_index: int) -> int:
+        nv = self._nvml
+        count = int(nv.nvmlDeviceGetCount())
+        visible = os.environ.get(CUDA_VISIBLE_ENV)
+        if visible is None:  # only the count matters
+            return cuda_to_nvml_index(cuda_index, None, [""] * count)
+        uuids = [
+            _text(nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(i))) for i in range(count)
+        ]
+        return cuda_to_nvml_index(cuda_index, visible, uuids)
 
     def _decide_measure_only(self, lock_clocks: bool | None) -> bool:
         is_root = hasattr(os, "geteuid") and os.geteuid() == 0
@@ -143,6 +224,29 @@ class NvmlDevice(SampledDevice):
         why = "lock-clocks = false" if lock_clocks is False else "not root or no clock list"
         log.info("nvml: %s is measure-only (%s)", self.name, why)
         return True
+
+    def _handle_leftover(self) -> None:
+        """Reset clocks a killed run left locked; measure-only mode never touches them."""
+        try:
+            state = self._record.leftover()
+        except DeviceError as err:  # a live process holds the GPU's clocks
+            if not self.measure_only:
+                raise
+            log.warning("%s; measuring only, the clocks stay as they are", err)
+            return
+        if state is None or state.pid == os.getpid():  # none, or held by this process
+            return
+        if self.measure_only:
+            log.warning(
+                "nvml: a killed run may have left the clocks of %s locked (state file %s); "
+                "measure-only leaves them as they are: as root, run `powerfl devices --restore`",
+                self.name,
+                self._record.path,
+            )
+            return
+        self._reset_clocks()
+        safety.clear_state(self._record.path)
+        log.warning("nvml: reset the locked clocks a killed run left on %s", self.name)
 
     def _supported_clocks_mhz(self) -> tuple[float, ...]:
         nv, h = self._nvml, self._handle
@@ -164,6 +268,33 @@ class NvmlDevice(SampledDevice):
                 raise
             return False
         return True
+
+    def _probe_power_reading(self) -> str:
+        """``instant`` where the GPU reports instantaneous power, else ``average``."""
+        try:
+            self._read_instant_power_mw()
+        except _NoInstantPowerError as err:
+            log.info("nvml: no instantaneous power on %s (%s): ~1 s averages", self.name, err)
+            return "average"
+        return "instant"
+
+    def _read_instant_power_mw(self) -> float:
+        nv = self._nvml
+        get_values = getattr(nv, "nvmlDeviceGetFieldValues", None)
+        if get_values is None:
+            raise _NoInstantPowerError("pynvml has no nvmlDeviceGetFieldValues")
+        field_id = getattr(nv, "NVML_FI_DEV_POWER_INSTANT", NVML_FI_DEV_POWER_INSTANT)
+        try:
+            value = get_values(self._handle, [field_id])[0]
+        except Exception as err:
+            if _code(nv, err) is None:
+                raise
+            raise _NoInstantPowerError(str(err)) from None
+        if value.nvmlReturn != 0:
+            raise _NoInstantPowerError(f"NVML error {value.nvmlReturn}")
+        if not 0 <= value.valueType < len(_VALUE_MEMBERS):
+            raise _NoInstantPowerError(f"unknown value type {value.valueType}")
+        return float(getattr(value.value, _VALUE_MEMBERS[value.valueType]))
 
     @property
     def has_energy_counter(self) -> bool:
@@ -196,7 +327,7 @@ class NvmlDevice(SampledDevice):
             self._lock_mhz(match)
 
     def _lock_mhz(self, freq_mhz: float) -> None:
-        self._record.begin({"uuid": self.uuid, "index": self.index}, self.restore)
+        """Lock, then (first lock only) save the state: a refused lock leaves no file."""
         nv = self._nvml
         try:
             nv.nvmlDeviceSetGpuLockedClocks(self._handle, int(freq_mhz), int(freq_mhz))
@@ -204,16 +335,41 @@ class NvmlDevice(SampledDevice):
             code = _code(nv, err)
             if code is None:
                 raise
-            self.restore()
+            self._restore_after_failed_lock()
             if code == _NO_PERMISSION:
                 raise DevicePermissionError(
-                    f"nvml: no permission to lock the clocks of {self.name}: run the "
-                    "SuperNode as root (or set lock-clocks = false to measure only)"
+                    f"nvml: no permission to lock the clocks of {self.name}: {PERMISSION_HINT}"
                 ) from None
             raise DeviceError(
                 f"nvml: locking {self.name} at {freq_mhz:g} MHz failed: {err}"
             ) from None
+        if not self._record.active:
+            try:
+                self._record.begin({"uuid": self.uuid, "index": self.index}, self.restore)
+            except DeviceError:  # the original state cannot be saved: undo the lock
+                self._reset_logging_failure("undoing a lock whose state could not be saved")
+                raise
         self._locked_mhz = freq_mhz
+
+    def _restore_after_failed_lock(self) -> None:
+        """After a refused lock: put back an earlier lock of ours, if any (else nothing)."""
+        if not self._record.active:
+            return
+        try:
+            self.restore()
+        except DeviceError as err:
+            log.error(
+                "nvml: restoring %s after a failed lock also failed (%s); as root, run "
+                "`powerfl devices --restore`",
+                self.name,
+                err,
+            )
+
+    def _reset_logging_failure(self, why: str) -> None:
+        try:
+            self._reset_clocks()
+        except DeviceError as err:
+            log.error("nvml: %s: %s", why, err)
 
     def step_down_gpu_freq_mhz(self) -> float | None:
         with self._lock:
@@ -229,8 +385,14 @@ class NvmlDevice(SampledDevice):
         try:
             self._nvml.nvmlDeviceResetGpuLockedClocks(self._handle)
         except Exception as err:
-            if _code(self._nvml, err) is None:
+            code = _code(self._nvml, err)
+            if code is None:
                 raise
+            if code == _NO_PERMISSION:
+                raise DevicePermissionError(
+                    f"nvml: no permission to reset the locked clocks of {self.name}: "
+                    f"{PERMISSION_HINT}"
+                ) from None
             raise DeviceError(
                 f"nvml: resetting the locked clocks of {self.name} failed: {err}"
             ) from None
@@ -244,6 +406,12 @@ class NvmlDevice(SampledDevice):
             self._locked_mhz = None
 
     def read_power_w(self) -> float:
+        """Instantaneous power where the GPU reports it (else NVML's ~1 s average), in W."""
+        if self.power_reading == "instant":
+            try:
+                return self._read_instant_power_mw() / 1000.0
+            except _NoInstantPowerError:
+                pass  # a transient refusal: this one sample is the average
         return float(self._nvml.nvmlDeviceGetPowerUsage(self._handle)) / 1000.0
 
     def read_energy_j(self) -> float:
@@ -260,12 +428,14 @@ class NvmlDevice(SampledDevice):
             "name": self.name,
             "uuid": self.uuid,
             "index": self.index,
+            "cuda-index": self.cuda_index,
             "mode": "measure-only" if self.measure_only else "locked clocks",
             "gpu-freqs-mhz": list(self.gpu_freqs_mhz),
             "supported-clocks-mhz": list(self._supported_mhz),
             "cur-freq-mhz": self.current_gpu_freq_mhz(),
             "memory-bytes": self._info.memory_bytes,
             "power-rail": POWER_RAIL,
+            "power-reading": self.power_reading,
             "power-w": self.read_power_w(),
             "energy-counter": self._has_energy_counter,
             "state-file": str(self._record.path),

@@ -27,6 +27,7 @@ from fl_client.devices.base import (
     Workload,
 )
 from fl_client.devices.sampler import CapGuard, CapGuarded, guard_step
+from fl_client.devices.simulated import descriptor_b1_bands
 
 BACKEND = "replay"
 FORMAT = "powerfl-replay/1"
@@ -358,6 +359,7 @@ class ReplayDevice(CapGuarded):
             gpu_freqs_mhz=freqs,
             memory_bytes=memory,
             power_rail=next((t.power_rail for t in self._tables if t.power_rail), "replay"),
+            b1_bands=descriptor_b1_bands(kind),
         )
         self._locked_mhz: float | None = None
         self._clock_s = 0.0

@@ -29,7 +29,8 @@ coefficients of each board and their sources are in its TOML file.
 
 Noiseless peak power (W) and time per sample (ms) on the Jetson Nano twin for the default
 small ``cnn`` (16 MFLOP/sample) and ResNet18 (3.33 GFLOP/sample) at 3×32×32, from
-``python -c "from fl_client.devices.simulated import _calibration_table as t; print(t())"``::
+``_calibration_table({m: fl_client.task.train_flops_per_sample(m) for m in ("cnn",
+"resnet18")})``::
 
                         307.2 MHz         460.8 MHz         614.4 MHz         921.6 MHz
     model      b      W ms/sample       W ms/sample       W ms/sample       W ms/sample
@@ -62,7 +63,14 @@ from typing import Any
 
 import numpy as np
 
-from fl_client.devices.base import DeviceInfo, InvalidFrequencyError, Measurement, Workload
+from fl_client.devices.base import (
+    FREQ_TOLERANCE_MHZ,
+    B1Band,
+    DeviceInfo,
+    InvalidFrequencyError,
+    Measurement,
+    Workload,
+)
 from fl_client.devices.sampler import CapGuard, CapGuarded, guard_step
 
 if sys.version_info >= (3, 11):
@@ -80,8 +88,6 @@ DEVICE_KINDS: tuple[str, ...] = (
     "jetson-orin-nano",
     "jetson-agx-orin",
 )
-#: Frequencies match a table member within this many MHz.
-FREQ_TOLERANCE_MHZ = 0.01
 #: FLOPs per sample the parallel-work term is relative to (1 GFLOP).
 REF_FLOPS = 1e9
 #: Multiplicative noise is a normal draw clipped at this many standard deviations.
@@ -97,14 +103,6 @@ class DeviceSpecError(ValueError):
 # ---------------------------------------------------------------------------------------
 # The descriptor
 # ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class B1Band:
-    """B1's fixed GPU frequency for caps P_max ≥ ``min_p_max_w`` (inf: the no-cap band)."""
-
-    min_p_max_w: float
-    freq_mhz: float
 
 
 @dataclass(frozen=True)
@@ -188,33 +186,24 @@ class DeviceSpec:
         return self.gpu_freqs_mhz[0]
 
     def info(self) -> DeviceInfo:
-        """The QUERY-round descriptor of this twin."""
+        """The QUERY-round descriptor of this twin (with its B1 bands)."""
         return DeviceInfo(
             kind=self.kind,
             backend=BACKEND,
             gpu_freqs_mhz=self.gpu_freqs_mhz,
             memory_bytes=self.memory_bytes,
             power_rail=self.power_rail,
+            b1_bands=self.b1_freq_caps,
         )
 
     def b1_freq_cap_mhz(self, p_max_w: float | None) -> float:
         """B1's fixed frequency for the cap ``p_max_w`` (None or inf: no cap).
 
         The band with the largest lower bound ≤ P_max applies. A cap below the lowest band
-        has no safe B1 frequency: that is an error, never a silent violation.
+        has no safe B1 frequency: that is an error, never a silent violation. Same rule as
+        ``DeviceInfo.b1_freq_cap_mhz`` (this spec's bands lie in its own table).
         """
-        p = math.inf if p_max_w is None else float(p_max_w)
-        if math.isnan(p) or p <= 0:
-            raise ValueError(f"p-max-w: must be > 0 W or none, got {p_max_w!r}")
-        eligible = [band for band in self.b1_freq_caps if band.min_p_max_w <= p]
-        if not eligible:
-            bands = ", ".join(_band_label(b) for b in self.b1_freq_caps)
-            raise ValueError(
-                f"p-max-w: {p:g} W is below the lowest B1 band of {self.kind} "
-                f"({self.b1_freq_caps[0].min_p_max_w:g} W); B1 has no safe frequency there "
-                f"(bands: {bands})"
-            )
-        return eligible[-1].freq_mhz
+        return self.info().b1_freq_cap_mhz(p_max_w)
 
     def freq_index(self, freq_mhz: float) -> int:
         """Index of ``freq_mhz`` in the table (within ``FREQ_TOLERANCE_MHZ``)."""
@@ -226,12 +215,6 @@ class DeviceSpec:
             f"gpu-freq-mhz: {freq_mhz:g} MHz is not in the frequency table of {self.kind}; "
             f"allowed: {allowed}"
         )
-
-
-def _band_label(band: B1Band) -> str:
-    if math.isinf(band.min_p_max_w):
-        return f"no cap → {band.freq_mhz:g} MHz"
-    return f"≥{band.min_p_max_w:g} W → {band.freq_mhz:g} MHz"
 
 
 # ---------------------------------------------------------------------------------------
@@ -282,6 +265,18 @@ def load_device_spec(kind: str, config_dir: Path | str | None = None) -> DeviceS
     except tomllib.TOMLDecodeError as err:
         raise DeviceSpecError(f"{path}: not valid TOML: {err}") from None
     return parse_device_spec(data, str(path), kind)
+
+
+def descriptor_b1_bands(kind: str, config_dir: Path | str | None = None) -> tuple[B1Band, ...]:
+    """B1 bands of ``kind`` from its descriptor ``<config_dir>/<kind>.toml``, for any backend.
+
+    Empty when no descriptor names this kind (or the folder is missing): the device then
+    has no bands and B1 runs at its highest frequency. A descriptor that exists but is
+    malformed raises ``DeviceSpecError`` naming the file and key.
+    """
+    if not kind or kind not in available_device_kinds(config_dir):
+        return ()
+    return load_device_spec(kind, config_dir).b1_freq_caps
 
 
 class _Reader:
@@ -774,17 +769,20 @@ class SimulatedDevice(CapGuarded):
 # ---------------------------------------------------------------------------------------
 
 
-def _calibration_table(kind: str = "jetson-nano") -> str:
-    """Noiseless peak power and time per sample of cnn and resnet18 (the module docstring)."""
-    from fl_client.task import train_flops_per_sample
+def _calibration_table(
+    flops_per_sample_by_model: Mapping[str, float], kind: str = "jetson-nano"
+) -> str:
+    """Noiseless peak power and time per sample of each model (the module docstring's table).
 
+    ``flops_per_sample_by_model`` maps a model name to its training FLOPs per sample; the
+    caller computes them (the device layer knows no models).
+    """
     spec = load_device_spec(kind)
     freqs_mhz = (307.2, 460.8, 614.4, 921.6) if kind == "jetson-nano" else spec.gpu_freqs_mhz[::4]
     head = "".join(f"{f'{f:g} MHz':>16}  " for f in freqs_mhz)
     sub = "".join(f"{'W':>6} {'ms/sample':>9}  " for _ in freqs_mhz)
     rows = [f"{'':13}{head}".rstrip(), f"{'model':<8}{'b':>4} {sub}".rstrip()]
-    for model in ("cnn", "resnet18"):
-        flops = train_flops_per_sample(model)
+    for model, flops in flops_per_sample_by_model.items():
         for b in (4, 8, 32, 64, 128):
             cells = "".join(
                 f"{power_w(spec, b, f, flops):>6.2f}"

@@ -42,88 +42,104 @@ class FakeGpu:
     graphics_clocks_mhz: tuple[int, ...] = (1980, 1965, 1410, 1005, 345)
     clock_mhz: int = 1755
     power_mw: int = 123_456
+    instant_power_mw: int | None = None  # None: NVML_FI_DEV_POWER_INSTANT not supported
     energy_mj: int = 5_000_000
     energy_step_mj: int = 250  # counter increase per read
     energy_supported: bool = True
     clocks_supported: bool = True
     lock_error: int | None = None
+    reset_error: int | None = None  # e.g. 4: the driver refuses the reset too
     locked: tuple[int, int] | None = None
     calls: list[tuple[str, Any]] = field(default_factory=list)
 
 
-def make_fake_pynvml(gpu: FakeGpu) -> types.ModuleType:
+FI_DEV_POWER_INSTANT = 186
+
+
+def _field_value(gpu: FakeGpu, field_id: int) -> types.SimpleNamespace:
+    """One ``c_nvmlFieldValue_t`` as pynvml returns it (value type 1: unsigned int)."""
+    ok = field_id == FI_DEV_POWER_INSTANT and gpu.instant_power_mw is not None
+    return types.SimpleNamespace(
+        fieldId=field_id,
+        scopeId=0,
+        nvmlReturn=0 if ok else 3,
+        valueType=1,
+        value=types.SimpleNamespace(uiVal=gpu.instant_power_mw if ok else 0),
+    )
+
+
+def make_fake_pynvml(*gpus: FakeGpu) -> types.ModuleType:
+    """A fake ``pynvml`` over ``gpus`` in NVML order; a handle is the FakeGpu itself.
+
+    Module-level calls (init, shutdown) are recorded on the first GPU.
+    """
     nv = types.ModuleType("pynvml")
     nv.NVMLError = NVMLError  # type: ignore[attr-defined]
     nv.NVML_ERROR_NOT_SUPPORTED = 3  # type: ignore[attr-defined]
     nv.NVML_ERROR_NO_PERMISSION = 4  # type: ignore[attr-defined]
     nv.NVML_CLOCK_GRAPHICS = 0  # type: ignore[attr-defined]
-    handle = object()
+    nv.NVML_FI_DEV_POWER_INSTANT = FI_DEV_POWER_INSTANT  # type: ignore[attr-defined]
+    first = gpus[0]
 
-    def call(name: str, *args: Any) -> None:
-        gpu.calls.append((name, args))
+    def handle_by_index(i: int) -> FakeGpu:
+        if not 0 <= i < len(gpus):
+            raise NVMLError(2)
+        return gpus[i]
 
-    def init() -> None:
-        call("nvmlInit")
+    def handle_by_uuid(uuid: str) -> FakeGpu:
+        for gpu in gpus:
+            if uuid == gpu.uuid:
+                return gpu
+        raise NVMLError(13)
 
-    def shutdown() -> None:
-        call("nvmlShutdown")
+    def memory_info(h: FakeGpu) -> types.SimpleNamespace:
+        return types.SimpleNamespace(total=h.memory_total, used=0, free=h.memory_total)
 
-    def handle_by_index(i: int) -> object:
-        return handle
-
-    def handle_by_uuid(uuid: str) -> object:
-        if uuid != gpu.uuid:
-            raise NVMLError(13)
-        return handle
-
-    def memory_info(h: object) -> types.SimpleNamespace:
-        return types.SimpleNamespace(total=gpu.memory_total, used=0, free=gpu.memory_total)
-
-    def mem_clocks(h: object) -> list[int]:
-        if not gpu.clocks_supported:
+    def mem_clocks(h: FakeGpu) -> list[int]:
+        if not h.clocks_supported:
             raise NVMLError(3)
-        return list(gpu.mem_clocks_mhz)
+        return list(h.mem_clocks_mhz)
 
-    def graphics_clocks(h: object, mem_mhz: int) -> list[int]:
-        assert mem_mhz == max(gpu.mem_clocks_mhz)
-        return list(gpu.graphics_clocks_mhz)
+    def graphics_clocks(h: FakeGpu, mem_mhz: int) -> list[int]:
+        assert mem_mhz == max(h.mem_clocks_mhz)
+        return list(h.graphics_clocks_mhz)
 
-    def clock_info(h: object, kind: int) -> int:
+    def clock_info(h: FakeGpu, kind: int) -> int:
         assert kind == 0
-        return gpu.locked[0] if gpu.locked else gpu.clock_mhz
+        return h.locked[0] if h.locked else h.clock_mhz
 
-    def power_usage(h: object) -> int:
-        return gpu.power_mw
-
-    def energy(h: object) -> int:
-        if not gpu.energy_supported:
+    def energy(h: FakeGpu) -> int:
+        if not h.energy_supported:
             raise NVMLError(3)
-        gpu.energy_mj += gpu.energy_step_mj
-        return gpu.energy_mj
+        h.energy_mj += h.energy_step_mj
+        return h.energy_mj
 
-    def set_locked(h: object, lo: int, hi: int) -> None:
-        call("nvmlDeviceSetGpuLockedClocks", lo, hi)
-        if gpu.lock_error is not None:
-            raise NVMLError(gpu.lock_error)
-        gpu.locked = (lo, hi)
+    def set_locked(h: FakeGpu, lo: int, hi: int) -> None:
+        h.calls.append(("nvmlDeviceSetGpuLockedClocks", (lo, hi)))
+        if h.lock_error is not None:
+            raise NVMLError(h.lock_error)
+        h.locked = (lo, hi)
 
-    def reset_locked(h: object) -> None:
-        call("nvmlDeviceResetGpuLockedClocks")
-        gpu.locked = None
+    def reset_locked(h: FakeGpu) -> None:
+        h.calls.append(("nvmlDeviceResetGpuLockedClocks", ()))
+        if h.reset_error is not None:
+            raise NVMLError(h.reset_error)
+        h.locked = None
 
     for name, fn in {
-        "nvmlInit": init,
-        "nvmlShutdown": shutdown,
-        "nvmlDeviceGetCount": lambda: 1,
+        "nvmlInit": lambda: first.calls.append(("nvmlInit", ())),
+        "nvmlShutdown": lambda: first.calls.append(("nvmlShutdown", ())),
+        "nvmlDeviceGetCount": lambda: len(gpus),
         "nvmlDeviceGetHandleByIndex": handle_by_index,
         "nvmlDeviceGetHandleByUUID": handle_by_uuid,
-        "nvmlDeviceGetName": lambda h: gpu.name,
-        "nvmlDeviceGetUUID": lambda h: gpu.uuid,
+        "nvmlDeviceGetName": lambda h: h.name,
+        "nvmlDeviceGetUUID": lambda h: h.uuid,
         "nvmlDeviceGetMemoryInfo": memory_info,
         "nvmlDeviceGetSupportedMemoryClocks": mem_clocks,
         "nvmlDeviceGetSupportedGraphicsClocks": graphics_clocks,
         "nvmlDeviceGetClockInfo": clock_info,
-        "nvmlDeviceGetPowerUsage": power_usage,
+        "nvmlDeviceGetPowerUsage": lambda h: h.power_mw,
+        "nvmlDeviceGetFieldValues": lambda h, ids: [_field_value(h, i) for i in ids],
         "nvmlDeviceGetTotalEnergyConsumption": energy,
         "nvmlDeviceSetGpuLockedClocks": set_locked,
         "nvmlDeviceResetGpuLockedClocks": reset_locked,
@@ -139,7 +155,11 @@ def fake_gpu() -> FakeGpu:
 
 @pytest.fixture
 def fake_pynvml(fake_gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    """A fake ``pynvml`` installed in ``sys.modules`` (never a real GPU's clocks)."""
+    """A fake ``pynvml`` installed in ``sys.modules`` (never a real GPU's clocks).
+
+    ``CUDA_VISIBLE_DEVICES`` is unset so the index is NVML's, whatever the host sets.
+    """
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     module = make_fake_pynvml(fake_gpu)
     monkeypatch.setitem(sys.modules, "pynvml", module)
     return module

@@ -43,8 +43,10 @@ def test_every_module_imports_without_vendor_libraries():
         "import sys; sys.modules['pynvml'] = None; sys.modules['jtop'] = None\n"
         "import fl_client.devices, fl_client.devices.jetson, fl_client.devices.nvml\n"
         "import fl_client.devices.replay, fl_client.devices.safety, fl_client.devices.sampler\n"
-        "import fl_client.devices.cli\n"
-        "assert 'torch' not in sys.modules, 'the device layer must not import torch'\n"
+        "import fl_client.devices.cli, fl_client.devices.simulated\n"
+        "bad = [m for m in ('torch', 'flwr', 'fl_client.task', 'fl_client.selector', "
+        "'fl_client.profiler', 'fl_client.node', 'fl_client.settings') if m in sys.modules]\n"
+        "assert not bad, f'the device layer must not import {bad}'\n"
         "print('ok')"
     )
     out = subprocess.run(
@@ -241,5 +243,63 @@ def test_devices_command_json_and_error(tmp_path: Path, no_pynvml: None):
 
 
 def test_devices_restore_flag(tmp_path: Path, state_dir: Path):
+    state_dir.mkdir()
     code, text = run_cli(["devices", "--restore", "--state-dir", str(state_dir)])
     assert code == 0 and "nothing to restore" in text
+
+
+def test_restore_from_a_mistyped_state_dir_is_an_error(
+    tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
+):
+    state_dir.mkdir()
+    typo = tmp_path / "powerfl-stat"
+    code, text = run_cli(["devices", "--restore", "--state-dir", str(typo)])
+    err = capsys.readouterr().err
+    assert code == 2 and text == ""
+    assert f"state directory {typo} (--state-dir) does not exist" in err
+    (tmp_path / "a-file").write_text("")
+    code, _ = run_cli(["devices", "--restore", "--state-dir", str(tmp_path / "a-file")])
+    assert code == 2 and "is not a directory" in capsys.readouterr().err
+
+
+def test_restore_names_the_env_var_of_a_missing_state_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    monkeypatch.setenv("POWERFL_STATE_DIR", str(tmp_path / "nope"))
+    code, _ = run_cli(["devices", "--restore"])
+    assert code == 2 and "($POWERFL_STATE_DIR) does not exist" in capsys.readouterr().err
+    monkeypatch.delenv("POWERFL_STATE_DIR")  # the default folder: absent until a first lock
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    code, text = run_cli(["devices", "--restore"])
+    assert code == 0 and "nothing to restore" in text
+
+
+def test_devices_command_accepts_the_sysfs_mount(tmp_path: Path, no_pynvml: None, no_jtop: None):
+    fake = build_tree(tmp_path / "root", "nano-jp4")
+    code, text = run_cli(["devices", "--backend", "jetson", "--sysfs-root", str(fake.root / "sys")])
+    assert code == 0 and "57000000.gpu" in text and "sys/sys" not in text
+    assert "jetson-nano" in text  # the kind, from the /proc next to the mount
+    assert "b1-bands" in text and "≥4.5 W → 307.2 MHz" in text
+
+
+def test_devices_command_shows_and_chooses_the_cap_rail(
+    tmp_path: Path, no_pynvml: None, no_jtop: None
+):
+    fake = build_tree(tmp_path / "root", "orin-nano-jp6")
+    code, text = run_cli(["devices", "--sysfs-root", str(fake.root)])
+    assert code == 0 and "VDD_IN  (the cap applies to it; choose with --power-rails)" in text
+    assert "VDD_CPU_GPU_CV 3.22 W" in text  # every rail, to choose from
+    argv = ["devices", "--sysfs-root", str(fake.root), "--power-rails", "VDD_CPU_GPU_CV,VDD_SOC"]
+    code, text = run_cli(argv)
+    assert code == 0 and "sum(VDD_CPU_GPU_CV+VDD_SOC)  (the cap applies" in text
+    code, text = run_cli([*argv[:3], "--power-rails", "VDD_GPU", "--json"])
+    report = json.loads(text)
+    assert code == 1 and "power-rails: VDD_GPU not found" in report["error"]
+    assert "available rails: VDD_IN, VDD_CPU_GPU_CV, VDD_SOC" in report["error"]
+
+
+def test_power_rails_on_a_backend_without_rails_is_an_error(tmp_path: Path):
+    code, text = run_cli(
+        ["devices", "--backend", "simulated", "--kind", "jetson-nano", "--power-rails", "VDD_IN"]
+    )
+    assert code == 1 and "power-rails: only the jetson backend" in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from fl_client.devices import (
     DeviceUnavailableError,
     InvalidFrequencyError,
     Workload,
+    base,
     locked,
 )
 from fl_client.devices import jetson as jetson_mod
@@ -326,9 +328,14 @@ def test_meter_accounts_wall_time_and_sampled_energy(tmp_path: Path, state_dir: 
     fake = build_tree(tmp_path / "root", "orin-nano-jp6")
     dev = open_jetson(fake, state_dir, sample_rate_hz=200.0)
     calls = []
+
+    def work() -> None:
+        calls.append(1)
+        time.sleep(0.02)
+
     with dev.measure(WORKLOAD) as meter:
         for _ in range(3):
-            meter.step(16, lambda: (calls.append(1), time.sleep(0.02)))
+            meter.step(16, work)
     m = meter.measurement
     assert isinstance(m, PowerMeasurement)
     assert len(calls) == 3 and m.steps == 3 and m.samples == 48
@@ -415,4 +422,147 @@ def test_real_jetson_round_trip():
         assert dev.locked_gpu_freq_mhz() == dev.gpu_freqs_mhz[0]
     after = jetson_mod.DevfreqGpu(dev.devfreq_node).read_settings()
     assert (after.min_freq_hz, after.max_freq_hz) == (before.min_freq_hz, before.max_freq_hz)
+    dev.close()
+
+
+# ----------------------------------------------------------------- issue 12 §6: Jetson paths
+
+
+def test_sysfs_root_may_be_the_sysfs_mount_itself(tmp_path: Path, state_dir: Path):
+    fake = build_tree(tmp_path / "root", "orin-nano-jp6")
+    mount = fake.root / "sys"
+    assert jetson_mod.sysfs_root(mount).sys == mount
+    assert jetson_mod.sysfs_root(mount).proc == fake.root / "proc"
+    assert jetson_mod.sysfs_root(fake.root).sys == mount
+    assert find_gpu_devfreq(mount) == fake.class_node
+    dev = JetsonDevice("", root=mount, state_dir=state_dir)
+    assert dev.info.kind == "jetson-orin-nano"  # /proc found next to the mount
+    assert dev.info.memory_bytes == fake.board.meminfo_kb * 1024
+    assert dev.info.power_rail == "VDD_IN"
+    dev.set_gpu_freq_mhz(612.0)
+    assert fake.max_hz == 612_000_000
+    dev.close()
+    assert fake.max_hz == 1_020_000_000
+
+
+def test_wrong_sysfs_root_names_the_path_and_both_forms(tmp_path: Path, state_dir: Path):
+    with pytest.raises(DeviceUnavailableError) as info:
+        JetsonDevice("", root=tmp_path / "nowhere", state_dir=state_dir)
+    msg = str(info.value)
+    assert f"{tmp_path / 'nowhere' / 'sys' / 'class' / 'devfreq'} does not exist" in msg
+    assert "sysfs mount itself" in msg and "sys/sys" not in msg
+
+
+def hwmon_dir(fake: FakeJetson) -> Path:
+    chip = fake.board.chips[0]
+    return fake.root / "sys" / "bus" / "i2c" / "devices" / chip.bus_addr / chip.folder
+
+
+def test_chip_without_readable_channels_says_what_is_missing(
+    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setitem(sys.modules, "jtop", None)
+    fake = build_tree(tmp_path / "root", "orin-nano-jp6")
+    folder = hwmon_dir(fake)
+    (folder / "curr1_input").unlink()  # VDD_IN: no current file
+    (folder / "curr2_input").unlink()
+    (folder / "in3_input").unlink()  # VDD_SOC: no voltage file
+    with pytest.raises(DeviceUnavailableError) as info:
+        open_jetson(fake, state_dir)
+    msg = str(info.value)
+    assert "no INA3221 under" not in msg
+    assert "INA3221 chip(s) 1-0040" in msg
+    assert "VDD_IN: curr1_input missing" in msg and "VDD_SOC: in3_input missing" in msg
+
+
+def test_unreadable_channel_is_named(tmp_path: Path, state_dir: Path):
+    fake = build_tree(tmp_path / "root", "orin-nano-jp6")
+    folder = hwmon_dir(fake)
+    (folder / "curr3_input").unlink()
+    (folder / "curr3_input").mkdir()  # reading it fails like an unreadable file
+    scan = jetson_mod.scan_ina3221(fake.root)
+    assert [r.name for r in scan.rails] == ["VDD_IN", "VDD_CPU_GPU_CV"]
+    assert any("VDD_SOC" in p and "curr3_input" in p for p in scan.problems)
+    with pytest.raises(DeviceError, match=r"VDD_SOC not found.*unreadable: VDD_SOC: .*curr3"):
+        open_jetson(fake, state_dir, power_rails=["VDD_SOC"])
+
+
+def test_chip_without_channel_folders_says_driver_not_bound(tmp_path: Path):
+    fake = build_tree(tmp_path / "root", "nano-jp4")
+    chip = fake.root / "sys" / "bus" / "i2c" / "devices" / "6-0040"
+    for path in sorted((chip / "iio:device0").iterdir()):
+        path.unlink()
+    (chip / "iio:device0").rmdir()
+    scan = jetson_mod.scan_ina3221(fake.root)
+    assert scan.rails == [] and scan.chips == ["6-0040"]
+    assert "no iio:deviceN or hwmon/hwmonN folder" in scan.why_none()
+
+
+def test_no_chip_at_all_is_still_no_ina3221(tmp_path: Path):
+    fake = build_tree(tmp_path / "root", "nano-jp4", with_power=False)
+    assert "no INA3221 under" in jetson_mod.scan_ina3221(fake.root).why_none()
+
+
+def test_garbage_in_sysfs_names_the_file(tmp_path: Path, state_dir: Path):
+    fake = build_tree(tmp_path / "root", "nano-jp4")
+    dev = open_jetson(fake, state_dir)
+    (fake.node / "cur_freq").write_text("busy\n")
+    with pytest.raises(ValueError, match=r"cur_freq: expected an integer, got 'busy'"):
+        dev.current_gpu_freq_mhz()
+    dev.close()
+    (fake.node / "available_frequencies").write_text("76800000 oops\n")
+    with pytest.raises(jetson_mod.SysfsFormatError, match="available_frequencies: expected"):
+        open_jetson(fake, state_dir)
+
+
+def test_garbage_in_a_rail_names_the_file(
+    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setitem(sys.modules, "jtop", None)
+    fake = build_tree(tmp_path / "root", "nano-jp4")
+    chip = fake.root / "sys" / "bus" / "i2c" / "devices" / "6-0040" / "iio:device0"
+    for n in range(3):
+        (chip / f"in_power{n}_input").write_text("n/a\n")
+    with pytest.raises(DeviceUnavailableError, match=r"in_power0_input: expected an integer"):
+        open_jetson(fake, state_dir)
+
+
+def test_jtop_can_sum_chosen_rails(
+    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setitem(sys.modules, "jtop", types.SimpleNamespace(jtop=FakeJtop))
+    fake = build_tree(tmp_path / "root", "orin-nano-jp6", with_power=False)
+    dev = open_jetson(fake, state_dir, power_rails=["VDD_CPU_GPU_CV"])
+    assert dev.info.power_rail == "jtop:VDD_CPU_GPU_CV"
+    assert dev.read_power_w() == pytest.approx(2.1)
+    dev.close()
+    with pytest.raises(DeviceError, match=r"VDD_GPU not found in jtop.*VDD_CPU_GPU_CV"):
+        open_jetson(fake, state_dir, power_rails=["VDD_GPU"])
+
+
+def test_b1_bands_come_from_the_boards_descriptor(tmp_path: Path, state_dir: Path):
+    nano = open_jetson(build_tree(tmp_path / "nano", "nano-jp4"), state_dir)
+    assert [b.freq_mhz for b in nano.info.b1_bands] == [307.2, 614.4, 921.6]
+    assert nano.info.b1_freq_cap_mhz(4.5) == 307.2
+    assert nano.info.b1_freq_cap_mhz(math.inf) == 921.6
+    with pytest.raises(ValueError, match="below the lowest B1 band of jetson-nano"):
+        nano.info.b1_freq_cap_mhz(3.0)
+    nano.close()
+    orin = open_jetson(build_tree(tmp_path / "orin", "agx-orin-jp5"), state_dir)
+    assert orin.info.b1_freq_cap_mhz(30.0) == 726.75
+    orin.close()
+
+
+def test_board_without_descriptor_has_no_b1_bands(
+    tmp_path: Path,
+    state_dir: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    monkeypatch.setattr(base, "_NO_BANDS_LOGGED", set())
+    dev = JetsonDevice("", root=build_tree(tmp_path / "r", "tx2-jp4").root, state_dir=state_dir)
+    assert dev.info.kind == "jetson-tx2" and dev.info.b1_bands == ()
+    assert dev.info.b1_freq_cap_mhz(5.0) == 1300.5
+    assert dev.info.b1_freq_cap_mhz(math.inf) == 1300.5
+    assert caplog.text.count("no frequency bands known for jetson-tx2") == 1
     dev.close()

@@ -1,9 +1,12 @@
 """The nvml backend against a fake ``pynvml``: unit conversions, locked clocks when root,
-measure-only otherwise, restore, energy counter. No real GPU clock is ever touched."""
+measure-only otherwise, restore, energy counter, the permission path (a refused lock and
+reset), CUDA_VISIBLE_DEVICES, instantaneous power. No real GPU clock is ever touched."""
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import time
 import types
 from pathlib import Path
@@ -17,10 +20,16 @@ from fl_client.devices import (
     InvalidFrequencyError,
     Workload,
     locked,
+    safety,
 )
-from fl_client.devices.nvml import NvmlDevice, gpu_count, restore_saved_settings
+from fl_client.devices.nvml import (
+    NvmlDevice,
+    cuda_to_nvml_index,
+    gpu_count,
+    restore_saved_settings,
+)
 from fl_client.devices.sampler import PowerMeasurement
-from tests.fl_client.devices.conftest import FakeGpu
+from tests.fl_client.devices.conftest import FakeGpu, make_fake_pynvml
 
 WORKLOAD = Workload("resnet18", (3, 32, 32), 1e9)
 
@@ -209,3 +218,207 @@ def test_real_gpu_measure_only():
         assert meter.measurement.energy_j > 0
     finally:
         dev.close()
+
+
+# ----------------------------------------------------------------- the permission path
+
+
+def resets(gpu: FakeGpu) -> int:
+    return sum(c[0] == "nvmlDeviceResetGpuLockedClocks" for c in gpu.calls)
+
+
+def test_refused_lock_and_refused_reset_keep_the_permission_message(
+    fake_pynvml: types.ModuleType, fake_gpu: FakeGpu, as_root: None, state_dir: Path
+):
+    """Issue 12 §6: the driver refuses the lock (and would refuse the reset too)."""
+    fake_gpu.lock_error = 4
+    fake_gpu.reset_error = 4
+    dev = NvmlDevice()
+    with pytest.raises(DevicePermissionError, match=r"no permission to lock.*SuperNode as root"):
+        dev.set_gpu_freq_mhz(1005.0)
+    assert resets(fake_gpu) == 0  # nothing was locked, so nothing to reset
+    assert not list(state_dir.glob("nvml-*.json"))  # no state file left behind
+    dev.close()
+    # Later opens work, measure-only or not, and never touch the clocks.
+    NvmlDevice(lock_clocks=False).close()
+    NvmlDevice().close()
+    assert resets(fake_gpu) == 0
+
+
+def test_refused_step_down_with_failing_reset_keeps_message_and_state(
+    fake_pynvml: types.ModuleType,
+    fake_gpu: FakeGpu,
+    as_root: None,
+    state_dir: Path,
+    caplog: pytest.LogCaptureFixture,
+):
+    dev = NvmlDevice()
+    dev.set_gpu_freq_mhz(1980.0)
+    [path] = state_dir.glob("nvml-*.json")
+    fake_gpu.lock_error = 4  # e.g. the permission was taken away mid-run
+    fake_gpu.reset_error = 4
+    with pytest.raises(DevicePermissionError, match="no permission to lock"):
+        dev.step_down_gpu_freq_mhz()
+    assert "restoring" in caplog.text and "devices --restore" in caplog.text
+    assert path.exists()  # the GPU is still locked at 1980: the state file must stay
+    assert fake_gpu.locked == (1980, 1980)
+
+
+def test_measure_only_open_never_resets_a_leftover_lock(
+    fake_pynvml: types.ModuleType,
+    fake_gpu: FakeGpu,
+    not_root: None,
+    state_dir: Path,
+    caplog: pytest.LogCaptureFixture,
+):
+    path = safety.save_state(state_dir, "nvml", fake_gpu.uuid, {"uuid": fake_gpu.uuid})
+    data = json.loads(path.read_text())
+    data["pid"] = 2**22 + 12345  # no such process
+    path.write_text(json.dumps(data))
+    fake_gpu.locked = (345, 345)
+    fake_gpu.reset_error = 4
+    dev = NvmlDevice()
+    assert dev.measure_only and dev.gpu_freqs_mhz == (345.0,)
+    dev.close()
+    assert resets(fake_gpu) == 0 and fake_gpu.locked == (345, 345)
+    assert path.exists() and "powerfl devices --restore" in caplog.text
+
+
+def test_measure_only_open_beside_a_live_owner(
+    fake_pynvml: types.ModuleType,
+    fake_gpu: FakeGpu,
+    not_root: None,
+    state_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    path = safety.save_state(state_dir, "nvml", fake_gpu.uuid, {"uuid": fake_gpu.uuid})
+    data = json.loads(path.read_text())
+    data["pid"] = os.getppid()  # alive, not us
+    path.write_text(json.dumps(data))
+    NvmlDevice().close()  # measures only: the other process keeps its lock
+    assert resets(fake_gpu) == 0
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    with pytest.raises(DeviceError, match=f"process {os.getppid()} holds"):
+        NvmlDevice()  # would lock: refused while the other process holds the GPU
+
+
+def test_leftover_lock_whose_reset_is_refused_says_run_as_root(
+    fake_pynvml: types.ModuleType, fake_gpu: FakeGpu, as_root: None, state_dir: Path
+):
+    path = safety.save_state(state_dir, "nvml", fake_gpu.uuid, {"uuid": fake_gpu.uuid})
+    data = json.loads(path.read_text())
+    data["pid"] = 2**22 + 12345
+    path.write_text(json.dumps(data))
+    fake_gpu.reset_error = 4
+    with pytest.raises(DevicePermissionError, match=r"reset the locked clocks.*as root"):
+        NvmlDevice()
+    assert fake_gpu.calls[-1][0] == "nvmlShutdown"
+
+
+def test_lock_whose_state_cannot_be_saved_is_undone(
+    fake_pynvml: types.ModuleType, fake_gpu: FakeGpu, as_root: None, tmp_path: Path
+):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    dev = NvmlDevice(state_dir=blocker / "state")
+    with pytest.raises(DeviceError, match="POWERFL_STATE_DIR"):
+        dev.set_gpu_freq_mhz(1410.0)
+    assert fake_gpu.locked is None and resets(fake_gpu) == 1
+
+
+# ----------------------------------------------------------------- CUDA_VISIBLE_DEVICES
+
+UUIDS = [
+    "GPU-aaaa1111-0000-0000-0000-000000000000",
+    "GPU-bbbb2222-0000-0000-0000-000000000000",
+    "GPU-bbbb3333-0000-0000-0000-000000000000",
+]
+
+
+@pytest.mark.parametrize(
+    ("index", "visible", "expected"),
+    [
+        (0, None, 0),
+        (2, None, 2),
+        (0, "2,0", 2),
+        (1, "2,0", 0),
+        (0, " 1 ", 1),
+        (0, "GPU-bbbb3333-0000-0000-0000-000000000000", 2),
+        (0, "GPU-bbbb2", 1),  # an abbreviated UUID, as CUDA allows
+        (1, "gpu-aaaa,2", 2),
+        (0, "1,-1,0", 1),  # CUDA stops at the first invalid entry
+    ],
+)
+def test_cuda_index_maps_to_nvml_index(index: int, visible: str | None, expected: int):
+    assert cuda_to_nvml_index(index, visible, UUIDS) == expected
+
+
+@pytest.mark.parametrize(
+    ("index", "visible", "message"),
+    [
+        (3, None, "GPU 3 does not exist; this machine has 3"),
+        (0, "", r"CUDA_VISIBLE_DEVICES='' makes 0 GPU\(s\) visible, so there is no cuda:0"),
+        (1, "1,-1,0", "makes 1 GPU"),
+        (0, "7", r"entry '7': this machine has 3 GPU\(s\)"),
+        (0, "GPU-bbbb", "matches 2 GPUs"),
+        (0, "GPU-ffff", "matches no GPU; GPUs here: GPU-aaaa1111"),
+        (0, "MIG-0c7b4a35-8f1e-5bd9-a8c6-0e5d3a0f2b11", "MIG instance"),
+        (-1, None, "must be ≥ 0"),
+    ],
+)
+def test_bad_cuda_visible_devices_name_the_setting(index: int, visible: str | None, message: str):
+    with pytest.raises(DeviceUnavailableError, match=message):
+        cuda_to_nvml_index(index, visible, UUIDS)
+
+
+def test_device_follows_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch, not_root: None):
+    gpus = [FakeGpu(uuid=u, name=f"GPU {i}") for i, u in enumerate(UUIDS)]
+    nv = make_fake_pynvml(*gpus)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbbb3,0")
+    dev = NvmlDevice(nvml=nv)
+    assert (dev.cuda_index, dev.index, dev.uuid) == (0, 2, UUIDS[2])
+    assert dev.describe()["cuda-index"] == 0
+    dev.close()
+    second = NvmlDevice(index=1, nvml=nv)
+    assert second.index == 0 and second.name == "GPU 0"
+    second.close()
+
+
+# ----------------------------------------------------------------- instantaneous power
+
+
+def test_instant_power_is_read_where_offered(
+    fake_pynvml: types.ModuleType, fake_gpu: FakeGpu, not_root: None
+):
+    fake_gpu.instant_power_mw = 250_500
+    dev = NvmlDevice()
+    assert dev.power_reading == "instant"
+    assert dev.read_power_w() == pytest.approx(250.5)  # not the ~1 s average (123.456)
+    assert dev.describe()["power-reading"] == "instant"
+    fake_gpu.instant_power_mw = None  # a refused read: that sample is the average
+    assert dev.read_power_w() == pytest.approx(123.456)
+    dev.close()
+
+
+def test_average_power_where_instant_is_not_offered(
+    fake_pynvml: types.ModuleType, fake_gpu: FakeGpu, not_root: None
+):
+    dev = NvmlDevice()  # the fake GPU reports NOT_SUPPORTED for the field
+    assert dev.power_reading == "average"
+    assert dev.read_power_w() == pytest.approx(123.456)
+    dev.close()
+    del fake_pynvml.nvmlDeviceGetFieldValues  # an old pynvml without field values
+    fake_gpu.instant_power_mw = 250_500
+    dev = NvmlDevice()
+    assert dev.power_reading == "average" and dev.read_power_w() == pytest.approx(123.456)
+    dev.close()
+
+
+def test_nvml_device_has_no_b1_bands(
+    fake_pynvml: types.ModuleType, fake_gpu: FakeGpu, as_root: None
+):
+    dev = NvmlDevice()
+    assert dev.info.b1_bands == ()
+    assert dev.info.b1_freq_cap_mhz(math.inf) == 1980.0
+    assert dev.info.b1_freq_cap_mhz(100.0) == 1980.0
+    dev.close()
