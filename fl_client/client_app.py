@@ -18,7 +18,7 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 
-from fl_client.node import describe_node, train_node
+from fl_client.node import describe_node, profile_cells, train_node
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,23 @@ def make_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
         config = dict(msg.content["config"])
         state = msg.content["arrays"].to_torch_state_dict()  # type: ignore[union-attr]
         new_state, report = train_node(
+            run_config(context), dict(context.node_config), config, state
+        )
+        content = RecordDict(
+            {
+                "arrays": ArrayRecord(new_state),
+                "metrics": MetricRecord(dict[str, Any](report.to_metrics())),
+            }
+        )
+        return Message(content, reply_to=msg)
+
+    @client_app.train("profile")
+    @reply_errors
+    def profile(msg: Message, context: Context) -> Message:
+        """Fleet-shared profiling: measure this node's slice of its kind's LUT."""
+        config = dict(msg.content["config"])
+        state = msg.content["arrays"].to_torch_state_dict()  # type: ignore[union-attr]
+        new_state, report = profile_cells(
             run_config(context), dict(context.node_config), config, state
         )
         content = RecordDict(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -156,10 +156,29 @@ def parse_batch_sizes(value: object, key: str = "batch-sizes") -> list[int]:
     return sizes
 
 
-def _required(cfg: Mapping[str, Any], key: str, where: str) -> Any:
+def _required(
+    cfg: Mapping[str, Any], key: str, where: str, kind: Callable[[Any], Any] | None = None
+) -> Any:
     if key not in cfg:
         raise SettingsError(f"{key}: missing from the {where}")
-    return cfg[key]
+    return cfg[key] if kind is None else _as(cfg[key], kind, key)
+
+
+def _as(value: Any, kind: Callable[[Any], Any], key: str) -> Any:
+    """``kind(value)``; a value of the wrong form is a SettingsError naming ``key``."""
+    try:
+        return kind(value)
+    except SettingsError:
+        raise
+    except (TypeError, ValueError):
+        raise SettingsError(f"{key}: malformed value {value!r}") from None
+
+
+def _floats(value: Any) -> tuple[float, ...]:
+    """A list of numbers (not a string) as floats."""
+    if isinstance(value, str | bytes):
+        raise TypeError(f"expected a list of numbers, got {value!r}")
+    return tuple(float(x) for x in value)
 
 
 def _positive(value: object, key: str) -> float:
@@ -196,6 +215,9 @@ class TrainConfig:
     fixed_freq_mhz: float | None = None
     deadline_s: float | None = None
     time_calibration: float = 1.0
+    #: Fleet-shared profiling: the LUT of the node's kind (``fl_client.lut.LUT`` JSON), to
+    #: select from after verifying the chosen cell; None: the node profiles its own.
+    kind_lut: str | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -240,21 +262,22 @@ class TrainConfig:
             raise SettingsError(f"{', '.join(unknown)}: not part of the {where}")
 
         def opt(key: str, kind: type) -> Any:
-            return None if cfg.get(key) is None else kind(cfg[key])
+            return None if cfg.get(key) is None else _as(cfg[key], kind, key)
 
         return cls(
-            server_round=int(_required(cfg, "server-round", where)),
+            server_round=_required(cfg, "server-round", where, int),
             method=str(_required(cfg, "method", where)),
             model=str(_required(cfg, "model", where)),
             batch_sizes=tuple(parse_batch_sizes(_required(cfg, "batch-sizes", where))),
-            r=tuple(float(x) for x in _required(cfg, "r", where)),
+            r=_required(cfg, "r", where, _floats),
             lr_ref=_positive(_required(cfg, "lr-ref", where), "lr-ref"),
-            b_ref=int(_required(cfg, "b-ref", where)),
-            local_epochs=int(_required(cfg, "local-epochs", where)),
+            b_ref=_required(cfg, "b-ref", where, int),
+            local_epochs=_required(cfg, "local-epochs", where, int),
             fixed_batch_size=opt("fixed-batch-size", int),
             fixed_freq_mhz=opt("fixed-freq-mhz", float),
             deadline_s=opt("deadline-s", float),
-            time_calibration=float(cfg.get("time-calibration", 1.0)),
+            time_calibration=_as(cfg.get("time-calibration", 1.0), float, "time-calibration"),
+            kind_lut=opt("kind-lut", str),
         )
 
 
@@ -277,6 +300,7 @@ class NodeDescriptor:
     memory_bytes: int
     power_rail: str
     max_batch_size: int
+    cap_margin: float = 0.0  # the node's share of P_max kept free of profiled peaks
 
     def to_config(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -295,19 +319,27 @@ class NodeDescriptor:
         where = "QUERY reply"
         return cls(
             node_name=str(_required(cfg, "node-name", where)),
-            partition_id=int(_required(cfg, "partition-id", where)),
+            partition_id=_required(cfg, "partition-id", where, int),
             device=str(_required(cfg, "device", where)),
             backend=str(_required(cfg, "backend", where)),
             p_max=Cap.parse(_required(cfg, "p-max-w", where)),
             p_max_schedule=str(cfg.get("p-max-schedule", "")),
-            gpu_freqs_mhz=tuple(float(f) for f in _required(cfg, "gpu-freqs-mhz", where)),
-            memory_bytes=int(_required(cfg, "memory-bytes", where)),
+            gpu_freqs_mhz=_required(cfg, "gpu-freqs-mhz", where, _floats),
+            memory_bytes=_required(cfg, "memory-bytes", where, int),
             power_rail=str(cfg.get("power-rail", "")),
-            max_batch_size=int(_required(cfg, "max-batch-size", where)),
+            max_batch_size=_required(cfg, "max-batch-size", where, int),
+            cap_margin=_as(cfg.get("cap-margin", 0.0), float, "cap-margin"),
         )
 
     def to_record(self) -> dict[str, Any]:
         return {**to_record(self.to_config()), "p-max-w": self.p_max.to_record()}
+
+    def all_caps(self) -> tuple[Cap, ...]:
+        """Every cap the node runs under: its schedule's steps, else ``p_max``."""
+        steps = [
+            Cap.parse(item.partition(":")[2]) for item in self.p_max_schedule.split(",") if item
+        ]
+        return tuple(dict.fromkeys(steps)) or (self.p_max,)
 
     def cap_at(self, server_round: int) -> Cap:
         """The node's cap in ``server_round`` (its schedule's step, else ``p_max``)."""
@@ -345,6 +377,7 @@ class TrainReport:
     time_over_cap_s: float
     train_loss: float
     lut_from_cache: float = 0.0
+    lut_shared: float = 0.0  # 1: selected from the kind's fleet-shared LUT
     # What the LUT predicted for this local work (methods that select from a LUT)
     predicted_time_s: float | None = None
     # Deadline pacing
@@ -355,6 +388,9 @@ class TrainReport:
     slack_s: float | None = None
     deadline_miss: float | None = None
     pacing_cells_measured: float | None = None
+    # Fleet-shared profiling: the chosen cell measured against the kind's LUT
+    kind_verify_deviation: float | None = None
+    kind_reprofiled: float | None = None
     # Drift checks
     drift_deviation: float | None = None
     drift_reprofiled: float | None = None
@@ -394,6 +430,101 @@ class TrainReport:
         return to_record(self.to_metrics())
 
 
+@dataclass(frozen=True)
+class ProfileRequest:
+    """A fleet-shared profiling exchange (server → node, message ``train.profile``): the
+    cells of its kind's LUT this node measures, each as ``warmup_steps`` + ``steps`` real
+    minibatches at (b, f). With ``steps_train`` the minibatches are the node's own data and
+    their updates are kept (Adam, lr scaled for b from ``lr_ref`` at ``b_ref``), so
+    profiling also moves the model; else they are synthetic and the model is unchanged."""
+
+    server_round: int
+    model: str
+    batch_sizes: tuple[int, ...]
+    cells_b: tuple[int, ...]
+    cells_freq_mhz: tuple[float, ...]
+    lr_ref: float
+    b_ref: int
+    steps_train: bool = True
+    warmup_steps: int = 1
+    steps: int = 3
+
+    def __post_init__(self) -> None:
+        if len(self.cells_b) != len(self.cells_freq_mhz) or not self.cells_b:
+            raise SettingsError("cells: need as many batch sizes as frequencies, at least one")
+        unknown = sorted(set(self.cells_b) - set(self.batch_sizes))
+        if unknown:
+            raise SettingsError(f"cells: batch sizes {unknown} are not in batch-sizes")
+
+    @property
+    def cells(self) -> list[tuple[int, float]]:
+        return list(zip(self.cells_b, self.cells_freq_mhz, strict=True))
+
+    def to_config(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[key_of(f.name)] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> ProfileRequest:
+        where = "profile request"
+        return cls(
+            server_round=_required(cfg, "server-round", where, int),
+            model=str(_required(cfg, "model", where)),
+            batch_sizes=tuple(parse_batch_sizes(_required(cfg, "batch-sizes", where))),
+            cells_b=tuple(int(b) for b in _required(cfg, "cells-b", where, _floats)),
+            cells_freq_mhz=_required(cfg, "cells-freq-mhz", where, _floats),
+            lr_ref=_positive(_required(cfg, "lr-ref", where), "lr-ref"),
+            b_ref=_required(cfg, "b-ref", where, int),
+            steps_train=bool(cfg.get("steps-train", True)),
+            warmup_steps=_as(cfg.get("warmup-steps", 1), int, "warmup-steps"),
+            steps=_as(cfg.get("steps", 3), int, "steps"),
+        )
+
+
+@dataclass(frozen=True)
+class CellsReport:
+    """The reply to a ``ProfileRequest`` (a ``MetricRecord``): per measured cell its time per
+    sample and peak / average power, aligned with ``cells_b`` / ``cells_freq_mhz``; the
+    device time and energy of the whole exchange; the samples its steps trained on."""
+
+    cells_b: tuple[float, ...]
+    cells_freq_mhz: tuple[float, ...]
+    time_per_sample_s: tuple[float, ...]
+    peak_power_w: tuple[float, ...]
+    avg_power_w: tuple[float, ...]
+    profile_time_s: float
+    profile_energy_j: float
+    num_examples: float  # samples the kept training steps processed (0: synthetic steps)
+
+    def __post_init__(self) -> None:
+        n = len(self.cells_b)
+        for f in fields(self)[1:5]:
+            if len(getattr(self, f.name)) != n:
+                raise ValueError(
+                    f"{key_of(f.name)}: has {len(getattr(self, f.name))} values, cells-b has {n}"
+                )
+
+    def to_metrics(self) -> dict[str, Any]:
+        return {
+            key_of(f.name): list(v) if isinstance(v := getattr(self, f.name), tuple) else float(v)
+            for f in fields(self)
+        }
+
+    @classmethod
+    def from_metrics(cls, metrics: Mapping[str, Any]) -> CellsReport:
+        missing = [key_of(f.name) for f in fields(cls) if key_of(f.name) not in metrics]
+        if missing:
+            raise ValueError(f"profile reply lacks: {', '.join(missing)}")
+        kw: dict[str, Any] = {}
+        for f in fields(cls):
+            v = metrics[key_of(f.name)]
+            kw[f.name] = tuple(float(x) for x in v) if isinstance(v, list | tuple) else float(v)
+        return cls(**kw)
+
+
 # --------------------------------------------------------------------------- record rows
 
 
@@ -412,6 +543,9 @@ class NodeRow:
     ok: bool
     report: TrainReport | None = None
     error: str = ""
+    # Fleet-shared profiling before this round's training: this node's slices
+    shared_time_s: float = 0.0
+    shared_energy_j: float = 0.0
 
     def to_record(self) -> dict[str, Any]:
         head = {
@@ -423,7 +557,8 @@ class NodeRow:
             "error": self.error,
         }
         body = {} if self.report is None else self.report.to_record()
-        return {**head, **body, "p-max-w": self.p_max.to_record()}
+        shared = {"shared-time-s": self.shared_time_s, "shared-energy-j": self.shared_energy_j}
+        return {**head, **body, **shared, "p-max-w": self.p_max.to_record()}
 
 
 @dataclass

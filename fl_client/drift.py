@@ -36,6 +36,7 @@ def check_drift(
     cells: LUT | None,
     point: tuple[int, float],
     threshold: float,
+    reprofile: ProfileOptions | None = None,
 ) -> DriftCheck:
     """Measure ``point`` = (b, f) as the profiler did and compare with the LUT; re-profile
     b's row if off.
@@ -45,7 +46,8 @@ def check_drift(
     or average power), b's row is profiled again from the lowest frequency up to the LUT's
     cap less its margin, merged over the LUT (fresh cells win; the other rows, and the
     on-demand cells, scaled by the change measured on this row) and both are written to
-    the cache, so the node re-selects from them.
+    the cache, so the node re-selects from them. ``reprofile`` overrides how the row is
+    profiled again (a shared LUT has no cap of its own: the node's cap is given here).
     """
     batch_size, freq_mhz = point
     known = lut if cells is None else merge_cells(lut, cells, overwrite=False)
@@ -78,7 +80,8 @@ def check_drift(
         ctx.workload,
         [batch_size],
         ctx.step_factory,
-        ProfileOptions(
+        reprofile
+        or ProfileOptions(
             p_max_w=lut.p_max_w,
             cap_margin=lut.cap_margin,
             warmup_steps=lut.warmup_steps,

@@ -37,7 +37,7 @@ LUT_FORMAT = "powerfl-lut"
 #: its margin as ``p-max-w``; such files read as that cap with margin 0).
 LUT_VERSION = 2
 #: How much of the (b, f) grid a LUT covers; see ``LUT.grid``.
-GRIDS = ("full", "efficient", "highest", "on-demand")
+GRIDS = ("full", "efficient", "highest", "on-demand", "shared")
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -132,7 +132,7 @@ class LUT:
             raise LUTFormatError("a full-grid LUT needs p-max-w none and every cell profiled")
         if grid == "efficient" and cap is None:
             raise LUTFormatError("an efficient-mode LUT needs the cap it was made for (p-max-w)")
-        if grid in ("highest", "on-demand") and cap is not None:
+        if grid in ("highest", "on-demand", "shared") and cap is not None:
             raise LUTFormatError(f"a {grid} LUT is made without a cap (p-max-w none)")
         object.__setattr__(self, "grid", grid)
         margin = float(self.cap_margin)
@@ -572,3 +572,68 @@ def save_quietly(lut: LUT, path: Path) -> None:
         lut.save(path)
     except OSError as err:
         log.warning("could not update the LUT cache %s (%s)", path, err)
+
+
+# --------------------------------------------------------------------------- kinds
+
+
+@dataclass(frozen=True)
+class KindKey:
+    """Nodes of one kind see the same LUT up to unit-to-unit spread: same device kind,
+    backend, model, input shape, B and frequency table. Fleet-shared profiling measures one
+    LUT per kind (``grid="shared"``: no cap, the cells the kind's caps need)."""
+
+    device_kind: str
+    backend: str
+    model_name: str
+    input_shape: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+    freqs_mhz: tuple[float, ...]
+
+    @classmethod
+    def of_lut(cls, lut: LUT) -> KindKey:
+        return cls(
+            lut.device_kind,
+            lut.backend,
+            lut.model_name,
+            tuple(lut.input_shape),
+            tuple(lut.batch_sizes),
+            tuple(lut.freqs_mhz),
+        )
+
+    @property
+    def label(self) -> str:
+        """``jetson-nano/simulated/cnn-3x32x32/b4-8-16`` (readable, not unique on its own)."""
+        shape = "x".join(map(str, self.input_shape))
+        b = "-".join(map(str, self.batch_sizes))
+        return f"{self.device_kind}/{self.backend}/{self.model_name}-{shape}/b{b}"
+
+    @property
+    def digest(self) -> str:
+        exact = json.dumps(
+            [
+                self.device_kind,
+                self.backend,
+                self.model_name,
+                list(self.input_shape),
+                list(self.batch_sizes),
+                list(self.freqs_mhz),
+            ]
+        )
+        return hashlib.sha256(exact.encode()).hexdigest()[:12]
+
+    def differences(self, other: KindKey) -> list[str]:
+        """What differs between two kinds, named (empty when they are the same kind)."""
+        out = []
+        for name in ("device_kind", "backend", "model_name", "input_shape", "batch_sizes"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine != theirs:
+                out.append(f"{name.replace('_', '-')} is {theirs!r}, expected {mine!r}")
+        if self.freqs_mhz != other.freqs_mhz:
+            out.append("freqs-mhz: the frequency tables differ")
+        return out
+
+
+def lut_checksum(lut: LUT) -> str:
+    """SHA-256 of a LUT's canonical JSON: what a library file's content is checked against."""
+    return hashlib.sha256(lut.to_json().encode()).hexdigest()

@@ -24,13 +24,27 @@ from typing import Any
 import torch
 
 from fl_client import selector, task
-from fl_client.contract import Cap, NodeDescriptor, TrainConfig, TrainReport, format_schedule
+from fl_client.contract import (
+    Cap,
+    CellsReport,
+    NodeDescriptor,
+    ProfileRequest,
+    TrainConfig,
+    TrainReport,
+    format_schedule,
+)
 from fl_client.devices import Device, DeviceOptions, Workload, cap_guard, locked, open_device
 from fl_client.drift import DriftCheck, check_drift
-from fl_client.lut import LUT
+from fl_client.lut import LUT, KindKey, LUTFormatError, LUTKey, lut_checksum, save_quietly
 from fl_client.pacing import PacePlan, PacingCells, PacingWork, pacing_cells, pacing_metrics
 from fl_client.pacing import plan_pacing as plan_pacing
-from fl_client.profiler import MeasureContext, ProfileOptions, load_or_profile
+from fl_client.profiler import (
+    MeasureContext,
+    ProfileOptions,
+    load_or_profile,
+    measure_cell,
+    time_per_sample_s,
+)
 from fl_client.r_estimation import estimate_r
 from fl_client.settings import (
     NodeSettings,
@@ -162,6 +176,7 @@ def describe_node(
         memory_bytes=int(info.memory_bytes),
         power_rail=info.power_rail,
         max_batch_size=max_batch_size(model_name, batch_sizes, info.memory_bytes),
+        cap_margin=ctx.cap_margin,
     )
 
 
@@ -195,6 +210,8 @@ class RoundPlan:
     paced: PacingCells | None = None
     drift: DriftCheck | None = None
     cost: RoundCost = field(default_factory=RoundCost)
+    #: Fleet-shared profiling: the check of the chosen cell against the kind's LUT
+    shared: DriftCheck | None = None
 
 
 def lut_for_cap(
@@ -319,7 +336,12 @@ def _choose(
     data: tuple[Any, Any],
 ) -> None:
     """LUT for the cap (methods that need one), the oracle's r, then (b*, f*)."""
-    if plan.cfg.method in NEEDS_LUT:
+    shared = None
+    if plan.cfg.method in NEEDS_LUT and plan.cfg.kind_lut is not None:
+        shared = shared_lut(plan.cfg.kind_lut, measure, list(plan.cfg.batch_sizes))
+    if shared is not None:
+        plan.lut, plan.lut_from_cache = shared
+    elif plan.cfg.method in NEEDS_LUT:
         plan.lut, plan.lut_from_cache, cost = lut_for_cap(
             ctx, measure, list(plan.cfg.batch_sizes), plan.cap
         )
@@ -328,11 +350,79 @@ def _choose(
         plan.r_true = oracle_r(ctx, plan.cfg, state, data)
     try:
         plan.choice = select_for(plan, plan.lut, measure.device, ctx.cap_margin)
+        if shared is not None and not plan.lut_from_cache:
+            _verify_shared(ctx, measure, plan)
     except selector.InfeasibleCapError as err:
         if not ctx.node.p_max_schedule:
             raise
         raise _skip_reason(plan, err) from err
     plan.run_freq_mhz = plan.choice.freq_mhz
+
+
+def shared_lut(
+    kind_lut: str, measure: MeasureContext, batch_sizes: list[int]
+) -> tuple[LUT, bool] | None:
+    """The kind's LUT the server sent, as this node's copy, and whether the copy was already
+    verified (a later round: no measurement). None, with the reason logged, when it is not a
+    valid LUT of this node's kind (the node then profiles its own)."""
+    try:
+        lut = LUT.from_json(kind_lut)
+    except LUTFormatError as err:
+        log.warning("kind-lut: not a valid LUT (%s); profiling this node's own", err)
+        return None
+    info = measure.device.info
+    mine = KindKey(
+        info.kind,
+        info.backend,
+        measure.workload.model_name,
+        tuple(measure.workload.input_shape),
+        tuple(batch_sizes),
+        tuple(float(f) for f in measure.device.gpu_freqs_mhz),
+    )
+    diff = mine.differences(KindKey.of_lut(lut))
+    if diff:
+        log.warning("kind-lut: for another kind (%s); profiling this node's own", "; ".join(diff))
+        return None
+    copy = LUTKey.of(measure.device, measure.workload, batch_sizes, grid="shared")
+    path = copy.path(measure.cache_dir)
+    marker = path.with_name(path.name + ".source")
+    source = lut_checksum(lut)
+    if path.is_file() and marker.is_file() and marker.read_text().strip() == source:
+        try:
+            return LUT.load(path), True
+        except (LUTFormatError, OSError) as err:
+            log.warning("shared LUT copy %s unreadable (%s): verifying again", path, err)
+    return lut, False
+
+
+def _verify_shared(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan) -> None:
+    """Check the chosen cell of a kind's LUT on this board (the drift check's machinery);
+    beyond ``drift-threshold`` re-profile that row under this node's own cap and re-select.
+    The verified (or corrected) copy is kept, so later rounds measure nothing."""
+    assert plan.lut is not None and plan.choice is not None and plan.cfg.kind_lut is not None
+    options = ProfileOptions(
+        p_max_w=plan.cap.watts,
+        cap_margin=ctx.cap_margin,
+        warmup_steps=plan.lut.warmup_steps,
+        steps=plan.lut.steps,
+        progress=False,
+    )
+    point = (plan.choice.batch_size, plan.choice.freq_mhz)
+    check = check_drift(measure, plan.lut, None, point, ctx.settings.drift_threshold, options)
+    plan.shared, plan.lut = check, check.lut
+    plan.cost.add(check.time_s, check.energy_j)
+    if check.reprofiled:
+        plan.choice = select_for(plan, plan.lut, measure.device, ctx.cap_margin)
+    path = LUTKey.of(measure.device, measure.workload, plan.lut.batch_sizes, grid="shared").path(
+        measure.cache_dir
+    )
+    save_quietly(plan.lut, path)
+    try:
+        path.with_name(path.name + ".source").write_text(
+            lut_checksum(LUT.from_json(plan.cfg.kind_lut))
+        )
+    except OSError as err:
+        log.warning("could not mark %s as verified (%s)", path, err)
 
 
 def _pace(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, samples: int) -> None:
@@ -368,6 +458,73 @@ def _check_drift(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan) -> 
     point = (plan.choice.batch_size, plan.run_freq_mhz)
     plan.drift = check_drift(measure, plan.lut, cells, point, ctx.settings.drift_threshold)
     plan.cost.add(plan.drift.time_s, plan.drift.energy_j)
+
+
+# --------------------------------------------------------------------------- PROFILE
+
+
+def profile_cells(
+    run_config: Mapping[str, Any],
+    node_config: Mapping[str, Any],
+    config: Mapping[str, Any],
+    state: Mapping[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], CellsReport]:
+    """Measure this node's slice of its kind's LUT (fleet-shared profiling).
+
+    Each requested (b, f) is measured as the profiler measures a cell (warm-up, then the
+    measured steps, GPU locked at f and restored). With ``steps-train`` the steps are real
+    minibatches of this node's data whose updates are kept (the returned weights); else
+    synthetic batches on a throw-away model (the weights come back unchanged).
+    """
+    ctx = node_context(run_config, node_config)
+    req = ProfileRequest.from_config(config)
+    s = ctx.settings
+    torch.set_num_threads(1)
+    model = task.build_model(req.model)
+    model.load_state_dict(dict(state))
+    workload = workload_for(req.model)
+    steps = None
+    if req.steps_train:
+        data = task.client_data(
+            ctx.partition_id,
+            ctx.num_partitions,
+            partitioning=s.partitioning,
+            alpha=s.dirichlet_alpha,
+            seed=s.seed,
+        )
+        steps = task.DataSteps(
+            model, data[0], req.lr_ref, req.b_ref, seed=s.seed + req.server_round
+        )
+    factories: dict[int, Callable[[], object]] = {}
+    rows: list[tuple[float, float, float]] = []
+    cost = RoundCost()
+    device = ctx.open_device(req.server_round)
+    try:
+        for b, f in req.cells:
+            if b not in factories:
+                factories[b] = (
+                    steps.factory(b)
+                    if steps is not None
+                    else task.make_train_step(req.model, workload.input_shape, b)
+                )
+            m, time_s, energy_j = measure_cell(
+                device, workload, b, factories[b], f, warmup_steps=req.warmup_steps, steps=req.steps
+            )
+            cost.add(time_s, energy_j)
+            rows.append((time_per_sample_s(m, b, req.steps), m.peak_power_w, m.avg_power_w))
+    finally:
+        device.close()
+    report = CellsReport(
+        cells_b=tuple(float(b) for b in req.cells_b),
+        cells_freq_mhz=tuple(req.cells_freq_mhz),
+        time_per_sample_s=tuple(r[0] for r in rows),
+        peak_power_w=tuple(r[1] for r in rows),
+        avg_power_w=tuple(r[2] for r in rows),
+        profile_time_s=cost.time_s,
+        profile_energy_j=cost.energy_j,
+        num_examples=float(steps.samples if steps is not None else 0),
+    )
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, report
 
 
 # --------------------------------------------------------------------------- TRAIN
@@ -464,6 +621,9 @@ def _report(
         extra.update({k.replace("-", "_"): v for k, v in paced.items()})
     if plan.paced is not None:  # cells of b*'s row measured for pacing this round
         extra["pacing_cells_measured"] = float(plan.paced.measured)
+    if plan.shared is not None:
+        extra["kind_verify_deviation"] = plan.shared.deviation
+        extra["kind_reprofiled"] = float(plan.shared.reprofiled)
     if plan.drift is not None:
         extra["drift_deviation"] = plan.drift.deviation
         extra["drift_reprofiled"] = float(plan.drift.reprofiled)
@@ -488,6 +648,9 @@ def _report(
         time_over_cap_s=float(m.time_over_cap_s),
         train_loss=float(result.mean_loss),
         lut_from_cache=float(plan.lut_from_cache),
+        lut_shared=float(
+            plan.cfg.kind_lut is not None and plan.lut is not None and plan.lut.grid == "shared"
+        ),
         **extra,
     )
 
@@ -502,6 +665,7 @@ __all__ = [
     "node_context",
     "oracle_r",
     "plan_pacing",
+    "profile_cells",
     "select_for",
     "train_node",
     "workload_for",

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import difflib
 import functools
 import itertools
 import math
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -37,13 +37,17 @@ __all__ = [
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PARTITIONINGS = ("iid", "dirichlet")
 DATASETS = ("digits",)
+#: The ``model`` setting's values: the image models ``fl_client.task`` builds (its
+#: ``MODEL_NAMES``; a test keeps the two equal). Named here so that checking a command's
+#: settings never imports PyTorch.
+MODEL_NAMES = ("cnn", "resnet18", "mobilenetv2")
 
 
 def unknown_key_error(key: str, known: list[str] | tuple[str, ...], where: str) -> SettingsError:
     """``<where>: unknown key 'cap-margn' (did you mean cap-margin?)``."""
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    hint = f" (did you mean {close[0]}?)" if close else f"; known keys: {', '.join(sorted(known))}"
-    return SettingsError(f"{where}: unknown key {key!r}{hint}")
+    from fl_client.devices import unknown_key_message  # the one wording, shared with devices
+
+    return SettingsError(unknown_key_message(key, known, where))
 
 
 @functools.lru_cache(maxsize=4)
@@ -141,6 +145,20 @@ PACING_MODES = ("off", "deadline")
 #: (paper §4.1; without a cap, each b at the highest frequency); ``full`` every (b, f).
 PROFILE_GRIDS = ("efficient", "full")
 
+#: ``shared-profiling``: ``fleet`` (one LUT per node kind, measured in slices by the kind's
+#: nodes, kept in the server's library) or ``off`` (every node profiles its own).
+SHARED_PROFILING = ("fleet", "off")
+
+
+def _bool(cfg: Mapping[str, Any], key: str, default: bool) -> bool:
+    raw = cfg.get(key, default)
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):
+        return raw.strip().lower() == "true"
+    raise SettingsError(f"{key}: expected true or false, got {raw!r}")
+
+
 #: ``schedule-profiling``: when a node with a ``p-max-schedule`` profiles its caps' LUTs.
 #: ``upfront``: every cap in round 1, when every node profiles anyway, so the fleet waits
 #: once; ``lazy``: each cap the first round it applies, so an unreached cap costs nothing
@@ -198,6 +216,17 @@ class RunSettings:
     #: ``r-max-samples`` is left out of B. The oracle uses the same two on a node's data.
     r_eval_every_samples: int = 256
     r_max_samples: int = 40_000
+    #: ``shared-profiling``: ``fleet`` measures one LUT per node kind in slices shared by the
+    #: kind's nodes (``strategies.shared_profiling``) and keeps it in the server's LUT
+    #: library; ``off``: every node profiles its own. ``shared-seed-cells`` cells spread
+    #: over the grid are measured first, then ≤ ``shared-cells-per-cap`` per distinct cap
+    #: where a fit to them puts the cap's choice and boundary. With
+    #: ``profile-steps-train`` the profiled minibatches are real local batches whose updates
+    #: are kept (lr scaled for their b), so profiling also moves the model.
+    shared_profiling: str = "fleet"
+    shared_seed_cells: int = 8
+    shared_cells_per_cap: int = 2
+    profile_steps_train: bool = True
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -207,8 +236,6 @@ class RunSettings:
     @classmethod
     def from_config(cls, run_config: Mapping[str, Any]) -> RunSettings:
         """Merge ``run_config`` over the app defaults and validate every key."""
-        from fl_client.task import MODEL_NAMES
-
         cfg: dict[str, Any] = {**app_defaults(), **dict(run_config)}
         known = cls.keys()
         for key in cfg:
@@ -270,6 +297,20 @@ class RunSettings:
             r_max_samples=_int(
                 {"r-max-samples": cfg.get("r-max-samples", 40_000)}, "r-max-samples", lo=1
             ),
+            shared_profiling=_choice(
+                {"shared-profiling": cfg.get("shared-profiling", "fleet")},
+                "shared-profiling",
+                SHARED_PROFILING,
+            ),
+            shared_seed_cells=_int(
+                {"shared-seed-cells": cfg.get("shared-seed-cells", 8)}, "shared-seed-cells", lo=2
+            ),
+            shared_cells_per_cap=_int(
+                {"shared-cells-per-cap": cfg.get("shared-cells-per-cap", 2)},
+                "shared-cells-per-cap",
+                lo=0,
+            ),
+            profile_steps_train=_bool(cfg, "profile-steps-train", True),
         )
 
 
@@ -507,3 +548,94 @@ def node_settings(
             f"run the simulation with num-supernodes = {len(fleet)}"
         )
     return fleet[pid], pid, num
+
+
+# --------------------------------------------------------------------- before the engine
+
+#: The shortest ``round-timeout-s`` taken as meant. Every node's first reply needs a fresh
+#: worker process to start, import PyTorch and build the model before it can answer the
+#: QUERY round (6–13 s on the 2-core host the README's timings come from), and a TRAIN
+#: round adds LUT profiling and ``local-epochs`` of training on top; a timeout below this
+#: drops every node of every round, which no one asks for on purpose (a value in minutes
+#: typed as seconds, or a stray digit).
+MIN_ROUND_TIMEOUT_S = 30.0
+
+
+def check_writable_dir(path: str | Path, key: str) -> Path:
+    """``path`` as a folder a run can write into (created later if missing); else a
+    SettingsError naming ``key``: the path is a file, lies under a file, or is read-only."""
+    p = resolve_path(str(path))
+    if p.exists() and not p.is_dir():
+        raise SettingsError(f"{key}: {p} is a file, not a folder; give a folder")
+    probe = p
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise SettingsError(f"{key}: cannot create {p}: {probe} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        what = "folder" if probe == p else f"folder {probe}, where it would be created,"
+        raise SettingsError(f"{key}: cannot write into {p}: the {what} is not writable")
+    return p
+
+
+def device_table_mhz(node: NodeSettings) -> tuple[float, ...] | None:
+    """The GPU frequency table of a twin node, from its descriptor; None for hardware and
+    replay nodes, whose table is known only once the device is opened."""
+    if node.backend != "simulated":
+        return None
+    from fl_client.devices.simulated import available_device_kinds, load_device_spec
+
+    if node.device not in available_device_kinds():
+        return None
+    return load_device_spec(node.device).gpu_freqs_mhz
+
+
+def check_fixed(settings: RunSettings, fleet: list[NodeSettings]) -> None:
+    """``fixed``: the batch size is one of B and the frequency is in every twin's table."""
+    from fl_client.devices.base import FREQ_TOLERANCE_MHZ
+
+    b, f = settings.fixed_batch_size, settings.fixed_freq_mhz
+    if b is not None and b not in settings.batch_sizes:
+        raise SettingsError(
+            f"fixed-batch-size: {b} is not one of batch-sizes "
+            f"{','.join(map(str, settings.batch_sizes))}"
+        )
+    if f is None:
+        return
+    for node in fleet:
+        table = device_table_mhz(node)
+        if table is not None and not any(abs(f - t) <= FREQ_TOLERANCE_MHZ for t in table):
+            raise SettingsError(
+                f"fixed-freq-mhz: {f:g} MHz is not in the frequency table of node {node.name} "
+                f"({node.device}); its frequencies: {', '.join(f'{t:g}' for t in table)}"
+            )
+
+
+def check_before_start(settings: RunSettings, fleet: list[NodeSettings]) -> None:
+    """Every check of a simulation's settings that needs no engine, PyTorch or Flower, for
+    any method: a SettingsError naming the key, raised before anything starts.
+
+    * ``min-train-nodes`` against the fleet's size (a round would wait forever);
+    * ``round-timeout-s`` at least ``MIN_ROUND_TIMEOUT_S``;
+    * ``output-dir`` and ``cache-dir`` are folders this process can write;
+    * with ``fixed``: ``fixed-batch-size`` in B, ``fixed-freq-mhz`` in every twin's table.
+    """
+    if settings.min_train_nodes > len(fleet):
+        nodes = f"{len(fleet)} node" + ("" if len(fleet) == 1 else "s")
+        raise SettingsError(
+            f"min-train-nodes: {settings.min_train_nodes}, but the fleet "
+            f"({Path(settings.fleet).name}) has {nodes}: every round would wait for nodes "
+            f"that never come; set min-train-nodes to at most {len(fleet)} "
+            f"(-c min-train-nodes={len(fleet)}) or add nodes to the fleet"
+        )
+    if settings.round_timeout_s < MIN_ROUND_TIMEOUT_S:
+        raise SettingsError(
+            f"round-timeout-s: {settings.round_timeout_s:g} s is too short to be meant: a "
+            "node's first reply needs a worker to start and import PyTorch, and every round "
+            f"trains local-epochs on top, so every node would be dropped; give at least "
+            f"{MIN_ROUND_TIMEOUT_S:g} s (the default is {app_defaults().get('round-timeout-s')})"
+        )
+    check_writable_dir(settings.output_dir, "output-dir")
+    check_writable_dir(settings.cache_dir, "cache-dir")
+    if settings.method == "fixed":
+        check_fixed(settings, fleet)

@@ -629,6 +629,53 @@ def make_train_step(
     return step
 
 
+@dataclass
+class DataSteps:
+    """Training steps on a node's own data that keep their updates (fleet-shared profiling).
+
+    ``factory(b)`` returns a zero-arg function running ONE Adam step at ``b`` on ``model``
+    with the next ``b`` samples of a seeded shuffle of ``data`` (wrapping around), at the
+    learning rate scaled for ``b`` from (``lr_ref``, ``b_ref``); one optimizer per b, as a
+    round's training makes a fresh one. ``samples`` counts the samples processed.
+    """
+
+    model: nn.Module
+    data: Data
+    lr_ref: float
+    b_ref: int
+    seed: int = 0
+    samples: int = 0
+
+    def __post_init__(self) -> None:
+        self._x, self._y = as_tensors(self.data)
+        gen = torch.Generator().manual_seed(self.seed)
+        self._order = torch.randperm(len(self._x), generator=gen)
+        self._pos = 0
+        self._optimizers: dict[int, torch.optim.Optimizer] = {}
+
+    def _next_ids(self, batch_size: int) -> torch.Tensor:
+        n = len(self._order)
+        ids = torch.cat([self._order, self._order])[self._pos : self._pos + min(batch_size, n)]
+        self._pos = (self._pos + len(ids)) % n
+        return ids
+
+    def factory(self, batch_size: int) -> Callable[[], None]:
+        if batch_size not in self._optimizers:
+            lr = scaled_lr(self.lr_ref, self.b_ref, batch_size)
+            self._optimizers[batch_size] = make_optimizer(self.model, lr)
+        optimizer = self._optimizers[batch_size]
+        device = model_device(self.model)
+        self.model.train()
+
+        def step() -> None:
+            ids = self._next_ids(batch_size)
+            xb, yb = self._x[ids].to(device), self._y[ids].to(device)
+            train_step(self.model, optimizer, xb, yb)
+            self.samples += len(ids)
+
+        return step
+
+
 def synthetic_batch(
     model_name: str,
     input_shape: tuple[int, ...],

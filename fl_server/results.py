@@ -68,9 +68,14 @@ class RoundAccount:
 
     @classmethod
     def of(cls, report: RoundReport) -> RoundAccount:
+        """Fleet-shared profiling exchanges before the training are synchronous steps of
+        their own: they add their slowest node's time to the round, and every node's own
+        slice time to its busy time and its profiling."""
         ok = [(n.node_name, n.report) for n in report.nodes if n.ok and n.report is not None]
-        busy = {name: r.train_time_s + r.profile_time_s for name, r in ok}
-        round_s = max(busy.values(), default=0.0)
+        shared = {n.node_name: (n.shared_time_s, n.shared_energy_j) for n in report.nodes}
+        train_round_s = max((r.train_time_s + r.profile_time_s for _, r in ok), default=0.0)
+        round_s = report.shared_round_s + train_round_s
+        busy = {name: shared[name][0] + r.train_time_s + r.profile_time_s for name, r in ok}
         wait_j = sum(
             r.idle_power_w * (round_s - busy[name])
             for name, r in ok
@@ -79,9 +84,11 @@ class RoundAccount:
         return cls(
             round_time_s=round_s,
             train_time_s=sum(r.train_time_s for _, r in ok),
-            profile_time_s=sum(r.profile_time_s for _, r in ok),
+            profile_time_s=sum(r.profile_time_s for _, r in ok)
+            + sum(t for t, _ in shared.values()),
             train_energy_j=sum(r.train_energy_j for _, r in ok),
-            profile_energy_j=sum(r.profile_energy_j for _, r in ok),
+            profile_energy_j=sum(r.profile_energy_j for _, r in ok)
+            + sum(e for _, e in shared.values()),
             wait_energy_j=wait_j,
             busy_s=busy,
             deadline_misses=sum(int(r.deadline_miss or 0) for _, r in ok),
@@ -127,15 +134,17 @@ class NodeTotals:
             self.caps.append(row.p_max.label)
         r = row.report
         if not row.ok or r is None:
+            self.profile_time_s += row.shared_time_s
+            self.profile_energy_j += row.shared_energy_j
             self.rounds_failed += 1
             reason = row.error[:120]
             self.errors[reason] = self.errors.get(reason, 0) + 1
             return
         self.rounds_ok += 1
         self.train_time_s += r.train_time_s
-        self.profile_time_s += r.profile_time_s
+        self.profile_time_s += r.profile_time_s + row.shared_time_s
         self.train_energy_j += r.train_energy_j
-        self.profile_energy_j += r.profile_energy_j
+        self.profile_energy_j += r.profile_energy_j + row.shared_energy_j
         wait = account.round_time_s - account.busy_s[row.node_name]
         self.wait_s += wait
         if math.isfinite(r.idle_power_w):

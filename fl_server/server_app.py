@@ -15,8 +15,10 @@ from fl_client import task
 from fl_client.contract import TrainConfig
 from fl_client.r_estimation import estimate_r
 from fl_client.settings import RunSettings, load_fleet, resolve_path
+from fl_server.lut_library import LUTLibrary
 from fl_server.results import RunRecorder, new_run_dir
-from strategies.power_aware import PowerAwareFedAvg
+from strategies.power_aware import PowerAwareFedAvg, SharedProfiling
+from strategies.shared_profiling import SharedOptions
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +66,7 @@ def make_strategy(settings: RunSettings, r_est: Any, rec: RunRecorder) -> PowerA
         fixed_batch_size=settings.fixed_batch_size if fixed else None,
         fixed_freq_mhz=settings.fixed_freq_mhz if fixed else None,
     )
-    return PowerAwareFedAvg(
+    strategy = PowerAwareFedAvg(
         template=template,
         query_config={"model": settings.model, "batch-sizes": list(r_est.batch_sizes)},
         on_round=rec.record_round,
@@ -74,6 +76,17 @@ def make_strategy(settings: RunSettings, r_est: Any, rec: RunRecorder) -> PowerA
         pacing=settings.pacing,
         pacing_deadline_s=settings.pacing_deadline_s,
     )
+    if settings.shared_profiling == "fleet":
+        strategy.shared = SharedProfiling(
+            library=LUTLibrary(resolve_path(settings.cache_dir) / "library"),
+            input_shape=task.input_shape_for(settings.model),
+            options=SharedOptions(
+                seed_cells=settings.shared_seed_cells,
+                cells_per_cap=settings.shared_cells_per_cap,
+            ),
+            steps_train=settings.profile_steps_train,
+        )
+    return strategy
 
 
 def record_fleet(strategy: PowerAwareFedAvg, rec: RunRecorder) -> None:
@@ -141,6 +154,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
             "r-cost-s": r_est.cost_time_s,
             "fleet-file": str(resolve_path(settings.fleet)),
             "num-fleet-nodes": len(load_fleet(settings.fleet)) if settings.fleet else None,
+            "shared-profiling": strategy.shared_log,
         }
     )
 

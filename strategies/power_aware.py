@@ -15,7 +15,24 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords, sample_nodes
 
-from fl_client.contract import Cap, NodeDescriptor, NodeRow, TrainConfig, TrainReport
+from fl_client.contract import (
+    Cap,
+    CellsReport,
+    NodeDescriptor,
+    NodeRow,
+    ProfileRequest,
+    TrainConfig,
+    TrainReport,
+)
+from fl_client.lut import LUT, KindKey
+from strategies.shared_profiling import (
+    Cell,
+    KindProfile,
+    SharedOptions,
+    confirm_requests,
+    kinds_of,
+    seed_requests,
+)
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +48,9 @@ class RoundReport:
     nodes: list[NodeRow]
     deadline_s: float | None = None
     warnings: list[str] = field(default_factory=list)
+    #: Fleet-shared profiling before this round's training: the sum over its exchanges of
+    #: the slowest node's time (each exchange is a synchronous step of its own)
+    shared_round_s: float = 0.0
 
     @property
     def ok_nodes(self) -> list[NodeRow]:
@@ -38,6 +58,23 @@ class RoundReport:
 
     def reports(self) -> list[TrainReport]:
         return [n.report for n in self.nodes if n.ok and n.report is not None]
+
+
+@dataclass(frozen=True)
+class SharedProfiling:
+    """Fleet-shared profiling as the strategy runs it (see ``strategies.shared_profiling``).
+
+    ``library`` gets and keeps one LUT per kind across runs (``fl_server.lut_library``:
+    anything with ``get(kind)`` and ``put(lut, source)``); ``input_shape`` is the model's
+    sample shape; ``steps_train`` keeps the profiled minibatches' updates.
+    """
+
+    library: Any
+    input_shape: tuple[int, ...]
+    options: SharedOptions = field(default_factory=SharedOptions)
+    steps_train: bool = True
+    warmup_steps: int = 1
+    steps: int = 3
 
 
 class PowerAwareFedAvg(FedAvg):
@@ -103,6 +140,12 @@ class PowerAwareFedAvg(FedAvg):
         self.fastest_time_s: dict[int, float] = {}  # node -> last reported time at f*
         self.time_calibration: dict[int, float] = {}  # node -> measured / predicted time
         self._deadline_s: float | None = None
+        self.shared: SharedProfiling | None = None
+        self.kind_luts: dict[KindKey, LUT] = {}
+        self.kind_of: dict[int, KindKey] = {}
+        self.shared_log: list[dict[str, Any]] = []  # per kind: how its LUT was made
+        self._shared_cost: dict[int, tuple[float, float]] = {}  # node -> (s, J) this round
+        self._shared_round_s = 0.0
 
     @property
     def batch_sizes(self) -> list[int]:
@@ -193,7 +236,13 @@ class PowerAwareFedAvg(FedAvg):
             r=tuple(r_node),
             deadline_s=deadline,
             time_calibration=self.time_calibration.get(node_id, 1.0) if deadline else 1.0,
+            kind_lut=self._kind_lut_json(node_id),
         )
+
+    def _kind_lut_json(self, node_id: int) -> str | None:
+        kind = self.kind_of.get(node_id)
+        lut = None if kind is None else self.kind_luts.get(kind)
+        return None if lut is None else lut.to_json()
 
     # ----------------------------------------------------------------------------- TRAIN
     def configure_train(
@@ -250,7 +299,11 @@ class PowerAwareFedAvg(FedAvg):
             rows.append(dataclasses.replace(row, ok=True, report=report, p_max=report.cap))
             good.append(msg.content)
             self._remember_pacing(node_id, report)
-        report_ = RoundReport(server_round, rows, deadline_s=self._deadline_s)
+        for row in rows:
+            row.shared_time_s, row.shared_energy_j = self._shared_cost.get(row.node_id, (0, 0))
+        report_ = RoundReport(
+            server_round, rows, deadline_s=self._deadline_s, shared_round_s=self._shared_round_s
+        )
         self._warn_all_missed(report_)
         self.rounds.append(report_)
         if not good:
@@ -295,6 +348,114 @@ class PowerAwareFedAvg(FedAvg):
         if predicted is not None and predicted > 0 and report.train_time_s > 0:
             self.time_calibration[node_id] = report.train_time_s / predicted
 
+    # ----------------------------------------------------------------------------- shared
+    def shared_phase(
+        self, grid: Grid, arrays: ArrayRecord, server_round: int, timeout_s: float
+    ) -> ArrayRecord:
+        """Fleet-shared profiling before ``server_round``'s training, for every kind of the
+        fleet that has no LUT yet (none in the library either): a seed exchange, then a
+        confirm exchange; returns the global arrays (moved by the profiled steps when they
+        train)."""
+        self._shared_cost, self._shared_round_s = {}, 0.0
+        if self.shared is None or self.template.method not in ("power-aware", "oracle"):
+            return arrays
+        kinds = kinds_of(
+            self.fleet,
+            {n: self.node_batch_sizes(n)[0] for n in self.fleet},
+            self.template.model,
+            self.shared.input_shape,
+        )
+        self.kind_of = {n: k for k, prof in kinds.items() for n in prof.nodes}
+        todo = {k: p for k, p in kinds.items() if k not in self.kind_luts}
+        for kind in list(todo):
+            known = self.shared.library.get(kind)
+            if known is not None:
+                self.kind_luts[kind] = known
+                self.shared_log.append({"kind": kind.label, "source": "library"})
+                del todo[kind]
+        if not todo:
+            return arrays
+        opts = self.shared.options
+        arrays = self._exchange(
+            grid, arrays, server_round, seed_requests(todo, opts), todo, timeout_s
+        )
+        r_of = {k: self._r_for(k) for k in todo}
+        confirm = confirm_requests(todo, r_of, opts)
+        arrays = self._exchange(grid, arrays, server_round, confirm, todo, timeout_s)
+        self._store_kinds(todo)
+        return arrays
+
+    def _r_for(self, kind: KindKey) -> list[float]:
+        r_by_b = dict(zip(self.batch_sizes, self.r, strict=True))
+        return [r_by_b[b] for b in kind.batch_sizes]
+
+    def _exchange(
+        self,
+        grid: Grid,
+        arrays: ArrayRecord,
+        server_round: int,
+        requests: dict[int, list[Cell]],
+        kinds: dict[KindKey, KindProfile],
+        timeout_s: float,
+    ) -> ArrayRecord:
+        """One synchronous profiling exchange: send each node its cells, merge the replies
+        into their kinds, account the slowest node's time, FedAvg the trained arrays."""
+        if not requests:
+            return arrays
+        assert self.shared is not None
+        messages = []
+        for node_id, cells in sorted(requests.items()):
+            req = ProfileRequest(
+                server_round=server_round,
+                model=self.template.model,
+                batch_sizes=self.kind_of[node_id].batch_sizes,
+                cells_b=tuple(b for b, _ in cells),
+                cells_freq_mhz=tuple(f for _, f in cells),
+                lr_ref=self.template.lr_ref,
+                b_ref=self.template.b_ref,
+                steps_train=self.shared.steps_train,
+                warmup_steps=self.shared.warmup_steps,
+                steps=self.shared.steps,
+            )
+            content = RecordDict({"arrays": arrays, "config": ConfigRecord(req.to_config())})
+            messages.append(
+                Message(content=content, message_type="train.profile", dst_node_id=node_id)
+            )
+        slowest_s, trained = 0.0, []
+        for reply in self._send_and_receive(grid, messages, timeout_s):
+            node_id = self._node_of(reply)
+            if reply.has_error():
+                log.warning(
+                    "shared profiling: node %s failed its slice: %s", node_id, reply.error.reason
+                )
+                continue
+            report = CellsReport.from_metrics(dict(reply.content["metrics"]))
+            kinds[self.kind_of[node_id]].add(report)
+            t, e = self._shared_cost.get(node_id, (0.0, 0.0))
+            self._shared_cost[node_id] = (t + report.profile_time_s, e + report.profile_energy_j)
+            slowest_s = max(slowest_s, report.profile_time_s)
+            if report.num_examples > 0:
+                trained.append(reply.content)
+        self._shared_round_s += slowest_s
+        if not trained:
+            return arrays
+        return aggregate_arrayrecords(trained, self.weighted_by_key)
+
+    def _store_kinds(self, kinds: dict[KindKey, KindProfile]) -> None:
+        """Each kind's merged LUT: kept for the run and in the library."""
+        assert self.shared is not None
+        for kind, prof in kinds.items():
+            cost = [self._shared_cost.get(n, (0.0, 0.0)) for n in prof.nodes]
+            lut = prof.lut(sum(c[0] for c in cost), sum(c[1] for c in cost))
+            entry: dict[str, Any] = {"kind": kind.label, "nodes": len(prof.nodes)}
+            if lut is None:
+                entry["source"] = "none: no cell measured; its nodes profile their own"
+            else:
+                self.kind_luts[kind] = lut
+                self.shared.library.put(lut, "fleet-shared")
+                entry.update(source="fleet-shared", cells=lut.cells_profiled)
+            self.shared_log.append(entry)
+
     # ----------------------------------------------------------------------------- loop
     def run(
         self,
@@ -318,6 +479,7 @@ class PowerAwareFedAvg(FedAvg):
         arrays = initial_arrays
         evaluate_fn(0, arrays)
         for server_round in range(1, num_rounds + 1):
+            arrays = self.shared_phase(grid, arrays, server_round, timeout_s)
             messages = list(self.configure_train(server_round, arrays, ConfigRecord(), grid))
             replies = self._send_and_receive(grid, messages, timeout_s)
             sent = {m.metadata.dst_node_id for m in messages}

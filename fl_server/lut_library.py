@@ -1,0 +1,168 @@
+"""The server's LUT library: one shared LUT per node kind, kept across runs and fleets.
+
+A library file holds one LUT (``grid="shared"``, or any grid an operator imports) with the
+kind it serves and a SHA-256 checksum of the LUT's content. A file that does not parse, whose
+checksum does not match or whose kind is not the one asked for is never used: it is set
+aside as ``<name>.corrupt-<UTC time>`` with a warning, and the kind is profiled again.
+``powerfl lut export | import | list`` (``fl_server.lut_cli``) ship a table profiled on
+one board to a fleet.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from fl_client.lut import LUT, KindKey, LUTFormatError, lut_checksum
+
+log = logging.getLogger(__name__)
+
+LIBRARY_FORMAT = "powerfl-lut-library"
+LIBRARY_VERSION = 1
+
+
+class LibraryError(ValueError):
+    """A library file is corrupt, or serves another kind than the one asked for."""
+
+
+@dataclass(frozen=True)
+class LibraryEntry:
+    """One file of the library."""
+
+    path: Path
+    kind: KindKey
+    lut: LUT
+    source: str  # who made it: "fleet-shared", "import <file>", ...
+    saved_utc: str
+
+
+def _utc_stamp() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+
+
+def entry_json(lut: LUT, source: str) -> str:
+    """A library file's content: the LUT, its kind, where it came from, and its checksum."""
+    kind = KindKey.of_lut(lut)
+    return json.dumps(
+        {
+            "format": LIBRARY_FORMAT,
+            "version": LIBRARY_VERSION,
+            "kind": kind.label,
+            "kind-digest": kind.digest,
+            "source": source,
+            "saved-utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "lut-sha256": lut_checksum(lut),
+            "lut": json.loads(lut.to_json()),
+        },
+        indent=1,
+        allow_nan=False,
+    )
+
+
+def read_entry(path: Path) -> LibraryEntry:
+    """Parse and verify one library file; LibraryError says what is wrong with it."""
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise LibraryError(f"{path.name}: not a readable JSON file ({err})") from None
+    if not isinstance(rec, dict) or rec.get("format") != LIBRARY_FORMAT:
+        raise LibraryError(f"{path.name}: not a {LIBRARY_FORMAT} file")
+    if rec.get("version") != LIBRARY_VERSION:
+        raise LibraryError(f"{path.name}: version {rec.get('version')!r} is not supported")
+    try:
+        lut = LUT.from_json(json.dumps(rec["lut"]))
+    except (KeyError, LUTFormatError) as err:
+        raise LibraryError(f"{path.name}: invalid LUT ({err})") from None
+    if rec.get("lut-sha256") != lut_checksum(lut):
+        raise LibraryError(
+            f"{path.name}: checksum mismatch: the LUT was changed after it was saved"
+        )
+    kind = KindKey.of_lut(lut)
+    if rec.get("kind-digest") != kind.digest:
+        raise LibraryError(f"{path.name}: kind-digest does not match the LUT it holds")
+    return LibraryEntry(path, kind, lut, str(rec.get("source", "")), str(rec.get("saved-utc")))
+
+
+class LUTLibrary:
+    """The LUT library in ``root`` (the server's ``<cache-dir>/library``)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def path_for(self, kind: KindKey) -> Path:
+        model = kind.model_name.replace("/", "-")
+        return self.root / f"{kind.device_kind}_{kind.backend}_{model}_{kind.digest}.json"
+
+    def get(self, kind: KindKey) -> LUT | None:
+        """The verified LUT of ``kind``, or None; a bad file is set aside, never used."""
+        path = self.path_for(kind)
+        if not path.is_file():
+            return None
+        try:
+            entry = read_entry(path)
+            diff = kind.differences(entry.kind)
+            if diff:
+                raise LibraryError(f"{path.name}: holds another kind ({'; '.join(diff)})")
+        except LibraryError as err:
+            self._set_aside(path, str(err))
+            return None
+        return entry.lut
+
+    def put(self, lut: LUT, source: str) -> Path:
+        """Write ``lut`` as its kind's entry (atomically); returns the file."""
+        path = self.path_for(KindKey.of_lut(lut))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(entry_json(lut, source))
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    def entries(self) -> tuple[list[LibraryEntry], list[str]]:
+        """Every valid entry, and a line per file that is not one (files are left as they are)."""
+        good: list[LibraryEntry] = []
+        bad: list[str] = []
+        for path in sorted(self.root.glob("*.json")) if self.root.is_dir() else []:
+            try:
+                good.append(read_entry(path))
+            except LibraryError as err:
+                bad.append(str(err))
+        return good, bad
+
+    def import_file(self, src: Path, expected: KindKey | None = None) -> Path:
+        """Add a library file or a plain LUT file (``powerfl profile`` output) to the library.
+
+        With ``expected``, a LUT of another kind is refused, naming what differs.
+        """
+        try:
+            lut = read_entry(src).lut
+        except LibraryError as first:
+            try:
+                lut = LUT.load(src)
+            except (LUTFormatError, OSError) as err:
+                raise LibraryError(
+                    f"{src}: neither a library file ({first}) nor a LUT file ({err})"
+                ) from None
+        if expected is not None:
+            diff = expected.differences(KindKey.of_lut(lut))
+            if diff:
+                raise LibraryError(f"{src}: a LUT for another kind: {'; '.join(diff)}")
+        return self.put(lut, f"import {src.name}")
+
+    def _set_aside(self, path: Path, reason: str) -> None:
+        aside = path.with_name(f"{path.name}.corrupt-{_utc_stamp()}")
+        try:
+            path.rename(aside)
+            kept = f"kept as {aside.name}"
+        except OSError as err:
+            kept = f"could not be set aside ({err})"
+        log.warning("LUT library: %s; %s; the kind is profiled again", reason, kept)
