@@ -245,71 +245,85 @@ def profile(
     """
     opts = options if options is not None else ProfileOptions(**settings)
     b_list = validate_batch_sizes(batch_sizes)
-    cap, below, grid = opts.cap_w, opts.selection_cap_w, opts.grid
-    warmup_steps, steps = opts.warmup_steps, opts.steps
-    freqs = tuple(float(f) for f in device.gpu_freqs_mhz)
-    info = device.info
-    shape = (len(b_list), len(freqs))
-    tables = _new_tables(shape)
-    energy_j = 0.0
-
-    total = {"full": shape[0] * shape[1], "highest": shape[0]}.get(grid)
-    if grid == "efficient":
-        margin = f" less {100 * opts.cap_margin:g}%" if opts.cap_margin else ""
-        mode = f"efficient, P_max {cap:g} W{margin}"
-    else:
-        mode = {"full": "full grid", "highest": "no cap: highest frequency per b"}[grid]
-    bar = _Progress(
-        opts.progress,
-        f"profile {info.kind} {workload.key} ({mode})",
-        total,
-        opts.progress_stream if opts.progress_stream is not None else sys.stderr,
-    )
+    tables = _new_tables((len(b_list), len(device.gpu_freqs_mhz)))
+    bar = _profile_bar(opts, device, workload, (len(b_list), len(device.gpu_freqs_mhz)))
     start_s = device.now_s()
     try:
-        start_j = 0  # efficient mode: where the next (smaller) b starts
-        for i in reversed(range(len(b_list))):
-            b = b_list[i]
-            step = step_factory(b)
-
-            def cell(j: int, i: int = i, b: int = b, step: Callable[[], object] = step) -> bool:
-                """Profile (b, freqs[j]) into the tables; whether it is below the cap."""
-                nonlocal energy_j
-                device.set_gpu_freq_mhz(freqs[j])
-                if warmup_steps:
-                    energy_j += _run_steps(device, workload, b, step, warmup_steps).energy_j
-                m = _run_steps(device, workload, b, step, steps)
-                energy_j += m.energy_j
-                _record(tables, i, j, m, b, steps)
-                bar.cell(b, freqs[j], m)
-                return below is None or m.peak_power_w < below
-
-            if grid == "full":
-                for j in range(len(freqs)):
-                    cell(j)
-            elif grid == "highest":
-                cell(len(freqs) - 1)
-            else:
-                highest = _efficient_row(cell, start_j, len(freqs))
-                start_j = 0 if highest is None else highest
-            del cell, step  # free this b's model before the next one is built
+        energy_j = _profile_rows(device, workload, b_list, step_factory, opts, tables, bar)
     finally:
         bar.close()
         device.restore()
-    end_s = device.now_s()
     return _lut_of(
         device,
         workload,
         b_list,
         tables,
-        p_max_w=cap,
+        p_max_w=opts.cap_w,
         cap_margin=opts.cap_margin,
-        profile_time_s=max(end_s - start_s, 0.0),
+        profile_time_s=max(device.now_s() - start_s, 0.0),
         profile_energy_j=energy_j,
-        warmup_steps=warmup_steps,
-        steps=steps,
-        grid=grid,
+        warmup_steps=opts.warmup_steps,
+        steps=opts.steps,
+        grid=opts.grid,
     )
+
+
+def _profile_bar(
+    opts: ProfileOptions, device: Device, workload: Workload, shape: tuple[int, int]
+) -> _Progress:
+    """Progress of one ``profile`` call, titled with its mode."""
+    if opts.grid == "efficient":
+        margin = f" less {100 * opts.cap_margin:g}%" if opts.cap_margin else ""
+        mode = f"efficient, P_max {opts.cap_w:g} W{margin}"
+    else:
+        mode = {"full": "full grid", "highest": "no cap: highest frequency per b"}[opts.grid]
+    return _Progress(
+        opts.progress,
+        f"profile {device.info.kind} {workload.key} ({mode})",
+        {"full": shape[0] * shape[1], "highest": shape[0]}.get(opts.grid),
+        opts.progress_stream if opts.progress_stream is not None else sys.stderr,
+    )
+
+
+def _profile_rows(
+    device: Device,
+    workload: Workload,
+    b_list: list[int],
+    step_factory: StepFactory,
+    opts: ProfileOptions,
+    tables: dict[str, FloatArray],
+    bar: _Progress,
+) -> float:
+    """Walk the rows as ``profile`` describes, largest b first; returns the energy spent."""
+    freqs = tuple(float(f) for f in device.gpu_freqs_mhz)
+    below, energy_j = opts.selection_cap_w, 0.0
+    start_j = 0  # efficient mode: where the next (smaller) b starts
+    for i in reversed(range(len(b_list))):
+        b = b_list[i]
+        step = step_factory(b)
+
+        def cell(j: int, i: int = i, b: int = b, step: Callable[[], object] = step) -> bool:
+            """Profile (b, freqs[j]) into the tables; whether it is below the cap."""
+            nonlocal energy_j
+            device.set_gpu_freq_mhz(freqs[j])
+            if opts.warmup_steps:
+                energy_j += _run_steps(device, workload, b, step, opts.warmup_steps).energy_j
+            m = _run_steps(device, workload, b, step, opts.steps)
+            energy_j += m.energy_j
+            _record(tables, i, j, m, b, opts.steps)
+            bar.cell(b, freqs[j], m)
+            return below is None or m.peak_power_w < below
+
+        if opts.grid == "full":
+            for j in range(len(freqs)):
+                cell(j)
+        elif opts.grid == "highest":
+            cell(len(freqs) - 1)
+        else:
+            highest = _efficient_row(cell, start_j, len(freqs))
+            start_j = 0 if highest is None else highest
+        del cell, step  # free this b's model before the next one is built
+    return energy_j
 
 
 def load_or_profile(

@@ -57,6 +57,8 @@ class RoundAccount:
     busy_s: dict[str, float]  # node -> training + profiling time
     deadline_misses: int
     predicted_energy_saved_j: float
+    #: The round's length had profiling cost nothing: the slowest node's training alone
+    free_profiling_round_s: float = 0.0
 
     @property
     def energy_j(self) -> float:
@@ -92,6 +94,7 @@ class RoundAccount:
             wait_energy_j=wait_j,
             busy_s=busy,
             deadline_misses=sum(int(r.deadline_miss or 0) for _, r in ok),
+            free_profiling_round_s=max((r.train_time_s for _, r in ok), default=0.0),
             predicted_energy_saved_j=sum(r.predicted_energy_saved_j or 0.0 for _, r in ok),
         )
 
@@ -306,6 +309,10 @@ class RunRecorder:
             "target-accuracy": self.target_accuracy,
             "round-to-target": self.rows[upto - 1].server_round if upto else None,
             "sim-time-to-target-s": self._sum("round_time_s", upto) if reached else None,
+            # The same rounds had profiling cost nothing (the limit of cheaper profiling)
+            "sim-time-to-target-free-profiling-s": (
+                self._sum("free_profiling_round_s", upto) if reached else None
+            ),
             # Training and profiling, summed over nodes
             "fleet-energy-to-target-j": self._sum("energy_j", upto) if reached else None,
             "sim-time-s": self.sim_time_s,

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import math
 import random
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords, sample_nodes
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fl_client.contract import (
     Cap,
@@ -193,10 +194,33 @@ class PowerAwareFedAvg(FedAvg):
 
     # ----------------------------------------------------------------------------- QUERY
     def query_fleet(self, grid: Grid, timeout_s: float) -> dict[int, NodeDescriptor]:
-        """Ask every connected node for its device descriptor and power cap (after waiting for
-        ``min_available_nodes`` to connect)."""
-        sample_nodes(grid, self.min_available_nodes, self.min_available_nodes)
-        node_ids = list(grid.get_node_ids())
+        """Ask every connected node for its device descriptor and power cap, after waiting
+        up to ``timeout_s`` for ``min_available_nodes`` (``min-train-nodes``) to connect.
+
+        Flower's ``sample_nodes`` waits for them forever; a fleet that never gets that large
+        (a SuperNode down, a typo in its address) must end the run with the reason instead.
+        The wait sleeps in short steps, so Ctrl-C ends it at once.
+        """
+        need, t0 = self.min_available_nodes, time.monotonic()
+        next_note = t0
+        while len(node_ids := list(grid.get_node_ids())) < need:
+            waited = time.monotonic() - t0
+            if waited >= timeout_s:
+                raise RuntimeError(
+                    f"min-train-nodes: {len(node_ids)} of the {need} nodes it needs connected "
+                    f"within round-timeout-s ({timeout_s:g} s); start the missing SuperNodes "
+                    "(check their SuperLink address) or lower min-train-nodes"
+                )
+            if time.monotonic() >= next_note:
+                log.info(
+                    "waiting for nodes: %d of the %d that min-train-nodes needs have "
+                    "connected; giving up in %.0f s (round-timeout-s)",
+                    len(node_ids),
+                    need,
+                    timeout_s - waited,
+                )
+                next_note += 10.0
+            time.sleep(min(0.5, max(0.0, timeout_s - waited)))
         messages = [
             Message(
                 content=RecordDict({"config": ConfigRecord(dict(self.query_config))}),
@@ -380,8 +404,11 @@ class PowerAwareFedAvg(FedAvg):
             grid, arrays, server_round, seed_requests(todo, opts), todo, timeout_s
         )
         r_of = {k: self._r_for(k) for k in todo}
-        confirm = confirm_requests(todo, r_of, opts)
-        arrays = self._exchange(grid, arrays, server_round, confirm, todo, timeout_s)
+        for _ in range(opts.confirm_exchanges):
+            confirm = confirm_requests(todo, r_of, opts)
+            if not confirm:
+                break
+            arrays = self._exchange(grid, arrays, server_round, confirm, todo, timeout_s)
         self._store_kinds(todo)
         return arrays
 

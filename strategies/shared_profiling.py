@@ -5,10 +5,11 @@ same LUT up to unit-to-unit spread, so they measure it together, in two exchange
 
 1. **seed** — a few cells spread over the (b, f) grid (``fl_client.lut_fit.seed_cells``,
    8 by default), dealt round-robin to the kind's nodes, so each measures a disjoint slice;
-2. **confirm** — a fit of time and power to the seed cells (``fl_client.lut_fit.fit_lut``)
-   predicts, for every distinct cap of the kind, Eq. 4's choice and the cell above it in
-   its row (the cap's boundary); the ones not measured yet (≤ ``cells_per_cap``) go to the
-   nodes under that cap.
+2. **confirm** (twice by default) — a fit of time and power to the cells measured so far
+   (``fl_client.lut_fit.fit_lut``) says, per distinct cap of the kind, where it is unsure:
+   the fit's Eq. 4 choice when not measured yet, else the cell above the best measured
+   feasible one (the cap's boundary); one such cell per cap and exchange (≤
+   ``cells_per_cap`` in all) goes to a node under that cap.
 
 The kind's LUT holds the measured cells only (the median where slices overlap): a fitted
 cell never decides anything, and every node then checks its own chosen cell on its own
@@ -41,6 +42,8 @@ class SharedOptions:
     seed_cells: int = 8
     cells_per_cap: int = 2
     tie_tolerance: float = 0.02
+    #: Confirm exchanges after the seeds (each adds one synchronous step to round 1)
+    confirm_exchanges: int = 2
 
 
 @dataclass
@@ -51,6 +54,7 @@ class KindProfile:
     nodes: list[int]
     caps: dict[int, list[tuple[Cap, float]]]  # node -> every (cap, cap-margin) it runs under
     measured: dict[Cell, list[tuple[float, float, float]]] = field(default_factory=dict)
+    spent: dict[float, int] = field(default_factory=dict)  # selection cap W -> confirm cells
 
     def add(self, report: CellsReport) -> None:
         """Cells a node measured (failed measurements — not finite or ≤ 0 — are dropped)."""
@@ -123,16 +127,52 @@ def kinds_of(
     return kinds
 
 
+def cell_cost(cell: Cell) -> float:
+    """Relative device time of measuring a cell: its steps process ∝ b samples, each taking
+    ∝ 1/f when the GPU clock binds (an upper bound where it does not)."""
+    b, f = cell
+    return b / f
+
+
+def cheap_seeds(batch_sizes: Sequence[int], freqs_mhz: Sequence[float], count: int) -> list[Cell]:
+    """``lut_fit.seed_cells`` with its one expensive corner moved: the largest b at the
+    lowest f costs most of all (b samples at the slowest clock) and is never a choice; its
+    row is seeded at the first f ≥ f_max / 4 instead, where the fit still sees the low-f
+    side of the largest b."""
+    f_min_useful = next(j for j, f in enumerate(freqs_mhz) if f >= freqs_mhz[-1] / 4)
+    out: list[Cell] = []
+    for i, j in seed_cells(len(batch_sizes), len(freqs_mhz), count):
+        if i == len(batch_sizes) - 1 and j < f_min_useful and len(batch_sizes) > 1:
+            j = f_min_useful
+        cell = (batch_sizes[i], freqs_mhz[j])
+        if cell not in out:
+            out.append(cell)
+    return out
+
+
+def deal(
+    cells: Sequence[Cell], nodes: Sequence[int], load: dict[int, float]
+) -> dict[int, list[Cell]]:
+    """Cells to nodes, costliest first, each to the node with the least load so far (the
+    exchange lasts as long as its busiest node); ``load`` is updated."""
+    out: dict[int, list[Cell]] = defaultdict(list)
+    for cell in sorted(cells, key=cell_cost, reverse=True):
+        node = min(nodes, key=lambda n: (load.get(n, 0.0), n))
+        out[node].append(cell)
+        load[node] = load.get(node, 0.0) + cell_cost(cell)
+    return out
+
+
 def seed_requests(
     kinds: Mapping[KindKey, KindProfile], opts: SharedOptions
 ) -> dict[int, list[Cell]]:
-    """Exchange 1: each kind's seed cells dealt round-robin over its nodes (disjoint slices)."""
-    out: dict[int, list[Cell]] = defaultdict(list)
+    """Exchange 1: each kind's seed cells (``cheap_seeds``) dealt over its nodes in disjoint
+    slices of about equal device time."""
+    out: dict[int, list[Cell]] = {}
     for prof in kinds.values():
-        b, f = prof.kind.batch_sizes, prof.kind.freqs_mhz
-        for k, (i, j) in enumerate(seed_cells(len(b), len(f), opts.seed_cells)):
-            out[prof.nodes[k % len(prof.nodes)]].append((b[i], f[j]))
-    return dict(out)
+        seeds = cheap_seeds(prof.kind.batch_sizes, prof.kind.freqs_mhz, opts.seed_cells)
+        out.update(deal(seeds, prof.nodes, {}))
+    return out
 
 
 def confirm_requests(
@@ -140,9 +180,19 @@ def confirm_requests(
     r_of: Mapping[KindKey, Sequence[float]],
     opts: SharedOptions,
 ) -> dict[int, list[Cell]]:
-    """Exchange 2: per distinct cap of a kind, the fit's Eq. 4 choice and the cell above it
-    in its row, where not measured yet; measured by the nodes under that cap."""
+    """One confirm exchange: per distinct cap of a kind with budget left, ONE cell where a
+    fit to the kind's measured cells is unsure, measured by a node under that cap:
+
+    * the fit's Eq. 4 choice for the cap, when it is not measured yet;
+    * else the cell above the best measured feasible cell in its row (the cap's boundary:
+      is the next frequency feasible too?), when not measured yet;
+    * else nothing: the cap is settled.
+
+    Called once per exchange (``SharedOptions.confirm_exchanges``), refitting each time,
+    so each cap spends at most ``cells_per_cap`` cells in all.
+    """
     out: dict[int, list[Cell]] = defaultdict(list)
+    load: dict[int, float] = {}
     for kind, prof in kinds.items():
         time_s, peak_w, avg_w = prof.tables()
         if np.count_nonzero(~np.isnan(time_s)) < 2:
@@ -152,24 +202,29 @@ def confirm_requests(
         for node_id, caps in prof.caps.items():
             for cap, margin in caps:
                 by_limit[cap.selection_w(margin)].append(node_id)
+        taken = set(prof.measured)
         for limit_w, nodes in sorted(by_limit.items()):
+            if prof.spent.get(limit_w, 0) >= opts.cells_per_cap:
+                continue
+            r = r_of[kind]
             pick = eq4_choice(
                 fit.time_per_sample_s,
                 fit.peak_power_w,
                 fit.avg_power_w,
-                r_of[kind],
+                r,
                 limit_w,
                 opts.tie_tolerance,
             )
-            if pick is None:
+            best = eq4_choice(time_s, peak_w, avg_w, r, limit_w, opts.tie_tolerance)
+            wanted = [pick] if pick is not None else []
+            if best is not None and best[1] + 1 < len(kind.freqs_mhz):
+                wanted.append((best[0], best[1] + 1))
+            cells = [(kind.batch_sizes[i], kind.freqs_mhz[j]) for i, j in wanted]
+            todo = [c for c in cells if c not in taken][:1]
+            if not todo:
                 continue
-            i, j = pick
-            cells = [(i, j)] + ([(i, j + 1)] if j + 1 < len(kind.freqs_mhz) else [])
-            todo = [
-                (kind.batch_sizes[a], kind.freqs_mhz[c])
-                for a, c in cells
-                if (kind.batch_sizes[a], kind.freqs_mhz[c]) not in prof.measured
-            ][: opts.cells_per_cap]
-            for k, cell in enumerate(todo):
-                out[nodes[k % len(nodes)]].append(cell)
+            taken.update(todo)
+            prof.spent[limit_w] = prof.spent.get(limit_w, 0) + 1
+            for node, assigned in deal(todo, nodes, load).items():
+                out[node].extend(assigned)
     return dict(out)
