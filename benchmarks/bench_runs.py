@@ -1,10 +1,15 @@
-"""Whole-run benchmark: the default simulation and a 100-node fleet (2 rounds).
+"""Whole-run benchmark: the default simulation and large fleets, power-aware against B1.
 
 Measures wall time, peak memory of the whole process tree (Flower's simulation engine
 starts worker processes, so the driver's own RSS is not enough), seconds per round, and
 the profiling share of total device time from the run's own summary.
 
-Usage: python benchmarks/bench_runs.py [--only default|fleet100] [--json PATH]
+Cases: ``default`` (the default run, power-aware); ``fleet100`` (100 nodes of two kinds, 1
+round, 1 local epoch) and ``fleet1000`` (1,000 nodes of four kinds, 1 round, 1 local
+epoch), each for power-aware (with fleet-shared profiling, the default) and B1, so the
+table gives power-aware's wall time against B1's.
+
+Usage: python benchmarks/bench_runs.py [--only default|fleet100|fleet1000] [--json PATH]
 Prints a table and writes JSON (default: benchmarks/results/runs.json).
 """
 
@@ -20,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +48,16 @@ def tree_rss_bytes(pid: int) -> int:
     return total
 
 
-def run_case(name: str, args: list[str], out_dir: Path) -> dict[str, Any]:
+def run_case(
+    name: str, args: list[str], out_dir: Path, method: str = "power-aware"
+) -> dict[str, Any]:
     cmd = [
         sys.executable,
         "-m",
         "simulations",
         "simulate",
         "--methods",
-        "power-aware",
+        method,
         "--output-dir",
         str(out_dir),
         *args,
@@ -82,6 +90,7 @@ def run_case(name: str, args: list[str], out_dir: Path) -> dict[str, Any]:
     summ = json.loads(summary_path.read_text())
     return {
         "case": name,
+        "method": method,
         "nodes": len(summ["nodes"]),
         "rounds": summ["rounds"],
         "wall-s": wall_s,
@@ -96,27 +105,15 @@ def run_case(name: str, args: list[str], out_dir: Path) -> dict[str, Any]:
     }
 
 
-def fleet100(path: Path) -> Path:
-    """100 nodes: the default mix of devices and caps, repeated."""
-    mix = [
-        ("jetson-nano", 4.5),
-        ("jetson-nano", 7.0),
-        ("jetson-nano", "none"),
-        ("jetson-tx2-nx", 5.0),
-        ("jetson-tx2-nx", 10.0),
-        ("jetson-orin-nano", 7.0),
-        ("jetson-orin-nano", 15.0),
-        ("jetson-agx-orin", 15.0),
-        ("jetson-agx-orin", "none"),
-        ("jetson-agx-orin", 30.0),
-    ]
+def fleet_of(path: Path, count: int, mix: Sequence[tuple[str, float | str]]) -> Path:
+    """``count`` nodes cycling through ``mix`` of (device kind, cap)."""
     lines = []
-    for i in range(100):
+    for i in range(count):
         device, cap = mix[i % len(mix)]
         cap_toml = f'"{cap}"' if isinstance(cap, str) else cap
         lines += [
             "[[node]]",
-            f'name = "n{i:03d}"',
+            f'name = "n{i:04d}"',
             f'device = "{device}"',
             f"p-max-w = {cap_toml}",
             "",
@@ -125,9 +122,47 @@ def fleet100(path: Path) -> Path:
     return path
 
 
+#: Two kinds for 100 nodes, four for 1,000, with the caps of the default fleet.
+MIX_2 = [
+    ("jetson-nano", 4.5),
+    ("jetson-nano", 7.0),
+    ("jetson-tx2-nx", 5.0),
+    ("jetson-tx2-nx", 10.0),
+]
+MIX_4 = [*MIX_2, ("jetson-orin-nano", 7.0), ("jetson-agx-orin", 15.0)]
+
+
+def fleet_case(
+    name: str, count: int, mix: Sequence[tuple[str, float | str]], tmp: Path
+) -> list[dict[str, Any]]:
+    """Power-aware and B1 on one large fleet: 1 round of 1 local epoch, IID (a Dirichlet
+    split cannot give every node samples), on a fresh cache each."""
+    fleet = fleet_of(tmp / f"{name}.toml", count, mix)
+    rows = []
+    for method in ("power-aware", "b1"):
+        cache = ["-c", f"cache-dir={json.dumps(str(tmp / f'cache-{name}-{method}'))}"]
+        args = [
+            "--fleet",
+            str(fleet),
+            "--rounds",
+            "1",
+            "-c",
+            "local-epochs=1",
+            "-c",
+            "target-accuracy=0.99",
+            "-c",
+            "partitioning='iid'",
+            "-c",
+            f"min-train-nodes={count}",
+            *cache,
+        ]
+        rows.append(run_case(name, args, tmp / f"{name}-{method}", method))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("default", "fleet100"))
+    parser.add_argument("--only", choices=("default", "fleet100", "fleet1000"))
     parser.add_argument("--json", type=Path, default=REPO / "benchmarks/results/runs.json")
     args = parser.parse_args()
     os.environ.setdefault("FLWR_HOME", str(REPO / ".flwr"))
@@ -138,34 +173,17 @@ def main() -> None:
         if args.only in (None, "default"):
             rows.append(run_case("default", cache, tmp_path / "default"))
         if args.only in (None, "fleet100"):
-            fleet = fleet100(tmp_path / "fleet100.toml")
-            rows.append(
-                run_case(
-                    "fleet100",
-                    # 1,047 pool images over 100 nodes: IID (about 8 training images each);
-                    # a Dirichlet split cannot give every node enough samples.
-                    [
-                        "--fleet",
-                        str(fleet),
-                        "--rounds",
-                        "2",
-                        "-c",
-                        "target-accuracy=0.99",
-                        "-c",
-                        "partitioning='iid'",
-                        *cache,
-                    ],
-                    tmp_path / "fleet100",
-                )
-            )
+            rows += fleet_case("fleet100", 100, MIX_2, tmp_path)
+        if args.only in (None, "fleet1000"):
+            rows += fleet_case("fleet1000", 1000, MIX_4, tmp_path)
     hdr = (
-        f"{'case':<10}{'nodes':>6}{'rounds':>7}{'wall s':>9}{'s/round':>9}"
+        f"{'case':<10}{'method':<12}{'nodes':>6}{'rounds':>7}{'wall s':>9}{'s/round':>9}"
         f"{'peak MiB':>10}{'final acc':>10}{'profiling':>10}{'node-rounds ok/failed':>23}"
     )
     print(hdr)
     for r in rows:
         print(
-            f"{r['case']:<10}{r['nodes']:>6}{r['rounds']:>7}{r['wall-s']:>9.1f}"
+            f"{r['case']:<10}{r['method']:<12}{r['nodes']:>6}{r['rounds']:>7}{r['wall-s']:>9.1f}"
             f"{r['s-per-round']:>9.1f}{r['peak-rss-mib']:>10.0f}"
             f"{r['final-accuracy']:>10.3f}{100 * r['profile-share']:>9.2f}%"
             f"{r['node-rounds-ok']:>17}/{r['node-rounds-failed']}"

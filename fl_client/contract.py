@@ -76,10 +76,13 @@ class Cap:
 
     @classmethod
     def parse(cls, value: object, key: str = "p-max-w") -> Cap:
-        """A cap from a setting or a record: a number of W > 0, or no cap as ``"none"``,
-        ``""``, ``None`` (JSON null), ``"inf"`` or ``math.inf``."""
+        """A cap from a setting, a record or its own label: a number of W > 0 (``4.5``,
+        ``"4.5"``, ``"4.5 W"``), or no cap as ``"none"``, ``""``, ``None`` (JSON null),
+        ``"inf"`` or ``math.inf``."""
         if isinstance(value, Cap):
             return value
+        if isinstance(value, str) and value.strip().lower().endswith("w"):
+            value = value.strip()[:-1]  # its own label, "4.5 W"
         if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
             return cls.NONE
         expected = f"{key}: expected a number of watts > 0 or 'none', got {value!r}"
@@ -445,7 +448,7 @@ class ProfileRequest:
     cells_freq_mhz: tuple[float, ...]
     lr_ref: float
     b_ref: int
-    steps_train: bool = True
+    steps_train: bool = False
     warmup_steps: int = 1
     steps: int = 3
 
@@ -478,7 +481,7 @@ class ProfileRequest:
             cells_freq_mhz=_required(cfg, "cells-freq-mhz", where, _floats),
             lr_ref=_positive(_required(cfg, "lr-ref", where), "lr-ref"),
             b_ref=_required(cfg, "b-ref", where, int),
-            steps_train=bool(cfg.get("steps-train", True)),
+            steps_train=bool(cfg.get("steps-train", False)),
             warmup_steps=_as(cfg.get("warmup-steps", 1), int, "warmup-steps"),
             steps=_as(cfg.get("steps", 3), int, "steps"),
         )

@@ -395,6 +395,44 @@ def shared_lut(
     return lut, False
 
 
+def _own_cells_path(measure: MeasureContext, batch_sizes: tuple[int, ...]) -> Path:
+    key = LUTKey.of(measure.device, measure.workload, batch_sizes, grid="shared")
+    path = key.path(measure.cache_dir)
+    return path.with_name(path.name + ".own-cells.json")
+
+
+def _own_cell_check(
+    measure: MeasureContext, lut: LUT, point: tuple[int, float], threshold: float
+) -> DriftCheck | None:
+    """A chosen cell this node measured itself in the shared exchanges is already checked on
+    this board: compare that measurement with the kind's LUT, measuring nothing. None when
+    the node did not measure it (or its record is unreadable)."""
+    path = _own_cells_path(measure, lut.batch_sizes)
+    try:
+        own = json.loads(path.read_text())[f"{point[0]}@{point[1]!r}"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    i, j = lut.batch_sizes.index(point[0]), lut.freqs_mhz.index(point[1])
+    predicted = (lut.time_per_sample_s[i, j], lut.peak_power_w[i, j], lut.avg_power_w[i, j])
+    deviation = max(abs(float(x) / float(p) - 1.0) for x, p in zip(own, predicted, strict=True))
+    if deviation > threshold:
+        return None  # measure again, and re-profile the row if it is still off
+    return DriftCheck(deviation, False, lut, None, 0.0, 0.0)
+
+
+def _keep_own_cells(
+    measure: MeasureContext, batch_sizes: tuple[int, ...], cells: dict[str, list[float]]
+) -> None:
+    """Remember the cells this node measured for its kind (for ``_own_cell_check``)."""
+    path = _own_cells_path(measure, batch_sizes)
+    try:
+        known = json.loads(path.read_text()) if path.is_file() else {}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**known, **cells}))
+    except (OSError, ValueError) as err:
+        log.warning("could not keep the measured cells in %s (%s)", path, err)
+
+
 def _verify_shared(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan) -> None:
     """Check the chosen cell of a kind's LUT on this board (the drift check's machinery);
     beyond ``drift-threshold`` re-profile that row under this node's own cap and re-select.
@@ -408,7 +446,9 @@ def _verify_shared(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan) -
         progress=False,
     )
     point = (plan.choice.batch_size, plan.choice.freq_mhz)
-    check = check_drift(measure, plan.lut, None, point, ctx.settings.drift_threshold, options)
+    check = _own_cell_check(measure, plan.lut, point, ctx.settings.drift_threshold)
+    if check is None:
+        check = check_drift(measure, plan.lut, None, point, ctx.settings.drift_threshold, options)
     plan.shared, plan.lut = check, check.lut
     plan.cost.add(check.time_s, check.energy_j)
     if check.reprofiled:
@@ -512,6 +552,17 @@ def profile_cells(
             )
             cost.add(time_s, energy_j)
             rows.append((time_per_sample_s(m, b, req.steps), m.peak_power_w, m.avg_power_w))
+        own = {f"{b}@{float(f)!r}": list(r) for (b, f), r in zip(req.cells, rows, strict=True)}
+        _keep_own_cells(
+            MeasureContext(
+                device,
+                workload,
+                functools.partial(task.make_train_step, req.model, workload.input_shape),
+                ctx.cache_dir / "lut",
+            ),
+            req.batch_sizes,
+            own,
+        )
     finally:
         device.close()
     report = CellsReport(

@@ -226,7 +226,7 @@ class RunSettings:
     shared_profiling: str = "fleet"
     shared_seed_cells: int = 8
     shared_cells_per_cap: int = 2
-    profile_steps_train: bool = True
+    profile_steps_train: bool = False
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -310,7 +310,7 @@ class RunSettings:
                 "shared-cells-per-cap",
                 lo=0,
             ),
-            profile_steps_train=_bool(cfg, "profile-steps-train", True),
+            profile_steps_train=_bool(cfg, "profile-steps-train", False),
         )
 
 
@@ -553,11 +553,11 @@ def node_settings(
 # --------------------------------------------------------------------- before the engine
 
 #: The shortest ``round-timeout-s`` taken as meant. Every node's first reply needs a fresh
-#: worker process to start, import PyTorch and build the model before it can answer the
-#: QUERY round (6–13 s on the 2-core host the README's timings come from), and a TRAIN
-#: round adds LUT profiling and ``local-epochs`` of training on top; a timeout below this
-#: drops every node of every round, which no one asks for on purpose (a value in minutes
-#: typed as seconds, or a stray digit).
+#: worker process to start, import the client app (PyTorch, Flower) and build the model
+#: before it can answer the QUERY round: the import alone took 16–22 s on this project's
+#: 2-core host under load. A TRAIN round adds LUT profiling and ``local-epochs`` of training
+#: on top. A timeout below this drops every node of the first rounds, which no one asks for
+#: on purpose (minutes typed as seconds, a lost digit).
 MIN_ROUND_TIMEOUT_S = 30.0
 
 
@@ -629,11 +629,12 @@ def check_before_start(settings: RunSettings, fleet: list[NodeSettings]) -> None
             f"(-c min-train-nodes={len(fleet)}) or add nodes to the fleet"
         )
     if settings.round_timeout_s < MIN_ROUND_TIMEOUT_S:
+        default = app_defaults().get("round-timeout-s", 600)
         raise SettingsError(
             f"round-timeout-s: {settings.round_timeout_s:g} s is too short to be meant: a "
             "node's first reply needs a worker to start and import PyTorch, and every round "
             f"trains local-epochs on top, so every node would be dropped; give at least "
-            f"{MIN_ROUND_TIMEOUT_S:g} s (the default is {app_defaults().get('round-timeout-s')})"
+            f"{MIN_ROUND_TIMEOUT_S:g} s (the default is {float(default):g} s)"
         )
     check_writable_dir(settings.output_dir, "output-dir")
     check_writable_dir(settings.cache_dir, "cache-dir")

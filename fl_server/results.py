@@ -331,6 +331,7 @@ class RunRecorder:
             "drift-reprofiles": sum(t.drift_reprofiles for t in totals),
             "node-rounds-failed": sum(t.rounds_failed for t in totals),
             "over-cap-node-rounds": sum(t.over_cap_rounds for t in totals),
+            "fleet-time-over-cap-s": sum(t.time_over_cap_s for t in totals),
             "nodes": {name: t.to_record(self.sim_time_s) for name, t in self.node_totals.items()},
             "run-dir": str(self.run_dir),
         }

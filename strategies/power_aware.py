@@ -73,7 +73,7 @@ class SharedProfiling:
     library: Any
     input_shape: tuple[int, ...]
     options: SharedOptions = field(default_factory=SharedOptions)
-    steps_train: bool = True
+    steps_train: bool = False
     warmup_steps: int = 1
     steps: int = 3
 
@@ -185,12 +185,25 @@ class PowerAwareFedAvg(FedAvg):
         return replies
 
     def _row(self, server_round: int, node_id: int, error: str) -> NodeRow:
-        """A failed node's row, with its name, device and real cap where the QUERY gave them."""
+        """A failed node's row, with its name, device and real cap where the QUERY gave them,
+        and its shared-profiling slices of this round (measured even if its TRAIN failed)."""
         desc = self.fleet.get(node_id)
+        shared_s, shared_j = self._shared_cost.get(node_id, (0.0, 0.0))
         if desc is None:
-            return NodeRow(server_round, node_id, str(node_id), "?", Cap.NONE, False, error=error)
-        cap = desc.cap_at(server_round)
-        return NodeRow(server_round, node_id, desc.node_name, desc.device, cap, False, error=error)
+            name, device, cap = str(node_id), "?", Cap.NONE
+        else:
+            name, device, cap = desc.node_name, desc.device, desc.cap_at(server_round)
+        return NodeRow(
+            server_round,
+            node_id,
+            name,
+            device,
+            cap,
+            False,
+            error=error,
+            shared_time_s=shared_s,
+            shared_energy_j=shared_j,
+        )
 
     # ----------------------------------------------------------------------------- QUERY
     def query_fleet(self, grid: Grid, timeout_s: float) -> dict[int, NodeDescriptor]:
@@ -221,6 +234,19 @@ class PowerAwareFedAvg(FedAvg):
                 )
                 next_note += 10.0
             time.sleep(min(0.5, max(0.0, timeout_s - waited)))
+        return self._query(grid, node_ids, timeout_s)
+
+    def query_new_nodes(self, grid: Grid, timeout_s: float) -> dict[int, NodeDescriptor]:
+        """QUERY the nodes that connected after the run began (a node that fails its QUERY
+        is not asked again), so a node joining later trains, with its kind's LUT."""
+        new = [
+            n for n in grid.get_node_ids() if n not in self.fleet and n not in self.query_failures
+        ]
+        return self._query(grid, new, timeout_s) if new else self.fleet
+
+    def _query(
+        self, grid: Grid, node_ids: list[int], timeout_s: float
+    ) -> dict[int, NodeDescriptor]:
         messages = [
             Message(
                 content=RecordDict({"config": ConfigRecord(dict(self.query_config))}),
@@ -238,6 +264,9 @@ class PowerAwareFedAvg(FedAvg):
                 self.fleet[node_id] = NodeDescriptor.from_config(dict(reply.content["device"]))
             except (ValueError, KeyError) as err:
                 self.query_failures[node_id] = f"malformed QUERY reply: {err}"
+        for node_id in node_ids:  # never asked again: each later round would wait for it
+            if node_id not in self.fleet and node_id not in self.query_failures:
+                self.query_failures[node_id] = "no reply to the QUERY (timeout)"
         return self.fleet
 
     def node_batch_sizes(self, node_id: int) -> tuple[list[int], list[float]]:
@@ -323,8 +352,6 @@ class PowerAwareFedAvg(FedAvg):
             rows.append(dataclasses.replace(row, ok=True, report=report, p_max=report.cap))
             good.append(msg.content)
             self._remember_pacing(node_id, report)
-        for row in rows:
-            row.shared_time_s, row.shared_energy_j = self._shared_cost.get(row.node_id, (0, 0))
         report_ = RoundReport(
             server_round, rows, deadline_s=self._deadline_s, shared_round_s=self._shared_round_s
         )
@@ -506,6 +533,8 @@ class PowerAwareFedAvg(FedAvg):
         arrays = initial_arrays
         evaluate_fn(0, arrays)
         for server_round in range(1, num_rounds + 1):
+            if server_round > 1:
+                self.query_new_nodes(grid, timeout_s)
             arrays = self.shared_phase(grid, arrays, server_round, timeout_s)
             messages = list(self.configure_train(server_round, arrays, ConfigRecord(), grid))
             replies = self._send_and_receive(grid, messages, timeout_s)

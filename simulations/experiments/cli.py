@@ -1,15 +1,18 @@
-"""``powerfl experiment run FILE`` and ``powerfl experiment report DIR``."""
+"""``powerfl experiment run FILE`` and ``powerfl experiment report DIR``.
+
+Both go through the study registry (``simulations.experiments.registry``): this module knows
+output folders and manifests, not the studies.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shlex
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -18,25 +21,14 @@ from fl_client.settings import tomllib
 from simulations.experiments.config import (
     SCALES,
     ExperimentConfigError,
-    SingleDeviceConfig,
+    FileOptions,
+    StudyConfig,
     config_key,
-    load_any,
+    read_experiment_file,
 )
 from simulations.experiments.records import write_json
-
-DATA_NOTE = (
-    "Data: scikit-learn's bundled digits (1,797 8×8 images) upsampled to 3×32×32 "
-    "(fl_client.task). Target `digits` = the 1,047-image client pool of "
-    "`load_digits_splits(0)`, split per seed 80/20 (stratified) into target-train / "
-    "target-test. Proxy `digits-rotated` = the 450 proxy images of the same function (disjoint "
-    "images: proxy-train 300, proxy-eval 150), each rotated by its own angle in "
-    "±`proxy-rotate-deg` and with N(0, `proxy-noise-std`²) noise on the standardised pixels "
-    "(fixed seed): a differently transformed copy of other digits. Models start from random "
-    "weights seeded per seed (the paper fine-tunes CIFAR100-pretrained weights; no "
-    "pretraining here). Device time, power and energy come from the digital twins in "
-    "configs/devices (models calibrated to the paper's Nano points; the TX2 NX twin's "
-    "coefficients are assumptions, see its TOML)."
-)
+from simulations.experiments.report_kit import ReportError, load_output
+from simulations.experiments.study import Outcome, Preflight, RunOptions
 
 
 def _versions() -> dict[str, str]:
@@ -52,191 +44,101 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def default_out(cfg: Any) -> Path:
+def default_out(cfg: StudyConfig) -> Path:
     return Path("runs") / "experiments" / f"{cfg.name}-{cfg.scale}"
 
 
-def run_experiment(
-    path: str | Path,
-    *,
-    out: str | Path | None = None,
-    seeds: int | None = None,
-    scale: str = "mini",
-    progress: bool = True,
-    command: str | None = None,
-    sets: Mapping[str, Any] | None = None,
-    only_training: bool = False,
-) -> Path:
-    """Run (or resume) the experiment file ``path``; write records and the report; return
-    the output folder.
+def output_folder(path: str | Path, file: FileOptions | None = None) -> Path:
+    """Where ``experiment run`` writes the file ``path`` without ``--out``
+    (runs/experiments/NAME-SCALE); the file must read."""
+    from simulations.experiments.registry import load_config
 
-    ``sets`` override keys of the file (``--set``); ``only_training`` (single-device study)
-    runs the proxy and target training runs (the r estimation) and stops before profiling,
-    so they can run on a GPU host and the rest elsewhere from the same records.
-    """
-    cfg = load_any(path, scale=scale, seeds=seeds, sets=sets)  # all validation first
-    if not isinstance(cfg, SingleDeviceConfig):
-        if only_training:
-            raise ExperimentConfigError("--only-training: only the single-device study has it")
-        if cfg.study == "proxy-sensitivity":
-            return run_sensitivity_experiment(
-                cfg, path, out=out, progress=progress, command=command
-            )
-        return run_federated_experiment(cfg, path, out=out, progress=progress, command=command)
-    from simulations.experiments.datasets import study_data
-    from simulations.experiments.report import render
-    from simulations.experiments.single_device import _data_kwargs, run_study
-
-    device = _torch_device(cfg, path)
-    sizes = study_data(seed=0, **_data_kwargs(cfg)).sizes()
-    out_dir, manifest = _start(
-        cfg, path, out, command, sizes=sizes, note=DATA_NOTE, torch_device=device
-    )
-    t0 = time.perf_counter()
-    counts = run_study(cfg, out_dir, progress=progress, only_training=only_training)
-    if only_training:
-        _finish(out_dir, manifest, counts, t0, complete=False, stage="training")
-        return out_dir
-    manifest.pop("stage", None)
-    _finish(out_dir, manifest, counts, t0, complete=True)
-    render(out_dir)
-    return out_dir
-
-
-def _torch_device(cfg: Any, path: str | Path) -> str:
-    """The study's ``torch-device`` as recorded; 'cuda' without a GPU is an error now."""
-    from simulations.experiments.single_device import resolve_torch_device, torch_device_name
-
-    try:
-        return torch_device_name(resolve_torch_device(cfg.torch_device))
-    except RuntimeError as err:
-        raise ExperimentConfigError(f"{path}: {err}") from None
+    return default_out(load_config(path, file))
 
 
 def _start(
-    cfg: Any,
-    path: str | Path,
-    out: str | Path | None,
-    command: str | None,
-    *,
-    note: str,
-    sizes: Mapping[str, Any] | None = None,
-    torch_device: str | None = None,
-) -> tuple[Path, dict[str, Any]]:
+    cfg: StudyConfig, path: str | Path, out_dir: Path, command: str | None, pre: Preflight
+) -> dict[str, Any]:
     """Create the output folder (with a copy of the experiment file) and its manifest."""
-    out_dir = Path(out) if out is not None else default_out(cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "experiment.toml").write_text(Path(path).read_text(encoding="utf-8"))
     host: dict[str, Any] = {"cpus": os.cpu_count()}
-    if torch_device is not None:
-        host["torch-device"] = torch_device
+    if pre.torch_device is not None:
+        host["torch-device"] = pre.torch_device
     manifest: dict[str, Any] = {
         "study": cfg.study,
         "experiment-file": str(path),
         "command": command or "powerfl " + shlex.join(sys.argv[1:]),
         "config": cfg.to_dict(),
         "config-key": config_key(cfg),
-        **({"data-sizes": dict(sizes)} if sizes is not None else {}),
-        "data-note": note,
+        **({"data-sizes": dict(pre.data_sizes)} if pre.data_sizes is not None else {}),
+        "data-note": pre.note,
         "versions": _versions(),
         "host": host,
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "complete": False,
     }
     write_json(out_dir / "manifest.json", manifest)
-    return out_dir, manifest
+    return manifest
 
 
-def _finish(
-    out_dir: Path,
-    manifest: dict[str, Any],
-    counts: Mapping[str, int],
-    t0: float,
-    *,
-    complete: bool,
-    **extra: Any,
-) -> None:
+def _finish(out_dir: Path, manifest: dict[str, Any], outcome: Outcome, t0: float) -> None:
     manifest.update(
-        complete=complete,
-        counts=dict(counts),
+        complete=outcome.complete,
+        counts=dict(outcome.counts),
         **{"wall-s": time.perf_counter() - t0},
         finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        **extra,
     )
+    if outcome.stage is not None:
+        manifest["stage"] = outcome.stage
     write_json(out_dir / "manifest.json", manifest)
 
 
-FEDERATED_NOTE = (
-    "Data: scikit-learn's bundled digits upsampled to 3×32×32 (fl_client.task): the server "
-    "keeps a test split, the clients' pool is split over the fleet's nodes by the run's "
-    "partitioning (Dirichlet over labels for non-IID) per seed; the server's proxy set for r "
-    "is a disjoint slice. Models start from random weights seeded per seed. Device time, "
-    "power and energy come from the digital twins in configs/devices (calibrated to the "
-    "paper's Nano points; the other twins' coefficients are assumptions, see their TOML)."
-)
-
-
-def run_federated_experiment(
-    cfg: Any,
+def run_experiment(
     path: str | Path,
     *,
     out: str | Path | None = None,
-    progress: bool = True,
+    file: FileOptions | None = None,
+    run: RunOptions | None = None,
     command: str | None = None,
 ) -> Path:
-    """Run (or resume) a federated study (``simulations.experiments.federated``)."""
-    from simulations.experiments.federated import run_study
-    from simulations.experiments.federated_report import render
+    """Run (or resume) the experiment file ``path``; write records and the report; return
+    the output folder.
 
-    out_dir, manifest = _start(cfg, path, out, command, note=FEDERATED_NOTE)
+    ``file`` reads the file at a scale with the command's overrides (``--seeds``, ``--set``);
+    ``run.only_training`` (studies with a training stage) runs the proxy and target training
+    runs (the r estimation) and stops there, so they can run on a GPU host and the rest
+    elsewhere from the same records. Every check runs before the output folder exists.
+    """
+    from simulations.experiments.registry import study_for
+
+    run = run or RunOptions()
+    data, where = read_experiment_file(path)
+    study = study_for(data, where)
+    cfg = study.parse(data, where, file or FileOptions())
+    if run.only_training and not study.has_training_stage:
+        raise ExperimentConfigError(
+            f"--only-training: the {study.name} study has no separate training stage"
+        )
+    pre = study.preflight(cfg, where)
+    out_dir = Path(out) if out is not None else default_out(cfg)
+    manifest = _start(cfg, path, out_dir, command, pre)
     t0 = time.perf_counter()
-    counts = run_study(cfg, out_dir, progress=progress)
-    _finish(out_dir, manifest, counts, t0, complete=counts["cells-failed"] == 0)
-    render(out_dir)
+    outcome = study.run(cfg, out_dir, run)
+    _finish(out_dir, manifest, outcome, t0)
+    if outcome.stage is None:
+        study.render(out_dir)
     return out_dir
 
 
-def run_sensitivity_experiment(
-    cfg: Any,
-    path: str | Path,
-    *,
-    out: str | Path | None = None,
-    progress: bool = True,
-    command: str | None = None,
-) -> Path:
-    """Run (or resume) a proxy-sensitivity study; write records, plots and report.md."""
-    from simulations.experiments.proxy_sensitivity import check_data, run_sensitivity
-    from simulations.experiments.sensitivity_report import render
+def render_report(out: str | Path) -> Path:
+    """Re-render the report of an output folder with its own study's renderer."""
+    from simulations.experiments.registry import get_study
 
-    device = _torch_device(cfg, path)
-    sizes = check_data(cfg)  # a missing corpus is an error before any training
-    note = SENSITIVITY_NOTE_TEXT if cfg.task == "text" else SENSITIVITY_NOTE_IMAGE
-    out_dir, manifest = _start(cfg, path, out, command, note=note, sizes=sizes, torch_device=device)
-    t0 = time.perf_counter()
-    counts = run_sensitivity(cfg, out_dir, progress=progress)
-    _finish(out_dir, manifest, counts, t0, complete=True)
-    render(out_dir)
-    return out_dir
-
-
-SENSITIVITY_NOTE_IMAGE = (
-    "Data: views of scikit-learn's bundled digits upsampled to 3×32×32: the same 1,047-image "
-    "pool, split 80/20 per seed (stratified); `digits-rotated` rotates each image by its own "
-    "angle in ±rotate-deg and adds N(0, noise-std²) noise, `digits-inverted` inverts the "
-    "contrast and adds the same noise, `digits-parity` relabels to even/odd. They share "
-    "images, unlike the paper's CIFAR-10/SVHN/CINIC/FMNIST/STL, so they are closer to each "
-    "other than the paper's datasets. Models start from random weights seeded per seed (the "
-    "paper fine-tunes pretrained weights). Time and power come from the digital twins in "
-    "configs/devices."
-)
-SENSITIVITY_NOTE_TEXT = (
-    "Data: the data kit's public-domain corpora (tiny Shakespeare; Austen: Emma, Persuasion, "
-    "Sense and Sensibility; Dickens: Great Expectations, Oliver Twist), the paper's "
-    "vocabulary rule, 90/10 split by position; accuracy is next-character accuracy over "
-    "eval-windows random test windows of 64 characters. Models start from random weights "
-    "seeded per seed (the paper pre-trains on WikiText-2). Time and power come from the "
-    "digital twins in configs/devices."
-)
+    output = load_output(Path(out))
+    return get_study(output.study, f"{output.folder / 'manifest.json'}: study").render(
+        output.folder
+    )
 
 
 def parse_sets(items: Sequence[str]) -> dict[str, Any]:
@@ -267,13 +169,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         out = run_experiment(
             args.experiment,
-            command=command,
             out=args.out,
-            seeds=args.seeds,
-            scale=args.scale,
-            progress=not args.no_progress,
-            sets=parse_sets(args.set),
-            only_training=args.only_training,
+            file=FileOptions(scale=args.scale, seeds=args.seeds, sets=parse_sets(args.set)),
+            run=RunOptions(progress=not args.no_progress, only_training=args.only_training),
+            command=command,
         )
     except ExperimentConfigError as err:
         print(f"powerfl experiment: error: {err}", file=sys.stderr)
@@ -286,27 +185,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from simulations.experiments.federated_report import FederatedReportError
-    from simulations.experiments.federated_report import render as render_federated
-    from simulations.experiments.report import ReportError, render
-    from simulations.experiments.sensitivity_report import SensitivityReportError
-    from simulations.experiments.sensitivity_report import render as render_sensitivity
-
-    out = Path(args.dir)
     try:
-        manifest = out / "manifest.json"
-        study = (
-            json.loads(manifest.read_text(encoding="utf-8")).get("study")
-            if manifest.is_file()
-            else None
-        )
-        if study == "federated":
-            path = render_federated(out)
-        elif study == "proxy-sensitivity":
-            path = render_sensitivity(out)
-        else:
-            path = render(out)
-    except (ReportError, FederatedReportError, SensitivityReportError) as err:
+        path = render_report(args.dir)
+    except (ReportError, ExperimentConfigError) as err:
         print(f"powerfl experiment: error: {err}", file=sys.stderr)
         return 2
     print(f"report: {path}")

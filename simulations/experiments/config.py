@@ -1,29 +1,28 @@
-"""Experiment files (TOML): parsing, validation and the ``mini`` / ``paper`` scales.
+"""Experiment files (TOML): the reading, validation and scales every study shares.
 
 An experiment file has one ``[experiment]`` table with the study's settings and optional
 ``[scale.mini]`` / ``[scale.paper]`` tables that override any of them for that scale.
 Every key is kebab-case; an unknown key, a bad value or an empty sweep is an error that
-names the key and what is allowed, raised before any training starts.
+names the key and what is allowed, raised before any training starts. Each study declares
+its own keys and defaults (``*_config.py``) and reads them through ``Fields``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fl_client import selector, task
+from fl_client import selector
 from fl_client.settings import tomllib
 
-STUDIES = ("single-device",)
-#: Every study an experiment file may name; ``load_any`` dispatches on it.
-ALL_STUDIES = ("single-device", "federated", "proxy-sensitivity")
 SCALES = ("mini", "paper")
-#: Methods of the single-device study, in report order.
+#: Methods of the studies, in report order.
 STUDY_METHODS = ("b1", "b2", "power-aware", "oracle")
 METHOD_LABELS = {
     "b1": "Baseline 1",
@@ -31,9 +30,8 @@ METHOD_LABELS = {
     "power-aware": "Ours",
     "oracle": "Oracle (fastest config.)",
 }
-TARGETS = ("digits",)
-PROXIES = ("digits-rotated", "digits")
-UNCAPPED_GRIDS = ("highest", "full")
+#: Where a study's training runs may execute ("auto": CUDA when available, else the CPU).
+TORCH_DEVICES = ("cpu", "cuda", "auto")
 
 
 class ExperimentConfigError(ValueError):
@@ -41,60 +39,17 @@ class ExperimentConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class SingleDeviceConfig:
-    """The resolved settings of one single-device study at one scale (all from the TOML).
+class FileOptions:
+    """How an experiment file is read: the scale, then the command's overrides."""
 
-    Attributes mirror the kebab-case keys (``caps-w`` → ``caps_w``); a cap of None is
-    "no cap".
-    """
+    scale: str = "mini"
+    seeds: int | None = None  # ``--seeds``
+    sets: Mapping[str, Any] | None = None  # ``--set KEY=VALUE``, after the scale
 
-    name: str
-    study: str
-    description: str
-    scale: str
-    devices: tuple[str, ...]
-    caps_w: tuple[float | None, ...]
-    models: tuple[str, ...]
-    methods: tuple[str, ...]
-    target: str
-    proxy: str
-    seeds: int
-    batch_sizes: tuple[int, ...]
-    lr_ref: float
-    b_ref: int
-    target_accuracy: float
-    proxy_target_accuracy: float
-    eval_every_samples: int
-    max_samples: int
-    target_test_fraction: float
-    target_train_size: int
-    proxy_train_size: int
-    proxy_eval_size: int
-    proxy_rotate_deg: float
-    proxy_noise_std: float
-    profile_warmup_steps: int
-    profile_steps: int
-    profile_uncapped: str
-    ts_samples: int
-    torch_threads: int
-    torch_device: str = "cpu"
 
-    def to_dict(self) -> dict[str, Any]:
-        """Kebab-case, JSON-ready settings (no cap written as ``"none"``)."""
-        out: dict[str, Any] = {}
-        for k, v in asdict(self).items():
-            if k == "caps_w":
-                v = ["none" if c is None else c for c in v]
-            elif isinstance(v, tuple):
-                v = list(v)
-            out[k.replace("_", "-")] = v
-        return out
-
-    def key(self) -> str:
-        return config_key(self)
-
-    def seed_list(self) -> list[int]:
-        return list(range(self.seeds))
+def config_error(where: str, key: str, message: str) -> ExperimentConfigError:
+    """``<file>: <key>: <message>``."""
+    return ExperimentConfigError(f"{where}: {key}: {message}")
 
 
 def config_key(cfg: Any) -> str:
@@ -106,46 +61,34 @@ def config_key(cfg: Any) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 
-#: Allowed keys and their defaults (None: required). Values are validated in ``_build``.
-_DEFAULTS: dict[str, Any] = {
-    "name": None,
-    "study": None,
-    "description": "",
-    "devices": None,
-    "caps-w": None,
-    "models": ["cnn"],
-    "methods": list(STUDY_METHODS),
-    "target": "digits",
-    "proxy": "digits-rotated",
-    "seeds": 3,
-    "batch-sizes": [4, 8, 16, 32, 64, 128],
-    "lr-ref": 5e-4,
-    "b-ref": 128,
-    "target-accuracy": 0.9,
-    "proxy-target-accuracy": 0.9,
-    "eval-every-samples": 512,
-    "max-samples": 40_000,
-    "target-test-fraction": 0.2,
-    "target-train-size": 0,  # 0: the whole train split
-    "proxy-train-size": 0,  # 0: the whole proxy-train slice
-    "proxy-eval-size": 0,
-    "proxy-rotate-deg": 25.0,
-    "proxy-noise-std": 0.3,
-    "profile-warmup-steps": 1,
-    "profile-steps": 3,
-    "profile-uncapped": "highest",
-    "ts-samples": 4096,
-    "torch-threads": 1,
-    "torch-device": "cpu",  # where the r-estimation training runs: cpu | cuda | auto
-}
+class StudyConfig:
+    """What the studies' resolved settings (frozen dataclasses) share: the kebab-case form
+    written to the manifest, the seeds and the key."""
 
+    name: str
+    study: str
+    scale: str
+    seeds: int
 
-#: Where a study's training runs may execute ("auto": CUDA when available, else the CPU).
-TORCH_DEVICES = ("cpu", "cuda", "auto")
+    def to_dict(self) -> dict[str, Any]:
+        """Kebab-case, JSON-ready settings (no cap written as ``"none"``)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            if f.name == "caps_w":
+                v = ["none" if c is None else c for c in v]
+            elif f.name == "accuracy":  # (dataset, target) pairs
+                v = dict(v)
+            elif isinstance(v, tuple):
+                v = list(v)
+            out[f.name.replace("_", "-")] = v
+        return out
 
+    def key(self) -> str:
+        return config_key(self)
 
-def _err(where: str, key: str, message: str) -> ExperimentConfigError:
-    return ExperimentConfigError(f"{where}: {key}: {message}")
+    def seed_list(self) -> list[int]:
+        return list(range(self.seeds))
 
 
 class Fields:
@@ -155,10 +98,10 @@ class Fields:
         self.m, self.where = m, where
         for key, default in defaults.items():
             if default is None and m.get(key) is None:
-                raise _err(where, key, "required key missing")
+                raise config_error(where, key, "required key missing")
 
     def err(self, key: str, message: str) -> ExperimentConfigError:
-        return _err(self.where, key, message)
+        return config_error(self.where, key, message)
 
     def text(self, key: str, allowed: tuple[str, ...] | None = None) -> str:
         v = self.m[key]
@@ -236,14 +179,28 @@ def check_keys(
         )
 
 
+def _scale_table(data: Mapping[str, Any], where: str, scale: str) -> Mapping[str, Any]:
+    """The ``[scale.<scale>]`` table (empty when absent); unknown scales are errors."""
+    if scale not in SCALES:
+        raise ExperimentConfigError(
+            f"--scale: unknown scale {scale!r}; allowed: {', '.join(SCALES)}"
+        )
+    scales = data.get("scale", {})
+    if not isinstance(scales, Mapping):
+        raise ExperimentConfigError(f"{where}: scale: must be tables [scale.mini]/[scale.paper]")
+    bad_scales = sorted(set(scales) - set(SCALES))
+    if bad_scales:
+        raise ExperimentConfigError(
+            f"{where}: [scale.{bad_scales[0]}] unknown scale; allowed: {', '.join(SCALES)}"
+        )
+    return dict(scales.get(scale, {}))
+
+
 def merge_scale(
     data: Mapping[str, Any],
     where: str,
     defaults: Mapping[str, Any],
-    *,
-    scale: str,
-    seeds: int | None,
-    sets: Mapping[str, Any] | None = None,
+    options: FileOptions,
 ) -> dict[str, Any]:
     """``defaults``, then ``[experiment]``, then ``[scale.<scale>]``, then ``--set``s, then
     ``--seeds``.
@@ -251,10 +208,7 @@ def merge_scale(
     Any study's file has these two tables only; keys outside ``defaults``, unknown scales
     and a missing ``[experiment]`` are errors naming the table.
     """
-    if scale not in SCALES:
-        raise ExperimentConfigError(
-            f"--scale: unknown scale {scale!r}; allowed: {', '.join(SCALES)}"
-        )
+    override = _scale_table(data, where, options.scale)
     top_unknown = sorted(set(data) - {"experiment", "scale"})
     if top_unknown:
         raise ExperimentConfigError(
@@ -265,28 +219,17 @@ def merge_scale(
     if not isinstance(base, Mapping):
         raise ExperimentConfigError(f"{where}: missing the [experiment] table")
     check_keys(base, where, "experiment", defaults)
-    scales = data.get("scale", {})
-    if not isinstance(scales, Mapping):
-        raise ExperimentConfigError(f"{where}: scale: must be tables [scale.mini]/[scale.paper]")
-    bad_scales = sorted(set(scales) - set(SCALES))
-    if bad_scales:
-        raise ExperimentConfigError(
-            f"{where}: [scale.{bad_scales[0]}] unknown scale; allowed: {', '.join(SCALES)}"
-        )
-    override = scales.get(scale, {})
-    check_keys(override, where, f"scale.{scale}", defaults)
-    merged: dict[str, Any] = dict(defaults)
-    merged.update(base)
-    merged.update(override)
-    if sets:
-        unknown = sorted(set(sets) - set(defaults))
+    check_keys(override, where, f"scale.{options.scale}", defaults)
+    merged: dict[str, Any] = {**defaults, **base, **override}
+    if options.sets:
+        unknown = sorted(set(options.sets) - set(defaults))
         if unknown:
             raise ExperimentConfigError(
                 f"--set: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(defaults)}"
             )
-        merged.update(sets)
-    if seeds is not None:
-        merged["seeds"] = seeds
+        merged.update(options.sets)
+    if options.seeds is not None:
+        merged["seeds"] = options.seeds
     return merged
 
 
@@ -301,115 +244,3 @@ def read_experiment_file(path: str | Path) -> tuple[dict[str, Any], str]:
         return tomllib.loads(p.read_text(encoding="utf-8")), where
     except tomllib.TOMLDecodeError as exc:
         raise ExperimentConfigError(f"{where}: not valid TOML ({exc})") from None
-
-
-def load_experiment(
-    path: str | Path,
-    *,
-    scale: str = "mini",
-    seeds: int | None = None,
-    sets: Mapping[str, Any] | None = None,
-) -> SingleDeviceConfig:
-    """Read and validate the experiment file ``path`` at ``scale``.
-
-    Parameters
-    ----------
-    path : path
-        The TOML file.
-    scale : {"mini", "paper"}
-        Which ``[scale.*]`` overrides apply.
-    seeds : int, optional
-        Overrides ``seeds`` (the command's ``--seeds``).
-    sets : mapping, optional
-        Keys that override the file after the scale (the command's ``--set KEY=VALUE``).
-
-    Raises
-    ------
-    ExperimentConfigError
-        Missing file, TOML syntax, unknown keys or bad values (naming the key).
-    """
-    data, where = read_experiment_file(path)
-    return parse_experiment(data, where, scale=scale, seeds=seeds, sets=sets)
-
-
-def load_any(
-    path: str | Path,
-    *,
-    scale: str = "mini",
-    seeds: int | None = None,
-    sets: Mapping[str, Any] | None = None,
-) -> Any:
-    """Read and validate an experiment file of any study (``study`` in ``[experiment]``):
-    a ``SingleDeviceConfig`` or a ``simulations.experiments.federated.FederatedConfig``."""
-    data, where = read_experiment_file(path)
-    base = data.get("experiment")
-    study = base.get("study") if isinstance(base, Mapping) else None
-    if study == "federated":
-        from simulations.experiments.federated import parse_federated
-
-        return parse_federated(data, where, scale=scale, seeds=seeds, sets=sets)
-    if study == "proxy-sensitivity":
-        from simulations.experiments.proxy_sensitivity import parse_sensitivity
-
-        return parse_sensitivity(data, where, scale=scale, seeds=seeds, sets=sets)
-    if isinstance(base, Mapping) and study is not None and study not in ALL_STUDIES:
-        raise _err(where, "study", f"unknown value {study!r}; allowed: {', '.join(ALL_STUDIES)}")
-    return parse_experiment(data, where, scale=scale, seeds=seeds, sets=sets)
-
-
-def parse_experiment(
-    data: Mapping[str, Any],
-    where: str,
-    *,
-    scale: str = "mini",
-    seeds: int | None = None,
-    sets: Mapping[str, Any] | None = None,
-) -> SingleDeviceConfig:
-    """Validate an already-parsed experiment mapping (see ``load_experiment``)."""
-    merged = merge_scale(data, where, _DEFAULTS, scale=scale, seeds=seeds, sets=sets)
-    return _build(merged, where, scale)
-
-
-def _build(m: Mapping[str, Any], where: str, scale: str) -> SingleDeviceConfig:
-    from fl_client.devices.simulated import available_device_kinds
-
-    f = Fields(m, where, _DEFAULTS)
-    text, str_list, integer, number = f.text, f.str_list, f.integer, f.number
-    devices = str_list("devices", tuple(available_device_kinds()))
-    caps = f.caps()
-    batch_sizes = f.batch_sizes()
-    b_ref = integer("b-ref", 1)
-    cfg = SingleDeviceConfig(
-        name=text("name"),
-        study=text("study", STUDIES),
-        description=text("description"),
-        scale=scale,
-        devices=devices,
-        caps_w=tuple(caps),
-        models=str_list("models", task.MODEL_NAMES),
-        methods=str_list("methods", STUDY_METHODS),
-        target=text("target", TARGETS),
-        proxy=text("proxy", PROXIES),
-        seeds=integer("seeds", 1),
-        batch_sizes=tuple(batch_sizes),
-        lr_ref=number("lr-ref", 0.0),
-        b_ref=b_ref,
-        target_accuracy=number("target-accuracy", 0.0, 1.0),
-        proxy_target_accuracy=number("proxy-target-accuracy", 0.0, 1.0),
-        eval_every_samples=integer("eval-every-samples", 1),
-        max_samples=integer("max-samples", 1),
-        target_test_fraction=number("target-test-fraction", 0.0, 1.0),
-        target_train_size=integer("target-train-size", 0),
-        proxy_train_size=integer("proxy-train-size", 0),
-        proxy_eval_size=integer("proxy-eval-size", 0),
-        proxy_rotate_deg=number("proxy-rotate-deg", -180.0, 180.0, open_lo=False),
-        proxy_noise_std=number("proxy-noise-std", 0.0, open_lo=False),
-        profile_warmup_steps=integer("profile-warmup-steps", 0),
-        profile_steps=integer("profile-steps", 1),
-        profile_uncapped=text("profile-uncapped", UNCAPPED_GRIDS),
-        ts_samples=integer("ts-samples", 1),
-        torch_threads=integer("torch-threads", 1),
-        torch_device=text("torch-device", TORCH_DEVICES),
-    )
-    # Methods that need each other's inputs: all need the target runs; ours/b2 the proxy r.
-    return cfg

@@ -14,7 +14,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,6 +27,24 @@ from fl_client import task
 #: The fixed slices of the digits set every experiment uses (disjointness of proxy/target).
 SPLIT_SEED = 0
 TRANSFORM_SEED = 20250218
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """Which target and proxy sets, and how they are cut and transformed (see the module
+    docstring); the kebab-case ``to_dict`` is part of the training records' keys."""
+
+    target: str
+    proxy: str
+    target_test_fraction: float
+    target_train_size: int = 0  # 0: the whole train split
+    proxy_train_size: int = 0  # 0: the whole proxy-train slice
+    proxy_eval_size: int = 0
+    proxy_rotate_deg: float = 25.0
+    proxy_noise_std: float = 0.3
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k.replace("_", "-"): v for k, v in asdict(self).items()}
 
 
 @dataclass(frozen=True)
@@ -78,45 +97,40 @@ def _stratified_subset(ds: TensorDataset, size: int, seed: int) -> TensorDataset
     return TensorDataset(x[t], y[t])
 
 
-def study_data(
-    *,
-    target: str,
-    proxy: str,
-    seed: int,
-    target_test_fraction: float,
-    target_train_size: int = 0,
-    proxy_train_size: int = 0,
-    proxy_eval_size: int = 0,
-    proxy_rotate_deg: float = 25.0,
-    proxy_noise_std: float = 0.3,
-) -> StudyData:
+def study_data(settings: DataSettings, seed: int) -> StudyData:
     """The target and proxy sets of one seed (see the module docstring)."""
     from sklearn.model_selection import train_test_split
 
-    if target != "digits":
-        raise ValueError(f"target: unknown dataset {target!r}; allowed: digits")
-    if proxy not in ("digits-rotated", "digits"):
-        raise ValueError(f"proxy: unknown dataset {proxy!r}; allowed: digits-rotated, digits")
+    if settings.target != "digits":
+        raise ValueError(f"target: unknown dataset {settings.target!r}; allowed: digits")
+    if settings.proxy not in ("digits-rotated", "digits"):
+        raise ValueError(
+            f"proxy: unknown dataset {settings.proxy!r}; allowed: digits-rotated, digits"
+        )
     splits = task.load_digits_splits(SPLIT_SEED)
     x, y = task.as_tensors(splits.pool)
     idx = np.arange(len(y))
     tr, te = train_test_split(
-        idx, test_size=target_test_fraction, stratify=y.numpy(), random_state=seed
+        idx, test_size=settings.target_test_fraction, stratify=y.numpy(), random_state=seed
     )
     t_tr, t_te = torch.from_numpy(np.sort(tr)), torch.from_numpy(np.sort(te))
-    target_train = _stratified_subset(TensorDataset(x[t_tr], y[t_tr]), target_train_size, seed)
+    target_train = _stratified_subset(
+        TensorDataset(x[t_tr], y[t_tr]), settings.target_train_size, seed
+    )
     target_test = TensorDataset(x[t_te], y[t_te])
 
     def proxy_set(ds: TensorDataset, size: int, offset: int) -> TensorDataset:
         ds = _stratified_subset(ds, size, SPLIT_SEED)
         px, py = task.as_tensors(ds)
-        if proxy == "digits-rotated":
-            px = rotate_and_noise(px, proxy_rotate_deg, proxy_noise_std, TRANSFORM_SEED + offset)
+        if settings.proxy == "digits-rotated":
+            px = rotate_and_noise(
+                px, settings.proxy_rotate_deg, settings.proxy_noise_std, TRANSFORM_SEED + offset
+            )
         return TensorDataset(px, py)
 
     return StudyData(
         target_train=target_train,
         target_test=target_test,
-        proxy_train=proxy_set(splits.proxy_train, proxy_train_size, 0),
-        proxy_eval=proxy_set(splits.proxy_eval, proxy_eval_size, 1),
+        proxy_train=proxy_set(splits.proxy_train, settings.proxy_train_size, 0),
+        proxy_eval=proxy_set(splits.proxy_eval, settings.proxy_eval_size, 1),
     )

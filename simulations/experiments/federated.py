@@ -1,10 +1,10 @@
 """The federated study (issue 5 §3, issue 7's measured scenarios) on Flower's simulation engine.
 
 The same heterogeneous fleet, the same non-IID data split and the same seeds for every
-method (B1, B2, ours, oracle); each run is one real ``powerfl simulate`` (Flower's
-simulation engine with a digital twin per node: the model really trains on the host, device
-time, power and energy come from the twins). Each run is a *cell*: a set of run settings
-(``-c key=value`` overrides of ``[tool.flwr.app.config]``) and a seed.
+method (B1, B2, ours, oracle); each run is one real simulation (``simulations.run.simulate``:
+Flower's simulation engine with a digital twin per node; the model really trains on the
+host, device time, power and energy come from the twins). Each run is a *cell*: a set of
+run settings (overrides of ``[tool.flwr.app.config]``) and a seed.
 
 Issue 7's scenarios are extra cells on the same data and seeds:
 
@@ -16,267 +16,66 @@ Issue 7's scenarios are extra cells on the same data and seeds:
   with ``drift-check-every`` against the check off.
 
 Cells with identical settings are run once (e.g. pacing "off" is the ``power-aware`` cell of
-the method comparison). Each cell runs as its own process (``python -m simulations simulate
-…``: one Ray instance per run), with a fresh per-cell cache (every method that profiles pays
-for its profiling; a node's oracle r is computed on its own split) except the server's proxy
-r, which is shared across cells (it is host time, not device time, and does not depend on
-the method). A finished cell is one JSON record under ``records/cells/``; rerunning the
+the method comparison). Each cell runs in its own process (spawned, one Ray instance per
+run, its output in the cell's log, ended with everything it started when it runs past
+``cell-timeout-s``), with a fresh per-cell cache (every method that profiles pays for its
+profiling; a node's oracle r is computed on its own split) except the server's proxy r,
+which is shared across cells (it is host time, not device time, and does not depend on the
+method). A finished cell is one JSON record under ``records/cells/``, holding the run's
+summary, rounds.jsonl, nodes.jsonl and fleet.json as the recorder wrote them; rerunning the
 same command skips finished cells.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
-import math
+import multiprocessing
 import os
 import re
 import shutil
-import subprocess
+import signal
 import sys
 import time
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fl_client.settings import (
-    PARTITIONINGS,
-    PROFILE_GRIDS,
     REPO_ROOT,
     RunSettings,
     SettingsError,
-    load_fleet,
+    parse_p_max_schedule,
     resolve_path,
     tomllib,
 )
-from simulations.experiments.config import (
-    STUDY_METHODS,
-    ExperimentConfigError,
-    Fields,
-    merge_scale,
-    read_experiment_file,
+from simulations.experiments import federated_report
+from simulations.experiments.config import ExperimentConfigError
+from simulations.experiments.federated_config import (
+    CELL_VERSION,
+    NAME,
+    FederatedConfig,
+    parse_federated,
 )
+from simulations.experiments.progress import Progress
 from simulations.experiments.records import digest, read_record, write_json
+from simulations.experiments.study import Outcome, Preflight, RunOptions, StudyPlugin
 
 log = logging.getLogger(__name__)
 
-STUDY = "federated"
-SCENARIOS = ("pacing", "varying-cap", "drift")
-#: Variants of each scenario, in report order (the first is the reference).
-SCENARIO_VARIANTS = {
-    "pacing": ("off", "deadline"),
-    "varying-cap": ("fixed-at-minimum", "schedule"),
-    "drift": ("off", "check"),
-}
-CELL_VERSION = 1
-
-#: Allowed keys and their defaults (None: required).
-FED_DEFAULTS: dict[str, Any] = {
-    "name": None,
-    "study": None,
-    "description": "",
-    "fleet": "configs/fleets/default.toml",
-    "methods": list(STUDY_METHODS),
-    "seeds": 3,
-    "model": "cnn",
-    "partitioning": "dirichlet",
-    "dirichlet-alpha": 0.5,
-    "num-rounds": 20,
-    "target-accuracy": 0.85,
-    "local-epochs": 5,
-    "batch-sizes": [4, 8, 16, 32, 64, 128],
-    "lr-ref": 0.005,
-    "b-ref": 128,
-    "proxy-target-accuracy": 0.8,
-    "r-max-samples": 40_000,
-    "r-eval-every-samples": 256,
-    "profile-grid": "efficient",
-    "scenarios": list(SCENARIOS),
-    "scenario-method": "power-aware",
-    "pacing-margin": 0.05,
-    "varying-cap-fleet": "configs/fleets/varying-cap.toml",
-    "drift-fleet": "configs/fleets/drift.toml",
-    "drift-check-every": 2,
-    "drift-threshold": 0.15,
-    "cell-timeout-s": 1800,
-}
-
-
-@dataclass(frozen=True)
-class FederatedConfig:
-    """The resolved settings of one federated study at one scale (all from the TOML)."""
-
-    name: str
-    study: str
-    description: str
-    scale: str
-    fleet: str
-    methods: tuple[str, ...]
-    seeds: int
-    model: str
-    partitioning: str
-    dirichlet_alpha: float
-    num_rounds: int
-    target_accuracy: float
-    local_epochs: int
-    batch_sizes: tuple[int, ...]
-    lr_ref: float
-    b_ref: int
-    proxy_target_accuracy: float
-    r_max_samples: int
-    r_eval_every_samples: int
-    profile_grid: str
-    scenarios: tuple[str, ...]
-    scenario_method: str
-    pacing_margin: float
-    varying_cap_fleet: str
-    drift_fleet: str
-    drift_check_every: int
-    drift_threshold: float
-    cell_timeout_s: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """Kebab-case, JSON-ready settings."""
-        return {
-            k.replace("_", "-"): list(v) if isinstance(v, tuple) else v
-            for k, v in asdict(self).items()
-        }
-
-    def seed_list(self) -> list[int]:
-        return list(range(self.seeds))
-
-    def base_overrides(self) -> dict[str, Any]:
-        """The run settings every cell shares (before its own fleet/method/scenario)."""
-        return {
-            "model": self.model,
-            "partitioning": self.partitioning,
-            "dirichlet-alpha": self.dirichlet_alpha,
-            "num-rounds": self.num_rounds,
-            "target-accuracy": self.target_accuracy,
-            "local-epochs": self.local_epochs,
-            "batch-sizes": ",".join(str(b) for b in self.batch_sizes),
-            "lr-ref": self.lr_ref,
-            "b-ref": self.b_ref,
-            "proxy-target-accuracy": self.proxy_target_accuracy,
-            "max-samples": self.r_max_samples,
-            "eval-every-samples": self.r_eval_every_samples,
-            "profile-grid": self.profile_grid,
-            "pacing": "off",
-            "drift-check-every": 0,
-        }
-
-
-def _err(where: str, key: str, message: str) -> ExperimentConfigError:
-    return ExperimentConfigError(f"{where}: {key}: {message}")
-
-
-def load_federated(
-    path: str | Path, *, scale: str = "mini", seeds: int | None = None
-) -> FederatedConfig:
-    """Read and validate a federated experiment file (see ``parse_federated``)."""
-    data, where = read_experiment_file(path)
-    return parse_federated(data, where, scale=scale, seeds=seeds)
-
-
-def parse_federated(
-    data: Mapping[str, Any],
-    where: str,
-    *,
-    scale: str = "mini",
-    seeds: int | None = None,
-    sets: Mapping[str, Any] | None = None,
-) -> FederatedConfig:
-    """Validate a parsed federated experiment: unknown keys, bad values, empty sweeps, fleet
-    files that do not load or do not fit the scenario are errors naming the key, raised
-    before any training starts."""
-    merged = merge_scale(data, where, FED_DEFAULTS, scale=scale, seeds=seeds, sets=sets)
-    return _build(merged, where, scale)
-
-
-def _build(m: Mapping[str, Any], where: str, scale: str) -> FederatedConfig:
-    from fl_client import task
-
-    f = Fields(m, where, FED_DEFAULTS)
-    text, str_list, integer, number = f.text, f.str_list, f.integer, f.number
-    study = text("study", (STUDY,))
-    batch_sizes = f.batch_sizes()
-    scenarios = str_list("scenarios", SCENARIOS, empty_ok=True)
-    cfg = FederatedConfig(
-        name=text("name"),
-        study=study,
-        description=text("description"),
-        scale=scale,
-        fleet=text("fleet"),
-        methods=str_list("methods", STUDY_METHODS),
-        seeds=integer("seeds", 1),
-        model=text("model", tuple(task.MODEL_NAMES)),
-        partitioning=text("partitioning", PARTITIONINGS),
-        dirichlet_alpha=number("dirichlet-alpha", 0.0),
-        num_rounds=integer("num-rounds", 1),
-        target_accuracy=number("target-accuracy", 0.0, 1.0),
-        local_epochs=integer("local-epochs", 1),
-        batch_sizes=batch_sizes,
-        lr_ref=number("lr-ref", 0.0),
-        b_ref=integer("b-ref", 1),
-        proxy_target_accuracy=number("proxy-target-accuracy", 0.0, 1.0),
-        r_max_samples=integer("r-max-samples", 1),
-        r_eval_every_samples=integer("r-eval-every-samples", 1),
-        profile_grid=text("profile-grid", PROFILE_GRIDS),
-        scenarios=scenarios,
-        scenario_method=text("scenario-method", STUDY_METHODS),
-        pacing_margin=number("pacing-margin", 0.0, 1.0, open_lo=False),
-        varying_cap_fleet=text("varying-cap-fleet"),
-        drift_fleet=text("drift-fleet"),
-        drift_check_every=integer("drift-check-every", 1),
-        drift_threshold=number("drift-threshold", 0.0),
-        cell_timeout_s=integer("cell-timeout-s", 1),
-    )
-    _check_fleets(cfg, where)
-    return cfg
-
-
-def _fleet_nodes(path: str, where: str, key: str) -> list[Any]:
-    try:
-        return load_fleet(path)
-    except SettingsError as exc:
-        raise _err(where, key, str(exc)) from None
-
-
-def _check_fleets(cfg: FederatedConfig, where: str) -> None:
-    """Every fleet file the study needs loads, fits its scenario and its data split."""
-    from simulations.cli import check_partitions
-
-    fleets = {"fleet": cfg.fleet}
-    if "varying-cap" in cfg.scenarios:
-        fleets["varying-cap-fleet"] = cfg.varying_cap_fleet
-    if "drift" in cfg.scenarios:
-        fleets["drift-fleet"] = cfg.drift_fleet
-    for key, path in fleets.items():
-        nodes = _fleet_nodes(path, where, key)
-        if key == "varying-cap-fleet" and not any(n.p_max_schedule for n in nodes):
-            raise _err(where, key, f"{path}: no node has a p-max-schedule (nothing varies)")
-        if key == "drift-fleet" and not any(_drifts(n.options) for n in nodes):
-            raise _err(
-                where,
-                key,
-                f"{path}: no node has twin-slowdown > 1 or twin-extra-power-w > 0 (no drift)",
-            )
-        for seed in cfg.seed_list():
-            overrides = {**cfg.base_overrides(), "fleet": str(resolve_path(path)), "seed": seed}
-            try:
-                check_partitions(RunSettings.from_config(overrides), len(nodes))
-            except SettingsError as exc:
-                raise _err(where, key, str(exc)) from None
-
-
-def _drifts(options: Mapping[str, Any]) -> bool:
-    try:
-        slow = float(options.get("twin-slowdown", 1.0))
-        extra = float(options.get("twin-extra-power-w", 0.0))
-    except (TypeError, ValueError):
-        return False
-    return slow > 1.0 or extra > 0.0
+NOTE = (
+    "Data: scikit-learn's bundled digits upsampled to 3×32×32 (fl_client.task): the server "
+    "keeps a test split, the clients' pool is split over the fleet's nodes by the run's "
+    "partitioning (Dirichlet over labels for non-IID) per seed; the server's proxy set for r "
+    "is a disjoint slice. Models start from random weights seeded per seed. Device time, "
+    "power and energy come from the digital twins in configs/devices (calibrated to the "
+    "paper's Nano points; the other twins' coefficients are assumptions, see their TOML)."
+)
+#: A round's console line (``fl_server.results``), for the progress display.
+ROUND_LINE = re.compile(r"^round\s+(\d+)\s+accuracy\s+([0-9.]+)")
 
 
 # --------------------------------------------------------------------------- the plan
@@ -316,12 +115,14 @@ class Cell:
         tag = re.sub(r"[^a-z0-9.-]+", "-", Path(str(s["fleet"])).stem.lower())
         return f"{s['method']}-{tag}-seed{s['seed']}-{self.key()[:12]}.json"
 
+    def label(self) -> str:
+        uses = ", ".join(f"{s}:{v}" for s, v in self.uses)
+        return f"{self.method} seed {self.seed} [{uses}]"
+
 
 def fixed_at_minimum_fleet(path: str | Path) -> str:
     """The fleet file ``path`` with every ``p-max-schedule`` replaced by ``p-max-w`` = the
     schedule's lowest cap (TOML text; node order, names and counts unchanged)."""
-    from fl_client.settings import parse_p_max_schedule
-
     p = resolve_path(str(path))
     data = tomllib.loads(p.read_text(encoding="utf-8"))
     lines = [
@@ -333,7 +134,7 @@ def fixed_at_minimum_fleet(path: str | Path) -> str:
         if "p-max-schedule" in entry:
             steps = parse_p_max_schedule(entry.pop("p-max-schedule"), f"{p.name} node #{i + 1}")
             low = min(c for _, c in steps)
-            entry["p-max-w"] = "none" if math.isinf(low) else low
+            entry["p-max-w"] = low.watts if low.capped else "none"
         lines.append("")
         lines.append("[[node]]")
         for k, v in entry.items():
@@ -351,12 +152,9 @@ def _toml_value(v: Any) -> str:
     raise ExperimentConfigError(f"fleet: value {v!r} cannot be written back to TOML")
 
 
-def plan(cfg: FederatedConfig, out: Path) -> list[Cell]:
-    """Every cell of the study (deduplicated; cells with identical settings share one run).
-
-    Writes the derived fixed-at-minimum fleet to ``out/fleets/`` when the varying-cap
-    scenario is on.
-    """
+def _fleets(cfg: FederatedConfig, out: Path) -> dict[str, Path]:
+    """The fleet files the cells run on; writes the derived fixed-at-minimum fleet to
+    ``out/fleets/`` when the varying-cap scenario is on."""
     fleets: dict[str, Path] = {"main": resolve_path(cfg.fleet)}
     if "varying-cap" in cfg.scenarios:
         fleets["schedule"] = resolve_path(cfg.varying_cap_fleet)
@@ -368,53 +166,41 @@ def plan(cfg: FederatedConfig, out: Path) -> list[Cell]:
         fleets["fixed-min"] = derived.resolve()
     if "drift" in cfg.scenarios:
         fleets["drift"] = resolve_path(cfg.drift_fleet)
+    return fleets
 
-    wanted: list[tuple[str, str, int, dict[str, Any]]] = []
+
+def _variants(
+    cfg: FederatedConfig, base: dict[str, Any], fleets: Mapping[str, Path]
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """(scenario, variant, run settings) of one seed: the methods, then each scenario."""
     sm = cfg.scenario_method
+    out = [("methods", m, {**base, "method": m}) for m in cfg.methods]
+    if "pacing" in cfg.scenarios:
+        deadline = {"pacing": "deadline", "pacing-margin": cfg.pacing_margin}
+        out.append(("pacing", "off", {**base, "method": sm}))
+        out.append(("pacing", "deadline", {**base, "method": sm, **deadline}))
+    if "varying-cap" in cfg.scenarios:
+        for variant, fleet in (("fixed-at-minimum", "fixed-min"), ("schedule", "schedule")):
+            out.append(
+                ("varying-cap", variant, {**base, "method": sm, "fleet": str(fleets[fleet])})
+            )
+    if "drift" in cfg.scenarios:
+        drift = {**base, "method": sm, "fleet": str(fleets["drift"])}
+        drift["drift-threshold"] = cfg.drift_threshold
+        out.append(("drift", "off", {**drift, "drift-check-every": 0}))
+        out.append(("drift", "check", {**drift, "drift-check-every": cfg.drift_check_every}))
+    return out
+
+
+def plan(cfg: FederatedConfig, out: Path) -> list[Cell]:
+    """Every cell of the study (deduplicated; cells with identical settings share one run)."""
+    fleets = _fleets(cfg, out)
+    cells: dict[tuple[tuple[str, Any], ...], list[tuple[str, str]]] = {}
     for seed in cfg.seed_list():
         base = {**cfg.base_overrides(), "seed": seed, "fleet": str(fleets["main"])}
-        for method in cfg.methods:
-            wanted.append(("methods", method, seed, {**base, "method": method}))
-        if "pacing" in cfg.scenarios:
-            wanted.append(("pacing", "off", seed, {**base, "method": sm}))
-            wanted.append(
-                (
-                    "pacing",
-                    "deadline",
-                    seed,
-                    {
-                        **base,
-                        "method": sm,
-                        "pacing": "deadline",
-                        "pacing-margin": cfg.pacing_margin,
-                    },
-                )
-            )
-        if "varying-cap" in cfg.scenarios:
-            for variant, fleet in (("fixed-at-minimum", "fixed-min"), ("schedule", "schedule")):
-                wanted.append(
-                    (
-                        "varying-cap",
-                        variant,
-                        seed,
-                        {**base, "method": sm, "fleet": str(fleets[fleet])},
-                    )
-                )
-        if "drift" in cfg.scenarios:
-            drift = {
-                **base,
-                "method": sm,
-                "fleet": str(fleets["drift"]),
-                "drift-threshold": cfg.drift_threshold,
-            }
-            wanted.append(("drift", "off", seed, {**drift, "drift-check-every": 0}))
-            wanted.append(
-                ("drift", "check", seed, {**drift, "drift-check-every": cfg.drift_check_every})
-            )
+        for scenario, variant, ov in _variants(cfg, base, fleets):
+            cells.setdefault(tuple(sorted(ov.items())), []).append((scenario, variant))
     fleet_texts = {str(p): p.read_text(encoding="utf-8") for p in fleets.values()}
-    cells: dict[tuple[tuple[str, Any], ...], list[tuple[str, str]]] = {}
-    for scenario, variant, _seed, ov in wanted:
-        cells.setdefault(tuple(sorted(ov.items())), []).append((scenario, variant))
     return [Cell(ov, fleet_texts[dict(ov)["fleet"]], tuple(uses)) for ov, uses in cells.items()]
 
 
@@ -427,7 +213,95 @@ def check_plan(cells: list[Cell]) -> None:
             raise ExperimentConfigError(f"cell {c.record_name()}: {exc}") from None
 
 
-# --------------------------------------------------------------------------- running
+# --------------------------------------------------------------------------- one cell
+
+
+Simulate = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def _child(simulate: Simulate, overrides: dict[str, Any], work: str) -> None:
+    """A cell's process: ``simulate(overrides)``, its output appended to the cell's log and
+    its summary written to ``result.json``."""
+    from simulations.run import flower_env
+
+    os.setsid()  # its own process group: a timeout ends the engine's processes with it
+    fd = os.open(Path(work) / "simulate.log", os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(line_buffering=True)
+    os.chdir(REPO_ROOT)
+    flower_env(REPO_ROOT / ".flwr")
+    write_json(Path(work) / "result.json", simulate(overrides))
+
+
+class _LogTail:
+    """Complete new lines of a growing log, handed to ``on_line``."""
+
+    def __init__(self, path: Path, on_line: Callable[[str], None] | None) -> None:
+        self.fh = path.open(encoding="utf-8", errors="replace")
+        self.on_line, self.rest = on_line, ""
+
+    def feed(self) -> None:
+        *lines, self.rest = (self.rest + self.fh.read()).split("\n")
+        if self.on_line is not None:
+            for line in lines:
+                self.on_line(line)
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def _stop(proc: Any) -> None:
+    """End a cell's process and its process group (the simulation engine's workers)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        proc.join(10)
+        if not proc.is_alive():
+            return
+    proc.kill()
+    proc.join()
+
+
+def run_in_child(
+    simulate: Simulate,
+    overrides: dict[str, Any],
+    work: Path,
+    timeout_s: float,
+    on_line: Callable[[str], None] | None = None,
+) -> tuple[dict[str, Any] | None, str]:
+    """``simulate(overrides)`` in a spawned process with its output in ``work/simulate.log``
+    (each line also to ``on_line``), ended after ``timeout_s``; (its result or None, why
+    there is none). ``simulate`` must be importable by name (a module-level function)."""
+    log_path, result_path = work / "simulate.log", work / "result.json"
+    log_path.write_text(
+        "# run settings:\n" + json.dumps(overrides, indent=1) + "\n", encoding="utf-8"
+    )
+    result_path.unlink(missing_ok=True)
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_child, args=(simulate, overrides, str(work))
+    )
+    deadline = time.perf_counter() + timeout_s
+    proc.start()
+    tail = _LogTail(log_path, on_line)
+    try:
+        while proc.is_alive() and time.perf_counter() < deadline:
+            proc.join(0.5)
+            tail.feed()
+        timed_out = proc.is_alive()
+        if timed_out:
+            _stop(proc)
+        tail.feed()
+    finally:
+        tail.close()
+    if timed_out:
+        return None, "timed out"
+    if proc.exitcode != 0 or not result_path.is_file():
+        return None, f"exit status {proc.exitcode}"
+    return json.loads(result_path.read_text(encoding="utf-8")), ""
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -436,16 +310,13 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
 
 
-def _toml_arg(v: Any) -> str:
-    if isinstance(v, str):
-        return json.dumps(v)
-    return repr(v)
+def run_cell(
+    cell: Cell, out: Path, *, timeout_s: float, on_line: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Run one cell's simulation and return its record.
 
-
-def run_cell(cell: Cell, out: Path, *, timeout_s: float, on_line: Any = None) -> dict[str, Any]:
-    """Run one cell as ``python -m simulations simulate`` and return its record.
-
-    Raises RuntimeError (naming the log file) when the run fails or writes no summary.
+    Raises RuntimeError (naming the log file) when the run fails, runs past ``timeout_s``,
+    writes no summary or no node trained in any round.
     """
     work = out / "runs" / cell.key()[:16]
     if work.exists():  # a crashed earlier attempt: start clean (fresh node caches)
@@ -455,59 +326,30 @@ def run_cell(cell: Cell, out: Path, *, timeout_s: float, on_line: Any = None) ->
     shared_r.mkdir(parents=True, exist_ok=True)
     cache.mkdir(parents=True)
     (cache / "r").symlink_to(shared_r.resolve(), target_is_directory=True)
-    settings = {**cell.settings, "cache-dir": str(cache.resolve())}
-    method = settings.pop("method")
-    cmd = [sys.executable, "-m", "simulations", "simulate", "--methods", str(method)]
-    cmd += ["--output-dir", str((work / "run").resolve())]
-    for k, v in settings.items():
-        cmd += ["-c", f"{k}={_toml_arg(v)}"]
-    env = dict(os.environ)
-    for k, v in (
-        ("FLWR_TELEMETRY_ENABLED", "0"),
-        ("FLWR_DISABLE_UPDATE_CHECK", "1"),
-        ("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1"),
-        ("FLWR_HOME", str(REPO_ROOT / ".flwr")),
-    ):
-        env.setdefault(k, v)
-    log_path = work / "simulate.log"
+    overrides = {
+        **cell.settings,
+        "cache-dir": str(cache.resolve()),
+        "output-dir": str((work / "run").resolve()),
+    }
+    from simulations.run import simulate
+
     t0 = time.perf_counter()
-    with log_path.open("w", encoding="utf-8") as fh:
-        fh.write("$ " + " ".join(cmd) + "\n")
-        fh.flush()
-        proc = subprocess.Popen(
-            cmd,
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-        )
-        assert proc.stdout is not None
-        deadline = t0 + timeout_s
-        for line in proc.stdout:
-            fh.write(line)
-            if on_line is not None:
-                on_line(line)
-            if time.perf_counter() > deadline:
-                proc.kill()
-                break
-        try:
-            rc = proc.wait(timeout=max(1.0, deadline - time.perf_counter()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
+    summary, why = run_in_child(simulate, overrides, work, timeout_s, on_line)
     wall = time.perf_counter() - t0
-    summaries = sorted((work / "run").glob("*/summary.json"))
-    if rc != 0 or not summaries:
+    if summary is not None and not any(
+        n.get("rounds-ok", 0) > 0 for n in summary["nodes"].values()
+    ):
+        summary, why = None, "no node trained in any round"
+    if summary is None:
+        log_path = work / "simulate.log"
         tail = log_path.read_text(encoding="utf-8", errors="replace")[-1500:]
-        why = "timed out" if wall >= timeout_s else f"exit status {rc}"
         raise RuntimeError(f"cell {cell.record_name()} failed ({why}); log {log_path}:\n{tail}")
-    run_dir = summaries[-1].parent
-    summary = json.loads(summaries[-1].read_text())
+    run_dir = Path(summary["run-dir"])
+    fleet_json = run_dir / "fleet.json"
     return {
         "key": cell.key(),
-        "study": STUDY,
+        "study": NAME,
+        "cell-version": CELL_VERSION,
         "settings": cell.settings,
         "uses": [list(u) for u in cell.uses],
         "seed": cell.seed,
@@ -515,12 +357,10 @@ def run_cell(cell: Cell, out: Path, *, timeout_s: float, on_line: Any = None) ->
         "summary": summary,
         "rounds": _read_jsonl(run_dir / "rounds.jsonl"),
         "nodes": _read_jsonl(run_dir / "nodes.jsonl"),
-        "fleet": json.loads((run_dir / "fleet.json").read_text())
-        if (run_dir / "fleet.json").is_file()
-        else None,
+        "fleet": json.loads(fleet_json.read_text()) if fleet_json.is_file() else None,
         "fleet-text": cell.fleet_text,
         "run-dir": str(run_dir),
-        "log": str(log_path),
+        "log": str(work / "simulate.log"),
         "host-wall-s": wall,
     }
 
@@ -529,10 +369,20 @@ def record_path(out: Path, cell: Cell) -> Path:
     return out / "records" / "cells" / cell.record_name()
 
 
+# --------------------------------------------------------------------------- the study
+
+
+def _reach(s: Mapping[str, Any]) -> str:
+    if s.get("round-to-target"):
+        return (
+            f"target in round {s['round-to-target']} ({s['sim-time-to-target-s']:.1f} s, "
+            f"{s['fleet-energy-to-target-j']:.0f} J)"
+        )
+    return f"target not reached (final {s['final-accuracy']:.3f})"
+
+
 def run_study(cfg: FederatedConfig, out: Path, *, progress: bool = True) -> dict[str, Any]:
     """Run every missing cell of ``cfg`` under ``out``; return counts and the plan."""
-    from simulations.experiments.single_device import Progress
-
     cells = plan(cfg, out)
     check_plan(cells)
     todo = [c for c in cells if read_record(record_path(out, c), c.key()) is None]
@@ -544,17 +394,15 @@ def run_study(cfg: FederatedConfig, out: Path, *, progress: bool = True) -> dict
     }
     failures: list[str] = []
     bar = Progress(len(todo), enabled=progress)
-    round_re = re.compile(r"^round\s+(\d+)\s+accuracy\s+([0-9.]+)")
 
     def on_line(line: str) -> None:
-        mt = round_re.match(line.strip())
+        mt = ROUND_LINE.match(line.strip())
         if mt:
             bar.detail(f"round {mt.group(1)}/{cfg.num_rounds} acc {float(mt.group(2)):.3f}")
 
     with bar.running():
         for cell in todo:
-            label = ", ".join(f"{s}:{v}" for s, v in cell.uses)
-            bar.start(f"{cell.method} seed {cell.seed} [{label}]")
+            bar.start(cell.label())
             try:
                 rec = run_cell(cell, out, timeout_s=cfg.cell_timeout_s, on_line=on_line)
             except RuntimeError as exc:
@@ -565,16 +413,7 @@ def run_study(cfg: FederatedConfig, out: Path, *, progress: bool = True) -> dict
                 continue
             write_json(record_path(out, cell), rec)
             counts["cells-done"] += 1
-            s = rec["summary"]
-            reach = (
-                f"target in round {s['round-to-target']} ({s['sim-time-to-target-s']:.1f} s, "
-                f"{s['fleet-energy-to-target-j']:.0f} J)"
-                if s.get("round-to-target")
-                else f"target not reached (final {s['final-accuracy']:.3f})"
-            )
-            bar.done(
-                f"{cell.method} seed {cell.seed} [{label}]: {reach}, {rec['host-wall-s']:.0f} s"
-            )
+            bar.done(f"{cell.label()}: {_reach(rec['summary'])}, {rec['host-wall-s']:.0f} s")
     counts["failures"] = failures
     counts["plan"] = [
         {
@@ -586,3 +425,15 @@ def run_study(cfg: FederatedConfig, out: Path, *, progress: bool = True) -> dict
         for c in cells
     ]
     return counts
+
+
+def _preflight(cfg: FederatedConfig, where: str) -> Preflight:
+    return Preflight(note=NOTE)  # the fleets and data splits were checked by ``parse``
+
+
+def _run(cfg: FederatedConfig, out: Path, options: RunOptions) -> Outcome:
+    counts = run_study(cfg, out, progress=options.progress)
+    return Outcome(counts, complete=counts["cells-failed"] == 0)
+
+
+STUDY = StudyPlugin(NAME, parse_federated, _preflight, _run, federated_report.render)

@@ -1,7 +1,9 @@
 """Tables, plots and report.md of a federated study, from its saved records only.
 
 ``powerfl experiment report DIR`` re-renders everything here without running anything.
-Definitions (all device time and energy from the digital twins):
+Every time and energy is read from the runs' records as the recorder
+(``fl_server.results``) wrote them, never accounted again here; all device time and energy
+come from the digital twins:
 
 * *time to target*: simulated wall-clock time (sum of round times; a synchronous round lasts
   as long as its slowest node, profiling included) until the global model's accuracy first
@@ -16,19 +18,23 @@ Definitions (all device time and energy from the digital twins):
 
 from __future__ import annotations
 
-import csv
-import json
-import math
 import statistics
 from collections import Counter
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from simulations.experiments import report_kit as kit
 from simulations.experiments.config import METHOD_LABELS, STUDY_METHODS
-from simulations.experiments.federated import SCENARIO_VARIANTS, SCENARIOS
-from simulations.experiments.records import load_all, write_json
+from simulations.experiments.federated_config import (
+    CELL_VERSION,
+    NAME,
+    SCENARIO_VARIANTS,
+    SCENARIOS,
+)
+from simulations.experiments.records import write_json
+from simulations.experiments.report_kit import NA, Doc, Output
 
+Rec = dict[str, Any]
 SCENARIO_TITLES = {
     "pacing": "Deadline-aware pacing: off vs deadline",
     "varying-cap": "Caps that change over time: schedule vs fixed at the schedule's minimum",
@@ -36,178 +42,76 @@ SCENARIO_TITLES = {
 }
 
 
-class FederatedReportError(ValueError):
-    """The folder is not a federated study output."""
-
-
-def _mean_std(xs: Sequence[float | None]) -> tuple[float | None, float | None]:
-    vals = [float(x) for x in xs if x is not None]
-    if not vals:
-        return None, None
-    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
-
-
-def _fmt(m: float | None, s: float | None = None, digits: int | None = None) -> str:
-    if m is None or (isinstance(m, float) and math.isnan(m)):
-        return "—"
-    if digits is None:
-        mag = math.floor(math.log10(abs(m))) if m else 0
-        digits = max(0, 2 - mag)
-    if s is None:
-        return f"{m:.{digits}f}"
-    return f"{m:.{digits}f} ± {s:.{digits}f}"
-
-
-def _cap(x: Any) -> float:
-    if x in ("inf", "Infinity", None):
-        return math.inf
-    return float(x)
-
-
-def _cap_text(caps: set[float]) -> str:
-    if not caps:
-        return "?"
-    lo, hi = min(caps), max(caps)
-    one = "none" if math.isinf(lo) else f"{lo:g}"
-    if lo == hi:
-        return one if one == "none" else f"{one} W"
-    two = "none" if math.isinf(hi) else f"{hi:g} W"
-    return f"{one}–{two}"
-
-
 # --------------------------------------------------------------------------- per record
 
 
-def node_breakdown(rec: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per node over every round of the run: times, energies, waits, straggler share."""
-    by_round: dict[int, list[dict[str, Any]]] = {}
-    for n in rec["nodes"]:
-        by_round.setdefault(int(n["server-round"]), []).append(n)
-    out: dict[str, dict[str, Any]] = {}
-    total_time = 0.0
-    for rnd in sorted(by_round):
-        rows = by_round[rnd]
-        ok = [n for n in rows if n.get("ok")]
-        times = {n["node-name"]: n["train-time-s"] + n["profile-time-s"] for n in ok}
-        round_time = max(times.values(), default=0.0)
-        total_time += round_time
-        slowest = max(times, key=lambda k: times[k]) if times else None
-        for n in rows:
-            t = out.setdefault(
-                n["node-name"],
-                {
-                    "device": n.get("device"),
-                    "rounds": 0,
-                    "rounds-ok": 0,
-                    "train-time-s": 0.0,
-                    "profile-time-s": 0.0,
-                    "energy-j": 0.0,
-                    "wait-s": 0.0,
-                    "wait-energy-j": 0.0,
-                    "slowest-rounds": 0,
-                    "slowest-time-s": 0.0,
-                    "over-cap-rounds": 0,
-                    "violation-rounds": 0,
-                    "peak-max-w": 0.0,
-                    "time-over-cap-s": 0.0,
-                    "reprofiles": 0,
-                    "caps": set(),
-                    "choices": Counter(),
-                    "errors": Counter(),
-                },
-            )
-            t["rounds"] += 1
-            if not n.get("ok"):
-                t["errors"][str(n.get("error", ""))[:120]] += 1
-                continue
-            own = times[n["node-name"]]
-            wait = round_time - own
-            t["rounds-ok"] += 1
-            t["train-time-s"] += n["train-time-s"]
-            t["profile-time-s"] += n["profile-time-s"]
-            t["energy-j"] += n["energy-j"] + n.get("profile-energy-j", 0.0)
-            t["wait-s"] += wait
-            idle = n.get("idle-power-w")
-            if idle is not None and math.isfinite(float(idle)):
-                t["wait-energy-j"] += float(idle) * wait
-            cap = _cap(n.get("p-max-w"))
-            t["caps"].add(cap)
-            if n.get("peak-power-w", 0.0) > cap:
-                t["over-cap-rounds"] += 1
-            if float(n.get("cap-violations", 0.0) or 0.0) > 0:
-                t["violation-rounds"] += 1
-            t["peak-max-w"] = max(t["peak-max-w"], float(n.get("peak-power-w", 0.0)))
-            t["time-over-cap-s"] += float(n.get("time-over-cap-s", 0.0) or 0.0)
-            t["reprofiles"] += int(n.get("drift-reprofiled", 0.0) or 0)
-            t["choices"][f"b{int(n['batch-size'])}@{float(n['gpu-freq-mhz']):g}"] += 1
-            if n["node-name"] == slowest:
-                t["slowest-rounds"] += 1
-                t["slowest-time-s"] += round_time
-    for t in out.values():
-        t["slowest-share"] = t["slowest-rounds"] / t["rounds"] if t["rounds"] else 0.0
-        t["slowest-time-share"] = t["slowest-time-s"] / total_time if total_time else 0.0
-        t["mean-wait-s"] = t["wait-s"] / t["rounds-ok"] if t["rounds-ok"] else None
-    return out
+def _sum_or_none(a: float | None, b: float | None) -> float | None:
+    return a + b if a is not None and b is not None else None
 
 
-def cell_metrics(rec: dict[str, Any]) -> dict[str, Any]:
-    """The headline numbers of one run (to the target and over all rounds)."""
+def _to_target(rec: Rec) -> dict[str, Any]:
+    """The headline numbers of one run up to the round that reached the target."""
     s = rec["summary"]
-    rounds = rec["rounds"]
     r2t = s.get("round-to-target")
-    upto = [r for r in rounds if r2t is not None and r["server_round"] <= r2t]
-    e2t = s.get("fleet-energy-to-target-j")
-    w2t = s.get("fleet-wait-energy-to-target-j")
-    nodes = node_breakdown(rec)
-    later = [r for r in rounds if r["server_round"] >= 2]
-
-    def per_round(key: str) -> float | None:
-        return sum(float(r[key]) for r in later) / len(later) if later else None
-
-    def saved_j(r: dict[str, Any]) -> float:
-        # pacing's LUT-predicted saving (records before the rename call it energy_saved_j)
-        return float(r.get("predicted_energy_saved_j", r.get("energy_saved_j", 0.0)))
-
-    steady_e, steady_w = per_round("round_energy_j"), per_round("round_wait_energy_j")
+    upto = [r for r in rec["rounds"] if r2t is not None and r["server-round"] <= r2t]
+    e2t, w2t = s.get("fleet-energy-to-target-j"), s.get("fleet-wait-energy-to-target-j")
+    first = rec["rounds"][0]["round-time-s"] if rec["rounds"] else None
     return {
         "reached": r2t is not None,
         "round-to-target": r2t,
         "time-to-target-s": s.get("sim-time-to-target-s"),
         "energy-to-target-j": e2t,
         "wait-energy-to-target-j": w2t,
-        "total-energy-to-target-j": (e2t + w2t) if e2t is not None and w2t is not None else None,
-        "saved-to-target-j": sum(saved_j(r) for r in upto) if upto else None,
-        "misses-to-target": sum(r.get("deadline_misses", 0) for r in upto) if upto else None,
-        "rounds": len(rounds),
-        "final-accuracy": s.get("final-accuracy"),
-        "sim-time-s": s.get("sim-time-s"),
-        "energy-j": s.get("fleet-energy-j"),
-        "wait-energy-j": s.get("fleet-wait-energy-j"),
-        "total-energy-j": (s.get("fleet-energy-j") or 0.0) + (s.get("fleet-wait-energy-j") or 0.0),
-        "energy-saved-j": s.get(
-            "fleet-predicted-energy-saved-j", s.get("fleet-energy-saved-j", 0.0)
-        ),
-        "deadline-misses": s.get("deadline-misses", 0),
-        "drift-reprofiles": s.get("drift-reprofiles", 0),
-        "profile-share": s.get("profile-share"),
-        "node-rounds-failed": sum(r.get("nodes_failed", 0) for r in rounds),
-        "over-cap-node-rounds": sum(t["over-cap-rounds"] for t in nodes.values()),
-        "profile-energy-j": sum(float(n.get("profile-energy-j", 0.0)) for n in rec["nodes"]),
-        "round-time-after-1-s": per_round("round_time_s"),
-        "energy-per-round-after-1-j": steady_e,
-        "wait-per-round-after-1-j": steady_w,
-        "sum-per-round-after-1-j": (
-            steady_e + steady_w if steady_e is not None and steady_w is not None else None
-        ),
-        "saved-per-round-after-1-j": (
-            sum(saved_j(r) for r in later) / len(later) if later else None
-        ),
+        "total-energy-to-target-j": _sum_or_none(e2t, w2t),
+        "saved-to-target-j": sum(r["predicted-energy-saved-j"] for r in upto) if upto else None,
+        "misses-to-target": sum(r["deadline-misses"] for r in upto) if upto else None,
         # rounds 2…target: the part of the time to target after every node's first round
         # (first-round profiling excluded; measured, not extrapolated)
         "time-to-target-after-1-s": (
-            s["sim-time-to-target-s"] - rounds[0]["round_time_s"] if r2t and rounds else None
+            s["sim-time-to-target-s"] - first if r2t and first is not None else None
         ),
-        "time-over-cap-s": sum(t["time-over-cap-s"] for t in nodes.values()),
+    }
+
+
+def _after_round_1(rec: Rec) -> dict[str, Any]:
+    """Means over the rounds after the first (when every profiling node has profiled)."""
+    later = [r for r in rec["rounds"] if r["server-round"] >= 2]
+
+    def per_round(key: str) -> float | None:
+        return sum(float(r[key]) for r in later) / len(later) if later else None
+
+    steady_e, steady_w = per_round("round-energy-j"), per_round("round-wait-energy-j")
+    return {
+        "round-time-after-1-s": per_round("round-time-s"),
+        "energy-per-round-after-1-j": steady_e,
+        "wait-per-round-after-1-j": steady_w,
+        "sum-per-round-after-1-j": _sum_or_none(steady_e, steady_w),
+        "saved-per-round-after-1-j": per_round("predicted-energy-saved-j"),
+    }
+
+
+def cell_metrics(rec: Rec) -> dict[str, Any]:
+    """The headline numbers of one run (to the target and over all rounds), read from its
+    summary and rounds as the recorder wrote them."""
+    s = rec["summary"]
+    energy, wait = s.get("fleet-energy-j"), s.get("fleet-wait-energy-j")
+    return {
+        **_to_target(rec),
+        "rounds": len(rec["rounds"]),
+        "final-accuracy": s.get("final-accuracy"),
+        "sim-time-s": s.get("sim-time-s"),
+        "energy-j": energy,
+        "wait-energy-j": wait,
+        "total-energy-j": (energy or 0.0) + (wait or 0.0),
+        "energy-saved-j": s.get("fleet-predicted-energy-saved-j"),
+        "deadline-misses": s.get("deadline-misses", 0),
+        "drift-reprofiles": s.get("drift-reprofiles", 0),
+        "profile-share": s.get("profile-share"),
+        "node-rounds-failed": s.get("node-rounds-failed"),
+        "over-cap-node-rounds": s.get("over-cap-node-rounds"),
+        "time-over-cap-s": sum(float(n["time-over-cap-s"]) for n in s["nodes"].values()),
+        "profile-energy-j": s.get("fleet-profile-energy-j"),
+        **_after_round_1(rec),
     }
 
 
@@ -241,7 +145,7 @@ QUANTS = (
 )
 
 
-def _group(recs: list[dict[str, Any]]) -> dict[str, Any]:
+def _group(recs: list[Rec]) -> dict[str, Any]:
     ms = [cell_metrics(r) for r in recs]
     g: dict[str, Any] = {
         "seeds": len(ms),
@@ -249,13 +153,13 @@ def _group(recs: list[dict[str, Any]]) -> dict[str, Any]:
         "per-seed": {int(r["seed"]): m for r, m in zip(recs, ms, strict=True)},
     }
     for q in QUANTS:
-        g[f"{q}-mean"], g[f"{q}-std"] = _mean_std([m[q] for m in ms])
+        g[f"{q}-mean"], g[f"{q}-std"] = kit.mean_std([m[q] for m in ms])
     return g
 
 
-def aggregate(records: list[dict[str, Any]]) -> dict[str, Any]:
+def aggregate(records: list[Rec]) -> dict[str, Any]:
     """Mean ± std over seeds per method and per (scenario, variant)."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str], list[Rec]] = {}
     for rec in records:
         for scenario, variant in rec["uses"]:
             groups.setdefault((scenario, variant), []).append(rec)
@@ -282,47 +186,84 @@ def _paired(
     ]
 
 
+#: Per-node totals of the recorder averaged over seeds in the node tables.
+NODE_MEANS = (
+    "train-time-s",
+    "profile-time-s",
+    "energy-j",
+    "wait-s",
+    "wait-energy-j",
+    "slowest-share",
+    "slowest-time-share",
+    "mean-wait-s",
+    "over-cap-rounds",
+    "violation-rounds",
+    "time-over-cap-s",
+    "drift-reprofiles",
+    "rounds",
+    "rounds-ok",
+)
+
+
+def _mean_nodes(recs: list[Rec]) -> dict[str, dict[str, Any]]:
+    """Per node, the mean over seeds of its totals in the runs' summaries (choices and caps
+    pooled, the highest peak)."""
+    per: dict[str, list[dict[str, Any]]] = {}
+    for r in recs:
+        for name, t in r["summary"]["nodes"].items():
+            energy = {"energy-j": t["train-energy-j"] + t["profile-energy-j"]}
+            per.setdefault(name, []).append({**t, **energy})
+    out: dict[str, dict[str, Any]] = {}
+    for name, ts in per.items():
+        agg: dict[str, Any] = {
+            "device": ts[0]["device"],
+            "caps": [c for t in ts for c in t["caps"]],
+            "choices": sum((Counter(t["choices"]) for t in ts), Counter()),
+            "peak-power-w": max(t["peak-power-w"] for t in ts),
+        }
+        for q in NODE_MEANS:
+            agg[q] = kit.mean_std([t[q] for t in ts])[0]
+        out[name] = agg
+    return out
+
+
+def _node_names(records: list[Rec]) -> list[str]:
+    seen: dict[str, None] = {}
+    for r in records:
+        for name in r["summary"]["nodes"]:
+            seen.setdefault(name, None)
+    return list(seen)
+
+
+def _by_use(records: list[Rec], scenario: str, variant: str) -> list[Rec]:
+    return sorted((r for r in records if [scenario, variant] in r["uses"]), key=lambda r: r["seed"])
+
+
 # --------------------------------------------------------------------------- plots
 
 
-def _write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> None:
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(header)
-        w.writerows(rows)
-
-
-def _curve(rec: dict[str, Any]) -> list[tuple[int, float, float, float, float]]:
+def _curve(rec: Rec) -> list[tuple[int, float, float, float, float]]:
     """(round, sim time s, accuracy, fleet energy J, fleet wait energy J), round 0 first."""
     s = rec["summary"]
     pts = [(0, 0.0, float(s.get("initial-accuracy") or 0.0), 0.0, 0.0)]
     for r in rec["rounds"]:
         pts.append(
             (
-                int(r["server_round"]),
-                float(r["sim_time_s"]),
+                int(r["server-round"]),
+                float(r["sim-time-s"]),
                 float(r["accuracy"]),
-                float(r["fleet_energy_j"]),
-                float(r["fleet_wait_energy_j"]),
+                float(r["fleet-energy-j"]),
+                float(r["fleet-wait-energy-j"]),
             )
         )
     return pts
 
 
-def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _fig_accuracy(
-    out: Path, series: list[tuple[str, dict[str, Any]]], name: str, title: str, target: float
+    out: Path, series: list[tuple[str, Rec]], name: str, title: str, target: float
 ) -> str:
-    plt = _plt()
-    _write_csv(
+    plt = kit.pyplot()
+    kit.write_csv(
         out / f"{name}.csv",
         ["series", "seed", "round", "sim_time_s", "accuracy", "fleet_energy_j", "wait_energy_j"],
         [[label, rec["seed"], *pt] for label, rec in series for pt in _curve(rec)],
@@ -340,32 +281,26 @@ def _fig_accuracy(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out / f"{name}.png", dpi=110)
-    plt.close(fig)
+    kit.save_figure(fig, out / f"{name}.png")
     return name
 
 
 def _fig_energy(out: Path, summary: dict[str, Any], methods: list[str]) -> str:
-    plt = _plt()
+    plt = kit.pyplot()
     name = "fig-energy-to-target"
+    cols = (
+        "energy-to-target-j-mean",
+        "energy-to-target-j-std",
+        "wait-energy-to-target-j-mean",
+        "wait-energy-to-target-j-std",
+        "energy-j-mean",
+        "wait-energy-j-mean",
+    )
     rows = []
     for m in methods:
         g = summary["methods"][m]
-        rows.append(
-            [
-                m,
-                g["seeds-reached"],
-                g["seeds"],
-                g["energy-to-target-j-mean"],
-                g["energy-to-target-j-std"],
-                g["wait-energy-to-target-j-mean"],
-                g["wait-energy-to-target-j-std"],
-                g["energy-j-mean"],
-                g["wait-energy-j-mean"],
-            ]
-        )
-    _write_csv(
+        rows.append([m, g["seeds-reached"], g["seeds"], *(g[c] for c in cols)])
+    kit.write_csv(
         out / f"{name}.csv",
         [
             "method",
@@ -399,57 +334,14 @@ def _fig_energy(out: Path, summary: dict[str, Any], methods: list[str]) -> str:
         ax.grid(axis="y", alpha=0.3)
         ax.tick_params(axis="x", labelsize=7)
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / f"{name}.png", dpi=110)
-    plt.close(fig)
+    kit.save_figure(fig, out / f"{name}.png")
     return name
 
 
-# --------------------------------------------------------------------------- report.md
-
-
-def load_output(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    manifest_path = out / "manifest.json"
-    if not manifest_path.is_file():
-        raise FederatedReportError(
-            f"{out}: no manifest.json; expected the output folder of `powerfl experiment run`"
-        )
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    records = [r for r in load_all(out / "records" / "cells") if r.get("study") == "federated"]
-    return manifest, records
-
-
-def _by_use(records: list[dict[str, Any]], scenario: str, variant: str) -> list[dict[str, Any]]:
-    return sorted((r for r in records if [scenario, variant] in r["uses"]), key=lambda r: r["seed"])
-
-
-def render(out: Path) -> Path:
-    """Write summary.json, plots (PNG + CSV) and report.md into ``out``; return report.md."""
-    manifest, records = load_output(out)
-    config = manifest["config"]
-    summary = aggregate(records)
-    write_json(
-        out / "summary.json",
-        {
-            "methods": {
-                m: {k: v for k, v in g.items() if k != "per-seed"}
-                for m, g in summary["methods"].items()
-            },
-            "scenarios": {
-                s: {v: {k: x for k, x in g.items() if k != "per-seed"} for v, g in sc.items()}
-                for s, sc in summary["scenarios"].items()
-            },
-            "per-seed": {
-                "methods": {m: g["per-seed"] for m, g in summary["methods"].items()},
-                "scenarios": {
-                    s: {v: g["per-seed"] for v, g in sc.items()}
-                    for s, sc in summary["scenarios"].items()
-                },
-            },
-        },
-    )
+def _figures(
+    out: Path, target: float, summary: dict[str, Any], records: list[Rec]
+) -> list[tuple[str, str]]:
     methods = [m for m in STUDY_METHODS if m in summary["methods"]]
-    target = float(config["target-accuracy"])
     figures: list[tuple[str, str]] = []
     if methods:
         series = [
@@ -457,18 +349,9 @@ def render(out: Path) -> Path:
             for m in methods
             for rec in _by_use(records, "methods", m)
         ]
-        figures.append(
-            (
-                _fig_accuracy(
-                    out,
-                    series,
-                    "fig-accuracy-vs-time",
-                    "Accuracy against simulated time per method (one line per seed)",
-                    target,
-                ),
-                "accuracy against simulated time per method",
-            )
-        )
+        title = "Accuracy against simulated time per method (one line per seed)"
+        name = _fig_accuracy(out, series, "fig-accuracy-vs-time", title, target)
+        figures.append((name, "accuracy against simulated time per method"))
         figures.append((_fig_energy(out, summary, methods), "fleet energy per method"))
     for scenario in SCENARIOS:
         if scenario not in summary["scenarios"]:
@@ -478,221 +361,264 @@ def render(out: Path) -> Path:
             for v in SCENARIO_VARIANTS[scenario]
             for rec in _by_use(records, scenario, v)
         ]
-        figures.append(
-            (
-                _fig_accuracy(out, series, f"fig-{scenario}", SCENARIO_TITLES[scenario], target),
-                SCENARIO_TITLES[scenario],
-            )
-        )
+        title = SCENARIO_TITLES[scenario]
+        figures.append((_fig_accuracy(out, series, f"fig-{scenario}", title, target), title))
+    return figures
 
-    lines: list[str] = []
-    add = lines.append
-    add(f"# Experiment `{config['name']}` — federated study ({config['scale']} scale)")
-    add("")
-    if config.get("description"):
-        add(config["description"])
-        add("")
-    counts = manifest.get("counts", {})
-    status = "complete" if manifest.get("complete") else "INCOMPLETE (some cells missing)"
-    add(f"Status: {status}; {len(records)} run records. Command:")
-    add("")
-    add("```")
-    add(manifest.get("command", "?"))
-    add("```")
-    add("")
-    wall = manifest.get("wall-s")
-    add(
-        f"Wall time of the last `run`: {_fmt(wall, digits=0)} s on "
-        f"{manifest.get('host', {}).get('cpus', '?')} CPU core(s) "
-        f"(cells run {counts.get('cells-done', '?')}, reused {counts.get('cells-reused', '?')}, "
-        f"failed {counts.get('cells-failed', '?')}); host wall time per run: "
-        + ", ".join(
-            f"{r['method']}/seed {r['seed']} {r['host-wall-s']:.0f} s"
-            for r in sorted(records, key=lambda r: (r["seed"], r["method"]))
-        )
-        + "."
-    )
-    add("")
-    for f in counts.get("failures", []):
-        add(f"- failed: {f}")
-    if counts.get("failures"):
-        add("")
-    add(
-        f"Each run: fleet `{config['fleet']}` in Flower's simulation engine, model "
-        f"`{config['model']}`, {config['partitioning']} partitioning"
-        + (
-            f" (Dirichlet α = {config['dirichlet-alpha']:g})"
-            if config["partitioning"] == "dirichlet"
-            else ""
-        )
-        + f", {config['num-rounds']} rounds, {config['local-epochs']} local epochs per round, "
-        f"target accuracy {target:g} on the server's test split, seeds "
-        f"{', '.join(str(s) for s in range(int(config['seeds'])))} (the same data split and "
-        "initial weights for every method of a seed). Time is simulated device time: a round "
-        "lasts as long as its slowest node (training + profiling); energy is the twins' "
-        "sensor energy. Mean ± std over seeds; a quantity 'to target' is averaged over the "
-        "seeds that reached the target (shown as reached/seeds)."
-    )
-    add("")
+
+# --------------------------------------------------------------------------- report.md
+
+
+def load_records(output: Output) -> list[Rec]:
+    """The cell records of the current version (older cells are run again, not mixed in)."""
+    return [
+        r
+        for r in output.records("cells")
+        if r.get("study") == NAME and r.get("cell-version") == CELL_VERSION
+    ]
+
+
+def _summary_json(summary: dict[str, Any]) -> dict[str, Any]:
+    """summary.json: the groups' means, then every seed's numbers apart."""
+
+    def without_seeds(g: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in g.items() if k != "per-seed"}
+
+    scenarios = summary["scenarios"].items()
+    return {
+        "methods": {m: without_seeds(g) for m, g in summary["methods"].items()},
+        "scenarios": {s: {v: without_seeds(g) for v, g in sc.items()} for s, sc in scenarios},
+        "per-seed": {
+            "methods": {m: g["per-seed"] for m, g in summary["methods"].items()},
+            "scenarios": {s: {v: g["per-seed"] for v, g in sc.items()} for s, sc in scenarios},
+        },
+    }
+
+
+def render(out: Path) -> Path:
+    """Write summary.json, plots (PNG + CSV) and report.md into ``out``; return report.md."""
+    output = kit.load_output(out)
+    records = load_records(output)
+    config = output.config
+    summary = aggregate(records)
+    write_json(out / "summary.json", _summary_json(summary))
+    figures = _figures(out, float(config["target-accuracy"]), summary, records)
+    doc = Doc()
+    kit.experiment_head(doc, output, "federated study", f"{len(records)} run records")
+    _run_notes(doc, output, records)
+    methods = [m for m in STUDY_METHODS if m in summary["methods"]]
     if methods:
-        _methods_section(add, summary, methods, records, config)
+        _methods_section(doc, summary, methods, records, config)
     for scenario in SCENARIOS:
         if scenario in summary["scenarios"]:
-            _scenario_section(add, summary, scenario, records, config)
-    add("## Plots")
-    add("")
-    for name, kind in figures:
-        add(f"- {kind}: `{name}.png` (data: `{name}.csv`)")
-        add("")
-        add(f"  ![{name}]({name}.png)")
-        add("")
-    add("## Settings (resolved from the experiment file at this scale)")
-    add("")
-    add("| key | value |")
-    add("|---|---|")
-    for k, v in config.items():
-        add(f"| `{k}` | `{json.dumps(v)}` |")
-    add("")
-    add(
-        "Run settings of every cell (the `-c key=value` overrides of `[tool.flwr.app.config]`) "
-        "are in each record under `records/cells/` (`settings`), with the full per-round and "
-        "per-node rows of its run; each run's log is under `runs/`."
+            _scenario_section(doc, summary, scenario, records, config)
+    kit.figures_section(doc, figures)
+    kit.settings_section(doc, config)
+    doc.add(
+        "Run settings of every cell (the overrides of `[tool.flwr.app.config]`) are in each "
+        "record under `records/cells/` (`settings`), with the full per-round and per-node "
+        "rows of its run; each run's log is under `runs/`.",
+        "",
     )
-    add("")
-    if manifest.get("data-note"):
-        add(manifest["data-note"])
-        add("")
-    add(
-        "Experiment file: `" + manifest.get("experiment-file", "?") + "` (copied to "
-        "`experiment.toml` in this folder)."
+    kit.provenance_section(doc, output.manifest)
+    return doc.write(out / "report.md")
+
+
+def _run_notes(doc: Doc, output: Output, records: list[Rec]) -> None:
+    manifest, config = output.manifest, output.config
+    counts = manifest.get("counts", {})
+    walls = ", ".join(
+        f"{r['method']}/seed {r['seed']} {r['host-wall-s']:.0f} s"
+        for r in sorted(records, key=lambda r: (r["seed"], r["method"]))
     )
-    add("")
-    add("## Software")
-    add("")
-    for k, v in manifest.get("versions", {}).items():
-        add(f"- {k} {v}")
-    add("")
-    path = out / "report.md"
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
+    doc.add(
+        f"Wall time of the last `run`: {kit.fmt(manifest.get('wall-s'), digits=0)} s on "
+        f"{manifest.get('host', {}).get('cpus', '?')} CPU core(s) "
+        f"(cells run {counts.get('cells-done', '?')}, reused {counts.get('cells-reused', '?')}, "
+        f"failed {counts.get('cells-failed', '?')}); host wall time per run: {walls}.",
+        "",
+    )
+    failures = counts.get("failures", [])
+    if failures:
+        doc.add(*(f"- failed: {f}" for f in failures), "")
+    alpha = config["partitioning"] == "dirichlet"
+    doc.add(
+        f"Each run: fleet `{config['fleet']}` in Flower's simulation engine, model "
+        f"`{config['model']}`, {config['partitioning']} partitioning"
+        + (f" (Dirichlet α = {config['dirichlet-alpha']:g})" if alpha else "")
+        + f", {config['num-rounds']} rounds, {config['local-epochs']} local epochs per round, "
+        f"target accuracy {float(config['target-accuracy']):g} on the server's test split, "
+        f"seeds {', '.join(str(s) for s in range(int(config['seeds'])))} (the same data split "
+        "and initial weights for every method of a seed). Time is simulated device time: a "
+        "round lasts as long as its slowest node (training + profiling); energy is the twins' "
+        "sensor energy. Mean ± std over seeds; a quantity 'to target' is averaged over the "
+        "seeds that reached the target (shown as reached/seeds).",
+        "",
+    )
+
+
+TO_TARGET_COLUMNS = (
+    "method",
+    "reached",
+    "rounds",
+    "sim time s",
+    "energy J",
+    "idle wait J",
+    "sum J",
+    "profiling share",
+    "time ÷ ours",
+    "sum energy ÷ ours",
+    "rounds 2…target s",
+    "round time after round 1 s",
+)
+WHOLE_RUN_COLUMNS = (
+    "method",
+    "final accuracy",
+    "sim time s",
+    "energy J",
+    "idle wait J",
+    "sum J",
+    "node-rounds over cap",
+    "node-rounds failed",
+)
+NODE_COLUMNS = (
+    "node",
+    "device",
+    "cap",
+    "(b, f MHz) × rounds",
+    "train s",
+    "profile s",
+    "energy J",
+    "wait s",
+    "idle wait J",
+    "slowest",
+    "peak max W",
+    "rounds peak > cap",
+    "time over cap s",
+    "rounds ok",
+)
 
 
 def _reached(g: dict[str, Any], q: str, digits: int | None = None) -> str:
     if g["seeds-reached"] == 0:
         return "not reached"
-    txt = _fmt(g[f"{q}-mean"], g[f"{q}-std"], digits)
+    txt = kit.fmt(g[f"{q}-mean"], g[f"{q}-std"], digits)
     if g["seeds-reached"] < g["seeds"]:
         txt += f" ({g['seeds-reached']}/{g['seeds']})"
     return txt
 
 
+def _mean(g: dict[str, Any], q: str, digits: int | None = None) -> str:
+    return kit.fmt(g[f"{q}-mean"], g[f"{q}-std"], digits)
+
+
 def _methods_section(
-    add: Any,
+    doc: Doc,
     summary: dict[str, Any],
     methods: list[str],
-    records: list[dict[str, Any]],
+    records: list[Rec],
     config: dict[str, Any],
 ) -> None:
-    ms = summary["methods"]
-    add("## Methods on the same fleet, data and seeds")
-    add("")
-    add("**To the target accuracy** (energy: training + profiling | idle waiting | sum)")
-    add("")
-    add(
-        "| method | reached | rounds | sim time s | energy J | idle wait J | sum J | "
-        "profiling share | time ÷ ours | sum energy ÷ ours | rounds 2…target s | "
-        "round time after round 1 s |"
+    doc.add("## Methods on the same fleet, data and seeds", "")
+    _to_target_table(doc, summary["methods"], methods)
+    doc.add(
+        f"**Whole run** (a run stops at the round that reaches the target, else after "
+        f"{config['num-rounds']} rounds)",
+        "",
     )
-    add("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    doc.table(WHOLE_RUN_COLUMNS)
+    for m in methods:
+        g = summary["methods"][m]
+        doc.row(
+            METHOD_LABELS.get(m, m),
+            _mean(g, "final-accuracy", 3),
+            _mean(g, "sim-time-s"),
+            _mean(g, "energy-j"),
+            _mean(g, "wait-energy-j"),
+            _mean(g, "total-energy-j"),
+            kit.fmt(g["over-cap-node-rounds-mean"], digits=1),
+            kit.fmt(g["node-rounds-failed-mean"], digits=1),
+        )
+    doc.add("")
+    doc.add(
+        "A node-round is *over cap* when a sample of the twin's power sensor during local "
+        "training exceeded the node's cap (sensor noise included; *time over cap* is how long "
+        "the samples stayed above it); *failed* when the node returned no update (reasons "
+        "below).",
+        "",
+    )
+    _straggler_section(doc, records, methods)
+    _node_errors(doc, records, methods)
+
+
+def _to_target_table(doc: Doc, ms: dict[str, Any], methods: list[str]) -> None:
+    doc.add("**To the target accuracy** (energy: training + profiling | idle waiting | sum)", "")
+    doc.table(TO_TARGET_COLUMNS)
     ours = ms.get("power-aware")
+
+    def versus_ours(g: dict[str, Any], q: str) -> str:
+        if ours is None or not ours[f"{q}-mean"] or g[f"{q}-mean"] is None:
+            return NA
+        return f"{g[f'{q}-mean'] / ours[f'{q}-mean']:.2f}×"
+
     for m in methods:
         g = ms[m]
-
-        def ratio(q: str, g: dict[str, Any] = g) -> str:
-            if ours is None or not ours[f"{q}-mean"] or g[f"{q}-mean"] is None:
-                return "—"
-            return f"{g[f'{q}-mean'] / ours[f'{q}-mean']:.2f}×"
-
-        add(
-            f"| {METHOD_LABELS.get(m, m)} | {g['seeds-reached']}/{g['seeds']} | "
-            f"{_reached(g, 'round-to-target', 1)} | {_reached(g, 'time-to-target-s')} | "
-            f"{_reached(g, 'energy-to-target-j')} | {_reached(g, 'wait-energy-to-target-j')} | "
-            f"{_reached(g, 'total-energy-to-target-j')} | "
-            f"{_fmt(100 * (g['profile-share-mean'] or 0.0), digits=1)}% | "
-            f"{ratio('time-to-target-s')} | {ratio('total-energy-to-target-j')} | "
-            f"{_reached(g, 'time-to-target-after-1-s')} | "
-            f"{_fmt(g['round-time-after-1-s-mean'], g['round-time-after-1-s-std'])} |"
+        doc.row(
+            METHOD_LABELS.get(m, m),
+            f"{g['seeds-reached']}/{g['seeds']}",
+            _reached(g, "round-to-target", 1),
+            _reached(g, "time-to-target-s"),
+            _reached(g, "energy-to-target-j"),
+            _reached(g, "wait-energy-to-target-j"),
+            _reached(g, "total-energy-to-target-j"),
+            f"{kit.fmt(100 * (g['profile-share-mean'] or 0.0), digits=1)}%",
+            versus_ours(g, "time-to-target-s"),
+            versus_ours(g, "total-energy-to-target-j"),
+            _reached(g, "time-to-target-after-1-s"),
+            _mean(g, "round-time-after-1-s"),
         )
-    add("")
-    add(
+    doc.add("")
+    doc.add(
         "Ratios are of the means over the seeds that reached the target (> 1× means ours "
         "is faster / uses less). Profiling share = profiling ÷ (profiling + training) device "
         "time summed over nodes and all rounds. *Rounds 2…target*: the time to target "
         "without the first round, in which every profiling node profiles (the one-time cost "
         "that a longer training amortises); *round time after round 1*: mean over the later "
-        "rounds."
+        "rounds.",
+        "",
     )
-    add("")
-    add(
-        f"**Whole run** (a run stops at the round that reaches the target, else after "
-        f"{config['num-rounds']} rounds)"
-    )
-    add("")
-    add(
-        "| method | final accuracy | sim time s | energy J | idle wait J | sum J | "
-        "node-rounds over cap | node-rounds failed |"
-    )
-    add("|---|---|---|---|---|---|---|---|")
-    for m in methods:
-        g = ms[m]
-        add(
-            f"| {METHOD_LABELS.get(m, m)} | "
-            f"{_fmt(g['final-accuracy-mean'], g['final-accuracy-std'], 3)} | "
-            f"{_fmt(g['sim-time-s-mean'], g['sim-time-s-std'])} | "
-            f"{_fmt(g['energy-j-mean'], g['energy-j-std'])} | "
-            f"{_fmt(g['wait-energy-j-mean'], g['wait-energy-j-std'])} | "
-            f"{_fmt(g['total-energy-j-mean'], g['total-energy-j-std'])} | "
-            f"{_fmt(g['over-cap-node-rounds-mean'], digits=1)} | "
-            f"{_fmt(g['node-rounds-failed-mean'], digits=1)} |"
-        )
-    add("")
-    add(
-        "A node-round is *over cap* when a sample of the twin's power sensor during local "
-        "training exceeded the node's cap (sensor noise included; *time over cap* is how long "
-        "the samples stayed above it); *failed* when the node returned no update (reasons "
-        "below)."
-    )
-    add("")
-    add("### Straggler share (whole run, mean over seeds)")
-    add("")
-    add(
+
+
+def _straggler_section(doc: Doc, records: list[Rec], methods: list[str]) -> None:
+    doc.add("### Straggler share (whole run, mean over seeds)", "")
+    doc.add(
         "Per node: % of rounds it was the slowest (set the round time) / % of simulated "
-        "time those rounds took / mean wait for the slowest node per round (s)."
+        "time those rounds took / mean wait for the slowest node per round (s).",
+        "",
     )
-    add("")
     names = _node_names([r for m in methods for r in _by_use(records, "methods", m)])
-    add("| node | device | " + " | ".join(METHOD_LABELS.get(m, m) for m in methods) + " |")
-    add("|---|---|" + "---|" * len(methods))
     tables = {m: _mean_nodes(_by_use(records, "methods", m)) for m in methods}
+    doc.table(["node", "device", *(METHOD_LABELS.get(m, m) for m in methods)])
     for name in names:
         dev = next((t[name]["device"] for t in tables.values() if name in t), "?")
         cells = []
         for m in methods:
             t = tables[m].get(name)
             cells.append(
-                "—"
+                NA
                 if t is None
                 else f"{100 * t['slowest-share']:.0f}% / {100 * t['slowest-time-share']:.0f}% / "
-                f"{_fmt(t['mean-wait-s'])}"
+                f"{kit.fmt(t['mean-wait-s'])}"
             )
-        add(f"| {name} | {dev} | " + " | ".join(cells) + " |")
-    add("")
-    add("### Per-device time and energy breakdown (whole run, mean over seeds)")
-    add("")
+        doc.row(name, dev, *cells)
+    doc.add("")
+    doc.add("### Per-device time and energy breakdown (whole run, mean over seeds)", "")
     for m in methods:
-        add(f"**{METHOD_LABELS.get(m, m)}**")
-        add("")
-        _node_table(add, tables[m], names)
+        doc.add(f"**{METHOD_LABELS.get(m, m)}**", "")
+        _node_table(doc, tables[m], names)
+
+
+def _node_errors(doc: Doc, records: list[Rec], methods: list[str]) -> None:
     errors = sorted(
         {
             f"{r['method']} seed {r['seed']}: {n['node-name']} round {n['server-round']}: "
@@ -704,68 +630,15 @@ def _methods_section(
         }
     )
     if errors:
-        add("Node-rounds without an update:")
-        add("")
-        for e in errors[:30]:
-            add(f"- {e}")
+        doc.add("Node-rounds without an update:", "")
+        doc.add(*(f"- {e}" for e in errors[:30]))
         if len(errors) > 30:
-            add(f"- … and {len(errors) - 30} more (see the records)")
-        add("")
+            doc.add(f"- … and {len(errors) - 30} more (see the records)")
+        doc.add("")
 
 
-def _node_names(records: list[dict[str, Any]]) -> list[str]:
-    seen: dict[str, None] = {}
-    for r in records:
-        for n in r["nodes"]:
-            seen.setdefault(n["node-name"], None)
-    return list(seen)
-
-
-def _mean_nodes(recs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per node, the mean over seeds of ``node_breakdown`` (choices and caps pooled)."""
-    per: dict[str, list[dict[str, Any]]] = {}
-    for r in recs:
-        for name, t in node_breakdown(r).items():
-            per.setdefault(name, []).append(t)
-    out: dict[str, dict[str, Any]] = {}
-    for name, ts in per.items():
-        agg: dict[str, Any] = {
-            "device": ts[0]["device"],
-            "caps": set(),
-            "choices": Counter(),
-            "peak-max-w": max(t["peak-max-w"] for t in ts),
-        }
-        for t in ts:
-            agg["caps"] |= t["caps"]
-            agg["choices"].update(t["choices"])
-        for q in (
-            "train-time-s",
-            "profile-time-s",
-            "energy-j",
-            "wait-s",
-            "wait-energy-j",
-            "slowest-share",
-            "slowest-time-share",
-            "mean-wait-s",
-            "over-cap-rounds",
-            "violation-rounds",
-            "time-over-cap-s",
-            "reprofiles",
-            "rounds",
-            "rounds-ok",
-        ):
-            agg[q] = _mean_std([t[q] for t in ts])[0]
-        out[name] = agg
-    return out
-
-
-def _node_table(add: Any, table: dict[str, dict[str, Any]], names: list[str]) -> None:
-    add(
-        "| node | device | cap | (b, f MHz) × rounds | train s | profile s | energy J | "
-        "wait s | idle wait J | slowest | peak max W | rounds peak > cap | time over cap s | "
-        "rounds ok |"
-    )
-    add("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+def _node_table(doc: Doc, table: dict[str, dict[str, Any]], names: list[str]) -> None:
+    doc.table(NODE_COLUMNS)
     for name in names:
         t = table.get(name)
         if t is None:
@@ -773,119 +646,113 @@ def _node_table(add: Any, table: dict[str, dict[str, Any]], names: list[str]) ->
         choices = ", ".join(f"{k} ×{v}" for k, v in t["choices"].most_common(3))
         if len(t["choices"]) > 3:
             choices += ", …"
-        add(
-            f"| {name} | {t['device']} | {_cap_text(t['caps'])} | {choices or '—'} | "
-            f"{_fmt(t['train-time-s'])} | {_fmt(t['profile-time-s'])} | {_fmt(t['energy-j'])} | "
-            f"{_fmt(t['wait-s'])} | {_fmt(t['wait-energy-j'])} | "
-            f"{100 * (t['slowest-share'] or 0.0):.0f}% | {t['peak-max-w']:.2f} | "
-            f"{_fmt(t['over-cap-rounds'], digits=1)} | {_fmt(t['time-over-cap-s'])} | "
-            f"{_fmt(t['rounds-ok'], digits=1)}/{_fmt(t['rounds'], digits=1)} |"
+        doc.row(
+            name,
+            t["device"],
+            kit.cap_span(t["caps"]),
+            choices or NA,
+            *(kit.fmt(t[q]) for q in ("train-time-s", "profile-time-s", "energy-j", "wait-s")),
+            kit.fmt(t["wait-energy-j"]),
+            f"{100 * (t['slowest-share'] or 0.0):.0f}%",
+            kit.fmt(t["peak-power-w"], digits=2),
+            kit.fmt(t["over-cap-rounds"], digits=1),
+            kit.fmt(t["time-over-cap-s"]),
+            f"{kit.fmt(t['rounds-ok'], digits=1)}/{kit.fmt(t['rounds'], digits=1)}",
         )
-    add("")
+    doc.add("")
 
 
-def _scenario_section(
-    add: Any,
-    summary: dict[str, Any],
-    scenario: str,
-    records: list[dict[str, Any]],
-    config: dict[str, Any],
-) -> None:
-    sc = summary["scenarios"][scenario]
-    variants = [v for v in SCENARIO_VARIANTS[scenario] if v in sc]
-    ref, other = SCENARIO_VARIANTS[scenario]
-    add(f"## {SCENARIO_TITLES[scenario]}")
-    add("")
+# --------------------------------------------------------------------------- scenarios
+
+
+def _scenario_intro(scenario: str, config: dict[str, Any]) -> str:
     method = config.get("scenario-method", "power-aware")
     if scenario == "pacing":
-        add(
+        return (
             f'`{method}` on fleet `{config["fleet"]}` with `pacing = "off"` and `pacing = '
             f'"deadline"` (pacing-margin {config["pacing-margin"]}); everything else equal.'
         )
-    elif scenario == "varying-cap":
-        add(
+    if scenario == "varying-cap":
+        return (
             f"`{method}` on `{config['varying-cap-fleet']}` (nodes with a `p-max-schedule`) "
             "and on the same fleet with each schedule replaced by its minimum cap "
             "(`fleets/*-fixed-at-minimum.toml` in this folder)."
         )
-    else:
-        add(
-            f"`{method}` on `{config['drift-fleet']}` (twins that slow down / draw more from "
-            f"some round) with `drift-check-every = {config['drift-check-every']}` "
-            f"(threshold {config['drift-threshold']}) and with the check off."
-        )
-    add("")
-    cols = [
-        ("reached", None),
-        ("rounds to target", "round-to-target"),
-        ("time to target s", "time-to-target-s"),
-        ("energy to target J", "energy-to-target-j"),
-        ("idle wait to target J", "wait-energy-to-target-j"),
-        ("sum to target J", "total-energy-to-target-j"),
-        ("final acc.", "final-accuracy"),
-        ("run: time s", "sim-time-s"),
-        ("run: energy J", "energy-j"),
-        ("run: sum J", "total-energy-j"),
-    ]
-    cols += [
-        ("profiling energy J", "profile-energy-j"),
-        ("round time after round 1 s", "round-time-after-1-s"),
-        ("energy / round after round 1 J", "energy-per-round-after-1-j"),
-        ("idle wait / round after round 1 J", "wait-per-round-after-1-j"),
-        ("sum / round after round 1 J", "sum-per-round-after-1-j"),
-    ]
+    return (
+        f"`{method}` on `{config['drift-fleet']}` (twins that slow down / draw more from "
+        f"some round) with `drift-check-every = {config['drift-check-every']}` "
+        f"(threshold {config['drift-threshold']}) and with the check off."
+    )
+
+
+#: Quantities reported to the target (averaged over the seeds that reached it): the first
+#: six of ``QUANTS``.
+TO_TARGET = frozenset(QUANTS[:6])
+#: Columns of every scenario's table, then those of some scenarios.
+SCENARIO_COLUMNS: list[tuple[str, str | None]] = [
+    ("reached", None),
+    ("rounds to target", "round-to-target"),
+    ("time to target s", "time-to-target-s"),
+    ("energy to target J", "energy-to-target-j"),
+    ("idle wait to target J", "wait-energy-to-target-j"),
+    ("sum to target J", "total-energy-to-target-j"),
+    ("final acc.", "final-accuracy"),
+    ("run: time s", "sim-time-s"),
+    ("run: energy J", "energy-j"),
+    ("run: sum J", "total-energy-j"),
+    ("profiling energy J", "profile-energy-j"),
+    ("round time after round 1 s", "round-time-after-1-s"),
+    ("energy / round after round 1 J", "energy-per-round-after-1-j"),
+    ("idle wait / round after round 1 J", "wait-per-round-after-1-j"),
+    ("sum / round after round 1 J", "sum-per-round-after-1-j"),
+]
+PACING_COLUMNS: list[tuple[str, str | None]] = [
+    ("LUT-predicted saving / round J", "saved-per-round-after-1-j"),
+    ("LUT-predicted saving to target J", "saved-to-target-j"),
+    ("LUT-predicted saving, run J", "energy-saved-j"),
+    ("deadline misses", "deadline-misses"),
+]
+CAP_COLUMNS: list[tuple[str, str | None]] = [
+    ("node-rounds failed", "node-rounds-failed"),
+    ("node-rounds over cap", "over-cap-node-rounds"),
+    ("time over cap s", "time-over-cap-s"),
+]
+#: Paired by seed: the other variant against the reference.
+PAIRED = (
+    ("time-to-target-s", "time to target"),
+    ("total-energy-to-target-j", "energy to target incl. idle waiting"),
+    ("energy-to-target-j", "training + profiling energy to target"),
+    ("profile-energy-j", "profiling energy"),
+    ("round-time-after-1-s", "round time after round 1"),
+    ("energy-per-round-after-1-j", "measured training energy per round after round 1"),
+    ("sum-per-round-after-1-j", "training + idle waiting energy per round after round 1"),
+    ("sim-time-s", "time, whole run"),
+    ("total-energy-j", "energy incl. idle waiting, whole run"),
+)
+
+
+def _scenario_columns(scenario: str) -> list[tuple[str, str | None]]:
+    cols = list(SCENARIO_COLUMNS)
     if scenario == "pacing":
-        cols += [
-            ("LUT-predicted saving / round J", "saved-per-round-after-1-j"),
-            ("LUT-predicted saving to target J", "saved-to-target-j"),
-            ("LUT-predicted saving, run J", "energy-saved-j"),
-            ("deadline misses", "deadline-misses"),
-        ]
+        cols += PACING_COLUMNS
     if scenario in ("varying-cap", "drift"):
-        cols += [
-            ("node-rounds failed", "node-rounds-failed"),
-            ("node-rounds over cap", "over-cap-node-rounds"),
-            ("time over cap s", "time-over-cap-s"),
-        ]
+        cols += CAP_COLUMNS
     if scenario == "drift":
         cols += [("re-profiles", "drift-reprofiles")]
-    add("| variant | " + " | ".join(c for c, _ in cols) + " |")
-    add("|---|" + "---|" * len(cols))
-    to_target = {
-        "round-to-target",
-        "time-to-target-s",
-        "energy-to-target-j",
-        "wait-energy-to-target-j",
-        "total-energy-to-target-j",
-        "saved-to-target-j",
-    }
-    for v in variants:
-        g = sc[v]
-        cells = []
-        for _, q in cols:
-            if q is None:
-                cells.append(f"{g['seeds-reached']}/{g['seeds']}")
-            elif q in to_target:
-                cells.append(_reached(g, q, 1 if q == "round-to-target" else None))
-            elif q == "final-accuracy":
-                cells.append(_fmt(g[f"{q}-mean"], g[f"{q}-std"], 3))
-            else:
-                cells.append(_fmt(g[f"{q}-mean"], g[f"{q}-std"]))
-        add(f"| {v} | " + " | ".join(cells) + " |")
-    add("")
-    # Paired per-seed comparison: the other variant against the reference.
+    return cols
+
+
+def _scenario_cell(g: dict[str, Any], q: str | None) -> str:
+    if q is None:
+        return f"{g['seeds-reached']}/{g['seeds']}"
+    if q in TO_TARGET:
+        return _reached(g, q, 1 if q == "round-to-target" else None)
+    return _mean(g, q, 3 if q == "final-accuracy" else None)
+
+
+def _paired_lines(summary: dict[str, Any], scenario: str, ref: str, other: str) -> list[str]:
     rows = []
-    for q, label in (
-        ("time-to-target-s", "time to target"),
-        ("total-energy-to-target-j", "energy to target incl. idle waiting"),
-        ("energy-to-target-j", "training + profiling energy to target"),
-        ("profile-energy-j", "profiling energy"),
-        ("round-time-after-1-s", "round time after round 1"),
-        ("energy-per-round-after-1-j", "measured training energy per round after round 1"),
-        ("sum-per-round-after-1-j", "training + idle waiting energy per round after round 1"),
-        ("sim-time-s", "time, whole run"),
-        ("total-energy-j", "energy incl. idle waiting, whole run"),
-    ):
+    for q, label in PAIRED:
         pairs = _paired(summary, scenario, ref, other, q)
         if not pairs:
             rows.append(f"- {label}: no seed where both variants have it")
@@ -896,30 +763,44 @@ def _scenario_section(
             f"- {label}, {other} vs {ref}: {statistics.fmean(diffs):+.1f}% "
             f"(per seed {', '.join(f'{d:+.1f}%' for d in diffs)}; {per_seed})"
         )
-    add("Paired by seed (same data and initial weights):")
-    add("")
-    for r in rows:
-        add(r)
+    return rows
+
+
+def _pacing_notes(summary: dict[str, Any], ref: str, other: str) -> list[str]:
+    noise = summary["scenarios"]["pacing"].get(ref, {}).get("time-to-target-s-std")
+    r2t = _paired(summary, "pacing", ref, other, "round-to-target")
+    same = sum(1 for _, a, b in r2t if a == b)
+    return [
+        f"- rounds to target identical in {same}/{len(r2t)} seed(s) (pacing keeps every "
+        "node's b*, so the learning dynamics are the same); seed-to-seed std of the "
+        f"reference's time to target: {kit.fmt(noise)} s",
+        "- *saved* is what the paced nodes' LUTs predict they save against running at f* "
+        "(the nodes report it); the *measured* effect is the difference in the twins' "
+        "sensor energy per round above. Pacing profiles more points in a node's first "
+        "round (the frequencies below f* it may pace to), which shows up as profiling "
+        "energy and first-round time.",
+    ]
+
+
+def _scenario_section(
+    doc: Doc, summary: dict[str, Any], scenario: str, records: list[Rec], config: dict[str, Any]
+) -> None:
+    sc = summary["scenarios"][scenario]
+    variants = [v for v in SCENARIO_VARIANTS[scenario] if v in sc]
+    ref, other = SCENARIO_VARIANTS[scenario]
+    doc.add(f"## {SCENARIO_TITLES[scenario]}", "", _scenario_intro(scenario, config), "")
+    cols = _scenario_columns(scenario)
+    doc.table(["variant", *(c for c, _ in cols)])
+    for v in variants:
+        doc.row(v, *(_scenario_cell(sc[v], q) for _, q in cols))
+    doc.add("")
+    doc.add("Paired by seed (same data and initial weights):", "")
+    doc.add(*_paired_lines(summary, scenario, ref, other))
     if scenario == "pacing":
-        noise = sc.get(ref, {}).get("time-to-target-s-std")
-        r2t = _paired(summary, scenario, ref, other, "round-to-target")
-        same = sum(1 for _, a, b in r2t if a == b)
-        add(
-            f"- rounds to target identical in {same}/{len(r2t)} seed(s) (pacing keeps every "
-            "node's b*, so the learning dynamics are the same); seed-to-seed std of the "
-            f"reference's time to target: {_fmt(noise)} s"
-        )
-        add(
-            "- *saved* is what the paced nodes' LUTs predict they save against running at f* "
-            "(the nodes report it); the *measured* effect is the difference in the twins' "
-            "sensor energy per round above. Pacing profiles more points in a node's first "
-            "round (the frequencies below f* it may pace to), which shows up as profiling "
-            "energy and first-round time."
-        )
-    add("")
+        doc.add(*_pacing_notes(summary, ref, other))
+    doc.add("")
     if scenario in ("varying-cap", "drift"):
         for v in variants:
             recs = _by_use(records, scenario, v)
-            add(f"**{v}: per node (whole run, mean over seeds)**")
-            add("")
-            _node_table(add, _mean_nodes(recs), _node_names(recs))
+            doc.add(f"**{v}: per node (whole run, mean over seeds)**", "")
+            _node_table(doc, _mean_nodes(recs), _node_names(recs))

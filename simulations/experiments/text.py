@@ -39,6 +39,7 @@ from fl_client.text_model import (
     CharTransformer,
     build_text_model,
 )
+from simulations.experiments.units import TargetRun, TrainingResult
 
 __all__ = [
     "B_REF",
@@ -203,41 +204,35 @@ def samples_to_target_text(
     train_ids: torch.Tensor,
     test_x: torch.Tensor,
     test_y: torch.Tensor,
-    *,
-    batch_size: int,
-    lr: float,
-    target_accuracy: float,
-    eval_every_samples: int,
-    max_samples: int,
-    seed: int,
+    run: TargetRun,
     on_eval: Callable[[int], None] | None = None,
-) -> tuple[int | None, list[tuple[int, float]], int]:
+) -> TrainingResult:
     """Train with AdamW on random windows until the character accuracy target.
 
     Same contract as ``fl_client.r_estimation.samples_to_target``: (samples when the
     target was first reached or None, evaluation curve, samples processed). A sample is
     one window of ``SEQ_LEN`` characters.
     """
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=run.lr)
+    gen = torch.Generator().manual_seed(run.seed)
     model.train()
-    samples, next_eval = 0, eval_every_samples
+    samples, next_eval = 0, run.eval_every_samples
     curve: list[tuple[int, float]] = []
     offsets = torch.arange(SEQ_LEN)
-    while samples < max_samples:
-        starts = torch.randint(0, len(train_ids) - SEQ_LEN - 1, (batch_size,), generator=gen)
+    while samples < run.max_samples:
+        starts = torch.randint(0, len(train_ids) - SEQ_LEN - 1, (run.batch_size,), generator=gen)
         x = train_ids[starts[:, None] + offsets]
         y = train_ids[starts[:, None] + offsets + 1]
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y).backward()
         opt.step()
-        samples += batch_size
-        if samples >= next_eval or samples >= max_samples:
+        samples += run.batch_size
+        if samples >= next_eval or samples >= run.max_samples:
             acc = char_accuracy(model, test_x, test_y)
             curve.append((samples, acc))
             if on_eval is not None:
                 on_eval(samples)
-            if acc >= target_accuracy:
+            if acc >= run.target_accuracy:
                 return samples, curve, samples
-            next_eval = (samples // eval_every_samples + 1) * eval_every_samples
+            next_eval = (samples // run.eval_every_samples + 1) * run.eval_every_samples
     return None, curve, samples

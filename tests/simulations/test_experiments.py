@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from simulations.cli import main
-from simulations.experiments.config import ExperimentConfigError, load_experiment
+from simulations.experiments.config import ExperimentConfigError, FileOptions
 from simulations.experiments.records import load_all
+from simulations.experiments.registry import load_config
+from simulations.experiments.single_device_config import SingleDeviceConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,6 +32,12 @@ target-train-size = 200
 profile-steps = 2
 seeds = 1
 """
+
+
+def load_experiment(path: Path, **options: object) -> SingleDeviceConfig:
+    cfg = load_config(path, FileOptions(**options))  # type: ignore[arg-type]
+    assert isinstance(cfg, SingleDeviceConfig)
+    return cfg
 
 
 def _write(tmp_path: Path, text: str, name: str = "exp.toml") -> Path:
@@ -198,7 +206,7 @@ def test_tiny_study_writes_records_report_and_plots(tiny_run):
         methods["b1"]["tt-acc-s"] / methods["power-aware"]["tt-acc-s"]
     )
     report = (out / "report.md").read_text()
-    assert "| Ours |" in report and "P_max 4.5W" in report
+    assert "| Ours |" in report and "P_max 4.5 W" in report
     assert "powerfl experiment run" in report and "torch" in report
     assert "`lr-ref` | `0.003`" in report  # every setting comes from the file
     for stem in (
@@ -233,7 +241,7 @@ def test_rerun_resumes_and_report_rerenders(tiny_run):
 
 
 def test_report_compares_with_the_papers_claims(tiny_run):
-    from simulations.experiments.report import compare_with_paper
+    from simulations.experiments.single_device_report import compare_with_paper
 
     _, out = tiny_run
     assert "## Against the paper's claims" in (out / "report.md").read_text()
@@ -277,13 +285,14 @@ def test_report_on_a_folder_without_records_is_an_error(tmp_path, capsys):
 def test_b1_without_a_safe_band_is_reported_unavailable():
     """TX2 NX's lowest B1 band is 5 W: at 4.5 W B1/B2 have no safe frequency; ours still runs."""
     from fl_client.settings import tomllib
-    from simulations.experiments.config import parse_experiment
-    from simulations.experiments.single_device import run_cell
+    from simulations.experiments.single_device import CellSpec, Samples, run_cell
+    from simulations.experiments.single_device_config import parse_single_device
 
     data = tomllib.loads(TINY.replace('"jetson-nano"', '"jetson-tx2-nx"'))
-    cfg = parse_experiment(data, "test")
+    cfg = parse_single_device(data, "test", FileOptions())
     # Samples to target are inputs here (the e2e test covers the real training runs).
-    rec = run_cell(cfg, "cnn", "jetson-tx2-nx", 4.5, 0, {8: 512, 32: 768}, {8: 640, 32: 1024})
+    samples = Samples(proxy={8: 512, 32: 768}, target={8: 640, 32: 1024})
+    rec = run_cell(cfg, CellSpec("cnn", "jetson-tx2-nx", 4.5, 0), samples)
     for m in ("b1", "b2"):
         assert rec["methods"][m]["status"] == "unavailable"
         assert "below the lowest B1 band" in rec["methods"][m]["reason"]

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from simulations.experiments import text
+from simulations.experiments.units import TargetRun
 
 
 def _kit(root, body: str = "") -> None:
@@ -71,16 +72,8 @@ def test_small_transformer_learns_a_repetitive_text(tmp_path):
     model = text.CharTransformer(embed_dim=32, num_layers=1, num_heads=4)
     tx, ty = text.windows(d.test, 16, seed=1)
     before = text.char_accuracy(model, tx, ty)
-    n, curve, used = text.samples_to_target_text(
-        model,
-        d.train,
-        tx,
-        ty,
-        batch_size=16,
-        lr=3e-3,
-        target_accuracy=0.9,
-        eval_every_samples=64,
-        max_samples=4096,
-        seed=0,
+    run = TargetRun(
+        batch_size=16, lr=3e-3, target_accuracy=0.9, eval_every_samples=64, max_samples=4096, seed=0
     )
+    n, curve, used = text.samples_to_target_text(model, d.train, tx, ty, run)
     assert n is not None and n == used and curve[-1][1] >= 0.9 > before

@@ -1,4 +1,5 @@
-"""The federated study: config validation, the cell plan, a tiny study end to end, resume."""
+"""The federated study: config validation, the cell plan, the report on synthetic version-2
+records, and a tiny study end to end with resume."""
 
 from __future__ import annotations
 
@@ -9,14 +10,11 @@ from pathlib import Path
 import pytest
 
 from simulations.cli import main
-from simulations.experiments.config import ExperimentConfigError, load_any
-from simulations.experiments.federated import (
-    FederatedConfig,
-    fixed_at_minimum_fleet,
-    load_federated,
-    plan,
-)
+from simulations.experiments.config import ExperimentConfigError, FileOptions
+from simulations.experiments.federated import fixed_at_minimum_fleet, plan
+from simulations.experiments.federated_config import CELL_VERSION, FederatedConfig
 from simulations.experiments.records import load_all
+from simulations.experiments.registry import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,6 +50,12 @@ scenarios = []
 """
 
 
+def load_federated(path: Path, **options: object) -> FederatedConfig:
+    cfg = load_config(path, FileOptions(**options))  # type: ignore[arg-type]
+    assert isinstance(cfg, FederatedConfig)
+    return cfg
+
+
 @pytest.fixture
 def tiny_file(tmp_path: Path) -> Path:
     fleet = tmp_path / "fleet.toml"
@@ -66,7 +70,7 @@ def tiny_file(tmp_path: Path) -> Path:
 
 def test_shipped_federated_file_parses_at_both_scales():
     path = REPO / "configs" / "experiments" / "federated.toml"
-    mini = load_any(path, scale="mini")
+    mini = load_federated(path, scale="mini")
     paper = load_federated(path, scale="paper", seeds=3)
     assert isinstance(mini, FederatedConfig)
     assert mini.methods == ("b1", "b2", "power-aware", "oracle")
@@ -104,7 +108,7 @@ def test_bad_federated_files_name_the_key(tiny_file, patch, needle):
     ]
     tiny_file.write_text("\n".join(lines) + "\n" + patch)
     with pytest.raises(ExperimentConfigError) as err:
-        load_any(tiny_file)
+        load_federated(tiny_file)
     assert needle in str(err.value)
 
 
@@ -143,8 +147,8 @@ def test_plan_shares_identical_cells_and_derives_the_fixed_minimum_fleet(tmp_pat
     assert set(nodes) == set(sched)
     for name, n in sched.items():
         assert not nodes[name].p_max_schedule
-        assert nodes[name].p_max_w == min(n.scheduled_caps_w)
-    assert nodes["nano-solar-1"].p_max_w == 4.5 and nodes["nano-battery"].p_max_w == 5.0
+        assert nodes[name].p_max == min(n.scheduled_caps)
+    assert nodes["nano-solar-1"].p_max.watts == 4.5 and nodes["nano-battery"].p_max.watts == 5.0
 
 
 def test_fixed_minimum_of_a_schedule_with_none_keeps_the_lowest_number(tmp_path):
@@ -167,13 +171,22 @@ def test_tiny_federated_study_runs_reports_and_resumes(tiny_file, tmp_path):
     for r in recs:
         s = r["summary"]
         k = len(r["rounds"])  # a run stops at the round that reaches the target
-        assert [x["server_round"] for x in r["rounds"]] == list(range(1, k + 1))
+        assert s["record-version"] == 2 and r["cell-version"] == CELL_VERSION
+        assert [x["server-round"] for x in r["rounds"]] == list(range(1, k + 1))
         assert k == 2 or s["round-to-target"] == k
         assert len(r["nodes"]) == 2 * k and all(n["ok"] for n in r["nodes"])
         assert s["method"] == r["method"] and s["rounds"] == k
-        # the summary's fleet energy is the sum of its nodes' training + profiling energy
-        e = sum(n["energy-j"] + n["profile-energy-j"] for n in r["nodes"])
+        # the recorder's accounting, as the report reads it: fleet energy = training +
+        # profiling = the sum of the nodes' totals; training = the sum of nodes.jsonl
+        totals = s["nodes"].values()
+        e = sum(t["train-energy-j"] + t["profile-energy-j"] for t in totals)
         assert s["fleet-energy-j"] == pytest.approx(e)
+        assert s["fleet-energy-j"] == pytest.approx(
+            s["fleet-train-energy-j"] + s["fleet-profile-energy-j"]
+        )
+        train = sum(n["train-energy-j"] for n in r["nodes"])
+        assert s["fleet-train-energy-j"] == pytest.approx(train)
+        assert Path(r["run-dir"]) == Path(s["run-dir"]) and Path(r["log"]).is_file()
         assert r["settings"]["partitioning"] == "iid" and r["settings"]["seed"] == 0
     by = {r["method"]: r for r in recs}
     assert by["power-aware"]["summary"]["device-profile-time-s"] > 0  # fresh cache: it profiled
@@ -205,24 +218,3 @@ def test_tiny_federated_study_runs_reports_and_resumes(tiny_file, tmp_path):
     (out / "report.md").unlink()
     assert main(["experiment", "report", str(out)]) == 0
     assert "Straggler share" in (out / "report.md").read_text()
-    # pacing's predicted saving is read under its current and its earlier record names
-    from simulations.experiments.federated_report import cell_metrics
-
-    rec = by["power-aware"]
-    fleet_keys = ("fleet-predicted-energy-saved-j", "fleet-energy-saved-j")
-    for new, old, fleet in (
-        ("predicted_energy_saved_j", "energy_saved_j", fleet_keys[0]),
-        ("energy_saved_j", "predicted_energy_saved_j", fleet_keys[1]),
-    ):
-        for k in fleet_keys:
-            rec["summary"].pop(k, None)
-        for i, r in enumerate(rec["rounds"]):
-            r.pop(old, None)
-            r[new] = 1.5 * (i + 1)
-        rec["summary"][fleet] = 7.0
-        got = cell_metrics(rec)
-        later = [1.5 * (i + 1) for i in range(1, len(rec["rounds"]))]
-        assert got["energy-saved-j"] == 7.0
-        assert got["saved-per-round-after-1-j"] == pytest.approx(
-            sum(later) / len(later) if later else None
-        )

@@ -58,12 +58,12 @@ def test_paced_run_with_cap_schedule_and_drift_check(tmp_path):
     rounds = _read_jsonl(run_dir / "rounds.jsonl")
     nodes = {(n["node-name"], n["server-round"]): n for n in _read_jsonl(run_dir / "nodes.jsonl")}
 
-    assert all(r["nodes_ok"] == 3 for r in rounds)
+    assert all(r["nodes-ok"] == 3 for r in rounds)
     assert summary["final-accuracy"] > summary["initial-accuracy"] + 0.2
     # pacing: round 1 has no deadline; from round 2 the slowest node's time at f*
-    assert rounds[0]["deadline_s"] is None
+    assert rounds[0]["deadline-s"] is None
     fastest_1 = max(nodes[(name, 1)]["fastest-time-s"] for name, _ in nodes if _ == 1)
-    assert rounds[1]["deadline_s"] == pytest.approx(fastest_1)
+    assert rounds[1]["deadline-s"] == pytest.approx(fastest_1)
     paced = [n for (name, rnd), n in nodes.items() if rnd > 1]
     assert all(n["gpu-freq-mhz"] <= n["f-star-mhz"] for n in paced)
     assert any(n["gpu-freq-mhz"] < n["f-star-mhz"] for n in paced)  # someone slowed down
@@ -83,6 +83,6 @@ def test_paced_run_with_cap_schedule_and_drift_check(tmp_path):
     assert nodes[("orin-free", 2)]["drift-reprofiled"] == 0.0
     assert summary["drift-reprofiles"] >= 1
     for n in nodes.values():
-        cap = math.inf if n["p-max-w"] in ("inf", "Infinity") else float(n["p-max-w"])
+        cap = math.inf if n["p-max-w"] is None else float(n["p-max-w"])  # null: no cap
         assert n["peak-power-w"] < cap, n
     assert "J predicted saving against running every node at f*" in proc.stdout

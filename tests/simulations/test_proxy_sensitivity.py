@@ -11,9 +11,10 @@ import torch
 
 from fl_client import task
 from simulations.cli import main
-from simulations.experiments.config import ExperimentConfigError, load_any
-from simulations.experiments.proxy_sensitivity import SensitivityConfig
+from simulations.experiments.config import ExperimentConfigError, FileOptions
 from simulations.experiments.records import load_all
+from simulations.experiments.registry import load_config
+from simulations.experiments.sensitivity_config import SensitivityConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,6 +37,12 @@ seeds = 1
 """
 
 
+def load_sensitivity(path: Path, scale: str = "mini") -> SensitivityConfig:
+    cfg = load_config(path, FileOptions(scale=scale))
+    assert isinstance(cfg, SensitivityConfig)
+    return cfg
+
+
 def _write(tmp_path: Path, text: str, name: str = "sens.toml") -> Path:
     p = tmp_path / name
     p.write_text(text)
@@ -43,8 +50,8 @@ def _write(tmp_path: Path, text: str, name: str = "sens.toml") -> Path:
 
 
 def test_shipped_files_parse_at_both_scales():
-    img = load_any(REPO / "configs/experiments/proxy-sensitivity-image.toml", scale="mini")
-    txt = load_any(REPO / "configs/experiments/proxy-sensitivity-text.toml", scale="paper")
+    img = load_sensitivity(REPO / "configs/experiments/proxy-sensitivity-image.toml", scale="mini")
+    txt = load_sensitivity(REPO / "configs/experiments/proxy-sensitivity-text.toml", scale="paper")
     assert isinstance(img, SensitivityConfig) and img.task == "image"
     assert len(img.datasets) == 4 and img.model == "cnn"
     assert txt.task == "text" and txt.model == "char-transformer"
@@ -74,7 +81,7 @@ def test_bad_files_name_the_key(tmp_path, patch, needle):
     key = patch.split("=")[0].strip()
     lines = [ln for ln in TINY_IMAGE.splitlines() if not ln.startswith(key + " ")]
     with pytest.raises(ExperimentConfigError) as err:
-        load_any(_write(tmp_path, "\n".join(lines) + "\n" + patch))
+        load_sensitivity(_write(tmp_path, "\n".join(lines) + "\n" + patch))
     assert needle in str(err.value)
 
 
@@ -119,7 +126,7 @@ def test_tiny_image_study_matrix_matches_eq4_written_out(tiny_image):
     lut = lut_rec["lut"]
     summary = json.loads((out / "summary.json").read_text())
     caps = summary["devices"]["jetson-nano"]["caps"]
-    for cap_label, cap_w in (("4.5W", 4.5), ("none", None)):
+    for cap_label, cap_w in (("4.5 W", 4.5), ("none", None)):
         for p in ("digits", "digits-parity"):
             for t in ("digits", "digits-parity"):
                 cell = caps[cap_label]["matrix"][p][t]
@@ -243,7 +250,7 @@ def test_torchvision_dataset_from_a_local_root(tmp_path):
     text = TINY_IMAGE.replace('"digits-parity"]', '"fashion-mnist"]').replace(
         "digits-parity = 0.7", "fashion-mnist = 0.5"
     )
-    cfg = load_any(
+    cfg = load_sensitivity(
         _write(tmp_path, text + f'data-root = "{tmp_path / "data"}"\nimage-subset-size = 200\n')
     )
     train, test = image_sets(cfg, "fashion-mnist", 0)

@@ -1,0 +1,209 @@
+"""The settings of the federated study (``study = "federated"``): keys, defaults, scenarios
+and validation, fleet files included."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fl_client.settings import (
+    PARTITIONINGS,
+    PROFILE_GRIDS,
+    RunSettings,
+    SettingsError,
+    load_fleet,
+    resolve_path,
+)
+from simulations.experiments.config import (
+    STUDY_METHODS,
+    Fields,
+    FileOptions,
+    StudyConfig,
+    config_error,
+    merge_scale,
+)
+
+NAME = "federated"
+SCENARIOS = ("pacing", "varying-cap", "drift")
+#: Variants of each scenario, in report order (the first is the reference).
+SCENARIO_VARIANTS = {
+    "pacing": ("off", "deadline"),
+    "varying-cap": ("fixed-at-minimum", "schedule"),
+    "drift": ("off", "check"),
+}
+#: Version of the cell records (part of their key). 2: the runs' records are version 2
+#: (kebab-case rounds.jsonl, per-node totals read from the run's summary), so cells of
+#: version 1 are run again rather than mixed with them.
+CELL_VERSION = 2
+
+#: Allowed keys and their defaults (None: required).
+DEFAULTS: dict[str, Any] = {
+    "name": None,
+    "study": None,
+    "description": "",
+    "fleet": "configs/fleets/default.toml",
+    "methods": list(STUDY_METHODS),
+    "seeds": 3,
+    "model": "cnn",
+    "partitioning": "dirichlet",
+    "dirichlet-alpha": 0.5,
+    "num-rounds": 20,
+    "target-accuracy": 0.85,
+    "local-epochs": 5,
+    "batch-sizes": [4, 8, 16, 32, 64, 128],
+    "lr-ref": 0.005,
+    "b-ref": 128,
+    "proxy-target-accuracy": 0.8,
+    "r-max-samples": 40_000,
+    "r-eval-every-samples": 256,
+    "profile-grid": "efficient",
+    "scenarios": list(SCENARIOS),
+    "scenario-method": "power-aware",
+    "pacing-margin": 0.05,
+    "varying-cap-fleet": "configs/fleets/varying-cap.toml",
+    "drift-fleet": "configs/fleets/drift.toml",
+    "drift-check-every": 2,
+    "drift-threshold": 0.15,
+    "cell-timeout-s": 1800,
+}
+
+
+@dataclass(frozen=True)
+class FederatedConfig(StudyConfig):
+    """The resolved settings of one federated study at one scale (all from the TOML)."""
+
+    name: str
+    study: str
+    description: str
+    scale: str
+    fleet: str
+    methods: tuple[str, ...]
+    seeds: int
+    model: str
+    partitioning: str
+    dirichlet_alpha: float
+    num_rounds: int
+    target_accuracy: float
+    local_epochs: int
+    batch_sizes: tuple[int, ...]
+    lr_ref: float
+    b_ref: int
+    proxy_target_accuracy: float
+    r_max_samples: int
+    r_eval_every_samples: int
+    profile_grid: str
+    scenarios: tuple[str, ...]
+    scenario_method: str
+    pacing_margin: float
+    varying_cap_fleet: str
+    drift_fleet: str
+    drift_check_every: int
+    drift_threshold: float
+    cell_timeout_s: int
+
+    def base_overrides(self) -> dict[str, Any]:
+        """The run settings every cell shares (before its own fleet/method/scenario)."""
+        return {
+            "model": self.model,
+            "partitioning": self.partitioning,
+            "dirichlet-alpha": self.dirichlet_alpha,
+            "num-rounds": self.num_rounds,
+            "target-accuracy": self.target_accuracy,
+            "local-epochs": self.local_epochs,
+            "batch-sizes": ",".join(str(b) for b in self.batch_sizes),
+            "lr-ref": self.lr_ref,
+            "b-ref": self.b_ref,
+            "proxy-target-accuracy": self.proxy_target_accuracy,
+            "r-max-samples": self.r_max_samples,
+            "r-eval-every-samples": self.r_eval_every_samples,
+            "profile-grid": self.profile_grid,
+            "pacing": "off",
+            "drift-check-every": 0,
+        }
+
+
+def parse_federated(data: Mapping[str, Any], where: str, options: FileOptions) -> FederatedConfig:
+    """Validate a parsed federated experiment: unknown keys, bad values, empty sweeps, fleet
+    files that do not load or do not fit the scenario are errors naming the key, raised
+    before any training starts."""
+    from fl_client import task
+
+    m = merge_scale(data, where, DEFAULTS, options)
+    f = Fields(m, where, DEFAULTS)
+    text, str_list, integer, number = f.text, f.str_list, f.integer, f.number
+    cfg = FederatedConfig(
+        name=text("name"),
+        study=text("study", (NAME,)),
+        description=text("description"),
+        scale=options.scale,
+        fleet=text("fleet"),
+        methods=str_list("methods", STUDY_METHODS),
+        seeds=integer("seeds", 1),
+        model=text("model", tuple(task.MODEL_NAMES)),
+        partitioning=text("partitioning", PARTITIONINGS),
+        dirichlet_alpha=number("dirichlet-alpha", 0.0),
+        num_rounds=integer("num-rounds", 1),
+        target_accuracy=number("target-accuracy", 0.0, 1.0),
+        local_epochs=integer("local-epochs", 1),
+        batch_sizes=f.batch_sizes(),
+        lr_ref=number("lr-ref", 0.0),
+        b_ref=integer("b-ref", 1),
+        proxy_target_accuracy=number("proxy-target-accuracy", 0.0, 1.0),
+        r_max_samples=integer("r-max-samples", 1),
+        r_eval_every_samples=integer("r-eval-every-samples", 1),
+        profile_grid=text("profile-grid", PROFILE_GRIDS),
+        scenarios=str_list("scenarios", SCENARIOS, empty_ok=True),
+        scenario_method=text("scenario-method", STUDY_METHODS),
+        pacing_margin=number("pacing-margin", 0.0, 1.0, open_lo=False),
+        varying_cap_fleet=text("varying-cap-fleet"),
+        drift_fleet=text("drift-fleet"),
+        drift_check_every=integer("drift-check-every", 1),
+        drift_threshold=number("drift-threshold", 0.0),
+        cell_timeout_s=integer("cell-timeout-s", 1),
+    )
+    _check_fleets(cfg, where)
+    return cfg
+
+
+def _fleet_nodes(path: str, where: str, key: str) -> list[Any]:
+    try:
+        return load_fleet(path)
+    except SettingsError as exc:
+        raise config_error(where, key, str(exc)) from None
+
+
+def _drifts(options: Mapping[str, Any]) -> bool:
+    try:
+        slow = float(options.get("twin-slowdown", 1.0))
+        extra = float(options.get("twin-extra-power-w", 0.0))
+    except (TypeError, ValueError):
+        return False
+    return slow > 1.0 or extra > 0.0
+
+
+def _check_fleets(cfg: FederatedConfig, where: str) -> None:
+    """Every fleet file the study needs loads, fits its scenario and its data split."""
+    from simulations.run import check_partitions
+
+    fleets = {"fleet": cfg.fleet}
+    if "varying-cap" in cfg.scenarios:
+        fleets["varying-cap-fleet"] = cfg.varying_cap_fleet
+    if "drift" in cfg.scenarios:
+        fleets["drift-fleet"] = cfg.drift_fleet
+    for key, path in fleets.items():
+        nodes = _fleet_nodes(path, where, key)
+        if key == "varying-cap-fleet" and not any(n.p_max_schedule for n in nodes):
+            raise config_error(where, key, f"{path}: no node has a p-max-schedule (nothing varies)")
+        if key == "drift-fleet" and not any(_drifts(n.options) for n in nodes):
+            raise config_error(
+                where,
+                key,
+                f"{path}: no node has twin-slowdown > 1 or twin-extra-power-w > 0 (no drift)",
+            )
+        for seed in cfg.seed_list():
+            overrides = {**cfg.base_overrides(), "fleet": str(resolve_path(path)), "seed": seed}
+            try:
+                check_partitions(RunSettings.from_config(overrides), len(nodes))
+            except SettingsError as exc:
+                raise config_error(where, key, str(exc)) from None

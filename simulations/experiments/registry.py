@@ -1,0 +1,51 @@
+"""The one registry of studies: ``study = NAME`` in an experiment file → its ``Study``.
+
+A new kind of study is a module with a ``Study`` (``simulations.experiments.study``) and one
+line here; the command and the report dispatch through ``get_study`` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from simulations.experiments import federated, proxy_sensitivity, single_device
+from simulations.experiments.config import (
+    ExperimentConfigError,
+    FileOptions,
+    config_error,
+    read_experiment_file,
+)
+from simulations.experiments.study import Study
+
+#: Every study an experiment file may name, by name.
+STUDIES: dict[str, Study[Any]] = {
+    s.name: s for s in (single_device.STUDY, federated.STUDY, proxy_sensitivity.STUDY)
+}
+
+
+def get_study(name: object, where: str = "study") -> Study[Any]:
+    """The study called ``name``; an unknown name is an error listing the known ones."""
+    study = STUDIES.get(str(name))
+    if study is None:
+        raise ExperimentConfigError(
+            f"{where}: unknown value {name!r}; allowed: {', '.join(STUDIES)}"
+        )
+    return study
+
+
+def study_for(data: Mapping[str, Any], where: str) -> Study[Any]:
+    """The study a parsed experiment file names in ``[experiment]``."""
+    base = data.get("experiment")
+    if not isinstance(base, Mapping):
+        raise ExperimentConfigError(f"{where}: missing the [experiment] table")
+    if base.get("study") is None:
+        raise config_error(where, "study", f"required key missing; allowed: {', '.join(STUDIES)}")
+    return get_study(base["study"], f"{where}: study")
+
+
+def load_config(path: str | Path, options: FileOptions | None = None) -> Any:
+    """Read and validate the experiment file ``path`` of any study; its config."""
+    data, where = read_experiment_file(path)
+    return study_for(data, where).parse(data, where, options or FileOptions())
