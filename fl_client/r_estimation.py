@@ -266,20 +266,28 @@ def cache_key(
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class TargetRun:
+    """One training run to a target accuracy: batch size, learning rate, target, the
+    evaluation period and budget in samples, and the data-order seed."""
+
+    batch_size: int
+    lr: float
+    target_accuracy: float
+    eval_every_samples: int
+    max_samples: int
+    seed: int
+
+
 def samples_to_target(
     model_name: str,
     initial_state_dict: Mapping[str, torch.Tensor],
     proxy_train: task.Data,
     proxy_eval: task.Data,
-    *,
-    batch_size: int,
-    lr: float,
-    target_accuracy: float,
-    eval_every_samples: int,
-    max_samples: int,
-    seed: int,
+    run: TargetRun | None = None,
     on_eval: ProgressFn | None = None,
     device: torch.device | str | None = None,
+    **settings: Any,
 ) -> tuple[int | None, list[tuple[int, float]], int]:
     """Train one (b, seed) from ``initial_state_dict`` until the proxy target accuracy.
 
@@ -291,12 +299,17 @@ def samples_to_target(
     budget's end); when ``eval_every_samples`` is a multiple of b that is exactly the
     schedule, otherwise the next step boundary after it.
 
+    ``run`` (or its fields as keywords, ``settings``) says what to train.
+
     Returns
     -------
     (int or None, list of (int, float), int)
         Samples processed when the target was first reached (``None`` if not within
         ``max_samples``), the evaluation points, and the samples processed in all.
     """
+    run = run if run is not None else TargetRun(**settings)
+    batch_size, eval_every_samples = run.batch_size, run.eval_every_samples
+    max_samples, target_accuracy = run.max_samples, run.target_accuracy
     model = task.build_model(model_name)
     model.load_state_dict(dict(initial_state_dict))
     if device is not None:
@@ -306,8 +319,8 @@ def samples_to_target(
     n = len(x_all)
     if n == 0:
         raise ValueError("proxy_train: empty proxy training set")
-    optimizer = task.make_optimizer(model, lr)
-    gen = torch.Generator().manual_seed(seed)
+    optimizer = task.make_optimizer(model, run.lr)
+    gen = torch.Generator().manual_seed(run.seed)
     model.train()
     order = torch.randperm(n, generator=gen)
     pos = 0
@@ -338,21 +351,31 @@ def samples_to_target(
     return None, curve, samples
 
 
+@dataclass(frozen=True)
+class ROptions:
+    """How r is estimated: the proxy target, Adam's lr at ``b_ref`` (scaled by sqrt(b /
+    b_ref)), the evaluation period and the budget per (seed, b) in samples, and the seeds
+    N_s_acc(b) is averaged over. The run settings ``proxy-target-accuracy``, ``lr-ref``,
+    ``b-ref``, ``r-eval-every-samples``, ``r-max-samples`` and ``r-seeds``."""
+
+    target_accuracy: float
+    lr_ref: float
+    b_ref: int
+    eval_every_samples: int = DEFAULT_EVAL_EVERY_SAMPLES
+    max_samples: int = DEFAULT_MAX_SAMPLES
+    seeds: Sequence[int] = (0,)
+    progress: bool = True  # a rich bar on a terminal; plain log lines otherwise or if False
+
+
 def estimate_r(
     model_name: str,
     initial_state_dict: Mapping[str, torch.Tensor],
     proxy_train: task.Data,
     proxy_eval: task.Data,
     batch_sizes: Sequence[int],
-    *,
-    target_accuracy: float,
-    lr_ref: float,
-    b_ref: int,
-    eval_every_samples: int = DEFAULT_EVAL_EVERY_SAMPLES,
-    max_samples: int = DEFAULT_MAX_SAMPLES,
-    seeds: Sequence[int] = (0,),
+    options: ROptions | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
-    progress: bool = True,
+    **settings: Any,
 ) -> REstimate:
     """Estimate r (Eq. 3) on the proxy set, reading and writing an on-disk cache.
 
@@ -366,23 +389,17 @@ def estimate_r(
         The server's proxy data D_S: trained on, and evaluated on.
     batch_sizes : sequence of int
         B, positive and strictly ascending (``batch-sizes``).
-    target_accuracy : float
-        Proxy target accuracy in (0, 1) (``proxy-target-accuracy``).
-    lr_ref : float
-        Adam learning rate at ``b_ref`` (``lr-ref``); b trains at lr_ref·sqrt(b/b_ref).
-    b_ref : int
-        Reference batch size (``b-ref``).
-    eval_every_samples : int
-        Evaluation period in samples, the same for every b (``eval-every-samples``); a
-        multiple of max(B) makes the schedule exact for every b.
-    max_samples : int
-        Budget per (seed, b) run (``max-samples``).
-    seeds : sequence of int
-        Data-order seeds; N_s_acc(b) is averaged over them (``r-seeds``).
+    options : ROptions, optional
+        ``target_accuracy`` in (0, 1); ``lr_ref`` (Adam at ``b_ref``; b trains at
+        lr_ref·sqrt(b/b_ref)); ``eval_every_samples``, the evaluation period, the same for
+        every b (a multiple of max(B) makes the schedule exact for every b);
+        ``max_samples`` per (seed, b) run; ``seeds``, the data-order seeds N_s_acc(b) is
+        averaged over; ``progress``: a rich bar on a terminal, plain log lines otherwise or
+        when False.
     cache_dir : path, optional
         Where estimates are cached (keyed by ``cache_key``); no caching if ``None``.
-    progress : bool
-        A rich progress bar on a terminal; plain log lines otherwise or when False.
+    **settings
+        ``ROptions`` fields as keywords, instead of ``options``.
 
     Returns
     -------
@@ -396,6 +413,9 @@ def estimate_r(
     TargetNotReachedError
         No batch size reached the target within ``max_samples``.
     """
+    opts = options if options is not None else ROptions(**settings)
+    target_accuracy, lr_ref, b_ref = opts.target_accuracy, opts.lr_ref, opts.b_ref
+    eval_every_samples, max_samples, seeds = opts.eval_every_samples, opts.max_samples, opts.seeds
     sizes = validate_settings(
         batch_sizes,
         target_accuracy=target_accuracy,
@@ -410,7 +430,7 @@ def estimate_r(
             f"model: unknown model {model_name!r}; allowed: {', '.join(task.MODEL_NAMES)}"
         )
     lrs = {b: task.scaled_lr(lr_ref, b_ref, b) for b in sizes}
-    settings: dict[str, Any] = {
+    record: dict[str, Any] = {
         "target_accuracy": float(target_accuracy),
         "lr_ref": float(lr_ref),
         "b_ref": int(b_ref),
@@ -423,7 +443,7 @@ def estimate_r(
         "proxy_train_size": len(task.as_tensors(proxy_train)[0]),
         "proxy_eval_size": len(task.as_tensors(proxy_eval)[0]),
     }
-    key = cache_key(model_name, initial_state_dict, proxy_train, proxy_eval, sizes, settings)
+    key = cache_key(model_name, initial_state_dict, proxy_train, proxy_eval, sizes, record)
     path = None
     if cache_dir is not None:
         path = Path(cache_dir) / f"r-{model_name}-{key[:24]}.json"
@@ -433,32 +453,32 @@ def estimate_r(
             return cached
 
     est = _compute(
-        model_name,
-        initial_state_dict,
-        proxy_train,
-        proxy_eval,
-        sizes,
-        lrs,
-        settings,
-        key,
-        progress,
+        _Job(model_name, initial_state_dict, proxy_train, proxy_eval, sizes, lrs, record, key),
+        opts.progress,
     )
     if path is not None:
         _atomic_write_json(path, est.to_json())
     return est
 
 
-def _compute(
-    model_name: str,
-    initial_state_dict: Mapping[str, torch.Tensor],
-    proxy_train: task.Data,
-    proxy_eval: task.Data,
-    sizes: list[int],
-    lrs: dict[int, float],
-    settings: dict[str, Any],
-    key: str,
-    progress: bool,
-) -> REstimate:
+@dataclass(frozen=True)
+class _Job:
+    """What ``_compute`` trains: model, weights, proxy data, B, lr per b, settings, key."""
+
+    model_name: str
+    initial_state_dict: Mapping[str, torch.Tensor]
+    proxy_train: task.Data
+    proxy_eval: task.Data
+    sizes: list[int]
+    lrs: dict[int, float]
+    settings: dict[str, Any]
+    key: str
+
+
+def _compute(job: _Job, progress: bool) -> REstimate:
+    model_name, initial_state_dict = job.model_name, job.initial_state_dict
+    proxy_train, proxy_eval, sizes, lrs = job.proxy_train, job.proxy_eval, job.sizes, job.lrs
+    settings, key = job.settings, job.key
     seeds: list[int] = settings["seeds"]
     target = settings["target_accuracy"]
     runs = [(seed, b) for seed in seeds for b in sizes]
@@ -475,13 +495,13 @@ def _compute(
                 initial_state_dict,
                 proxy_train,
                 proxy_eval,
+                on_eval=bar.update,
                 batch_size=b,
                 lr=lrs[b],
                 target_accuracy=target,
                 eval_every_samples=settings["eval_every_samples"],
                 max_samples=settings["max_samples"],
                 seed=seed,
-                on_eval=bar.update,
             )
             per_b[b].append(n_acc)
             curves[b].append(tuple(curve))
