@@ -1,10 +1,15 @@
 """``powerfl devices | profile | select``: the device tools of the command line.
 
 * ``powerfl devices [--restore]`` — what is detected here (``fl_client.devices.cli``).
-* ``powerfl profile --model M --batch-sizes B [--p-max-w W]`` — profile LUT_time and
-  LUT_power on a device (real or twin), write the LUT (cache file, ``--out``, optionally a
-  ``--replay-out`` replay table) and print it as a table.
-* ``powerfl select --lut FILE --r R --p-max-w W`` — Eq. 4 (or a baseline) on a LUT file.
+* ``powerfl profile --model M --batch-sizes B [--p-max-w W] [--cap-margin M]`` — profile
+  LUT_time and LUT_power on a device (real or twin), write the LUT (cache file, ``--out``,
+  optionally a ``--replay-out`` replay table) and print it as a table.
+* ``powerfl select --lut FILE --r R --p-max-w W [--cap-margin M]`` — Eq. 4 (or a baseline)
+  on a LUT file.
+
+``--cap-margin`` is the share of P_max kept free of profiled peak power, with the run
+setting's default (0.05): a node's own cached LUT for 5 W, profiled less its margin, is
+selected from with ``select --p-max-w 5``. Caps are parsed and printed as ``Cap``.
 
 The top-level CLI registers all three with ``add_device_commands(subparsers)``; every
 handler returns the exit status (0 ok, 1 no feasible configuration or failed restore,
@@ -22,13 +27,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
+from fl_client.contract import Cap
 from fl_client.devices import BACKENDS, POWER_SOURCES, Device, DeviceError, DeviceOptions
 from fl_client.devices.base import DeviceInfo, Measurement, Meter, Workload
 from fl_client.devices.cli import add_devices_parser
 from fl_client.selector import METHODS
+from fl_client.settings import RunSettings
 
 DEFAULT_LUT_CACHE_DIR = ".powerfl-cache/lut"
 MODEL_NAMES = ("cnn", "resnet18", "mobilenetv2")  # = fl_client.task.MODEL_NAMES (no torch here)
+#: The run setting ``cap-margin``'s default, so the tools read the LUTs nodes cache.
+DEFAULT_CAP_MARGIN: float = RunSettings.cap_margin
 
 
 def add_device_commands(subparsers: Any) -> None:
@@ -40,6 +49,36 @@ def add_device_commands(subparsers: Any) -> None:
 
 def _error(command: str, message: object, err: TextIO) -> None:
     print(f"powerfl {command}: error: {message}", file=err)
+
+
+def parse_cap_margin(text: object) -> float:
+    """``--cap-margin``: a share of P_max in [0, 1)."""
+    try:
+        value = float(str(text))
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value < 1.0:
+        raise ValueError(
+            f"cap-margin: expected a number in [0, 1) (a share of P_max, e.g. 0.05), got {text!r}"
+        )
+    return value
+
+
+def _add_cap_margin(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--cap-margin",
+        default=str(DEFAULT_CAP_MARGIN),
+        help=f"share of P_max kept free of profiled peak power: {what} (default: "
+        f"{DEFAULT_CAP_MARGIN:g}, the run setting's; 0 is the paper's rule)",
+    )
+
+
+def _under(cap: Cap, cap_margin: float) -> str:
+    """``"P_max 5 W"`` or ``"P_max 5 W less cap-margin 5% (4.75 W)"``."""
+    text = f"P_max {cap.label}"
+    if cap.capped and cap_margin > 0:
+        text += f" less cap-margin {100 * cap_margin:g}% ({cap.selection_w(cap_margin):.4g} W)"
+    return text
 
 
 # ------------------------------------------------------------------------------ profile
@@ -66,6 +105,7 @@ def add_profile_parser(subparsers: Any) -> argparse.ArgumentParser:
         default="none",
         help="power cap in W for efficient mode; none (default) profiles the full grid",
     )
+    _add_cap_margin(p, "efficient mode walks each batch size up while the peak is below it")
     p.add_argument(
         "--device",
         "--kind",
@@ -244,10 +284,11 @@ def lut_to_replay_table(lut: Any, *, power_rail: str, memory_bytes: int, source:
 def format_lut(lut: Any, p_max_w: float | None = None) -> str:
     """The three tables of a LUT as text: rows = batch sizes, columns = frequencies (MHz).
 
-    Cells not profiled (efficient mode) show ``-``; with ``p_max_w``, peak powers that are
-    not below the cap are marked ``*``.
+    Cells not profiled (efficient mode) show ``-``; peak powers that are not below what
+    efficient mode compared them with (the LUT's cap less its cap margin), or below
+    ``p_max_w`` when given, are marked ``*``.
     """
-    cap = p_max_w if p_max_w is not None else lut.p_max_w
+    cap = p_max_w if p_max_w is not None else lut.selection_cap_w
     heads = [f"{f:g}" for f in lut.freqs_mhz]
     width = max(8, *(len(h) + 1 for h in heads))
 
@@ -266,7 +307,13 @@ def format_lut(lut: Any, p_max_w: float | None = None) -> str:
             lines.append(f"{b:>8}" + "".join(cells))
         return lines
 
-    mode = "full grid" if lut.p_max_w is None else f"efficient mode for P_max {lut.p_max_w:g} W"
+    lut_cap = Cap.parse(lut.p_max_w)
+    under = _under(lut_cap, lut.cap_margin)
+    mode = "full grid" if not lut_cap.capped else f"efficient mode for {under}"
+    if lut.grid in ("highest", "on-demand"):
+        mode = {"highest": "no cap, highest frequency per b", "on-demand": "cells on demand"}[
+            lut.grid
+        ]
     lines = [
         f"LUT {lut.device_kind} ({lut.backend}) {lut.workload_key}: {mode}, "
         f"{lut.cells_profiled} cells, {lut.warmup_steps} warm-up + {lut.steps} steps per cell, "
@@ -275,8 +322,13 @@ def format_lut(lut: Any, p_max_w: float | None = None) -> str:
     ]
     lines += block("time per sample (ms)", lut.time_per_sample_s, lambda x: f"{1e3 * x:.4g}", False)
     lines.append("")
-    peak_title = "peak power (W)" + (f"; * = not below P_max {cap:g} W" if cap is not None else "")
-    lines += block(peak_title, lut.peak_power_w, lambda x: f"{x:.2f}", True)
+    if cap is None:
+        mark_title = ""
+    elif p_max_w is not None:
+        mark_title = f"; * = not below P_max {Cap.parse(p_max_w).label}"
+    else:
+        mark_title = f"; * = not below {under}"
+    lines += block("peak power (W)" + mark_title, lut.peak_power_w, lambda x: f"{x:.2f}", True)
     lines.append("")
     lines += block("average power (W)", lut.avg_power_w, lambda x: f"{x:.2f}", False)
     return "\n".join(lines)
@@ -288,8 +340,8 @@ def cmd_profile(
     """Handler of ``powerfl profile``."""
     out, err = out or sys.stdout, err or sys.stderr
     from fl_client.devices import open_device
-    from fl_client.profiler import LUTFormatError, load_or_profile, lut_cache_path, profile
-    from fl_client.selector import validate_p_max_w
+    from fl_client.lut import LUTFormatError
+    from fl_client.profiler import ProfileOptions, load_or_profile, profile
     from fl_client.settings import SettingsError, parse_batch_sizes
 
     try:
@@ -298,7 +350,16 @@ def cmd_profile(
                 f"model: unknown model {args.model!r}; allowed: {', '.join(MODEL_NAMES)}"
             )
         batch_sizes = parse_batch_sizes(args.batch_sizes)
-        cap = validate_p_max_w(args.p_max_w)
+        cap = Cap.parse(args.p_max_w)
+        cap_margin = parse_cap_margin(args.cap_margin) if cap.capped else 0.0
+        profile_options = ProfileOptions(
+            p_max_w=cap.to_record(),
+            cap_margin=cap_margin,
+            warmup_steps=args.warmup_steps,
+            steps=args.steps,
+            progress=not args.quiet,
+            progress_stream=err,
+        )
         options = device_options(args)
         if args.replay_out and Path(args.replay_out).suffix.lower() not in (".csv", ".json"):
             raise ValueError(f"replay-out: must end in .csv or .json, got {args.replay_out!r}")
@@ -326,27 +387,15 @@ def cmd_profile(
         def step_factory(b: int) -> Callable[[], object]:
             return task.make_train_step(args.model, task.IMAGE_SHAPE, b)
 
-        common: dict[str, Any] = {
-            "p_max_w": cap,
-            "warmup_steps": args.warmup_steps,
-            "steps": args.steps,
-            "progress": not args.quiet,
-            "progress_stream": err,
-        }
         if args.no_cache:
-            lut = profile(recorder, workload, batch_sizes, step_factory, **common)
+            lut = profile(recorder, workload, batch_sizes, step_factory, profile_options)
             from_cache = False
-            lut_path = lut_cache_path(
-                args.cache_dir, info.kind, info.backend, workload, batch_sizes, cap
-            )
-            lut.save(lut_path)
+            lut_path = lut.save(lut.key.path(args.cache_dir))
         else:
             lut, from_cache = load_or_profile(
-                recorder, workload, batch_sizes, step_factory, args.cache_dir, **common
+                recorder, workload, batch_sizes, step_factory, args.cache_dir, profile_options
             )
-            lut_path = lut_cache_path(
-                args.cache_dir, info.kind, info.backend, workload, batch_sizes, lut.p_max_w
-            )
+            lut_path = lut.key.path(args.cache_dir)
     except (DeviceError, ValueError, OSError, LUTFormatError) as e:
         _error("profile", e, err)
         return 2
@@ -413,6 +462,7 @@ def add_select_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="comma-separated r_b in (0, 1], one per batch size of the LUT (Eq. 3)",
     )
     p.add_argument("--p-max-w", required=True, help="power cap in W, or none")
+    _add_cap_margin(p, "Eq. 4 takes cells whose peak is below P_max less it")
     p.add_argument("--method", default="power-aware", choices=METHODS, help="default: power-aware")
     p.add_argument(
         "--b1-freq-cap-mhz",
@@ -441,12 +491,15 @@ def parse_r(text: str) -> list[float]:
 
 
 def format_selection(
-    selection: Any, r: Sequence[float], *, b1_freq_cap_mhz: float | None = None
+    selection: Any,
+    r: Sequence[float],
+    *,
+    b1_freq_cap_mhz: float | None = None,
+    cap_margin: float = 0.0,
 ) -> str:
     """The choice and the candidate set (Eq. 4's C) as text."""
     if selection.method in ("power-aware", "oracle"):
-        cap = "none" if selection.p_max_w is None else f"{selection.p_max_w:g} W"
-        under = f" under P_max {cap}"
+        under = f" under {_under(Cap.parse(selection.p_max_w), cap_margin)}"
     elif b1_freq_cap_mhz is not None:
         under = f" at the fixed frequency cap {b1_freq_cap_mhz:g} MHz"
     else:
@@ -478,11 +531,12 @@ def cmd_select(
 ) -> int:
     """Handler of ``powerfl select``."""
     out, err = out or sys.stdout, err or sys.stderr
-    from fl_client.profiler import LUT, LUTFormatError
-    from fl_client.selector import InfeasibleCapError, select, validate_p_max_w
+    from fl_client.lut import LUT, LUTFormatError
+    from fl_client.selector import InfeasibleCapError, select
 
     try:
-        cap = validate_p_max_w(args.p_max_w)
+        cap = Cap.parse(args.p_max_w)
+        cap_margin = parse_cap_margin(args.cap_margin) if cap.capped else 0.0
         r = parse_r(args.r)
         path = Path(args.lut).expanduser()
         if not path.is_file():
@@ -491,13 +545,7 @@ def cmd_select(
             lut = LUT.load(path)
         except (LUTFormatError, OSError) as e:
             raise ValueError(f"lut: {path} is not a valid LUT file ({e})") from None
-        if lut.p_max_w is not None and cap != lut.p_max_w:
-            want = "none" if cap is None else f"{cap:g} W"
-            raise ValueError(
-                f"p-max-w: {want} differs from the cap this LUT was profiled for in efficient "
-                f"mode ({lut.p_max_w:g} W); use --p-max-w {lut.p_max_w:g}, or profile the full "
-                "grid (powerfl profile without --p-max-w) to select under any cap"
-            )
+        _check_efficient_lut(lut, cap, cap_margin)
         b1_cap = args.b1_freq_cap_mhz
         if args.method in ("b1", "b2") and b1_cap is None:
             b1_cap = _default_b1_cap_mhz(lut.device_kind, cap)
@@ -508,7 +556,8 @@ def cmd_select(
             lut_time_s=lut.time_per_sample_s,
             lut_power_w=lut.peak_power_w,
             r=r,
-            p_max_w=math.inf if cap is None else cap,
+            p_max_w=cap.watts,
+            cap_margin=cap_margin,
             b1_freq_cap_mhz=b1_cap,
             fixed_batch_size=args.fixed_batch_size,
             fixed_freq_mhz=args.fixed_freq_mhz,
@@ -520,13 +569,48 @@ def cmd_select(
         _error("select", e, err)
         return 2
     if args.json:
-        print(json.dumps(selection.to_dict(), indent=2), file=out)
+        print(json.dumps({**selection.to_dict(), "cap-margin": cap_margin}, indent=2), file=out)
     else:
-        print(format_selection(selection, r, b1_freq_cap_mhz=b1_cap), file=out)
+        text = format_selection(selection, r, b1_freq_cap_mhz=b1_cap, cap_margin=cap_margin)
+        print(text, file=out)
     return 0
 
 
-def _default_b1_cap_mhz(device_kind: str, p_max_w: float | None) -> float:
+def _check_efficient_lut(lut: Any, cap: Cap, cap_margin: float) -> None:
+    """An efficient-mode LUT serves only the cap and cap margin it was profiled for (a full
+    grid serves any, one profiled without a cap at the highest frequencies only no cap,
+    cells measured on demand nothing); ValueError naming the key and what would fit."""
+    if lut.grid == "on-demand":
+        raise ValueError(
+            "lut: it holds cells a node measured on demand (for pacing), not a LUT to select "
+            "from; give the node's selection LUT"
+        )
+    if lut.grid == "highest" and cap.capped:
+        raise ValueError(
+            f"p-max-w: {cap.label}, but this LUT was profiled without a cap at each batch size's "
+            "highest frequency only; use --p-max-w none, or profile under the cap"
+        )
+    if lut.p_max_w is None:
+        return
+    lut_cap = Cap.parse(lut.p_max_w)
+    other = ", or profile the full grid (powerfl profile without --p-max-w) to select under any cap"
+    if cap != lut_cap:
+        use = f"--p-max-w {lut_cap.setting}"
+        if cap_margin != lut.cap_margin:
+            use += f" --cap-margin {lut.cap_margin:g}"
+        raise ValueError(
+            f"p-max-w: {cap.label} differs from the cap this LUT was profiled for in efficient "
+            f"mode ({_under(lut_cap, lut.cap_margin)}); use {use}{other}"
+        )
+    if cap_margin != lut.cap_margin:
+        raise ValueError(
+            f"cap-margin: {cap_margin:g} differs from the margin this LUT was profiled with in "
+            f"efficient mode ({_under(lut_cap, lut.cap_margin)}); use --cap-margin "
+            f"{lut.cap_margin:g}{other}"
+        )
+
+
+def _default_b1_cap_mhz(device_kind: str, cap: Cap) -> float:
     from fl_client.devices.simulated import DeviceSpecError, load_device_spec
 
     try:
@@ -536,4 +620,4 @@ def _default_b1_cap_mhz(device_kind: str, p_max_w: float | None) -> float:
             f"b1-freq-cap-mhz: no B1 frequency bands known for {device_kind!r} ({e}); give "
             "--b1-freq-cap-mhz"
         ) from None
-    return float(spec.b1_freq_cap_mhz(p_max_w))  # a cap below every band: ValueError
+    return float(spec.b1_freq_cap_mhz(cap.watts))  # a cap below every band: ValueError

@@ -335,23 +335,33 @@ def _choose(
     state: Mapping[str, torch.Tensor],
     data: tuple[Any, Any],
 ) -> None:
-    """LUT for the cap (methods that need one), the oracle's r, then (b*, f*)."""
+    """LUT for the cap (methods that need one), the oracle's r, then (b*, f*).
+
+    A kind's LUT with no cell this node can run under its cap (most of the kind's slices
+    failed, or this board draws more) gives way to the node's own profiling: the board may
+    still meet the cap where the kind's nodes measured nothing."""
     shared = None
     if plan.cfg.method in NEEDS_LUT and plan.cfg.kind_lut is not None:
         shared = shared_lut(plan.cfg.kind_lut, measure, list(plan.cfg.batch_sizes))
+    if plan.cfg.method == "oracle":
+        plan.r_true = oracle_r(ctx, plan.cfg, state, data)
     if shared is not None:
         plan.lut, plan.lut_from_cache = shared
-    elif plan.cfg.method in NEEDS_LUT:
+        try:
+            plan.choice = select_for(plan, plan.lut, measure.device, ctx.cap_margin)
+            if not plan.lut_from_cache:
+                _verify_shared(ctx, measure, plan)
+            plan.run_freq_mhz = plan.choice.freq_mhz
+            return
+        except selector.InfeasibleCapError as err:
+            log.warning("kind-lut: %s; profiling this node's own", err)
+    if plan.cfg.method in NEEDS_LUT:
         plan.lut, plan.lut_from_cache, cost = lut_for_cap(
             ctx, measure, list(plan.cfg.batch_sizes), plan.cap
         )
         plan.cost.add(cost.time_s, cost.energy_j)
-    if plan.cfg.method == "oracle":
-        plan.r_true = oracle_r(ctx, plan.cfg, state, data)
     try:
         plan.choice = select_for(plan, plan.lut, measure.device, ctx.cap_margin)
-        if shared is not None and not plan.lut_from_cache:
-            _verify_shared(ctx, measure, plan)
     except selector.InfeasibleCapError as err:
         if not ctx.node.p_max_schedule:
             raise

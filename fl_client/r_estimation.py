@@ -37,15 +37,6 @@ log = logging.getLogger(__name__)
 #: it is part of the cache key, so old cache entries are not reused.
 CODE_VERSION = "r-estimation/1"
 
-#: Defaults measured for the embedded demo (cnn on the digits proxy slice, B = 4…128,
-#: Adam, b-ref 128, proxy-target-accuracy 0.8, one seed, 2 CPU threads): 7–13 s per
-#: estimate, 8k–15k samples; every b reaches the target within 0.8k–5.2k samples (r ≈ 0.2,
-#: 0.2, 0.3, 0.4, 0.5, 1 at lr-ref 1e-2; ≈ 0.3, 0.35, 0.45, 0.55, 0.7, 1 at 3e-3). An
-#: evaluation every 128 samples is one step of the largest b, so the schedule is exact for
-#: every b; 12288 samples leave a ≥2.4× margin over the slowest b.
-DEFAULT_EVAL_EVERY_SAMPLES = 128
-DEFAULT_MAX_SAMPLES = 12288
-
 ProgressFn = Callable[[int], None]
 
 
@@ -361,8 +352,8 @@ class ROptions:
     target_accuracy: float
     lr_ref: float
     b_ref: int
-    eval_every_samples: int = DEFAULT_EVAL_EVERY_SAMPLES
-    max_samples: int = DEFAULT_MAX_SAMPLES
+    eval_every_samples: int  # run setting r-eval-every-samples (its one default lives there)
+    max_samples: int  # run setting r-max-samples
     seeds: Sequence[int] = (0,)
     progress: bool = True  # a rich bar on a terminal; plain log lines otherwise or if False
 

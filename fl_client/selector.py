@@ -1,15 +1,20 @@
-"""Choosing (batch size, GPU frequency) under a power cap: Eq. 4 of the paper and its baselines.
+"""Choosing (batch size, GPU knob) under a power cap: Eq. 4 of the paper and its baselines.
 
-Pure functions over the two lookup tables the profiler measures (``fl_client.profiler``):
+Pure functions over the lookup tables the profiler measures (``fl_client.profiler``):
 ``lut_time_s[i, j]`` is the time per training sample and ``lut_power_w[i, j]`` the peak power
-at batch size ``batch_sizes[i]`` and GPU frequency ``freqs_mhz[j]``; NaN marks a cell that
-was not profiled (efficient mode). NumPy only: no torch, no Flower.
+at batch size ``batch_sizes[i]`` and knob value ``freqs_mhz[j]``; NaN marks a cell that was
+not profiled (efficient mode). Optional tables: average power (energy tie-break) and σ of the
+per-step peaks (feasibility margin). The knob is the GPU frequency in MHz unless the tables
+say otherwise (``Knob``: e.g. a GPU power limit in W, as NVML GPUs and Zeus traces have); the
+parameter keeps its ``freqs_mhz`` name for the frequency case. NumPy only: no torch, no
+Flower.
 
 Methods (``METHODS``):
 
-* ``power-aware`` — Eq. 4 / Algorithm 1: for each b the highest frequency whose peak power
-  is below P_max (less an optional ``cap-margin``), then the b minimising time per sample ×
-  r_b (r from the server's proxy).
+* ``power-aware`` — Eq. 4 on measured, noisy tables (``select_eq4``): every cell whose own
+  robust peak (peak + ``peak-sigma-k``·σ) is below P_max less ``cap-margin`` is feasible;
+  the choice is the least time per sample × r_b over all feasible cells, and among the cells
+  within ``tie-tolerance`` of that, the least energy (r from the server's proxy).
 * ``oracle`` — the same with r measured on the client's own data (the paper's "fastest
   configuration").
 * ``b1`` — largest b, highest table frequency at or below the device's fixed safe cap.
@@ -19,24 +24,75 @@ Methods (``METHODS``):
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 import numpy as np
 import numpy.typing as npt
 
+from fl_client.devices.base import FREQ_TOLERANCE_MHZ
+
+if TYPE_CHECKING:  # typing.Unpack is 3.11+; only the type checker needs it
+    from typing_extensions import Unpack
+
+__all__ = ["FREQ_TOLERANCE_MHZ"]  # re-exported: callers match fixed frequencies with it
+
 METHODS = ("power-aware", "b1", "b2", "oracle", "fixed")
 
-# Fixed frequency caps and fixed frequencies are often quoted in whole MHz (the paper's
-# "307 / 614 / 921 MHz" are the Nano's 307.2 / 614.4 / 921.6 MHz); table steps are ≥ 25 MHz
-# apart, so matching within 1 MHz cannot pick a neighbouring step.
-FREQ_TOLERANCE_MHZ = 1.0
+#: Default ``peak-sigma-k``: a cell's robust peak is its profiled peak + k·σ of its per-step
+#: peaks. The profiled peak is the largest of a few steps (≈ mean + 0.85σ for 3 steps);
+#: + 2σ puts the estimate near mean + 3σ, about the largest per-step peak expected over the
+#: ~1000 steps of a local training (≈ mean + 3.2σ for normal noise).
+PEAK_SIGMA_K = 2.0
+#: Default ``tie-tolerance``: scores (time × r) within 2% of the best are treated as equal,
+#: the noise level of a time per sample profiled from a few steps.
+TIE_TOLERANCE = 0.02
 
 FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True)
+class Knob:
+    """The system knob the tables' columns are (Eq. 4's f), with its unit.
+
+    Attributes
+    ----------
+    key : str
+        Column name in replay tables and Python (``freq_mhz``, ``power_limit_w``).
+    label : str
+        Name in prose and messages.
+    unit : str
+        Unit of the column's values.
+    """
+
+    key: str
+    label: str
+    unit: str
+
+    @property
+    def config_key(self) -> str:
+        """Kebab-case key of a chosen value in reports (``gpu-freq-mhz``, ...)."""
+        return "gpu-" + self.key.replace("_", "-")
+
+
+GPU_FREQ_MHZ = Knob("freq_mhz", "GPU frequency", "MHz")
+GPU_POWER_LIMIT_W = Knob("power_limit_w", "GPU power limit", "W")
+#: Knobs a table may be indexed by, by column name; frequency is the default.
+KNOBS: dict[str, Knob] = {k.key: k for k in (GPU_FREQ_MHZ, GPU_POWER_LIMIT_W)}
+
+
+def knob_for(key: str) -> Knob:
+    """The ``Knob`` of a column name (``freq_mhz`` or ``power_limit_w``); ValueError otherwise."""
+    found = KNOBS.get(str(key).strip().lower().replace("-", "_"))
+    if found is None:
+        raise ValueError(f"knob: unknown value {key!r}; allowed: {', '.join(KNOBS)}")
+    return found
 
 
 class InfeasibleCapError(ValueError):
@@ -47,13 +103,18 @@ class InfeasibleCapError(ValueError):
     p_max_w : float
         The cap that could not be met.
     min_power_w : float
-        The lowest peak power measured anywhere in the table.
+        The lowest robust peak power in the table (peak + ``peak-sigma-k``·σ; the profiled
+        peak where no σ was recorded).
     batch_size : int
         Batch size of the cell where ``min_power_w`` was measured.
     freq_mhz : float
-        GPU frequency of that cell.
+        Knob value of that cell (MHz for the GPU frequency).
     cap_margin : float
         The share of P_max that was kept free (``margin_cap_w``); 0 for the bare cap.
+    sigma_term_w : float
+        The k·σ part of ``min_power_w``.
+    knob : Knob
+        What ``freq_mhz`` is.
     """
 
     def __init__(
@@ -63,12 +124,16 @@ class InfeasibleCapError(ValueError):
         batch_size: int,
         freq_mhz: float,
         cap_margin: float = 0.0,
+        sigma_term_w: float = 0.0,
+        knob: Knob = GPU_FREQ_MHZ,
     ):
         self.p_max_w = p_max_w
         self.min_power_w = min_power_w
         self.batch_size = batch_size
         self.freq_mhz = freq_mhz
         self.cap_margin = cap_margin
+        self.sigma_term_w = sigma_term_w
+        self.knob = knob
         limit = f"P_max = {p_max_w:g} W"
         fix = f"Raise p-max-w above {min_power_w:.3f} W"
         if cap_margin > 0:
@@ -77,19 +142,28 @@ class InfeasibleCapError(ValueError):
                 f"({margin_cap_w(p_max_w, cap_margin):.3f} W)"
             )
             fix = f"Raise p-max-w above {min_power_w / (1 - cap_margin):.3f} W, lower cap-margin"
+        lowest = f"the lowest measured peak power is {min_power_w:.3f} W"
+        if sigma_term_w > 0:
+            lowest = (
+                f"the lowest peak power with its uncertainty (peak + peak-sigma-k·σ) is "
+                f"{min_power_w:.3f} W, of which {sigma_term_w:.3f} W is k·σ"
+            )
+            fix += ", lower peak-sigma-k"
         super().__init__(
-            f"p-max-w: no (batch size, GPU frequency) runs below {limit}; the "
-            f"lowest measured peak power is {min_power_w:.3f} W (b={batch_size}, "
-            f"f={freq_mhz:g} MHz). {fix} or add smaller batch sizes / lower frequencies."
+            f"p-max-w: no (batch size, {knob.label}) runs below {limit}; {lowest} "
+            f"(b={batch_size}, f={freq_mhz:g} {knob.unit}). {fix} or add smaller batch "
+            f"sizes / lower {knob.label} values."
         )
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """One row of Eq. 4's candidate set C: a batch size and its feasible frequency.
+class Candidate(NamedTuple):
+    """One row of the candidate set C: a batch size and the knob value it would run at.
 
-    ``freq_mhz`` is None when no profiled frequency of this b is below the cap; the
-    predictions are NaN when there is no frequency or no profiled cell to predict from.
+    ``freq_mhz`` is None when no profiled cell of this b is feasible; the predictions are
+    NaN when there is no such cell or no profiled cell to predict from.
+    ``energy_per_sample_j`` is the energy basis of the tie-break (average power × time per
+    sample, or peak power × time without an average-power table); NaN for the baselines.
+    An immutable record (a NamedTuple: a selection builds one per b on every call).
     """
 
     batch_size: int
@@ -97,6 +171,7 @@ class Candidate:
     time_per_sample_s: float
     peak_power_w: float
     score: float
+    energy_per_sample_j: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -110,7 +185,7 @@ class Selection:
     batch_size : int
         b*.
     freq_mhz : float
-        f*, a value of the frequency table.
+        f*, a value of the knob's table (MHz for the GPU frequency; see ``knob``).
     time_per_sample_s : float
         Predicted training time per sample at (b*, f*); NaN if that cell was not profiled
         (or no table was given, for the baselines).
@@ -122,8 +197,12 @@ class Selection:
     p_max_w : float or None
         The cap the choice was made under (None: no cap, or a method that ignores it).
     candidates : tuple of Candidate
-        Per b, the frequency the method would use with it and the predictions there, in
+        Per b, the knob value the method would use with it and the predictions there, in
         the order of ``batch_sizes`` (Eq. 4's C for power-aware and oracle).
+    energy_per_sample_j : float
+        Predicted energy per sample at (b*, f*) (see ``Candidate``); NaN for the baselines.
+    knob : Knob
+        What ``freq_mhz`` is: ``GPU_FREQ_MHZ`` unless the tables' knob is another.
     """
 
     method: str
@@ -134,28 +213,100 @@ class Selection:
     score: float
     p_max_w: float | None
     candidates: tuple[Candidate, ...]
+    energy_per_sample_j: float = math.nan
+    knob: Knob = GPU_FREQ_MHZ
 
     def to_dict(self) -> dict[str, Any]:
-        """Kebab-case, JSON-ready summary (NaN becomes None) for reports and messages."""
+        """Kebab-case, JSON-ready summary (NaN becomes None) for reports and messages.
+
+        The chosen knob value is under ``knob.config_key`` (``gpu-freq-mhz`` by default).
+        """
+        key = self.knob.config_key
         return {
             "method": self.method,
             "batch-size": self.batch_size,
-            "gpu-freq-mhz": self.freq_mhz,
+            key: self.freq_mhz,
+            "knob-unit": self.knob.unit,
             "predicted-time-per-sample-s": _none_if_nan(self.time_per_sample_s),
             "predicted-peak-power-w": _none_if_nan(self.peak_power_w),
+            "predicted-energy-per-sample-j": _none_if_nan(self.energy_per_sample_j),
             "predicted-score": _none_if_nan(self.score),
             "p-max-w": self.p_max_w,
             "candidates": [
                 {
                     "batch-size": c.batch_size,
-                    "gpu-freq-mhz": c.freq_mhz,
+                    key: c.freq_mhz,
                     "time-per-sample-s": _none_if_nan(c.time_per_sample_s),
                     "peak-power-w": _none_if_nan(c.peak_power_w),
+                    "energy-per-sample-j": _none_if_nan(c.energy_per_sample_j),
                     "score": _none_if_nan(c.score),
                 }
                 for c in self.candidates
             ],
         }
+
+
+@dataclass(frozen=True, eq=False)
+class Tables:
+    """The profiled tables Eq. 4 reads, |B| × |F| each (rows: batch sizes, columns: knob).
+
+    Attributes
+    ----------
+    time_s : array_like
+        Time per training sample in s (LUT_time); NaN where not profiled.
+    peak_w : array_like
+        Peak power in W (LUT_power); NaN exactly where ``time_s`` is.
+    avg_w : array_like, optional
+        Average power in W (energy / time), same NaN cells; when given, the tie-break's
+        energy is average power × time, otherwise peak power × time.
+    peak_sigma_w : array_like, optional
+        Standard deviation of the per-step peak powers of each cell in W; None, or NaN in
+        a cell, counts as 0 (no uncertainty recorded).
+    knob : Knob
+        What the columns are; ``GPU_FREQ_MHZ`` by default.
+    """
+
+    time_s: npt.ArrayLike
+    peak_w: npt.ArrayLike
+    avg_w: npt.ArrayLike | None = None
+    peak_sigma_w: npt.ArrayLike | None = None
+    knob: Knob = GPU_FREQ_MHZ
+
+
+@dataclass(frozen=True)
+class SelectionRule:
+    """How ``select_eq4`` judges noisy tables (node-config keys in kebab-case).
+
+    Attributes
+    ----------
+    peak_sigma_k : float
+        ``peak-sigma-k`` ≥ 0: a cell is feasible when its peak + k·σ of its per-step peaks
+        is below the cap (default ``PEAK_SIGMA_K``); 0 judges the profiled peak alone.
+    tie_tolerance : float
+        ``tie-tolerance`` in [0, 1): scores within this share of the best count as ties,
+        broken by energy (default ``TIE_TOLERANCE``); 0 is the exact minimum.
+    """
+
+    peak_sigma_k: float = PEAK_SIGMA_K
+    tie_tolerance: float = TIE_TOLERANCE
+
+    def __post_init__(self) -> None:
+        k, tol = self.peak_sigma_k, self.tie_tolerance
+        if isinstance(k, bool) or not isinstance(k, numbers.Real) or not 0 <= k < math.inf:
+            raise ValueError(f"peak-sigma-k: must be a finite number ≥ 0; got {k!r}")
+        if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not 0 <= tol < 1:
+            raise ValueError(f"tie-tolerance: must be a number in [0, 1) (e.g. 0.02); got {tol!r}")
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> SelectionRule:
+        """The rule from ``peak-sigma-k`` / ``tie-tolerance`` keys; defaults where absent."""
+        return cls(
+            peak_sigma_k=config.get("peak-sigma-k", PEAK_SIGMA_K),
+            tie_tolerance=config.get("tie-tolerance", TIE_TOLERANCE),
+        )
+
+
+DEFAULT_RULE = SelectionRule()
 
 
 def _none_if_nan(x: float) -> float | None:
@@ -184,6 +335,8 @@ def validate_p_max_w(p_max_w: object) -> float | None:
     ValueError
         For a non-number, NaN, zero or a negative value.
     """
+    if isinstance(p_max_w, float) and 0 < p_max_w < math.inf:  # the common case
+        return float(p_max_w)
     allowed = "a finite number of watts > 0, or none/inf for no cap"
     if p_max_w is None:
         return None
@@ -215,6 +368,8 @@ def validate_cap_margin(cap_margin: object) -> float:
     ValueError
         For a non-number, NaN, a negative value or one ≥ 1.
     """
+    if isinstance(cap_margin, float) and 0.0 <= cap_margin < 1.0:  # the common case
+        return float(cap_margin)
     allowed = "a number in [0, 1) (a share of P_max, e.g. 0.05)"
     if isinstance(cap_margin, bool) or not isinstance(cap_margin, numbers.Real):
         raise ValueError(f"cap-margin: must be {allowed}; got {cap_margin!r}")
@@ -251,6 +406,14 @@ def validate_batch_sizes(batch_sizes: Sequence[object]) -> list[int]:
     ValueError
         Naming ``batch-sizes`` and what is allowed.
     """
+    if (  # the common case: a list of ints, without the checks below
+        type(batch_sizes) is list
+        and batch_sizes
+        and all(type(b) is int for b in batch_sizes)
+        and batch_sizes[0] >= 1
+        and _strictly_ascending(batch_sizes)
+    ):
+        return list(batch_sizes)
     allowed = "a non-empty, strictly ascending list of positive integers"
     if isinstance(batch_sizes, np.ndarray):
         batch_sizes = batch_sizes.tolist()
@@ -271,6 +434,16 @@ def validate_batch_sizes(batch_sizes: Sequence[object]) -> list[int]:
     if any(a >= b for a, b in itertools.pairwise(out)):
         raise ValueError(f"batch-sizes: {out} is not strictly ascending; must be {allowed}")
     return out
+
+
+def _strictly_ascending(values: list[Any]) -> bool:
+    """Each value below the next (NaN fails every comparison)."""
+    prev = values[0]
+    for v in values[1:]:
+        if not prev < v:
+            return False
+        prev = v
+    return True
 
 
 def validate_r(r: Sequence[object], batch_sizes: Sequence[object]) -> list[float]:
@@ -300,7 +473,7 @@ def _validate_r_for(r: Sequence[object], b: list[int]) -> list[float]:
     """``validate_r`` against batch sizes that are already validated."""
     if isinstance(r, np.ndarray):
         r = r.tolist()
-    if isinstance(r, (str, bytes)) or not isinstance(r, Sequence):
+    if type(r) is not list and (isinstance(r, (str, bytes)) or not isinstance(r, Sequence)):
         raise ValueError(f"r: must be a list of numbers in (0, 1], one per batch size; got {r!r}")
     if len(r) != len(b):
         raise ValueError(
@@ -309,8 +482,8 @@ def _validate_r_for(r: Sequence[object], b: list[int]) -> list[float]:
         )
     out: list[float] = []
     for bi, x in zip(b, r, strict=True):
-        if type(x) is float and 0 < x <= 1:  # the common case, without the ABC checks
-            out.append(x)
+        if isinstance(x, float) and 0 < x <= 1:  # the common case, without the ABC checks
+            out.append(float(x))
             continue
         if isinstance(x, bool) or not isinstance(x, numbers.Real) or not 0 < float(x) <= 1:
             raise ValueError(f"r: value {x!r} for batch size {bi} is not in (0, 1]")
@@ -331,11 +504,12 @@ def validate_freqs_mhz(freqs_mhz: Sequence[object]) -> list[float]:
         out = [float(f) for f in freqs_mhz]  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise ValueError(f"freqs-mhz: must be {allowed}; got {freqs_mhz!r}") from None
+    # The common case: 0 < f0 < f1 < ... < inf (NaN fails every comparison).
+    if out and out[0] > 0 and out[-1] < math.inf and _strictly_ascending(out):
+        return out
     if not out or not all(math.isfinite(f) and f > 0 for f in out):
         raise ValueError(f"freqs-mhz: must be {allowed}; got {freqs_mhz!r}")
-    if any(a >= b for a, b in itertools.pairwise(out)):
-        raise ValueError(f"freqs-mhz: {out} is not strictly ascending; must be {allowed}")
-    return out
+    raise ValueError(f"freqs-mhz: {out} is not strictly ascending; must be {allowed}")
 
 
 def validate_tables(
@@ -359,16 +533,16 @@ def validate_tables(
                 f"{name}: shape {table.shape} does not match |batch-sizes| × |freqs-mhz| = "
                 f"({n_b}, {n_f})"
             )
-    if not np.array_equal(np.isnan(time_s), np.isnan(power_w)):
+    not_profiled = np.isnan(time_s)
+    if np.count_nonzero(not_profiled ^ np.isnan(power_w)):
         raise ValueError("lut_time_s and lut_power_w: NaN (not profiled) at different cells")
-    measured = ~np.isnan(time_s)
-    t, p = time_s[measured], power_w[measured]
-    if not (np.isfinite(t).all() and (t > 0).all()):
-        raise ValueError("lut_time_s: profiled cells must be finite and > 0 seconds per sample")
-    if not (np.isfinite(p).all() and (p >= 0).all()):
-        raise ValueError("lut_power_w: profiled cells must be finite and ≥ 0 W")
-    if not t.size:
+    if np.count_nonzero(not_profiled) == not_profiled.size:
         raise ValueError("lut_time_s / lut_power_w: no cell was profiled")
+    # NaN compares False: only profiled cells can fail these.
+    if np.count_nonzero(time_s <= 0) or np.count_nonzero(np.isinf(time_s)):
+        raise ValueError("lut_time_s: profiled cells must be finite and > 0 seconds per sample")
+    if np.count_nonzero(power_w < 0) or np.count_nonzero(np.isinf(power_w)):
+        raise ValueError("lut_power_w: profiled cells must be finite and ≥ 0 W")
     return time_s, power_w
 
 
@@ -387,61 +561,112 @@ def _table_freq_at_or_below(freqs_mhz: Sequence[float], cap_mhz: float, key: str
     return j
 
 
-# --------------------------------------------------------------------------- Eq. 4
+def _validate_aux_table(
+    name: str, table: npt.ArrayLike, not_profiled: BoolArray, *, nan_in_profiled: bool
+) -> FloatArray:
+    """An optional table beside LUT_time: same shape, finite ≥ 0 W in profiled cells.
+
+    NaN in a profiled cell is allowed only where ``nan_in_profiled`` (σ: not recorded).
+    """
+    out = np.asarray(table, dtype=np.float64)
+    if out.shape != not_profiled.shape:
+        raise ValueError(
+            f"{name}: shape {out.shape} does not match |batch-sizes| × |freqs-mhz| = "
+            f"{not_profiled.shape}"
+        )
+    nan = np.isnan(out)
+    if not nan_in_profiled and not np.array_equal(nan, not_profiled):
+        raise ValueError(f"{name}: NaN (not profiled) at different cells than lut_time_s")
+    if np.isinf(out).any() or (out < 0).any():
+        raise ValueError(f"{name}: profiled cells must be finite and ≥ 0 W")
+    return out
+
+
+# --------------------------------------------------------------------------- feasibility
+
+
+def feasible_cells(
+    peak_w: npt.ArrayLike,
+    p_max_w: float | None,
+    *,
+    peak_sigma_w: npt.ArrayLike | None = None,
+    peak_sigma_k: float = PEAK_SIGMA_K,
+) -> BoolArray:
+    """Which cells are feasible, each judged by its own robust peak: the selection's rule.
+
+    A cell is feasible when it was profiled and ``peak + k·σ < p_max_w`` (strictly, as in
+    Eq. 4). Nothing else in its row matters: a noisy or non-binding cell above the cap at
+    a low f does not make the cells above it infeasible.
+
+    Parameters
+    ----------
+    peak_w : array_like of float, any shape (a row or a |B| × |F| table)
+        Profiled peak power in W; NaN = not profiled (never feasible).
+    p_max_w : float or None
+        The limit the robust peak must stay below, e.g. ``margin_cap_w(P_max, cap_margin)``;
+        None or infinity: no cap (every profiled cell is feasible).
+    peak_sigma_w : array_like of float, optional
+        σ of each cell's per-step peaks in W, same shape; None or NaN counts as 0.
+    peak_sigma_k : float
+        ``peak-sigma-k``.
+
+    Returns
+    -------
+    ndarray of bool, the shape of ``peak_w``
+    """
+    peak = np.asarray(peak_w, dtype=np.float64)
+    if p_max_w is None or math.isinf(p_max_w):
+        return ~np.isnan(peak)
+    sigma = None if peak_sigma_w is None else np.asarray(peak_sigma_w, dtype=np.float64)
+    # NaN compares False: a cell that was not profiled is never feasible.
+    return _robust_peak(peak, sigma, peak_sigma_k) < float(p_max_w)
+
+
+def _robust_peak(
+    peak_w: FloatArray, sigma_w: FloatArray | None, k: float = PEAK_SIGMA_K
+) -> FloatArray:
+    """peak + k·σ, with σ None or NaN counting as 0."""
+    if sigma_w is None or k == 0:
+        return peak_w
+    return peak_w + k * np.where(np.isnan(sigma_w), 0.0, sigma_w)
 
 
 def feasible_freq_index(power_row_w: npt.ArrayLike, p_max_w: float | None) -> int | None:
-    """Eq. 4's j_i: the highest frequency index whose peak power is below P_max.
+    """The highest index j such that every measured cell at or below j is below P_max.
 
-    Measured rows are noisy and not always monotone, and efficient profiling leaves cells
-    NaN. The rule is therefore defined on the running maximum over measured cells,
+    This is the paper's Eq. 4 j_i on rows whose power rises with f, kept for code that
+    needs a *prefix* of safe frequencies (deadline pacing walks down from f* and may take
+    any measured cell at or below j). The selection itself no longer uses it: it judges
+    each cell on its own (``feasible_cells``), so one noisy low-f cell above the cap costs
+    that cell, not the row.
+
+    Defined on the running maximum over measured cells,
     ``m[j] = max{P[k] : k ≤ j, P[k] measured}``: the answer is the highest *measured*
-    index j with ``m[j] < P_max``. So a frequency is feasible only if it and every measured
-    lower frequency are below the cap. This is
-
-    * equal to Eq. 4 on rows that are non-decreasing over their measured cells (the
-      paper's premise: power rises with f), since then ``m`` is the row itself;
-    * conservative on noisy rows: a dip below the cap above a cell that broke it is not
-      trusted (the efficient profiler stops at the first infeasible f for the same reason);
-    * what the efficient profiler finds, so efficient and full tables agree.
-
-    ``m`` is non-decreasing, so the boundary is found by binary search (O(log |F|) after
-    the O(|F|) vectorised running maximum).
+    index j with ``m[j] < P_max``. It is equal to Eq. 4 on rows that are non-decreasing
+    over their measured cells, and conservative on noisy rows (a dip below the cap above a
+    cell that broke it is not taken). ``m`` is non-decreasing, so the boundary is found by
+    binary search.
 
     Parameters
     ----------
     power_row_w : array_like of float
-        Peak power in W per frequency (ascending frequencies) for one batch size; NaN =
-        not profiled.
+        Peak power in W per knob value (ascending) for one batch size; NaN = not profiled.
     p_max_w : float or None
         The cap in W; None or infinity means no cap (the highest measured index).
 
     Returns
     -------
     int or None
-        The index j_i, or None when no measured cell is feasible.
+        The index j_i, or None when the lowest measured cell is not below the cap.
     """
     row = np.asarray(power_row_w, dtype=np.float64)
     if row.ndim != 1:
         raise ValueError(f"power_row_w: must be one row (1-D), got shape {row.shape}")
-    cap = math.inf if p_max_w is None else float(p_max_w)
-    measured = ~np.isnan(row)
-    running_max = np.maximum.accumulate(np.where(measured, row, -np.inf))
-    # First index whose running maximum reaches the cap; everything before it is feasible.
-    first_bad = int(np.searchsorted(running_max, cap, side="left"))
-    if first_bad == 0:
-        return None
-    last_measured = np.maximum.accumulate(np.where(measured, np.arange(row.size), -1))
-    j = int(last_measured[first_bad - 1])
-    return None if j < 0 else j
+    return feasible_freq_indices(row[None, :], p_max_w)[0]
 
 
 def feasible_freq_indices(power_w: FloatArray, p_max_w: float | None) -> list[int | None]:
-    """``feasible_freq_index`` of every row of a (|B|, |F|) table, vectorised.
-
-    The running maxima and last-measured indices of all rows are computed in one pass;
-    each row's boundary is then a binary search (``searchsorted``) on its running maximum.
-    """
+    """``feasible_freq_index`` of every row of a (|B|, |F|) table, vectorised."""
     cap = math.inf if p_max_w is None else float(p_max_w)
     measured = ~np.isnan(power_w)
     running_max = np.maximum.accumulate(np.where(measured, power_w, -np.inf), axis=1)
@@ -453,6 +678,9 @@ def feasible_freq_indices(power_w: FloatArray, p_max_w: float | None) -> list[in
         j = int(row_last[first_bad - 1]) if first_bad > 0 else -1
         out.append(None if j < 0 else j)
     return out
+
+
+# --------------------------------------------------------------------------- Eq. 4
 
 
 def _nan_if_none(table: FloatArray | None, i: int, j: int) -> float:
@@ -467,6 +695,7 @@ def _candidates_at(
     lut_power_w: FloatArray | None,
     r: list[float] | None,
 ) -> tuple[Candidate, ...]:
+    """The baselines' candidates: each b at the given column (energy not predicted)."""
     out = []
     for i, (b, j) in enumerate(zip(batch_sizes, freq_index, strict=True)):
         if j is None:
@@ -479,7 +708,11 @@ def _candidates_at(
 
 
 def _selection(
-    method: str, chosen: Candidate, p_max_w: float | None, candidates: tuple[Candidate, ...]
+    method: str,
+    chosen: Candidate,
+    p_max_w: float | None,
+    candidates: tuple[Candidate, ...],
+    knob: Knob = GPU_FREQ_MHZ,
 ) -> Selection:
     assert chosen.freq_mhz is not None
     return Selection(
@@ -491,35 +724,175 @@ def _selection(
         score=chosen.score,
         p_max_w=p_max_w,
         candidates=candidates,
+        energy_per_sample_j=chosen.energy_per_sample_j,
+        knob=knob,
     )
 
 
-def _select_eq4(
-    method: str,
-    lut_time_s: npt.ArrayLike,
-    lut_power_w: npt.ArrayLike,
+class _Checked(NamedTuple):
+    """Validated Eq. 4 inputs: axes as lists, tables as float arrays."""
+
+    b: list[int]
+    f: list[float]
+    r: list[float]
+    time_s: FloatArray
+    peak_w: FloatArray
+    energy_w: FloatArray  # avg power where given, else peak power
+    sigma_w: FloatArray | None
+
+
+def _check_eq4(
+    tables: Tables, batch_sizes: Sequence[int], freqs_mhz: Sequence[float], r: Sequence[float]
+) -> _Checked:
+    b_list = validate_batch_sizes(batch_sizes)
+    f_list = validate_freqs_mhz(freqs_mhz)
+    r_list = _validate_r_for(r, b_list)
+    time_s, peak_w = validate_tables(tables.time_s, tables.peak_w, len(b_list), len(f_list))
+    energy_w, sigma_w = peak_w, None
+    if tables.avg_w is None and tables.peak_sigma_w is None:
+        return _Checked(b_list, f_list, r_list, time_s, peak_w, energy_w, sigma_w)
+    not_profiled = np.isnan(time_s)
+    if tables.avg_w is not None:
+        energy_w = _validate_aux_table(
+            "lut_avg_power_w", tables.avg_w, not_profiled, nan_in_profiled=False
+        )
+    if tables.peak_sigma_w is not None:
+        sigma_w = _validate_aux_table(
+            "lut_peak_sigma_w", tables.peak_sigma_w, not_profiled, nan_in_profiled=True
+        )
+    return _Checked(b_list, f_list, r_list, time_s, peak_w, energy_w, sigma_w)
+
+
+def select_eq4(
+    tables: Tables,
     batch_sizes: Sequence[int],
     freqs_mhz: Sequence[float],
     r: Sequence[float],
     p_max_w: float | str | None,
-    cap_margin: float,
+    *,
+    cap_margin: float = 0.0,
+    rule: SelectionRule = DEFAULT_RULE,
+    method: str = "power-aware",
 ) -> Selection:
-    b_list = validate_batch_sizes(batch_sizes)
-    f_list = validate_freqs_mhz(freqs_mhz)
-    r_list = _validate_r_for(r, b_list)
+    """Eq. 4 on measured, noisy tables: the fastest feasible (b, f) to accuracy, then energy.
+
+    Feasibility is per cell (``feasible_cells``): a cell is feasible when its robust peak,
+    ``peak + peak_sigma_k·σ`` (σ of its per-step peaks; 0 where not recorded), is below
+    ``P_max · (1 − cap_margin)``. No fit across f is applied: a fit would either pass a
+    cell that was measured above the cap or reject one measured below it, and every
+    guarantee below holds cell by cell.
+
+    The choice, over all feasible cells (not only each b's highest f):
+
+    1. ``score = time per sample × r_b`` (∝ TT_acc, Eq. 2 with Eq. 3); ``best`` is its
+       minimum.
+    2. Cells with ``score ≤ best · (1 + tie_tolerance)`` are ties (noise cannot order
+       them). Among them the least **energy to accuracy** wins: energy per sample × r_b,
+       with energy per sample = average power × time per sample when ``tables.avg_w`` is
+       given, else peak power × time per sample. Within one b that is energy per sample;
+       across b it weighs each sample by how many samples that b needs (r_b).
+    3. Equal energy: lower score, then the larger b, then the lower f.
+
+    Hence, on the same feasible cells, the choice is never slower than literal Eq. 4
+    (each b at its highest feasible f) by more than ``tie_tolerance``, it is feasible,
+    and there is a choice whenever some profiled cell is feasible. With no cap every
+    profiled cell is feasible.
+
+    ``candidates`` has, per b, the cell that b would use: its least-energy cell within the
+    tolerance of the best when it has one, else its fastest feasible cell (then less
+    energy, lower f); the selection is one of them.
+
+    Parameters
+    ----------
+    tables : Tables
+        LUT_time, LUT_power, optional average power and σ of per-step peaks, and the knob.
+    batch_sizes : sequence of int
+        B, strictly ascending (rows of the tables).
+    freqs_mhz : sequence of float
+        The knob's values, strictly ascending (columns); MHz for the GPU frequency.
+    r : sequence of float
+        Eq. 3's r_b per batch size, each in (0, 1].
+    p_max_w : float, str or None
+        The cap P_max in W; None / "none" / infinity for no cap.
+    cap_margin : float
+        Share of P_max kept free (``validate_cap_margin``); 0 is the bare cap.
+    rule : SelectionRule
+        ``peak-sigma-k`` and ``tie-tolerance``.
+    method : str
+        ``"power-aware"`` (r from the proxy) or ``"oracle"`` (r from the client's data).
+
+    Returns
+    -------
+    Selection
+
+    Raises
+    ------
+    InfeasibleCapError
+        When no profiled cell is feasible (it names the cell of lowest robust peak).
+    ValueError
+        For malformed inputs (the message names the key).
+    """
+    if method not in ("power-aware", "oracle"):
+        raise ValueError(f"method: {method!r} is not an Eq. 4 method (power-aware, oracle)")
+    c = _check_eq4(tables, batch_sizes, freqs_mhz, r)
     cap = validate_p_max_w(p_max_w)
     margin = validate_cap_margin(cap_margin)
-    time_s, power_w = validate_tables(lut_time_s, lut_power_w, len(b_list), len(f_list))
-    index = feasible_freq_indices(power_w, None if cap is None else margin_cap_w(cap, margin))
-    candidates = _candidates_at(b_list, f_list, index, time_s, power_w, r_list)
-    feasible = [c for c in candidates if c.freq_mhz is not None]
-    if not feasible:
-        assert cap is not None  # without a cap every row with a measured cell is feasible
-        i, j = np.unravel_index(int(np.nanargmin(power_w)), power_w.shape)
-        raise InfeasibleCapError(cap, float(power_w[i, j]), b_list[i], f_list[j], margin)
-    # Ties in the score go to the lower power (same time, less energy), then the larger b.
-    best = min(feasible, key=lambda c: (c.score, c.peak_power_w, -c.batch_size))
-    return _selection(method, best, cap, candidates)
+    robust = _robust_peak(c.peak_w, c.sigma_w, rule.peak_sigma_k)
+    limit = math.inf if cap is None else margin_cap_w(cap, margin)
+    # Whole-table NumPy operations (each costs about a microsecond on tables this small),
+    # then per-b and per-tied-cell work in Python.
+    fast = np.where(robust < limit, c.time_s * np.array(c.r)[:, None], math.inf)
+    n_b, n_f = fast.shape
+    fastest_at = fast.argmin(axis=1) + np.arange(0, n_b * n_f, n_f)  # flat index per b
+    fastest = fast.take(fastest_at).tolist()  # NaN (not profiled) < limit is False: inf
+    best = min(fastest)
+    if best == math.inf:
+        raise _infeasible(c, robust, cap, margin, tables.knob)
+    threshold = best * (1 + rule.tie_tolerance)
+    picks = fastest_at.tolist()
+    greenest = _greenest_ties(c, np.flatnonzero(fast <= threshold).tolist(), n_f)
+    for i, (k, _) in greenest.items():
+        picks[i] = k
+    time_l, peak_l, energy_w_l = (a.take(picks).tolist() for a in (c.time_s, c.peak_w, c.energy_w))
+    candidates = tuple(
+        [
+            Candidate(b, c.f[k % n_f], t, p, t * r_b, e * t)
+            if f < math.inf
+            else Candidate(b, None, math.nan, math.nan, math.nan)
+            for b, r_b, k, f, t, p, e in zip(
+                c.b, c.r, picks, fastest, time_l, peak_l, energy_w_l, strict=True
+            )
+        ]
+    )
+    # across b: the least energy to accuracy, then the lower score, then the larger b
+    chosen = min(greenest, key=lambda i: (greenest[i][1], candidates[i].score, -c.b[i]))
+    return _selection(method, candidates[chosen], cap, candidates, tables.knob)
+
+
+def _greenest_ties(c: _Checked, tied: list[int], n_f: int) -> dict[int, tuple[int, float]]:
+    """Per row with tied cells (flat indices ``tied``, ascending): the flat index of its
+    least energy to accuracy (energy per sample × r_b; the lower f when equal) and that
+    energy."""
+    time_l, energy_w_l = c.time_s.take(tied).tolist(), c.energy_w.take(tied).tolist()
+    out: dict[int, tuple[int, float]] = {}
+    for k, t, e_w in zip(tied, time_l, energy_w_l, strict=True):
+        i = k // n_f
+        to_acc = e_w * t * c.r[i]
+        if i not in out or to_acc < out[i][1]:
+            out[i] = (k, to_acc)
+    return out
+
+
+def _infeasible(
+    c: _Checked, robust: FloatArray, cap: float | None, margin: float, knob: Knob
+) -> InfeasibleCapError:
+    """The error for a table without a feasible cell: it names the lowest robust peak."""
+    assert cap is not None  # without a cap every profiled cell is feasible
+    i, j = np.unravel_index(int(np.nanargmin(robust)), robust.shape)
+    lowest = float(robust[i, j])
+    return InfeasibleCapError(
+        cap, lowest, c.b[i], c.f[j], margin, lowest - float(c.peak_w[i, j]), knob
+    )
 
 
 def select_power_aware(
@@ -531,45 +904,36 @@ def select_power_aware(
     p_max_w: float | str | None,
     *,
     cap_margin: float = 0.0,
+    rule: SelectionRule = DEFAULT_RULE,
 ) -> Selection:
-    """Eq. 4 / Algorithm 1: the (b, f) minimising time per sample × r_b under P_max.
+    """Eq. 4 with the proxy's r: ``select_eq4`` on LUT_time and LUT_power alone.
 
-    For each b the frequency is ``feasible_freq_index`` of its power row (the highest f
-    below the cap, less ``cap_margin``); among those candidates the smallest
-    ``lut_time_s[b, f] × r_b`` wins (ties: lower peak power, then larger b).
+    Kept for callers that pass the two tables positionally; give average power or σ of
+    per-step peaks through ``select_eq4(Tables(...), ...)`` or ``select(tables=...)``.
+    Without σ the robust peak is the profiled peak; without average power the tie-break's
+    energy is peak power × time.
 
     Parameters
     ----------
-    lut_time_s : array_like, shape (|B|, |F|)
-        Time per training sample in seconds; NaN where not profiled.
-    lut_power_w : array_like, shape (|B|, |F|)
-        Peak power in W; NaN exactly where ``lut_time_s`` is NaN.
-    batch_sizes : sequence of int
-        B, strictly ascending (rows of the tables).
-    freqs_mhz : sequence of float
-        F in MHz, strictly ascending (columns of the tables).
-    r : sequence of float
-        Eq. 3's r_b per batch size, each in (0, 1], from the server's proxy training.
-    p_max_w : float, str or None
-        The cap P_max in W; None / "none" / infinity for no cap.
-    cap_margin : float
-        Share of P_max kept free (``validate_cap_margin``): a cell is feasible when its
-        profiled peak is below ``P_max · (1 − cap_margin)``; 0 is the paper's rule.
+    lut_time_s, lut_power_w : array_like, shape (|B|, |F|)
+        Time per training sample (s) and peak power (W); NaN (same cells) where not
+        profiled.
+    batch_sizes, freqs_mhz, r, p_max_w, cap_margin, rule
+        As in ``select_eq4``.
 
     Returns
     -------
     Selection
-        With ``method="power-aware"``, ``p_max_w`` the cap itself, and the candidate set C.
-
-    Raises
-    ------
-    InfeasibleCapError
-        When no profiled cell is below the cap.
-    ValueError
-        For malformed inputs (the message names the key).
+        With ``method="power-aware"``.
     """
-    return _select_eq4(
-        "power-aware", lut_time_s, lut_power_w, batch_sizes, freqs_mhz, r, p_max_w, cap_margin
+    return select_eq4(
+        Tables(lut_time_s, lut_power_w),
+        batch_sizes,
+        freqs_mhz,
+        r,
+        p_max_w,
+        cap_margin=cap_margin,
+        rule=rule,
     )
 
 
@@ -582,15 +946,26 @@ def select_oracle(
     p_max_w: float | str | None,
     *,
     cap_margin: float = 0.0,
+    rule: SelectionRule = DEFAULT_RULE,
 ) -> Selection:
     """The paper's "fastest configuration": Eq. 4 with r measured on the client's own data.
 
     Same parameters as ``select_power_aware``; ``r`` is the true r of the target data.
     Returns a Selection with ``method="oracle"``.
     """
-    return _select_eq4(
-        "oracle", lut_time_s, lut_power_w, batch_sizes, freqs_mhz, r, p_max_w, cap_margin
+    return select_eq4(
+        Tables(lut_time_s, lut_power_w),
+        batch_sizes,
+        freqs_mhz,
+        r,
+        p_max_w,
+        cap_margin=cap_margin,
+        rule=rule,
+        method="oracle",
     )
+
+
+# --------------------------------------------------------------------------- baselines
 
 
 def _select_at_fixed_cap(
@@ -733,38 +1108,89 @@ def select_fixed(
     return _selection("fixed", all_candidates[i], None, (all_candidates[i],))
 
 
+class MethodArgs(TypedDict, total=False):
+    """``select``'s per-method keywords, and the flat spelling of its tables.
+
+    ``lut_time_s``, ``lut_power_w``, ``lut_avg_power_w``, ``lut_peak_sigma_w`` and ``knob``
+    are the tables as separate arguments (the call callers made before ``Tables``); give
+    them or ``tables``, not both. ``cap_margin``: power-aware and oracle.
+    ``b1_freq_cap_mhz``: b1, b2. ``fixed_batch_size`` and ``fixed_freq_mhz``: fixed.
+    """
+
+    lut_time_s: npt.ArrayLike | None
+    lut_power_w: npt.ArrayLike | None
+    lut_avg_power_w: npt.ArrayLike | None
+    lut_peak_sigma_w: npt.ArrayLike | None
+    knob: Knob
+    cap_margin: float
+    b1_freq_cap_mhz: float | None
+    fixed_batch_size: int | None
+    fixed_freq_mhz: float | None
+
+
+_METHOD_ARGS = frozenset(MethodArgs.__annotations__)
+_FLAT_TABLES = ("lut_time_s", "lut_power_w", "lut_avg_power_w", "lut_peak_sigma_w", "knob")
+
+
+def _tables_of(tables: Tables | None, args: MethodArgs) -> Tables | None:
+    """``tables``, or the flat ``lut_*`` keywords as Tables (None when neither is given)."""
+    unknown = args.keys() - _METHOD_ARGS
+    if unknown:
+        raise TypeError(f"select() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
+    flat = {k: args[k] for k in _FLAT_TABLES if args.get(k) is not None}  # type: ignore[literal-required]
+    if tables is not None:
+        if flat:
+            raise ValueError(f"tables: give Tables or {', '.join(flat)}, not both")
+        return tables
+    if "lut_time_s" not in flat and "lut_power_w" not in flat:
+        return None  # a ``knob`` alone still labels the baselines' choice (``select``)
+    if "lut_time_s" not in flat or "lut_power_w" not in flat:
+        raise ValueError("lut_time_s and lut_power_w: give both tables or neither")
+    return Tables(
+        flat["lut_time_s"],
+        flat["lut_power_w"],
+        flat.get("lut_avg_power_w"),
+        flat.get("lut_peak_sigma_w"),
+        flat.get("knob", GPU_FREQ_MHZ),
+    )
+
+
 def select(
     method: str,
     *,
     batch_sizes: Sequence[int],
     freqs_mhz: Sequence[float],
-    lut_time_s: npt.ArrayLike | None = None,
-    lut_power_w: npt.ArrayLike | None = None,
+    tables: Tables | None = None,
     r: Sequence[float] | None = None,
     p_max_w: float | str | None = None,
-    cap_margin: float = 0.0,
-    b1_freq_cap_mhz: float | None = None,
-    fixed_batch_size: int | None = None,
-    fixed_freq_mhz: float | None = None,
+    rule: SelectionRule = DEFAULT_RULE,
+    **method_args: Unpack[MethodArgs],
 ) -> Selection:
     """Dispatch to the selection ``method`` (one of ``METHODS``).
 
     Parameters
     ----------
     method : str
-        ``power-aware`` and ``oracle`` need both tables, ``r`` (for the oracle: measured on
+        ``power-aware`` and ``oracle`` need the tables, ``r`` (for the oracle: measured on
         the client's data) and ``p_max_w`` (pass ``math.inf`` or ``"none"`` for no cap:
         a forgotten cap is an error here, not "no cap"); ``b1`` needs ``b1_freq_cap_mhz``;
         ``b2`` needs ``r`` and ``b1_freq_cap_mhz``; ``fixed`` needs ``fixed_batch_size`` and
         ``fixed_freq_mhz``. The tables are optional for the baselines (predictions only).
-    batch_sizes, freqs_mhz, lut_time_s, lut_power_w, r, p_max_w, cap_margin, b1_freq_cap_mhz
-        As in the per-method functions (``cap_margin``: power-aware and oracle only).
-    fixed_batch_size, fixed_freq_mhz
-        The (b, f) of ``fixed``.
+    batch_sizes, freqs_mhz, r, p_max_w
+        As in the per-method functions.
+    tables : Tables, optional
+        The profiled tables and their knob (or the flat ``lut_*`` keywords).
+    rule : SelectionRule
+        ``peak-sigma-k`` and ``tie-tolerance`` of power-aware and oracle (``select_eq4``).
+    **method_args
+        ``MethodArgs``: ``cap_margin``, ``b1_freq_cap_mhz``, ``fixed_batch_size``,
+        ``fixed_freq_mhz``, and ``lut_time_s``, ``lut_power_w``, ``lut_avg_power_w``,
+        ``lut_peak_sigma_w``, ``knob`` instead of ``tables``.
 
     Returns
     -------
     Selection
+        Its ``knob`` is the tables' (``GPU_FREQ_MHZ`` when none is named).
 
     Raises
     ------
@@ -773,6 +1199,7 @@ def select(
     """
     if method not in METHODS:
         raise ValueError(f"method: unknown value {method!r}; allowed: {', '.join(METHODS)}")
+    t = _tables_of(tables, method_args)
 
     def need(name: str, value: Any) -> Any:
         if value is None:
@@ -780,28 +1207,32 @@ def select(
         return value
 
     if method in ("power-aware", "oracle"):
-        eq4 = select_power_aware if method == "power-aware" else select_oracle
-        return eq4(
-            need("lut-time-s", lut_time_s),
-            need("lut-power-w", lut_power_w),
+        return select_eq4(
+            need("lut-time-s", t),
             batch_sizes,
             freqs_mhz,
             need("r", r),
             need("p-max-w", p_max_w),
-            cap_margin=cap_margin,
+            cap_margin=method_args.get("cap_margin", 0.0),
+            rule=rule,
+            method=method,
         )
+    time_s, peak_w = (None, None) if t is None else (t.time_s, t.peak_w)
     if method == "b1":
-        cap = need("b1-freq-cap-mhz", b1_freq_cap_mhz)
-        return select_b1(batch_sizes, freqs_mhz, cap, lut_time_s, lut_power_w, r=r)
-    if method == "b2":
-        cap = need("b1-freq-cap-mhz", b1_freq_cap_mhz)
-        return select_b2(batch_sizes, freqs_mhz, need("r", r), cap, lut_time_s, lut_power_w)
-    return select_fixed(
-        need("fixed-batch-size", fixed_batch_size),
-        need("fixed-freq-mhz", fixed_freq_mhz),
-        batch_sizes,
-        freqs_mhz,
-        lut_time_s,
-        lut_power_w,
-        r=r,
-    )
+        cap = need("b1-freq-cap-mhz", method_args.get("b1_freq_cap_mhz"))
+        sel = select_b1(batch_sizes, freqs_mhz, cap, time_s, peak_w, r=r)
+    elif method == "b2":
+        cap = need("b1-freq-cap-mhz", method_args.get("b1_freq_cap_mhz"))
+        sel = select_b2(batch_sizes, freqs_mhz, need("r", r), cap, time_s, peak_w)
+    else:
+        sel = select_fixed(
+            need("fixed-batch-size", method_args.get("fixed_batch_size")),
+            need("fixed-freq-mhz", method_args.get("fixed_freq_mhz")),
+            batch_sizes,
+            freqs_mhz,
+            time_s,
+            peak_w,
+            r=r,
+        )
+    knob = t.knob if t is not None else method_args.get("knob") or GPU_FREQ_MHZ
+    return sel if knob == GPU_FREQ_MHZ else dataclasses.replace(sel, knob=knob)

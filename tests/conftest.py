@@ -1,6 +1,7 @@
 """Test-wide setup: Flower stays offline and keeps its home inside the work tree."""
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
@@ -13,7 +14,7 @@ import pytest
 
 
 @pytest.fixture
-def flower_task_identity():
+def flower_task_identity() -> Iterator[None]:
     """Newer Flower stamps messages with the running task's identity; give tests one."""
     try:
         from flwr.supercore.task_identity import TaskIdentity

@@ -7,12 +7,13 @@ each backend it passed over was not available.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from fl_client.devices.base import (
@@ -36,6 +37,22 @@ BACKENDS = ("auto", "simulated", "jetson", "nvml", "replay")
 # What ``auto`` tries, in order: real hardware first, the twin last.
 AUTO_ORDER = ("jetson", "nvml", "replay", "simulated")
 POWER_SOURCES = ("auto", "sysfs", "jtop")  # jetson power readers: INA3221 sysfs, jtop service
+
+
+def key_hint(key: str, known: Iterable[str]) -> str:
+    """`` (did you mean cap-margin?)`` for the nearest known key, else ``; known keys: …``."""
+    names = sorted(known)
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else f"; known keys: {', '.join(names)}"
+
+
+def unknown_key_message(key: str, known: Iterable[str], where: str) -> str:
+    """``<where>: unknown key 'cap-margn' (did you mean cap-margin?)``.
+
+    The one rule for unknown keys everywhere (run settings, fleet entries, node_config,
+    device options, device descriptors): refused, naming the key and the nearest known one.
+    """
+    return f"{where}: unknown key {key!r}{key_hint(key, known)}"
 
 
 @dataclass(frozen=True)
@@ -69,8 +86,25 @@ class DeviceOptions:
         return replace(self, twin_slowdown=1.0, twin_extra_power_w=0.0)
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> DeviceOptions:
-        """Options from a node_config-like mapping; unknown keys are ignored."""
+    def keys(cls) -> tuple[str, ...]:
+        """Every option's key (kebab-case), as in a fleet entry or ``--node-config``."""
+        return tuple(f.name.replace("_", "-") for f in fields(cls))
+
+    @classmethod
+    def from_config(
+        cls, config: Mapping[str, Any], *, where: str = "device options"
+    ) -> DeviceOptions:
+        """Options from a mapping of option keys (``keys()``).
+
+        An unknown key is a ValueError naming it and the nearest known one: a misspelt
+        ``cap-windw-s`` must not leave the cap guard at its default without a word. The
+        node's own settings (``device``, ``p-max-w``, …) are not device options: callers pass
+        only the options (``fl_client.settings.NodeSettings.options``).
+        """
+        known = cls.keys()
+        for key in config:
+            if key not in known:
+                raise ValueError(unknown_key_message(str(key), known, where))
 
         def number(key: str, default: float) -> float:
             raw = config.get(key, default)
@@ -321,6 +355,8 @@ __all__ = [
     "Workload",
     "cap_guard",
     "detect_backends",
+    "key_hint",
     "locked",
     "open_device",
+    "unknown_key_message",
 ]

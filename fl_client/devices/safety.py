@@ -5,9 +5,13 @@ a state file (one per GPU). ``restore()`` puts them back and removes the file. W
 the process, the settings come back:
 
 * an exception or a normal exit: context managers, ``close()`` and an ``atexit`` hook;
-* SIGTERM, SIGINT, SIGHUP: a handler restores every active device, then hands the signal to
-  the handler that was there before (Flower's, Python's KeyboardInterrupt, or the default
-  action, so the process still ends with the signal's status);
+* SIGTERM, SIGINT, SIGHUP: a handler hands the signal to the handler that was there before
+  and restores only what that ends: with the default action (the process dies by the
+  signal) every device, before dying; with a Python handler that raises (KeyboardInterrupt,
+  ``powerfl``'s interrupt) the devices locked from the main thread, whose training step the
+  exception unwinds; with a handler that returns (the process goes on) nothing. A signal
+  the process ignores at start (SIG_IGN, e.g. SIGHUP under ``nohup``) gets no handler, so it
+  never unlocks a GPU under a training step that keeps running;
 * SIGKILL or power loss: nothing runs, but the state file stays; the next open of the same
   GPU (or ``powerfl devices --restore``) puts the settings back from it.
 """
@@ -278,17 +282,19 @@ class GpuStateRecord:
 # ---------------------------------------------------------------- active devices, handlers
 
 _lock = threading.RLock()
-_active: dict[int, Callable[[], None]] = {}
+_active: dict[int, tuple[Callable[[], None], int]] = {}  # token -> (restore, thread id)
 _tokens = itertools.count(1)
 _previous_handlers: dict[int, Any] = {}
 _atexit_installed = False
 
 
 def register(restore: Callable[[], None]) -> int:
-    """Call ``restore`` on exit and on SIGTERM/SIGINT/SIGHUP until ``unregister(token)``."""
+    """Call ``restore`` on exit and on SIGTERM/SIGINT/SIGHUP (see the module's docstring for
+    which signal restores what) until ``unregister(token)``. The calling thread is the one
+    whose training step runs under the changed settings."""
     with _lock:
         token = next(_tokens)
-        _active[token] = restore
+        _active[token] = (restore, threading.get_ident())
     install_handlers()
     return token
 
@@ -304,10 +310,11 @@ def active_count() -> int:
         return len(_active)
 
 
-def restore_all() -> None:
-    """Restore every registered device; one failure does not stop the others."""
+def restore_all(thread_id: int | None = None) -> None:
+    """Restore every registered device (only those registered from ``thread_id`` if given);
+    one failure does not stop the others."""
     with _lock:
-        restorers = list(_active.values())
+        restorers = [r for r, tid in _active.values() if thread_id in (None, tid)]
     for restore in restorers:
         try:
             restore()
@@ -316,19 +323,29 @@ def restore_all() -> None:
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    restore_all()
+    """Restore only what the signal ends (the module's docstring), then let it act."""
     previous = _previous_handlers.get(signum, signal.SIG_DFL)
+    if previous == signal.SIG_IGN:
+        return  # the process goes on, and so may its training: restore nothing
     if callable(previous):
-        previous(signum, frame)
-    elif previous == signal.SIG_IGN:
-        return
-    else:  # default action (or a handler set outside Python): die by the signal as before
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+        try:
+            previous(signum, frame)
+        except BaseException:  # it ends the main thread's step: restore what that step held
+            restore_all(threading.main_thread().ident)
+            raise
+        return  # handled and going on: the devices stay as the running step needs them
+    # default action (or a handler set outside Python): die by the signal, devices restored
+    restore_all()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def install_handlers() -> None:
-    """Install the atexit hook and, from the main thread, the signal handlers (once)."""
+    """Install the atexit hook and, from the main thread, the signal handlers (once each).
+
+    A signal ignored at this point (SIG_IGN: ``nohup``, a background job) keeps being
+    ignored: it gets no handler, so it cannot restore a device while training goes on.
+    """
     global _atexit_installed
     with _lock:
         if not _atexit_installed:
@@ -339,6 +356,8 @@ def install_handlers() -> None:
                 continue
             try:
                 previous = signal.getsignal(signum)
+                if previous == signal.SIG_IGN:
+                    continue
                 signal.signal(signum, _on_signal)
             except ValueError:
                 # Not the main thread: the atexit hook and the state file still cover us.

@@ -333,12 +333,15 @@ class _Reader:
         return _Reader(value, self.where, self.key(name))
 
     def finish(self) -> None:
+        """Refuse a key no reader asked for, naming the nearest known one."""
+        from fl_client.devices import key_hint
+
         unknown = sorted(set(self.data) - self.used)
         if unknown:
-            where = f"[{self.section}]" if self.section else "top level"
+            table = f"[{self.section}]" if self.section else "top level"
             raise DeviceSpecError(
                 f"{self.where}: {', '.join(self.key(k) for k in unknown)}: unknown key(s) "
-                f"at {where}; allowed: {', '.join(sorted(self.used))}"
+                f"at {table}{key_hint(self.key(unknown[0]), map(self.key, self.used))}"
             )
 
 

@@ -10,19 +10,22 @@ import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from fl_client import cli_tools, task
+from fl_client.contract import Cap
 from fl_client.devices import jetson as jetson_mod
 from fl_client.devices import safety
 from fl_client.devices.cli import cmd_devices
 from fl_client.devices.replay import ReplayDevice
 from fl_client.devices.sampler import PowerMeasurement
 from fl_client.devices.simulated import load_device_spec
-from fl_client.profiler import LUT
+from fl_client.lut import LUT
 from fl_client.selector import select_power_aware
+from fl_client.settings import RunSettings
 from simulations.cli import build_parser, main
 from tests.fl_client.devices.conftest import FakeGpu, make_fake_pynvml
 from tests.fl_client.devices.fakes_sysfs import build_tree
@@ -48,7 +51,7 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
     return code, captured.out, captured.err
 
 
-def test_powerfl_has_the_device_commands():
+def test_powerfl_has_the_device_commands() -> None:
     parser = build_parser()
     assert parser.parse_args(["devices"]).func is cmd_devices
     args = parser.parse_args(["profile", "--model", "cnn", "--batch-sizes", "4,8"])
@@ -56,6 +59,10 @@ def test_powerfl_has_the_device_commands():
     assert (args.p_max_w, args.backend, args.device) == ("none", "auto", "")
     args = parser.parse_args(["select", "--lut", "x.json", "--r", "1", "--p-max-w", "5"])
     assert args.func is cli_tools.cmd_select and args.method == "power-aware"
+    # --cap-margin defaults to the run setting's default in both commands
+    assert float(args.cap_margin) == RunSettings.from_config({}).cap_margin == 0.05
+    args = parser.parse_args(["profile", "--model", "cnn", "--batch-sizes", "4", "--p-max-w", "5"])
+    assert float(args.cap_margin) == cli_tools.DEFAULT_CAP_MARGIN == 0.05
     with pytest.raises(SystemExit):
         parser.parse_args(["profile", "--model", "cnn"])  # --batch-sizes is required
     assert cli_tools.MODEL_NAMES == task.MODEL_NAMES
@@ -66,7 +73,7 @@ def test_powerfl_has_the_device_commands():
 
 def test_profile_on_the_twin_writes_and_prints_the_lut(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
-):
+) -> None:
     cache = tmp_path / "cache"
     argv = ["profile", "--backend", "simulated", "--device", "jetson-nano", "--model", "cnn"]
     argv += ["--batch-sizes", "4,8", "--cache-dir", str(cache), *FAST]
@@ -98,32 +105,97 @@ def test_profile_on_the_twin_writes_and_prints_the_lut(
     code, out, _ = run(argv, capsys)
     assert code == 0 and "(from the cache)" in out
     # and `select` on the written LUT is Eq. 4 on its tables
-    code, out, _ = run(
-        ["select", "--lut", str(out_path), "--r", "1,0.6", "--p-max-w", "2.5", "--json"], capsys
-    )
+    select = ["select", "--lut", str(out_path), "--r", "1,0.6", "--p-max-w", "2.5"]
+    code, out, _ = run([*select, "--cap-margin", "0", "--json"], capsys)
     expected = select_power_aware(
         lut.time_per_sample_s, lut.peak_power_w, [4, 8], lut.freqs_mhz, [1, 0.6], 2.5
     )
-    assert code == 0 and json.loads(out) == json.loads(json.dumps(expected.to_dict()))
+    assert code == 0
+    assert json.loads(out) == json.loads(json.dumps({**expected.to_dict(), "cap-margin": 0.0}))
+    # Eq. 4 under the default cap margin: the cap less 5%
+    code, out, _ = run(select, capsys)
+    expected = select_power_aware(
+        lut.time_per_sample_s,
+        lut.peak_power_w,
+        [4, 8],
+        lut.freqs_mhz,
+        [1, 0.6],
+        2.5,
+        cap_margin=0.05,
+    )
+    assert code == 0 and out.startswith(
+        f"power-aware: b* = {expected.batch_size}, f* = {expected.freq_mhz:g} MHz under P_max "
+        "2.5 W less cap-margin 5% (2.375 W)"
+    )
 
 
-def test_profile_efficient_mode_marks_the_cap(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+@pytest.mark.parametrize(
+    ("margin", "below_w", "title"),
+    [
+        ("0", 3.0, "efficient mode for P_max 3 W,"),
+        ("0.05", 2.85, "efficient mode for P_max 3 W less cap-margin 5% (2.85 W),"),
+    ],
+)
+def test_profile_efficient_mode_marks_the_cap(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], margin: str, below_w: float, title: str
+) -> None:
     argv = ["profile", "--backend", "simulated", "--device", "jetson-nano", "--model", "cnn"]
-    argv += ["--batch-sizes", "4,64", "--p-max-w", "3", "--cache-dir", str(tmp_path), *FAST]
-    code, out, err = run(argv, capsys)
+    argv += ["--batch-sizes", "4,64", "--p-max-w", "3", "--cap-margin", margin]
+    code, out, err = run([*argv, "--cache-dir", str(tmp_path), *FAST], capsys)
     assert code == 0, err
-    assert "efficient mode for P_max 3 W" in out and "* = not below P_max 3 W" in out
+    assert title in out
+    assert f"* = not below P_max 3 W{title.split('P_max 3 W')[1].rstrip(',')}" in out
     peak_block = out.split("peak power (W)")[1].split("average power")[0]
     row64 = next(line for line in peak_block.splitlines() if line.split()[:1] == ["64"])
     cells = row64.split()[1:]
-    # b=64 walks up from the lowest f and stops at the first cell over the cap
+    # b=64 walks up from the lowest f and stops at the first cell over the cap less margin
     assert cells[-1] == "-" and sum(c.endswith("*") for c in cells) == 1
-    assert all(float(c.rstrip("*")) >= 3 for c in cells if c.endswith("*"))
+    assert all(float(c.rstrip("*")) >= below_w for c in cells if c.endswith("*"))
+    assert all(float(c) < below_w for c in cells if c != "-" and not c.endswith("*"))
+    # the LUT holds the bare cap and the margin
+    [cached] = list(tmp_path.glob("lut_*.json"))
+    lut = LUT.load(cached)
+    assert (lut.p_max_w, lut.cap_margin) == (3.0, float(margin))
+
+
+def test_a_nodes_own_cached_lut_serves_select_with_the_same_cap(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A node under P_max 5 W caches its LUT profiled less its 5% margin (the run setting's
+    default); ``select --p-max-w 5`` (the same default margin) selects from it what the
+    node chose."""
+    from fl_client.node import train_node
+    from tests.fl_client.test_node import NODE, initial_state, run_config, train_config
+
+    _, report = train_node(
+        run_config(tmp_path), {**NODE, "p-max-w": 5.0}, train_config(), initial_state()
+    )
+    (node_file,) = (tmp_path / "cache" / "nodes").rglob("lut_*pmax5.0w-margin0.05*.json")
+    lut = LUT.load(node_file)
+    assert (lut.p_max_w, lut.cap_margin) == (5.0, 0.05) and report.cap_margin == 0.05
+    r = ",".join(f"{x:g}" for x in train_config()["r"])
+    argv = ["select", "--lut", str(node_file), "--r", r]
+    code, out, err = run([*argv, "--p-max-w", "5", "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert (data["batch-size"], data["gpu-freq-mhz"]) == (report.batch_size, report.gpu_freq_mhz)
+    assert data["p-max-w"] == 5.0 and data["cap-margin"] == 0.05
+    assert data["predicted-peak-power-w"] < 4.75
+    code, out, err = run([*argv, "--p-max-w", "5"], capsys)
+    assert code == 0, err
+    assert out.startswith(
+        f"power-aware: b* = {int(report.batch_size)}, f* = {report.gpu_freq_mhz:g} MHz under "
+        "P_max 5 W less cap-margin 5% (4.75 W)"
+    )
+    # the reduced cap is not the cap: 4.75 W is refused, naming what fits
+    code, _, err = run([*argv, "--p-max-w", "4.75"], capsys)
+    assert code == 2 and "p-max-w: 4.75 W differs from the cap this LUT was profiled for" in err
+    assert "(P_max 5 W less cap-margin 5% (4.75 W))" in err and "use --p-max-w 5," in err
 
 
 def test_profile_on_a_fake_jetson_measures_the_board_rail_and_restores(
     tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
-):
+) -> None:
     fake = build_tree(tmp_path / "root", "nano-jp4")
     argv = ["profile", "--backend", "jetson", "--sysfs-root", str(fake.root), "--model", "cnn"]
     argv += ["--batch-sizes", "4", "--sample-rate-hz", "200", "--cache-dir", str(tmp_path), *FAST]
@@ -140,8 +212,11 @@ def test_profile_on_a_fake_jetson_measures_the_board_rail_and_restores(
 
 
 def test_profile_without_write_permission_is_a_clear_error(
-    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys
-):
+    tmp_path: Path,
+    state_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     fake = build_tree(tmp_path / "root", "orin-nano-jp6")
     real_access = os.access
     monkeypatch.setattr(
@@ -159,7 +234,7 @@ def test_profile_without_write_permission_is_a_clear_error(
 
 def test_profile_nvml_measure_only_compares_energy_counter_and_samples(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-):
+) -> None:
     gpu = FakeGpu()
     monkeypatch.setitem(sys.modules, "pynvml", make_fake_pynvml(gpu))
     monkeypatch.setattr("os.geteuid", lambda: 1000)  # not root: measure-only
@@ -176,7 +251,7 @@ def test_profile_nvml_measure_only_compares_energy_counter_and_samples(
     assert not any(name == "nvmlDeviceSetGpuLockedClocks" for name, _ in gpu.calls)
 
 
-def test_energy_check_sums_the_measurements_with_a_counter():
+def test_energy_check_sums_the_measurements_with_a_counter() -> None:
     ms = [
         PowerMeasurement(counter_energy_j=6.0, sampled_energy_j=6.5),
         PowerMeasurement(counter_energy_j=4.0, sampled_energy_j=4.0),
@@ -197,8 +272,12 @@ def test_energy_check_sums_the_measurements_with_a_counter():
         (["--model", "vgg"], "model: unknown model 'vgg'; allowed: cnn, resnet18, mobilenetv2"),
         (["--batch-sizes", "8,4"], "batch-sizes: must be strictly ascending"),
         (["--batch-sizes", ""], "batch-sizes: must not be empty"),
-        (["--p-max-w", "-1"], "p-max-w: must be a finite number of watts > 0"),
+        (["--p-max-w", "-1"], "p-max-w: must be > 0 W (or 'none' for no cap), got '-1'"),
         (["--p-max-w", "nan"], "p-max-w:"),
+        (["--p-max-w", "lots"], "p-max-w: expected a number of watts > 0 or 'none'"),
+        (["--p-max-w", "5", "--cap-margin", "1"], "cap-margin: expected a number in [0, 1)"),
+        (["--p-max-w", "5", "--cap-margin", "x"], "cap-margin: expected a number in [0, 1)"),
+        (["--steps", "0"], "steps: must be an integer ≥ 1"),
         (["--sample-rate-hz", "0"], "sample-rate-hz: must be > 0"),
         (["--power-source", "jtop", "--lock-clocks", "maybe"], "lock-clocks: expected true"),
         (["--replay-out", "x.txt"], "replay-out: must end in .csv or .json"),
@@ -207,7 +286,7 @@ def test_energy_check_sums_the_measurements_with_a_counter():
 )
 def test_profile_bad_input_names_the_key(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
-):
+) -> None:
     argv = ["profile", "--backend", "simulated", "--device", "jetson-nano", "--model", "cnn"]
     argv += ["--batch-sizes", "4", "--cache-dir", str(tmp_path), *FAST, *extra]
     code, out, err = run(argv, capsys)
@@ -219,7 +298,7 @@ def test_profile_bad_input_names_the_key(
 # ------------------------------------------------------------------------------ select
 
 
-def small_lut(p_max_w: float | None = None) -> LUT:
+def small_lut(p_max_w: float | None = None, cap_margin: float = 0.0) -> LUT:
     time_s = np.array([[3e-3, 2e-3, 1.5e-3], [6e-4, 4e-4, 3e-4]])
     peak_w = np.array([[2.0, 2.5, 3.0], [3.5, 4.6, 5.5]])
     if p_max_w is not None:  # efficient mode: b=64 stopped at its first cell over the cap
@@ -235,6 +314,7 @@ def small_lut(p_max_w: float | None = None) -> LUT:
         peak_power_w=peak_w,
         avg_power_w=peak_w * 0.9,
         p_max_w=p_max_w,
+        cap_margin=cap_margin,
     )
 
 
@@ -244,40 +324,62 @@ def lut_file(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("r", "p_max_w", "b", "f_mhz"),
+    ("r", "p_max_w", "margin", "b", "f_mhz"),
     [
-        ("1,0.5", "5", 64, 614.4),  # b=64 scores 0.4 ms × 0.5 < b=4's 1.5 ms × 1
-        ("1,0.5", "4", 64, 307.2),  # tighter cap: b=64 one level lower
-        ("0.1,1", "5", 4, 921.6),  # r favours b=4 strongly: 0.15 < 0.4
-        ("1,1", "none", 64, 921.6),  # no cap: every b at its top frequency
+        ("1,0.5", "5", "0", 64, 614.4),  # b=64 scores 0.4 ms × 0.5 < b=4's 1.5 ms × 1
+        ("1,0.5", "4", "0", 64, 307.2),  # tighter cap: b=64 one level lower
+        ("0.1,1", "5", "0", 4, 921.6),  # r favours b=4 strongly: 0.15 < 0.4
+        ("1,1", "none", "0", 64, 921.6),  # no cap: every b at its top frequency
+        ("1,0.5", "4.8", "0", 64, 614.4),  # 4.6 W is below 4.8 W ...
+        ("1,0.5", "4.8", "0.05", 64, 307.2),  # ... not below 4.8 W less 5% (4.56 W)
+        ("1,1", "none", "0.05", 64, 921.6),  # no cap: no margin either
     ],
 )
 def test_select_applies_eq4(
-    lut_file: Path, capsys: pytest.CaptureFixture[str], r: str, p_max_w: str, b: int, f_mhz: float
-):
+    lut_file: Path,
+    capsys: pytest.CaptureFixture[str],
+    r: str,
+    p_max_w: str,
+    margin: str,
+    b: int,
+    f_mhz: float,
+) -> None:
     argv = ["select", "--lut", str(lut_file), "--r", r, "--p-max-w", p_max_w]
+    argv += ["--cap-margin", margin]
     code, out, err = run(argv, capsys)
     assert code == 0, err
-    assert out.startswith(f"power-aware: b* = {b}, f* = {f_mhz:g} MHz under P_max ")
+    cap = Cap.parse(p_max_w)
+    under = f"P_max {cap.label}"
+    if cap.capped and float(margin) > 0:
+        under += f" less cap-margin {100 * float(margin):g}%"
+    assert out.startswith(f"power-aware: b* = {b}, f* = {f_mhz:g} MHz under {under}")
     chosen = [line for line in out.splitlines() if line.startswith("*")]
     assert len(chosen) == 1 and chosen[0].split()[1:3] == [str(b), f"{f_mhz:g}"]
     code, out, _ = run([*argv, "--json"], capsys)
     data = json.loads(out)
     assert (data["batch-size"], data["gpu-freq-mhz"]) == (b, f_mhz)
     assert len(data["candidates"]) == 2
+    assert data["p-max-w"] == cap.to_record()
+    assert data["cap-margin"] == (float(margin) if cap.capped else 0.0)
 
 
 def test_select_infeasible_cap_names_the_lowest_power(
     lut_file: Path, capsys: pytest.CaptureFixture[str]
-):
+) -> None:
     code, out, err = run(
         ["select", "--lut", str(lut_file), "--r", "1,1", "--p-max-w", "1.5"], capsys
     )
     assert code == 1 and out == ""
     assert "lowest measured peak power is 2.000 W (b=4, f=307.2 MHz)" in err
+    # a cap met only without the margin is infeasible, naming the margin
+    argv = ["select", "--lut", str(lut_file), "--r", "1,1", "--p-max-w", "2.05"]
+    code, out, err = run(argv, capsys)
+    assert code == 1 and out == "" and "less cap-margin 5%" in err
+    code, _, _ = run([*argv, "--cap-margin", "0"], capsys)
+    assert code == 0
 
 
-def test_select_baselines(lut_file: Path, capsys: pytest.CaptureFixture[str]):
+def test_select_baselines(lut_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = ["select", "--lut", str(lut_file), "--r", "1,0.5", "--p-max-w", "4.5"]
     code, out, _ = run([*base, "--method", "b1"], capsys)  # the Nano's band for 4.5 W
     assert code == 0 and out.startswith("b1: b* = 64, f* = 307.2 MHz at the fixed frequency cap")
@@ -296,7 +398,8 @@ def test_select_baselines(lut_file: Path, capsys: pytest.CaptureFixture[str]):
         (["--r", "1", "--p-max-w", "5"], "r: has 1 values but batch-sizes has 2"),
         (["--r", "1,abc", "--p-max-w", "5"], "r: expected comma-separated numbers"),
         (["--r", "1,1.5", "--p-max-w", "5"], "r: value 1.5 for batch size 64 is not in (0, 1]"),
-        (["--r", "1,1", "--p-max-w", "0"], "p-max-w: must be a finite number of watts > 0"),
+        (["--r", "1,1", "--p-max-w", "0"], "p-max-w: must be > 0 W (or 'none' for no cap)"),
+        (["--r", "1,1", "--p-max-w", "5", "--cap-margin", "-0.1"], "cap-margin: expected a"),
         (
             ["--r", "1,1", "--p-max-w", "5", "--method", "fixed"],
             "fixed-batch-size: required by method 'fixed'",
@@ -310,13 +413,13 @@ def test_select_baselines(lut_file: Path, capsys: pytest.CaptureFixture[str]):
 )  # fmt: skip
 def test_select_bad_input_names_the_key(
     lut_file: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
-):
+) -> None:
     code, out, err = run(["select", "--lut", str(lut_file), *argv], capsys)
     assert code == 2 and out == ""
     assert err.startswith("powerfl select: error: ") and message in err
 
 
-def test_select_bad_lut_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+def test_select_bad_lut_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["--r", "1,1", "--p-max-w", "5"]
     code, _, err = run(["select", "--lut", str(tmp_path / "missing.json"), *args], capsys)
     assert code == 2 and "lut: file not found" in err
@@ -332,19 +435,67 @@ def test_select_bad_lut_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 def test_select_efficient_lut_only_under_its_own_cap(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
-):
+) -> None:
     path = small_lut(p_max_w=5.0).save(tmp_path / "eff.json")
-    code, _, err = run(["select", "--lut", str(path), "--r", "1,0.5", "--p-max-w", "4"], capsys)
+    argv = ["select", "--lut", str(path), "--r", "1,0.5", "--cap-margin", "0"]
+    code, _, err = run([*argv, "--p-max-w", "4"], capsys)
     assert code == 2
     assert "p-max-w: 4 W differs from the cap this LUT was profiled for" in err
-    assert "--p-max-w 5" in err
-    code, out, _ = run(["select", "--lut", str(path), "--r", "1,0.5", "--p-max-w", "5"], capsys)
+    assert "--p-max-w 5," in err
+    code, out, _ = run([*argv, "--p-max-w", "5"], capsys)
     assert code == 0 and out.startswith("power-aware: b* = 64, f* = 614.4 MHz")
+
+
+def test_select_efficient_lut_only_under_its_own_cap_margin(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = small_lut(p_max_w=5.0, cap_margin=0.05).save(tmp_path / "eff.json")
+    argv = ["select", "--lut", str(path), "--r", "1,0.5"]
+    code, out, err = run([*argv, "--p-max-w", "5"], capsys)  # the default margin: 0.05
+    assert code == 0, err
+    assert out.startswith("power-aware: b* = 64, f* = 614.4 MHz under P_max 5 W less cap-margin")
+    code, _, err = run([*argv, "--p-max-w", "5", "--cap-margin", "0.1"], capsys)
+    assert code == 2
+    assert "cap-margin: 0.1 differs from the margin this LUT was profiled with" in err
+    assert "use --cap-margin 0.05," in err
+    # a LUT of the old format stored the cap less its margin, with margin 0: it says so
+    old = small_lut(p_max_w=4.75).save(tmp_path / "v1.json")
+    code, _, err = run(["select", "--lut", str(old), "--r", "1,0.5", "--p-max-w", "5"], capsys)
+    assert code == 2 and "use --p-max-w 4.75 --cap-margin 0," in err
+    argv = ["select", "--lut", str(old), "--r", "1,0.5", "--p-max-w", "4.75", "--cap-margin", "0"]
+    code, _, err = run(argv, capsys)
+    assert code == 0, err
+
+
+def test_select_refuses_luts_that_cannot_answer_the_cap(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nan = math.nan
+    fields: dict[str, Any] = {
+        "device_kind": "jetson-nano",
+        "backend": "simulated",
+        "model_name": "cnn",
+        "input_shape": (3, 32, 32),
+        "batch_sizes": (4, 64),
+        "freqs_mhz": (307.2, 614.4, 921.6),
+        "time_per_sample_s": np.array([[nan, nan, 1.5e-3], [nan, nan, 3e-4]]),
+        "peak_power_w": np.array([[nan, nan, 3.0], [nan, nan, 5.5]]),
+        "avg_power_w": np.array([[nan, nan, 2.7], [nan, nan, 5.0]]),
+    }
+    highest = LUT(**fields, grid="highest").save(tmp_path / "highest.json")
+    argv = ["select", "--lut", str(highest), "--r", "1,0.5"]
+    code, out, _ = run([*argv, "--p-max-w", "none"], capsys)
+    assert code == 0 and out.startswith("power-aware: b* = 64, f* = 921.6 MHz under P_max none")
+    code, _, err = run([*argv, "--p-max-w", "5"], capsys)
+    assert code == 2 and "highest frequency only; use --p-max-w none" in err
+    cells = LUT(**fields, grid="on-demand").save(tmp_path / "cells.json")
+    code, _, err = run(["select", "--lut", str(cells), "--r", "1,0.5", "--p-max-w", "none"], capsys)
+    assert code == 2 and "cells a node measured on demand" in err
 
 
 def test_b1_without_bands_for_the_device_asks_for_the_cap(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
-):
+) -> None:
     lut = small_lut()
     data = json.loads(lut.to_json())
     data["device-kind"] = "rtx-4090"
@@ -362,20 +513,21 @@ def test_b1_without_bands_for_the_device_asks_for_the_cap(
 
 def test_devices_command_is_reachable_from_powerfl(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-):
+) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)
     monkeypatch.setitem(sys.modules, "jtop", None)
     fake = build_tree(tmp_path / "root", "orin-nano-jp6")
     code, out, _ = run(["devices", "--sysfs-root", str(fake.root)], capsys)
     assert code == 0
     assert "jetson     yes" in out and "17000000.gpu" in out and "VDD_IN" in out
+    (tmp_path / "s").mkdir()  # a state folder the user names must exist
     code, out, _ = run(["devices", "--restore", "--state-dir", str(tmp_path / "s")], capsys)
     assert code == 0 and "nothing to restore" in out
 
 
 def test_profile_output_that_cannot_be_written_is_a_clear_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
-):
+) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     argv = ["profile", "--backend", "simulated", "--device", "jetson-nano", "--model", "cnn"]

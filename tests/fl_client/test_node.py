@@ -1,59 +1,228 @@
-"""fl_client.node: what one node selects and runs under its cap, less its cap margin."""
+"""fl_client.node: the QUERY descriptor, settings parsed once, the full TRAIN config, and what
+one node selects and runs under its cap less its cap margin.
+
+Pacing, cap schedules and drift checks on the node are in ``test_pacing``,
+``test_schedule`` and ``test_drift``; ``NODE``, ``train_config`` and ``run_config`` here are
+shared with them.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
 import pytest
+import torch
 
-from fl_client.node import train_node
-from fl_client.profiler import LUT
+from fl_client.contract import Cap, NodeDescriptor, SettingsError, TrainConfig, TrainReport
+from fl_client.lut import LUT
+from fl_client.node import describe_node, node_context, train_node
 from fl_client.task import build_model
-from tests.fl_client import test_pacing_schedule_drift as paced
 
-NODE = {**paced.NODE, "p-max-w": 5.0}
-CFG = {**paced.CFG, "server-round": 1}
+NODE: dict[str, Any] = {
+    "device": "jetson-nano",
+    "backend": "simulated",
+    "partition-id": 0,
+    "num-partitions": 4,
+}
+#: The run's TRAIN config as the server builds it (lr-ref and b-ref: the app defaults).
+TEMPLATE = TrainConfig(
+    server_round=1,
+    method="power-aware",
+    model="cnn",
+    batch_sizes=(8, 16, 32, 64),
+    r=(0.4, 0.5, 0.7, 1.0),
+    lr_ref=0.005,
+    b_ref=128,
+    local_epochs=1,
+)
+#: r that makes b = 64 the clear b* (B = 8…64 under 7 W or 4.5 W on the Nano twin), whatever
+#: breaks near-ties of Eq. 4: the largest b's row is profiled from the lowest frequency up,
+#: so pacing has cells below f*, and a tighter cap moves b = 64 down in frequency.
+R_FOR_B64 = (1.0, 1.0, 1.0, 0.5)
 
 
-def _profiled_peak_w(cache, metrics) -> tuple[LUT, float]:
+def train_config(server_round: int = 1, **over: Any) -> dict[str, Any]:
+    """The TRAIN ``ConfigRecord`` of ``server_round`` (``TrainConfig`` fields in ``over``)."""
+    return dataclasses.replace(TEMPLATE, server_round=server_round, **over).to_config()
+
+
+def run_config(tmp_path: Path, **over: Any) -> dict[str, Any]:
+    """Run settings with the caches and records in ``tmp_path``."""
+    return {"cache-dir": str(tmp_path / "cache"), "output-dir": str(tmp_path / "runs"), **over}
+
+
+def initial_state() -> dict[str, torch.Tensor]:
+    return dict(build_model("cnn").state_dict())
+
+
+def _profiled_peak_w(cache: Path, report: TrainReport) -> tuple[LUT, float]:
     (path,) = (cache / "nodes").rglob("lut_*.json")
     lut = LUT.load(path)
-    i = lut.batch_sizes.index(int(metrics["batch-size"]))
-    j = lut.freqs_mhz.index(metrics["gpu-freq-mhz"])
+    i = lut.batch_sizes.index(int(report.batch_size))
+    j = lut.freqs_mhz.index(report.gpu_freq_mhz)
     return lut, float(lut.peak_power_w[i, j])
 
 
-def test_cap_margin_keeps_the_profiled_peak_of_the_choice_below_the_reduced_cap(tmp_path):
-    state = build_model("cnn").state_dict()
+# --------------------------------------------------------------------------- QUERY
+
+
+def test_describe_node_is_the_query_reply(tmp_path: Path) -> None:
+    query = {"model": "cnn", "batch-sizes": [8, 16, 32, 64, 128]}
+    desc = describe_node(run_config(tmp_path), {**NODE, "p-max-w": "4.5"}, query)
+    assert isinstance(desc, NodeDescriptor)
+    assert (desc.device, desc.backend, desc.partition_id) == ("jetson-nano", "simulated", 0)
+    assert desc.p_max == Cap(4.5) and desc.p_max_schedule == ""
+    assert 921.6 in desc.gpu_freqs_mhz and desc.memory_bytes > 0
+    assert desc.max_batch_size in (8, 16, 32, 64, 128)
+    assert NodeDescriptor.from_config(desc.to_config()) == desc
+    scheduled = describe_node(run_config(tmp_path), {**NODE, "p-max-schedule": "1:7,3:none"}, query)
+    assert scheduled.p_max == Cap(7.0) and scheduled.cap_at(3) == Cap.NONE
+    assert describe_node(run_config(tmp_path), NODE, query).p_max == Cap.NONE
+
+
+@pytest.mark.parametrize("missing", ["model", "batch-sizes"])
+def test_a_query_without_its_keys_is_refused_naming_them(tmp_path: Path, missing: str) -> None:
+    query = {"model": "cnn", "batch-sizes": [8, 16]}
+    del query[missing]
+    with pytest.raises(SettingsError, match=f"{missing}: missing from the QUERY config"):
+        describe_node(run_config(tmp_path), NODE, query)
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def test_settings_are_parsed_once_per_content_of_the_configs(tmp_path: Path) -> None:
+    run = run_config(tmp_path, **{"cap-margin": 0.1})
+    node = {**NODE, "p-max-w": 5.0}
+    ctx = node_context(run, node)
+    assert node_context(dict(run), dict(node)) is ctx  # same content: the same parse
+    assert ctx.node.p_max == Cap(5.0) and ctx.cap_margin == 0.1
+    assert ctx.cache_dir == tmp_path / "cache" / "nodes" / "node-0"
+    other = node_context({**run, "cap-margin": 0.2}, node)
+    assert other is not ctx and other.cap_margin == 0.2
+    assert node_context(run, {**node, "cap-margin": 0.0}).cap_margin == 0.0  # the node's own
+    with pytest.raises(SettingsError, match=r"unknown key 'cap-margn' \(did you mean cap-margin"):
+        node_context({**run, "cap-margn": 0.1}, node)
+
+
+# --------------------------------------------------------------------------- TRAIN config
+
+
+@pytest.mark.parametrize("missing", ["lr-ref", "b-ref", "r", "server-round"])
+def test_train_needs_the_full_train_config_and_never_falls_back(
+    tmp_path: Path, missing: str
+) -> None:
+    """lr-ref and b-ref are also run settings: the node no longer reads them from there."""
+    cfg = train_config()
+    del cfg[missing]
+    with pytest.raises(SettingsError, match=f"{missing}: missing from the TRAIN config"):
+        train_node(run_config(tmp_path), NODE, cfg, initial_state())
+
+
+def test_train_refuses_keys_that_are_not_part_of_the_train_config(tmp_path: Path) -> None:
+    cfg = {**train_config(), "cap-margin": 0.0}
+    with pytest.raises(SettingsError, match="cap-margin: not part of the TRAIN config"):
+        train_node(run_config(tmp_path), NODE, cfg, initial_state())
+
+
+def test_train_returns_new_weights_and_a_report_that_survives_the_wire(tmp_path: Path) -> None:
+    state = initial_state()
+    new_state, report = train_node(
+        run_config(tmp_path), {**NODE, "p-max-w": 5.0}, train_config(), state
+    )
+    assert set(new_state) == set(state)
+    assert any(not torch.equal(new_state[k], state[k]) for k in state)  # it trained
+    assert isinstance(report, TrainReport) and report.cap == Cap(5.0)
+    assert report.p_max_w == 5.0 and report.cap_margin == 0.05  # the run setting's default
+    assert report.peak_power_w < 5.0 and report.train_time_s > 0
+    assert report.train_energy_j == pytest.approx(report.avg_power_w * report.train_time_s)
+    assert report.profile_time_s > 0 and report.profile_energy_j > 0
+    assert report.lut_from_cache == 0.0 and report.predicted_time_s is not None
+    assert report.deadline_s is None and report.drift_deviation is None
+    assert TrainReport.from_metrics(report.to_metrics()).to_record() == report.to_record()
+    json.dumps(report.to_record(), allow_nan=False)
+    # the next round re-selects from the cached LUT: no profiling, the same choice
+    _, again = train_node(
+        run_config(tmp_path), {**NODE, "p-max-w": 5.0}, train_config(2), new_state
+    )
+    assert again.lut_from_cache == 1.0 and again.profile_time_s == 0.0
+    assert (again.batch_size, again.gpu_freq_mhz) == (report.batch_size, report.gpu_freq_mhz)
+
+
+def test_an_uncapped_node_reports_no_cap_as_inf_on_the_wire_and_null_on_disk(
+    tmp_path: Path,
+) -> None:
+    _, report = train_node(run_config(tmp_path), NODE, train_config(), initial_state())
+    assert report.cap == Cap.NONE and math.isinf(report.p_max_w)
+    assert report.to_metrics()["p-max-w"] == math.inf
+    assert report.to_record()["p-max-w"] is None
+
+
+def test_baselines_do_not_profile(tmp_path: Path) -> None:
+    _, report = train_node(
+        run_config(tmp_path), {**NODE, "p-max-w": 4.5}, train_config(method="b1"), initial_state()
+    )
+    assert report.batch_size == 64 and report.gpu_freq_mhz == pytest.approx(307.2)
+    assert report.profile_time_s == 0.0 and report.predicted_time_s is None
+    assert not list((tmp_path / "cache").rglob("lut_*.json"))
+    fixed = train_config(method="fixed", fixed_batch_size=16, fixed_freq_mhz=460.8)
+    _, report = train_node(run_config(tmp_path), NODE, fixed, initial_state())
+    assert (report.batch_size, report.gpu_freq_mhz) == (16, 460.8)
+
+
+# --------------------------------------------------------------------------- cap margin
+
+
+def test_cap_margin_keeps_the_profiled_peak_of_the_choice_below_the_reduced_cap(
+    tmp_path: Path,
+) -> None:
+    state = initial_state()
     runs = {}
     for margin in (0.0, 0.1):
         cache = tmp_path / f"cache-{margin}"
         run = {"cache-dir": str(cache), "output-dir": str(tmp_path / "runs"), "cap-margin": margin}
-        _, m, _ = train_node(run, {**NODE, "p-max-w": 4.0}, CFG, state)
+        _, m = train_node(run, {**NODE, "p-max-w": 4.0}, train_config(), state)
         lut, peak_w = _profiled_peak_w(cache, m)
         runs[margin] = (m, lut, peak_w)
     (m0, lut0, peak0_w), (m1, lut1, peak1_w) = runs[0.0], runs[0.1]
-    assert m0["cap-margin"] == 0.0 and m1["cap-margin"] == 0.1
-    assert m0["p-max-w"] == m1["p-max-w"] == 4.0  # the guard still watches P_max itself
-    # efficient profiling walks up to the reduced cap, and the choice stays below it
-    assert lut0.p_max_w == 4.0 and lut1.p_max_w == pytest.approx(3.6)
+    assert m0.cap_margin == 0.0 and m1.cap_margin == 0.1
+    assert m0.p_max_w == m1.p_max_w == 4.0  # the guard still watches P_max itself
+    # the LUT holds the bare cap and the margin; efficient profiling walks up to the cap
+    # less the margin, and the choice stays below it
+    assert (lut0.p_max_w, lut0.cap_margin) == (4.0, 0.0)
+    assert (lut1.p_max_w, lut1.cap_margin) == (4.0, 0.1)
+    assert lut1.selection_cap_w == pytest.approx(3.6)
     assert peak1_w < 3.6
     # without the margin the same node picks a point whose profiled peak is in [3.6, 4) W
     assert 3.6 <= peak0_w < 4.0
-    assert (m1["batch-size"], m1["gpu-freq-mhz"]) != (m0["batch-size"], m0["gpu-freq-mhz"])
+    assert (m1.batch_size, m1.gpu_freq_mhz) != (m0.batch_size, m0.gpu_freq_mhz)
 
 
-def test_a_nodes_own_cap_margin_wins_over_the_run_setting(tmp_path):
+def test_a_nodes_own_cap_margin_wins_over_the_run_setting(tmp_path: Path) -> None:
     run = {"cache-dir": str(tmp_path / "cache"), "output-dir": str(tmp_path / "r")}
-    state = build_model("cnn").state_dict()
-    _, m, _ = train_node({**run, "cap-margin": 0.2}, {**NODE, "cap-margin": "0.1"}, CFG, state)
-    assert m["cap-margin"] == 0.1
+    _, m = train_node(
+        {**run, "cap-margin": 0.2},
+        {**NODE, "p-max-w": 5.0, "cap-margin": "0.1"},
+        train_config(),
+        initial_state(),
+    )
+    assert m.cap_margin == 0.1
     lut, peak_w = _profiled_peak_w(tmp_path / "cache", m)
-    assert lut.p_max_w == pytest.approx(4.5) and peak_w < 4.5
+    assert (lut.p_max_w, lut.cap_margin) == (5.0, 0.1)
+    assert lut.selection_cap_w == pytest.approx(4.5) and peak_w < 4.5
 
 
-def test_a_cap_met_only_without_the_margin_is_refused_naming_the_margin(tmp_path):
+def test_a_cap_met_only_without_the_margin_is_refused_naming_the_margin(tmp_path: Path) -> None:
     run = {"cache-dir": str(tmp_path / "cache"), "output-dir": str(tmp_path / "r")}
-    state = build_model("cnn").state_dict()
     with pytest.raises(ValueError, match=r"less cap-margin 50% \(1\.500 W\).*lower cap-margin"):
-        train_node({**run, "cap-margin": 0.5}, {**NODE, "p-max-w": 3.0}, CFG, state)
-    _, m, _ = train_node({**run, "cap-margin": 0.0}, {**NODE, "p-max-w": 3.0}, CFG, state)
-    assert m["p-max-w"] == 3.0 and m["cap-margin"] == 0.0 and m["train-time-s"] > 0
+        train_node(
+            {**run, "cap-margin": 0.5}, {**NODE, "p-max-w": 3.0}, train_config(), initial_state()
+        )
+    _, m = train_node(
+        {**run, "cap-margin": 0.0}, {**NODE, "p-max-w": 3.0}, train_config(), initial_state()
+    )
+    assert m.p_max_w == 3.0 and m.cap_margin == 0.0 and m.train_time_s > 0

@@ -1,14 +1,18 @@
-"""fl_client.profiler: full and efficient profiling on a fake device, LUT JSON, the cache."""
+"""fl_client.profiler: full and efficient profiling on a fake device, the cap margin of the
+efficient walk, ``load_or_profile`` and cells measured one at a time.
+
+The LUT file format, the cache files and merging are tested in ``test_lut``.
+"""
 
 from __future__ import annotations
 
 import io
-import json
-import logging
 import math
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,14 +24,12 @@ from fl_client.devices.base import (
     Measurement,
     Workload,
 )
+from fl_client.lut import LUT, LUTKey, load_on_demand, on_demand_key
 from fl_client.profiler import (
-    LUT,
-    LUTFormatError,
+    ProfileOptions,
     add_measured_cell,
-    load_on_demand,
     load_or_profile,
-    lut_cache_path,
-    on_demand_path,
+    measure_cell,
     profile,
 )
 from fl_client.selector import feasible_freq_index, select_power_aware
@@ -39,7 +41,7 @@ SWITCH_S = 0.01  # device time a frequency change costs on the fake
 
 
 class FakeMeter:
-    def __init__(self, device: FakeDevice):
+    def __init__(self, device: FakeDevice) -> None:
         self._device = device
         self._m = Measurement()
 
@@ -72,13 +74,13 @@ class FakeDevice:
 
     def __init__(
         self,
-        freqs_mhz=NANO_FREQS_MHZ,
-        a_w=1.0,
-        c_w=4e-5,
-        offsets_w=None,
-        kind="fake-nano",
-        backend="fake",
-    ):
+        freqs_mhz: tuple[float, ...] = NANO_FREQS_MHZ,
+        a_w: float = 1.0,
+        c_w: float = 4e-5,
+        offsets_w: dict[int, float] | None = None,
+        kind: str = "fake-nano",
+        backend: str = "fake",
+    ) -> None:
         self.freqs = tuple(freqs_mhz)
         self.a_w, self.c_w = a_w, c_w
         self.offsets_w = dict(offsets_w or {})
@@ -133,7 +135,7 @@ class FakeDevice:
 class CountingSteps:
     """A step_factory that counts factory calls and step calls per batch size."""
 
-    def __init__(self, fail_after: int | None = None):
+    def __init__(self, fail_after: int | None = None) -> None:
         self.built: Counter[int] = Counter()
         self.calls: Counter[int] = Counter()
         self.fail_after = fail_after
@@ -149,21 +151,24 @@ class CountingSteps:
         return step
 
 
-def _profile(device=None, p_max_w=None, **kw) -> LUT:
+def _profile(
+    device: FakeDevice | None = None, p_max_w: float | str | None = None, **kw: Any
+) -> LUT:
     return profile(
         device or FakeDevice(), WORKLOAD, B6, CountingSteps(), p_max_w=p_max_w, progress=False, **kw
     )
 
 
-def test_fake_device_implements_the_protocol():
+def test_fake_device_implements_the_protocol() -> None:
     assert isinstance(FakeDevice(), Device)
 
 
-def test_full_grid_measures_every_cell_without_warmup_effects():
+def test_full_grid_measures_every_cell_without_warmup_effects() -> None:
     dev = FakeDevice()
     steps = CountingSteps()
     lut = profile(dev, WORKLOAD, B6, steps, warmup_steps=1, steps=3, progress=False)
     assert lut.is_full_grid and lut.cells_profiled == 6 * 12 and lut.p_max_w is None
+    assert lut.grid == "full" and lut.cap_margin == 0.0
     for i, b in enumerate(B6):
         for j, f in enumerate(NANO_FREQS_MHZ):
             # warm-up discarded: the cold first step leaves no trace in the tables
@@ -176,7 +181,7 @@ def test_full_grid_measures_every_cell_without_warmup_effects():
     assert (lut.device_kind, lut.backend, lut.workload_key) == ("fake-nano", "fake", "cnn-1x8x8")
 
 
-def test_without_warmup_the_cold_step_shows():
+def test_without_warmup_the_cold_step_shows() -> None:
     dev = FakeDevice()
     lut = _profile(dev, warmup_steps=0, steps=2)
     b, f = B6[0], NANO_FREQS_MHZ[0]
@@ -184,7 +189,7 @@ def test_without_warmup_the_cold_step_shows():
     assert lut.time_per_sample_s[0, 0] == pytest.approx(dev.time_per_sample_s(b, f) * 11 / 2)
 
 
-def test_profile_time_is_device_time_including_warmup_and_switches():
+def test_profile_time_is_device_time_including_warmup_and_switches() -> None:
     dev = FakeDevice()
     lut = _profile(dev, warmup_steps=2, steps=3)
     expected = sum(
@@ -198,11 +203,14 @@ def test_profile_time_is_device_time_including_warmup_and_switches():
 
 
 @pytest.mark.parametrize("p_max_w", [1.1, 1.5, 2.0, 2.7, 3.5, 4.5, 5.0, 7.0])
-def test_efficient_mode_finds_the_full_grids_feasible_maxima_with_fewer_cells(p_max_w):
+def test_efficient_mode_finds_the_full_grids_feasible_maxima_with_fewer_cells(
+    p_max_w: float,
+) -> None:
     full = _profile(FakeDevice())
     dev = FakeDevice()
     eff = _profile(dev, p_max_w=p_max_w)
-    assert eff.p_max_w == p_max_w and not eff.is_full_grid
+    assert eff.p_max_w == p_max_w and eff.cap_margin == 0.0 and not eff.is_full_grid
+    assert eff.grid == "efficient"
     assert eff.cells_profiled < full.cells_profiled
     for i in range(len(B6)):
         assert feasible_freq_index(eff.peak_power_w[i], p_max_w) == feasible_freq_index(
@@ -213,14 +221,15 @@ def test_efficient_mode_finds_the_full_grids_feasible_maxima_with_fewer_cells(p_
     np.testing.assert_allclose(eff.time_per_sample_s[measured], full.time_per_sample_s[measured])
     # and Eq. 4 picks the same configuration from either table
     r = [0.3, 0.4, 0.5, 0.7, 0.9, 1.0]
-    args = (B6, NANO_FREQS_MHZ, r, p_max_w)
-    a = select_power_aware(full.time_per_sample_s, full.peak_power_w, *args)
-    b = select_power_aware(eff.time_per_sample_s, eff.peak_power_w, *args)
+    a = select_power_aware(
+        full.time_per_sample_s, full.peak_power_w, B6, NANO_FREQS_MHZ, r, p_max_w
+    )
+    b = select_power_aware(eff.time_per_sample_s, eff.peak_power_w, B6, NANO_FREQS_MHZ, r, p_max_w)
     assert (a.batch_size, a.freq_mhz) == (b.batch_size, b.freq_mhz)
     assert dev.restores == 1
 
 
-def test_efficient_walk_order_matches_paper_section_4_1():
+def test_efficient_walk_order_matches_paper_section_4_1() -> None:
     dev = FakeDevice()
     lut = _profile(dev, p_max_w=3.0)
 
@@ -240,7 +249,43 @@ def test_efficient_walk_order_matches_paper_section_4_1():
     assert visited(4) == [921.6]
 
 
-def test_efficient_mode_when_nothing_is_feasible_measures_lowest_frequencies_only():
+def test_efficient_walk_stops_below_the_cap_less_its_margin_and_stores_the_bare_cap() -> None:
+    # 5% of 3.5 W kept free: the walk compares peaks with 3.325 W. b=128 draws
+    # 1 + 4e-5·128·f: 2.97 W at 384 MHz, 3.36 W at 460.8 MHz (over 3.325 W: the walk
+    # stops there), while under the bare 3.5 W it goes on to 537.6 MHz (3.75 W).
+    dev = FakeDevice()
+    lut = _profile(dev, p_max_w=3.5, cap_margin=0.05)
+    assert lut.p_max_w == 3.5 and lut.cap_margin == 0.05  # the bare cap, and the margin
+    assert lut.selection_cap_w == pytest.approx(3.325)
+    i = B6.index(128)
+    row = lut.time_per_sample_s[i]
+    visited = [f for f, t in zip(NANO_FREQS_MHZ, row, strict=True) if not math.isnan(t)]
+    assert visited == list(NANO_FREQS_MHZ[:6])  # up to 460.8 MHz
+    # the same cells as a walk under the reduced cap with no margin
+    reduced = _profile(FakeDevice(), p_max_w=3.325)
+    np.testing.assert_array_equal(
+        np.isnan(lut.time_per_sample_s), np.isnan(reduced.time_per_sample_s)
+    )
+    bare = _profile(FakeDevice(), p_max_w=3.5)
+    assert math.isnan(lut.time_per_sample_s[i, 6]) and not math.isnan(bare.time_per_sample_s[i, 6])
+    j = feasible_freq_index(lut.peak_power_w[i], 3.325)
+    assert j == 4 and lut.peak_power_w[i, j] < 3.325 <= lut.peak_power_w[i, j + 1]
+    # without the margin, that next cell is feasible under 3.5 W
+    assert feasible_freq_index(bare.peak_power_w[i], 3.5) == j + 1
+    # Eq. 4 under the cap less the margin picks the same from either table
+    r = [0.3, 0.4, 0.5, 0.7, 0.9, 1.0]
+    full = _profile(FakeDevice())
+    a = select_power_aware(
+        full.time_per_sample_s, full.peak_power_w, B6, NANO_FREQS_MHZ, r, 3.5, cap_margin=0.05
+    )
+    b = select_power_aware(
+        lut.time_per_sample_s, lut.peak_power_w, B6, NANO_FREQS_MHZ, r, 3.5, cap_margin=0.05
+    )
+    assert (a.batch_size, a.freq_mhz) == (b.batch_size, b.freq_mhz)
+    assert a.peak_power_w < 3.325
+
+
+def test_efficient_mode_when_nothing_is_feasible_measures_lowest_frequencies_only() -> None:
     lut = _profile(FakeDevice(), p_max_w=0.5)
     assert lut.cells_profiled == 6
     assert np.all(~np.isnan(lut.peak_power_w[:, 0]))
@@ -250,7 +295,7 @@ def test_efficient_mode_when_nothing_is_feasible_measures_lowest_frequencies_onl
         )
 
 
-def test_efficient_mode_walks_down_when_a_smaller_batch_draws_more_power():
+def test_efficient_mode_walks_down_when_a_smaller_batch_draws_more_power() -> None:
     # b=64 draws 1.5 W more than the linear model: its feasible range ends below b=128's.
     offsets = {64: 1.5}
     full = _profile(FakeDevice(offsets_w=offsets))
@@ -262,14 +307,14 @@ def test_efficient_mode_walks_down_when_a_smaller_batch_draws_more_power():
     assert feasible_freq_index(eff.peak_power_w[B6.index(64)], 4.0) is not None
 
 
-def test_restore_is_called_when_a_step_raises():
+def test_restore_is_called_when_a_step_raises() -> None:
     dev = FakeDevice()
     with pytest.raises(RuntimeError, match="out of memory"):
         profile(dev, WORKLOAD, B6, CountingSteps(fail_after=10), progress=False)
     assert dev.restores == 1 and dev.freq == dev.initial_freq
 
 
-def test_restore_is_called_when_the_step_factory_raises():
+def test_restore_is_called_when_the_step_factory_raises() -> None:
     dev = FakeDevice()
 
     def factory(b: int) -> Callable[[], None]:
@@ -280,167 +325,79 @@ def test_restore_is_called_when_the_step_factory_raises():
     assert dev.restores == 1
 
 
-def test_bad_arguments_name_the_key():
+@pytest.mark.parametrize(
+    ("settings", "key"),
+    [
+        ({"p_max_w": -3}, "p-max-w"),
+        ({"p_max_w": "lots"}, "p-max-w"),
+        ({"steps": 0}, "steps"),
+        ({"warmup_steps": -1}, "warmup-steps"),
+        ({"warmup_steps": 1.5}, "warmup-steps"),
+        ({"uncapped": "diagonal"}, "uncapped: unknown value"),
+        ({"p_max_w": 5.0, "cap_margin": 1.0}, "cap-margin"),
+        ({"p_max_w": 5.0, "cap_margin": -0.1}, "cap-margin"),
+    ],
+)
+def test_bad_settings_name_the_key(settings: dict[str, Any], key: str) -> None:
+    with pytest.raises(ValueError, match=key):
+        ProfileOptions(**settings)
+    with pytest.raises(ValueError, match=key):
+        profile(FakeDevice(), WORKLOAD, B6, CountingSteps(), progress=False, **settings)
+
+
+def test_bad_batch_sizes_name_the_key() -> None:
     with pytest.raises(ValueError, match="batch-sizes"):
         profile(FakeDevice(), WORKLOAD, [], CountingSteps(), progress=False)
-    with pytest.raises(ValueError, match="p-max-w"):
-        profile(FakeDevice(), WORKLOAD, B6, CountingSteps(), p_max_w=-3, progress=False)
-    with pytest.raises(ValueError, match="steps"):
-        profile(FakeDevice(), WORKLOAD, B6, CountingSteps(), steps=0, progress=False)
 
 
-def test_progress_plain_lines_when_not_a_tty_and_silent_when_off(capsys):
+def test_options_object_and_keywords_are_the_same_settings() -> None:
+    opts = ProfileOptions(p_max_w="3.5", cap_margin=0.1, steps=2, progress=False)
+    assert (opts.p_max_w, opts.cap_w, opts.grid) == (3.5, 3.5, "efficient")
+    assert opts.selection_cap_w == pytest.approx(3.15)
+    a = profile(FakeDevice(), WORKLOAD, B6, CountingSteps(), opts)
+    b = profile(
+        FakeDevice(),
+        WORKLOAD,
+        B6,
+        CountingSteps(),
+        p_max_w=3.5,
+        cap_margin=0.1,
+        steps=2,
+        progress=False,
+    )
+    assert a.to_json().replace(a.created_utc, "") == b.to_json().replace(b.created_utc, "")
+    # no cap, in any spelling: no margin either (there is nothing to keep it from)
+    for none in (None, "none", math.inf):
+        uncapped = ProfileOptions(p_max_w=none, cap_margin=0.05)
+        assert uncapped.cap_w is None and uncapped.cap_margin == 0.0
+        assert uncapped.selection_cap_w is None and uncapped.grid == "full"
+    assert ProfileOptions(uncapped="highest").grid == "highest"
+
+
+def test_progress_plain_lines_when_not_a_tty_and_silent_when_off(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     out = io.StringIO()
     profile(FakeDevice(), WORKLOAD, [4, 8], CountingSteps(), progress=True, progress_stream=out)
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 * 12
     assert lines[0].startswith("profile fake-nano cnn-1x8x8 (full grid) [1/24] b=8 f=76.8 MHz")
+    out = io.StringIO()
+    profile(
+        FakeDevice(),
+        WORKLOAD,
+        [4, 8],
+        CountingSteps(),
+        p_max_w=3.0,
+        cap_margin=0.05,
+        progress_stream=out,
+    )
+    assert out.getvalue().startswith("profile fake-nano cnn-1x8x8 (efficient, P_max 3 W less 5%)")
     _profile(FakeDevice(), p_max_w=3.0)
     assert capsys.readouterr() == ("", "")
 
 
-# --------------------------------------------------------------------------- LUT JSON
-
-
-def test_json_round_trip_keeps_nan_cells_and_metadata():
-    lut = _profile(FakeDevice(), p_max_w=3.5)
-    text = lut.to_json()
-    assert "NaN" not in text and json.loads(text)["p-max-w"] == 3.5
-    back = LUT.from_json(text)
-    for name in ("time_per_sample_s", "peak_power_w", "avg_power_w"):
-        np.testing.assert_array_equal(getattr(back, name), getattr(lut, name))
-    for name in (
-        "device_kind",
-        "backend",
-        "model_name",
-        "input_shape",
-        "batch_sizes",
-        "freqs_mhz",
-        "p_max_w",
-        "profile_time_s",
-        "profile_energy_j",
-        "created_utc",
-        "warmup_steps",
-        "steps",
-    ):
-        assert getattr(back, name) == getattr(lut, name), name
-    assert not back.time_per_sample_s.flags.writeable
-
-
-@pytest.mark.parametrize(
-    "edit, message",
-    [
-        (lambda r: r.pop("steps"), "missing"),
-        (lambda r: r.update(extra=1), "unknown"),
-        (lambda r: r.update({"peak-power-w": r["peak-power-w"][:-1]}), "shape"),
-        (lambda r: r.update({"freqs-mhz": r["freqs-mhz"][:-1]}), "shape"),
-        (lambda r: r.update({"workload-key": "resnet18-3x32x32"}), "workload-key"),
-        (lambda r: r.update({"version": 99}), "format"),
-        (lambda r: r.update({"batch-sizes": [4, 8, 16, 32, 128, 64]}), "ascending"),
-        (lambda r: r.update({"p-max-w": None}), "efficient-mode LUT needs the cap"),
-        (lambda r: r.update({"p-max-w": None, "grid": "full"}), "full-grid"),
-        (lambda r: (r.update({"p-max-w": None}), r.pop("grid")), "full-grid"),
-        (lambda r: r.update({"grid": "highest"}), "without a cap"),
-        (lambda r: r.update({"grid": "diagonal"}), "grid: unknown value"),
-        (lambda r: r.update({"p-max-w": -1}), "p-max-w"),
-        (lambda r: r.update({"batch-sizes": "4,8"}), "batch-sizes"),
-        (lambda r: r["time-per-sample-s"][0].__setitem__(0, "x"), "numbers or null"),
-        (lambda r: r["avg-power-w"][-1].__setitem__(0, None), "different cells"),
-    ],
-)
-def test_from_json_is_strict(edit, message):
-    rec = json.loads(_profile(FakeDevice(), p_max_w=3.5).to_json())
-    edit(rec)
-    with pytest.raises(LUTFormatError, match=message):
-        LUT.from_json(json.dumps(rec))
-
-
-def test_from_json_rejects_non_json():
-    with pytest.raises(LUTFormatError, match="not valid JSON"):
-        LUT.from_json("{not json")
-    with pytest.raises(LUTFormatError, match="one JSON object"):
-        LUT.from_json("[]")
-
-
-# --------------------------------------------------------------------------- cache
-
-
-def _cached(tmp_path, device, steps, p_max_w=None):
-    return load_or_profile(device, WORKLOAD, B6, steps, tmp_path, p_max_w=p_max_w, progress=False)
-
-
-def test_cache_miss_then_hit(tmp_path):
-    steps = CountingSteps()
-    lut, from_cache = _cached(tmp_path, FakeDevice(), steps)
-    assert not from_cache and lut.profile_time_s > 0
-    calls = sum(steps.calls.values())
-    again, from_cache = _cached(tmp_path, FakeDevice(), steps)
-    assert from_cache and sum(steps.calls.values()) == calls  # nothing ran again
-    np.testing.assert_array_equal(again.peak_power_w, lut.peak_power_w)
-    assert [p.name for p in tmp_path.iterdir()] == [
-        lut_cache_path(tmp_path, "fake-nano", "fake", WORKLOAD, B6, None).name
-    ]  # no temporary files left behind
-
-
-def test_full_grid_cache_serves_any_cap_but_an_efficient_one_only_its_own(tmp_path):
-    steps = CountingSteps()
-    _cached(tmp_path / "a", FakeDevice(), steps)
-    lut, from_cache = _cached(tmp_path / "a", FakeDevice(), steps, p_max_w=3.0)
-    assert from_cache and lut.is_full_grid
-
-    lut, from_cache = _cached(tmp_path / "b", FakeDevice(), steps, p_max_w=3.0)
-    assert not from_cache and lut.p_max_w == 3.0
-    assert _cached(tmp_path / "b", FakeDevice(), steps, p_max_w=3.0)[1]
-    lut, from_cache = _cached(tmp_path / "b", FakeDevice(), steps, p_max_w=4.0)
-    assert not from_cache and lut.p_max_w == 4.0
-    lut, from_cache = _cached(tmp_path / "b", FakeDevice(), steps)
-    assert not from_cache and lut.is_full_grid
-    assert len(list((tmp_path / "b").iterdir())) == 3
-
-
-def test_cache_keys_differ_by_device_backend_workload_and_batch_sizes(tmp_path):
-    base = lut_cache_path(tmp_path, "jetson-nano", "simulated", WORKLOAD, B6, None)
-    others = [
-        lut_cache_path(tmp_path, "jetson-tx2", "simulated", WORKLOAD, B6, None),
-        lut_cache_path(tmp_path, "jetson-nano", "jetson", WORKLOAD, B6, None),
-        lut_cache_path(
-            tmp_path, "jetson-nano", "simulated", Workload("cnn", (3, 32, 32), 1e6), B6, None
-        ),
-        lut_cache_path(tmp_path, "jetson-nano", "simulated", WORKLOAD, B6[:-1], None),
-        lut_cache_path(tmp_path, "jetson-nano", "simulated", WORKLOAD, B6, 5.0),
-    ]
-    assert len({base, *others}) == 6
-    assert base.name.startswith("lut_jetson-nano_simulated_cnn-1x8x8_b4-8-16-32-64-128_full_")
-
-
-def test_corrupt_cache_is_set_aside_and_reprofiled(tmp_path, caplog):
-    steps = CountingSteps()
-    _cached(tmp_path, FakeDevice(), steps)
-    path = lut_cache_path(tmp_path, "fake-nano", "fake", WORKLOAD, B6, None)
-    path.write_text('{"format": "powerfl-lut", "truncated')
-    with caplog.at_level(logging.WARNING, logger="fl_client.profiler"):
-        _, from_cache = _cached(tmp_path, FakeDevice(), steps)
-    assert not from_cache
-    assert "corrupt or does not match" in caplog.text and "re-profiling" in caplog.text
-    aside = list(tmp_path.glob(path.name + ".corrupt-*"))
-    assert len(aside) == 1 and aside[0].read_text().endswith("truncated")
-    assert LUT.load(path).is_full_grid  # a good file again
-    assert _cached(tmp_path, FakeDevice(), steps)[1]
-
-
-def test_mismatching_cache_is_set_aside_and_reprofiled(tmp_path, caplog):
-    steps = CountingSteps()
-    _cached(tmp_path, FakeDevice(), steps)
-    # same kind and backend, but the frequency table changed (e.g. a new JetPack)
-    dev = FakeDevice(freqs_mhz=NANO_FREQS_MHZ[:-1])
-    with caplog.at_level(logging.WARNING, logger="fl_client.profiler"):
-        lut, from_cache = _cached(tmp_path, dev, steps)
-    assert not from_cache and lut.freqs_mhz == NANO_FREQS_MHZ[:-1]
-    assert "freqs-mhz" in caplog.text
-    assert len(list(tmp_path.glob("*.corrupt-*"))) == 1
-
-
-def test_rich_progress_bar_on_a_terminal():
+def test_rich_progress_bar_on_a_terminal() -> None:
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
             return True
@@ -451,11 +408,12 @@ def test_rich_progress_bar_on_a_terminal():
     assert "profile fake-nano cnn-1x8x8" in out.getvalue()
 
 
-def test_infinite_cap_profiles_the_full_grid():
+def test_infinite_cap_profiles_the_full_grid() -> None:
     assert _profile(FakeDevice(), p_max_w=math.inf).is_full_grid
+    assert _profile(FakeDevice(), p_max_w="none").is_full_grid
 
 
-def test_uncapped_highest_profiles_one_cell_per_batch_size_and_matches_the_full_grid():
+def test_uncapped_highest_profiles_one_cell_per_batch_size_and_matches_the_full_grid() -> None:
     full = _profile(FakeDevice())
     dev = FakeDevice()
     steps = CountingSteps()
@@ -478,19 +436,80 @@ def test_uncapped_highest_profiles_one_cell_per_batch_size_and_matches_the_full_
     np.testing.assert_array_equal(again.peak_power_w, top.peak_power_w)
 
 
-def test_uncapped_highest_is_cached_apart_and_a_full_grid_serves_it(tmp_path):
+# --------------------------------------------------------------------------- load_or_profile
+
+
+def _cached(
+    folder: Path,
+    device: FakeDevice,
+    steps: CountingSteps,
+    p_max_w: float | None = None,
+    **kw: Any,
+) -> tuple[LUT, bool]:
+    return load_or_profile(
+        device, WORKLOAD, B6, steps, folder, p_max_w=p_max_w, progress=False, **kw
+    )
+
+
+def test_cache_miss_then_hit(tmp_path: Path) -> None:
+    steps = CountingSteps()
+    lut, from_cache = _cached(tmp_path, FakeDevice(), steps)
+    assert not from_cache and lut.profile_time_s > 0
+    calls = sum(steps.calls.values())
+    again, from_cache = _cached(tmp_path, FakeDevice(), steps)
+    assert from_cache and sum(steps.calls.values()) == calls  # nothing ran again
+    np.testing.assert_array_equal(again.peak_power_w, lut.peak_power_w)
+    assert [p.name for p in tmp_path.iterdir()] == [
+        LUTKey.of(FakeDevice(), WORKLOAD, B6).path(tmp_path).name
+    ]  # no temporary files left behind
+    assert lut.key.path(tmp_path) == LUTKey.of(FakeDevice(), WORKLOAD, B6).path(tmp_path)
+
+
+def test_full_grid_cache_serves_any_cap_but_an_efficient_one_only_its_own(tmp_path: Path) -> None:
+    steps = CountingSteps()
+    _cached(tmp_path / "a", FakeDevice(), steps)
+    lut, from_cache = _cached(tmp_path / "a", FakeDevice(), steps, p_max_w=3.0)
+    assert from_cache and lut.is_full_grid
+    lut, from_cache = _cached(tmp_path / "a", FakeDevice(), steps, p_max_w=3.0, cap_margin=0.05)
+    assert from_cache and lut.is_full_grid
+
+    lut, from_cache = _cached(tmp_path / "b", FakeDevice(), steps, p_max_w=3.0)
+    assert not from_cache and lut.p_max_w == 3.0
+    assert _cached(tmp_path / "b", FakeDevice(), steps, p_max_w=3.0)[1]
+    lut, from_cache = _cached(tmp_path / "b", FakeDevice(), steps, p_max_w=4.0)
+    assert not from_cache and lut.p_max_w == 4.0
+    lut, from_cache = _cached(tmp_path / "b", FakeDevice(), steps)
+    assert not from_cache and lut.is_full_grid
+    assert len(list((tmp_path / "b").iterdir())) == 3
+
+
+def test_an_efficient_cache_serves_only_its_own_cap_margin(tmp_path: Path) -> None:
+    steps = CountingSteps()
+    lut, hit = _cached(tmp_path, FakeDevice(), steps, p_max_w=5.0, cap_margin=0.05)
+    assert not hit and (lut.p_max_w, lut.cap_margin) == (5.0, 0.05)
+    lut, hit = _cached(tmp_path, FakeDevice(), steps, p_max_w=5.0, cap_margin=0.05)
+    assert hit and (lut.p_max_w, lut.cap_margin) == (5.0, 0.05)
+    # another margin walks to another cap: profiled and cached apart
+    lut, hit = _cached(tmp_path, FakeDevice(), steps, p_max_w=5.0, cap_margin=0.1)
+    assert not hit and (lut.p_max_w, lut.cap_margin) == (5.0, 0.1)
+    # nor does the bare cap 4.75 W serve 5 W less 5%, though both walk below 4.75 W
+    lut, hit = _cached(tmp_path, FakeDevice(), steps, p_max_w=4.75)
+    assert not hit and (lut.p_max_w, lut.cap_margin) == (4.75, 0.0)
+    assert len(list(tmp_path.glob("lut_*.json"))) == 3
+    assert _cached(tmp_path, FakeDevice(), steps, p_max_w=5.0, cap_margin=0.1)[1]
+
+
+def test_uncapped_highest_is_cached_apart_and_a_full_grid_serves_it(tmp_path: Path) -> None:
     steps = CountingSteps()
 
-    def cached(folder, p_max_w=None, uncapped="highest"):
+    def cached(folder: str, p_max_w: float | None = None, uncapped: str = "highest") -> Any:
         return load_or_profile(
             FakeDevice(),
             WORKLOAD,
             B6,
             steps,
             tmp_path / folder,
-            p_max_w=p_max_w,
-            uncapped=uncapped,
-            progress=False,
+            ProfileOptions(p_max_w=p_max_w, uncapped=uncapped, progress=False),
         )
 
     lut, hit = cached("a")
@@ -506,38 +525,67 @@ def test_uncapped_highest_is_cached_apart_and_a_full_grid_serves_it(tmp_path):
         cached("c", uncapped="diagonal")
 
 
-def test_cells_measured_on_demand_accumulate_and_are_cached_apart(tmp_path):
+def test_a_cache_that_cannot_be_written_only_costs_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with caplog.at_level("WARNING", logger="fl_client.profiler"):
+        lut, hit = _cached(blocker / "cache", FakeDevice(), CountingSteps())
+    assert not hit and lut.is_full_grid
+    assert "could not write the LUT cache" in caplog.text
+
+
+# --------------------------------------------------------------------------- single cells
+
+
+def test_measure_cell_measures_as_profile_does_and_restores() -> None:
     device, steps = FakeDevice(), CountingSteps()
+    m, time_s, energy_j = measure_cell(
+        device, WORKLOAD, 32, steps(32), 460.8, warmup_steps=1, steps=3
+    )
+    assert m.steps == 3 and m.samples == 3 * 32  # the warm-up is not in the measurement
+    assert m.time_s / m.samples == pytest.approx(device.time_per_sample_s(32, 460.8))
+    assert m.peak_power_w == pytest.approx(device.power_w(32, 460.8))
+    assert steps.calls[32] == 1 + 3
+    # the check's cost includes the warm-up (cold, 10× slower) and the frequency change
+    assert time_s == pytest.approx(SWITCH_S + 32 * device.time_per_sample_s(32, 460.8) * 13)
+    assert energy_j > m.energy_j
+    assert device.freq == device.initial_freq and device.restores == 1
+
+
+def test_cells_measured_on_demand_accumulate_and_are_cached_apart(tmp_path: Path) -> None:
+    device, steps = FakeDevice(), CountingSteps()
+    like = _profile(FakeDevice(), p_max_w=3.0, warmup_steps=1, steps=2)
     assert load_on_demand(tmp_path, device, WORKLOAD, B6) is None
     step = steps(32)
-    cells, t1, e1 = add_measured_cell(None, device, WORKLOAD, B6, 32, step, 460.8)
+    cells, t1, e1 = add_measured_cell(None, like, device, WORKLOAD, (32, 460.8), step)
     assert cells.grid == "on-demand" and cells.p_max_w is None and cells.cells_profiled == 1
+    assert (cells.warmup_steps, cells.steps) == (1, 2)  # measured as ``like`` was
+    assert steps.calls[32] == 1 + 2
     i, j = B6.index(32), NANO_FREQS_MHZ.index(460.8)
     assert cells.time_per_sample_s[i, j] == pytest.approx(device.time_per_sample_s(32, 460.8))
     assert cells.peak_power_w[i, j] == pytest.approx(device.power_w(32, 460.8))  # warm steps
     assert t1 > 0 and e1 > 0 and (cells.profile_time_s, cells.profile_energy_j) == (t1, e1)
     assert device.freq == device.initial_freq  # restored after the cell
-    cells, t2, e2 = add_measured_cell(cells, device, WORKLOAD, B6, 32, step, 384.0)
+    cells, t2, e2 = add_measured_cell(cells, like, device, WORKLOAD, (32, 384.0), step)
     assert cells.cells_profiled == 2
     assert cells.profile_time_s == pytest.approx(t1 + t2)
     assert cells.profile_energy_j == pytest.approx(e1 + e2)
+    # measuring a cell again replaces it and adds its cost
+    again, t3, _ = add_measured_cell(cells, like, device, WORKLOAD, (32, 384.0), step)
+    assert again.cells_profiled == 2 and again.profile_time_s == pytest.approx(t1 + t2 + t3)
     with pytest.raises(ValueError, match="is not a cell"):
-        add_measured_cell(cells, device, WORKLOAD, B6, 32, step, 400.0)
-    path = on_demand_path(tmp_path, device, WORKLOAD, B6)
+        add_measured_cell(cells, like, device, WORKLOAD, (32, 400.0), step)
+    with pytest.raises(ValueError, match="is not a cell"):
+        add_measured_cell(cells, like, device, WORKLOAD, (24, 384.0), step)
+    key = on_demand_key(device, WORKLOAD, B6)
+    path = key.path(tmp_path)
     cells.save(path)
-    assert "on-demand" in path.name
+    assert "on-demand" in path.name and key.grid == "on-demand"
     others = {
-        lut_cache_path(tmp_path, "fake-nano", "fake", WORKLOAD, B6, None, grid)
-        for grid in ("full", "highest")
+        LUTKey.of(device, WORKLOAD, B6, grid=grid).path(tmp_path) for grid in ("full", "highest")
     }
     assert path not in others and len(others) == 2
-    again = load_on_demand(tmp_path, device, WORKLOAD, B6)
-    assert again is not None and again.to_json() == cells.to_json()
-    with pytest.raises(LUTFormatError, match="on-demand LUT is made without a cap"):
-        LUT(**{**_lut_fields(cells), "p_max_w": 5.0})
-
-
-def _lut_fields(lut: LUT) -> dict:
-    names = ("device_kind", "backend", "model_name", "input_shape", "batch_sizes", "freqs_mhz")
-    tables = ("time_per_sample_s", "peak_power_w", "avg_power_w", "grid")
-    return {name: getattr(lut, name) for name in names + tables}
+    loaded = load_on_demand(tmp_path, device, WORKLOAD, B6)
+    assert loaded is not None and loaded.to_json() == cells.to_json()

@@ -1,7 +1,7 @@
 """fl_client.r_estimation: Eq. 3 on a tiny task, the budget rule, validation and the cache.
 
-The embedded demo's settings were measured separately (see the comment above
-``DEFAULT_EVAL_EVERY_SAMPLES``); these tests use a tiny two-class task so they run in seconds.
+The run's settings (``r-eval-every-samples``, ``r-max-samples``) are documented in
+pyproject.toml; these tests use a tiny two-class task so they run in seconds.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from fl_client import task
-from fl_client import r_estimation
+from fl_client import r_estimation, task
 from fl_client.r_estimation import REstimate, TargetNotReachedError, estimate_r
 
 

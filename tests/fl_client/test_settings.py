@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fl_client.settings import (
+    Cap,
     RunSettings,
     SettingsError,
     load_fleet,
@@ -17,14 +21,51 @@ from fl_client.settings import (
 )
 
 
-def test_defaults_come_from_pyproject():
+def test_defaults_come_from_pyproject() -> None:
     s = RunSettings.from_config({})
     assert s.method == "power-aware"
     assert s.batch_sizes == [4, 8, 16, 32, 64, 128]
     assert s.fleet == "configs/fleets/default.toml"
+    assert s.dataset == "digits"
+    assert (s.r_eval_every_samples, s.r_max_samples) == (256, 40_000)
+    assert not hasattr(s, "extra")
 
 
-def test_overrides_win():
+def test_every_field_is_a_declared_key_with_one_default() -> None:
+    keys = RunSettings.keys()
+    assert keys == tuple(f.name.replace("_", "-") for f in dataclasses.fields(RunSettings))
+    assert {"dataset", "r-eval-every-samples", "r-max-samples"} <= set(keys)
+    assert "extra" not in keys
+
+
+def test_r_estimation_knobs_are_run_settings() -> None:
+    s = RunSettings.from_config({"r-eval-every-samples": 128, "r-max-samples": "12288"})
+    assert (s.r_eval_every_samples, s.r_max_samples) == (128, 12_288)
+    with pytest.raises(SettingsError, match="r-eval-every-samples: expected an integer ≥ 1"):
+        RunSettings.from_config({"r-eval-every-samples": 0})
+    with pytest.raises(SettingsError, match="r-max-samples: expected an integer ≥ 1"):
+        RunSettings.from_config({"r-max-samples": 1.5})
+    with pytest.raises(SettingsError, match="dataset: unknown value 'cifar'; allowed: digits"):
+        RunSettings.from_config({"dataset": "cifar"})
+
+
+@pytest.mark.parametrize(
+    ("key", "hint"),
+    [
+        ("cap-margn", "(did you mean cap-margin?)"),
+        ("num_rounds", "(did you mean num-rounds?)"),
+        ("r-max-sample", "(did you mean r-max-samples?)"),
+        ("zzz", "; known keys: b-ref, batch-sizes,"),
+    ],
+)
+def test_unknown_run_settings_are_refused_with_a_hint(key: str, hint: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        RunSettings.from_config({key: 1})
+    assert str(err.value).startswith(f"run settings: unknown key {key!r}")
+    assert hint in str(err.value)
+
+
+def test_overrides_win() -> None:
     s = RunSettings.from_config({"method": "b1", "batch-sizes": "8,16", "num-rounds": 3})
     assert (s.method, s.batch_sizes, s.num_rounds) == ("b1", [8, 16], 3)
 
@@ -47,35 +88,39 @@ def test_overrides_win():
         ({"cap-margin": "lots"}, "cap-margin: expected a number in [0, 1), got 'lots'"),
     ],
 )
-def test_bad_run_settings_name_the_key(override, message):
+def test_bad_run_settings_name_the_key(override: dict[str, Any], message: str) -> None:
     with pytest.raises(SettingsError, match=re.escape(message)):
         RunSettings.from_config(override)
 
 
 @pytest.mark.parametrize("value", [0, -3, "nan", "abc", True, float("nan")])
-def test_bad_caps(value):
+def test_bad_caps(value: object) -> None:
     with pytest.raises(SettingsError, match="p-max-w"):
         parse_p_max_w(value)
+    with pytest.raises(SettingsError, match="p-max-w"):
+        Cap.parse(value)
 
 
 @pytest.mark.parametrize("value", ["none", None, "", float("inf")])
-def test_no_cap(value):
+def test_no_cap(value: object) -> None:
     assert math.isinf(parse_p_max_w(value))
+    assert Cap.parse(value) == Cap.NONE
 
 
-def test_batch_sizes_list_form():
+def test_batch_sizes_list_form() -> None:
     assert parse_batch_sizes([4, 8]) == [4, 8]
 
 
-def test_default_fleet_is_heterogeneous():
+def test_default_fleet_is_heterogeneous() -> None:
     fleet = load_fleet("configs/fleets/default.toml")
     assert len(fleet) >= 8
     assert len({n.device for n in fleet}) >= 3
-    caps = [n.p_max_w for n in fleet]
-    assert any(math.isinf(c) for c in caps) and min(caps) <= 5.0
+    caps = [n.p_max for n in fleet]
+    assert all(isinstance(c, Cap) for c in caps)
+    assert Cap.NONE in caps and min(caps).watts <= 5.0
 
 
-def test_fleet_errors(tmp_path):
+def test_fleet_errors(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="fleet: fleet file not found"):
         load_fleet(tmp_path / "missing.toml")
     bad = tmp_path / "bad.toml"
@@ -94,9 +139,49 @@ def test_fleet_errors(tmp_path):
     bad.write_text("this is not toml [")
     with pytest.raises(SettingsError, match="is not valid TOML"):
         load_fleet(bad)
+    bad.write_text('title = "no nodes"\n')
+    with pytest.raises(SettingsError, match=r"has no \[\[node\]\] tables"):
+        load_fleet(bad)
+    bad.write_text('[[node]]\ndevice = "jetson-nano"\ncount = 0\n')
+    with pytest.raises(SettingsError, match="count: expected an integer ≥ 1"):
+        load_fleet(bad)
 
 
-def test_node_settings_from_node_config_or_fleet():
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("p-max = 5\n", r"node #1 \(n\): unknown key 'p-max' \(did you mean p-max-w\?\)"),
+        ("cap-margn = 0.1\n", r"unknown key 'cap-margn' \(did you mean cap-margin\?\)"),
+        ("sample-rate = 40\n", r"unknown key 'sample-rate' \(did you mean sample-rate-hz\?\)"),
+        ("colour = 1\n", "unknown key 'colour'; known keys: "),
+    ],
+)
+def test_fleet_entries_refuse_unknown_keys(tmp_path: Path, entry: str, message: str) -> None:
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[[node]]\nname = "n"\ndevice = "jetson-nano"\n' + entry)
+    with pytest.raises(SettingsError, match=message):
+        load_fleet(fleet)
+    with pytest.raises(SettingsError, match="node-config"):
+        node_settings({"device": "jetson-nano", entry.split(" = ")[0]: 1}, None)
+
+
+def test_fleet_entries_take_node_backend_and_flower_keys(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(
+        '[[node]]\nname = "n"\ndevice = "jetson-nano"\nbackend = "simulated"\n'
+        'p-max-w = "none"\ncap-margin = 0.1\ncount = 2\ncap-window-s = 2.0\n'
+        "twin-slowdown = 1.5\n"
+    )
+    nodes = load_fleet(fleet)
+    assert [n.name for n in nodes] == ["n-1", "n-2"] and nodes[0].p_max == Cap.NONE
+    assert nodes[0].options == {"cap-window-s": 2.0, "twin-slowdown": 1.5}
+    node, pid, num = node_settings(
+        {"device": "jetson-nano", "partition-id": 1, "num-partitions": 3, "name": "x"}, None
+    )
+    assert (node.name, pid, num) == ("x", 1, 3)
+
+
+def test_node_settings_from_node_config_or_fleet() -> None:
     node, pid, num = node_settings(
         {
             "device": "jetson-nano",
@@ -107,15 +192,19 @@ def test_node_settings_from_node_config_or_fleet():
         },
         None,
     )
-    assert (node.device, node.p_max_w, pid, num) == ("jetson-nano", 5.0, 2, 4)
+    assert (node.device, node.p_max, pid, num) == ("jetson-nano", Cap(5.0), 2, 4)
     fleet = load_fleet("configs/fleets/default.toml")
     node, pid, _ = node_settings({"partition-id": 1, "num-partitions": len(fleet)}, fleet)
     assert node == fleet[1] and pid == 1
     with pytest.raises(SettingsError, match="partition-id: 99 has no node"):
         node_settings({"partition-id": 99}, fleet)
+    with pytest.raises(SettingsError, match="no 'device' key and no fleet file"):
+        node_settings({"partition-id": 0}, None)
 
 
-def test_backend_options_in_fleet_and_node_config_reach_the_device_options(tmp_path):
+def test_backend_options_in_fleet_and_node_config_reach_the_device_options(
+    tmp_path: Path,
+) -> None:
     from fl_client.devices import DeviceOptions
 
     fleet = tmp_path / "fleet.toml"
@@ -137,7 +226,7 @@ def test_backend_options_in_fleet_and_node_config_reach_the_device_options(tmp_p
     assert DeviceOptions.from_config(node.options).sysfs_root == "/tmp/x"
 
 
-def test_cap_margin_default_and_per_node_override(tmp_path):
+def test_cap_margin_default_and_per_node_override(tmp_path: Path) -> None:
     assert RunSettings.from_config({}).cap_margin == 0.05
     assert RunSettings.from_config({"cap-margin": 0}).cap_margin == 0.0
     fleet = tmp_path / "fleet.toml"

@@ -1,84 +1,192 @@
-"""Run records: synchronous time, fleet energy, time-to-target and files written as we go."""
+"""Run records: the round's accounting (done once, here), synchronous time, fleet energy,
+time-to-target, per-node totals, and files that are standard JSON written as we go."""
 
 from __future__ import annotations
 
 import io
 import json
 import math
+from pathlib import Path
+from typing import Any
 
+import pytest
 from rich.console import Console
 
-from fl_server.results import RunRecorder, new_run_dir
-from strategies.power_aware import TRAIN_METRIC_KEYS, NodeReport, RoundReport
+from fl_client.contract import RECORD_VERSION, Cap, NodeRow, TrainReport
+from fl_server.results import NodeTotals, RoundAccount, RunRecorder, new_run_dir, write_json
+from strategies.power_aware import RoundReport
+
+
+def _report(train_s: float, energy_j: float, profile_s: float = 0.0, **over: Any) -> TrainReport:
+    fields: dict[str, Any] = {
+        "num_examples": 100.0,
+        "train_time_s": train_s,
+        "train_energy_j": energy_j,
+        "avg_power_w": energy_j / train_s if train_s else 0.0,
+        "peak_power_w": 4.0,
+        "idle_power_w": 1.0,
+        "p_max_w": 4.5,
+        "cap_margin": 0.05,
+        "batch_size": 16.0,
+        "gpu_freq_mhz": 460.8,
+        "profile_time_s": profile_s,
+        "profile_energy_j": profile_s * 2,
+        "cap_violations": 0.0,
+        "time_over_cap_s": 0.0,
+        "train_loss": 0.5,
+    }
+    return TrainReport(**{**fields, **over})
 
 
 def _node(
-    rnd: int, name: str, train_s: float, energy_j: float, profile_s: float = 0.0
-) -> NodeReport:
-    m = {k: 0.0 for k in TRAIN_METRIC_KEYS}
-    m.update(
-        {
-            "train-time-s": train_s,
-            "energy-j": energy_j,
-            "profile-time-s": profile_s,
-            "profile-energy-j": profile_s * 2,
-            "peak-power-w": 4.0,
-            "p-max-w": 4.5,
-            "batch-size": 16,
-            "gpu-freq-mhz": 460.8,
-            "num-examples": 100,
-        }
-    )
-    return NodeReport(rnd, hash(name) % 100, name, "jetson-nano", True, m)
+    rnd: int, name: str, train_s: float, energy_j: float, profile_s: float = 0.0, **over: Any
+) -> NodeRow:
+    rep = _report(train_s, energy_j, profile_s, **over)
+    return NodeRow(rnd, sum(map(ord, name)), name, "jetson-nano", rep.cap, True, rep)
 
 
-def test_records_accumulate_and_time_to_target(tmp_path):
-    run_dir = new_run_dir(tmp_path, "power-aware")
-    out = io.StringIO()
-    rec = RunRecorder(
+def _failed(rnd: int, name: str, cap: Cap | None = None, error: str = "boom") -> NodeRow:
+    return NodeRow(rnd, 5, name, "jetson-tx2-nx", cap or Cap(7.0), False, error=error)
+
+
+def _recorder(run_dir: Path, out: io.StringIO, **kw: Any) -> RunRecorder:
+    return RunRecorder(
         run_dir,
         method="power-aware",
-        target_accuracy=0.8,
-        console=Console(file=out),
+        target_accuracy=kw.pop("target_accuracy", 0.8),
+        console=Console(file=out, width=200),
+        **kw,
     )
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_round_account_is_synchronous_and_prices_the_wait() -> None:
+    rep = RoundReport(
+        1,
+        [
+            _node(1, "slow", 3.0, 6.0, profile_s=1.0, idle_power_w=2.0),  # the straggler: 4 s
+            _node(1, "fast", 1.0, 2.0, profile_s=0.5, idle_power_w=2.0),  # waits 2.5 s at 2 W
+            _node(1, "unknown", 1.0, 2.0, idle_power_w=math.nan),  # idle unknown: not counted
+            _failed(1, "failed"),
+        ],
+    )
+    account = RoundAccount.of(rep)
+    assert account.round_time_s == 4.0 and account.slowest == "slow"
+    assert account.busy_s == {"slow": 4.0, "fast": 1.5, "unknown": 1.0}
+    assert account.wait_energy_j == pytest.approx(2.0 * 2.5)
+    assert account.train_time_s == 5.0 and account.profile_time_s == 1.5
+    assert account.train_energy_j == 10.0 and account.profile_energy_j == 3.0
+    assert account.energy_j == 13.0  # training and profiling, summed over the nodes that ran
+    empty = RoundAccount.of(RoundReport(2, [_failed(2, "x")]))
+    assert empty.round_time_s == 0.0 and empty.energy_j == 0.0 and empty.slowest is None
+
+
+def test_records_accumulate_and_time_to_target(tmp_path: Path) -> None:
+    run_dir = new_run_dir(tmp_path, "power-aware")
+    out = io.StringIO()
+    rec = _recorder(run_dir, out)
     rec.initial_eval({"accuracy": 0.1, "loss": 2.3})
     r1 = RoundReport(1, [_node(1, "a", 10, 50, profile_s=2), _node(1, "b", 30, 60)])
-    r1.nodes.append(NodeReport(1, 5, "c", "jetson-tx2-nx", False, error="boom"))
-    rec.record_round(r1, {"accuracy": 0.5, "loss": 1.0})
+    r1.nodes.append(_failed(1, "c"))
+    row1 = rec.record_round(r1, {"accuracy": 0.5, "loss": 1.0})
+    assert (row1.nodes_ok, row1.nodes_failed, row1.failed) == (2, 1, ["c: boom"])
     r2 = RoundReport(2, [_node(2, "a", 10, 50), _node(2, "b", 20, 60)])
     rec.record_round(r2, {"accuracy": 0.85, "loss": 0.5})
     rec.record_round(RoundReport(3, [_node(3, "a", 5, 5)]), {"accuracy": 0.9, "loss": 0.4})
     summ = rec.finish()
 
+    assert summ["record-version"] == RECORD_VERSION == 2
     assert summ["sim-time-to-target-s"] == 30 + 20  # slowest node per round
     assert summ["fleet-energy-to-target-j"] == (50 + 4 + 60) + (50 + 60)
-    assert summ["round-to-target"] == 2
+    assert summ["fleet-energy-j"] == (50 + 4 + 60) + (50 + 60) + 5
+    assert summ["fleet-train-energy-j"] == 50 + 60 + 50 + 60 + 5
+    assert summ["fleet-profile-energy-j"] == 4
+    assert summ["round-to-target"] == 2 and summ["rounds"] == 3
     assert summ["profile-share"] == 2 / (2 + 10 + 30 + 10 + 20 + 5)
-    assert summ["nodes"]["c"]["rounds-failed"] == 1
-    rounds = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    assert summ["device-train-time-s"] == 75 and summ["device-profile-time-s"] == 2
+    assert summ["nodes"]["c"]["rounds-failed"] == 1 and summ["nodes"]["c"]["rounds-ok"] == 0
+    assert summ["nodes"]["c"]["errors"] == {"boom": 1}
+    assert summ["node-rounds-failed"] == 1 and summ["over-cap-node-rounds"] == 0
+    rounds = _lines(run_dir / "rounds.jsonl")
     assert rounds[0]["failed"] == ["c: boom"]
-    nodes = (run_dir / "nodes.jsonl").read_text().splitlines()
+    assert rounds[0]["server-round"] == 1 and rounds[0]["nodes-ok"] == 2
+    assert rounds[0]["round-time-s"] == 30 and rounds[1]["sim-time-s"] == 50
+    assert rounds[1]["fleet-energy-j"] == (50 + 4 + 60) + (50 + 60)
+    assert all("_" not in key for row in rounds for key in row)  # kebab-case
+    nodes = _lines(run_dir / "nodes.jsonl")
     assert len(nodes) == 3 + 2 + 1
+    assert nodes[0]["node-name"] == "a" and nodes[0]["train-energy-j"] == 50
+    assert nodes[0]["profile-energy-j"] == 4 and "energy-j" not in nodes[0]
+    assert nodes[2]["ok"] is False and nodes[2]["p-max-w"] == 7.0  # the failed node's cap
     on_disk = json.loads((run_dir / "summary.json").read_text())
     assert on_disk["final-accuracy"] == 0.9 and not math.isnan(on_disk["sim-time-s"])
+    assert on_disk == json.loads(json.dumps(summ))
     assert "target 0.80 reached in round 2" in out.getvalue()
 
 
-def test_pacing_totals_in_rounds_and_summary(tmp_path):
-    run_dir = new_run_dir(tmp_path, "power-aware")
-    out = io.StringIO()
-    rec = RunRecorder(
-        run_dir,
-        method="power-aware",
-        target_accuracy=0.9,
-        console=Console(file=out),
-        pacing="deadline",
-    )
+def test_target_not_reached_leaves_to_target_figures_null(tmp_path: Path) -> None:
+    rec = _recorder(tmp_path, io.StringIO(), target_accuracy=0.99)
     rec.initial_eval({"accuracy": 0.1, "loss": 2.3})
     rec.record_round(RoundReport(1, [_node(1, "a", 10, 50)]), {"accuracy": 0.5, "loss": 1.0})
-    a, b = _node(2, "a", 10, 40), _node(2, "b", 12, 60)
-    a.metrics.update({"deadline-miss": 0.0, "predicted-energy-saved-j": 7.5})
-    b.metrics.update({"deadline-miss": 1.0, "predicted-energy-saved-j": 0.0})
+    summ = rec.finish()
+    assert summ["round-to-target"] is None and summ["sim-time-to-target-s"] is None
+    assert summ["fleet-energy-to-target-j"] is None
+    assert summ["fleet-wait-energy-to-target-j"] is None
+    assert summ["sim-time-s"] == 10
+
+
+def test_node_totals_are_written_once_with_waits_caps_and_choices(tmp_path: Path) -> None:
+    rec = _recorder(tmp_path, io.StringIO(), target_accuracy=1.0)
+    rec.initial_eval({"accuracy": 0.1, "loss": 2.3})
+    rec.record_round(
+        RoundReport(
+            1,
+            [
+                _node(1, "slow", 10, 50, idle_power_w=2.0),
+                _node(1, "fast", 4, 20, idle_power_w=2.0, peak_power_w=4.6, cap_violations=2.0),
+            ],
+        ),
+        {"accuracy": 0.3, "loss": 1.0},
+    )
+    rec.record_round(
+        RoundReport(
+            2,
+            [
+                _node(2, "slow", 6, 30, p_max_w=math.inf, drift_reprofiled=1.0),
+                _failed(2, "fast", cap=Cap(4.5), error="no configuration fits"),
+            ],
+        ),
+        {"accuracy": 0.4, "loss": 0.9},
+    )
+    summ = rec.finish()
+    slow, fast = summ["nodes"]["slow"], summ["nodes"]["fast"]
+    assert slow["rounds"] == 2 and slow["slowest-rounds"] == 2
+    assert slow["slowest-share"] == 1.0 and slow["slowest-time-share"] == 1.0
+    assert slow["caps"] == ["4.5 W", "none"] and slow["cap-label"] == "none"
+    assert slow["p-max-w"] is None  # its last round had no cap: null, never Infinity
+    assert slow["drift-reprofiles"] == 1 and summ["drift-reprofiles"] == 1
+    assert slow["choices"] == {"b16@460.8": 2}
+    assert fast["wait-s"] == 6 and fast["wait-energy-j"] == 12 and fast["mean-wait-s"] == 6
+    assert fast["over-cap-rounds"] == 1 and fast["violation-rounds"] == 1
+    assert fast["peak-power-w"] == 4.6 and fast["rounds-failed"] == 1
+    assert fast["p-max-w"] == 4.5 and fast["cap-label"] == "4.5 W"
+    assert fast["errors"] == {"no configuration fits": 1}
+    assert summ["fleet-wait-energy-j"] == 12 and summ["over-cap-node-rounds"] == 1
+    totals = NodeTotals("jetson-nano")
+    assert totals.to_record(0.0)["mean-wait-s"] is None
+
+
+def test_pacing_totals_in_rounds_and_summary(tmp_path: Path) -> None:
+    run_dir = new_run_dir(tmp_path, "power-aware")
+    out = io.StringIO()
+    rec = _recorder(run_dir, out, target_accuracy=0.9, pacing="deadline")
+    rec.initial_eval({"accuracy": 0.1, "loss": 2.3})
+    rec.record_round(RoundReport(1, [_node(1, "a", 10, 50)]), {"accuracy": 0.5, "loss": 1.0})
+    a = _node(2, "a", 10, 40, deadline_miss=0.0, predicted_energy_saved_j=7.5, deadline_s=11.0)
+    b = _node(2, "b", 12, 60, deadline_miss=1.0, predicted_energy_saved_j=0.0, deadline_s=11.0)
     report = RoundReport(2, [a, b], deadline_s=11.0, warnings=["pacing: w"])
     row = rec.record_round(report, {"accuracy": 0.6, "loss": 0.9})
     assert (
@@ -87,6 +195,34 @@ def test_pacing_totals_in_rounds_and_summary(tmp_path):
     summ = rec.finish()
     assert summ["pacing"] == "deadline" and summ["fleet-predicted-energy-saved-j"] == 7.5
     assert summ["deadline-misses"] == 1 and summ["nodes"]["a"]["predicted-energy-saved-j"] == 7.5
-    rounds = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
-    assert rounds[1]["deadline_s"] == 11.0 and rounds[1]["warnings"] == ["pacing: w"]
+    assert summ["nodes"]["b"]["deadline-misses"] == 1
+    rounds = _lines(run_dir / "rounds.jsonl")
+    assert rounds[0]["deadline-s"] is None and rounds[0]["deadline-misses"] == 0
+    assert rounds[1]["deadline-s"] == 11.0 and rounds[1]["warnings"] == ["pacing: w"]
+    assert rounds[1]["predicted-energy-saved-j"] == 7.5
     assert "7.5 J predicted saving" in out.getvalue() and "warning" in out.getvalue()
+
+
+def test_records_are_standard_json_without_inf_or_nan(tmp_path: Path) -> None:
+    rec = _recorder(tmp_path, io.StringIO())
+    rec.initial_eval({"accuracy": 0.1, "loss": 2.3})
+    uncapped = _node(1, "a", 10, 50, p_max_w=math.inf, idle_power_w=math.nan)
+    rec.record_round(
+        RoundReport(1, [uncapped, _failed(1, "b", cap=Cap.NONE)]),
+        {"accuracy": 0.5, "loss": math.nan},
+    )
+    rec.finish()
+    for name in ("rounds.jsonl", "nodes.jsonl", "summary.json"):
+        text = (tmp_path / name).read_text()
+        assert "Infinity" not in text and "NaN" not in text, name
+    nodes = _lines(tmp_path / "nodes.jsonl")
+    assert [n["p-max-w"] for n in nodes] == [None, None]
+    assert nodes[0]["idle-power-w"] is None
+    assert _lines(tmp_path / "rounds.jsonl")[0]["loss"] is None
+    write_json(tmp_path / "x.json", {"cap": Cap.NONE, "w": [math.inf, 1.0]})
+    assert json.loads((tmp_path / "x.json").read_text()) == {"cap": None, "w": [None, 1.0]}
+
+
+def test_new_run_dirs_never_collide(tmp_path: Path) -> None:
+    dirs = {new_run_dir(tmp_path, "b1") for _ in range(3)}
+    assert len(dirs) == 3 and all(d.is_dir() and d.name.split("-")[-1] for d in dirs)

@@ -3,68 +3,87 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
-from strategies.power_aware import TRAIN_METRIC_KEYS
-from tests.strategies.test_power_aware import FLEET, FakeGrid, _strategy
+from fl_client.contract import TrainConfig
+from fl_server.results import RoundAccount
+from strategies.power_aware import PowerAwareFedAvg
+from tests.strategies.test_power_aware import FLEET, FakeGrid, _strategy, report
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 FASTEST = {11: 4.0, 12: 9.0, 13: 2.0}  # each node's local time at its f*
 
 
-def _paced_handler(miss: bool = False):
+def _paced_handler(miss: bool = False) -> Callable[[Message], Message]:
     def handle(msg: Message) -> Message:
         node = msg.metadata.dst_node_id
         if msg.metadata.message_type == MessageType.QUERY:
-            return Message(RecordDict({"device": ConfigRecord(FLEET[node])}), reply_to=msg)
-        cfg = msg.content["config"]
-        m = {k: 1.0 for k in TRAIN_METRIC_KEYS}
-        m.update({"train-time-s": FASTEST[node], "predicted-time-s": FASTEST[node] / 1.25})
-        m.update({"fastest-time-s": FASTEST[node], "predicted-energy-saved-j": 0.0})
-        if "deadline-s" in cfg:
-            m.update({"deadline-s": cfg["deadline-s"], "predicted-energy-saved-j": 2.0})
-            m["deadline-miss"] = 1.0 if miss else 0.0
+            config = ConfigRecord(FLEET[node].to_config())
+            return Message(RecordDict({"device": config}), reply_to=msg)
+        cfg = TrainConfig.from_config(dict(msg.content.config_records["config"]))  # as a node
+        paced = cfg.deadline_s is not None
+        m = report(
+            node,
+            train_time_s=FASTEST[node],
+            predicted_time_s=FASTEST[node] / 1.25,
+            fastest_time_s=FASTEST[node],
+            f_star_mhz=921.6,
+            predicted_energy_saved_j=2.0 if paced else 0.0,
+            deadline_s=cfg.deadline_s,
+            deadline_miss=(1.0 if miss else 0.0) if paced else None,
+        )
         reply = RecordDict(
-            {"arrays": ArrayRecord([np.full(3, float(node))]), "metrics": MetricRecord(m)}
+            {
+                "arrays": ArrayRecord([np.full(3, float(node))]),
+                "metrics": MetricRecord(dict(m.to_metrics())),
+            }
         )
         return Message(reply, reply_to=msg)
 
     return handle
 
 
-def _round(strategy, grid, rnd: int):
+def _round(strategy: PowerAwareFedAvg, grid: FakeGrid, rnd: int) -> dict[int, ConfigRecord]:
     msgs = list(strategy.configure_train(rnd, ArrayRecord([np.zeros(3)]), ConfigRecord(), grid))
     strategy.aggregate_train(rnd, grid.send_and_receive(msgs, timeout=5))
-    return {m.metadata.dst_node_id: m.content["config"] for m in msgs}
+    return {m.metadata.dst_node_id: m.content.config_records["config"] for m in msgs}
 
 
-def test_deadline_is_the_slowest_fastest_time_from_round_two():
+def test_deadline_is_the_slowest_fastest_time_from_round_two() -> None:
     grid = FakeGrid([11, 12, 13], _paced_handler())
     strategy = _strategy(pacing="deadline")
     strategy.query_fleet(grid, timeout_s=5)
     first = _round(strategy, grid, 1)
     assert all("deadline-s" not in c for c in first.values())
+    assert all("time-calibration" not in c or c["time-calibration"] == 1.0 for c in first.values())
     second = _round(strategy, grid, 2)
     assert {c["deadline-s"] for c in second.values()} == {9.0}
     assert second[11]["time-calibration"] == pytest.approx(1.25)
-    report = strategy.rounds[-1]
-    assert report.deadline_s == 9.0 and report.deadline_misses == 0
-    assert report.predicted_energy_saved_j == pytest.approx(6.0) and not report.warnings
+    assert TrainConfig.from_config(dict(second[11])).time_calibration == pytest.approx(1.25)
+    rep = strategy.rounds[-1]
+    assert rep.deadline_s == 9.0 and not rep.warnings
+    account = RoundAccount.of(rep)  # the recorder's figures of it
+    assert account.deadline_misses == 0
+    assert account.predicted_energy_saved_j == pytest.approx(6.0)
 
 
-def test_pacing_off_sends_no_deadline():
+def test_pacing_off_sends_no_deadline() -> None:
     grid = FakeGrid([11, 12, 13], _paced_handler())
     strategy = _strategy()
     strategy.query_fleet(grid, timeout_s=5)
     _round(strategy, grid, 1)
     assert all("deadline-s" not in c for c in _round(strategy, grid, 2).values())
+    assert strategy.rounds[-1].deadline_s is None
 
 
-def test_fixed_deadline_everyone_misses_warns_with_the_key_and_goes_on(caplog):
+def test_fixed_deadline_everyone_misses_warns_with_the_key_and_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     grid = FakeGrid([11, 12, 13], _paced_handler(miss=True))
     strategy = _strategy(pacing="deadline", pacing_deadline_s=0.5)
     strategy.query_fleet(grid, timeout_s=5)
@@ -72,37 +91,17 @@ def test_fixed_deadline_everyone_misses_warns_with_the_key_and_goes_on(caplog):
     with caplog.at_level(logging.WARNING):
         cfgs = _round(strategy, grid, 2)
     assert {c["deadline-s"] for c in cfgs.values()} == {0.5}
-    report = strategy.rounds[-1]
-    assert report.deadline_misses == 3 and len(report.ok_nodes) == 3  # the round went on
-    (warning,) = report.warnings
+    rep = strategy.rounds[-1]
+    assert RoundAccount.of(rep).deadline_misses == 3
+    assert len(rep.ok_nodes) == 3  # the round went on
+    (warning,) = rep.warnings
     assert warning.startswith("pacing-deadline-s: every node missed round 2's deadline")
+    assert "the fastest node needs 2.0 s at f*" in warning
     assert "pacing-deadline-s" in caplog.text
 
 
-def test_bad_pacing_arguments_name_the_key():
+def test_bad_pacing_arguments_name_the_key() -> None:
     with pytest.raises(ValueError, match="pacing: unknown value 'on'"):
         _strategy(pacing="on")
     with pytest.raises(ValueError, match="pacing-deadline-s"):
         _strategy(pacing="deadline", pacing_deadline_s=-1.0)
-
-
-def test_wait_energy_prices_each_node_idle_until_the_slowest_finishes():
-    from strategies.power_aware import NodeReport, RoundReport
-
-    def node(name: str, train_s: float, profile_s: float, idle_w: float) -> NodeReport:
-        metrics = {"train-time-s": train_s, "profile-time-s": profile_s, "energy-j": 1.0}
-        metrics["profile-energy-j"] = 0.0
-        metrics["idle-power-w"] = idle_w
-        return NodeReport(1, hash(name), name, "jetson-nano", True, metrics)
-
-    report = RoundReport(
-        1,
-        [
-            node("slow", 3.0, 1.0, 2.0),  # the straggler: 4 s, waits 0 s
-            node("fast", 1.0, 0.5, 2.0),  # waits 2.5 s at 2 W
-            node("unknown", 1.0, 0.0, float("nan")),  # idle power unknown: not counted
-            NodeReport(1, 9, "failed", "jetson-nano", False, error="boom"),
-        ],
-    )
-    assert report.round_time_s == 4.0
-    assert report.wait_energy_j == pytest.approx(2.0 * 2.5)

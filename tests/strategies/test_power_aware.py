@@ -1,8 +1,11 @@
-"""PowerAwareFedAvg: per-node messages, QUERY round, aggregation and failure accounting."""
+"""PowerAwareFedAvg: per-node TRAIN configs, the QUERY round, aggregation and the rows of
+nodes that trained or failed (accounting is the recorder's: ``tests/fl_server``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -16,12 +19,29 @@ from flwr.app import (
     RecordDict,
 )
 
-from strategies.power_aware import TRAIN_METRIC_KEYS, PowerAwareFedAvg, RoundReport
+from fl_client.contract import (
+    Cap,
+    NodeDescriptor,
+    NodeRow,
+    SettingsError,
+    TrainConfig,
+    TrainReport,
+)
+from fl_server.results import RoundAccount
+from strategies.power_aware import PowerAwareFedAvg, RoundReport
+
+if TYPE_CHECKING:
+    from flwr.serverapp import Grid
+    from flwr.supercore.run import Run
+
+    _GridBase = Grid
+else:  # duck-typed at run time: Grid's abstract methods differ between Flower releases
+    _GridBase = object
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 
-class FakeGrid:
+class FakeGrid(_GridBase):
     """A Grid whose nodes answer with a Python function (no SuperLink)."""
 
     def __init__(self, node_ids: list[int], handler: Callable[[Message], Message | None]):
@@ -32,7 +52,9 @@ class FakeGrid:
     def get_node_ids(self) -> Iterable[int]:
         return list(self.node_ids)
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float) -> list[Message]:
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> list[Message]:
         replies = []
         for msg in messages:
             self.sent.append(msg)
@@ -41,61 +63,164 @@ class FakeGrid:
                 replies.append(reply)
         return replies
 
+    # What the strategy never calls
+    def set_run(self, run: Run) -> None:
+        raise NotImplementedError
+
+    @property
+    def run(self) -> Run:
+        raise NotImplementedError
+
+    def create_message(
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        raise NotImplementedError
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        raise NotImplementedError
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        raise NotImplementedError
+
+
+def _descriptor(name: str, device: str, max_b: int, cap: Cap, schedule: str = "") -> NodeDescriptor:
+    return NodeDescriptor(
+        node_name=name,
+        partition_id=0,
+        device=device,
+        backend="simulated",
+        p_max=cap,
+        p_max_schedule=schedule,
+        gpu_freqs_mhz=(307.2, 614.4, 921.6),
+        memory_bytes=4 << 30,
+        power_rail="POM_5V_IN",
+        max_batch_size=max_b,
+    )
+
 
 FLEET = {
-    11: {"node-name": "nano-a", "device": "jetson-nano", "max-batch-size": 64},
-    12: {"node-name": "nano-b", "device": "jetson-nano", "max-batch-size": 128},
-    13: {"node-name": "orin", "device": "jetson-agx-orin", "max-batch-size": 128},
+    11: _descriptor("nano-a", "jetson-nano", 64, Cap(5.0)),
+    12: _descriptor("nano-b", "jetson-nano", 128, Cap(7.0), "1:7,3:4.5"),
+    13: _descriptor("orin", "jetson-agx-orin", 128, Cap.NONE),
 }
+TEMPLATE = TrainConfig(
+    server_round=0,
+    method="power-aware",
+    model="cnn",
+    batch_sizes=(16, 32, 64, 128),
+    r=(0.4, 0.5, 0.8, 1.0),
+    lr_ref=0.003,
+    b_ref=128,
+    local_epochs=1,
+)
 
 
-def _metrics(node_id: int, **over: float) -> dict[str, float]:
-    base = {k: 1.0 for k in TRAIN_METRIC_KEYS}
-    base.update({"num-examples": 10.0 * node_id, "train-time-s": float(node_id)})
-    base.update({"energy-j": 2.0 * node_id, "profile-time-s": 0.5, "profile-energy-j": 1.0})
-    base.update(over)
-    return base
+def report(node_id: int, **over: Any) -> TrainReport:
+    """A node's TRAIN report: examples 10·id, training id s, 2·id J, profiling 0.5 s, 1 J."""
+    fields: dict[str, Any] = {
+        "num_examples": 10.0 * node_id,
+        "train_time_s": float(node_id),
+        "train_energy_j": 2.0 * node_id,
+        "avg_power_w": 2.0,
+        "peak_power_w": 3.0,
+        "idle_power_w": 1.0,
+        "p_max_w": FLEET[node_id].p_max.to_wire() if node_id in FLEET else 5.0,
+        "cap_margin": 0.05,
+        "batch_size": 16.0,
+        "gpu_freq_mhz": 614.4,
+        "profile_time_s": 0.5,
+        "profile_energy_j": 1.0,
+        "cap_violations": 0.0,
+        "time_over_cap_s": 0.0,
+        "train_loss": 1.0,
+    }
+    return TrainReport(**{**fields, **over})
 
 
-def _handler(fail: set[int] = frozenset(), silent: set[int] = frozenset()):
+def _metrics(node_id: int, **over: Any) -> dict[str, float]:
+    return report(node_id, **over).to_metrics()
+
+
+def _handler(
+    fail: Iterable[int] = (), silent: Iterable[int] = (), bad: Iterable[int] = ()
+) -> Callable[[Message], Message | None]:
     def handle(msg: Message) -> Message | None:
         node = msg.metadata.dst_node_id
         if msg.metadata.message_type == MessageType.QUERY:
-            return Message(RecordDict({"device": ConfigRecord(FLEET[node])}), reply_to=msg)
+            config = ConfigRecord(FLEET[node].to_config())
+            return Message(RecordDict({"device": config}), reply_to=msg)
         if node in silent:
             return None
         if node in fail:
             return Message(Error(code=1, reason=f"node {node} crashed"), reply_to=msg)
+        metrics = _metrics(node)
+        if node in bad:  # an old node: one energy key for training and profiling
+            metrics["energy-j"] = metrics.pop("train-energy-j")
         arrays = ArrayRecord([np.full(3, float(node))])
         return Message(
-            RecordDict({"arrays": arrays, "metrics": MetricRecord(_metrics(node))}),
+            RecordDict({"arrays": arrays, "metrics": MetricRecord(dict(metrics))}),
             reply_to=msg,
         )
 
     return handle
 
 
-def _strategy(**kw) -> PowerAwareFedAvg:
+def _strategy(**kw: Any) -> PowerAwareFedAvg:
+    template = dataclasses.replace(TEMPLATE, method=kw.pop("method", "power-aware"))
     return PowerAwareFedAvg(
-        batch_sizes=[16, 32, 64, 128],
-        r=[0.4, 0.5, 0.8, 1.0],
-        method=kw.pop("method", "power-aware"),
-        train_config={"lr-ref": 0.003, "b-ref": 128, "local-epochs": 1},
-        query_config={"model": "cnn"},
+        template=template,
+        query_config={"model": "cnn", "batch-sizes": list(template.batch_sizes)},
         **kw,
     )
 
 
-def test_query_round_learns_every_node():
+def _train_round(
+    strategy: PowerAwareFedAvg, grid: FakeGrid, rnd: int = 1
+) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    msgs = list(strategy.configure_train(rnd, ArrayRecord([np.zeros(3)]), ConfigRecord(), grid))
+    return strategy.aggregate_train(rnd, grid.send_and_receive(msgs, timeout=5))
+
+
+def test_query_round_learns_every_node() -> None:
     grid = FakeGrid([11, 12, 13], _handler())
     strategy = _strategy()
     fleet = strategy.query_fleet(grid, timeout_s=5)
     assert set(fleet) == {11, 12, 13}
-    assert fleet[13]["device"] == "jetson-agx-orin"
+    assert fleet[13] == FLEET[13] and fleet[13].device == "jetson-agx-orin"
+    assert fleet[13].p_max == Cap.NONE and fleet[11].p_max == Cap(5.0)
     assert all(m.metadata.message_type == MessageType.QUERY for m in grid.sent)
+    assert dict(grid.sent[0].content.config_records["config"]) == {
+        "model": "cnn",
+        "batch-sizes": [16, 32, 64, 128],
+    }
+    assert strategy.query_failures == {}
 
 
-def test_each_node_gets_its_own_record_with_r_aligned_to_what_fits():
+def test_query_failures_and_malformed_replies_are_kept_with_the_reason() -> None:
+    def handle(msg: Message) -> Message:
+        node = msg.metadata.dst_node_id
+        if node == 12:
+            return Message(Error(code=1, reason="no such device"), reply_to=msg)
+        config = FLEET[node].to_config()
+        if node == 13:
+            del config["max-batch-size"]
+        return Message(RecordDict({"device": ConfigRecord(config)}), reply_to=msg)
+
+    strategy = _strategy()
+    fleet = strategy.query_fleet(FakeGrid([11, 12, 13], handle), timeout_s=5)
+    assert set(fleet) == {11}
+    assert strategy.query_failures[12] == "no such device"
+    assert strategy.query_failures[13] == (
+        "malformed QUERY reply: max-batch-size: missing from the QUERY reply"
+    )
+
+
+def test_each_node_gets_its_own_record_with_r_aligned_to_what_fits() -> None:
     grid = FakeGrid([11, 12, 13], _handler())
     strategy = _strategy(method="b2")
     strategy.query_fleet(grid, timeout_s=5)
@@ -104,48 +229,103 @@ def test_each_node_gets_its_own_record_with_r_aligned_to_what_fits():
         m.metadata.dst_node_id: m for m in strategy.configure_train(4, arrays, ConfigRecord(), grid)
     }
     assert set(msgs) == {11, 12, 13}
-    cfg_a, cfg_b = msgs[11].content["config"], msgs[12].content["config"]
-    assert list(cfg_a["batch-sizes"]) == [16, 32, 64]  # nano-a fits up to 64
-    assert list(cfg_a["r"]) == [0.4, 0.5, 0.8]
-    assert list(cfg_b["batch-sizes"]) == [16, 32, 64, 128]
+    cfg_a = msgs[11].content.config_records["config"]
+    cfg_b = msgs[12].content.config_records["config"]
+    assert cfg_a["batch-sizes"] == [16, 32, 64]  # nano-a fits up to 64
+    assert cfg_a["r"] == [0.4, 0.5, 0.8]
+    assert cfg_b["batch-sizes"] == [16, 32, 64, 128]
     assert cfg_a["server-round"] == 4 and cfg_a["method"] == "b2" and cfg_a["lr-ref"] == 0.003
+    # the whole TRAIN config, as the node parses it: no deadline without pacing
+    parsed = TrainConfig.from_config(dict(cfg_a))
+    assert parsed == dataclasses.replace(
+        TEMPLATE, server_round=4, method="b2", batch_sizes=(16, 32, 64), r=(0.4, 0.5, 0.8)
+    )
+    assert parsed.deadline_s is None and "deadline-s" not in cfg_a
     # fresh RecordDict per node: changing one node's config leaves the others alone
     assert msgs[11].content is not msgs[12].content
     cfg_a["r"] = [1.0, 1.0, 1.0]
-    assert list(msgs[12].content["config"]["r"]) == [0.4, 0.5, 0.8, 1.0]
+    assert msgs[12].content.config_records["config"]["r"] == [0.4, 0.5, 0.8, 1.0]
 
 
-def test_aggregation_is_fedavg_and_round_accounting_is_synchronous():
+def test_a_node_that_fits_nothing_gets_the_smallest_batch_size_to_explain() -> None:
+    grid = FakeGrid([11], _handler())
+    strategy = _strategy(min_train_nodes=1, min_available_nodes=1)
+    strategy.fleet = {11: dataclasses.replace(FLEET[11], max_batch_size=0)}
+    assert strategy.node_batch_sizes(11) == ([16], [0.4])
+    assert strategy.node_config(2, 11).batch_sizes == (16,)
+    # a node that never answered the QUERY gets all of B
+    assert strategy.node_batch_sizes(99) == ([16, 32, 64, 128], [0.4, 0.5, 0.8, 1.0])
+    assert grid.sent == []
+
+
+def test_aggregation_is_fedavg_and_every_node_has_its_row() -> None:
     grid = FakeGrid([11, 12, 13], _handler())
     strategy = _strategy()
     strategy.query_fleet(grid, timeout_s=5)
-    msgs = strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), grid)
-    arrays, agg = strategy.aggregate_train(1, grid.send_and_receive(msgs, timeout=5))
+    arrays, agg = _train_round(strategy, grid)
     assert arrays is not None and agg is not None
     weights = np.array([110.0, 120.0, 130.0])
     expected = (weights * np.array([11.0, 12.0, 13.0])).sum() / weights.sum()
     np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], np.full(3, expected))
-    report = strategy.rounds[-1]
-    assert report.round_time_s == pytest.approx(13.0 + 0.5)  # slowest node incl. profiling
-    assert report.energy_j == pytest.approx(2 * (11 + 12 + 13) + 3 * 1.0)
-    assert agg["nodes-ok"] == 3 and agg["nodes-failed"] == 0
+    rep = strategy.rounds[-1]
+    assert isinstance(rep, RoundReport) and rep.server_round == 1
+    assert all(isinstance(n, NodeRow) for n in rep.nodes)
+    assert [(n.node_name, n.node_id, n.ok) for n in rep.nodes] == [
+        ("nano-a", 11, True),
+        ("nano-b", 12, True),
+        ("orin", 13, True),
+    ]
+    assert rep.reports() == [report(11), report(12), report(13)]
+    assert [n.p_max for n in rep.nodes] == [Cap(5.0), Cap(7.0), Cap.NONE]
+    assert agg["nodes-ok"] == 3 and agg["nodes-failed"] == 0 and agg["num-examples"] == 360
+    # the recorder's accounting of it: synchronous, the slowest node incl. profiling
+    account = RoundAccount.of(rep)
+    assert account.round_time_s == pytest.approx(13.0 + 0.5)
+    assert account.energy_j == pytest.approx(2 * (11 + 12 + 13) + 3 * 1.0)
 
 
-def test_failed_node_costs_only_its_update_and_is_recorded():
+def test_failed_node_costs_only_its_update_and_is_recorded_with_its_real_cap() -> None:
     grid = FakeGrid([11, 12, 13], _handler(fail={12}))
     strategy = _strategy()
     strategy.query_fleet(grid, timeout_s=5)
-    msgs = strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), grid)
-    arrays, _agg = strategy.aggregate_train(1, grid.send_and_receive(msgs, timeout=5))
-    assert arrays is not None
+    arrays, agg = _train_round(strategy, grid, rnd=3)
+    assert arrays is not None and agg is not None
     weights = np.array([110.0, 130.0])
     expected = (weights * np.array([11.0, 13.0])).sum() / weights.sum()
     np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], np.full(3, expected))
     failed = [n for n in strategy.rounds[-1].nodes if not n.ok]
     assert [(n.node_name, n.error) for n in failed] == [("nano-b", "node 12 crashed")]
+    # nano-b's schedule steps from 7 W to 4.5 W in round 3: its row says 4.5 W, not "none"
+    (row,) = failed
+    assert row.p_max == Cap(4.5) and row.device == "jetson-nano" and row.report is None
+    assert row.to_record()["p-max-w"] == 4.5
+    assert agg["nodes-ok"] == 2 and agg["nodes-failed"] == 1
 
 
-def test_run_stops_at_target_and_records_silent_nodes():
+def test_a_reply_with_malformed_metrics_is_a_failed_row_naming_the_keys() -> None:
+    grid = FakeGrid([11, 12, 13], _handler(bad={13}))
+    strategy = _strategy()
+    strategy.query_fleet(grid, timeout_s=5)
+    arrays, _ = _train_round(strategy, grid)
+    assert arrays is not None
+    (row,) = [n for n in strategy.rounds[-1].nodes if not n.ok]
+    assert row.node_name == "orin" and row.p_max == Cap.NONE
+    assert row.error == "reply lacks metrics: train-energy-j"
+    # its update is not averaged in
+    weights = np.array([110.0, 120.0])
+    expected = (weights * np.array([11.0, 12.0])).sum() / weights.sum()
+    np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], np.full(3, expected))
+
+
+def test_a_round_where_every_node_fails_has_no_update_but_its_rows() -> None:
+    grid = FakeGrid([11, 12], _handler(fail={11, 12}))
+    strategy = _strategy()
+    strategy.query_fleet(grid, timeout_s=5)
+    assert _train_round(strategy, grid) == (None, None)
+    assert [n.ok for n in strategy.rounds[-1].nodes] == [False, False]
+
+
+def test_run_stops_at_target_and_records_silent_nodes() -> None:
     grid = FakeGrid([11, 12, 13], _handler(silent={13}))
     seen: list[tuple[RoundReport, dict[str, float]]] = []
     strategy = _strategy(on_round=lambda rep, ev: seen.append((rep, ev)))
@@ -159,22 +339,36 @@ def test_run_stops_at_target_and_records_silent_nodes():
         target_accuracy=0.9,
     )
     assert [rep.server_round for rep, _ in seen] == [1, 2]
+    assert [ev["accuracy"] for _, ev in seen] == [0.5, 0.95]
     missing = [n for n in seen[0][0].nodes if not n.ok]
     assert [(n.node_name, n.error) for n in missing] == [("orin", "no reply (timeout)")]
+    assert missing[0].p_max == Cap.NONE and missing[0].device == "jetson-agx-orin"
 
 
-def test_r_must_match_batch_sizes():
-    with pytest.raises(ValueError, match="r: has 2 values but batch-sizes has 4"):
+def test_run_without_any_node_answering_the_query_is_an_error() -> None:
+    def handle(msg: Message) -> Message:
+        return Message(Error(code=1, reason="down"), reply_to=msg)
+
+    strategy = _strategy()
+    with pytest.raises(RuntimeError, match="no node answered the QUERY round"):
+        strategy.run(
+            FakeGrid([11, 12], handle),
+            ArrayRecord([np.zeros(3)]),
+            num_rounds=1,
+            timeout_s=5,
+            evaluate_fn=lambda rnd, arr: {"accuracy": 0.0, "loss": 1.0},
+        )
+
+
+def test_r_must_match_batch_sizes() -> None:
+    with pytest.raises(SettingsError, match="r: has 2 values but batch-sizes has 4"):
         PowerAwareFedAvg(
-            batch_sizes=[16, 32, 64, 128],
-            r=[0.5, 1.0],
-            method="power-aware",
-            train_config={},
+            template=dataclasses.replace(TEMPLATE, r=(0.5, 1.0)),
             query_config={},
         )
 
 
-def test_a_node_gone_from_the_superlink_is_named_absent_and_counted_back_when_it_rejoins():
+def test_a_node_gone_from_the_superlink_is_named_absent_and_counted_back_when_it_rejoins() -> None:
     grid = FakeGrid([11, 12, 13], _handler())
     seen: list[RoundReport] = []
     strategy = _strategy(on_round=lambda rep, ev: seen.append(rep))
@@ -193,7 +387,22 @@ def test_a_node_gone_from_the_superlink_is_named_absent_and_counted_back_when_it
     assert [len(rep.ok_nodes) for rep in seen] == [3, 2, 3]
 
 
-def test_aggregation_order_does_not_depend_on_arrival_order():
+def test_a_reply_from_a_node_that_never_answered_the_query_is_named_by_its_id() -> None:
+    grid = FakeGrid([11, 12, 13], _handler(fail={13}))
+    strategy = _strategy()
+    strategy.query_fleet(grid, timeout_s=5)
+    del strategy.fleet[13]
+    grid.node_ids = [11, 12]  # only nodes in the fleet are asked ...
+    msgs = list(strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), grid))
+    # ... a reply for another node is still recorded
+    to_13 = Message(RecordDict(), message_type=MessageType.TRAIN, dst_node_id=13)
+    stray = Message(Error(code=1, reason="late"), reply_to=to_13)
+    strategy.aggregate_train(1, [*grid.send_and_receive(msgs, timeout=5), stray])
+    row = next(n for n in strategy.rounds[-1].nodes if n.node_id == 13)
+    assert (row.node_name, row.device, row.p_max, row.ok) == ("13", "?", Cap.NONE, False)
+
+
+def test_aggregation_order_does_not_depend_on_arrival_order() -> None:
     rng = np.random.default_rng(0)
     # values over 16 orders of magnitude: float sums then depend on the order of terms
     arrays = {
@@ -211,7 +420,7 @@ def test_aggregation_order_does_not_depend_on_arrival_order():
                 RecordDict(
                     {
                         "arrays": ArrayRecord([arrays[m.metadata.dst_node_id]]),
-                        "metrics": MetricRecord(_metrics(m.metadata.dst_node_id)),
+                        "metrics": MetricRecord(dict(_metrics(m.metadata.dst_node_id))),
                     }
                 ),
                 reply_to=m,

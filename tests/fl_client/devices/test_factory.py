@@ -7,6 +7,7 @@ import argparse
 import io
 import json
 import logging
+import re
 import subprocess
 import sys
 import types
@@ -161,9 +162,7 @@ def test_nvml_backend_unavailable_without_pynvml(no_pynvml: None):
 def test_options_from_node_config():
     opts = DeviceOptions.from_config(
         {
-            "device": "jetson-nano",
             "sysfs-root": "/tmp/x",
-            "p-max-w": "4.5",  # the node's cap is not a device option: ignored here
             "cap-window-s": 0.5,
             "sample-rate-hz": 50,
             "lock-clocks": "false",
@@ -183,6 +182,28 @@ def test_options_from_node_config():
         power_source="sysfs",
     )
     assert DeviceOptions.from_config({}) == DeviceOptions()
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"cap-windw-s": 0.5}, "unknown key 'cap-windw-s' (did you mean cap-window-s?)"),
+        ({"sysfs_root": "/"}, "unknown key 'sysfs_root' (did you mean sysfs-root?)"),
+        # a node's own settings are not device options: the caller passes only the options
+        ({"p-max-w": 4.5}, "unknown key 'p-max-w'; known keys: cap-window-s, lock-clocks"),
+    ],
+)
+def test_unknown_options_are_refused_naming_the_nearest_key(
+    config: dict[str, object], message: str
+):
+    with pytest.raises(ValueError, match=re.escape(f"device options: {message}")):
+        DeviceOptions.from_config(config)
+
+
+def test_option_keys_are_the_fields_in_kebab_case():
+    keys = DeviceOptions.keys()
+    assert {"cap-window-s", "sysfs-root", "twin-drift-from-round"} <= set(keys)
+    assert not any("_" in k for k in keys)
 
 
 @pytest.mark.parametrize(

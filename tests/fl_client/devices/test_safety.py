@@ -10,6 +10,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,7 +37,9 @@ time.sleep(60)
 """
 
 
-def start_locked(fake: FakeJetson, state_dir: Path, mode: str = "wait") -> subprocess.Popen[str]:
+def start_locked(
+    fake: FakeJetson, state_dir: Path, mode: str = "wait", *, ignore_sighup: bool = False
+) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-c", SCRIPT, str(fake.root), str(state_dir), mode],
@@ -47,7 +50,7 @@ def start_locked(fake: FakeJetson, state_dir: Path, mode: str = "wait") -> subpr
         env=env,
         # A shell that runs us in the background ignores SIGINT, and a child inherits that
         # (Python then installs no KeyboardInterrupt handler): give it the default back.
-        preexec_fn=_default_sigint,
+        preexec_fn=_nohup if ignore_sighup else _default_sigint,
     )
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], 30.0)
@@ -62,6 +65,12 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _nohup() -> None:
+    """What ``nohup`` does before it starts a command: SIGHUP ignored."""
+    _default_sigint()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
 @pytest.fixture
 def nano(tmp_path: Path) -> FakeJetson:
     return build_tree(tmp_path / "root", "nano-jp4")
@@ -69,6 +78,14 @@ def nano(tmp_path: Path) -> FakeJetson:
 
 def limits(fake: FakeJetson) -> tuple[int, int]:
     return fake.min_hz, fake.max_hz
+
+
+def limits_now(fake: FakeJetson) -> tuple[int, int] | None:
+    """``limits`` while a child may be rewriting the files (None: caught half-written)."""
+    try:
+        return limits(fake)
+    except (IndexError, ValueError):
+        return None
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -192,21 +209,97 @@ def test_restore_all_survives_a_failing_restorer():
     assert safety.active_count() == 0
 
 
-def test_handlers_chain_to_the_previous_handler(monkeypatch: pytest.MonkeyPatch):
+def _wait_for(seen: list[str], n: int) -> None:
+    deadline = time.monotonic() + 5
+    while len(seen) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_handler_that_goes_on_restores_nothing():
+    """The previous handler returns: the process, and its training, go on, so the device
+    stays as the running step needs it (it is restored when that step ends)."""
     seen: list[str] = []
     previous = signal.signal(signal.SIGTERM, lambda s, f: seen.append("previous"))
     try:
         safety.uninstall_handlers()
         token = safety.register(lambda: seen.append("restore"))
         os.kill(os.getpid(), signal.SIGTERM)
-        deadline = time.monotonic() + 5
-        while len(seen) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert seen == ["restore", "previous"]
+        _wait_for(seen, 1)
+        time.sleep(0.05)
+        assert seen == ["previous"]
         safety.unregister(token)
     finally:
         safety.uninstall_handlers()
         signal.signal(signal.SIGTERM, previous)
+
+
+class _Stop(BaseException):
+    pass
+
+
+def test_a_handler_that_raises_restores_the_main_threads_devices_only():
+    """The previous handler raises in the main thread: that unwinds the main thread's
+    training step, so its device is restored; a device held by another thread, whose step
+    keeps running, is not."""
+    seen: list[str] = []
+
+    def stop(signum: int, frame: object) -> None:
+        raise _Stop
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        safety.uninstall_handlers()
+        main_token = safety.register(lambda: seen.append("main"))
+        other: list[int] = []
+        worker = threading.Thread(
+            target=lambda: other.append(safety.register(lambda: seen.append("worker")))
+        )
+        worker.start()
+        worker.join()
+        with pytest.raises(_Stop):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler runs here, in the main thread
+        assert seen == ["main"]
+        safety.unregister(main_token)
+        safety.unregister(other[0])
+    finally:
+        safety.uninstall_handlers()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_an_ignored_signal_gets_no_handler():
+    """Under nohup SIGHUP is ignored: it must stay ignored, never restore a device."""
+    seen: list[str] = []
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        safety.uninstall_handlers()
+        token = safety.register(lambda: seen.append("restore"))
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(0.05)
+        assert seen == []
+        safety.unregister(token)
+    finally:
+        safety.uninstall_handlers()
+        signal.signal(signal.SIGHUP, previous)
+
+
+def test_sighup_under_nohup_leaves_the_gpu_locked_while_training_goes_on(
+    nano: FakeJetson, state_dir: Path
+):
+    """A child started as ``nohup`` starts it (SIGHUP ignored): SIGHUP neither unlocks the GPU
+    nor stops the child; SIGTERM afterwards still restores."""
+    proc = start_locked(nano, state_dir, ignore_sighup=True)
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(0.5)
+    assert proc.poll() is None  # still training
+    assert limits(nano) == (LOCKED_HZ, LOCKED_HZ)
+    assert len(safety.leftover_states(state_dir)) == 1
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=20)
+    assert proc.returncode == -signal.SIGTERM
+    assert limits(nano) == ORIGINAL
+    assert safety.leftover_states(state_dir) == []
 
 
 CLI = "import sys; from simulations.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -241,7 +334,7 @@ def test_profile_command_killed_mid_profile(
         "--cache-dir", str(tmp_path / "lut"),
     )  # fmt: skip
     deadline = time.monotonic() + 240  # the child imports torch first
-    while limits(nano) != lowest:
+    while limits_now(nano) != lowest:
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             pytest.fail(f"profile did not lock: {proc.communicate()}")

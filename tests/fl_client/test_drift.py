@@ -1,0 +1,187 @@
+"""fl_client.drift: measure the operating point as the profiler did, compare it with the LUT,
+re-profile b's row when the board drifted; and drift checks on a node end to end."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fl_client.drift import check_drift
+from fl_client.lut import LUT, load_cached, load_on_demand, on_demand_key
+from fl_client.node import train_node
+from fl_client.profiler import MeasureContext, add_measured_cell, load_or_profile, profile
+from tests.fl_client.test_node import (
+    NODE,
+    R_FOR_B64,
+    initial_state,
+    run_config,
+    train_config,
+)
+from tests.fl_client.test_profiler import B6, WORKLOAD, CountingSteps, FakeDevice
+
+CAP_W, MARGIN = 6.0, 0.05
+
+
+class SlowDevice(FakeDevice):
+    """The fake, throttled: every step takes 1.5× as long at the same power."""
+
+    def time_per_sample_s(self, b: int, freq_mhz: float) -> float:
+        return 1.5 * super().time_per_sample_s(b, freq_mhz)
+
+
+def _cached_lut(cache: Path) -> LUT:
+    """An efficient LUT for 6 W less 5%, profiled on a cool fake and cached in ``cache``."""
+    lut, hit = load_or_profile(
+        FakeDevice(),
+        WORKLOAD,
+        B6,
+        CountingSteps(),
+        cache,
+        p_max_w=CAP_W,
+        cap_margin=MARGIN,
+        progress=False,
+    )
+    assert not hit
+    return lut
+
+
+def _measured_freqs(lut: LUT, b: int) -> list[float]:
+    row = lut.time_per_sample_s[lut.batch_sizes.index(b)]
+    return [f for f, t in zip(lut.freqs_mhz, row, strict=True) if not math.isnan(t)]
+
+
+def test_no_drift_is_measured_as_such_and_changes_nothing(tmp_path: Path) -> None:
+    lut = _cached_lut(tmp_path)
+    device, steps = FakeDevice(), CountingSteps()
+    f = _measured_freqs(lut, 32)[-1]
+    check = check_drift(MeasureContext(device, WORKLOAD, steps, tmp_path), lut, None, (32, f), 0.15)
+    assert check.deviation == pytest.approx(0.0, abs=1e-9) and not check.reprofiled
+    assert check.lut is lut and check.cells is None
+    # the check itself is profiling cost: the warm-up and steps of one cell, as profiled
+    assert check.time_s > 0 and check.energy_j > 0
+    assert steps.calls == {32: lut.warmup_steps + lut.steps}
+    assert device.freq == device.initial_freq
+
+
+def test_a_drifted_board_re_profiles_the_row_and_scales_the_others(tmp_path: Path) -> None:
+    lut = _cached_lut(tmp_path)
+    path = lut.key.path(tmp_path)
+    hot = FakeDevice(a_w=1.5)  # a busy neighbour: +0.5 W at every cell
+    f = _measured_freqs(lut, 32)[-1]
+    i = B6.index(32)
+    ctx = MeasureContext(hot, WORKLOAD, CountingSteps(), tmp_path)
+    check = check_drift(ctx, lut, None, (32, f), 0.15)
+    j = lut.freqs_mhz.index(f)
+    expected = 0.5 / lut.peak_power_w[i, j]  # the peak is off by 0.5 W, time not at all
+    assert check.deviation == pytest.approx(expected) and check.deviation > 0.15
+    assert check.reprofiled
+    new = check.lut
+    # the key is kept: the same cap and margin, written over the cached file
+    assert (new.p_max_w, new.cap_margin, new.grid) == (CAP_W, MARGIN, "efficient")
+    cached = load_cached(path, lut.key)
+    assert cached is not None and cached.to_json() == new.to_json()
+    # b=32's row is measured again, on the hot board, up to the cap less its margin
+    row = profile(
+        hot, WORKLOAD, [32], CountingSteps(), p_max_w=CAP_W, cap_margin=MARGIN, progress=False
+    )
+    measured = ~np.isnan(row.peak_power_w[0])
+    np.testing.assert_allclose(new.peak_power_w[i, measured], row.peak_power_w[0, measured])
+    # the other rows are scaled by the median change of that row's peak
+    both = measured & ~np.isnan(lut.peak_power_w[i])
+    factor = float(np.median(row.peak_power_w[0, both] / lut.peak_power_w[i, both]))
+    np.testing.assert_allclose(new.peak_power_w[0], lut.peak_power_w[0] * factor)
+    np.testing.assert_allclose(new.time_per_sample_s[0], lut.time_per_sample_s[0])  # no slowdown
+    # re-profiling is part of the check's cost
+    assert check.time_s > row.profile_time_s > 0
+
+
+def test_the_paced_frequency_is_predicted_from_the_on_demand_cells_which_are_rescaled(
+    tmp_path: Path,
+) -> None:
+    lut = _cached_lut(tmp_path)
+    cool = FakeDevice()
+    f_low = lut.freqs_mhz[0]
+    assert math.isnan(lut.time_per_sample_s[B6.index(4), 0])  # the LUT lacks this cell
+    cells, _, _ = add_measured_cell(None, lut, cool, WORKLOAD, (4, f_low), CountingSteps()(4))
+    # no drift: the cell measured on demand is the prediction, and agrees
+    calm = check_drift(
+        MeasureContext(cool, WORKLOAD, CountingSteps(), tmp_path), lut, cells, (4, f_low), 0.15
+    )
+    assert calm.deviation == pytest.approx(0.0, abs=1e-9) and calm.cells is cells
+    # 1.5× slower: re-profiled, and the cells scaled by the same change as the LUT's rows
+    slow = SlowDevice()
+    check = check_drift(
+        MeasureContext(slow, WORKLOAD, CountingSteps(), tmp_path), lut, cells, (4, f_low), 0.15
+    )
+    assert check.reprofiled and check.deviation == pytest.approx(0.5)
+    assert check.cells is not None
+    np.testing.assert_allclose(
+        check.cells.time_per_sample_s[B6.index(4), 0], 1.5 * cells.time_per_sample_s[B6.index(4), 0]
+    )
+    saved = load_on_demand(tmp_path, cool, WORKLOAD, B6)
+    assert saved is not None and saved.to_json() == check.cells.to_json()
+    assert on_demand_key(cool, WORKLOAD, B6).path(tmp_path).is_file()
+
+
+def test_the_threshold_is_strict(tmp_path: Path) -> None:
+    lut = _cached_lut(tmp_path)
+    f = _measured_freqs(lut, 32)[-1]
+    hot = FakeDevice(a_w=1.5)
+    j = lut.freqs_mhz.index(f)
+    deviation = 0.5 / lut.peak_power_w[B6.index(32), j]
+    ctx = MeasureContext(hot, WORKLOAD, CountingSteps(), tmp_path)
+    assert not check_drift(ctx, lut, None, (32, f), deviation + 1e-6).reprofiled
+
+
+# --------------------------------------------------------------------------- on the node
+
+
+def test_drift_check_reprofiles_only_when_the_twin_drifts(tmp_path: Path) -> None:
+    run = run_config(tmp_path, **{"drift-check-every": 1, "drift-threshold": 0.15})
+    node = {**NODE, "p-max-w": 7.0, "twin-drift-from-round": 3}
+    node.update({"twin-slowdown": 1.5, "twin-extra-power-w": 2.0})  # throttled, busy
+    state = initial_state()
+    _, m1 = train_node(run, node, train_config(1, r=R_FOR_B64), state)
+    assert m1.drift_reprofiled is None  # the LUT was just profiled
+    _, m2 = train_node(run, node, train_config(2, r=R_FOR_B64), state)
+    assert m2.drift_reprofiled == 0.0
+    assert m2.drift_deviation is not None and m2.drift_deviation < 0.15
+    assert m2.drift_batch_size is None  # nothing re-selected
+    _, m3 = train_node(run, node, train_config(3, r=R_FOR_B64), state)
+    assert m3.drift_reprofiled == 1.0
+    assert m3.drift_deviation is not None and m3.drift_deviation > 0.3
+    assert m3.profile_time_s > 0 and m3.drift_freq_mhz is not None
+    assert m3.drift_batch_size is not None
+    # the cache now holds the drifted row: the next check agrees with it
+    _, m4 = train_node(run, node, train_config(4, r=R_FOR_B64), state)
+    assert m4.drift_reprofiled == 0.0
+    assert m4.drift_deviation is not None and m4.drift_deviation < 0.15
+    # +2 W makes the old (b*, f*) = (64, 921.6 MHz) break the cap: the node re-selected and
+    # runs there
+    reselected = (m3.drift_batch_size, m3.drift_freq_mhz)
+    assert reselected != (m2.batch_size, m2.gpu_freq_mhz)
+    assert (m4.batch_size, m4.gpu_freq_mhz) == reselected and m4.peak_power_w < 7.0
+
+
+def test_drift_check_at_a_paced_frequency_rescales_the_on_demand_cells(tmp_path: Path) -> None:
+    run = run_config(tmp_path, pacing="deadline", **{"drift-check-every": 3})
+    node = {**NODE, "p-max-w": "none", "twin-drift-from-round": 3, "twin-slowdown": 1.5}
+    state = initial_state()
+    _, m1 = train_node(run, node, train_config(1), state)
+    assert m1.fastest_time_s is not None
+    deadline = 8 * m1.fastest_time_s
+    train_node(run, node, train_config(2, deadline_s=deadline), state)
+    (cells_file,) = (tmp_path / "cache").rglob("lut_*_on-demand_*.json")
+    before = LUT.load(cells_file)
+    # round 3: 1.5× slower; the paced frequency's prediction comes from the on-demand cells
+    _, m3 = train_node(run, node, train_config(3, deadline_s=1.5 * deadline), state)
+    assert m3.f_star_mhz is not None and m3.gpu_freq_mhz < m3.f_star_mhz
+    assert m3.drift_reprofiled == 1.0
+    assert m3.drift_deviation is not None and m3.drift_deviation > 0.3
+    after = LUT.load(cells_file)
+    measured = ~np.isnan(before.time_per_sample_s)
+    ratio = after.time_per_sample_s[measured] / before.time_per_sample_s[measured]
+    assert np.allclose(ratio, ratio[0]) and 1.3 < ratio[0] < 1.7

@@ -1,0 +1,424 @@
+"""fl_client.lut: the LUT file format (strict JSON, v1 files), the cache key and files,
+merging and scaling of measured cells."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fl_client.devices.base import Workload
+from fl_client.lut import (
+    LUT,
+    LUT_VERSION,
+    LUTFormatError,
+    LUTKey,
+    load_cached,
+    load_on_demand,
+    merge_cells,
+    on_demand_key,
+    save_quietly,
+    scale_cells,
+)
+from fl_client.profiler import load_or_profile, profile
+from tests.fl_client.test_profiler import (
+    B6,
+    NANO_FREQS_MHZ,
+    WORKLOAD,
+    CountingSteps,
+    FakeDevice,
+)
+
+
+def _profiled(p_max_w: float | None = None, **kw: Any) -> LUT:
+    return profile(
+        FakeDevice(), WORKLOAD, B6, CountingSteps(), p_max_w=p_max_w, progress=False, **kw
+    )
+
+
+FREQS = (100.0, 200.0, 300.0, 400.0)
+
+
+def _row_lut(
+    time_row: list[float],
+    peak_row: list[float],
+    avg_row: list[float],
+    cap: float | None = None,
+    grid: str = "",
+    cap_margin: float = 0.0,
+) -> LUT:
+    """A one-row LUT (b = 16) over FREQS."""
+    return LUT(
+        device_kind="jetson-nano",
+        backend="simulated",
+        model_name="cnn",
+        input_shape=(1, 8, 8),
+        batch_sizes=(16,),
+        freqs_mhz=FREQS,
+        time_per_sample_s=np.array([time_row], dtype=float),
+        peak_power_w=np.array([peak_row], dtype=float),
+        avg_power_w=np.array([avg_row], dtype=float),
+        p_max_w=cap,
+        grid=grid,
+        cap_margin=cap_margin,
+    )
+
+
+def _lut_fields(lut: LUT) -> dict[str, Any]:
+    names = ("device_kind", "backend", "model_name", "input_shape", "batch_sizes", "freqs_mhz")
+    tables = ("time_per_sample_s", "peak_power_w", "avg_power_w", "p_max_w", "grid")
+    return {name: getattr(lut, name) for name in names + tables}
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+@pytest.mark.parametrize(("p_max_w", "margin"), [(3.5, 0.0), (3.5, 0.05), (None, 0.0)])
+def test_json_round_trip_keeps_nan_cells_and_metadata(p_max_w: float | None, margin: float) -> None:
+    lut = _profiled(p_max_w, cap_margin=margin)
+    text = lut.to_json()
+    rec = json.loads(text)
+    assert "NaN" not in text and "Infinity" not in text
+    assert rec["p-max-w"] == p_max_w and rec["cap-margin"] == margin
+    assert rec["version"] == LUT_VERSION == 2
+    back = LUT.from_json(text)
+    for name in ("time_per_sample_s", "peak_power_w", "avg_power_w"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(lut, name))
+    for name in (
+        "device_kind",
+        "backend",
+        "model_name",
+        "input_shape",
+        "batch_sizes",
+        "freqs_mhz",
+        "p_max_w",
+        "cap_margin",
+        "profile_time_s",
+        "profile_energy_j",
+        "created_utc",
+        "warmup_steps",
+        "steps",
+        "grid",
+    ):
+        assert getattr(back, name) == getattr(lut, name), name
+    assert not back.time_per_sample_s.flags.writeable
+    assert back.key == lut.key
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda r: r.pop("steps"), "missing"),
+        (lambda r: r.update(extra=1), "unknown"),
+        (lambda r: r.update({"peak-power-w": r["peak-power-w"][:-1]}), "shape"),
+        (lambda r: r.update({"freqs-mhz": r["freqs-mhz"][:-1]}), "shape"),
+        (lambda r: r.update({"workload-key": "resnet18-3x32x32"}), "workload-key"),
+        (lambda r: r.update({"version": 99}), "format"),
+        (lambda r: r.update({"format": "other-lut"}), "format"),
+        (lambda r: r.update({"batch-sizes": [4, 8, 16, 32, 128, 64]}), "ascending"),
+        (
+            lambda r: r.update({"p-max-w": None, "cap-margin": 0}),
+            "efficient-mode LUT needs the cap",
+        ),
+        (lambda r: r.update({"p-max-w": None, "cap-margin": 0, "grid": "full"}), "full-grid"),
+        (lambda r: (r.update({"p-max-w": None, "cap-margin": 0}), r.pop("grid")), "full-grid"),
+        (lambda r: r.update({"grid": "highest"}), "without a cap"),
+        (lambda r: r.update({"grid": "diagonal"}), "grid: unknown value"),
+        (lambda r: r.update({"p-max-w": -1}), "p-max-w"),
+        (lambda r: r.update({"cap-margin": 1.0}), "cap-margin: must be in"),
+        (lambda r: r.update({"cap-margin": -0.05}), "cap-margin: must be in"),
+        (lambda r: r.update({"cap-margin": "0.05"}), "cap-margin: wrong type"),
+        (lambda r: r.update({"steps": True}), "steps: wrong type"),
+        (lambda r: r.update({"batch-sizes": "4,8"}), "batch-sizes"),
+        (lambda r: r["time-per-sample-s"][0].__setitem__(0, "x"), "numbers or null"),
+        (lambda r: r["avg-power-w"][-1].__setitem__(0, None), "different cells"),
+    ],
+)
+def test_from_json_is_strict(edit: Callable[[dict[str, Any]], object], message: str) -> None:
+    rec = json.loads(_profiled(3.5, cap_margin=0.05).to_json())
+    edit(rec)
+    with pytest.raises(LUTFormatError, match=message):
+        LUT.from_json(json.dumps(rec))
+
+
+def test_from_json_rejects_non_json() -> None:
+    with pytest.raises(LUTFormatError, match="not valid JSON"):
+        LUT.from_json("{not json")
+    with pytest.raises(LUTFormatError, match="one JSON object"):
+        LUT.from_json("[]")
+
+
+def test_a_version_1_file_reads_as_its_cap_with_margin_0() -> None:
+    """Version 1 stored the cap less its margin as ``p-max-w`` and had no ``cap-margin``."""
+    rec = json.loads(_profiled(4.75).to_json())
+    rec["version"] = 1
+    del rec["cap-margin"]
+    old = LUT.from_json(json.dumps(rec))
+    assert (old.p_max_w, old.cap_margin, old.grid) == (4.75, 0.0, "efficient")
+    assert old.selection_cap_w == 4.75
+    # written again, it is a version 2 file saying the same
+    again = json.loads(old.to_json())
+    assert again["version"] == 2 and again["cap-margin"] == 0.0 and again["p-max-w"] == 4.75
+    # files without a grid key (older still) read as full without a cap
+    rec = json.loads(_profiled().to_json())
+    rec["version"] = 1
+    del rec["cap-margin"], rec["grid"]
+    assert LUT.from_json(json.dumps(rec)).grid == "full"
+
+
+def test_a_lut_keeps_its_bare_cap_and_margin_apart() -> None:
+    lut = _row_lut(
+        [4.0, 2.0, math.nan, math.nan],
+        [2, 3] + [math.nan] * 2,
+        [2, 3] + [math.nan] * 2,
+        cap=5.0,
+        cap_margin=0.05,
+    )
+    assert lut.p_max_w == 5.0 and lut.cap_margin == 0.05
+    assert lut.selection_cap_w == pytest.approx(4.75)
+    full = _row_lut([4.0, 2.0, 1.5, 1.0], [2, 3, 4, 5], [2, 3, 4, 5])
+    assert full.selection_cap_w is None and full.grid == "full"
+    with pytest.raises(LUTFormatError, match="cap-margin: must be in"):
+        _row_lut([4.0, 2.0, 1.5, 1.0], [2, 3, 4, 5], [2, 3, 4, 5], cap_margin=0.05)
+    with pytest.raises(LUTFormatError, match="on-demand LUT is made without a cap"):
+        LUT(**{**_lut_fields(full), "p_max_w": 5.0, "grid": "on-demand"})
+
+
+# --------------------------------------------------------------------------- cache key
+
+
+def test_cache_keys_differ_by_device_backend_workload_batch_sizes_cap_margin_and_grid(
+    tmp_path: Path,
+) -> None:
+    def path(**over: Any) -> Path:
+        fields: dict[str, Any] = {
+            "device_kind": "jetson-nano",
+            "backend": "simulated",
+            "workload": WORKLOAD,
+            "batch_sizes": tuple(B6),
+            "freqs_mhz": NANO_FREQS_MHZ,
+            "p_max_w": None,
+            "cap_margin": 0.0,
+            "grid": "full",
+        }
+        return LUTKey(**{**fields, **over}).path(tmp_path)
+
+    base = path()
+    others = [
+        path(device_kind="jetson-tx2"),
+        path(backend="jetson"),
+        path(workload=Workload("cnn", (3, 32, 32), 1e6)),
+        path(batch_sizes=tuple(B6[:-1])),
+        path(p_max_w=5.0, grid="efficient"),
+        path(p_max_w=5.0, cap_margin=0.05, grid="efficient"),
+        path(p_max_w=4.75, grid="efficient"),
+        path(grid="highest"),
+        path(grid="on-demand"),
+    ]
+    assert len({base, *others}) == 1 + len(others)
+    assert base.parent == tmp_path
+    assert base.name.startswith("lut_jetson-nano_simulated_cnn-1x8x8_b4-8-16-32-64-128_full_")
+    assert "pmax5.0w-margin0.05" in others[5].name
+    # the frequency table is checked on load (``mismatch``), not part of the name
+    assert path(freqs_mhz=NANO_FREQS_MHZ[:-1]) == base
+
+
+def test_key_of_a_device_and_its_lut_agree() -> None:
+    dev = FakeDevice()
+    key = LUTKey.of(dev, WORKLOAD, B6, p_max_w=3.5, cap_margin=0.05, grid="efficient")
+    assert (key.device_kind, key.backend, key.freqs_mhz) == ("fake-nano", "fake", NANO_FREQS_MHZ)
+    lut = _profiled(3.5, cap_margin=0.05)
+    assert key.mismatch(lut) is None
+    # a key without a cap has no margin, whatever was passed
+    assert LUTKey.of(dev, WORKLOAD, B6, cap_margin=0.05).cap_margin == 0.0
+    assert LUTKey.of(dev, WORKLOAD, B6).mismatch(_profiled()) is None
+
+
+@pytest.mark.parametrize(
+    ("over", "reason"),
+    [
+        ({"device_kind": "jetson-tx2"}, "device-kind is 'fake-nano', expected 'jetson-tx2'"),
+        ({"backend": "jetson"}, "backend is 'fake'"),
+        ({"workload": Workload("resnet18", (1, 8, 8), 1e6)}, "model-name is 'cnn'"),
+        ({"workload": Workload("cnn", (3, 8, 8), 1e6)}, "input-shape is (1, 8, 8)"),
+        ({"batch_sizes": (4, 8)}, "batch-sizes is (4, 8, 16, 32, 64, 128)"),
+        ({"freqs_mhz": NANO_FREQS_MHZ[:-1]}, "freqs-mhz is"),
+        ({"p_max_w": 4.0}, "p-max-w is 3.5, expected 4.0"),
+        ({"cap_margin": 0.1}, "cap-margin is 0.05, expected 0.1"),
+        ({"grid": "full"}, "grid is 'efficient', expected 'full'"),
+    ],
+)
+def test_mismatch_names_what_differs(over: dict[str, Any], reason: str) -> None:
+    key = LUTKey.of(FakeDevice(), WORKLOAD, B6, p_max_w=3.5, cap_margin=0.05, grid="efficient")
+    other = dataclasses.replace(key, **over)
+    got = other.mismatch(_profiled(3.5, cap_margin=0.05))
+    assert got is not None and got.startswith(reason)
+
+
+# --------------------------------------------------------------------------- cache files
+
+
+def test_load_cached_answers_only_a_valid_fitting_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    lut = _profiled(3.5, cap_margin=0.05)
+    key = lut.key
+    path = key.path(tmp_path)
+    assert load_cached(path, key) is None  # no file: nothing, no warning
+    assert caplog.text == ""
+    lut.save(path)
+    cached = load_cached(path, key)
+    assert cached is not None and cached.to_json() == lut.to_json()
+    # the same file asked for under another margin does not fit: set aside
+    wrong = dataclasses.replace(key, cap_margin=0.1)
+    with caplog.at_level(logging.WARNING, logger="fl_client.lut"):
+        assert load_cached(path, wrong) is None
+    assert "cap-margin is 0.05, expected 0.1" in caplog.text
+    assert not path.exists() and len(list(tmp_path.glob(path.name + ".corrupt-*"))) == 1
+
+
+def _cached(folder: Path, device: FakeDevice, steps: CountingSteps) -> tuple[LUT, bool]:
+    return load_or_profile(device, WORKLOAD, B6, steps, folder, progress=False)
+
+
+def test_corrupt_cache_is_set_aside_and_reprofiled(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    steps = CountingSteps()
+    _cached(tmp_path, FakeDevice(), steps)
+    path = LUTKey.of(FakeDevice(), WORKLOAD, B6).path(tmp_path)
+    path.write_text('{"format": "powerfl-lut", "truncated')
+    with caplog.at_level(logging.WARNING, logger="fl_client.lut"):
+        _, from_cache = _cached(tmp_path, FakeDevice(), steps)
+    assert not from_cache
+    assert "corrupt or does not match" in caplog.text and "re-profiling" in caplog.text
+    aside = list(tmp_path.glob(path.name + ".corrupt-*"))
+    assert len(aside) == 1 and aside[0].read_text().endswith("truncated")
+    assert LUT.load(path).is_full_grid  # a good file again
+    assert _cached(tmp_path, FakeDevice(), steps)[1]
+
+
+def test_a_cache_file_that_is_not_utf8_is_set_aside(tmp_path: Path) -> None:
+    key = LUTKey.of(FakeDevice(), WORKLOAD, B6)
+    path = key.path(tmp_path)
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(LUTFormatError, match="not UTF-8"):
+        LUT.load(path)
+    assert load_cached(path, key) is None
+    assert len(list(tmp_path.glob("*.corrupt-*"))) == 1
+
+
+def test_mismatching_cache_is_set_aside_and_reprofiled(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    steps = CountingSteps()
+    _cached(tmp_path, FakeDevice(), steps)
+    # same kind and backend, but the frequency table changed (e.g. a new JetPack)
+    dev = FakeDevice(freqs_mhz=NANO_FREQS_MHZ[:-1])
+    with caplog.at_level(logging.WARNING, logger="fl_client.lut"):
+        lut, from_cache = _cached(tmp_path, dev, steps)
+    assert not from_cache and lut.freqs_mhz == NANO_FREQS_MHZ[:-1]
+    assert "freqs-mhz" in caplog.text
+    assert len(list(tmp_path.glob("*.corrupt-*"))) == 1
+
+
+def test_save_is_atomic_and_save_quietly_only_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    lut = _profiled()
+    path = lut.save(tmp_path / "sub" / "lut.json")
+    assert [p.name for p in path.parent.iterdir()] == ["lut.json"]  # no temporary file
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with caplog.at_level(logging.WARNING, logger="fl_client.lut"):
+        save_quietly(lut, blocker / "lut.json")  # a folder that cannot be made
+    assert "could not update the LUT cache" in caplog.text
+    save_quietly(lut, tmp_path / "quiet.json")
+    assert LUT.load(tmp_path / "quiet.json").to_json() == lut.to_json()
+
+
+def test_on_demand_cells_have_their_own_key_without_a_cap(tmp_path: Path) -> None:
+    dev = FakeDevice()
+    key = on_demand_key(dev, WORKLOAD, B6)
+    assert (key.grid, key.p_max_w, key.cap_margin) == ("on-demand", None, 0.0)
+    assert load_on_demand(tmp_path, dev, WORKLOAD, B6) is None
+    tables: dict[str, Any] = {
+        name: np.full((len(B6), len(NANO_FREQS_MHZ)), np.nan)
+        for name in ("time_per_sample_s", "peak_power_w", "avg_power_w")
+    }
+    for t in tables.values():
+        t[2, 3] = 1.0
+    cells = LUT(
+        device_kind="fake-nano",
+        backend="fake",
+        model_name="cnn",
+        input_shape=(1, 8, 8),
+        batch_sizes=tuple(B6),
+        freqs_mhz=NANO_FREQS_MHZ,
+        grid="on-demand",
+        **tables,
+    )
+    assert key.mismatch(cells) is None
+    cells.save(key.path(tmp_path))
+    loaded = load_on_demand(tmp_path, dev, WORKLOAD, B6)
+    assert loaded is not None and loaded.cells_profiled == 1
+    # another B is another file
+    assert load_on_demand(tmp_path, dev, WORKLOAD, B6[:-1]) is None
+
+
+# --------------------------------------------------------------------------- merge, scale
+
+
+def test_merge_cells_fills_or_overwrites() -> None:
+    nan = math.nan
+    base = _row_lut([4.0, 2.0, nan, nan], [2.5, 3.5, nan, nan], [2, 3, nan, nan], cap=4.0)
+    extra = _row_lut([5.0, 2.5, 1.5, nan], [2.6, 3.6, 5.5, nan], [2, 3, 5, nan], cap=6.0)
+    filled = merge_cells(base, extra, overwrite=False)
+    assert filled.time_per_sample_s[0].tolist()[:3] == [4.0, 2.0, 1.5]
+    assert filled.peak_power_w[0].tolist()[:3] == [2.5, 3.5, 5.5]
+    assert math.isnan(filled.time_per_sample_s[0, 3]) and filled.p_max_w == 4.0
+    fresh = merge_cells(base, extra, overwrite=True)
+    assert fresh.time_per_sample_s[0].tolist()[:3] == [5.0, 2.5, 1.5]
+    assert fresh.avg_power_w[0].tolist()[:3] == [2.0, 3.0, 5.0]
+    # the base keeps its cap, grid and cost; inputs are not changed
+    assert (fresh.p_max_w, fresh.grid) == (4.0, "efficient")
+    assert math.isnan(base.time_per_sample_s[0, 2])
+    other = LUT(**{**_lut_fields(base), "freqs_mhz": (1.0, 2.0, 3.0, 4.0)})
+    with pytest.raises(LUTFormatError, match="freqs-mhz"):
+        merge_cells(base, other, overwrite=True)
+
+
+def test_merge_cells_takes_one_row_into_its_place() -> None:
+    lut = _profiled()
+    row = profile(FakeDevice(a_w=2.0), WORKLOAD, [32], CountingSteps(), progress=False)
+    merged = merge_cells(lut, row, overwrite=True)
+    i = B6.index(32)
+    np.testing.assert_array_equal(merged.peak_power_w[i], row.peak_power_w[0])
+    np.testing.assert_array_equal(
+        np.delete(merged.peak_power_w, i, 0), np.delete(lut.peak_power_w, i, 0)
+    )
+    alien = profile(FakeDevice(), WORKLOAD, [24], CountingSteps(), progress=False)
+    with pytest.raises(LUTFormatError, match=r"batch-sizes: \[24\] are not rows"):
+        merge_cells(lut, alien, overwrite=True)
+
+
+def test_scale_cells_scales_every_measured_cell() -> None:
+    lut = _profiled(3.5)
+    scaled = scale_cells(lut, time_factor=1.5, peak_factor=1.1, avg_factor=1.2)
+    np.testing.assert_allclose(scaled.time_per_sample_s, lut.time_per_sample_s * 1.5)
+    np.testing.assert_allclose(scaled.peak_power_w, lut.peak_power_w * 1.1)
+    np.testing.assert_allclose(scaled.avg_power_w, lut.avg_power_w * 1.2)
+    np.testing.assert_array_equal(
+        np.isnan(scaled.time_per_sample_s), np.isnan(lut.time_per_sample_s)
+    )
+    assert scaled.key == lut.key
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="time-factor"):
+            scale_cells(lut, time_factor=bad, peak_factor=1.0, avg_factor=1.0)
