@@ -334,6 +334,26 @@ def format_lut(lut: Any, p_max_w: float | None = None) -> str:
     return "\n".join(lines)
 
 
+def _profile_extra_outputs(args: argparse.Namespace, lut: Any, info: Any) -> list[str]:
+    """``--out`` (the LUT) and ``--replay-out`` (a replay table) of ``powerfl profile``."""
+    written = []
+    if args.out:
+        written.append(str(lut.save(args.out)))
+    if args.replay_out:
+        from fl_client.devices.replay import save_replay_table
+
+        source = (
+            f"powerfl profile --backend {info.backend} --model {args.model} on "
+            f"{info.kind}, {lut.created_utc}, {lut.warmup_steps} warm-up + {lut.steps} "
+            "steps per cell"
+        )
+        table = lut_to_replay_table(
+            lut, power_rail=info.power_rail, memory_bytes=info.memory_bytes, source=source
+        )
+        written.append(str(save_replay_table(table, args.replay_out)))
+    return written
+
+
 def cmd_profile(
     args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
@@ -376,16 +396,12 @@ def cmd_profile(
     info = device.info
     try:
         from fl_client import task  # torch: only once the arguments and the device are good
+        from fl_client.node import workload_for
 
-        workload = Workload(
-            model_name=args.model,
-            input_shape=task.IMAGE_SHAPE,
-            flops_per_sample=task.train_flops_per_sample(args.model, task.IMAGE_SHAPE),
-            param_count=task.param_count(task.build_model(args.model)),
-        )
+        workload = workload_for(args.model)
 
         def step_factory(b: int) -> Callable[[], object]:
-            return task.make_train_step(args.model, task.IMAGE_SHAPE, b)
+            return task.make_train_step(args.model, workload.input_shape, b)
 
         if args.no_cache:
             lut = profile(recorder, workload, batch_sizes, step_factory, profile_options)
@@ -404,23 +420,8 @@ def cmd_profile(
         return 130
     finally:
         device.close()
-
-    written = [str(lut_path)]
     try:
-        if args.out:
-            written.append(str(lut.save(args.out)))
-        if args.replay_out:
-            from fl_client.devices.replay import save_replay_table
-
-            source = (
-                f"powerfl profile --backend {info.backend} --model {args.model} on "
-                f"{info.kind}, {lut.created_utc}, {lut.warmup_steps} warm-up + {lut.steps} "
-                "steps per cell"
-            )
-            table = lut_to_replay_table(
-                lut, power_rail=info.power_rail, memory_bytes=info.memory_bytes, source=source
-            )
-            written.append(str(save_replay_table(table, args.replay_out)))
+        written = [str(lut_path), *_profile_extra_outputs(args, lut, info)]
     except OSError as e:
         _error("profile", f"cannot write {e.filename or 'the output'}: {e.strerror or e}", err)
         return 2
