@@ -61,14 +61,12 @@ def make_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
         info = describe_node(run_config(context), dict(context.node_config), config)
         return Message(RecordDict({"device": ConfigRecord(info.to_config())}), reply_to=msg)
 
-    @client_app.train()
-    @reply_errors
-    def train(msg: Message, context: Context) -> Message:
+    def trained(msg: Message, context: Context, work: Callable[..., Any]) -> Message:
+        """Run ``work`` (a TRAIN round, or a profiling slice) on the message's config and
+        arrays; reply with the new arrays and the report as metrics."""
         config = dict(msg.content["config"])
         state = msg.content["arrays"].to_torch_state_dict()  # type: ignore[union-attr]
-        new_state, report = train_node(
-            run_config(context), dict(context.node_config), config, state
-        )
+        new_state, report = work(run_config(context), dict(context.node_config), config, state)
         content = RecordDict(
             {
                 "arrays": ArrayRecord(new_state),
@@ -77,22 +75,16 @@ def make_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
         )
         return Message(content, reply_to=msg)
 
+    @client_app.train()
+    @reply_errors
+    def train(msg: Message, context: Context) -> Message:
+        return trained(msg, context, train_node)
+
     @client_app.train("profile")
     @reply_errors
     def profile(msg: Message, context: Context) -> Message:
         """Fleet-shared profiling: measure this node's slice of its kind's LUT."""
-        config = dict(msg.content["config"])
-        state = msg.content["arrays"].to_torch_state_dict()  # type: ignore[union-attr]
-        new_state, report = profile_cells(
-            run_config(context), dict(context.node_config), config, state
-        )
-        content = RecordDict(
-            {
-                "arrays": ArrayRecord(new_state),
-                "metrics": MetricRecord(dict[str, Any](report.to_metrics())),
-            }
-        )
-        return Message(content, reply_to=msg)
+        return trained(msg, context, profile_cells)
 
     return client_app
 

@@ -12,7 +12,6 @@ import logging
 import math
 import os
 import re
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -23,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fl_client.devices.base import Device, Workload
+from fl_client.files import set_aside, write_atomic
 from fl_client.selector import (
     validate_batch_sizes,
     validate_freqs_mhz,
@@ -316,19 +316,7 @@ class LUT:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically (temporary file in the same folder, then ``os.replace``)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(self.to_json())
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_atomic(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> LUT:
@@ -362,10 +350,6 @@ def _table_from_json(rows: list[Any], key: str) -> FloatArray:
 
 
 # --------------------------------------------------------------------------- cache
-
-
-def _utc_stamp() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
 
 
 @dataclass(frozen=True)
@@ -469,12 +453,7 @@ def load_cached(path: Path, key: LUTKey) -> LUT | None:
         reason = str(err)
     if reason is None:
         return lut
-    aside = path.with_name(f"{path.name}.corrupt-{_utc_stamp()}")
-    try:
-        path.rename(aside)
-        kept = f"kept as {aside.name}"
-    except OSError as err:
-        kept = f"could not be set aside ({err})"
+    kept = set_aside(path)
     log.warning(
         "LUT cache %s is corrupt or does not match (%s): %s; re-profiling", path, reason, kept
     )

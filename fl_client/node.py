@@ -84,6 +84,17 @@ class NodeContext:
         """This node's ``cap-margin`` if it has one, else the run setting."""
         return self.settings.cap_margin if self.node.cap_margin is None else self.node.cap_margin
 
+    def local_data(self) -> tuple[Any, Any]:
+        """This node's (training, validation) split of the run's data."""
+        s = self.settings
+        return task.client_data(
+            self.partition_id,
+            self.num_partitions,
+            partitioning=s.partitioning,
+            alpha=s.dirichlet_alpha,
+            seed=s.seed,
+        )
+
     def open_device(self, server_round: int = 0) -> Device:
         return open_device(
             self.node.device,
@@ -535,13 +546,7 @@ def profile_cells(
     workload = workload_for(req.model)
     steps = None
     if req.steps_train:
-        data = task.client_data(
-            ctx.partition_id,
-            ctx.num_partitions,
-            partitioning=s.partitioning,
-            alpha=s.dirichlet_alpha,
-            seed=s.seed,
-        )
+        data = ctx.local_data()
         steps = task.DataSteps(
             model, data[0], req.lr_ref, req.b_ref, seed=s.seed + req.server_round
         )
@@ -613,13 +618,7 @@ def train_node(
     s = ctx.settings
     plan = RoundPlan(cfg=cfg, cap=ctx.node.p_max_at(cfg.server_round))
     torch.set_num_threads(1)  # simulated nodes share the host's cores
-    data = task.client_data(
-        ctx.partition_id,
-        ctx.num_partitions,
-        partitioning=s.partitioning,
-        alpha=s.dirichlet_alpha,
-        seed=s.seed,
-    )
+    data = ctx.local_data()
     device = ctx.open_device(cfg.server_round)
     workload = workload_for(cfg.model)
     measure = MeasureContext(

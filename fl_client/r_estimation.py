@@ -18,7 +18,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import Any
 import torch
 
 from fl_client import task
+from fl_client.files import write_atomic
 from fl_client.settings import parse_batch_sizes
 
 log = logging.getLogger(__name__)
@@ -587,18 +587,7 @@ def _read_cache(path: Path, key: str) -> REstimate | None:
 
 def _atomic_write_json(path: Path, data: Any) -> None:
     """Write ``data`` as JSON to ``path`` through a temporary file and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 class _Progress:

@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from fl_client.files import set_aside, write_atomic
 from fl_client.lut import LUT, KindKey, LUTFormatError, lut_checksum
 
 log = logging.getLogger(__name__)
@@ -39,10 +39,6 @@ class LibraryEntry:
     lut: LUT
     source: str  # who made it: "fleet-shared", "import <file>", ...
     saved_utc: str
-
-
-def _utc_stamp() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
 
 
 def entry_json(lut: LUT, source: str) -> str:
@@ -115,17 +111,7 @@ class LUTLibrary:
 
     def put(self, lut: LUT, source: str) -> Path:
         """Write ``lut`` as its kind's entry (atomically); returns the file."""
-        path = self.path_for(KindKey.of_lut(lut))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(entry_json(lut, source))
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_atomic(self.path_for(KindKey.of_lut(lut)), entry_json(lut, source))
 
     def entries(self) -> tuple[list[LibraryEntry], list[str]]:
         """Every valid entry, and a line per file that is not one (files are left as they are)."""
@@ -159,10 +145,5 @@ class LUTLibrary:
         return self.put(lut, f"import {src.name}")
 
     def _set_aside(self, path: Path, reason: str) -> None:
-        aside = path.with_name(f"{path.name}.corrupt-{_utc_stamp()}")
-        try:
-            path.rename(aside)
-            kept = f"kept as {aside.name}"
-        except OSError as err:
-            kept = f"could not be set aside ({err})"
+        kept = set_aside(path)
         log.warning("LUT library: %s; %s; the kind is profiled again", reason, kept)
