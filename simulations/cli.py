@@ -1,28 +1,48 @@
-"""The ``powerfl`` command line: simulate a fleet, and (later) devices, profile, experiments."""
+"""The ``powerfl`` command line: simulate a fleet, devices, profile, select, experiments."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
 
 from fl_client.settings import SettingsError, tomllib
-from simulations.run import flower_env, simulate
+from simulations.run import (
+    PATH_SETTINGS,
+    RunInterrupted,
+    flower_env,
+    interruptible,
+    preflight,
+    simulate,
+    stop_engine,
+    with_app_paths,
+)
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
-    """``key=value`` pairs; values parsed as TOML scalars when they parse, else strings."""
+    """``key=value`` pairs; values parsed as TOML scalars when they parse, else strings.
+
+    A key given twice with different values is an error: one of them would be dropped."""
     out: dict[str, Any] = {}
     for item in items:
         if "=" not in item:
             raise SettingsError(f"--run-config: expected key=value, got {item!r}")
-        key, raw = item.split("=", 1)
+        key, raw = (part.strip() for part in item.split("=", 1))
         try:
-            out[key.strip()] = tomllib.loads(f"v = {raw}")["v"]
+            value = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
-            out[key.strip()] = raw
+            value = raw
+        if key in out and out[key] != value:
+            raise SettingsError(
+                f"{key}: given twice (-c {key}={out[key]!r}, -c {item}); give it once"
+            )
+        out[key] = value
     return out
 
 
@@ -92,7 +112,96 @@ def print_comparison(summaries: list[dict[str, Any]]) -> None:
             )
 
 
+#: The methods ``simulate`` runs when neither ``--methods`` nor ``-c method=…`` names any.
+DEFAULT_METHODS = ("power-aware", "b1")
+FIXED_KEYS = ("fixed-batch-size", "fixed-freq-mhz")
+
+
+def typed_paths(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The path settings a user typed, made absolute against the current directory (the
+    one rule for what a user types; app defaults stay relative to the app folder)."""
+    out = dict(overrides)
+    for key in PATH_SETTINGS:
+        value = out.get(key)
+        if isinstance(value, str) and value.strip():
+            out[key] = str(Path(value).expanduser().absolute())
+    return out
+
+
+def choose_methods(methods_arg: str | None, overrides: dict[str, Any]) -> list[str]:
+    """The methods to run, in order: ``--methods``, or ``-c method=M`` (one run, as
+    ``flwr run --run-config "method='M'"`` does), or ``DEFAULT_METHODS``.
+
+    Both at once is refused unless they name the same single method: one of them would
+    otherwise be dropped without a word.
+    """
+    typed = overrides.pop("method", None)
+    if methods_arg is None:
+        return [str(typed)] if typed is not None else list(DEFAULT_METHODS)
+    methods = [m.strip() for m in methods_arg.split(",") if m.strip()]
+    if not methods:
+        raise SettingsError("--methods: give at least one of power-aware, b1, b2, oracle, fixed")
+    if typed is not None and methods != [str(typed)]:
+        raise SettingsError(
+            f"method: -c method={typed} and --methods {methods_arg} both choose what runs; "
+            "give one: --methods runs each listed method in turn on the same fleet, "
+            "-c method=M runs M alone"
+        )
+    return methods
+
+
+def check_fixed_keys(methods: list[str], overrides: dict[str, Any]) -> None:
+    """``fixed-batch-size`` / ``fixed-freq-mhz`` typed for a run without ``fixed``: an error,
+    since no method of the run would read them."""
+    given = [k for k in FIXED_KEYS if overrides.get(k) not in (None, "", 0)]
+    if given and "fixed" not in methods:
+        raise SettingsError(
+            f"{given[0]}: only the fixed method uses it, and this run's methods are "
+            f"{', '.join(methods)}; add fixed to --methods or leave {given[0]} out"
+        )
+
+
+@dataclass
+class SimulateProgress:
+    """Where ``simulate`` is, for the one line an interruption prints."""
+
+    methods: list[str]
+    output_dir: Path
+    cache_dir: Path
+    method: str | None = None
+    before: set[str] = field(default_factory=set)
+    finished: list[tuple[str, str]] = field(default_factory=list)
+
+    def start(self, method: str) -> None:
+        self.method = method
+        self.before = _folders(self.output_dir)
+
+    def finish(self, run_dir: str) -> None:
+        if self.method is not None:
+            self.finished.append((self.method, run_dir))
+        self.method = None
+
+    def run_dirs(self) -> list[Path]:
+        """Folders the current method's run created since it started."""
+        if self.method is None:
+            return []
+        pattern = re.compile(rf"-{re.escape(self.method)}(-\d+)?$")
+        new = sorted(_folders(self.output_dir) - self.before)
+        return [self.output_dir / n for n in new if pattern.search(n)]
+
+
+def _folders(path: Path) -> set[str]:
+    try:
+        return {p.name for p in path.iterdir() if p.is_dir()}
+    except OSError:
+        return set()
+
+
+_progress: SimulateProgress | None = None
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
+    global _progress
     flower_env()
     overrides = parse_overrides(args.run_config or [])
     for key, value in (
@@ -101,19 +210,26 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         ("num-rounds", args.rounds),
         ("output-dir", args.output_dir),
     ):
-        if value is not None:
-            overrides[key] = value
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if not methods:
-        raise SettingsError("--methods: give at least one of power-aware, b1, b2, oracle, fixed")
-    from fl_client.settings import RunSettings
-
+        if value is None:
+            continue
+        if key in overrides and overrides[key] != value:
+            flag = "--rounds" if key == "num-rounds" else f"--{key}"
+            raise SettingsError(
+                f"{key}: {flag} {value} and -c {key}={overrides[key]!r} both set it; give one"
+            )
+        overrides[key] = value
+    overrides = with_app_paths(typed_paths(overrides))
+    methods = choose_methods(args.methods, overrides)
+    check_fixed_keys(methods, overrides)
     for method in methods:  # every method's settings are checked before the first run starts
-        RunSettings.from_config({**overrides, "method": method})
+        settings, _ = preflight({**overrides, "method": method})
+    _progress = SimulateProgress(methods, Path(settings.output_dir), Path(settings.cache_dir))
     t0 = time.perf_counter()
     summaries = []
     for method in methods:
+        _progress.start(method)
         summaries.append(simulate({**overrides, "method": method}, backend=args.backend))
+        _progress.finish(str(summaries[-1]["run-dir"]))
     if len(summaries) > 1:
         print_comparison(summaries)
     print(f"done in {time.perf_counter() - t0:.0f} s wall time; results:")
@@ -135,23 +251,30 @@ def any_node_trained(summary: dict[str, Any]) -> bool:
     return any(n.get("rounds-ok", 0) > 0 for n in summary.get("nodes", {}).values())
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``powerfl`` parser. The experiment commands are loaded only when ``argv`` asks
+    for them: their module imports PyTorch, and a command must be checked, and fail when
+    it is wrong, in well under a second."""
     parser = argparse.ArgumentParser(
         prog="powerfl",
         description="Power-aware federated training for NVIDIA Jetson fleets, on Flower.",
+        epilog=PATHS_NOTE,
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser(
         "simulate",
         help="run a Flower simulation of a Jetson fleet (digital twins)",
         description="Run the fleet in Flower's simulation engine, once per method, on the "
-        "same fleet, data and seeds, and compare.",
+        "same fleet, data and seeds, and compare. Every setting is checked before the "
+        "engine starts. Ctrl-C or SIGTERM stops the run and its engine: exit status 130 or "
+        "143, and the finished rounds' records stay.",
+        epilog=PATHS_NOTE,
     )
     p.add_argument(
         "--methods",
-        default="power-aware,b1",
-        help="comma-separated methods to run: power-aware, b1, b2, oracle, fixed "
-        "(default: power-aware,b1)",
+        help="comma-separated methods to run in turn: power-aware, b1, b2, oracle, fixed "
+        f"(default: -c method=M if given, else {','.join(DEFAULT_METHODS)}); giving both "
+        "--methods and a different -c method is an error",
     )
     p.add_argument("--fleet", help="fleet file (default: configs/fleets/default.toml)")
     p.add_argument("--model", help="cnn | resnet18 | mobilenetv2 (default: cnn)")
@@ -162,24 +285,115 @@ def build_parser() -> argparse.ArgumentParser:
         "-c",
         action="append",
         metavar="KEY=VALUE",
-        help="override any run setting of [tool.flwr.app.config], e.g. -c lr-ref=0.003",
+        help="override any run setting of [tool.flwr.app.config], e.g. -c lr-ref=0.003; "
+        "an unknown key is an error",
     )
     p.add_argument("--backend", default="ray", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_simulate)
     from fl_client.cli_tools import add_device_commands  # devices, profile, select
 
     add_device_commands(sub)
-    from simulations.experiments.cli import add_experiment_commands  # experiment run/report
+    if _command_of(sys.argv[1:] if argv is None else argv) == "experiment":
+        from simulations.experiments.cli import add_experiment_commands  # experiment run/report
 
-    add_experiment_commands(sub)
+        add_experiment_commands(sub)
+    else:  # listed in --help; the real parser is loaded when the command is used
+        sub.add_parser(
+            "experiment",
+            help="research experiments: run a study from a TOML file, render its report",
+        )
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+#: The rule for relative paths, in ``--help``.
+PATHS_NOTE = (
+    "Relative paths you give (--fleet, --output-dir, -c fleet=, -c cache-dir=, "
+    "-c output-dir=, $FLWR_HOME) are relative to the current directory; the defaults in "
+    "pyproject.toml (configs/fleets/default.toml, runs, .powerfl-cache, .flwr) are relative "
+    "to the app's folder."
+)
+#: Commands that run for long and stop cleanly on SIGINT / SIGTERM / SIGHUP.
+INTERRUPTIBLE = ("simulate", "experiment")
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The sub-command named in ``argv`` (its first word that is not an option)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args))
     except SettingsError as err:
         print(f"powerfl: error: {err}", file=sys.stderr)
         return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
+    if args.command not in INTERRUPTIBLE or getattr(args, "experiment_command", "") == "report":
+        return _run(args)
+    try:
+        with interruptible():
+            return _run(args)
+    except RunInterrupted as intr:
+        exit_interrupted(intr, args)
+
+
+def exit_interrupted(intr: RunInterrupted, args: argparse.Namespace) -> NoReturn:
+    """Stop the engine, say in one line what stopped and where its records are, and end
+    the process with 128 + the signal's number. ``os._exit``: the run's own threads (the
+    ServerApp's, which Flower does not make a daemon) must not keep the process alive."""
+    stop_engine()
+    print(interrupted_line(intr, args), file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    from fl_client.devices import safety  # a GPU locked in this process: the run is over
+
+    safety.restore_all()
+    os._exit(intr.exit_code)
+
+
+def interrupted_line(intr: RunInterrupted, args: argparse.Namespace) -> str:
+    """What was interrupted, where its records are, how to go on: one line."""
+    if args.command == "experiment":
+        out = _experiment_out(args)
+        return (
+            f"powerfl experiment run: interrupted by {intr.name}; finished cells are kept in "
+            f"{out}; run the same command again to resume from them"
+        )
+    progress = _progress
+    if progress is None:
+        return f"powerfl simulate: interrupted by {intr.name} before a run started; no records"
+    done = "".join(f"; {m} finished: {d}" for m, d in progress.finished)
+    if progress.method is None:  # between two runs, or after the last
+        return (
+            f"powerfl simulate: interrupted by {intr.name} after {len(progress.finished)} of "
+            f"{len(progress.methods)} methods{done}"
+        )
+    position = f"{len(progress.finished) + 1} of {len(progress.methods)}"
+    dirs = progress.run_dirs()
+    where = (
+        f"its finished rounds are in {dirs[-1]} (no summary.json)"
+        if dirs
+        else "it had written no records yet"
+    )
+    return (
+        f"powerfl simulate: interrupted by {intr.name} during {progress.method} (method "
+        f"{position}); {where}{done}; a simulation does not resume mid-run: run the same "
+        f"command again, it reuses the LUTs and r cached in {progress.cache_dir}"
+    )
+
+
+def _experiment_out(args: argparse.Namespace) -> str:
+    """The study's output folder: ``--out``, else its default (runs/experiments/NAME-SCALE)."""
+    if getattr(args, "out", None):
+        return str(Path(args.out).absolute())
+    try:
+        from simulations.experiments.cli import output_folder, parse_sets
+        from simulations.experiments.config import FileOptions
+
+        options = FileOptions(scale=args.scale, seeds=args.seeds, sets=parse_sets(args.set))
+        return str(output_folder(args.experiment, options).absolute())
+    except Exception:  # the study's own folder rule, when its file reads; else say where
+        return f"runs/experiments/<name>-{getattr(args, 'scale', 'mini')}"

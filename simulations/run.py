@@ -1,28 +1,84 @@
 """Run one Flower simulation of a fleet as a function: the ``simulate`` command and the
-studies call it the same way, and get back that run's own summary."""
+studies call it the same way, and get back that run's own summary.
+
+Also what ends a run cleanly: ``interruptible()`` turns SIGINT, SIGTERM and SIGHUP into a
+``RunInterrupted`` exception in the main thread, and ``stop_engine()`` ends the simulation
+engine's processes (Ray's), so an interrupted run leaves no process behind.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
-from fl_client.settings import SettingsError
+from fl_client.settings import (
+    REPO_ROOT,
+    NodeSettings,
+    RunSettings,
+    SettingsError,
+    app_defaults,
+    check_before_start,
+    load_fleet,
+    resolve_path,
+)
 
 FLOWER_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",
     "FLWR_DISABLE_UPDATE_CHECK": "1",
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
 }
+#: Run settings that are paths. Their app defaults (pyproject.toml) are relative to the app
+#: folder; what a user types is made absolute against the current directory first
+#: (``simulations.cli``), so every process of a run sees the same absolute paths.
+PATH_SETTINGS = ("fleet", "cache-dir", "output-dir")
+#: How Ray is started for a simulation (Flower's defaults for its simulation engine).
+RAY_INIT_ARGS = {"include_dashboard": False, "logging_level": "WARNING", "log_to_driver": True}
+#: Signals that end a run: each gives exit status 128 + its number (SIGINT 130, SIGTERM 143).
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
 
 
 def flower_env(flwr_home: Path | None = None) -> None:
-    """Quiet, offline Flower with its home inside the work tree."""
+    """Quiet, offline Flower. Its home: ``$FLWR_HOME`` (relative to the current directory)
+    if set, else ``flwr_home``, else ``.flwr`` in the app folder."""
     for key, value in FLOWER_ENV.items():
         os.environ.setdefault(key, value)
-    os.environ.setdefault("FLWR_HOME", str(flwr_home or Path.cwd() / ".flwr"))
+    home = os.environ.get("FLWR_HOME", "").strip()
+    home_path = Path(home).expanduser().absolute() if home else flwr_home or REPO_ROOT / ".flwr"
+    os.environ["FLWR_HOME"] = str(home_path)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+
+
+def with_app_paths(overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` with every path setting absolute: a given relative path and an app
+    default both relative to the app folder (``resolve_path``)."""
+    defaults = app_defaults()
+    out = dict(overrides)
+    for key in PATH_SETTINGS:
+        value = out.get(key, defaults.get(key))
+        if value is not None and str(value) != "":
+            out[key] = str(resolve_path(str(value)))
+    return out
+
+
+def preflight(overrides: dict[str, Any]) -> tuple[RunSettings, list[NodeSettings]]:
+    """Every check of a run that needs no engine, PyTorch or Flower (fast): the settings,
+    the fleet file and ``check_before_start``. Raises SettingsError naming the key."""
+    settings = RunSettings.from_config(overrides)
+    fleet = load_fleet(settings.fleet)
+    check_before_start(settings, fleet)
+    return settings, fleet
 
 
 def check_partitions(settings: Any, num_nodes: int) -> None:
@@ -47,30 +103,229 @@ def check_partitions(settings: Any, num_nodes: int) -> None:
 def simulate(
     overrides: dict[str, Any], *, backend: str = "ray", num_cpus_per_node: float = 1.0
 ) -> dict[str, Any]:
-    """Run one Flower simulation of the fleet with these run settings; return its summary."""
+    """Run one Flower simulation of the fleet with these run settings; return its summary.
+
+    Everything that can be checked is checked before the engine starts (``preflight``,
+    then the data split). Interrupted (``RunInterrupted``), it stops the engine's processes
+    before the exception goes on.
+    """
+    overrides = with_app_paths(overrides)
+    settings, fleet = preflight(overrides)
+    check_partitions(settings, len(fleet))
     from flwr.simulation import run_simulation
 
     from fl_client.client_app import make_client_app
-    from fl_client.settings import RunSettings, load_fleet
     from fl_server.server_app import make_server_app
 
-    settings = RunSettings.from_config(overrides)  # fail fast, before any engine starts
-    fleet = load_fleet(settings.fleet)
-    check_partitions(settings, len(fleet))
     summaries: list[dict[str, Any]] = []
-    run_simulation(
-        server_app=make_server_app(overrides, on_summary=summaries.append),
-        client_app=make_client_app(overrides),
-        num_supernodes=len(fleet),
-        backend_name=backend,
-        backend_config={
-            "client_resources": {"num_cpus": num_cpus_per_node, "num_gpus": 0.0},
-            "init_args": {"num_cpus": os.cpu_count() or 2, "include_dashboard": False},
-        },
-    )
+    init_args: dict[str, Any] = {**RAY_INIT_ARGS, "num_cpus": os.cpu_count() or 2}
+    try:
+        if backend == "ray":
+            start_ray(init_args)
+        run_simulation(
+            server_app=make_server_app(overrides, on_summary=summaries.append),
+            client_app=make_client_app(overrides),
+            num_supernodes=len(fleet),
+            backend_name=backend,
+            backend_config={
+                "client_resources": {"num_cpus": num_cpus_per_node, "num_gpus": 0.0},
+                "init_args": init_args,
+            },
+        )
+    except RunInterrupted:
+        stop_engine()
+        raise
     if not summaries:
         raise RuntimeError(
             "the simulation finished without writing a summary: see the log above for the "
             "server's error"
         )
     return summaries[-1]
+
+
+# ----------------------------------------------------------------------------- signals
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A run ended by a signal (SIGINT, SIGTERM, SIGHUP), raised in the main thread.
+
+    A KeyboardInterrupt, so Flower's and the studies' ``except Exception`` let it through.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+        super().__init__(self.name)
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's convention: 128 + the signal's number (130, 143, 129)."""
+        return 128 + self.signum
+
+
+_handlers_lock = threading.Lock()
+_installed: dict[int, Any] = {}  # signal -> the handler found before ours
+_interrupted: list[int] = []
+
+
+def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
+    if _interrupted:  # a second signal while the first one's clean-up runs: end now
+        kill_descendants(grace_s=0.0)
+        os._exit(128 + signum)
+    _interrupted.append(signum)
+    raise RunInterrupted(signum)
+
+
+def reinstall_handlers() -> None:
+    """Put our handlers back where a library replaced them (``ray.init`` sets its own
+    SIGTERM handler, which exits with status 1 and no word)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    with _handlers_lock:
+        for signum in _installed:
+            if signal.getsignal(signum) is not _on_stop_signal:
+                signal.signal(signum, _on_stop_signal)
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Inside the block, SIGINT, SIGTERM and SIGHUP raise ``RunInterrupted`` in the main
+    thread (once; a second signal ends the process at once, engine included).
+
+    A signal the process was told to ignore (``nohup``, a background job without job
+    control) stays ignored. Outside the main thread this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    with _handlers_lock:
+        for signum in STOP_SIGNALS:
+            previous = signal.getsignal(signum)
+            if previous == signal.SIG_IGN or signum in _installed:
+                continue
+            _installed[signum] = previous
+            signal.signal(signum, _on_stop_signal)
+    _interrupted.clear()
+    try:
+        yield
+    finally:
+        with _handlers_lock:
+            for signum, previous in list(_installed.items()):
+                signal.signal(signum, previous)
+                del _installed[signum]
+
+
+def start_ray(init_args: dict[str, Any]) -> None:
+    """Start Ray here as Flower's Ray backend would (it skips ``ray.init`` when Ray runs),
+    then put back our signal handlers, which ``ray.init`` replaces."""
+    import ray
+
+    if not ray.is_initialized():
+        # Ray's workers import the app: they get this process's import path, as Flower does.
+        pythonpath = os.pathsep.join(sys.path)
+        if os.environ.get("PYTHONPATH"):
+            pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
+        os.environ["PYTHONPATH"] = pythonpath
+        ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **init_args)
+    reinstall_handlers()
+
+
+def stop_engine(timeout_s: float = 10.0) -> None:
+    """End the simulation engine: Ray's shutdown (bounded by ``timeout_s``), then any
+    process this one started that is still alive. Quiet: the engine's threads, left
+    without workers, would otherwise log errors about the run being stopped."""
+    for name in ("flwr", "ray"):
+        logging.getLogger(name).disabled = True
+    ray = sys.modules.get("ray")
+    with _quiet():
+        if ray is not None:
+
+            def shutdown() -> None:
+                with contextlib.suppress(Exception):
+                    if ray.is_initialized():
+                        ray.shutdown()
+
+            worker = threading.Thread(target=shutdown, name="powerfl-ray-shutdown", daemon=True)
+            worker.start()
+            worker.join(timeout_s)
+        kill_descendants()
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """stdout and stderr (the file descriptors, which Ray's C++ core and its log relay
+    write to) go to /dev/null inside the block."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, start time in ticks) of a process, None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return fields[0].decode(), int(fields[1]), int(fields[19])
+
+
+def descendants(pid: int | None = None) -> dict[int, int]:
+    """Every live process below ``pid`` (default: this one) and its start time."""
+    children: dict[int, list[tuple[int, int]]] = {}
+    for entry in os.scandir("/proc"):
+        stat = _proc_stat(int(entry.name)) if entry.name.isdigit() else None
+        if stat is not None and stat[0] != "Z":  # a zombie has ended; its parent reaps it
+            children.setdefault(stat[1], []).append((int(entry.name), stat[2]))
+    out: dict[int, int] = {}
+    todo = [os.getpid() if pid is None else pid]
+    while todo:
+        for child, started in children.get(todo.pop(), []):
+            out[child] = started
+            todo.append(child)
+    return out
+
+
+def kill_descendants(grace_s: float = 3.0) -> None:
+    """SIGTERM every process below this one (again for any that appears meanwhile, e.g. a
+    dying raylet's workers), then SIGKILL those still alive after ``grace_s``. Each is
+    followed by its start time, so one orphaned by its parent's exit is still ended, and a
+    reused pid never is."""
+    seen: dict[int, int] = {}
+
+    def alive(pid: int) -> bool:
+        stat = _proc_stat(pid)
+        return stat is not None and stat[0] != "Z" and stat[2] == seen[pid]
+
+    deadline = time.monotonic() + grace_s
+    while True:
+        for pid, started in descendants().items():
+            if pid not in seen:
+                seen[pid] = started
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGTERM)
+        left = [pid for pid in seen if alive(pid)]
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in seen:  # reap the ones that were our own children
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)

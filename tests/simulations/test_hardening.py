@@ -1,0 +1,385 @@
+"""Issue 12 §1–§3, §7 at the command line: nothing silently ignored, nothing hangs, signals
+end runs cleanly (one line, 130/143, no process left, valid records), relative paths from
+the current directory, and a bad command fails before PyTorch or Flower is imported."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from fl_client.contract import TrainConfig
+from fl_client.settings import REPO_ROOT
+from simulations import cli, run
+from simulations.cli import choose_methods, main, typed_paths
+from strategies.power_aware import PowerAwareFedAvg
+
+TWO = (
+    '[[node]]\nname = "a"\ndevice = "jetson-nano"\np-max-w = 5\n\n'
+    '[[node]]\nname = "b"\ndevice = "jetson-orin-nano"\np-max-w = "none"\n'
+)
+ONE = '[[node]]\nname = "solo"\ndevice = "jetson-nano"\np-max-w = 5\n'
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": str(REPO_ROOT),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_HOME": str(tmp_path / ".flwr"),
+    }
+
+
+CLI = "import sys; from simulations.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _powerfl(tmp_path: Path, *argv: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", CLI, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        # a background job's SIGINT is ignored, and that is respected: give it the default
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+# ----------------------------------------------------------- §1: nothing silently ignored
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-c", "frobnicate=1"], "run settings: unknown key 'frobnicate'; known keys: b-ref"),
+        (["-c", "cap-margn=0.5"], "run settings: unknown key 'cap-margn' (did you mean cap-"),
+        (
+            ["-c", "method=b1", "--methods", "power-aware"],
+            "method: -c method=b1 and --methods power-aware both choose what runs",
+        ),
+        (["-c", "fixed-freq-mhz=460.8"], "fixed-freq-mhz: only the fixed method uses it"),
+        (
+            ["--methods", "fixed", "-c", "fixed-batch-size=32", "-c", "fixed-freq-mhz=500"],
+            "fixed-freq-mhz: 500 MHz is not in the frequency table of node a (jetson-nano)",
+        ),
+        (["-c", "round-timeout-s=5"], "round-timeout-s: 5 s is too short to be meant"),
+        (["-c", "seed=1", "-c", "seed=2"], "seed: given twice (-c seed=1, -c seed=2)"),
+        (["--rounds", "3", "-c", "num-rounds=5"], "num-rounds: --rounds 3 and -c num-rounds=5"),
+    ],
+)
+def test_bad_settings_are_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    (tmp_path / "two.toml").write_text(TWO)
+    out = tmp_path / "runs"
+    rc = main(["simulate", "--fleet", str(tmp_path / "two.toml"), "--output-dir", str(out), *args])
+    assert rc == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_misspelt_fleet_key_is_refused_not_run_uncapped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "f.toml").write_text(TWO.replace("p-max-w = 5", "p-max_w = 4.5"))
+    assert main(["simulate", "--fleet", str(tmp_path / "f.toml")]) == 2
+    assert "unknown key 'p-max_w' (did you mean p-max-w?)" in capsys.readouterr().err
+
+
+def test_which_methods_run() -> None:
+    """-c method=M alone runs M, as ``flwr run --run-config "method='M'"`` does."""
+    assert choose_methods(None, {}) == ["power-aware", "b1"]
+    overrides: dict[str, Any] = {"method": "b2"}
+    assert choose_methods(None, overrides) == ["b2"] and "method" not in overrides
+    assert choose_methods("b1,oracle", {}) == ["b1", "oracle"]
+    assert choose_methods("b1", {"method": "b1"}) == ["b1"]
+
+
+# --------------------------------------------------------------------- §2: nothing hangs
+
+
+def test_a_fleet_smaller_than_min_train_nodes_is_refused_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "one.toml").write_text(ONE)
+    t0 = time.perf_counter()
+    rc = main(["simulate", "--fleet", str(tmp_path / "one.toml"), "--output-dir", str(tmp_path)])
+    assert rc == 2 and time.perf_counter() - t0 < 10
+    err = capsys.readouterr().err
+    assert "min-train-nodes: 2, but the fleet (one.toml) has 1 node" in err
+
+
+class _Grid:
+    """A SuperLink where only ``n`` nodes ever connect."""
+
+    def __init__(self, n: int) -> None:
+        self.ids = list(range(1, n + 1))
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.ids)
+
+
+def _strategy(min_nodes: int) -> PowerAwareFedAvg:
+    template = TrainConfig(0, "b1", "cnn", (32,), (1.0,), 0.005, 128, 1)
+    return PowerAwareFedAvg(
+        template=template,
+        query_config={"model": "cnn", "batch-sizes": [32]},
+        min_train_nodes=min_nodes,
+        min_available_nodes=min_nodes,
+    )
+
+
+def test_the_wait_for_nodes_has_a_deadline_and_says_what_it_waits_for(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("INFO", logger="strategies.power_aware")
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError) as err:
+        _strategy(3).query_fleet(_Grid(1), timeout_s=1.0)  # type: ignore[arg-type]
+    assert time.monotonic() - t0 < 5
+    assert str(err.value).startswith(
+        "min-train-nodes: 1 of the 3 nodes it needs connected within round-timeout-s (1 s)"
+    )
+    assert "waiting for nodes: 1 of the 3 that min-train-nodes needs" in caplog.text
+
+
+def test_ctrl_c_ends_the_wait_for_nodes() -> None:
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    t0 = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        _strategy(3).query_fleet(_Grid(1), timeout_s=600.0)  # type: ignore[arg-type]
+    assert time.monotonic() - t0 < 5
+
+
+# ----------------------------------------------------------------------- §3: signals
+
+
+def test_interrupt_handlers_respect_ignored_signals() -> None:
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        with run.interruptible():
+            assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+            assert signal.getsignal(signal.SIGINT) is run._on_stop_signal
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_signal_becomes_run_interrupted_with_the_shells_exit_code() -> None:
+    with pytest.raises(run.RunInterrupted) as err, run.interruptible():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    assert (err.value.name, err.value.exit_code) == ("SIGTERM", 143)
+    assert run.RunInterrupted(signal.SIGINT).exit_code == 130
+    assert isinstance(err.value, KeyboardInterrupt)  # Flower's `except Exception` lets it by
+
+
+def test_the_interrupt_line_says_what_stopped_where_its_records_are_and_what_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = argparse.Namespace(command="simulate")
+    intr = run.RunInterrupted(signal.SIGINT)
+    monkeypatch.setattr(cli, "_progress", None)
+    assert cli.interrupted_line(intr, args) == (
+        "powerfl simulate: interrupted by SIGINT before a run started; no records"
+    )
+    progress = cli.SimulateProgress(["power-aware", "b1"], tmp_path, tmp_path / "cache")
+    monkeypatch.setattr(cli, "_progress", progress)
+    progress.start("power-aware")
+    (tmp_path / "20260101-000000-power-aware").mkdir()
+    progress.finish(str(tmp_path / "20260101-000000-power-aware"))
+    progress.start("b1")
+    assert "during b1 (method 2 of 2); it had written no records yet; power-aware finished: " in (
+        cli.interrupted_line(intr, args)
+    )
+    (tmp_path / "20260101-000100-b1").mkdir()
+    assert cli.interrupted_line(intr, args) == (
+        f"powerfl simulate: interrupted by SIGINT during b1 (method 2 of 2); its finished "
+        f"rounds are in {tmp_path / '20260101-000100-b1'} (no summary.json); power-aware "
+        f"finished: {tmp_path / '20260101-000000-power-aware'}; a simulation does not resume "
+        f"mid-run: run the same command again, it reuses the LUTs and r cached in "
+        f"{tmp_path / 'cache'}"
+    )
+    progress.finish(str(tmp_path / "20260101-000100-b1"))
+    assert cli.interrupted_line(intr, args).startswith(
+        "powerfl simulate: interrupted by SIGINT after 2 of 2 methods; power-aware finished: "
+    )
+
+
+TREE = """
+import subprocess, sys, time
+grandchild = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+child = subprocess.Popen([sys.executable, "-c",
+    "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', %r]); time.sleep(60)"
+    % grandchild])
+time.sleep(1.5)
+from simulations.run import descendants, kill_descendants
+pids = sorted(descendants())
+print(" ".join(map(str, pids)), flush=True)
+kill_descendants(grace_s=0.5)
+"""
+
+
+def test_kill_descendants_ends_the_whole_tree_even_what_ignores_sigterm(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", TREE], env=_env(tmp_path), capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 2  # the child and its grandchild (which ignores SIGTERM)
+    time.sleep(0.2)
+    assert not [p for p in pids if psutil.pid_exists(p) and _alive(p)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_for(proc: subprocess.Popen[str], path_glob: str, root: Path, timeout_s: float) -> Path:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = sorted(root.glob(path_glob)) if root.exists() else []
+        if found:
+            return found[0]
+        if proc.poll() is not None:
+            pytest.fail(f"exited early ({proc.returncode}): {proc.communicate()[1][-3000:]}")
+        time.sleep(0.1)
+    proc.kill()
+    pytest.fail(f"{path_glob} did not appear in {timeout_s} s: {proc.communicate()[1][-3000:]}")
+
+
+def _no_constant(name: str) -> None:
+    pytest.fail(f"a {name} literal in the records: not standard JSON")
+
+
+def _records_are_valid(run_dir: Path) -> None:
+    """Every record parses as standard JSON (no NaN/Infinity), no half-written file left."""
+    for path in run_dir.iterdir():
+        text = path.read_text() if path.suffix in (".json", ".jsonl") else ""
+        rows = text.splitlines() if path.suffix == ".jsonl" else [text] if text else []
+        for row in rows:
+            json.loads(row, parse_constant=_no_constant)
+    assert not list(run_dir.glob("*.tmp"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_ends_simulate_in_one_line_with_no_process_left(
+    tmp_path: Path, signum: int, code: int
+) -> None:
+    """Sent by PID while the engine runs (Ray's processes up, the ServerApp at work)."""
+    (tmp_path / "two.toml").write_text(TWO)
+    proc = _powerfl(
+        tmp_path, "simulate", "--methods", "b1,power-aware", "--fleet", "two.toml",
+        "--output-dir", "runs", "-c", "cache-dir='cache'", "-c", "local-epochs=1",
+        "-c", "batch-sizes='32,64'", "-c", "proxy-target-accuracy=0.3",
+        "-c", "target-accuracy=0.99", "--rounds", "50",
+    )  # fmt: skip
+    settings = _wait_for(proc, "runs/*-b1/settings.json", tmp_path, timeout_s=240)
+    engine = psutil.Process(proc.pid).children(recursive=True)
+    assert engine, "the engine's processes should be running"
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code
+    lines = [ln for ln in err.splitlines() if "interrupted" in ln]
+    name = signal.Signals(signum).name
+    run_dir = settings.parent
+    assert lines == [
+        f"powerfl simulate: interrupted by {name} during b1 (method 1 of 2); its finished "
+        f"rounds are in {run_dir} (no summary.json); a simulation does not resume mid-run: "
+        f"run the same command again, it reuses the LUTs and r cached in {tmp_path / 'cache'}"
+    ]
+    assert err.rstrip().endswith(lines[0])  # the last word is ours, no traceback after it
+    assert "Traceback" not in err
+    time.sleep(0.5)
+    assert not [p.pid for p in engine if _alive(p.pid)]
+    _records_are_valid(run_dir)
+    assert not (run_dir / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_ends_experiment_run_in_one_line(tmp_path: Path) -> None:
+    study = REPO_ROOT / "configs" / "experiments" / "single-device.toml"
+    proc = _powerfl(tmp_path, "experiment", "run", str(study), "--out", "exp", "--no-progress")
+    manifest = _wait_for(proc, "exp/manifest.json", tmp_path, timeout_s=240)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    assert err.strip().splitlines()[-1] == (
+        f"powerfl experiment run: interrupted by SIGTERM; finished cells are kept in "
+        f"{tmp_path / 'exp'}; run the same command again to resume from them"
+    )
+    assert "Traceback" not in err
+    assert json.loads(manifest.read_text())["complete"] is False
+    assert not [p.pid for p in children if _alive(p.pid)]
+
+
+# -------------------------------------------------------------- §7: small and visible
+
+
+def test_typed_paths_are_relative_to_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    typed = typed_paths({"fleet": "f.toml", "output-dir": "out", "cache-dir": "~/c", "seed": 1})
+    assert typed["fleet"] == str(tmp_path / "f.toml")
+    assert typed["output-dir"] == str(tmp_path / "out")
+    assert typed["cache-dir"] == str(Path.home() / "c")
+    defaults = run.with_app_paths({})  # what nobody typed: the app folder's
+    assert defaults["fleet"] == str(REPO_ROOT / "configs" / "fleets" / "default.toml")
+    assert defaults["output-dir"] == str(REPO_ROOT / "runs")
+    assert defaults["cache-dir"] == str(REPO_ROOT / ".powerfl-cache")
+
+
+def test_a_relative_fleet_is_read_from_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "one.toml").write_text(ONE)
+    assert main(["simulate", "--fleet", "one.toml", "--output-dir", "runs"]) == 2
+    assert "(one.toml) has 1 node" in capsys.readouterr().err  # found here, not in the repo
+
+
+def test_flwr_home_is_relative_to_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FLWR_HOME", "home")
+    run.flower_env()
+    assert os.environ["FLWR_HOME"] == str(tmp_path / "home")
+    monkeypatch.delenv("FLWR_HOME")
+    run.flower_env()
+    assert os.environ["FLWR_HOME"] == str(REPO_ROOT / ".flwr")
+
+
+def test_a_bad_command_fails_without_importing_torch_or_flower(tmp_path: Path) -> None:
+    code = (
+        "import sys, time\n"
+        "t0 = time.perf_counter()\n"
+        "from simulations.cli import main\n"
+        "rc = main(['simulate', '-c', 'frobnicate=1'])\n"
+        "print(rc, sorted(m for m in ('torch', 'flwr', 'ray') if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=_env(tmp_path), capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.strip() == "2 []", out.stderr
+    assert "unknown key 'frobnicate'" in out.stderr
