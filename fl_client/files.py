@@ -10,11 +10,15 @@ from pathlib import Path
 
 def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file in the same folder and
-    ``os.replace``, so a reader never sees half a file; returns the path."""
+    ``os.replace``, so a reader never sees half a file; returns the path. The file gets the
+    usual permissions (0666 less the umask), not ``mkstemp``'s 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()

@@ -291,8 +291,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--backend", default="ray", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_simulate)
     from fl_client.cli_tools import add_device_commands  # devices, profile, select
+    from fl_server.lut_cli import add_lut_commands  # lut list / export / import
 
     add_device_commands(sub)
+    add_lut_commands(sub)
     if _command_of(sys.argv[1:] if argv is None else argv) == "experiment":
         from simulations.experiments.cli import add_experiment_commands  # experiment run/report
 

@@ -12,12 +12,12 @@ import contextlib
 import hashlib
 import json
 import logging
-import math
-import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from fl_client.contract import to_record
+from fl_client.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -27,29 +27,9 @@ def digest(payload: Any) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _clean(x: Any) -> Any:
-    """JSON-safe copy: NaN/inf floats become None, tuples become lists."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_clean(v) for v in x]
-    return x
-
-
 def write_json(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON through a temporary file and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(_clean(data), fh, indent=1, allow_nan=False)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``data`` as standard JSON (NaN/inf as null), atomically, with the usual umask."""
+    write_atomic(path, json.dumps(to_record(data), indent=1, allow_nan=False) + "\n")
 
 
 def read_record(path: Path, key: str) -> dict[str, Any] | None:
