@@ -103,6 +103,8 @@ def record_fleet(strategy: PowerAwareFedAvg, rec: RunRecorder) -> None:
         f"fleet: {len(descs)} nodes answered "
         + ", ".join(f"{d.node_name} ({d.device}, cap {d.p_max.label})" for d in descs)
     )
+    for node_id, reason in sorted(strategy.query_failures.items()):
+        rec.console.print(f"fleet: [yellow]node {node_id} left out[/yellow]: {reason}")
 
 
 def run_server(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -155,6 +157,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
             "fleet-file": str(resolve_path(settings.fleet)),
             "num-fleet-nodes": len(load_fleet(settings.fleet)) if settings.fleet else None,
             "shared-profiling": strategy.shared_log,
+            "query-failures": {str(k): v for k, v in strategy.query_failures.items()},
         }
     )
 
