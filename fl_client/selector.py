@@ -36,11 +36,10 @@ import numpy as np
 import numpy.typing as npt
 
 from fl_client.devices.base import FREQ_TOLERANCE_MHZ
+from fl_client.devices.replay import GPU_FREQ_MHZ, Knob  # the knob a table is indexed by
 
 if TYPE_CHECKING:  # typing.Unpack is 3.11+; only the type checker needs it
     from typing_extensions import Unpack
-
-__all__ = ["FREQ_TOLERANCE_MHZ"]  # re-exported: callers match fixed frequencies with it
 
 METHODS = ("power-aware", "b1", "b2", "oracle", "fixed")
 
@@ -55,44 +54,6 @@ TIE_TOLERANCE = 0.02
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
-
-
-@dataclass(frozen=True)
-class Knob:
-    """The system knob the tables' columns are (Eq. 4's f), with its unit.
-
-    Attributes
-    ----------
-    key : str
-        Column name in replay tables and Python (``freq_mhz``, ``power_limit_w``).
-    label : str
-        Name in prose and messages.
-    unit : str
-        Unit of the column's values.
-    """
-
-    key: str
-    label: str
-    unit: str
-
-    @property
-    def config_key(self) -> str:
-        """Kebab-case key of a chosen value in reports (``gpu-freq-mhz``, ...)."""
-        return "gpu-" + self.key.replace("_", "-")
-
-
-GPU_FREQ_MHZ = Knob("freq_mhz", "GPU frequency", "MHz")
-GPU_POWER_LIMIT_W = Knob("power_limit_w", "GPU power limit", "W")
-#: Knobs a table may be indexed by, by column name; frequency is the default.
-KNOBS: dict[str, Knob] = {k.key: k for k in (GPU_FREQ_MHZ, GPU_POWER_LIMIT_W)}
-
-
-def knob_for(key: str) -> Knob:
-    """The ``Knob`` of a column name (``freq_mhz`` or ``power_limit_w``); ValueError otherwise."""
-    found = KNOBS.get(str(key).strip().lower().replace("-", "_"))
-    if found is None:
-        raise ValueError(f"knob: unknown value {key!r}; allowed: {', '.join(KNOBS)}")
-    return found
 
 
 class InfeasibleCapError(ValueError):
@@ -406,14 +367,8 @@ def validate_batch_sizes(batch_sizes: Sequence[object]) -> list[int]:
     ValueError
         Naming ``batch-sizes`` and what is allowed.
     """
-    if (  # the common case: a list of ints, without the checks below
-        type(batch_sizes) is list
-        and batch_sizes
-        and all(type(b) is int for b in batch_sizes)
-        and batch_sizes[0] >= 1
-        and _strictly_ascending(batch_sizes)
-    ):
-        return list(batch_sizes)
+    if type(batch_sizes) is list and batch_sizes and _ascending_above_zero(batch_sizes, int):
+        return list(batch_sizes)  # the common case, without the checks below
     allowed = "a non-empty, strictly ascending list of positive integers"
     if isinstance(batch_sizes, np.ndarray):
         batch_sizes = batch_sizes.tolist()
@@ -436,14 +391,14 @@ def validate_batch_sizes(batch_sizes: Sequence[object]) -> list[int]:
     return out
 
 
-def _strictly_ascending(values: list[Any]) -> bool:
-    """Each value below the next (NaN fails every comparison)."""
-    prev = values[0]
-    for v in values[1:]:
-        if not prev < v:
+def _ascending_above_zero(values: list[Any], kind: type) -> bool:
+    """0 < v0 < v1 < ... < inf, each of exactly ``kind`` (NaN fails every comparison)."""
+    prev: Any = 0
+    for v in values:
+        if type(v) is not kind or not prev < v:
             return False
         prev = v
-    return True
+    return prev < math.inf
 
 
 def validate_r(r: Sequence[object], batch_sizes: Sequence[object]) -> list[float]:
@@ -480,15 +435,16 @@ def _validate_r_for(r: Sequence[object], b: list[int]) -> list[float]:
             f"r: has {len(r)} values but batch-sizes has {len(b)} ({b}); "
             "r must give one value in (0, 1] per batch size"
         )
-    out: list[float] = []
+    out = [float(x) if isinstance(x, float) else math.nan for x in r]  # the common case
+    for v in out:
+        if not 0 < v <= 1:
+            break
+    else:
+        return out
     for bi, x in zip(b, r, strict=True):
-        if isinstance(x, float) and 0 < x <= 1:  # the common case, without the ABC checks
-            out.append(float(x))
-            continue
         if isinstance(x, bool) or not isinstance(x, numbers.Real) or not 0 < float(x) <= 1:
             raise ValueError(f"r: value {x!r} for batch size {bi} is not in (0, 1]")
-        out.append(float(x))
-    return out
+    return [float(x) for x in r]  # type: ignore[arg-type]  # each checked to be Real
 
 
 def validate_freqs_mhz(freqs_mhz: Sequence[object]) -> list[float]:
@@ -505,7 +461,7 @@ def validate_freqs_mhz(freqs_mhz: Sequence[object]) -> list[float]:
     except (TypeError, ValueError):
         raise ValueError(f"freqs-mhz: must be {allowed}; got {freqs_mhz!r}") from None
     # The common case: 0 < f0 < f1 < ... < inf (NaN fails every comparison).
-    if out and out[0] > 0 and out[-1] < math.inf and _strictly_ascending(out):
+    if out and _ascending_above_zero(out, float):
         return out
     if not out or not all(math.isfinite(f) and f > 0 for f in out):
         raise ValueError(f"freqs-mhz: must be {allowed}; got {freqs_mhz!r}")
@@ -574,12 +530,17 @@ def _validate_aux_table(
             f"{name}: shape {out.shape} does not match |batch-sizes| × |freqs-mhz| = "
             f"{not_profiled.shape}"
         )
-    nan = np.isnan(out)
-    if not nan_in_profiled and not np.array_equal(nan, not_profiled):
-        raise ValueError(f"{name}: NaN (not profiled) at different cells than lut_time_s")
+    # NaN compares False, and isfinite is False for NaN and ±inf: one check each
+    bad = np.count_nonzero(out < 0) or (
+        np.count_nonzero(out == math.inf)
+        if nan_in_profiled
+        else np.count_nonzero(np.isfinite(out) == not_profiled)
+    )
+    if not bad:
+        return out
     if np.isinf(out).any() or (out < 0).any():
         raise ValueError(f"{name}: profiled cells must be finite and ≥ 0 W")
-    return out
+    raise ValueError(f"{name}: NaN (not profiled) at different cells than lut_time_s")
 
 
 # --------------------------------------------------------------------------- feasibility
@@ -614,6 +575,8 @@ def feasible_cells(
     -------
     ndarray of bool, the shape of ``peak_w``
     """
+    if not 0 <= peak_sigma_k < math.inf:
+        raise ValueError(f"peak-sigma-k: must be a finite number ≥ 0; got {peak_sigma_k!r}")
     peak = np.asarray(peak_w, dtype=np.float64)
     if p_max_w is None or math.isinf(p_max_w):
         return ~np.isnan(peak)
@@ -628,7 +591,7 @@ def _robust_peak(
     """peak + k·σ, with σ None or NaN counting as 0."""
     if sigma_w is None or k == 0:
         return peak_w
-    return peak_w + k * np.where(np.isnan(sigma_w), 0.0, sigma_w)
+    return peak_w + k * np.fmax(sigma_w, 0.0)  # fmax(NaN, 0) is 0
 
 
 def feasible_freq_index(power_row_w: npt.ArrayLike, p_max_w: float | None) -> int | None:
@@ -714,19 +677,9 @@ def _selection(
     candidates: tuple[Candidate, ...],
     knob: Knob = GPU_FREQ_MHZ,
 ) -> Selection:
-    assert chosen.freq_mhz is not None
-    return Selection(
-        method=method,
-        batch_size=chosen.batch_size,
-        freq_mhz=chosen.freq_mhz,
-        time_per_sample_s=chosen.time_per_sample_s,
-        peak_power_w=chosen.peak_power_w,
-        score=chosen.score,
-        p_max_w=p_max_w,
-        candidates=candidates,
-        energy_per_sample_j=chosen.energy_per_sample_j,
-        knob=knob,
-    )
+    b, f, t, p, score, energy = chosen
+    assert f is not None
+    return Selection(method, b, f, t, p, score, p_max_w, candidates, energy, knob)
 
 
 class _Checked(NamedTuple):
@@ -785,22 +738,23 @@ def select_eq4(
     The choice, over all feasible cells (not only each b's highest f):
 
     1. ``score = time per sample × r_b`` (∝ TT_acc, Eq. 2 with Eq. 3); ``best`` is its
-       minimum.
-    2. Cells with ``score ≤ best · (1 + tie_tolerance)`` are ties (noise cannot order
-       them). Among them the least **energy to accuracy** wins: energy per sample × r_b,
-       with energy per sample = average power × time per sample when ``tables.avg_w`` is
-       given, else peak power × time per sample. Within one b that is energy per sample;
-       across b it weighs each sample by how many samples that b needs (r_b).
-    3. Equal energy: lower score, then the larger b, then the lower f.
+       minimum over the feasible cells.
+    2. Cells with ``score ≤ best · (1 + tie_tolerance)`` are ties: profiling noise cannot
+       order them. Among them the least **energy to accuracy** wins: energy per sample ×
+       r_b, where energy per sample is average power × time per sample when
+       ``tables.avg_w`` is given, else peak power × time per sample. Within one b that is
+       energy per sample; across b it counts the samples each b needs (r_b).
+    3. Exact ties: within one b the lower f; across b the lower score, then the larger b.
 
-    Hence, on the same feasible cells, the choice is never slower than literal Eq. 4
-    (each b at its highest feasible f) by more than ``tie_tolerance``, it is feasible,
+    Hence the choice is feasible, it is never slower than literal Eq. 4 on the same
+    feasible cells (each b at its highest feasible f) by more than ``tie_tolerance``,
     and there is a choice whenever some profiled cell is feasible. With no cap every
-    profiled cell is feasible.
+    profiled cell is feasible, and with ``tie_tolerance = 0`` on rows whose time falls as
+    f rises the choice is the paper's Eq. 4.
 
-    ``candidates`` has, per b, the cell that b would use: its least-energy cell within the
-    tolerance of the best when it has one, else its fastest feasible cell (then less
-    energy, lower f); the selection is one of them.
+    ``candidates`` has, per b, the cell that b would use: its least-energy tied cell when
+    it has one, else its fastest feasible cell (the lower f on equal scores), else
+    ``freq_mhz`` None. The selection is one of them.
 
     Parameters
     ----------
@@ -839,22 +793,35 @@ def select_eq4(
     margin = validate_cap_margin(cap_margin)
     robust = _robust_peak(c.peak_w, c.sigma_w, rule.peak_sigma_k)
     limit = math.inf if cap is None else margin_cap_w(cap, margin)
-    # Whole-table NumPy operations (each costs about a microsecond on tables this small),
-    # then per-b and per-tied-cell work in Python.
-    fast = np.where(robust < limit, c.time_s * np.array(c.r)[:, None], math.inf)
+    # A few whole-table NumPy operations (each costs about a microsecond on tables this
+    # small), then per-b work in Python.
+    r_col = np.array(c.r)[:, None]
+    fast = np.where(robust < limit, c.time_s * r_col, math.inf)  # NaN < limit is False
     n_b, n_f = fast.shape
-    fastest_at = fast.argmin(axis=1) + np.arange(0, n_b * n_f, n_f)  # flat index per b
-    fastest = fast.take(fastest_at).tolist()  # NaN (not profiled) < limit is False: inf
+    row_start = np.arange(0, n_b * n_f, n_f)
+    picks = fast.argmin(axis=1) + row_start  # flat index of each b's fastest feasible cell
+    fastest = fast.take(picks).tolist()
     best = min(fastest)
     if best == math.inf:
         raise _infeasible(c, robust, cap, margin, tables.knob)
     threshold = best * (1 + rule.tie_tolerance)
-    picks = fastest_at.tolist()
-    greenest = _greenest_ties(c, np.flatnonzero(fast <= threshold).tolist(), n_f)
-    for i, (k, _) in greenest.items():
-        picks[i] = k
+    tied = [i for i, f in enumerate(fastest) if f <= threshold]
+    if len(tied) > 1 or np.count_nonzero(fast <= threshold) > 1:
+        # rows with ties take their least energy to accuracy among them (the lower f first)
+        to_acc = np.where(fast <= threshold, c.energy_w * c.time_s * r_col, math.inf)
+        picks[tied] = to_acc.argmin(axis=1).take(tied) + row_start.take(tied)
+    candidates = _candidates_at_picks(c, picks.tolist(), fastest, n_f)
+    # across b: the least energy to accuracy, then the lower score, then the larger b
+    chosen = min(tied, key=lambda i: (candidates[i][5] * c.r[i], candidates[i][4], -c.b[i]))
+    return _selection(method, candidates[chosen], cap, candidates, tables.knob)
+
+
+def _candidates_at_picks(
+    c: _Checked, picks: list[int], fastest: list[float], n_f: int
+) -> tuple[Candidate, ...]:
+    """Per b, the cell at flat index ``picks[i]``; no cell where ``fastest[i]`` is inf."""
     time_l, peak_l, energy_w_l = (a.take(picks).tolist() for a in (c.time_s, c.peak_w, c.energy_w))
-    candidates = tuple(
+    return tuple(
         [
             Candidate(b, c.f[k % n_f], t, p, t * r_b, e * t)
             if f < math.inf
@@ -864,23 +831,6 @@ def select_eq4(
             )
         ]
     )
-    # across b: the least energy to accuracy, then the lower score, then the larger b
-    chosen = min(greenest, key=lambda i: (greenest[i][1], candidates[i].score, -c.b[i]))
-    return _selection(method, candidates[chosen], cap, candidates, tables.knob)
-
-
-def _greenest_ties(c: _Checked, tied: list[int], n_f: int) -> dict[int, tuple[int, float]]:
-    """Per row with tied cells (flat indices ``tied``, ascending): the flat index of its
-    least energy to accuracy (energy per sample × r_b; the lower f when equal) and that
-    energy."""
-    time_l, energy_w_l = c.time_s.take(tied).tolist(), c.energy_w.take(tied).tolist()
-    out: dict[int, tuple[int, float]] = {}
-    for k, t, e_w in zip(tied, time_l, energy_w_l, strict=True):
-        i = k // n_f
-        to_acc = e_w * t * c.r[i]
-        if i not in out or to_acc < out[i][1]:
-            out[i] = (k, to_acc)
-    return out
 
 
 def _infeasible(

@@ -3,8 +3,10 @@
 Published measurements or a user's own earlier profiles drive profiling and training
 accounting: ``fn`` of every step runs for real (the model really trains), while the step's
 device time, energy and peak power come from the table's row for (batch size, locked
-frequency), on an emulated clock like the digital twin's. The file format is documented in
-``configs/replay/README.md``.
+knob value), on an emulated clock like the digital twin's. The knob is the GPU frequency in
+MHz (``freq_mhz``, the default) or a GPU power limit in W (``power_limit_w``, as NVML GPUs
+and Zeus traces have); the device's ``gpu_freqs_mhz`` / ``set_gpu_freq_mhz`` then carry the
+knob's values. The file format is documented in ``configs/replay/README.md``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
 
 from fl_client.devices.base import (
     DeviceError,
@@ -30,10 +35,56 @@ from fl_client.devices.sampler import CapGuard, CapGuarded, guard_step
 from fl_client.devices.simulated import descriptor_b1_bands
 
 BACKEND = "replay"
-FORMAT = "powerfl-replay/1"
+#: Written into JSON tables; /2 added the knob column (power_limit_w) and
+#: peak_power_sigma_w. Tables marked /1, or not marked, still load.
+FORMAT = "powerfl-replay/2"
+FORMATS = ("powerfl-replay/1", FORMAT)
+#: Row columns, the knob's second: ``freq_mhz`` by default, or another of ``KNOBS``.
 ROW_KEYS = ("batch_size", "freq_mhz", "time_per_step_s", "peak_power_w", "avg_power_w")
+SIGMA_KEY = "peak_power_sigma_w"
 GROUP_KEYS = ("device", "model", "input_shape")
-META_KEYS = ("power_rail", "memory_bytes", "source")
+META_KEYS = ("power_rail", "memory_bytes", "source", "knob")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """The system knob a table's columns are (Eq. 4's f), with its unit.
+
+    A device sets one knob: the GPU frequency (Jetson devfreq, NVML locked clocks) or a GPU
+    power limit (NVML, and the Zeus traces). The selector reads tables of either.
+
+    Attributes
+    ----------
+    key : str
+        Column name in replay tables and Python (``freq_mhz``, ``power_limit_w``).
+    label : str
+        Name in prose and messages.
+    unit : str
+        Unit of the column's values.
+    """
+
+    key: str
+    label: str
+    unit: str
+
+    @property
+    def config_key(self) -> str:
+        """Kebab-case key of a chosen value in reports (``gpu-freq-mhz``, ...)."""
+        return "gpu-" + self.key.replace("_", "-")
+
+
+GPU_FREQ_MHZ = Knob("freq_mhz", "GPU frequency", "MHz")
+GPU_POWER_LIMIT_W = Knob("power_limit_w", "GPU power limit", "W")
+#: Knobs a table may be indexed by, by column name; frequency is the default.
+KNOBS: dict[str, Knob] = {k.key: k for k in (GPU_FREQ_MHZ, GPU_POWER_LIMIT_W)}
+
+
+def knob_for(key: str) -> Knob:
+    """The ``Knob`` of a column name (``freq_mhz`` or ``power_limit_w``); ValueError otherwise."""
+    found = KNOBS.get(str(key).strip().lower().replace("-", "_"))
+    if found is None:
+        raise ValueError(f"knob: unknown value {key!r}; allowed: {', '.join(KNOBS)}")
+    return found
 
 
 class ReplayFormatError(DeviceError, ValueError):
@@ -63,31 +114,43 @@ def parse_shape(value: object, where: str) -> tuple[int, ...] | None:
 
 @dataclass(frozen=True)
 class ReplayRow:
-    """One measured (b, f) point."""
+    """One measured (b, knob value) point.
+
+    ``freq_mhz`` holds the value of the table's knob: MHz for the GPU frequency, W for a
+    power limit (``knob_value`` names it neutrally). ``peak_power_sigma_w`` is the standard
+    deviation of the per-step peak powers, None when the table does not give it.
+    """
 
     batch_size: int
     freq_mhz: float
     time_per_step_s: float
     peak_power_w: float
     avg_power_w: float
+    peak_power_sigma_w: float | None = None
+
+    @property
+    def knob_value(self) -> float:
+        return self.freq_mhz
 
     @property
     def time_per_sample_s(self) -> float:
         return self.time_per_step_s / self.batch_size
 
     @classmethod
-    def parse(cls, raw: Mapping[str, Any], where: str) -> ReplayRow:
+    def parse(cls, raw: Mapping[str, Any], where: str, knob: Knob = GPU_FREQ_MHZ) -> ReplayRow:
+        """One row; its knob value is read from the column ``knob.key``."""
         data = {_norm(k): v for k, v in raw.items() if v not in (None, "")}
 
-        def number(key: str) -> float:
+        def number(key: str, zero_ok: bool = False) -> float:
             if key not in data:
                 raise ReplayFormatError(f"{where}: {key}: missing")
             try:
                 value = float(data[key])
             except (TypeError, ValueError):
                 raise ReplayFormatError(f"{where}: {key}: not a number: {data[key]!r}") from None
-            if not (math.isfinite(value) and value > 0):
-                raise ReplayFormatError(f"{where}: {key}: must be > 0, got {data[key]!r}")
+            if not (math.isfinite(value) and (value > 0 or (zero_ok and value == 0))):
+                bound = "≥ 0" if zero_ok else "> 0"
+                raise ReplayFormatError(f"{where}: {key}: must be {bound}, got {data[key]!r}")
             return value
 
         batch_size = number("batch_size")
@@ -99,12 +162,15 @@ class ReplayRow:
             step_s = number("time_per_sample_s") * batch_size
         else:
             raise ReplayFormatError(f"{where}: time_per_step_s or time_per_sample_s: missing")
+        # σ of 0 is a valid spread (every step peaked alike); an empty cell: not recorded
+        sigma = number(SIGMA_KEY, zero_ok=True) if SIGMA_KEY in data else None
         row = cls(
             int(batch_size),
-            number("freq_mhz"),
+            number(knob.key),
             step_s,
             number("peak_power_w"),
             number("avg_power_w"),
+            sigma,
         )
         if row.avg_power_w > row.peak_power_w * (1 + 1e-9):
             raise ReplayFormatError(
@@ -113,9 +179,44 @@ class ReplayRow:
         return row
 
 
+def table_knob(meta: Mapping[str, Any], columns: set[str], where: str) -> Knob:
+    """The knob a table is indexed by: its ``knob`` field, else the one knob column it has
+    (``freq_mhz`` when it has none, so that the row says what is missing)."""
+    present = [KNOBS[k] for k in KNOBS if k in columns]
+    named = meta.get("knob")
+    if named not in (None, ""):
+        try:
+            knob = knob_for(str(named))
+        except ValueError as err:
+            raise ReplayFormatError(f"{where}: {err}") from None
+        if present and knob not in present:
+            raise ReplayFormatError(
+                f"{where}: knob: {knob.key} is named but the rows give {present[0].key}"
+            )
+        return knob
+    if len(present) > 1:
+        raise ReplayFormatError(
+            f"{where}: the rows give {' and '.join(k.key for k in present)}; a table has one "
+            "knob (name it with a knob field)"
+        )
+    return present[0] if present else GPU_FREQ_MHZ
+
+
+class ReplayGrid(NamedTuple):
+    """A replay table as arrays (``ReplayTable.grid``); NaN where a cell is absent."""
+
+    batch_sizes: tuple[int, ...]
+    knob_values: tuple[float, ...]
+    time_per_sample_s: npt.NDArray[np.float64]
+    peak_power_w: npt.NDArray[np.float64]
+    avg_power_w: npt.NDArray[np.float64]
+    peak_power_sigma_w: npt.NDArray[np.float64]
+    knob: Knob
+
+
 @dataclass(frozen=True)
 class ReplayTable:
-    """Measured rows of one (device, model, input shape)."""
+    """Measured rows of one (device, model, input shape), indexed by (b, ``knob`` value)."""
 
     device: str
     model: str
@@ -124,6 +225,7 @@ class ReplayTable:
     power_rail: str = ""
     memory_bytes: int | None = None
     source: str = ""
+    knob: Knob = GPU_FREQ_MHZ
     _index: dict[tuple[int, float], ReplayRow] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -134,12 +236,13 @@ class ReplayTable:
             if key in self._index:
                 raise ReplayFormatError(
                     f"replay table {self.device}/{self.model}: two rows for "
-                    f"batch_size={row.batch_size}, freq_mhz={row.freq_mhz:g}"
+                    f"batch_size={row.batch_size}, {self.knob.key}={row.freq_mhz:g}"
                 )
             self._index[key] = row
 
     @property
     def freqs_mhz(self) -> tuple[float, ...]:
+        """The knob's values in the table, ascending (MHz for the GPU frequency)."""
         return tuple(sorted({r.freq_mhz for r in self.rows}))
 
     @property
@@ -155,14 +258,40 @@ class ReplayTable:
         found = self._index.get((batch_size, round(freq_mhz, 3)))
         if found is None:
             at_f = sorted(r.batch_size for r in self.rows if abs(r.freq_mhz - freq_mhz) < 1e-3)
+            k = self.knob
             raise DeviceError(
-                f"replay: no row for batch_size={batch_size} at freq_mhz={freq_mhz:g} in the "
-                f"{self.device}/{self.model} table; at that frequency it has batch sizes "
-                f"{at_f or 'none'}, frequencies {', '.join(f'{f:g}' for f in self.freqs_mhz)}"
+                f"replay: no row for batch_size={batch_size} at {k.key}={freq_mhz:g} in the "
+                f"{self.device}/{self.model} table; at that {k.label} it has batch sizes "
+                f"{at_f or 'none'}, {k.label} values "
+                f"{', '.join(f'{f:g}' for f in self.freqs_mhz)} {k.unit}"
             )
         return found
 
+    def grid(self, batch_sizes: Sequence[int] | None = None) -> ReplayGrid:
+        """The table as |B| × |F| arrays, the layout of the profiler's LUT and the selector.
+
+        Rows follow ``batch_sizes`` (default: the table's), columns the knob's values; a
+        (b, value) the table lacks is NaN (not profiled), and so is σ where not given.
+        """
+        b_list = tuple(self.batch_sizes if batch_sizes is None else batch_sizes)
+        values = self.freqs_mhz
+        shape = (len(b_list), len(values))
+        time_s, peak_w, avg_w, sigma_w = (np.full(shape, np.nan) for _ in range(4))
+        col = {round(v, 3): j for j, v in enumerate(values)}
+        row = {b: i for i, b in enumerate(b_list)}
+        for r in self.rows:
+            i = row.get(r.batch_size)
+            if i is None:
+                continue
+            j = col[round(r.freq_mhz, 3)]
+            time_s[i, j] = r.time_per_sample_s
+            peak_w[i, j], avg_w[i, j] = r.peak_power_w, r.avg_power_w
+            if r.peak_power_sigma_w is not None:
+                sigma_w[i, j] = r.peak_power_sigma_w
+        return ReplayGrid(b_list, values, time_s, peak_w, avg_w, sigma_w, self.knob)
+
     def to_json(self) -> dict[str, Any]:
+        with_sigma = any(r.peak_power_sigma_w is not None for r in self.rows)
         return {
             "format": FORMAT,
             "device": self.device,
@@ -171,20 +300,30 @@ class ReplayTable:
             "power_rail": self.power_rail,
             "memory_bytes": self.memory_bytes,
             "source": self.source,
+            "knob": self.knob.key,
             "rows": [
                 {
                     "batch_size": r.batch_size,
-                    "freq_mhz": r.freq_mhz,
+                    self.knob.key: r.freq_mhz,
                     "time_per_step_s": r.time_per_step_s,
                     "peak_power_w": r.peak_power_w,
                     "avg_power_w": r.avg_power_w,
+                    **({SIGMA_KEY: r.peak_power_sigma_w} if with_sigma else {}),
                 }
                 for r in sorted(self.rows, key=lambda r: (r.batch_size, r.freq_mhz))
             ],
         }
 
+    def row_keys(self) -> tuple[str, ...]:
+        """The columns this table writes: ``ROW_KEYS`` with its knob, σ when it has any."""
+        keys = (ROW_KEYS[0], self.knob.key, *ROW_KEYS[2:])
+        with_sigma = any(r.peak_power_sigma_w is not None for r in self.rows)
+        return (*keys, SIGMA_KEY) if with_sigma else keys
 
-def _table(meta: Mapping[str, Any], rows: Sequence[ReplayRow], where: str) -> ReplayTable:
+
+def _table(
+    meta: Mapping[str, Any], rows: Sequence[ReplayRow], where: str, knob: Knob = GPU_FREQ_MHZ
+) -> ReplayTable:
     for key in ("device", "model"):
         if not str(meta.get(key, "")).strip():
             raise ReplayFormatError(f"{where}: {key}: missing")
@@ -203,6 +342,7 @@ def _table(meta: Mapping[str, Any], rows: Sequence[ReplayRow], where: str) -> Re
         power_rail=str(meta.get("power_rail") or ""),
         memory_bytes=memory_bytes,
         source=str(meta.get("source") or ""),
+        knob=knob,
     )
 
 
@@ -220,8 +360,15 @@ def _from_json(path: Path) -> list[ReplayTable]:
         if not isinstance(item, dict) or not isinstance(item.get("rows"), list):
             raise ReplayFormatError(f"{where}: rows: expected a list of row objects")
         meta = {_norm(k): v for k, v in item.items() if k != "rows"}
-        rows = [ReplayRow.parse(r, f"{where} row #{i + 1}") for i, r in enumerate(item["rows"])]
-        tables.append(_table(meta, rows, where))
+        fmt = meta.get("format")
+        if fmt not in (None, "", *FORMATS):
+            raise ReplayFormatError(f"{where}: format: {fmt!r} is not one of {', '.join(FORMATS)}")
+        columns = {_norm(k) for r in item["rows"] if isinstance(r, dict) for k in r}
+        knob = table_knob(meta, columns, where)
+        rows = [
+            ReplayRow.parse(r, f"{where} row #{i + 1}", knob) for i, r in enumerate(item["rows"])
+        ]
+        tables.append(_table(meta, rows, where, knob))
     return tables
 
 
@@ -239,16 +386,17 @@ def _from_csv(path: Path) -> list[ReplayTable]:
             lines.append(line)
             line_numbers.append(number)
     reader = csv.DictReader(lines)
+    knob = table_knob(meta, {_norm(k) for k in reader.fieldnames or ()}, str(path))
     groups: dict[tuple[str, ...], tuple[dict[str, Any], list[ReplayRow]]] = {}
     for i, raw in enumerate(reader):
         where = f"{path} line {line_numbers[i + 1]}"
         row = {_norm(k): (v.strip() if isinstance(v, str) else v) for k, v in raw.items() if k}
         group_meta = {**meta, **{k: row[k] for k in GROUP_KEYS if row.get(k)}}
         group = tuple(str(group_meta.get(k, "")) for k in GROUP_KEYS)
-        groups.setdefault(group, (group_meta, []))[1].append(ReplayRow.parse(row, where))
+        groups.setdefault(group, (group_meta, []))[1].append(ReplayRow.parse(row, where, knob))
     if not groups:
         raise ReplayFormatError(f"{path}: rows: the table has no rows")
-    return [_table(m, rows, str(path)) for m, rows in groups.values()]
+    return [_table(m, rows, str(path), knob) for m, rows in groups.values()]
 
 
 def load_replay_tables(path: str | os.PathLike[str]) -> list[ReplayTable]:
@@ -271,14 +419,20 @@ def save_replay_table(table: ReplayTable, path: str | os.PathLike[str]) -> Path:
         head = [f"# {k}: {data[k]}" for k in ("device", "model", *META_KEYS) if data[k]]
         if table.input_shape:
             head.append("# input_shape: " + "x".join(map(str, table.input_shape)))
-        body = [",".join(ROW_KEYS)] + [
-            ",".join(f"{r[k]:g}" if isinstance(r[k], float) else str(r[k]) for k in ROW_KEYS)
-            for r in data["rows"]
+        keys = table.row_keys()
+        body = [",".join(keys)] + [
+            ",".join(_csv_cell(r.get(k)) for k in keys) for r in data["rows"]
         ]
         p.write_text("\n".join(head + body) + "\n")
     else:
         p.write_text(json.dumps(table.to_json(), indent=2) + "\n")
     return p
+
+
+def _csv_cell(value: object) -> str:
+    if value is None:
+        return ""
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 class ReplayMeter:
@@ -345,6 +499,13 @@ class ReplayDevice(CapGuarded):
             raise DeviceError(
                 f"device: the replay table has no rows for {kind!r}; it has {', '.join(devices)}"
             )
+        knobs = sorted({t.knob.key for t in self._tables})
+        if len(knobs) > 1:
+            raise DeviceError(
+                f"replay: the tables of {kind!r} mix knobs ({', '.join(knobs)}); one device has "
+                "one knob"
+            )
+        self._knob = self._tables[0].knob
         memory = next((t.memory_bytes for t in self._tables if t.memory_bytes), None)
         memory = memory or _twin_memory_bytes(kind)
         if not memory:
@@ -374,7 +535,13 @@ class ReplayDevice(CapGuarded):
 
     @property
     def gpu_freqs_mhz(self) -> tuple[float, ...]:
+        """The knob's values, ascending (MHz for the GPU frequency; see ``knob``)."""
         return self._info.gpu_freqs_mhz
+
+    @property
+    def knob(self) -> Knob:
+        """What ``gpu_freqs_mhz`` and ``set_gpu_freq_mhz`` carry: frequency or power limit."""
+        return self._knob
 
     @property
     def tables(self) -> tuple[ReplayTable, ...]:
@@ -386,8 +553,9 @@ class ReplayDevice(CapGuarded):
     def set_gpu_freq_mhz(self, freq_mhz: float) -> None:
         match = next((f for f in self.gpu_freqs_mhz if abs(f - freq_mhz) < 1e-3), None)
         if match is None:
+            k = self._knob
             raise InvalidFrequencyError(
-                f"gpu-freq-mhz: {freq_mhz:g} MHz is not in the replay table of "
+                f"{k.config_key}: {freq_mhz:g} {k.unit} is not in the replay table of "
                 f"{self._info.kind}; allowed: {', '.join(f'{f:g}' for f in self.gpu_freqs_mhz)}"
             )
         self._locked_mhz = match
@@ -435,6 +603,8 @@ class ReplayDevice(CapGuarded):
             "backend": BACKEND,
             "gpu-freqs-mhz": list(self.gpu_freqs_mhz),
             "cur-freq-mhz": self.current_gpu_freq_mhz(),
+            "knob": self._knob.key,
+            "knob-unit": self._knob.unit,
             "memory-bytes": self._info.memory_bytes,
             "power-rail": self._info.power_rail,
             "tables": [

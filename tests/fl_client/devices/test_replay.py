@@ -3,18 +3,23 @@ errors that name the file, row and key."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fl_client.devices import DeviceError, InvalidFrequencyError, Workload, locked
 from fl_client.devices.replay import (
+    GPU_FREQ_MHZ,
+    GPU_POWER_LIMIT_W,
     ReplayDevice,
     ReplayFormatError,
     load_replay_tables,
     save_replay_table,
 )
+from fl_client.selector import InfeasibleCapError, Tables, feasible_freq_indices, select
 from fl_client.settings import REPO_ROOT
 
 EXAMPLE = REPO_ROOT / "configs" / "replay" / "example-illustrative-jetson-nano-resnet18.csv"
@@ -180,3 +185,129 @@ def test_example_table_loads_and_keeps_its_stated_calibration():
     t64 = table.row(64, 460.8).time_per_sample_s
     assert 1 - t64 / t128 == pytest.approx(0.319, abs=0.005)
     assert highest_feasible(8, 5.0) > highest_feasible(32, 5.0)
+
+
+# --------------------------------------------------------------------------- knob and σ (issue 13)
+
+POWER_LIMIT_EXAMPLE = REPO_ROOT / "configs" / "replay" / "example-illustrative-gpu-power-limit.csv"
+
+
+def test_a_power_limit_table_names_its_knob_and_unit():
+    [table] = load_replay_tables(POWER_LIMIT_EXAMPLE)
+    assert table.knob is GPU_POWER_LIMIT_W
+    assert (table.knob.key, table.knob.unit) == ("power_limit_w", "W")
+    assert table.freqs_mhz == (100.0, 125.0, 150.0, 175.0, 200.0, 225.0, 250.0)
+    assert table.row(64, 125.0).peak_power_sigma_w == 0.5
+    dev = ReplayDevice([table])
+    assert dev.knob is GPU_POWER_LIMIT_W and dev.gpu_freqs_mhz[0] == 100.0
+    assert dev.describe()["knob-unit"] == "W"
+    with pytest.raises(InvalidFrequencyError, match=r"gpu-power-limit-w: 110 W is not in"):
+        dev.set_gpu_freq_mhz(110.0)
+    with dev.measure(RESNET) as meter, locked(dev, 150.0):
+        meter.step(64, lambda: None)
+    assert meter.measurement.time_s == pytest.approx(0.13332)
+    with pytest.raises(DeviceError, match=r"at power_limit_w=150.*GPU power limit values 100"):
+        table.row(48, 150.0)
+
+
+def test_the_selector_reads_a_power_limit_table_whose_lowest_limit_does_not_bind():
+    # The 100 W limit does not bind: those cells read above the 125 W cells and above a
+    # 133 W cap. The old running-maximum rule refuses every row; each cell on its own
+    # leaves the 125 W cells (131.6 W + 2 × 0.5 W σ < 133 W).
+    [table] = load_replay_tables(POWER_LIMIT_EXAMPLE)
+    grid = table.grid()
+    assert grid.knob is GPU_POWER_LIMIT_W and grid.batch_sizes == (16, 32, 64, 128)
+    assert feasible_freq_indices(grid.peak_power_w, 133.0) == [None] * 4
+    tables = Tables(
+        grid.time_per_sample_s, grid.peak_power_w, grid.avg_power_w, grid.peak_power_sigma_w,
+        grid.knob,
+    )  # fmt: skip
+    sel = select(
+        "power-aware",
+        batch_sizes=list(grid.batch_sizes),
+        freqs_mhz=list(grid.knob_values),
+        tables=tables,
+        r=[1.0, 0.9, 0.8, 0.75],
+        p_max_w=133.0,
+    )
+    assert sel.freq_mhz == 125.0 and sel.knob is GPU_POWER_LIMIT_W
+    assert sel.to_dict()["gpu-power-limit-w"] == 125.0 and sel.to_dict()["knob-unit"] == "W"
+    with pytest.raises(InfeasibleCapError, match=r"no \(batch size, GPU power limit\).*125 W"):
+        select(
+            "power-aware", batch_sizes=list(grid.batch_sizes), freqs_mhz=list(grid.knob_values),
+            tables=tables, r=[1.0] * 4, p_max_w=132.0,
+        )  # fmt: skip
+
+
+def test_knob_and_sigma_survive_csv_and_json(tmp_path: Path):
+    [table] = load_replay_tables(POWER_LIMIT_EXAMPLE)
+    [again] = load_replay_tables(save_replay_table(table, tmp_path / "t.json"))
+    assert again.knob is GPU_POWER_LIMIT_W and again.rows == table.rows
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["format"] == "powerfl-replay/2" and data["knob"] == "power_limit_w"
+    assert "power_limit_w" in data["rows"][0] and "freq_mhz" not in data["rows"][0]
+    [from_csv] = load_replay_tables(save_replay_table(again, tmp_path / "t.csv"))
+    assert from_csv.rows == table.rows and from_csv.knob is GPU_POWER_LIMIT_W
+    header = next(
+        line for line in (tmp_path / "t.csv").read_text().splitlines() if not line.startswith("#")
+    )
+    assert header.split(",")[:2] == ["batch_size", "power_limit_w"]
+    assert header.endswith(",peak_power_sigma_w")
+
+
+def test_old_frequency_tables_still_load_and_round_trip(tmp_path: Path):
+    old = {**TABLE, "format": "powerfl-replay/1"}
+    [table] = load_replay_tables(write_json(tmp_path, old))
+    assert table.knob is GPU_FREQ_MHZ and all(r.peak_power_sigma_w is None for r in table.rows)
+    csv_path = save_replay_table(table, tmp_path / "t.csv")
+    assert "peak_power_sigma_w" not in csv_path.read_text()  # no σ column without σ
+    assert load_replay_tables(csv_path)[0].rows == table.rows
+    grid = table.grid([32, 64, 128])
+    assert grid.knob is GPU_FREQ_MHZ and grid.knob_values == (307.2, 921.6)
+    assert np.isnan(grid.time_per_sample_s[2]).all()  # b=128 is not in the table
+    assert np.isnan(grid.peak_power_sigma_w).all()
+    assert grid.time_per_sample_s[1, 0] == pytest.approx(0.005)
+
+
+def test_a_sigma_column_with_gaps(tmp_path: Path):
+    path = tmp_path / "s.csv"
+    path.write_text(
+        "# device: jetson-nano\n# model: resnet18\n"
+        "batch_size,freq_mhz,time_per_step_s,peak_power_w,avg_power_w,peak_power_sigma_w\n"
+        "32,307.2,0.2,4.5,4.0,0\n"
+        "32,921.6,0.1,7.5,6.0,\n"
+    )
+    [table] = load_replay_tables(path)
+    assert [r.peak_power_sigma_w for r in table.rows] == [0.0, None]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda t: t.update(knob="voltage_mv"), r"knob: unknown value 'voltage_mv'"),
+        (lambda t: t.update(knob="power_limit_w"), r"knob: power_limit_w is named but the rows"),
+        (lambda t: t["rows"][0].update(power_limit_w=150), r"freq_mhz and power_limit_w; a table"),
+        (lambda t: t.update(format="powerfl-replay/9"), r"format: 'powerfl-replay/9' is not one"),
+        (
+            lambda t: t["rows"][0].update(peak_power_sigma_w=-0.1),
+            r"peak_power_sigma_w: must be ≥ 0",
+        ),
+        (
+            lambda t: t["rows"][0].update(peak_power_sigma_w="x"),
+            r"peak_power_sigma_w: not a number",
+        ),
+    ],
+)
+def test_bad_knob_and_sigma_name_the_key(tmp_path: Path, mutate, message: str):
+    data = json.loads(json.dumps(TABLE))
+    mutate(data)
+    with pytest.raises(ReplayFormatError, match=message):
+        load_replay_tables(write_json(tmp_path, data))
+
+
+def test_a_device_has_one_knob(tmp_path: Path):
+    [freq] = load_replay_tables(write_json(tmp_path, TABLE))
+    [limit] = load_replay_tables(POWER_LIMIT_EXAMPLE)
+    mixed = dataclasses.replace(limit, device="jetson-nano")
+    with pytest.raises(DeviceError, match=r"mix knobs \(freq_mhz, power_limit_w\)"):
+        ReplayDevice([freq, mixed], "jetson-nano")

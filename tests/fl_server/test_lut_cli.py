@@ -1,0 +1,141 @@
+"""``powerfl lut list | export | import`` (``fl_server.lut_cli``) on a parser built from
+``add_lut_commands``: ship a table profiled on one board to another server's library."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from fl_client.devices.simulated import load_device_spec
+from fl_client.lut import KindKey, lut_checksum
+from fl_client.settings import SettingsError
+from fl_server.lut_cli import add_lut_commands
+from fl_server.lut_library import LUTLibrary
+from tests.fl_server.test_lut_library import make_lut
+
+NANO_FREQS = tuple(load_device_spec("jetson-nano").gpu_freqs_mhz)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="powerfl")
+    add_lut_commands(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def lut_cmd(*argv: str) -> int:
+    args = _parser().parse_args(["lut", *argv])
+    return int(args.func(args))
+
+
+def _import_args(library: Path, src: Path) -> list[str]:
+    base = ["--library", str(library), "import", str(src), "--device", "jetson-nano"]
+    return [*base, "--backend", "simulated", "--model", "cnn", "--batch-sizes", "8,16,32,64"]
+
+
+def test_list_of_an_empty_library_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert lut_cmd("--library", str(tmp_path / "none"), "list") == 0
+    assert "is empty" in capsys.readouterr().out
+
+
+def test_import_list_export_ship_a_table_to_another_library(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lut = make_lut(NANO_FREQS)
+    src = lut.save(tmp_path / "board.json")
+    lib_a, lib_b = tmp_path / "a", tmp_path / "b"
+    assert lut_cmd(*_import_args(lib_a, src)) == 0
+    assert "imported" in capsys.readouterr().out
+    kind = KindKey.of_lut(lut)
+    assert lut_cmd("--library", str(lib_a), "list") == 0
+    listed = capsys.readouterr().out
+    assert kind.label in listed and f"{lut.cells_profiled} cells" in listed
+    assert "from import board.json" in listed
+    out = tmp_path / "ship" / "nano.json"
+    assert lut_cmd("--library", str(lib_a), "export", "jetson-nano/simulated", str(out)) == 0
+    assert out.is_file()
+    assert lut_cmd(*_import_args(lib_b, out)) == 0
+    shipped = LUTLibrary(lib_b).get(kind)
+    assert shipped is not None and lut_checksum(shipped) == lut_checksum(lut)
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--model", "resnet18"], "model-name is 'cnn', expected 'resnet18'"),
+        (["--batch-sizes", "8,16,32"], "batch-sizes is (8, 16, 32, 64), expected (8, 16, 32)"),
+        (["--device", "jetson-agx-orin"], "device-kind is 'jetson-nano', expected"),
+        (["--backend", "jetson"], "backend is 'simulated', expected 'jetson'"),
+    ],
+)
+def test_import_for_another_kind_is_refused_naming_what_differs(
+    tmp_path: Path, argv: list[str], named: str
+) -> None:
+    src = make_lut(NANO_FREQS).save(tmp_path / "board.json")
+    library = tmp_path / "library"
+    with pytest.raises(SettingsError, match=r"lut import: .*a LUT for another kind") as err:
+        lut_cmd(*_import_args(library, src), *argv)
+    assert named in str(err.value)
+    assert LUTLibrary(library).entries() == ([], [])
+
+
+def test_import_checks_the_input_shape_against_the_models(tmp_path: Path) -> None:
+    src = make_lut(NANO_FREQS, input_shape=(1, 28, 28)).save(tmp_path / "board.json")
+    with pytest.raises(
+        SettingsError, match=r"input-shape is \(1, 28, 28\), expected \(3, 32, 32\)"
+    ):
+        lut_cmd(*_import_args(tmp_path / "library", src))
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--model", "resnet-9000"], "--model: unknown model 'resnet-9000'"),
+        (["--device", "jetson-nono"], "--device: "),
+        (["--batch-sizes", "16,8"], "batch-sizes: must be strictly ascending"),
+    ],
+)
+def test_import_with_a_bad_option_names_it(tmp_path: Path, argv: list[str], named: str) -> None:
+    src = make_lut(NANO_FREQS).save(tmp_path / "board.json")
+    with pytest.raises(SettingsError, match=named):
+        lut_cmd(*_import_args(tmp_path / "library", src), *argv)
+
+
+def test_list_names_a_corrupt_file_and_fails_export_never_ships_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    library = LUTLibrary(tmp_path / "library")
+    path = library.put(make_lut(NANO_FREQS), "fleet-shared")
+    path.write_text(path.read_text().replace('"steps": 3', '"steps": 4'))
+    assert lut_cmd("--library", str(library.root), "list") == 1
+    assert "refused:" in capsys.readouterr().err
+    assert path.is_file()  # listing leaves it alone
+    with pytest.raises(SettingsError, match="matches 0 entries"):
+        lut_cmd("--library", str(library.root), "export", "jetson-nano", str(tmp_path / "x.json"))
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_export_of_an_ambiguous_kind_names_the_candidates(tmp_path: Path) -> None:
+    library = LUTLibrary(tmp_path / "library")
+    lut = make_lut(NANO_FREQS)
+    library.put(lut, "fleet-shared")
+    small = make_lut(
+        NANO_FREQS,
+        batch_sizes=(8, 16, 32),
+        time_per_sample_s=lut.time_per_sample_s[:3],
+        peak_power_w=lut.peak_power_w[:3],
+        avg_power_w=lut.avg_power_w[:3],
+    )
+    library.put(small, "fleet-shared")
+    with pytest.raises(SettingsError, match="matches 2 entries") as err:
+        lut_cmd("--library", str(library.root), "export", "jetson-nano", str(tmp_path / "x.json"))
+    assert KindKey.of_lut(lut).label in str(err.value)
+    assert KindKey.of_lut(small).label in str(err.value)
+    out = tmp_path / "x.json"
+    assert (
+        lut_cmd("--library", str(library.root), "export", "cnn-3x32x32/b8-16-32-64", str(out)) == 0
+    )
+    assert out.is_file()
