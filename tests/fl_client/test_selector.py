@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -355,7 +356,7 @@ def test_fixed_validates_membership():
 def test_dispatcher_matches_the_functions_and_rejects_unknown_methods():
     time = np.array([[2.0, 1.0], [1.2, 0.55]])
     power = np.array([[1.0, 2.0], [2.0, 4.0]])
-    common = {
+    common: dict[str, Any] = {
         "lut_time_s": time,
         "lut_power_w": power,
         "batch_sizes": [8, 16],
@@ -406,7 +407,7 @@ def test_validate_p_max_w_rejects(value):
 
 def test_validate_batch_sizes():
     assert validate_batch_sizes([4, 8.0, np.int64(16)]) == [4, 8, 16]
-    for bad, what in [
+    cases: list[tuple[Any, str]] = [
         ([], "empty"),
         ([8, 4], "not strictly ascending"),
         ([4, 4], "ascending"),
@@ -415,7 +416,8 @@ def test_validate_batch_sizes():
         (["8"], "integer"),
         ([True], "integer"),
         ("4,8", "list"),
-    ]:
+    ]
+    for bad, what in cases:
         with pytest.raises(ValueError, match=r"batch-sizes") as info:
             validate_batch_sizes(bad)
         assert what in str(info.value)
@@ -423,7 +425,7 @@ def test_validate_batch_sizes():
 
 def test_validate_r():
     assert validate_r([0.5, 1], [4, 8]) == [0.5, 1.0]
-    assert validate_r(np.array([0.5, 1.0]), np.array([4, 8])) == [0.5, 1.0]
+    assert validate_r(np.array([0.5, 1.0]), np.array([4, 8])) == [0.5, 1.0]  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"r: has 1 values but batch-sizes has 2"):
         validate_r([0.5], [4, 8])
     for bad in ([0.0, 1.0], [0.5, 1.01], [math.nan, 1.0], ["x", 1.0], [-0.1, 1.0]):

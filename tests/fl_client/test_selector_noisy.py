@@ -4,7 +4,7 @@ the fastest feasible cell to accuracy, energy among near-ties; against brute for
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -85,7 +85,7 @@ def literal_eq4_score(time, peak, r, cap, *, margin=0.0, sigma=None, k=2.0):
     """Eq. 4 as the paper states it, on the same feasible cells: each b at its highest
     feasible f; the best time × r over those (None: no feasible cell)."""
     cells = feasible_list(time, peak, cap, margin, sigma, k)
-    highest = {}
+    highest: dict[int, int] = {}
     for i, j in cells:
         highest[i] = max(highest.get(i, -1), j)
     return min((time[i][j] * r[i] for i, j in highest.items()), default=None)
@@ -358,7 +358,7 @@ def test_selection_rule_from_config():
 def test_select_passes_the_rule_and_extra_tables():
     time = np.array([[1.0, 1.0, 1.0, 1.0]])
     power = np.array([[2.0, 2.5, 3.0, 3.5]])
-    common = {"batch_sizes": [8], "freqs_mhz": FREQS, "r": [1.0], "p_max_w": 5.0}
+    common: dict[str, Any] = {"batch_sizes": [8], "freqs_mhz": FREQS, "r": [1.0], "p_max_w": 5.0}
     flat = select("power-aware", lut_time_s=time, lut_power_w=power, **common)
     grouped = select("power-aware", tables=Tables(time, power), **common)
     assert flat == grouped and flat.freq_mhz == 100.0
