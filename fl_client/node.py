@@ -18,7 +18,6 @@ import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,35 +25,35 @@ import torch
 from fl_client import selector, task
 from fl_client.contract import (
     Cap,
-    CellsReport,
     NodeDescriptor,
-    ProfileRequest,
     TrainConfig,
     TrainReport,
     format_schedule,
 )
-from fl_client.devices import Device, DeviceOptions, Workload, cap_guard, locked, open_device
+from fl_client.devices import Device, cap_guard, locked
 from fl_client.drift import DriftCheck, check_drift
-from fl_client.lut import LUT, KindKey, LUTFormatError, LUTKey, lut_checksum, save_quietly
+from fl_client.lut import LUT, LUTKey, lut_checksum, save_quietly
+from fl_client.node_context import (
+    NodeContext,
+    RoundCost,
+    idle_power_w,
+    max_batch_size,
+    node_context,
+    workload_for,
+)
 from fl_client.pacing import PacePlan, PacingCells, PacingWork, pacing_cells, pacing_metrics
 from fl_client.pacing import plan_pacing as plan_pacing
 from fl_client.profiler import (
     MeasureContext,
     ProfileOptions,
     load_or_profile,
-    measure_cell,
-    time_per_sample_s,
 )
 from fl_client.r_estimation import estimate_r
 from fl_client.settings import (
-    NodeSettings,
-    RunSettings,
     SettingsError,
-    load_fleet,
-    node_settings,
     parse_batch_sizes,
-    resolve_path,
 )
+from fl_client.shared import own_cell_check, profile_cells, shared_lut
 
 log = logging.getLogger(__name__)
 
@@ -62,100 +61,8 @@ log = logging.getLogger(__name__)
 #: profile, so a comparison charges profiling only to the methods that need it.
 NEEDS_LUT = ("power-aware", "oracle")
 
-# A Jetson's CPU and GPU share memory: leave half of it to the OS, CUDA and the data.
-MEMORY_SHARE_FOR_TRAINING = 0.5
-
 
 # --------------------------------------------------------------------------- context
-
-
-@dataclass(frozen=True)
-class NodeContext:
-    """This node's validated settings, parsed once per run (not once per message)."""
-
-    settings: RunSettings
-    node: NodeSettings
-    partition_id: int
-    num_partitions: int
-    cache_dir: Path
-
-    @property
-    def cap_margin(self) -> float:
-        """This node's ``cap-margin`` if it has one, else the run setting."""
-        return self.settings.cap_margin if self.node.cap_margin is None else self.node.cap_margin
-
-    def local_data(self) -> tuple[Any, Any]:
-        """This node's (training, validation) split of the run's data."""
-        s = self.settings
-        return task.client_data(
-            self.partition_id,
-            self.num_partitions,
-            partitioning=s.partitioning,
-            alpha=s.dirichlet_alpha,
-            seed=s.seed,
-        )
-
-    def open_device(self, server_round: int = 0) -> Device:
-        return open_device(
-            self.node.device,
-            self.node.backend,
-            seed=self.settings.seed * 1000 + self.partition_id,
-            options=DeviceOptions.from_config(self.node.options).at_round(server_round),
-        )
-
-
-def node_context(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) -> NodeContext:
-    """Validated run settings and this node's settings (from node_config or the fleet).
-
-    Cached on the content of both configs: a simulated node gets a message per round, and a
-    real SuperNode's ClientApp process may serve several, so settings, pyproject.toml and
-    the fleet file are read once per run and process.
-    """
-    key = json.dumps([dict(run_config), dict(node_config)], sort_keys=True, default=str)
-    return _node_context_cached(key)
-
-
-@functools.lru_cache(maxsize=64)
-def _node_context_cached(key: str) -> NodeContext:
-    run_config, node_config = json.loads(key)
-    settings = RunSettings.from_config(run_config)
-    fleet = None if "device" in node_config else load_fleet(settings.fleet)
-    node, pid, num = node_settings(node_config, fleet)
-    cache_dir = resolve_path(settings.cache_dir) / "nodes" / node.name
-    return NodeContext(settings, node, pid, num, cache_dir)
-
-
-@functools.lru_cache(maxsize=8)
-def workload_for(model_name: str) -> Workload:
-    """Model, input shape, FLOPs per sample and parameter count of ``model_name``."""
-    shape = task.input_shape_for(model_name)
-    return Workload(
-        model_name=model_name,
-        input_shape=shape,
-        flops_per_sample=task.train_flops_per_sample(model_name, shape),
-        param_count=task.param_count(task.build_model(model_name)),
-    )
-
-
-def max_batch_size(model_name: str, batch_sizes: list[int], memory_bytes: int) -> int:
-    """Largest b in ``batch_sizes`` whose training footprint fits the device (0 if none)."""
-    model = task.build_model(model_name)
-    shape = task.input_shape_for(model_name)
-    budget = MEMORY_SHARE_FOR_TRAINING * memory_bytes
-    fitting = [
-        b for b in batch_sizes if task.estimate_train_memory_bytes(model, shape, b) <= budget
-    ]
-    return max(fitting, default=0)
-
-
-def idle_power_w(device: Device) -> float:
-    """The board's idle power in W where the backend knows it (the twin's descriptor), else NaN.
-
-    It prices the time a node waits for the slowest one at the end of a synchronous round.
-    """
-    spec = getattr(device, "spec", None)
-    value = getattr(spec, "idle_power_w", None)
-    return float(value) if isinstance(value, (int, float)) else math.nan
 
 
 # --------------------------------------------------------------------------- QUERY
@@ -192,18 +99,6 @@ def describe_node(
 
 
 # --------------------------------------------------------------------------- TRAIN steps
-
-
-@dataclass
-class RoundCost:
-    """Device time and energy a round spends outside training (profiling of any kind)."""
-
-    time_s: float = 0.0
-    energy_j: float = 0.0
-
-    def add(self, time_s: float, energy_j: float) -> None:
-        self.time_s += time_s
-        self.energy_j += energy_j
 
 
 @dataclass
@@ -380,80 +275,6 @@ def _choose(
     plan.run_freq_mhz = plan.choice.freq_mhz
 
 
-def shared_lut(
-    kind_lut: str, measure: MeasureContext, batch_sizes: list[int]
-) -> tuple[LUT, bool] | None:
-    """The kind's LUT the server sent, as this node's copy, and whether the copy was already
-    verified (a later round: no measurement). None, with the reason logged, when it is not a
-    valid LUT of this node's kind (the node then profiles its own)."""
-    try:
-        lut = LUT.from_json(kind_lut)
-    except LUTFormatError as err:
-        log.warning("kind-lut: not a valid LUT (%s); profiling this node's own", err)
-        return None
-    info = measure.device.info
-    mine = KindKey(
-        info.kind,
-        info.backend,
-        measure.workload.model_name,
-        tuple(measure.workload.input_shape),
-        tuple(batch_sizes),
-        tuple(float(f) for f in measure.device.gpu_freqs_mhz),
-    )
-    diff = mine.differences(KindKey.of_lut(lut))
-    if diff:
-        log.warning("kind-lut: for another kind (%s); profiling this node's own", "; ".join(diff))
-        return None
-    copy = LUTKey.of(measure.device, measure.workload, batch_sizes, grid="shared")
-    path = copy.path(measure.cache_dir)
-    marker = path.with_name(path.name + ".source")
-    source = lut_checksum(lut)
-    if path.is_file() and marker.is_file() and marker.read_text().strip() == source:
-        try:
-            return LUT.load(path), True
-        except (LUTFormatError, OSError) as err:
-            log.warning("shared LUT copy %s unreadable (%s): verifying again", path, err)
-    return lut, False
-
-
-def _own_cells_path(measure: MeasureContext, batch_sizes: tuple[int, ...]) -> Path:
-    key = LUTKey.of(measure.device, measure.workload, batch_sizes, grid="shared")
-    path = key.path(measure.cache_dir)
-    return path.with_name(path.name + ".own-cells.json")
-
-
-def _own_cell_check(
-    measure: MeasureContext, lut: LUT, point: tuple[int, float], threshold: float
-) -> DriftCheck | None:
-    """A chosen cell this node measured itself in the shared exchanges is already checked on
-    this board: compare that measurement with the kind's LUT, measuring nothing. None when
-    the node did not measure it (or its record is unreadable)."""
-    path = _own_cells_path(measure, lut.batch_sizes)
-    try:
-        own = json.loads(path.read_text())[f"{point[0]}@{point[1]!r}"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    i, j = lut.batch_sizes.index(point[0]), lut.freqs_mhz.index(point[1])
-    predicted = (lut.time_per_sample_s[i, j], lut.peak_power_w[i, j], lut.avg_power_w[i, j])
-    deviation = max(abs(float(x) / float(p) - 1.0) for x, p in zip(own, predicted, strict=True))
-    if deviation > threshold:
-        return None  # measure again, and re-profile the row if it is still off
-    return DriftCheck(deviation, False, lut, None, 0.0, 0.0)
-
-
-def _keep_own_cells(
-    measure: MeasureContext, batch_sizes: tuple[int, ...], cells: dict[str, list[float]]
-) -> None:
-    """Remember the cells this node measured for its kind (for ``_own_cell_check``)."""
-    path = _own_cells_path(measure, batch_sizes)
-    try:
-        known = json.loads(path.read_text()) if path.is_file() else {}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**known, **cells}))
-    except (OSError, ValueError) as err:
-        log.warning("could not keep the measured cells in %s (%s)", path, err)
-
-
 def _verify_shared(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan) -> None:
     """Check the chosen cell of a kind's LUT on this board (the drift check's machinery);
     beyond ``drift-threshold`` re-profile that row under this node's own cap and re-select.
@@ -467,7 +288,7 @@ def _verify_shared(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan) -
         progress=False,
     )
     point = (plan.choice.batch_size, plan.choice.freq_mhz)
-    check = _own_cell_check(measure, plan.lut, point, ctx.settings.drift_threshold)
+    check = own_cell_check(measure, plan.lut, point, ctx.settings.drift_threshold)
     if check is None:
         check = check_drift(measure, plan.lut, None, point, ctx.settings.drift_threshold, options)
     plan.shared, plan.lut = check, check.lut
@@ -522,75 +343,6 @@ def _check_drift(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan) -> 
 
 
 # --------------------------------------------------------------------------- PROFILE
-
-
-def profile_cells(
-    run_config: Mapping[str, Any],
-    node_config: Mapping[str, Any],
-    config: Mapping[str, Any],
-    state: Mapping[str, torch.Tensor],
-) -> tuple[dict[str, torch.Tensor], CellsReport]:
-    """Measure this node's slice of its kind's LUT (fleet-shared profiling).
-
-    Each requested (b, f) is measured as the profiler measures a cell (warm-up, then the
-    measured steps, GPU locked at f and restored). With ``steps-train`` the steps are real
-    minibatches of this node's data whose updates are kept (the returned weights); else
-    synthetic batches on a throw-away model (the weights come back unchanged).
-    """
-    ctx = node_context(run_config, node_config)
-    req = ProfileRequest.from_config(config)
-    s = ctx.settings
-    torch.set_num_threads(1)
-    model = task.build_model(req.model)
-    model.load_state_dict(dict(state))
-    workload = workload_for(req.model)
-    steps = None
-    if req.steps_train:
-        data = ctx.local_data()
-        steps = task.DataSteps(
-            model, data[0], req.lr_ref, req.b_ref, seed=s.seed + req.server_round
-        )
-    factories: dict[int, Callable[[], object]] = {}
-    rows: list[tuple[float, float, float]] = []
-    cost = RoundCost()
-    device = ctx.open_device(req.server_round)
-    try:
-        for b, f in req.cells:
-            if b not in factories:
-                factories[b] = (
-                    steps.factory(b)
-                    if steps is not None
-                    else task.make_train_step(req.model, workload.input_shape, b)
-                )
-            m, time_s, energy_j = measure_cell(
-                device, workload, b, factories[b], f, warmup_steps=req.warmup_steps, steps=req.steps
-            )
-            cost.add(time_s, energy_j)
-            rows.append((time_per_sample_s(m, b, req.steps), m.peak_power_w, m.avg_power_w))
-        own = {f"{b}@{float(f)!r}": list(r) for (b, f), r in zip(req.cells, rows, strict=True)}
-        _keep_own_cells(
-            MeasureContext(
-                device,
-                workload,
-                functools.partial(task.make_train_step, req.model, workload.input_shape),
-                ctx.cache_dir / "lut",
-            ),
-            req.batch_sizes,
-            own,
-        )
-    finally:
-        device.close()
-    report = CellsReport(
-        cells_b=tuple(float(b) for b in req.cells_b),
-        cells_freq_mhz=tuple(req.cells_freq_mhz),
-        time_per_sample_s=tuple(r[0] for r in rows),
-        peak_power_w=tuple(r[1] for r in rows),
-        avg_power_w=tuple(r[2] for r in rows),
-        profile_time_s=cost.time_s,
-        profile_energy_j=cost.energy_j,
-        num_examples=float(steps.samples if steps is not None else 0),
-    )
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}, report
 
 
 # --------------------------------------------------------------------------- TRAIN

@@ -1,0 +1,169 @@
+"""Fleet-shared profiling on the node: measure a slice of the kind's LUT
+(``profile_cells``, the ``train.profile`` message), take the kind's LUT the server sends
+(``shared_lut``), and remember the cells this node measured itself, so checking one of them
+costs nothing (``own_cell_check``). The protocol is in ``strategies.shared_profiling``.
+No Flower import.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fl_client import task
+from fl_client.contract import CellsReport, ProfileRequest
+from fl_client.drift import DriftCheck
+from fl_client.lut import LUT, KindKey, LUTFormatError, LUTKey, lut_checksum
+from fl_client.node_context import RoundCost, node_context, workload_for
+from fl_client.profiler import MeasureContext, measure_cell, time_per_sample_s
+
+log = logging.getLogger(__name__)
+
+
+def shared_lut(
+    kind_lut: str, measure: MeasureContext, batch_sizes: list[int]
+) -> tuple[LUT, bool] | None:
+    """The kind's LUT the server sent, as this node's copy, and whether the copy was already
+    verified (a later round: no measurement). None, with the reason logged, when it is not a
+    valid LUT of this node's kind (the node then profiles its own)."""
+    try:
+        lut = LUT.from_json(kind_lut)
+    except LUTFormatError as err:
+        log.warning("kind-lut: not a valid LUT (%s); profiling this node's own", err)
+        return None
+    info = measure.device.info
+    mine = KindKey(
+        info.kind,
+        info.backend,
+        measure.workload.model_name,
+        tuple(measure.workload.input_shape),
+        tuple(batch_sizes),
+        tuple(float(f) for f in measure.device.gpu_freqs_mhz),
+    )
+    diff = mine.differences(KindKey.of_lut(lut))
+    if diff:
+        log.warning("kind-lut: for another kind (%s); profiling this node's own", "; ".join(diff))
+        return None
+    copy = LUTKey.of(measure.device, measure.workload, batch_sizes, grid="shared")
+    path = copy.path(measure.cache_dir)
+    marker = path.with_name(path.name + ".source")
+    source = lut_checksum(lut)
+    if path.is_file() and marker.is_file() and marker.read_text().strip() == source:
+        try:
+            return LUT.load(path), True
+        except (LUTFormatError, OSError) as err:
+            log.warning("shared LUT copy %s unreadable (%s): verifying again", path, err)
+    return lut, False
+
+
+def own_cells_path(measure: MeasureContext, batch_sizes: tuple[int, ...]) -> Path:
+    key = LUTKey.of(measure.device, measure.workload, batch_sizes, grid="shared")
+    path = key.path(measure.cache_dir)
+    return path.with_name(path.name + ".own-cells.json")
+
+
+def own_cell_check(
+    measure: MeasureContext, lut: LUT, point: tuple[int, float], threshold: float
+) -> DriftCheck | None:
+    """A chosen cell this node measured itself in the shared exchanges is already checked on
+    this board: compare that measurement with the kind's LUT, measuring nothing. None when
+    the node did not measure it (or its record is unreadable)."""
+    path = own_cells_path(measure, lut.batch_sizes)
+    try:
+        own = json.loads(path.read_text())[f"{point[0]}@{point[1]!r}"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    i, j = lut.batch_sizes.index(point[0]), lut.freqs_mhz.index(point[1])
+    predicted = (lut.time_per_sample_s[i, j], lut.peak_power_w[i, j], lut.avg_power_w[i, j])
+    deviation = max(abs(float(x) / float(p) - 1.0) for x, p in zip(own, predicted, strict=True))
+    if deviation > threshold:
+        return None  # measure again, and re-profile the row if it is still off
+    return DriftCheck(deviation, False, lut, None, 0.0, 0.0)
+
+
+def keep_own_cells(
+    measure: MeasureContext, batch_sizes: tuple[int, ...], cells: dict[str, list[float]]
+) -> None:
+    """Remember the cells this node measured for its kind (for ``_own_cell_check``)."""
+    path = own_cells_path(measure, batch_sizes)
+    try:
+        known = json.loads(path.read_text()) if path.is_file() else {}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**known, **cells}))
+    except (OSError, ValueError) as err:
+        log.warning("could not keep the measured cells in %s (%s)", path, err)
+
+
+def profile_cells(
+    run_config: Mapping[str, Any],
+    node_config: Mapping[str, Any],
+    config: Mapping[str, Any],
+    state: Mapping[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], CellsReport]:
+    """Measure this node's slice of its kind's LUT (fleet-shared profiling).
+
+    Each requested (b, f) is measured as the profiler measures a cell (warm-up, then the
+    measured steps, GPU locked at f and restored). With ``steps-train`` the steps are real
+    minibatches of this node's data whose updates are kept (the returned weights); else
+    synthetic batches on a throw-away model (the weights come back unchanged).
+    """
+    ctx = node_context(run_config, node_config)
+    req = ProfileRequest.from_config(config)
+    s = ctx.settings
+    torch.set_num_threads(1)
+    model = task.build_model(req.model)
+    model.load_state_dict(dict(state))
+    workload = workload_for(req.model)
+    steps = None
+    if req.steps_train:
+        data = ctx.local_data()
+        steps = task.DataSteps(
+            model, data[0], req.lr_ref, req.b_ref, seed=s.seed + req.server_round
+        )
+    factories: dict[int, Callable[[], object]] = {}
+    rows: list[tuple[float, float, float]] = []
+    cost = RoundCost()
+    device = ctx.open_device(req.server_round)
+    try:
+        for b, f in req.cells:
+            if b not in factories:
+                factories[b] = (
+                    steps.factory(b)
+                    if steps is not None
+                    else task.make_train_step(req.model, workload.input_shape, b)
+                )
+            m, time_s, energy_j = measure_cell(
+                device, workload, b, factories[b], f, warmup_steps=req.warmup_steps, steps=req.steps
+            )
+            cost.add(time_s, energy_j)
+            rows.append((time_per_sample_s(m, b, req.steps), m.peak_power_w, m.avg_power_w))
+        own = {f"{b}@{float(f)!r}": list(r) for (b, f), r in zip(req.cells, rows, strict=True)}
+        keep_own_cells(
+            MeasureContext(
+                device,
+                workload,
+                functools.partial(task.make_train_step, req.model, workload.input_shape),
+                ctx.cache_dir / "lut",
+            ),
+            req.batch_sizes,
+            own,
+        )
+    finally:
+        device.close()
+    report = CellsReport(
+        cells_b=tuple(float(b) for b in req.cells_b),
+        cells_freq_mhz=tuple(req.cells_freq_mhz),
+        time_per_sample_s=tuple(r[0] for r in rows),
+        peak_power_w=tuple(r[1] for r in rows),
+        avg_power_w=tuple(r[2] for r in rows),
+        profile_time_s=cost.time_s,
+        profile_energy_j=cost.energy_j,
+        num_examples=float(steps.samples if steps is not None else 0),
+    )
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, report
