@@ -18,7 +18,7 @@ import pytest
 
 from simulations.experiments.federated import run_in_child
 from simulations.experiments.federated_config import CELL_VERSION
-from simulations.experiments.federated_report import cell_metrics, render
+from simulations.experiments.federated_report import cell_metrics, render, time_factors
 from simulations.experiments.records import write_json
 
 
@@ -106,6 +106,7 @@ def cell(method: str, seed: int, uses: list[list[str]], **summary: Any) -> dict[
         "target-accuracy": 0.7,
         "round-to-target": 2,
         "sim-time-to-target-s": 18.0,
+        "sim-time-to-target-free-profiling-s": 16.0,
         "fleet-energy-to-target-j": 80.0,
         "sim-time-s": 24.0,
         "fleet-energy-j": 120.0,
@@ -199,6 +200,41 @@ def test_report_shows_the_recorded_node_totals(tmp_path):
     assert "## Deadline-aware pacing: off vs deadline" in report
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["methods"]["b1"]["over-cap-node-rounds-mean"] == 3
+
+
+def test_b1_over_ours_splits_exactly_into_rounds_per_round_and_profiling():
+    ours = cell_metrics(cell("power-aware", 0, [["methods", "power-aware"]]))
+    b1 = cell_metrics(
+        cell(
+            "b1",
+            0,
+            [["methods", "b1"]],
+            **{"round-to-target": 3, "sim-time-to-target-s": 27.0},
+        )
+    )
+    f = time_factors(ours, b1)
+    assert f is not None
+    assert f["ratio"] == pytest.approx(27.0 / 18.0)
+    assert f["rounds"] == pytest.approx(1.5)
+    assert f["per-round"] == pytest.approx((27.0 / 3) / (16.0 / 2))
+    assert f["profiling"] == pytest.approx(16.0 / 18.0)
+    assert f["rounds"] * f["per-round"] * f["profiling"] == pytest.approx(f["ratio"])
+    missed = cell_metrics(cell("b1", 0, [["methods", "b1"]], **{"round-to-target": None}))
+    assert time_factors(ours, missed) is None
+
+
+def test_report_checks_ours_against_b1_seed_by_seed(tmp_path):
+    recs = [
+        cell("b1", 0, [["methods", "b1"]], **{"sim-time-to-target-s": 20.0}),
+        cell("power-aware", 0, [["methods", "power-aware"]]),
+        cell("b1", 1, [["methods", "b1"]], **{"sim-time-to-target-s": 17.0}),
+        cell("power-aware", 1, [["methods", "power-aware"]]),
+    ]
+    report = render(_output(tmp_path, recs)).read_text()
+    assert "### Ours against B1, seed by seed (profiling counted)" in report
+    # seed 0: 18 s ≤ 20 s with equal energy; seed 1: 18 s > 17 s
+    assert "| 0 | 18.0 | 20.0 | 80.0 | 80.0 | yes | 16.0 | 12.5% | 1.11× |" in report
+    assert "| 1 | 18.0 | 17.0 | 80.0 | 80.0 | no | 16.0 | 12.5% | 0.94× |" in report
 
 
 def test_cells_of_an_older_record_version_are_not_mixed_in(tmp_path):
