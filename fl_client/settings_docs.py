@@ -1,0 +1,440 @@
+"""The configuration reference, ``docs/configuration.md``, generated from the settings schema.
+
+    .venv/bin/python -m fl_client.settings_docs           # (re)write docs/configuration.md
+    .venv/bin/python -m fl_client.settings_docs --check   # exit 1 when it is out of date
+
+Everything is read from the schema at run time, so a key added to ``fl_client/settings.py``
+shows up when the page is regenerated:
+
+* the keys: ``RunSettings.keys()`` for run settings, ``node_entry_keys()`` for fleet entries
+  and ``--node-config`` (node settings, Flower's keys, the backends' ``DeviceOptions``);
+* the defaults: ``[tool.flwr.app.config]`` of pyproject.toml, else the field's default;
+* what a key allows: the message the settings' own validation gives a bad value (a few
+  probe values are tried), so the page says exactly what the code accepts;
+* what a key means, the first found of: its entry in ``RUN_HELP`` / ``NODE_HELP`` below, or
+  the ``#:`` comment right above its field in the schema (``RunSettings`` in
+  ``fl_client/settings.py``, ``DeviceOptions`` in ``fl_client/devices/__init__.py``), or
+  that field's trailing ``#`` comment.
+
+A key with no meaning is refused (``undocumented()``; ``tests/test_docs.py`` fails, naming
+it), and so is a page that differs from what this module writes now.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import math
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, fields
+from pathlib import Path
+from typing import Any
+
+from fl_client.contract import key_of
+from fl_client.devices import DeviceOptions
+from fl_client.settings import (
+    MIN_ROUND_TIMEOUT_S,
+    NODE_KEYS,
+    REPO_ROOT,
+    RunSettings,
+    app_defaults,
+    node_entry_keys,
+    node_settings,
+)
+
+#: The page this module writes, and the command that writes it.
+DOC_PATH = REPO_ROOT / "docs" / "configuration.md"
+COMMAND = ".venv/bin/python -m fl_client.settings_docs"
+
+#: What each run setting means. Allowed values and defaults are not written here: they are
+#: read from the schema. Links are relative to docs/.
+RUN_HELP: dict[str, str] = {
+    "method": "how clients pick (b, f): `power-aware` (Eq. 4 with the proxy r), `b1` (the "
+    "state of practice: the largest b at the highest frequency at or below the device's "
+    "fixed safe frequency for its cap), `b2` (the b with the smallest proxy r at B1's "
+    "frequency), `oracle` (Eq. 4 with r measured on the node's own data), `fixed` "
+    "(`fixed-batch-size` at `fixed-freq-mhz` on every node)",
+    "fleet": "the fleet file: one `[[node]]` table per node ([Fleet entries](#fleet-entries-"
+    "and-node-config)); simulated node *i* is Flower partition *i*",
+    "model": "`cnn` (a small CNN trained from scratch), `resnet18`, `mobilenetv2` "
+    "(torchvision, adapted to 32×32)",
+    "dataset": "where the server's data comes from (`digits`: scikit-learn's bundled "
+    "digits, shaped 3×32×32)",
+    "partitioning": "how the clients' data is split over the nodes: `dirichlet` (non-IID) or `iid`",
+    "dirichlet-alpha": 'the concentration of the Dirichlet split (`partitioning = "dirichlet"`)',
+    "seed": "seeds the data split, the partitions, the twins' sensor noise and the training order",
+    "num-rounds": "round budget: the run stops after this many rounds or at "
+    "`target-accuracy`, whichever comes first",
+    "target-accuracy": "test accuracy of the global model at which the run stops",
+    "local-epochs": "local work per round, in passes over the node's data (the same samples "
+    "whatever b\\* is)",
+    "batch-sizes": "the candidate batch sizes B, comma-separated and ascending",
+    "lr-ref": "Adam learning rate at `b-ref`; another b uses lr-ref·sqrt(b/b-ref) (the "
+    "paper's rule; the paper's 5e-4 is for fine-tuning pretrained CNNs, the default CNN "
+    "trains from scratch)",
+    "b-ref": "the batch size at which the learning rate is `lr-ref`",
+    "proxy-target-accuracy": "accuracy on the server's proxy set that defines N_s_acc(b), "
+    "the samples each batch size needs, and with it r (Eq. 3)",
+    "r-seeds": "how many data-order seeds r estimation averages N_s_acc(b) over",
+    "fraction-train": "share of the connected nodes sent a TRAIN message each round (at "
+    "least `min-train-nodes`)",
+    "min-train-nodes": "the minimum number of nodes a round is sent to; a simulated fleet "
+    "smaller than this is refused before the engine starts",
+    "round-timeout-s": "bound on every QUERY and TRAIN round, in seconds; below "
+    f"{MIN_ROUND_TIMEOUT_S:g} s it is refused (a node's first reply imports the client app)",
+    "output-dir": "where run folders go",
+    "cache-dir": "LUTs, r and oracle caches, and the server's LUT library (`<cache-dir>/library`)",
+    "profile-grid": "`efficient`: only the cells that matter under each node's cap (paper "
+    "§4.1: the largest b from the lowest f up to the first infeasible f, each smaller b from "
+    "there; without a cap each b at its highest f, which Eq. 4 would pick); `full`: every "
+    "(b, f)",
+    "schedule-profiling": "when a node with a `p-max-schedule` profiles its caps' LUTs: "
+    "`upfront` profiles every cap in round 1, while every node profiles anyway, so the fleet "
+    "waits once; `lazy` profiles a cap the first round it applies, so an unreached cap costs "
+    "nothing, but each cap step makes its round wait for that node's profiling "
+    "([Cap schedules](method.md#cap-schedules))",
+    "fixed-batch-size": "the `fixed` method's batch size, one of `batch-sizes`; only the "
+    "`fixed` method reads it",
+    "fixed-freq-mhz": "the `fixed` method's GPU frequency in MHz, in every node's frequency "
+    "table; only the `fixed` method reads it",
+    "peak-sigma-k": "a cell is feasible when its profiled peak plus this many σ of its "
+    "per-step peaks is below P_max·(1 − cap-margin); 0: the peak alone "
+    "([The selection rule](method.md#the-selection-rule))",
+    "tie-tolerance": "cells whose time × r_b is within this share of the least (the noise "
+    "level of LUT cells) are ties, broken by the least energy to accuracy (average power × "
+    "time × r_b)",
+    "pacing": "deadline-aware pacing: `off` runs every node at its (b\\*, f\\*); `deadline` "
+    "keeps b\\* and, from round 2, runs a node that would wait for the slowest one at the "
+    "frequency of least predicted energy that still meets the round's deadline "
+    "([Pacing](method.md#pacing))",
+    "pacing-margin": "share of the deadline a paced node keeps in reserve against noise",
+    "pacing-deadline-s": "a fixed deadline in seconds of local training time; 0: the largest "
+    "time a node reported at its f\\* in the last round",
+    "cap-margin": "share of P_max kept free: a (b, f) is feasible only if its profiled peak "
+    "is below P_max·(1 − cap-margin); a node's own `cap-margin` overrides it; 0 is the "
+    "paper's rule ([The cap margin](method.md#the-cap-margin))",
+    "drift-check-every": "every k rounds a node re-measures its operating point and compares "
+    "it with its LUT; 0 = never ([Drift checks](method.md#drift-checks))",
+    "drift-threshold": "relative deviation beyond which a drift check re-profiles the batch "
+    "size's row up to the cap less `cap-margin`",
+    "r-eval-every-samples": "r estimation evaluates on the proxy set every this many "
+    "training samples",
+    "r-max-samples": "a batch size that has not reached `proxy-target-accuracy` after this "
+    "many samples is left out of B; the oracle uses the same budget on a node's data",
+    "shared-profiling": "`fleet`: nodes of one kind (device kind, backend, model, input "
+    "shape, B) measure one LUT together in slices, each node checks its own chosen cell "
+    "before training, and the server keeps the LUT in its library; `off`: every node "
+    "profiles its own ([Fleet-shared profiling](method.md#fleet-shared-profiling))",
+    "shared-seed-cells": "cells spread over the (b, f) grid that fleet-shared profiling "
+    "measures first",
+    "shared-cells-per-cap": "at most this many further cells per distinct cap, where a fit "
+    "to the seed cells puts the cap's choice and boundary",
+    "profile-steps-train": "keep the updates of the profiled minibatches (real local "
+    "batches, lr scaled for their b), so profiling also moves the model",
+}
+
+#: What each key of a fleet entry (``[[node]]`` in a fleet file) or ``--node-config`` means.
+NODE_HELP: dict[str, str] = {
+    "name": "the node's name in logs and records; with `count`, `-1` … `-N` is appended",
+    "device": "the device kind: its descriptor in `configs/devices/` (frequency table, power "
+    "rail, B1's frequency bands, twin coefficients)",
+    "backend": "`simulated` (a digital twin), `jetson` (devfreq and the INA3221 monitor), "
+    "`nvml` (an NVIDIA GPU), `replay` (a measured table), `auto` (the first available, real "
+    "hardware first)",
+    "p-max-w": 'the power cap in W on the device\'s board rail, `"none"` for no cap',
+    "p-max-schedule": "a cap per round instead of `p-max-w` (give one of the two); a CSV path "
+    "is relative to the app folder ([Cap schedules](method.md#cap-schedules))",
+    "cap-margin": "this node's share of P_max kept free of profiled peaks, instead of the "
+    "run's `cap-margin`",
+    "partition-id": "which data partition the node trains on; Flower sets it in simulation "
+    "(node *i* of the fleet file), give each real device its own",
+    "num-partitions": "how many partitions the data is split into; the same on every device",
+    "count": "fleet files only: this entry stands for `count` identical nodes",
+    "sysfs-root": "`jetson`: the folder holding `sys/` and `proc/`, or the sysfs mount",
+    "state-dir": "where a hardware backend saves the GPU limits found at start, to restore "
+    "them after a crash; unset: `$POWERFL_STATE_DIR`, else `~/.cache/powerfl/state`",
+    "power-source": "`jetson`: read power from the INA3221 in sysfs, from the jtop service, "
+    "or `auto`",
+    "power-rails": "`jetson`: comma-separated INA3221 rails summed as board power; unset: the "
+    "board's input rail (e.g. `VDD_IN`), else the sum of its rails",
+    "sample-rate-hz": "power samples per second; energy is the time integral of the samples",
+    "cap-window-s": "how long sampled power may stay above P_max before the cap guard steps "
+    "the GPU frequency down one level",
+    "replay-table": "`replay`: the measured table, CSV or JSON (format: "
+    "[configs/replay/README.md](../configs/replay/README.md))",
+    "nvml-index": "`nvml`: the GPU as CUDA numbers it (`cuda:N`), via `CUDA_VISIBLE_DEVICES`",
+    "lock-clocks": "`nvml`: `auto` (unset) locks clocks when root, `false` only measures",
+    "twin-slowdown": "`simulated`: from `twin-drift-from-round` on, every step takes this "
+    "many times longer (simulated drift such as thermal throttling)",
+    "twin-extra-power-w": "`simulated`: from `twin-drift-from-round` on, every step draws "
+    "this much more power",
+    "twin-drift-from-round": "`simulated`: the first round of the twin's drift",
+}
+
+#: Defaults of the fleet-entry keys that are not ``DeviceOptions`` fields (Markdown).
+NODE_DEFAULTS: dict[str, str] = {
+    "name": "`node-<i>`",
+    "device": "required",
+    "backend": '`"simulated"`',
+    "p-max-w": '`"none"`',
+    "p-max-schedule": "unset",
+    "cap-margin": "the run's `cap-margin`",
+    "partition-id": "`0`",
+    "num-partitions": "the fleet's size, else `1`",
+    "count": "`1`",
+}
+
+#: Values tried on a key to make the schema's validation say what it allows: a tiny
+#: positive number (narrow lower bounds), a large negative one, and a string that no key
+#: accepts.
+PROBES: tuple[object, ...] = (1e-9, -1e9, "\x00?")
+
+
+# --------------------------------------------------------------------- reading the schema
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """Field (kebab-case key) → its ``#:`` comment block, else its trailing ``#`` comment,
+    from the class and the dataclasses it extends."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if "__dataclass_fields__" in vars(klass):
+            out.update(_class_comments(klass))
+    return out
+
+
+def _class_comments(cls: type) -> dict[str, str]:
+    names = set(vars(cls).get("__annotations__", {}))
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):  # pragma: no cover - no source (frozen app)
+        return {}
+    out: dict[str, str] = {}
+    block: list[str] = []
+    for line in source.splitlines()[1:]:
+        stripped = line.strip()
+        if stripped.startswith(("def ", "@")):
+            break
+        if stripped.startswith("#:"):
+            block.append(stripped[2:].strip())
+            continue
+        field = re.match(r"(\w+)\s*:[^=]*(?:=\s*([^#]*))?(?:#\s*(.*))?$", stripped)
+        if field and field.group(1) in names:
+            text = " ".join(block) or (field.group(3) or "")
+            if text.strip():
+                out[key_of(field.group(1))] = _markdown(text, key_of(field.group(1)))
+        block = []
+    return out
+
+
+def _markdown(text: str, key: str) -> str:
+    """A schema comment as one Markdown sentence: ``x`` → `x`, a leading "key:" dropped."""
+    text = re.sub(r"``([^`]+)``", r"`\1`", " ".join(text.split()))
+    text = re.sub(rf"^`?{re.escape(key)}`?\s*:\s*", "", text).rstrip(".")
+    if text[:1].isupper() and not text[1:2].isupper():  # "A run …" → "a run …"; "GPU" stays
+        text = text[:1].lower() + text[1:]
+    return text
+
+
+def _allowed(check: Callable[[dict[str, Any]], object], key: str, base: Mapping[str, Any]) -> str:
+    """What ``key`` allows, in the words of the error a bad value gets from ``check``."""
+    for probe in PROBES:
+        try:
+            check({**base, key: probe})
+        except Exception as err:  # SettingsError, or ValueError from the device options
+            message = str(err)
+            at = message.rfind(f"{key}: ")
+            if at < 0:
+                continue
+            return _allowed_text(message[at + len(key) + 2 :])
+    return ""
+
+
+def _allowed_text(message: str) -> str:
+    if "allowed: " in message:
+        values = message.split("allowed: ", 1)[1].strip()
+        items = [v.strip() for v in values.split(",")]
+        if all(re.fullmatch(r"[\w.+-]+", v) for v in items):
+            return " \\| ".join(f"`{v}`" for v in items)
+        return values
+    text = re.split(r",? got ", message, maxsplit=1)[0].strip().rstrip(",;")
+    return re.sub(r"^(expected |must be )", "", text)
+
+
+def _toml(value: object) -> str:
+    """A default as it is written in pyproject.toml or a fleet file (Markdown)."""
+    if value is None or value == ():
+        return "unset"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    if isinstance(value, tuple | list):
+        return f'`"{",".join(map(str, value))}"`'
+    if isinstance(value, float) and math.isfinite(value) and value == int(value):
+        return f"`{value:.1f}`"
+    return f"`{value}`"
+
+
+def run_settings_rows() -> list[tuple[str, str, str, str]]:
+    """(key, default, allowed, meaning) per run setting, in the schema's order."""
+    defaults = app_defaults()
+    comments = _field_comments(RunSettings)
+    rows = []
+    for f in fields(RunSettings):
+        key = key_of(f.name)
+        if key in defaults:
+            default = _toml(defaults[key])
+        elif f.default is not MISSING:
+            default = _toml(f.default)
+        else:
+            default = "required"
+        allowed = _allowed(RunSettings.from_config, key, {})
+        rows.append((key, default, allowed, RUN_HELP.get(key) or comments.get(key, "")))
+    return rows
+
+
+def _check_node(entry: dict[str, Any]) -> object:
+    return node_settings(entry, None)
+
+
+def node_rows() -> list[tuple[str, str, str, str]]:
+    """(key, default, allowed, meaning) per fleet-entry / node-config key."""
+    option_fields = {key_of(f.name): f for f in fields(DeviceOptions)}
+    comments = _field_comments(DeviceOptions)
+    kind = {"device": _some_device_kind()}
+    rows = []
+    for key in node_entry_keys():
+        if key in option_fields:
+            default = _toml(option_fields[key].default)
+            allowed = _allowed(DeviceOptions.from_config, key, {})
+        else:
+            default = NODE_DEFAULTS.get(key, "")
+            allowed = _allowed(_check_node, key, kind) if key in NODE_KEYS else ""
+        rows.append((key, default, allowed, NODE_HELP.get(key) or comments.get(key, "")))
+    return rows
+
+
+def _some_device_kind() -> str:
+    from fl_client.devices.simulated import available_device_kinds
+
+    kinds = available_device_kinds()
+    return kinds[0] if kinds else "jetson-nano"
+
+
+def undocumented() -> list[str]:
+    """Keys of the schema with no meaning or no default (run settings, then fleet keys)."""
+    missing = [f"run setting {k}" for k, _, _, help in run_settings_rows() if not help]
+    missing += [
+        f"fleet entry key {k}" for k, default, _, help in node_rows() if not help or not default
+    ]
+    return missing
+
+
+# --------------------------------------------------------------------------- the page
+
+
+def _table(rows: Sequence[tuple[str, str, str, str]]) -> str:
+    lines = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
+    for key, default, allowed, meaning in rows:
+        cells = (f"`{key}`", default, allowed or "–", meaning.replace("|", "\\|"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+HEADER = f"""\
+<!-- Generated by `{COMMAND}` from the settings schema (fl_client/settings.py).
+     Do not edit by hand: change the schema or fl_client/settings_docs.py and regenerate. -->
+
+# Configuration reference
+
+Every run setting, and every key of a fleet entry, with its default, what it allows and what
+it means. This page is generated from the settings schema; `tests/test_docs.py` fails when a
+setting has no meaning here or when the page is out of date (regenerate it with
+`{COMMAND}`).
+
+## Where settings are set
+
+Run settings are the keys of `[tool.flwr.app.config]` in `pyproject.toml` (kebab-case),
+which hold their defaults. `powerfl simulate` runs the app in Flower's simulation engine,
+one virtual SuperNode per fleet node, and `-c KEY=VALUE` overrides any of them (VALUE as
+TOML, e.g. `-c lr-ref=0.003`); the same ServerApp and ClientApp run on real devices with
+Flower's SuperLink and SuperNodes ([deployment.md](deployment.md)), where
+`flwr run . <connection> --run-config "method='b1'"` sets them. An unknown key, a bad value
+or a key given twice is refused before anything starts, naming the key
+([bad-input.md](bad-input.md), which also gives the rule for relative paths).
+
+```bash
+.venv/bin/powerfl simulate -c local-epochs=2 -c cap-margin=0 -c pacing=deadline
+```
+
+A fleet file (`configs/fleets/*.toml`) has one `[[node]]` table per node, e.g.
+`configs/fleets/default.toml`:
+
+```toml
+[[node]]
+name = "nano-4.5w"
+device = "jetson-nano"      # jetson-nano | jetson-tx2-nx | jetson-orin-nano | jetson-agx-orin
+p-max-w = 4.5               # watts on the device's board rail; "none" = no cap
+count = 2                   # two identical nodes, nano-4.5w-1 and nano-4.5w-2
+```
+
+On a real device the same keys are given to `flower-supernode --node-config`
+([jetson-setup.md](jetson-setup.md)). Device descriptors live in `configs/devices/*.toml`
+(frequency tables, memory, power rail, B1's safe frequency per cap band, twin coefficients
+with their calibration sources).
+
+## Run settings
+
+"""
+
+NODE_INTRO = """
+
+## Fleet entries and node config
+
+The keys of a `[[node]]` table in a fleet file, or of a SuperNode's `--node-config`: the
+node's own settings, Flower's keys, and the backends' options (the backend named in the
+meaning reads the key; the others ignore it).
+
+"""
+
+
+def render() -> str:
+    """The whole of docs/configuration.md, from the schema as it is now."""
+    return HEADER + _table(run_settings_rows()) + NODE_INTRO + _table(node_rows()) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m fl_client.settings_docs",
+        description="Write docs/configuration.md from the settings schema.",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if the page is out of date"
+    )
+    parser.add_argument("--out", type=Path, default=DOC_PATH, help="default: docs/configuration.md")
+    args = parser.parse_args(argv)
+    missing = undocumented()
+    if missing:
+        print(
+            "settings_docs: no meaning for " + ", ".join(missing) + ": add it to RUN_HELP or "
+            "NODE_HELP in fl_client/settings_docs.py, or a #: comment above its field",
+            file=sys.stderr,
+        )
+        return 1
+    text = render()
+    if args.check:
+        current = args.out.read_text(encoding="utf-8") if args.out.is_file() else ""
+        if current != text:
+            print(f"{args.out} is out of date: run `{COMMAND}`", file=sys.stderr)
+            return 1
+        return 0
+    args.out.write_text(text, encoding="utf-8")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
