@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import platform
 import sys
@@ -49,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from results_file import write_results
 
 from fl_client import lut_fit
 from fl_client.lut_fit import Cell, FloatArray
@@ -559,21 +559,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/lut_fit.json"))
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    result = run(args)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(_finite(result), indent=2, allow_nan=False) + "\n")
-    print(f"wrote {args.json}")
-
-
-def _finite(x: Any) -> Any:
-    """``x`` with NaN and infinities as None (standard JSON), tuples as lists."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
-    return x
+    write_results(args.json, run(args))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from results_file import write_results
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -188,20 +189,15 @@ def main() -> None:
             f"{r['final-accuracy']:>10.3f}{100 * r['profile-share']:>9.2f}%"
             f"{r['node-rounds-ok']:>17}/{r['node-rounds-failed']}"
         )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps(
-            {
-                "benchmark": "runs",
-                "cases": rows,
-                "cpus": os.cpu_count(),
-                "python": platform.python_version(),
-            },
-            indent=2,
-        )
-        + "\n"
+    write_results(
+        args.json,
+        {
+            "benchmark": "runs",
+            "cases": rows,
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
     )
-    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import platform
 import statistics
 import sys
@@ -24,6 +23,7 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+from results_file import write_results
 
 from fl_client import selector as current_selector
 
@@ -111,27 +111,22 @@ def main() -> None:
     print(f"{'case':<24}{'|B|':>5}{'|F|':>5}{'µs/call best':>14}{'median':>9}")
     for name, (best, median) in res.items():
         print(f"{name:<24}{6:>5}{14:>5}{best:>14.1f}{median:>9.1f}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps(
-            {
-                "benchmark": "selector",
-                "selector": str(args.selector or "fl_client/selector.py"),
-                "calls": args.calls,
-                "repeats": args.repeats,
-                "batch-sizes": 6,
-                "freqs": 14,
-                "us-per-call": {name: best for name, (best, _) in res.items()},
-                "us-per-call-median": {name: median for name, (_, median) in res.items()},
-                "python": platform.python_version(),
-                "numpy": np.__version__,
-                "machine": platform.machine(),
-            },
-            indent=2,
-        )
-        + "\n"
+    write_results(
+        args.json,
+        {
+            "benchmark": "selector",
+            "selector": str(args.selector or "fl_client/selector.py"),
+            "calls": args.calls,
+            "repeats": args.repeats,
+            "batch-sizes": 6,
+            "freqs": 14,
+            "us-per-call": {name: best for name, (best, _) in res.items()},
+            "us-per-call-median": {name: median for name, (_, median) in res.items()},
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "machine": platform.machine(),
+        },
     )
-    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

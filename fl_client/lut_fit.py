@@ -63,6 +63,7 @@ __all__ = [
     "CapChoice",
     "FitError",
     "FitOptions",
+    "GridTables",
     "LUTFit",
     "PlanOptions",
     "PlannedLUT",
@@ -135,13 +136,31 @@ class FitOptions:
 
 
 @dataclass(frozen=True, eq=False)
-class LUTFit:
-    """A fitted LUT: predictions for every cell and their relative uncertainty.
+class GridTables:
+    """A LUT-shaped grid: the axes, and time per sample, peak and average power per cell.
 
     Attributes
     ----------
     batch_sizes, freqs_mhz : tuple
         The axes (rows, columns).
+    time_per_sample_s, peak_power_w, avg_power_w : ndarray, shape (|B|, |F|)
+        The cells: what ``LUTFit`` predicts, what ``PlannedLUT`` measured or fitted.
+    """
+
+    batch_sizes: tuple[int, ...]
+    freqs_mhz: tuple[float, ...]
+    time_per_sample_s: FloatArray
+    peak_power_w: FloatArray
+    avg_power_w: FloatArray
+
+
+@dataclass(frozen=True, eq=False)
+class LUTFit(GridTables):
+    """A fitted LUT: predictions for every cell and their relative uncertainty (the axes:
+    ``GridTables``).
+
+    Attributes
+    ----------
     time_per_sample_s, peak_power_w, avg_power_w : ndarray, shape (|B|, |F|)
         The fit's prediction of each cell, measured cells included (not overwritten).
     time_sigma, peak_sigma : ndarray, shape (|B|, |F|)
@@ -153,11 +172,6 @@ class LUTFit:
         How many measured cells the fit used.
     """
 
-    batch_sizes: tuple[int, ...]
-    freqs_mhz: tuple[float, ...]
-    time_per_sample_s: FloatArray
-    peak_power_w: FloatArray
-    avg_power_w: FloatArray
     time_sigma: FloatArray
     peak_sigma: FloatArray
     time_params: tuple[float, ...]
@@ -690,13 +704,12 @@ class CapChoice:
 
 
 @dataclass(frozen=True, eq=False)
-class PlannedLUT:
-    """``plan_cells``' result: a LUT-shaped table, measured cells marked, the rest fitted.
+class PlannedLUT(GridTables):
+    """``plan_cells``' result: a LUT-shaped table, measured cells marked, the rest fitted
+    (the axes: ``GridTables``).
 
     Attributes
     ----------
-    batch_sizes, freqs_mhz : tuple
-        The axes.
     time_per_sample_s, peak_power_w, avg_power_w : ndarray, shape (|B|, |F|)
         Measured values where ``measured``, the fit's predictions elsewhere.
     measured : ndarray of bool
@@ -711,11 +724,6 @@ class PlannedLUT:
         How many of ``cells`` were seeds.
     """
 
-    batch_sizes: tuple[int, ...]
-    freqs_mhz: tuple[float, ...]
-    time_per_sample_s: FloatArray
-    peak_power_w: FloatArray
-    avg_power_w: FloatArray
     measured: BoolArray
     cells: tuple[tuple[int, float], ...]
     choices: tuple[CapChoice, ...]

@@ -10,6 +10,14 @@ Budget rule: a batch size that does not reach the target within ``max_samples`` 
 seed is marked *unreached*, reported, and left out of the batch sizes the server sends (its
 r would be unbounded, and a client must not pick it). If no batch size reaches the target,
 ``TargetNotReachedError`` says to lower ``proxy-target-accuracy`` or raise ``max-samples``.
+
+The cache (``cache_dir``, one file per ``cache_key``) records what produced each estimate,
+its inputs (``cache_inputs``: model, hashes of the initial weights and the proxy sets, B and
+the settings), and a sha256 checksum of its content. A file is trusted only when all of it
+checks out on load: the format, the checksum, the inputs of this call, and r as Eq. 3
+derives it again from the file's own per-seed samples to target. A file that fails is set
+aside (``fl_client.files.set_aside``) with one warning line naming it and why, and r is
+recomputed; a file of the older format (no inputs or checksum) is stale and recomputed.
 """
 
 from __future__ import annotations
@@ -17,18 +25,19 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from fl_client import task
-from fl_client.files import write_atomic
+from fl_client.files import set_aside, write_atomic
+from fl_client.progress import ProgressBar
 from fl_client.settings import parse_batch_sizes
 
 log = logging.getLogger(__name__)
@@ -36,6 +45,9 @@ log = logging.getLogger(__name__)
 #: Bump when a change to this module or to training changes the numbers it produces:
 #: it is part of the cache key, so old cache entries are not reused.
 CODE_VERSION = "r-estimation/1"
+#: The cache file's format: the estimate with its inputs and checksum. Files of the older
+#: format (the bare estimate) are stale: recomputed, never trusted.
+CACHE_FORMAT = "powerfl-r-cache/2"
 
 ProgressFn = Callable[[int], None]
 
@@ -186,7 +198,7 @@ class REstimate:
 
 
 def r_from_samples(
-    n_by_b: Mapping[int, int | None], batch_sizes: Sequence[int]
+    n_by_b: Mapping[int, float | None], batch_sizes: Sequence[int]
 ) -> tuple[list[int], list[float]]:
     """Eq. 3 over the batch sizes that reached the target: (those b, r_b = N(b) / max N).
 
@@ -200,16 +212,7 @@ def r_from_samples(
     return reached, [float(n_by_b[b] or 0) / n_max for b in reached]
 
 
-def validate_settings(
-    batch_sizes: Sequence[int],
-    *,
-    target_accuracy: float,
-    lr_ref: float,
-    b_ref: int,
-    eval_every_samples: int,
-    max_samples: int,
-    seeds: Sequence[int],
-) -> list[int]:
+def validate_settings(batch_sizes: Sequence[int], opts: ROptions) -> list[int]:
     """Check the estimation settings; returns the batch sizes as a list of ints.
 
     Raises
@@ -219,12 +222,11 @@ def validate_settings(
         for ``batch-sizes``).
     """
     sizes = parse_batch_sizes(list(batch_sizes))
+    target_accuracy, eval_every_samples = opts.target_accuracy, opts.eval_every_samples
+    max_samples, seeds = opts.max_samples, opts.seeds
     if not 0.0 < target_accuracy < 1.0:
         raise ValueError(f"proxy-target-accuracy: must be in (0, 1), got {target_accuracy!r}")
-    if not lr_ref > 0:
-        raise ValueError(f"lr-ref: must be > 0, got {lr_ref!r}")
-    if not b_ref > 0:
-        raise ValueError(f"b-ref: must be > 0, got {b_ref!r}")
+    task.scaled_lr(opts.lr_ref, opts.b_ref, sizes[0])  # lr-ref and b-ref: the lr rule's checks
     if not eval_every_samples > 0:
         raise ValueError(f"eval-every-samples: must be > 0, got {eval_every_samples!r}")
     if not max_samples >= eval_every_samples:
@@ -236,16 +238,17 @@ def validate_settings(
     return sizes
 
 
-def cache_key(
+def cache_inputs(
     model_name: str,
     initial_state_dict: Mapping[str, torch.Tensor],
     proxy_train: task.Data,
     proxy_eval: task.Data,
     batch_sizes: Sequence[int],
     settings: Mapping[str, Any],
-) -> str:
-    """sha256 (hex) of everything an estimate depends on, including ``CODE_VERSION``."""
-    payload = {
+) -> dict[str, Any]:
+    """Everything an estimate depends on, including ``CODE_VERSION``: the initial weights
+    and the proxy sets as sha256 hashes, the rest as it is. Stored in the cache file."""
+    return {
         "code_version": CODE_VERSION,
         "model_name": model_name,
         "initial_state": task.state_hash(initial_state_dict),
@@ -254,7 +257,15 @@ def cache_key(
         "batch_sizes": [int(b) for b in batch_sizes],
         "settings": dict(settings),
     }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _sha256(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def cache_key(inputs: Mapping[str, Any]) -> str:
+    """sha256 (hex) of ``cache_inputs``' result: everything an estimate depends on."""
+    return _sha256(dict(inputs))
 
 
 @dataclass(frozen=True)
@@ -405,40 +416,31 @@ def estimate_r(
         No batch size reached the target within ``max_samples``.
     """
     opts = options if options is not None else ROptions(**settings)
-    target_accuracy, lr_ref, b_ref = opts.target_accuracy, opts.lr_ref, opts.b_ref
-    eval_every_samples, max_samples, seeds = opts.eval_every_samples, opts.max_samples, opts.seeds
-    sizes = validate_settings(
-        batch_sizes,
-        target_accuracy=target_accuracy,
-        lr_ref=lr_ref,
-        b_ref=b_ref,
-        eval_every_samples=eval_every_samples,
-        max_samples=max_samples,
-        seeds=seeds,
-    )
+    sizes = validate_settings(batch_sizes, opts)
     if model_name not in task.MODEL_NAMES:
         raise ValueError(
             f"model: unknown model {model_name!r}; allowed: {', '.join(task.MODEL_NAMES)}"
         )
-    lrs = {b: task.scaled_lr(lr_ref, b_ref, b) for b in sizes}
+    lrs = {b: task.scaled_lr(opts.lr_ref, opts.b_ref, b) for b in sizes}
     record: dict[str, Any] = {
-        "target_accuracy": float(target_accuracy),
-        "lr_ref": float(lr_ref),
-        "b_ref": int(b_ref),
-        "eval_every_samples": int(eval_every_samples),
-        "max_samples": int(max_samples),
-        "seeds": [int(s) for s in seeds],
+        "target_accuracy": float(opts.target_accuracy),
+        "lr_ref": float(opts.lr_ref),
+        "b_ref": int(opts.b_ref),
+        "eval_every_samples": int(opts.eval_every_samples),
+        "max_samples": int(opts.max_samples),
+        "seeds": [int(s) for s in opts.seeds],
         "optimizer": "adam",
         "lr_scaling": "sqrt",
         "lr_by_batch_size": {str(b): lr for b, lr in lrs.items()},
         "proxy_train_size": len(task.as_tensors(proxy_train)[0]),
         "proxy_eval_size": len(task.as_tensors(proxy_eval)[0]),
     }
-    key = cache_key(model_name, initial_state_dict, proxy_train, proxy_eval, sizes, record)
+    inputs = cache_inputs(model_name, initial_state_dict, proxy_train, proxy_eval, sizes, record)
+    key = cache_key(inputs)
     path = None
     if cache_dir is not None:
         path = Path(cache_dir) / f"r-{model_name}-{key[:24]}.json"
-        cached = _read_cache(path, key)
+        cached = read_cache(path, inputs)
         if cached is not None:
             log.info("r estimate read from cache %s", path)
             return cached
@@ -448,7 +450,7 @@ def estimate_r(
         opts.progress,
     )
     if path is not None:
-        _atomic_write_json(path, est.to_json())
+        write_cache(path, est, inputs)
     return est
 
 
@@ -466,32 +468,62 @@ class _Job:
     key: str
 
 
+@dataclass(frozen=True)
+class _Eq3:
+    """Eq. 3 over the per-seed samples to target of each batch size (``derive_r``)."""
+
+    reached: tuple[bool, ...]
+    mean_samples_to_target: dict[int, float | None]
+    batch_sizes: tuple[int, ...]
+    unreached: tuple[int, ...]
+    r: tuple[float, ...]
+
+
+def derive_r(sizes: Sequence[int], per_b: Mapping[int, Sequence[int | None]]) -> _Eq3:
+    """r as ``estimate_r`` derives it from N_s_acc per (b, seed): a b is reached when every
+    seed reached the target, N_s_acc(b) is the mean over seeds, r_b = N_s_acc(b) / max."""
+    reached = tuple(bool(per_b[b]) and all(n is not None for n in per_b[b]) for b in sizes)
+    mean_n: dict[int, float | None] = {
+        b: (sum(n for n in per_b[b] if n is not None) / len(per_b[b]) if ok else None)
+        for b, ok in zip(sizes, reached, strict=True)
+    }
+    reached_sizes, r = r_from_samples(mean_n, sizes)
+    unreached = tuple(b for b, ok in zip(sizes, reached, strict=True) if not ok)
+    return _Eq3(reached, mean_n, tuple(reached_sizes), unreached, tuple(r))
+
+
 def _compute(job: _Job, progress: bool) -> REstimate:
-    model_name, initial_state_dict = job.model_name, job.initial_state_dict
-    proxy_train, proxy_eval, sizes, lrs = job.proxy_train, job.proxy_eval, job.sizes, job.lrs
-    settings, key = job.settings, job.key
+    settings, sizes, lrs = job.settings, job.sizes, job.lrs
     seeds: list[int] = settings["seeds"]
-    target = settings["target_accuracy"]
+    target, max_samples = settings["target_accuracy"], settings["max_samples"]
     runs = [(seed, b) for seed in seeds for b in sizes]
     per_b: dict[int, list[int | None]] = {b: [] for b in sizes}
     curves: dict[int, list[tuple[tuple[int, float], ...]]] = {b: [] for b in sizes}
     cost_samples = 0
     t0 = time.perf_counter()
-    with _Progress(progress, len(runs), settings["max_samples"]) as bar:
+    bar = ProgressBar(
+        len(runs),
+        enabled=progress,
+        title="r estimation",
+        terminal_only=True,
+        remaining=False,
+        logger=log,
+    )
+    with bar.running():
         for seed, b in runs:
-            bar.start(f"r: seed {seed} b={b}")
+            bar.start(f"r: seed {seed} b={b}", "0 samples")
             t_run = time.perf_counter()
             n_acc, curve, used = samples_to_target(
-                model_name,
-                initial_state_dict,
-                proxy_train,
-                proxy_eval,
-                on_eval=bar.update,
+                job.model_name,
+                job.initial_state_dict,
+                job.proxy_train,
+                job.proxy_eval,
+                on_eval=lambda n: bar.detail(f"{n}/{max_samples} samples"),
                 batch_size=b,
                 lr=lrs[b],
                 target_accuracy=target,
                 eval_every_samples=settings["eval_every_samples"],
-                max_samples=settings["max_samples"],
+                max_samples=max_samples,
                 seed=seed,
             )
             per_b[b].append(n_acc)
@@ -509,53 +541,46 @@ def _compute(job: _Job, progress: bool) -> REstimate:
             )
     cost_time_s = time.perf_counter() - t0
 
-    reached = tuple(all(n is not None for n in per_b[b]) for b in sizes)
-    mean_n: dict[int, float | None] = {
-        b: (sum(n for n in per_b[b] if n is not None) / len(per_b[b]) if ok else None)
-        for b, ok in zip(sizes, reached, strict=True)
-    }
-    reached_sizes = [b for b, ok in zip(sizes, reached, strict=True) if ok]
-    unreached = tuple(b for b, ok in zip(sizes, reached, strict=True) if not ok)
-    n_max = max((mean_n[b] or 0.0 for b in reached_sizes), default=0.0)
+    eq3 = derive_r(sizes, per_b)
     est = REstimate(
-        model_name=model_name,
-        batch_sizes=tuple(reached_sizes),
-        r=tuple(float(mean_n[b] or 0.0) / n_max for b in reached_sizes),
+        model_name=job.model_name,
+        batch_sizes=eq3.batch_sizes,
+        r=eq3.r,
         all_batch_sizes=tuple(sizes),
-        reached=reached,
+        reached=eq3.reached,
         samples_to_target={b: tuple(v) for b, v in per_b.items()},
-        mean_samples_to_target=mean_n,
-        unreached=unreached,
+        mean_samples_to_target=eq3.mean_samples_to_target,
+        unreached=eq3.unreached,
         curves={b: tuple(v) for b, v in curves.items()},
         cost_time_s=cost_time_s,
         cost_samples=cost_samples,
         settings=settings,
-        cache_key=key,
+        cache_key=job.key,
     )
     summary = ", ".join(
         f"b{b}={'—' if row['r'] is None else format(row['r'], '.2f')}"
         for b, row in zip(sizes, est.table(), strict=True)
     )
     bar.report(
-        f"r estimate ({model_name}, proxy target {target:.2f}): {summary}; "
+        f"r estimate ({job.model_name}, proxy target {target:.2f}): {summary}; "
         f"cost {cost_time_s:.1f} s, {cost_samples} samples"
     )
-    if not reached_sizes:
+    if not eq3.batch_sizes:
         raise TargetNotReachedError(
             f"r estimation: no batch size in {sizes} reached proxy-target-accuracy "
-            f"{target} within max-samples={settings['max_samples']} (best proxy accuracy "
+            f"{target} within max-samples={max_samples} (best proxy accuracy "
             f"{_best_accuracy(est):.3f}); lower proxy-target-accuracy or raise max-samples "
             "(or lr-ref)",
             est,
         )
-    if unreached:
+    if eq3.unreached:
         log.warning(
             "r estimation: batch sizes %s did not reach proxy-target-accuracy %.2f within "
             "max-samples=%d for every seed; they are excluded from the batch sizes sent "
             "to clients",
-            list(unreached),
+            list(eq3.unreached),
             target,
-            settings["max_samples"],
+            max_samples,
         )
     return est
 
@@ -565,89 +590,105 @@ def _best_accuracy(est: REstimate) -> float:
     return max(accs, default=float("nan"))
 
 
-def _read_cache(path: Path, key: str) -> REstimate | None:
-    """The cached estimate at ``path``; a corrupt file is renamed aside and ignored."""
-    if not path.is_file():
-        return None
-    try:
-        est = REstimate.from_json(path.read_text(encoding="utf-8"), from_cache=True)
-        if est.cache_key != key:
-            raise ValueError(f"cache key {est.cache_key[:12]}… does not match {key[:12]}…")
-    except (ValueError, OSError) as exc:  # json.JSONDecodeError is a ValueError
-        stamp = datetime.now().strftime("%Y%m%dT%H%M%S%f")
-        aside = path.with_name(f"{path.name}.corrupt-{stamp}")
-        log.warning("corrupt r cache %s (%s): moved to %s, recomputing", path, exc, aside)
-        try:
-            path.replace(aside)
-        except OSError as move_exc:  # pragma: no cover - e.g. read-only cache dir
-            log.warning("could not move corrupt r cache aside: %s", move_exc)
-        return None
+# --------------------------------------------------------------------------- the cache
+
+
+class _RefusedError(ValueError):
+    """A cache file that must not be trusted; the message says why."""
+
+
+def _checksum(record: Mapping[str, Any]) -> str:
+    """sha256 of a cache record's content: every field but the checksum itself."""
+    return _sha256({k: v for k, v in record.items() if k != "checksum"})
+
+
+def cache_record(est: REstimate, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The cache file's content: ``est`` with the inputs that produced it and a checksum."""
+    record = {
+        "format": CACHE_FORMAT,
+        "cache_key": cache_key(inputs),
+        "inputs": dict(inputs),
+        "estimate": est.to_json(),
+    }
+    return {**record, "checksum": _checksum(record)}
+
+
+def write_cache(path: Path, est: REstimate, inputs: Mapping[str, Any]) -> None:
+    """Write ``est`` to the cache file ``path`` (atomically; see ``cache_record``)."""
+    write_atomic(path, json.dumps(cache_record(est, inputs), indent=2) + "\n")
+
+
+def _contradiction(est: REstimate) -> str | None:
+    """Where ``est`` disagrees with Eq. 3 over its own samples to target; None if nowhere."""
+    sizes = est.all_batch_sizes
+    if set(est.samples_to_target) != set(sizes):
+        return f"samples to target for b {sorted(est.samples_to_target)}, tried {list(sizes)}"
+    eq3 = derive_r(sizes, est.samples_to_target)
+    stored_r = dict(zip(est.batch_sizes, est.r, strict=True))
+    derived_r = dict(zip(eq3.batch_sizes, eq3.r, strict=True))
+    if stored_r.keys() != derived_r.keys():
+        return (
+            f"r given for b {list(stored_r)}, but its samples reach the target for b "
+            f"{list(derived_r)}"
+        )
+    for b, r in derived_r.items():
+        if not math.isclose(stored_r[b], r, rel_tol=1e-9):
+            return f"r of b{b} is {stored_r[b]:.6g}, its samples to target give {r:.6g}"
+    if (est.reached, est.unreached) != (eq3.reached, eq3.unreached):
+        return "the reached batch sizes do not follow from the samples to target"
+    for b, mean in eq3.mean_samples_to_target.items():
+        got = est.mean_samples_to_target.get(b)
+        if (got is None) != (mean is None) or (
+            got is not None and mean is not None and not math.isclose(got, mean, rel_tol=1e-9)
+        ):
+            return f"mean samples to target of b{b} is {got}, its samples give {mean}"
+    return None
+
+
+def _verified(data: Any, inputs: Mapping[str, Any]) -> REstimate:
+    """The estimate of a cache record that checks out against ``inputs``; ``_RefusedError``
+    (or ValueError for a malformed estimate) naming why not."""
+    if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT:
+        raise _RefusedError(f"not an r cache file of format {CACHE_FORMAT}")
+    if data.get("checksum") != _checksum(data):
+        raise _RefusedError("checksum mismatch: the content changed after it was written")
+    if data.get("inputs") != dict(inputs) or data.get("cache_key") != cache_key(inputs):
+        stored: dict[str, Any] = data["inputs"] if isinstance(data.get("inputs"), dict) else {}
+        differ = sorted(k for k in inputs if stored.get(k) != inputs[k])
+        raise _RefusedError(f"made from other inputs ({', '.join(differ) or 'cache_key'} differ)")
+    est = REstimate.from_json(data["estimate"], from_cache=True)
+    if est.cache_key != data["cache_key"]:
+        raise _RefusedError(f"estimate's cache key {est.cache_key[:12]}… is not the file's")
+    why = _contradiction(est)
+    if why is not None:
+        raise _RefusedError(f"r contradicts its stored samples: {why}")
     return est
 
 
-def _atomic_write_json(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file and ``os.replace``."""
-    write_atomic(path, json.dumps(data, indent=2) + "\n")
+def _is_old_format(data: Any) -> bool:
+    """A bare estimate, as the cache held before it recorded inputs and a checksum."""
+    return isinstance(data, dict) and "format" not in data and "code_version" in data
 
 
-class _Progress:
-    """A rich bar over the (seed, b) runs on a terminal; log lines otherwise."""
+def read_cache(path: Path, inputs: Mapping[str, Any]) -> REstimate | None:
+    """The cached estimate at ``path`` if the file checks out against ``inputs``, else None.
 
-    def __init__(self, enabled: bool, total_runs: int, max_samples: int) -> None:
-        self._bar: Any = None
-        self._task: Any = None
-        self._max_samples = max_samples
-        if enabled:
-            from rich.console import Console
-
-            console = Console(stderr=True)
-            if console.is_terminal:
-                from rich.progress import (
-                    BarColumn,
-                    MofNCompleteColumn,
-                    Progress,
-                    TextColumn,
-                    TimeElapsedColumn,
-                )
-
-                self._bar = Progress(
-                    TextColumn("{task.description}"),
-                    BarColumn(),
-                    MofNCompleteColumn(),
-                    TextColumn("{task.fields[samples]} samples"),
-                    TimeElapsedColumn(),
-                    console=console,
-                    transient=False,
-                )
-                self._task = self._bar.add_task("r estimation", total=total_runs, samples=0)
-
-    def __enter__(self) -> _Progress:
-        if self._bar is not None:
-            self._bar.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-    def start(self, description: str) -> None:
-        if self._bar is not None:
-            self._bar.update(self._task, description=description, samples=0)
-
-    def update(self, samples: int) -> None:
-        if self._bar is not None:
-            self._bar.update(self._task, samples=f"{samples}/{self._max_samples}")
-
-    def done(self, line: str) -> None:
-        """One (seed, b) run finished."""
-        if self._bar is not None:
-            self._bar.console.print(line, markup=False, highlight=False)
-            self._bar.advance(self._task)
-        else:
-            log.info(line)
-
-    def report(self, line: str) -> None:
-        """The closing summary: on the terminal when the bar is shown, and always logged."""
-        if self._bar is not None:
-            self._bar.console.print(line, markup=False, highlight=False)
-        log.info(line)
+    A file that does not check out (unreadable, not JSON, bad checksum, other inputs, r
+    that contradicts its own samples) is set aside with one warning line naming it and
+    why; a file of the older format is stale (None, and the new estimate replaces it).
+    """
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if _is_old_format(data):
+            log.warning(
+                "r cache %s is of the older format (no inputs or checksum): stale, recomputing",
+                path,
+            )
+            return None
+        return _verified(data, inputs)
+    except (ValueError, OSError) as exc:  # json.JSONDecodeError and _RefusedError are ValueErrors
+        kept = set_aside(path)
+        log.warning("r cache %s refused: %s; %s; recomputing", path, exc, kept)
+        return None

@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, TypedDict
 
 from fl_client.devices.base import (
     B1Band,
@@ -185,6 +185,22 @@ class BackendStatus:
     reason: str
 
 
+class _SampledOptions(TypedDict):
+    """The options every sampled hardware backend (jetson, nvml) takes alike."""
+
+    state_dir: str | None
+    sample_rate_hz: float
+    cap_window_s: float
+
+
+def _sampled(options: DeviceOptions) -> _SampledOptions:
+    return _SampledOptions(
+        state_dir=options.state_dir,
+        sample_rate_hz=options.sample_rate_hz,
+        cap_window_s=options.cap_window_s,
+    )
+
+
 def _open_backend(kind: str, backend: str, seed: int, options: DeviceOptions) -> Device:
     if backend == "simulated":
         from fl_client.devices.simulated import SimulatedDevice, load_device_spec
@@ -201,22 +217,15 @@ def _open_backend(kind: str, backend: str, seed: int, options: DeviceOptions) ->
         return JetsonDevice(
             kind,
             root=options.sysfs_root,
-            state_dir=options.state_dir,
             power_source=options.power_source,
             power_rails=options.power_rails or None,
-            sample_rate_hz=options.sample_rate_hz,
-            cap_window_s=options.cap_window_s,
+            **_sampled(options),
         )
     if backend == "nvml":
         from fl_client.devices.nvml import NvmlDevice
 
         return NvmlDevice(
-            kind,
-            index=options.nvml_index,
-            lock_clocks=options.lock_clocks,
-            state_dir=options.state_dir,
-            sample_rate_hz=options.sample_rate_hz,
-            cap_window_s=options.cap_window_s,
+            kind, index=options.nvml_index, lock_clocks=options.lock_clocks, **_sampled(options)
         )
     if backend == "replay":
         from fl_client.devices.replay import ReplayDevice

@@ -5,10 +5,10 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 log = logging.getLogger(__name__)
 
@@ -18,6 +18,17 @@ log = logging.getLogger(__name__)
 FREQ_TOLERANCE_MHZ = 1.0
 #: (kind, backend) pairs already told that they have no B1 bands (said once per process).
 _NO_BANDS_LOGGED: set[tuple[str, str]] = set()
+
+_L = TypeVar("_L")
+
+
+def level_below(levels: Sequence[_L], current: _L | None) -> _L | None:
+    """The level one below ``current`` in the ascending ``levels`` (the cap guard's step
+    down); None when ``current`` is None (not locked) or already the lowest level."""
+    if current is None:
+        return None
+    i = levels.index(current)
+    return levels[i - 1] if i > 0 else None
 
 
 class DeviceError(RuntimeError):

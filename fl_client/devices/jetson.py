@@ -18,8 +18,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,13 +30,9 @@ from fl_client.devices.base import (
     DevicePermissionError,
     DeviceUnavailableError,
     InvalidFrequencyError,
+    level_below,
 )
-from fl_client.devices.sampler import (
-    DEFAULT_CAP_WINDOW_S,
-    DEFAULT_SAMPLE_RATE_HZ,
-    SampledDevice,
-    validate_rate_hz,
-)
+from fl_client.devices.sampler import DEFAULT_CAP_WINDOW_S, DEFAULT_SAMPLE_RATE_HZ, SampledDevice
 from fl_client.devices.simulated import descriptor_b1_bands
 
 log = logging.getLogger(__name__)
@@ -358,15 +353,21 @@ def _label(scan: Ina3221Scan, path: Path) -> str | None:
         return None
 
 
-def _iio_rails(folder: Path, scan: Ina3221Scan) -> None:
-    labels = sorted(folder.glob("rail_name_*"))
+def _labelled_channels(
+    folder: Path, scan: Ina3221Scan, prefix: str, suffix: str = ""
+) -> Iterator[tuple[str, str]]:
+    """(label, N) of each connected channel whose label file is ``<prefix>N<suffix>``."""
+    labels = sorted(folder.glob(f"{prefix}*{suffix}"))
     if not labels:
-        scan.problems.append(f"{folder}: no rail_name_N files")
+        scan.problems.append(f"{folder}: no {prefix}N{suffix} files")
     for label_path in labels:
         label = _label(scan, label_path)
-        n = label_path.name.removeprefix("rail_name_")
-        if label is None or _skip_label(label):
-            continue
+        if label is not None and not _skip_label(label):
+            yield label, label_path.name.removeprefix(prefix).removesuffix(suffix)
+
+
+def _iio_rails(folder: Path, scan: Ina3221Scan) -> None:
+    for label, n in _labelled_channels(folder, scan, "rail_name_"):
         power = folder / f"in_power{n}_input"
         volt, curr = folder / f"in_voltage{n}_input", folder / f"in_current{n}_input"
         if power.exists():
@@ -380,14 +381,7 @@ def _iio_rails(folder: Path, scan: Ina3221Scan) -> None:
 
 
 def _hwmon_rails(folder: Path, scan: Ina3221Scan) -> None:
-    labels = sorted(folder.glob("in*_label"))
-    if not labels:
-        scan.problems.append(f"{folder}: no inN_label files")
-    for label_path in labels:
-        label = _label(scan, label_path)
-        n = label_path.name.removeprefix("in").removesuffix("_label")
-        if label is None or _skip_label(label):
-            continue
+    for label, n in _labelled_channels(folder, scan, "in", "_label"):
         volt, curr = folder / f"in{n}_input", folder / f"curr{n}_input"
         missing = [p.name for p in (volt, curr) if not p.exists()]
         if missing:
@@ -640,9 +634,7 @@ class JetsonDevice(SampledDevice):
             raise DeviceUnavailableError(_no_gpu_message(self.paths))
         self._gpu = DevfreqGpu(node, writer=writer)
         self._record = safety.GpuStateRecord(state_dir, BACKEND, os.path.realpath(node))
-        self.sample_rate_hz = validate_rate_hz(sample_rate_hz)
-        self.cap_window_s = cap_window_s
-        self._lock = threading.RLock()
+        self._init_sampling(sample_rate_hz, cap_window_s)
         self._locked_hz: int | None = None
         self._original = self._take_over_leftover() or self._gpu.read_settings()
         self._freqs_hz = self._gpu.available_freqs_hz()
@@ -684,10 +676,6 @@ class JetsonDevice(SampledDevice):
     def original_settings(self) -> DevfreqSettings:
         return self._original
 
-    @property
-    def state_file(self) -> Path:
-        return self._record.path
-
     def current_gpu_freq_mhz(self) -> float:
         return _mhz(self._gpu.cur_freq_hz())
 
@@ -727,13 +715,11 @@ class JetsonDevice(SampledDevice):
     def step_down_gpu_freq_mhz(self) -> float | None:
         """Lock one table level lower (the cap guard's move); None if not locked or lowest."""
         with self._lock:
-            if self._locked_hz is None:
+            lower = level_below(self._freqs_hz, self._locked_hz)
+            if lower is None:
                 return None
-            i = self._freqs_hz.index(self._locked_hz)
-            if i == 0:
-                return None
-            self._lock_hz(self._freqs_hz[i - 1])
-            return _mhz(self._freqs_hz[i - 1])
+            self._lock_hz(lower)
+            return _mhz(lower)
 
     def restore(self) -> None:
         with self._lock:

@@ -25,9 +25,7 @@ import importlib
 import logging
 import os
 import re
-import threading
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -38,13 +36,9 @@ from fl_client.devices.base import (
     DevicePermissionError,
     DeviceUnavailableError,
     InvalidFrequencyError,
+    level_below,
 )
-from fl_client.devices.sampler import (
-    DEFAULT_CAP_WINDOW_S,
-    DEFAULT_SAMPLE_RATE_HZ,
-    SampledDevice,
-    validate_rate_hz,
-)
+from fl_client.devices.sampler import DEFAULT_CAP_WINDOW_S, DEFAULT_SAMPLE_RATE_HZ, SampledDevice
 
 log = logging.getLogger(__name__)
 
@@ -181,9 +175,7 @@ class NvmlDevice(SampledDevice):
             self._supported_mhz = self._supported_clocks_mhz()
             self._has_energy_counter = self._probe_energy_counter()
             self.power_reading = self._probe_power_reading()
-            self.sample_rate_hz = validate_rate_hz(sample_rate_hz)
-            self.cap_window_s = cap_window_s
-            self._lock = threading.RLock()
+            self._init_sampling(sample_rate_hz, cap_window_s)
             self._locked_mhz: float | None = None
             self._record = safety.GpuStateRecord(state_dir, BACKEND, self.uuid)
             self.measure_only = self._decide_measure_only(lock_clocks)
@@ -300,10 +292,6 @@ class NvmlDevice(SampledDevice):
     def has_energy_counter(self) -> bool:
         return self._has_energy_counter
 
-    @property
-    def state_file(self) -> Path:
-        return self._record.path
-
     def current_gpu_freq_mhz(self) -> float:
         nv = self._nvml
         return float(nv.nvmlDeviceGetClockInfo(self._handle, nv.NVML_CLOCK_GRAPHICS))
@@ -373,13 +361,10 @@ class NvmlDevice(SampledDevice):
 
     def step_down_gpu_freq_mhz(self) -> float | None:
         with self._lock:
-            if self._locked_mhz is None:
-                return None
-            i = self.gpu_freqs_mhz.index(self._locked_mhz)
-            if i == 0:
-                return None
-            self._lock_mhz(self.gpu_freqs_mhz[i - 1])
-            return self.gpu_freqs_mhz[i - 1]
+            lower = level_below(self.gpu_freqs_mhz, self._locked_mhz)
+            if lower is not None:
+                self._lock_mhz(lower)
+            return lower
 
     def _reset_clocks(self) -> None:
         try:

@@ -28,10 +28,11 @@ from fl_client.devices.base import (
     DeviceError,
     DeviceInfo,
     InvalidFrequencyError,
-    Measurement,
     Workload,
+    level_below,
 )
-from fl_client.devices.sampler import CapGuard, CapGuarded, guard_step
+from fl_client.devices.emulated import EmulatedDevice, EmulatedMeter
+from fl_client.devices.sampler import CapGuard
 from fl_client.devices.simulated import descriptor_b1_bands
 
 BACKEND = "replay"
@@ -435,41 +436,20 @@ def _csv_cell(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-class ReplayMeter:
-    """Runs each step for real; accounts its time and power from the table.
-
-    With a ``guard`` (armed by ``device.cap_guard(p_max_w)``), each step's peak power is
-    held over its emulated time and checked against the cap, as on the digital twin.
-    """
+class ReplayMeter(EmulatedMeter):
+    """Runs each step for real; accounts its time and power from the table (with the cap
+    guard, as on the digital twin: ``EmulatedMeter``)."""
 
     def __init__(
         self, device: ReplayDevice, table: ReplayTable, guard: CapGuard | None = None
     ) -> None:
-        self._device = device
+        super().__init__(device, guard)
         self._table = table
-        self._guard = guard
-        self._m = Measurement()
 
     def step(self, batch_size: int, fn: Callable[[], object]) -> None:
         row = self._table.row(batch_size, self._device.current_gpu_freq_mhz())
         fn()
-        t0_s = self._device.now_s()
-        self._device.advance_clock(row.time_per_step_s)
-        m = self._m
-        m.time_s += row.time_per_step_s
-        m.energy_j += row.avg_power_w * row.time_per_step_s
-        m.peak_power_w = max(m.peak_power_w, row.peak_power_w)
-        m.power_samples_w.append(row.peak_power_w)
-        m.steps += 1
-        m.samples += batch_size
-        guard_step(self._guard, t0_s, self._device.now_s(), row.peak_power_w)
-
-    @property
-    def measurement(self) -> Measurement:
-        if self._guard is not None:
-            self._m.cap_violations = self._guard.cap_violations
-            self._m.time_over_cap_s = self._guard.time_over_cap_s
-        return self._m
+        self.account(batch_size, row.time_per_step_s, row.avg_power_w, row.peak_power_w)
 
 
 def _twin_memory_bytes(kind: str) -> int | None:
@@ -482,11 +462,12 @@ def _twin_memory_bytes(kind: str) -> int | None:
     return int(value) if value else None
 
 
-class ReplayDevice(CapGuarded):
+class ReplayDevice(EmulatedDevice):
     """A device whose time and power come from measured tables, on an emulated clock.
 
     Its cap guard (``cap_guard``) steps the locked frequency down to the table's next lower
-    frequency; that (b, f) must be in the table too.
+    frequency; that (b, f) must be in the table too. ``gpu_freqs_mhz`` (ascending) and
+    ``set_gpu_freq_mhz`` carry the table's knob: MHz for the GPU frequency (see ``knob``).
     """
 
     def __init__(self, tables: Sequence[ReplayTable], kind: str = "") -> None:
@@ -523,20 +504,10 @@ class ReplayDevice(CapGuarded):
             b1_bands=descriptor_b1_bands(kind),
         )
         self._locked_mhz: float | None = None
-        self._clock_s = 0.0
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str], kind: str = "") -> ReplayDevice:
         return cls(load_replay_tables(path), kind)
-
-    @property
-    def info(self) -> DeviceInfo:
-        return self._info
-
-    @property
-    def gpu_freqs_mhz(self) -> tuple[float, ...]:
-        """The knob's values, ascending (MHz for the GPU frequency; see ``knob``)."""
-        return self._info.gpu_freqs_mhz
 
     @property
     def knob(self) -> Knob:
@@ -565,20 +536,10 @@ class ReplayDevice(CapGuarded):
 
     def step_down_gpu_freq_mhz(self) -> float | None:
         """Lock the next lower table frequency; None when not locked or already lowest."""
-        if self._locked_mhz is None:
-            return None
-        i = self.gpu_freqs_mhz.index(self._locked_mhz)
-        if i == 0:
-            return None
-        self._locked_mhz = self.gpu_freqs_mhz[i - 1]
-        return self._locked_mhz
-
-    def now_s(self) -> float:
-        return self._clock_s
-
-    def advance_clock(self, dt_s: float) -> None:
-        """Move the emulated clock on by one step's device time."""
-        self._clock_s += dt_s
+        lower = level_below(self.gpu_freqs_mhz, self._locked_mhz)
+        if lower is not None:
+            self._locked_mhz = lower
+        return lower
 
     def table_for(self, workload: Workload) -> ReplayTable:
         for table in self._tables:
@@ -617,6 +578,3 @@ class ReplayDevice(CapGuarded):
                 for t in self._tables
             ],
         }
-
-    def close(self) -> None:
-        self.restore()

@@ -18,10 +18,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from fl_client.devices.base import DeviceInfo, Measurement, Workload
+
+if TYPE_CHECKING:
+    from fl_client.devices.safety import GpuStateRecord
 
 log = logging.getLogger(__name__)
 
@@ -338,10 +342,7 @@ class SampledMeter:
 
     @property
     def measurement(self) -> PowerMeasurement:
-        if self._guard is not None:
-            self._m.cap_violations = self._guard.cap_violations
-            self._m.time_over_cap_s = self._guard.time_over_cap_s
-        return self._m
+        return with_guard_figures(self._m, self._guard)
 
 
 @contextmanager
@@ -368,6 +369,16 @@ def sampled_measurement(
 
 
 _D = TypeVar("_D", bound="SampledDevice")
+_M = TypeVar("_M", bound=Measurement)
+
+
+def with_guard_figures(m: _M, guard: CapGuard | None) -> _M:
+    """``m`` with the cap guard's ``cap_violations`` and ``time_over_cap_s`` (every meter's
+    ``measurement``; without a guard, ``m`` as it is)."""
+    if guard is not None:
+        m.cap_violations = guard.cap_violations
+        m.time_over_cap_s = guard.time_over_cap_s
+    return m
 
 
 def guard_step(guard: CapGuard | None, t0_s: float, t1_s: float, power_w: float) -> None:
@@ -394,6 +405,15 @@ class CapGuarded:
     _info: DeviceInfo
     cap_window_s: float = DEFAULT_CAP_WINDOW_S
     _armed_p_max_w: float | None = None
+
+    @property
+    def info(self) -> DeviceInfo:
+        return self._info
+
+    @property
+    def gpu_freqs_mhz(self) -> tuple[float, ...]:
+        """The frequency table (ascending) of ``info``."""
+        return self._info.gpu_freqs_mhz
 
     def step_down_gpu_freq_mhz(self) -> float | None:
         """Lock one frequency level lower; None when not locked or already lowest."""
@@ -448,19 +468,24 @@ class CapGuarded:
 class SampledDevice(CapGuarded):
     """What the hardware backends (jetson, nvml) share: wall clock, sampled meter, cap guard.
 
-    Subclasses set ``_info`` and implement ``read_power_w``, ``restore``,
-    ``step_down_gpu_freq_mhz`` and (if they hold resources) ``_release``.
+    Subclasses set ``_info`` and ``_record``, call ``_init_sampling``, and implement
+    ``read_power_w``, ``restore``, ``step_down_gpu_freq_mhz`` and (if they hold resources)
+    ``_release``.
     """
 
     sample_rate_hz: float = DEFAULT_SAMPLE_RATE_HZ
+    _record: GpuStateRecord  # the GPU settings found at open, saved while they are changed
+
+    def _init_sampling(self, sample_rate_hz: float, cap_window_s: float) -> None:
+        """Set the sampling rate (validated) and the cap guard's window; a lock for the
+        GPU settings (the cap guard changes them from the sampler thread)."""
+        self.sample_rate_hz = validate_rate_hz(sample_rate_hz)
+        self.cap_window_s = cap_window_s
+        self._lock = threading.RLock()
 
     @property
-    def info(self) -> DeviceInfo:
-        return self._info
-
-    @property
-    def gpu_freqs_mhz(self) -> tuple[float, ...]:
-        return self._info.gpu_freqs_mhz
+    def state_file(self) -> Path:
+        return self._record.path
 
     def now_s(self) -> float:
         return time.monotonic()

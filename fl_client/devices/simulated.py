@@ -68,10 +68,11 @@ from fl_client.devices.base import (
     B1Band,
     DeviceInfo,
     InvalidFrequencyError,
-    Measurement,
     Workload,
+    level_below,
 )
-from fl_client.devices.sampler import CapGuard, CapGuarded, guard_step
+from fl_client.devices.emulated import EmulatedDevice, EmulatedMeter
+from fl_client.devices.sampler import CapGuard
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -592,22 +593,17 @@ class StepRecord:
     avg_power_w: float
 
 
-class SimulatedMeter:
-    """Runs each step for real on the host; accounts its device time and power from the twin.
-
-    With a ``guard`` (armed by ``device.cap_guard(p_max_w)``), each step's reported power
-    is held over the step's emulated time and checked against the cap; the guard steps the
-    twin's frequency down one level when power stays above P_max for its window.
-    """
+class SimulatedMeter(EmulatedMeter):
+    """Runs each step for real on the host; accounts its device time and power from the twin
+    (with the cap guard: ``EmulatedMeter``)."""
 
     def __init__(
         self, device: SimulatedDevice, workload: Workload, guard: CapGuard | None = None
     ) -> None:
-        self._device = device
+        super().__init__(device, guard)
+        self._twin = device
         self._workload = workload
         self._flops = workload.flops_per_sample
-        self._guard = guard
-        self._m = Measurement()
         self.records: list[StepRecord] = []
 
     def step(self, batch_size: int, fn: Callable[[], object]) -> None:
@@ -615,30 +611,14 @@ class SimulatedMeter:
 
         Bad input fails before ``fn`` runs; if ``fn`` raises, nothing is accounted.
         """
-        _check_inputs(batch_size, self._device.current_gpu_freq_mhz(), self._flops)
+        _check_inputs(batch_size, self._twin.current_gpu_freq_mhz(), self._flops)
         fn()
-        record = self._device._model_step(batch_size, self._flops)
-        t0_s = self._device.now_s()
-        self._device._advance(record.time_s)
-        m = self._m
-        m.time_s += record.time_s
-        m.energy_j += record.avg_power_w * record.time_s
-        m.peak_power_w = max(m.peak_power_w, record.peak_power_w)
-        m.power_samples_w.append(record.peak_power_w)
-        m.steps += 1
-        m.samples += batch_size
+        record = self._twin._model_step(batch_size, self._flops)
         self.records.append(record)
-        guard_step(self._guard, t0_s, self._device.now_s(), record.peak_power_w)
-
-    @property
-    def measurement(self) -> Measurement:
-        if self._guard is not None:
-            self._m.cap_violations = self._guard.cap_violations
-            self._m.time_over_cap_s = self._guard.time_over_cap_s
-        return self._m
+        self.account(batch_size, record.time_s, record.avg_power_w, record.peak_power_w)
 
 
-class SimulatedDevice(CapGuarded):
+class SimulatedDevice(EmulatedDevice):
     """Digital twin of one Jetson board (``Device`` protocol) on an emulated clock.
 
     Like the hardware backends it has a cap guard (``cap_guard``), off unless armed, whose
@@ -680,20 +660,11 @@ class SimulatedDevice(CapGuarded):
         self._noise = noise
         self._rng = np.random.default_rng(seed)
         self._freq_mhz = spec.max_freq_mhz
-        self._clock_s = 0.0
         self._info = spec.info()
 
     @property
     def spec(self) -> DeviceSpec:
         return self._spec
-
-    @property
-    def info(self) -> DeviceInfo:
-        return self._info
-
-    @property
-    def gpu_freqs_mhz(self) -> tuple[float, ...]:
-        return self._spec.gpu_freqs_mhz
 
     def current_gpu_freq_mhz(self) -> float:
         return self._freq_mhz
@@ -710,17 +681,10 @@ class SimulatedDevice(CapGuarded):
 
         Returns the new frequency, or None when already at the lowest.
         """
-        i = self._spec.freq_index(self._freq_mhz)
-        if i == 0:
-            return None
-        self._freq_mhz = self.gpu_freqs_mhz[i - 1]
-        return self._freq_mhz
-
-    def now_s(self) -> float:
-        return self._clock_s
-
-    def _advance(self, dt_s: float) -> None:
-        self._clock_s += dt_s
+        lower = level_below(self.gpu_freqs_mhz, self._freq_mhz)
+        if lower is not None:
+            self._freq_mhz = lower
+        return lower
 
     def _factor(self, sigma: float) -> float:
         if not self._noise or sigma == 0:
@@ -762,9 +726,6 @@ class SimulatedDevice(CapGuarded):
             "clock-s": self._clock_s,
             "source": spec.source,
         }
-
-    def close(self) -> None:
-        self.restore()
 
 
 # ---------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from fl_client import task
+from fl_client import r_estimation, task
 from fl_client.devices import open_device
 from fl_client.devices.simulated import load_device_spec
 from fl_client.node import max_batch_size, workload_for
@@ -135,16 +135,9 @@ def checked_torch_device(setting: str, where: str) -> str:
         raise ExperimentConfigError(f"{where}: {err}") from None
 
 
-@dataclass(frozen=True)
-class TargetRun:
-    """One training run to an accuracy target (the keywords of the training functions)."""
-
-    batch_size: int
-    lr: float
-    target_accuracy: float
-    eval_every_samples: int
-    max_samples: int
-    seed: int
+class TargetRun(r_estimation.TargetRun):
+    """One training run to an accuracy target (``fl_client.r_estimation.TargetRun``, whose
+    fields are the keywords of the training functions), built from a study's settings."""
 
     @classmethod
     def of(cls, cfg: TrainingSettings, batch_size: int, target: float, seed: int) -> TargetRun:

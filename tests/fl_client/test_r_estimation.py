@@ -167,18 +167,21 @@ def test_cache_hit_returns_identical_result_without_training(
 
 
 def test_cache_key_changes_with_every_setting(init_state: Any) -> None:
+    def cache_key(*args: Any) -> str:
+        return r_estimation.cache_key(r_estimation.cache_inputs(*args))
+
     data = (blobs(48, 1), blobs(24, 2))
     base = {"target_accuracy": 0.9, "lr_ref": 3e-3, "b_ref": 16}
-    key = r_estimation.cache_key("cnn", init_state, *data, [4, 16], base)
-    assert key == r_estimation.cache_key("cnn", init_state, *data, [4, 16], dict(base))
+    key = cache_key("cnn", init_state, *data, [4, 16], base)
+    assert key == cache_key("cnn", init_state, *data, [4, 16], dict(base))
     other_state = {k: v + 1 if v.is_floating_point() else v for k, v in init_state.items()}
     variants = [
-        r_estimation.cache_key("cnn", init_state, *data, [4, 16], {**base, "lr_ref": 1e-3}),
-        r_estimation.cache_key("cnn", init_state, *data, [4, 16], {**base, "target_accuracy": 0.8}),
-        r_estimation.cache_key("cnn", init_state, *data, [4, 8], base),
-        r_estimation.cache_key("resnet18", init_state, *data, [4, 16], base),
-        r_estimation.cache_key("cnn", other_state, *data, [4, 16], base),
-        r_estimation.cache_key("cnn", init_state, blobs(48, 5), data[1], [4, 16], base),
+        cache_key("cnn", init_state, *data, [4, 16], {**base, "lr_ref": 1e-3}),
+        cache_key("cnn", init_state, *data, [4, 16], {**base, "target_accuracy": 0.8}),
+        cache_key("cnn", init_state, *data, [4, 8], base),
+        cache_key("resnet18", init_state, *data, [4, 16], base),
+        cache_key("cnn", other_state, *data, [4, 16], base),
+        cache_key("cnn", init_state, blobs(48, 5), data[1], [4, 16], base),
     ]
     assert len({key, *variants}) == len(variants) + 1
 
@@ -211,10 +214,137 @@ def test_corrupt_cache_is_moved_aside_and_recomputed(
     path.write_text(garbage)
     with caplog.at_level("WARNING", logger="fl_client.r_estimation"):
         again = run(init_state, cache_dir=tmp_path)
-    assert "corrupt r cache" in caplog.text
+    assert f"r cache {path} refused" in caplog.text
     assert not again.from_cache and same_result(again, first)
     assert len(list(tmp_path.glob(f"{path.name}.corrupt-*"))) == 1
-    assert same_result(REstimate.from_json(path.read_text()), first)  # rewritten, valid
+    assert same_result(cached_estimate(path), first)  # rewritten, valid
+
+
+def cached_estimate(path: Path) -> REstimate:
+    return REstimate.from_json(json.loads(path.read_text())["estimate"])
+
+
+def refused_and_recomputed(
+    init_state: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture, path: Path, why: str
+) -> REstimate:
+    """Run again on the cache folder: the file at ``path`` must be refused for ``why`` (one
+    warning line naming it), set aside, and r recomputed and written anew."""
+    with caplog.at_level("WARNING", logger="fl_client.r_estimation"):
+        again = run(init_state, cache_dir=tmp_path, **CACHED)
+    (line,) = [r.getMessage() for r in caplog.records if "r cache" in r.getMessage()]
+    assert line.startswith(f"r cache {path} refused: ") and why in line, line
+    assert not again.from_cache
+    assert len(list(tmp_path.glob(f"{path.name}.corrupt-*"))) == 1
+    assert same_result(cached_estimate(path), again)  # rewritten, valid
+    return again
+
+
+CACHED: dict[str, Any] = {"batch_sizes": (4, 16, 32), "seeds": (0, 1)}
+
+
+@pytest.fixture
+def cached(
+    init_state: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[REstimate, Path]:
+    """A cache file written by a run whose training is faked: b4 and b16 reach the target
+    at 32 and 64 samples (seeds 0 and 1 alike), b32 never."""
+    monkeypatch.setattr(
+        r_estimation, "samples_to_target", fake_samples_to_target({4: 32, 16: 64, 32: None})
+    )
+    est = run(init_state, cache_dir=tmp_path, **CACHED)
+    assert est.r == (0.5, 1.0) and est.unreached == (32,)
+    (path,) = tmp_path.glob("r-cnn-*.json")
+    return est, path
+
+
+def test_cache_round_trip_records_inputs_and_checksum(
+    init_state: Any, tmp_path: Path, cached: tuple[REstimate, Path], count_runs: list[int]
+) -> None:
+    first, path = cached
+    data = json.loads(path.read_text())
+    assert data["format"] == r_estimation.CACHE_FORMAT
+    assert data["cache_key"] == first.cache_key
+    inputs = data["inputs"]
+    assert inputs["model_name"] == "cnn" and inputs["batch_sizes"] == [4, 16, 32]
+    assert inputs["initial_state"] == task.state_hash(init_state)
+    assert inputs["proxy_train"] == task.data_hash(blobs(48, 1))
+    assert inputs["proxy_eval"] == task.data_hash(blobs(24, 2))
+    assert inputs["settings"] == first.settings
+    assert len(data["checksum"]) == 64 and data["estimate"] == first.to_json()
+    again = run(init_state, cache_dir=tmp_path, **CACHED)
+    assert again.from_cache and again == first and count_runs == []  # verified, no training
+    assert r_estimation.read_cache(path, inputs) == first
+
+
+def test_cache_with_a_tampered_r_is_refused_and_recomputed(
+    init_state: Any, tmp_path: Path, cached: tuple[REstimate, Path], caplog: Any
+) -> None:
+    _, path = cached
+    data = json.loads(path.read_text())
+    data["estimate"]["r"] = [0.9, 1.0]  # b4 made to look better than its samples say
+    del data["checksum"]
+    data["checksum"] = r_estimation._checksum(data)  # a consistent checksum: only r lies
+    path.write_text(json.dumps(data))
+    again = refused_and_recomputed(
+        init_state, tmp_path, caplog, path, "r contradicts its stored samples: r of b4 is 0.9"
+    )
+    assert again.r == (0.5, 1.0)
+
+
+def test_cache_with_r_of_an_unreached_batch_size_is_refused(
+    init_state: Any, tmp_path: Path, cached: tuple[REstimate, Path], caplog: Any
+) -> None:
+    _, path = cached
+    data = json.loads(path.read_text())
+    est = data["estimate"]
+    est["batch_sizes"], est["r"], est["reached"] = [4, 16, 32], [0.5, 1.0, 0.25], [True] * 3
+    est["unreached"] = []
+    del data["checksum"]
+    data["checksum"] = r_estimation._checksum(data)
+    path.write_text(json.dumps(data))
+    refused_and_recomputed(init_state, tmp_path, caplog, path, "r contradicts its stored samples")
+
+
+def test_cache_with_a_bad_checksum_is_refused_and_recomputed(
+    init_state: Any, tmp_path: Path, cached: tuple[REstimate, Path], caplog: Any
+) -> None:
+    first, path = cached
+    data = json.loads(path.read_text())
+    data["estimate"]["samples_to_target"]["4"] = [16, 16]  # r 0.25 would follow; no new sum
+    data["estimate"]["mean_samples_to_target"]["4"] = 16.0
+    data["estimate"]["r"] = [0.25, 1.0]
+    path.write_text(json.dumps(data))
+    again = refused_and_recomputed(init_state, tmp_path, caplog, path, "checksum mismatch")
+    assert again.r == first.r
+
+
+def test_cache_made_from_other_inputs_is_refused(
+    init_state: Any, tmp_path: Path, cached: tuple[REstimate, Path], caplog: Any
+) -> None:
+    _, path = cached
+    data = json.loads(path.read_text())
+    data["inputs"]["proxy_eval"] = "0" * 64
+    del data["checksum"]
+    data["checksum"] = r_estimation._checksum(data)
+    path.write_text(json.dumps(data))
+    refused_and_recomputed(init_state, tmp_path, caplog, path, "other inputs (proxy_eval differ)")
+
+
+def test_old_format_cache_is_stale_and_recomputed(
+    init_state: Any,
+    tmp_path: Path,
+    cached: tuple[REstimate, Path],
+    caplog: Any,
+    count_runs: list[int],
+) -> None:
+    first, path = cached
+    old = {**first.to_json(), "r": [0.9, 1.0]}  # the bare estimate, as before: never trusted
+    path.write_text(json.dumps(old))
+    with caplog.at_level("WARNING", logger="fl_client.r_estimation"):
+        again = run(init_state, cache_dir=tmp_path, **CACHED)
+    assert f"r cache {path} is of the older format" in caplog.text
+    assert not again.from_cache and again.r == (0.5, 1.0) and count_runs == [4, 16, 32] * 2
+    assert json.loads(path.read_text())["format"] == r_estimation.CACHE_FORMAT
 
 
 def test_json_roundtrip(init_state: Any, monkeypatch: pytest.MonkeyPatch) -> None:
