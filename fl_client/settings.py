@@ -25,6 +25,7 @@ from fl_client.contract import (
     parse_batch_sizes,
     parse_int_list,
 )
+from fl_client.selector import PEAK_SIGMA_K, TIE_TOLERANCE
 
 __all__ = [
     "METHODS",
@@ -204,6 +205,13 @@ class RunSettings:
     #: many more steps than profiling, so a cell is feasible only when its profiled peak is
     #: ≤ P_max · (1 − cap-margin); 0 is the paper's rule.
     cap_margin: float = 0.05
+    #: The selection rule on measured, noisy LUTs (``selector.SelectionRule``): a cell is
+    #: feasible when its profiled peak + ``peak-sigma-k`` × σ of its per-step peaks is
+    #: below P_max · (1 − cap-margin) (a finite number ≥ 0; 0: the peak alone); among the
+    #: cells whose time × r is within ``tie-tolerance`` (a share in [0, 1)) of the best,
+    #: the least energy to accuracy wins.
+    peak_sigma_k: float = PEAK_SIGMA_K
+    tie_tolerance: float = TIE_TOLERANCE
     #: Every ``drift-check-every`` rounds (0: never) a node compares its measured time per
     #: sample and average power with its LUT; beyond ``drift-threshold`` (relative) it
     #: re-profiles its batch size's row up to the cap.
@@ -227,6 +235,10 @@ class RunSettings:
     shared_seed_cells: int = 8
     shared_cells_per_cap: int = 2
     profile_steps_train: bool = False
+    #: ``allow-untrained-nodes``: a run in which a node never trained (its device could not
+    #: be opened, every TRAIN it got failed) still ends with exit status 0; by default
+    #: ``powerfl simulate`` names such nodes in its last line and exits 1.
+    allow_untrained_nodes: bool = False
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -277,6 +289,8 @@ class RunSettings:
             fixed_batch_size=int(fixed_b) if fixed_b not in (None, "", 0) else None,
             fixed_freq_mhz=float(fixed_f) if fixed_f not in (None, "", 0) else None,
             cap_margin=_fraction(cfg, "cap-margin", 0.05),
+            peak_sigma_k=_nonneg(cfg, "peak-sigma-k", PEAK_SIGMA_K),
+            tie_tolerance=_fraction(cfg, "tie-tolerance", TIE_TOLERANCE),
             pacing=_choice({"pacing": cfg.get("pacing", "off")}, "pacing", PACING_MODES),
             pacing_margin=_fraction(cfg, "pacing-margin", 0.05),
             pacing_deadline_s=_nonneg(cfg, "pacing-deadline-s", 0.0),
@@ -311,6 +325,7 @@ class RunSettings:
                 lo=0,
             ),
             profile_steps_train=_bool(cfg, "profile-steps-train", False),
+            allow_untrained_nodes=_bool(cfg, "allow-untrained-nodes", False),
         )
 
 

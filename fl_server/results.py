@@ -212,6 +212,10 @@ class RunRecorder:
         self.initial: dict[str, float] = {}
         self.node_totals: dict[str, NodeTotals] = {}
         self.round_to_target: int | None = None
+        #: Nodes left out at the QUERY (their device could not be opened, …): records of
+        #: ``untrained-nodes``, set by the server once the fleet has answered.
+        self.left_out: list[dict[str, Any]] = []
+        self._full_errors: dict[tuple[str, str], str] = {}  # (node, error[:120]) -> error
 
     def write(self, name: str, data: Any) -> None:
         write_json(self.run_dir / name, data)
@@ -259,6 +263,8 @@ class RunRecorder:
         self._append("rounds.jsonl", row.to_record())
         for node in report.nodes:
             self._append("nodes.jsonl", node.to_record())
+            if not node.ok:
+                self._full_errors.setdefault((node.node_name, node.error[:120]), node.error)
             self.node_totals.setdefault(node.node_name, NodeTotals(node.device)).add(node, account)
         if self.round_to_target is None and row.accuracy >= self.target_accuracy:
             self.round_to_target = len(self.rows)
@@ -333,8 +339,29 @@ class RunRecorder:
             "over-cap-node-rounds": sum(t.over_cap_rounds for t in totals),
             "fleet-time-over-cap-s": sum(t.time_over_cap_s for t in totals),
             "nodes": {name: t.to_record(self.sim_time_s) for name, t in self.node_totals.items()},
+            "untrained-nodes": self.untrained_nodes(),
             "run-dir": str(self.run_dir),
         }
+
+    def untrained_nodes(self) -> list[dict[str, Any]]:
+        """Every node that never trained in this run: those left out at the QUERY, then
+        those whose every TRAIN failed, each with its real cap and the reason."""
+        failed = []
+        for name, t in self.node_totals.items():
+            if t.rounds and not t.rounds_ok:
+                top = max(t.errors, key=lambda e: t.errors[e]) if t.errors else ""
+                failed.append(
+                    {
+                        "node": name,
+                        "device": t.device,
+                        "p-max-w": t.p_max_w,
+                        "cap-label": t.cap_label,
+                        "stage": "train",
+                        "rounds-failed": t.rounds_failed,
+                        "reason": self._full_errors.get((name, top), top),  # the most frequent
+                    }
+                )
+        return [*self.left_out, *failed]
 
     def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write ``summary.json`` and print the summary tables."""
@@ -402,4 +429,23 @@ class RunRecorder:
             )
         if summ.get("drift-reprofiles"):
             self.console.print(f"drift checks re-profiled {summ['drift-reprofiles']} time(s)")
+        for node in summ.get("untrained-nodes", []):
+            self.console.print(f"[red]never trained[/red] {untrained_label(node)}")
         self.console.print(f"results: {summ['run-dir']}")
+
+
+def untrained_label(node: dict[str, Any]) -> str:
+    """``ghost (jetson-nano, cap 4.5 W): its device could not be opened: <reason>``: one
+    entry of ``untrained-nodes``, for a console line."""
+    if node.get("node") is not None:
+        who = f"{node['node']} ({node.get('device') or '?'}, cap {node.get('cap-label') or '?'})"
+    elif node.get("one-of"):
+        who = f"node {node['node-id']} (one of {', '.join(node['one-of'])})"
+    else:
+        who = f"node {node['node-id']}"
+    if node.get("stage") == "query":
+        why = "it could not describe its device (QUERY failed)"
+    else:
+        n = int(node.get("rounds-failed") or 0)
+        why = f"its TRAIN failed in all {n} round{'s' if n != 1 else ''} it was asked"
+    return f"{who}: {why}: {node.get('reason', '')}"

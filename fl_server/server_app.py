@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -14,9 +14,9 @@ from flwr.serverapp import Grid, ServerApp
 from fl_client import task
 from fl_client.contract import TrainConfig
 from fl_client.r_estimation import estimate_r
-from fl_client.settings import RunSettings, load_fleet, resolve_path
+from fl_client.settings import NodeSettings, RunSettings, load_fleet, resolve_path
 from fl_server.lut_library import LUTLibrary
-from fl_server.results import RunRecorder, new_run_dir
+from fl_server.results import RunRecorder, new_run_dir, untrained_label
 from strategies.power_aware import PowerAwareFedAvg, SharedProfiling
 from strategies.shared_profiling import SharedOptions
 
@@ -89,8 +89,44 @@ def make_strategy(settings: RunSettings, r_est: Any, rec: RunRecorder) -> PowerA
     return strategy
 
 
-def record_fleet(strategy: PowerAwareFedAvg, rec: RunRecorder) -> None:
-    """``fleet.json`` and the console line naming every node that answered the QUERY."""
+def left_out_nodes(
+    strategy: PowerAwareFedAvg, fleet: Sequence[NodeSettings] | None
+) -> list[dict[str, Any]]:
+    """The nodes whose QUERY failed, as ``untrained-nodes`` records with the reason.
+
+    A failed node has no name on the server, only Flower's numeric id. When the fleet is
+    known (a simulation: ``fleet``), the nodes of the fleet that did not answer are the
+    failed ones: one failure is that node, named with its device and real cap; several are
+    each "one of" those names.
+    """
+    answered = {d.node_name for d in strategy.fleet.values()}
+    missing = [n for n in fleet or () if n.name not in answered]
+    failures = sorted(strategy.query_failures.items())
+    out: list[dict[str, Any]] = []
+    for node_id, reason in failures:
+        node = missing[0] if len(failures) == 1 and len(missing) == 1 else None
+        out.append(
+            {
+                "node": node.name if node else None,
+                "node-id": str(node_id),
+                "device": node.device if node else None,
+                "p-max-w": node.p_max.to_record() if node else None,
+                "cap-label": node.p_max.label if node else None,
+                "stage": "query",
+                "rounds-failed": 0,
+                "reason": reason,
+                **({"one-of": [n.name for n in missing]} if node is None and missing else {}),
+            }
+        )
+    return out
+
+
+def record_fleet(
+    strategy: PowerAwareFedAvg, rec: RunRecorder, fleet: Sequence[NodeSettings] | None = None
+) -> None:
+    """``fleet.json`` and the console lines naming every node that answered the QUERY and
+    every node left out, with the reason."""
+    rec.left_out = left_out_nodes(strategy, fleet)
     rec.write(
         "fleet.json",
         {
@@ -103,12 +139,15 @@ def record_fleet(strategy: PowerAwareFedAvg, rec: RunRecorder) -> None:
         f"fleet: {len(descs)} nodes answered "
         + ", ".join(f"{d.node_name} ({d.device}, cap {d.p_max.label})" for d in descs)
     )
-    for node_id, reason in sorted(strategy.query_failures.items()):
-        rec.console.print(f"fleet: [yellow]node {node_id} left out[/yellow]: {reason}")
+    for node in rec.left_out:
+        rec.console.print(f"fleet: [yellow]left out[/yellow] {untrained_label(node)}")
 
 
-def run_server(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """The whole server side of a run; returns the summary that was written."""
+def run_server(
+    grid: Grid, run_config: Mapping[str, Any], fleet: Sequence[NodeSettings] | None = None
+) -> dict[str, Any]:
+    """The whole server side of a run; returns the summary that was written. ``fleet``:
+    the nodes the run has (a simulation's fleet file), to name a node that fails."""
     settings = RunSettings.from_config(run_config)
     torch.manual_seed(settings.seed)
     run_dir = new_run_dir(settings.output_dir, settings.method)
@@ -139,7 +178,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
 
     strategy = make_strategy(settings, r_est, rec)
     strategy.query_fleet(grid, settings.round_timeout_s)
-    record_fleet(strategy, rec)
+    record_fleet(strategy, rec, fleet)
     final = strategy.run(
         grid,
         ArrayRecord(model.state_dict()),
@@ -149,6 +188,7 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
         target_accuracy=settings.target_accuracy,
     )
     torch.save(final.to_torch_state_dict(), run_dir / "final_model.pt")
+    rec.left_out = left_out_nodes(strategy, fleet)  # with any that joined late and failed
     return rec.finish(
         {
             "r": dict(zip(map(str, r_est.batch_sizes), r_est.r, strict=True)),
@@ -165,15 +205,17 @@ def run_server(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
 def make_server_app(
     overrides: Mapping[str, Any] | None = None,
     on_summary: Callable[[dict[str, Any]], None] | None = None,
+    fleet: Sequence[NodeSettings] | None = None,
 ) -> ServerApp:
-    """A ServerApp; ``overrides`` (used by ``powerfl simulate``) win over run_config, and
+    """A ServerApp; ``overrides`` (used by ``powerfl simulate``) win over run_config,
     ``on_summary`` gets this run's summary (so an in-process caller reads back its own run,
-    never the newest folder)."""
+    never the newest folder), and ``fleet`` (a simulation's nodes) names failed nodes."""
     server_app = ServerApp()
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        summary = run_server(grid, {**dict(context.run_config), **dict(overrides or {})})
+        config = {**dict(context.run_config), **dict(overrides or {})}
+        summary = run_server(grid, config, fleet)
         if on_summary is not None:
             on_summary(summary)
 

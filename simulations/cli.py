@@ -235,6 +235,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"done in {time.perf_counter() - t0:.0f} s wall time; results:")
     for s in summaries:
         print(f"  {s['method']:<12} {s['run-dir']}")
+    sys.stdout.flush()
     failed = [s["method"] for s in summaries if not any_node_trained(s)]
     if failed:
         print(
@@ -243,12 +244,48 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    return 0
+    line = untrained_line(summaries)
+    if line is None:
+        return 0
+    if settings.allow_untrained_nodes:
+        print(f"powerfl: warning: {line} (allowed by allow-untrained-nodes)", file=sys.stderr)
+        return 0
+    print(
+        f"powerfl: error: {line}; the run's summary.json lists them under untrained-nodes; "
+        "-c allow-untrained-nodes=true accepts such a run",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def any_node_trained(summary: dict[str, Any]) -> bool:
     """Whether at least one node returned an update in at least one round."""
     return any(n.get("rounds-ok", 0) > 0 for n in summary.get("nodes", {}).values())
+
+
+def untrained_line(summaries: list[dict[str, Any]]) -> str | None:
+    """``node ghost never trained in b1 (QUERY failed: …)``: every node of these runs that
+    never trained (a summary's ``untrained-nodes``), each once with its methods and
+    reason; None when every node trained."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for summary in summaries:
+        for node in summary.get("untrained-nodes", []):
+            if node.get("node") is not None:
+                who = str(node["node"])
+            else:
+                one_of = node.get("one-of")
+                who = f"node {node.get('node-id')}"
+                who += f" (one of {', '.join(one_of)})" if one_of else ""
+            stage = "QUERY failed" if node.get("stage") == "query" else "every TRAIN failed"
+            reason = str(node.get("reason", ""))
+            reason = reason if len(reason) <= 200 else reason[:199] + "…"
+            found.setdefault((who, f"{stage}: {reason}"), []).append(str(summary["method"]))
+    if not found:
+        return None
+    parts = [f"{who} in {', '.join(methods)} ({why})" for (who, why), methods in found.items()]
+    count = len({who for who, _ in found})
+    noun = "1 node never trained" if count == 1 else f"{count} nodes never trained"
+    return f"{noun}: {'; '.join(parts)}"
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:

@@ -123,7 +123,7 @@ def simulate(
         if backend == "ray":
             start_ray(init_args)
         run_simulation(
-            server_app=make_server_app(overrides, on_summary=summaries.append),
+            server_app=make_server_app(overrides, on_summary=summaries.append, fleet=fleet),
             client_app=make_client_app(overrides),
             num_supernodes=len(fleet),
             backend_name=backend,

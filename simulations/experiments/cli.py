@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from fl_client.settings import tomllib
+from fl_client.settings import REPO_ROOT, tomllib
 from simulations.experiments.config import (
     SCALES,
     ExperimentConfigError,
@@ -45,7 +45,9 @@ def _versions() -> dict[str, str]:
 
 
 def default_out(cfg: StudyConfig) -> Path:
-    return Path("runs") / "experiments" / f"{cfg.name}-{cfg.scale}"
+    """``runs/experiments/NAME-SCALE`` in the app folder: a default, like ``simulate``'s
+    ``runs`` (an ``--out`` a user types is relative to the current directory)."""
+    return REPO_ROOT / "runs" / "experiments" / f"{cfg.name}-{cfg.scale}"
 
 
 def output_folder(path: str | Path, file: FileOptions | None = None) -> Path:
@@ -121,7 +123,7 @@ def run_experiment(
             f"--only-training: the {study.name} study has no separate training stage"
         )
     pre = study.preflight(cfg, where)
-    out_dir = Path(out) if out is not None else default_out(cfg)
+    out_dir = Path(out).expanduser().absolute() if out is not None else default_out(cfg)
     manifest = _start(cfg, path, out_dir, command, pre)
     t0 = time.perf_counter()
     outcome = study.run(cfg, out_dir, run)
@@ -207,7 +209,11 @@ def add_experiment_commands(sub: Any) -> None:
         "experiment",
         help="experiment file, e.g. configs/experiments/single-device.toml or federated.toml",
     )
-    r.add_argument("--out", help="output folder (default: runs/experiments/NAME-SCALE)")
+    r.add_argument(
+        "--out",
+        help="output folder, relative to the current directory (default: "
+        "runs/experiments/NAME-SCALE in the app folder)",
+    )
     r.add_argument("--seeds", type=int, help="number of seeds (overrides the file)")
     r.add_argument("--scale", choices=SCALES, default="mini", help="mini (default) or paper")
     r.add_argument(

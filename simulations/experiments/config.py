@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_client import selector
+from fl_client.devices import key_hint
 from fl_client.settings import tomllib
 
 SCALES = ("mini", "paper")
@@ -32,6 +33,10 @@ METHOD_LABELS = {
 }
 #: Where a study's training runs may execute ("auto": CUDA when available, else the CPU).
 TORCH_DEVICES = ("cpu", "cuda", "auto")
+#: Keys of the studies that are paths. Given with ``--set`` (typed by a user) a relative one
+#: is made absolute against the current directory, as on every command line; written in
+#: an experiment file it is left as the study reads it (a fleet: from the app folder).
+PATH_KEYS = ("fleet", "varying-cap-fleet", "drift-fleet", "data-root")
 
 
 class ExperimentConfigError(ValueError):
@@ -167,16 +172,34 @@ class Fields:
             raise ExperimentConfigError(f"{self.where}: {exc}") from None
 
 
+def unknown_keys_error(
+    unknown: list[str],
+    allowed: Mapping[str, Any] | tuple[str, ...],
+    where: str,
+    what: str = "key(s)",
+) -> ExperimentConfigError:
+    """``<where> unknown key(s) modles (did you mean models?)``: each unknown key with the
+    nearest known one, else the known keys (``key_hint``: the run settings' rule)."""
+    hints = [key_hint(key, allowed) for key in unknown]
+    close = [h for h in hints if h.startswith(" (did you mean")]
+    if len(close) == len(hints):  # every key has a near one: name each with it
+        named = ", ".join(f"{key}{hint}" for key, hint in zip(unknown, hints, strict=True))
+        return ExperimentConfigError(f"{where} unknown {what} {named}")
+    named = ", ".join(
+        f"{key}{hint}" if hint in close else key for key, hint in zip(unknown, hints, strict=True)
+    )
+    return ExperimentConfigError(
+        f"{where} unknown {what} {named}; known: {', '.join(sorted(allowed))}"
+    )
+
+
 def check_keys(
     table: Mapping[str, Any], where: str, section: str, allowed: Mapping[str, Any]
 ) -> None:
-    """Unknown keys in ``[section]`` are an error listing the ``allowed`` ones."""
+    """Unknown keys in ``[section]`` are an error naming the nearest known key."""
     unknown = sorted(set(table) - set(allowed))
     if unknown:
-        raise ExperimentConfigError(
-            f"{where}: [{section}] unknown key(s) {', '.join(unknown)}; allowed: "
-            f"{', '.join(allowed)}"
-        )
+        raise unknown_keys_error(unknown, allowed, f"{where}: [{section}]")
 
 
 def _scale_table(data: Mapping[str, Any], where: str, scale: str) -> Mapping[str, Any]:
@@ -190,9 +213,7 @@ def _scale_table(data: Mapping[str, Any], where: str, scale: str) -> Mapping[str
         raise ExperimentConfigError(f"{where}: scale: must be tables [scale.mini]/[scale.paper]")
     bad_scales = sorted(set(scales) - set(SCALES))
     if bad_scales:
-        raise ExperimentConfigError(
-            f"{where}: [scale.{bad_scales[0]}] unknown scale; allowed: {', '.join(SCALES)}"
-        )
+        raise unknown_keys_error(bad_scales, SCALES, f"{where}: [scale.{bad_scales[0]}]", "scale")
     return dict(scales.get(scale, {}))
 
 
@@ -211,9 +232,8 @@ def merge_scale(
     override = _scale_table(data, where, options.scale)
     top_unknown = sorted(set(data) - {"experiment", "scale"})
     if top_unknown:
-        raise ExperimentConfigError(
-            f"{where}: unknown top-level table(s) {', '.join(top_unknown)}; allowed: "
-            "experiment, scale"
+        raise unknown_keys_error(
+            top_unknown, ("experiment", "scale"), f"{where}:", "top-level table(s)"
         )
     base = data.get("experiment")
     if not isinstance(base, Mapping):
@@ -224,10 +244,12 @@ def merge_scale(
     if options.sets:
         unknown = sorted(set(options.sets) - set(defaults))
         if unknown:
-            raise ExperimentConfigError(
-                f"--set: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(defaults)}"
-            )
+            raise unknown_keys_error(unknown, defaults, "--set:")
         merged.update(options.sets)
+        for key in PATH_KEYS:
+            value = options.sets.get(key)
+            if isinstance(value, str) and value.strip():
+                merged[key] = str(Path(value).expanduser().absolute())
     if options.seeds is not None:
         merged["seeds"] = options.seeds
     return merged

@@ -10,12 +10,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fl_client.devices import key_hint
 from simulations.experiments import federated, proxy_sensitivity, single_device
 from simulations.experiments.config import (
     ExperimentConfigError,
     FileOptions,
     config_error,
     read_experiment_file,
+    unknown_keys_error,
 )
 from simulations.experiments.study import Study
 
@@ -39,8 +41,16 @@ def study_for(data: Mapping[str, Any], where: str) -> Study[Any]:
     """The study a parsed experiment file names in ``[experiment]``."""
     base = data.get("experiment")
     if not isinstance(base, Mapping):
+        misspelt = sorted(set(data) - {"experiment", "scale"})
+        if misspelt:  # e.g. [experiement]
+            raise unknown_keys_error(
+                misspelt, ("experiment", "scale"), f"{where}:", "top-level table(s)"
+            )
         raise ExperimentConfigError(f"{where}: missing the [experiment] table")
     if base.get("study") is None:
+        near = [k for k in base if key_hint(str(k), ("study",)).startswith(" (did you mean")]
+        if near:  # e.g. stduy = "federated"
+            raise unknown_keys_error(near[:1], ("study",), f"{where}: [experiment]")
         raise config_error(where, "study", f"required key missing; allowed: {', '.join(STUDIES)}")
     return get_study(base["study"], f"{where}: study")
 

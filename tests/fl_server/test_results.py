@@ -226,3 +226,78 @@ def test_records_are_standard_json_without_inf_or_nan(tmp_path: Path) -> None:
 def test_new_run_dirs_never_collide(tmp_path: Path) -> None:
     dirs = {new_run_dir(tmp_path, "b1") for _ in range(3)}
     assert len(dirs) == 3 and all(d.is_dir() and d.name.split("-")[-1] for d in dirs)
+
+
+def test_nodes_that_never_trained_are_listed_with_their_real_cap_and_reason(
+    tmp_path: Path,
+) -> None:
+    out = io.StringIO()
+    rec = _recorder(tmp_path, out)
+    rec.left_out = [
+        {
+            "node": "ghost",
+            "node-id": "17",
+            "device": "jetson-nano",
+            "p-max-w": 4.5,
+            "cap-label": "4.5 W",
+            "stage": "query",
+            "rounds-failed": 0,
+            "reason": "DeviceUnavailableError: no such board",
+        }
+    ]
+    rec.initial_eval({"accuracy": 0.1, "loss": 2.3})
+    for rnd in (1, 2):
+        failed = _failed(rnd, "c", cap=Cap(7.0), error="SettingsError: no cell under the cap")
+        flaky = _failed(rnd, "d", cap=Cap.NONE) if rnd == 1 else _node(rnd, "d", 5, 5)
+        rec.record_round(
+            RoundReport(rnd, [_node(rnd, "a", 10, 50), failed, flaky]),
+            {
+                "accuracy": 0.5,
+                "loss": 1.0,
+            },
+        )
+    summ = rec.finish()
+    untrained = summ["untrained-nodes"]
+    assert [n["node"] for n in untrained] == ["ghost", "c"]  # d trained in round 2
+    assert untrained[1] == {
+        "node": "c",
+        "device": "jetson-tx2-nx",
+        "p-max-w": 7.0,  # its real cap, not "none"
+        "cap-label": "7 W",
+        "stage": "train",
+        "rounds-failed": 2,
+        "reason": "SettingsError: no cell under the cap",
+    }
+    assert summ["nodes"]["c"]["p-max-w"] == 7.0
+    text = (tmp_path / "summary.json").read_text()
+    assert json.loads(text, parse_constant=pytest.fail)["untrained-nodes"] == untrained
+    console = out.getvalue()
+    assert (
+        "never trained ghost (jetson-nano, cap 4.5 W): it could not describe its device "
+        "(QUERY failed): DeviceUnavailableError: no such board"
+    ) in console
+    assert (
+        "never trained c (jetson-tx2-nx, cap 7 W): its TRAIN failed in all 2 rounds it was "
+        "asked: SettingsError: no cell under the cap"
+    ) in console
+    assert console.rstrip().splitlines()[-1].startswith("results: ")
+
+
+def test_a_run_where_every_node_trained_lists_none(tmp_path: Path) -> None:
+    rec = _recorder(tmp_path, io.StringIO())
+    rec.initial_eval({"accuracy": 0.1, "loss": 2.3})
+    rec.record_round(RoundReport(1, [_node(1, "a", 10, 50)]), {"accuracy": 0.5, "loss": 1.0})
+    assert rec.finish()["untrained-nodes"] == []
+
+
+def test_an_untrained_nodes_reason_is_not_cut(tmp_path: Path) -> None:
+    rec = _recorder(tmp_path, io.StringIO())
+    rec.initial_eval({"accuracy": 0.1, "loss": 2.3})
+    long = "ValueError: p-max-w: 0.5 W is below the lowest B1 band " + "x" * 200
+    rec.record_round(
+        RoundReport(1, [_node(1, "a", 10, 50), _failed(1, "c", error=long)]),
+        {"accuracy": 0.5, "loss": 1.0},
+    )
+    summ = rec.finish()
+    assert summ["untrained-nodes"][0]["reason"] == long
+    assert summ["nodes"]["c"]["errors"] == {long[:120]: 1}  # the per-node tally stays short

@@ -64,7 +64,10 @@ def _powerfl(tmp_path: Path, *argv: str) -> subprocess.Popen[str]:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["-c", "frobnicate=1"], "run settings: unknown key 'frobnicate'; known keys: b-ref"),
+        (
+            ["-c", "frobnicate=1"],
+            "run settings: unknown key 'frobnicate'; known keys: allow-untrained-nodes, b-ref",
+        ),
         (["-c", "cap-margn=0.5"], "run settings: unknown key 'cap-margn' (did you mean cap-"),
         (
             ["-c", "method=b1", "--methods", "power-aware"],
@@ -330,6 +333,121 @@ def test_sigterm_ends_experiment_run_in_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in err
     assert json.loads(manifest.read_text())["complete"] is False
     assert not [p.pid for p in children if _alive(p.pid)]
+
+
+# ---------------------------------------------------------- §4: failures reach the user
+
+GHOST = (
+    TWO + '\n[[node]]\nname = "ghost"\ndevice = "jetson-nano"\nbackend = "replay"\n'
+    'replay-table = "no-such-table.json"\np-max-w = 4.5\n'
+)
+
+
+def _summary(method: str, run_dir: Path, untrained: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "method": method,
+        "run-dir": str(run_dir),
+        "nodes": {"a": {"rounds-ok": 2}, "b": {"rounds-ok": 2}},
+        "untrained-nodes": untrained,
+    }
+
+
+GHOST_RECORD = {
+    "node": "ghost",
+    "node-id": "17",
+    "device": "jetson-nano",
+    "p-max-w": 4.5,
+    "cap-label": "4.5 W",
+    "stage": "query",
+    "rounds-failed": 0,
+    "reason": "ReplayFormatError: replay-table: file not found: no-such-table.json",
+}
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_a_node_that_never_trained_fails_the_run_unless_allowed(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    allow: bool,
+) -> None:
+    (tmp_path / "two.toml").write_text(TWO)
+    monkeypatch.setattr(
+        cli,
+        "simulate",
+        lambda overrides, backend: _summary(overrides["method"], tmp_path, [GHOST_RECORD]),
+    )
+    argv = ["simulate", "--methods", "b1", "--fleet", str(tmp_path / "two.toml")]
+    argv += ["--output-dir", str(tmp_path / "runs")]
+    rc = main([*argv, "-c", "allow-untrained-nodes=true"] if allow else argv)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    why = (
+        "1 node never trained: ghost in b1 (QUERY failed: ReplayFormatError: replay-table: "
+        "file not found: no-such-table.json)"
+    )
+    if allow:
+        assert (rc, last) == (0, f"powerfl: warning: {why} (allowed by allow-untrained-nodes)")
+    else:
+        assert (rc, last) == (
+            1,
+            f"powerfl: error: {why}; the run's summary.json lists them under untrained-nodes; "
+            "-c allow-untrained-nodes=true accepts such a run",
+        )
+
+
+def test_the_untrained_line_names_each_node_once_with_its_methods() -> None:
+    train_failed = {
+        "node": "c",
+        "stage": "train",
+        "rounds-failed": 3,
+        "reason": "SettingsError: no cell under the cap",
+    }
+    unnamed = {"node": None, "node-id": "9", "one-of": ["x", "y"], "stage": "query"}
+    summaries = [
+        _summary("power-aware", Path("r1"), [GHOST_RECORD, train_failed]),
+        _summary("b1", Path("r2"), [GHOST_RECORD, {**unnamed, "reason": "timeout"}]),
+    ]
+    assert cli.untrained_line(summaries) == (
+        "3 nodes never trained: ghost in power-aware, b1 (QUERY failed: ReplayFormatError: "
+        "replay-table: file not found: no-such-table.json); c in power-aware (every TRAIN "
+        "failed: SettingsError: no cell under the cap); node 9 (one of x, y) in b1 (QUERY "
+        "failed: timeout)"
+    )
+    assert cli.untrained_line([_summary("b1", Path("r"), [])]) is None
+
+
+@pytest.mark.slow
+def test_a_node_whose_device_cannot_be_opened_is_named_and_fails_the_run(
+    tmp_path: Path,
+) -> None:
+    """The real engine: one node of three has a replay table that does not exist."""
+    (tmp_path / "ghost.toml").write_text(GHOST)
+    out = subprocess.run(
+        [sys.executable, "-c", CLI, "simulate", "--methods", "b1", "--fleet", "ghost.toml",
+         "--output-dir", "runs", "--rounds", "1", "-c", "cache-dir='cache'",
+         "-c", "batch-sizes='32,64'", "-c", "proxy-target-accuracy=0.3"],
+        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=540,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr[-3000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert out.stderr.strip().splitlines()[-1] == (
+        "powerfl: error: 1 node never trained: ghost in b1 (QUERY failed: ReplayFormatError: "
+        "replay-table: file not found: no-such-table.json); the run's summary.json lists "
+        "them under untrained-nodes; -c allow-untrained-nodes=true accepts such a run"
+    )
+    console = " ".join(out.stdout.split())  # rich wraps long lines
+    assert "fleet: left out ghost (jetson-nano, cap 4.5 W): it could not describe" in console
+    _records_are_valid(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (ghost,) = summary["untrained-nodes"]
+    assert {k: ghost[k] for k in ("node", "device", "p-max-w", "stage")} == {
+        "node": "ghost",
+        "device": "jetson-nano",
+        "p-max-w": 4.5,  # its real cap
+        "stage": "query",
+    }
+    assert ghost["reason"].endswith("file not found: no-such-table.json")
+    assert sorted(summary["nodes"]) == ["a", "b"]  # the two others trained
 
 
 # -------------------------------------------------------------- §7: small and visible
