@@ -239,6 +239,7 @@ class CapGuard:
         self._on_violation = on_violation
         self.cap_violations = 0
         self.time_over_cap_s = 0.0
+        self.step_down_errors = 0  # step-downs that raised (counted, logged once)
         self._last: tuple[float, float] | None = None
         self._over_since_s: float | None = None
         self._lock = threading.Lock()
@@ -271,7 +272,18 @@ class CapGuard:
             else:
                 self._over_since_s = None
         if fire and self._on_violation is not None:
-            self._on_violation()
+            try:
+                self._on_violation()
+            except Exception as err:  # the sampler thread must live on and keep counting
+                self.step_down_errors += 1
+                if self.step_down_errors == 1:
+                    log.warning(
+                        "cap guard: stepping the GPU down failed (%s: %s); still counting "
+                        "the time over the %.3g W cap",
+                        type(err).__name__,
+                        err,
+                        self.p_max_w,
+                    )
 
 
 @dataclass

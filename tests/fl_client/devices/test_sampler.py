@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import sys
 import threading
+import time
 import types
 
 import pytest
@@ -143,6 +144,33 @@ def test_cap_guard_needs_a_full_window_between_steps_down():
         guard.update(i * 0.1, 9.0)
     assert guard.cap_violations == 3
     assert guard.time_over_cap_s == pytest.approx(3.0)
+
+
+def test_cap_guard_keeps_counting_when_it_cannot_step_down(caplog):
+    def refuse() -> None:
+        raise RuntimeError("clock lock refused")
+
+    guard = CapGuard(5.0, window_s=1.0, on_violation=refuse)
+    for i in range(31):  # 3 s at 9 W; every step down fails
+        guard.update(i * 0.1, 9.0)
+    assert guard.cap_violations == 3 and guard.step_down_errors == 3
+    assert guard.time_over_cap_s == pytest.approx(3.0)
+    warned = [r for r in caplog.records if "stepping the GPU down failed" in r.getMessage()]
+    assert len(warned) == 1 and "clock lock refused" in warned[0].getMessage()
+
+
+def test_a_failing_step_down_does_not_end_the_sampler_thread():
+    def refuse() -> None:
+        raise RuntimeError("no permission")
+
+    guard = CapGuard(5.0, window_s=0.0, on_violation=refuse)
+    sampler = PowerSampler(lambda: 9.0, rate_hz=200.0, on_sample=guard.update)
+    sampler.start()
+    time.sleep(0.2)
+    alive = sampler._thread is not None and sampler._thread.is_alive()
+    sampler.stop()
+    assert alive
+    assert guard.cap_violations >= 2 and guard.time_over_cap_s > 0
 
 
 def test_cap_guard_short_peaks_do_not_step_down():
