@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_client.lut import KindKey
-from fl_client.settings import SettingsError, app_defaults, parse_batch_sizes
+from fl_client.settings import SettingsError, app_defaults, parse_batch_sizes, resolve_path
 from fl_server.lut_library import LibraryError, LUTLibrary, read_entry
 
 DEFAULT_LIBRARY = ".powerfl-cache/library"
@@ -32,8 +32,10 @@ def add_lut_commands(sub: Any) -> None:
     )
     p.add_argument(
         "--library",
-        default=DEFAULT_LIBRARY,
-        help=f"the library folder (<cache-dir>/library; default {DEFAULT_LIBRARY})",
+        default=None,
+        help=f"the library folder (a path you type is relative to the current directory; "
+        f"default: the run's cache-dir, {DEFAULT_LIBRARY} in the app folder, where "
+        "`powerfl simulate` keeps it)",
     )
     lut_sub = p.add_subparsers(dest="lut_command", required=True)
     lut_sub.add_parser("list", help="the kinds the library holds").set_defaults(func=cmd_list)
@@ -75,8 +77,16 @@ def _expected_kind(args: argparse.Namespace) -> KindKey:
     )
 
 
+def library_dir(typed: str | None) -> Path:
+    """The library folder: a typed path against the current directory; by default the app's
+    ``cache-dir`` (relative to the app folder, as ``powerfl simulate`` resolves it)."""
+    if typed is not None:
+        return Path(typed).expanduser().absolute()
+    return resolve_path(str(app_defaults().get("cache-dir", ".powerfl-cache"))) / "library"
+
+
 def cmd_list(args: argparse.Namespace) -> int:
-    library = LUTLibrary(args.library)
+    library = LUTLibrary(library_dir(args.library))
     good, bad = library.entries()
     if not good and not bad:
         print(f"the LUT library {library.root} is empty")
@@ -91,7 +101,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    library = LUTLibrary(args.library)
+    library = LUTLibrary(library_dir(args.library))
     good, _ = library.entries()
     hits = [e for e in good if args.kind == e.path.name or args.kind in e.kind.label]
     if len(hits) != 1:
@@ -105,7 +115,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    library = LUTLibrary(args.library)
+    library = LUTLibrary(library_dir(args.library))
     try:
         path = library.import_file(args.file, expected=_expected_kind(args))
     except LibraryError as err:
