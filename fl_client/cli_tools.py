@@ -4,8 +4,9 @@
 * ``powerfl profile --model M --batch-sizes B [--p-max-w W] [--cap-margin M]`` — profile
   LUT_time and LUT_power on a device (real or twin), write the LUT (cache file, ``--out``,
   optionally a ``--replay-out`` replay table) and print it as a table.
-* ``powerfl select --lut FILE --r R --p-max-w W [--cap-margin M]`` — Eq. 4 (or a baseline)
-  on a LUT file.
+* ``powerfl select --lut FILE --r R --p-max-w W [--cap-margin M] [--peak-sigma-k K]
+  [--tie-tolerance T]`` — Eq. 4 (or a baseline) on a LUT file; prints the chosen knob value
+  in its unit (``f* = 1300 MHz``, or ``power limit* = 250 W`` for a power-limit LUT).
 
 ``--cap-margin`` is the share of P_max kept free of profiled peak power, with the run
 setting's default (0.05): a node's own cached LUT for 5 W, profiled less its margin, is
@@ -31,7 +32,8 @@ from fl_client.contract import Cap
 from fl_client.devices import BACKENDS, POWER_SOURCES, Device, DeviceError, DeviceOptions
 from fl_client.devices.base import DeviceInfo, Measurement, Meter, Workload
 from fl_client.devices.cli import add_devices_parser
-from fl_client.selector import METHODS
+from fl_client.devices.replay import GPU_FREQ_MHZ, Knob
+from fl_client.selector import METHODS, PEAK_SIGMA_K, TIE_TOLERANCE, SelectionRule
 from fl_client.settings import RunSettings
 
 DEFAULT_LUT_CACHE_DIR = ".powerfl-cache/lut"
@@ -73,6 +75,44 @@ def _add_cap_margin(p: argparse.ArgumentParser, what: str) -> None:
     )
 
 
+def parse_peak_sigma_k(text: object) -> float:
+    """``--peak-sigma-k``: a finite number ≥ 0."""
+    try:
+        value = float(str(text))
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value < math.inf:
+        raise ValueError(f"peak-sigma-k: expected a finite number ≥ 0 (e.g. 2), got {text!r}")
+    return value
+
+
+def parse_tie_tolerance(text: object) -> float:
+    """``--tie-tolerance``: a share in [0, 1)."""
+    try:
+        value = float(str(text))
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"tie-tolerance: expected a number in [0, 1) (e.g. 0.02), got {text!r}")
+    return value
+
+
+def _add_peak_sigma_k(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--peak-sigma-k",
+        default=str(PEAK_SIGMA_K),
+        help=f"a cell is feasible when its peak + k·σ of its per-step peaks is below the cap "
+        f"less its margin: {what} (default: {PEAK_SIGMA_K:g}, the run setting's; 0 judges "
+        "the peak alone)",
+    )
+
+
+def knob_symbol(knob: Knob) -> str:
+    """How the knob is written in the tables and the choice: ``f`` for the GPU frequency,
+    else its label without "GPU " (``power limit``)."""
+    return "f" if knob == GPU_FREQ_MHZ else knob.label.removeprefix("GPU ")
+
+
 def _under(cap: Cap, cap_margin: float) -> str:
     """``"P_max 5 W"`` or ``"P_max 5 W less cap-margin 5% (4.75 W)"``."""
     text = f"P_max {cap.label}"
@@ -106,6 +146,7 @@ def add_profile_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="power cap in W for efficient mode; none (default) profiles the full grid",
     )
     _add_cap_margin(p, "efficient mode walks each batch size up while the peak is below it")
+    _add_peak_sigma_k(p, "efficient mode's walk judges each cell so")
     p.add_argument(
         "--device",
         "--kind",
@@ -252,7 +293,8 @@ def lut_to_replay_table(lut: Any, *, power_rail: str, memory_bytes: int, source:
     """The measured cells of ``lut`` as a replay table (what ``--replay-out`` writes).
 
     Average power above the sampled peak (possible when energy comes from NVML's counter
-    while the sampled power is smoothed) is written as the peak.
+    while the sampled power is smoothed) is written as the peak. σ of the per-step peaks
+    goes with each row where the LUT recorded it, and the table keeps the LUT's knob.
     """
     from fl_client.devices.replay import ReplayRow, ReplayTable
 
@@ -261,6 +303,7 @@ def lut_to_replay_table(lut: Any, *, power_rail: str, memory_bytes: int, source:
         b = lut.batch_sizes[i]
         peak_w = float(lut.peak_power_w[i, j])
         avg_w = float(lut.avg_power_w[i, j])
+        sigma_w = float(lut.peak_sigma_w[i, j])
         rows.append(
             ReplayRow(
                 batch_size=b,
@@ -268,6 +311,7 @@ def lut_to_replay_table(lut: Any, *, power_rail: str, memory_bytes: int, source:
                 time_per_step_s=float(lut.time_per_sample_s[i, j]) * b,
                 peak_power_w=peak_w,
                 avg_power_w=min(avg_w, peak_w) if avg_w > 0 else peak_w,
+                peak_power_sigma_w=None if math.isnan(sigma_w) else sigma_w,
             )
         )
     return ReplayTable(
@@ -278,21 +322,32 @@ def lut_to_replay_table(lut: Any, *, power_rail: str, memory_bytes: int, source:
         power_rail=power_rail,
         memory_bytes=memory_bytes or None,
         source=source,
+        knob=lut.knob,
     )
 
 
-def format_lut(lut: Any, p_max_w: float | None = None) -> str:
-    """The three tables of a LUT as text: rows = batch sizes, columns = frequencies (MHz).
+def format_lut(lut: Any, p_max_w: float | None = None, peak_sigma_k: float = PEAK_SIGMA_K) -> str:
+    """The tables of a LUT as text: rows = batch sizes, columns = the knob's values (MHz).
 
-    Cells not profiled (efficient mode) show ``-``; peak powers that are not below what
-    efficient mode compared them with (the LUT's cap less its cap margin), or below
-    ``p_max_w`` when given, are marked ``*``.
+    Cells not profiled (efficient mode) show ``-``; cells that are not feasible by the
+    selector's rule (peak + ``peak_sigma_k``·σ of the per-step peaks) against what
+    efficient mode compared them with (the LUT's cap less its cap margin), or against
+    ``p_max_w`` when given, are marked ``*`` in the peak power table. σ is printed when the
+    LUT recorded it.
     """
+    import numpy as np
+
+    from fl_client.selector import feasible_cells
+
     cap = p_max_w if p_max_w is not None else lut.selection_cap_w
+    sigma_w = lut.peak_sigma_w
+    has_sigma = bool(np.isfinite(sigma_w).any())
+    infeasible = ~feasible_cells(lut.peak_power_w, cap, peak_sigma_w=sigma_w,
+                                 peak_sigma_k=peak_sigma_k)  # fmt: skip
     heads = [f"{f:g}" for f in lut.freqs_mhz]
     width = max(8, *(len(h) + 1 for h in heads))
 
-    corner = "b \\ MHz"
+    corner = f"b \\ {lut.knob.unit}"
 
     def block(title: str, table: Any, fmt: Callable[[float], str], mark: bool) -> list[str]:
         lines = [title, f"{corner:>8}" + "".join(f"{h:>{width}}" for h in heads)]
@@ -301,7 +356,7 @@ def format_lut(lut: Any, p_max_w: float | None = None) -> str:
             for j in range(len(lut.freqs_mhz)):
                 x = float(table[i, j])
                 text = "-" if math.isnan(x) else fmt(x)
-                if mark and cap is not None and not math.isnan(x) and x >= cap:
+                if mark and cap is not None and not math.isnan(x) and infeasible[i, j]:
                     text += "*"
                 cells.append(f"{text:>{width}}")
             lines.append(f"{b:>8}" + "".join(cells))
@@ -322,15 +377,20 @@ def format_lut(lut: Any, p_max_w: float | None = None) -> str:
     ]
     lines += block("time per sample (ms)", lut.time_per_sample_s, lambda x: f"{1e3 * x:.4g}", False)
     lines.append("")
+    robust = f"peak + {peak_sigma_k:g}·σ " if has_sigma and peak_sigma_k > 0 else ""
     if cap is None:
         mark_title = ""
     elif p_max_w is not None:
-        mark_title = f"; * = not below P_max {Cap.parse(p_max_w).label}"
+        mark_title = f"; * = {robust}not below P_max {Cap.parse(p_max_w).label}"
     else:
-        mark_title = f"; * = not below {under}"
+        mark_title = f"; * = {robust}not below {under}"
     lines += block("peak power (W)" + mark_title, lut.peak_power_w, lambda x: f"{x:.2f}", True)
     lines.append("")
     lines += block("average power (W)", lut.avg_power_w, lambda x: f"{x:.2f}", False)
+    if has_sigma:
+        lines.append("")
+        title = "σ of the per-step peak power (W; - = not profiled or not recorded)"
+        lines += block(title, sigma_w, lambda x: f"{x:.3f}", False)
     return "\n".join(lines)
 
 
@@ -372,6 +432,7 @@ def cmd_profile(
         batch_sizes = parse_batch_sizes(args.batch_sizes)
         cap = Cap.parse(args.p_max_w)
         cap_margin = parse_cap_margin(args.cap_margin) if cap.capped else 0.0
+        peak_sigma_k = parse_peak_sigma_k(args.peak_sigma_k)
         profile_options = ProfileOptions(
             p_max_w=cap.to_record(),
             cap_margin=cap_margin,
@@ -379,6 +440,7 @@ def cmd_profile(
             steps=args.steps,
             progress=not args.quiet,
             progress_stream=err,
+            peak_sigma_k=peak_sigma_k,
         )
         options = device_options(args)
         if args.replay_out and Path(args.replay_out).suffix.lower() not in (".csv", ".json"):
@@ -429,7 +491,7 @@ def cmd_profile(
     if args.json:
         print(lut.to_json(), file=out)
     else:
-        print(format_lut(lut), file=out)
+        print(format_lut(lut, peak_sigma_k=peak_sigma_k), file=out)
         print("", file=out)
         print(f"power rail: {info.power_rail}", file=out)
     where = "from the cache" if from_cache else "profiled"
@@ -451,10 +513,12 @@ def add_select_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``select`` to an argparse sub-parser set."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "select",
-        help="choose (batch size, GPU frequency) from a LUT under a power cap",
-        description="Apply Eq. 4 (power-aware: for each batch size the highest frequency "
-        "whose peak power is below P_max, then the smallest time per sample × r_b) or a "
-        "baseline to a LUT written by `powerfl profile`.",
+        help="choose (batch size, GPU knob value) from a LUT under a power cap",
+        description="Apply Eq. 4 (power-aware: every measured cell whose peak + k·σ of its "
+        "per-step peaks is below P_max less the cap margin is feasible; the least time per "
+        "sample × r_b over them, and among cells within the tie tolerance of it the least "
+        "energy to accuracy) or a baseline to a LUT written by `powerfl profile`. The knob "
+        "is the LUT's: a GPU frequency in MHz, or a GPU power limit in W.",
     )
     p.add_argument("--lut", required=True, help="LUT file (JSON) written by `powerfl profile`")
     p.add_argument(
@@ -464,6 +528,14 @@ def add_select_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--p-max-w", required=True, help="power cap in W, or none")
     _add_cap_margin(p, "Eq. 4 takes cells whose peak is below P_max less it")
+    _add_peak_sigma_k(p, "power-aware and oracle")
+    p.add_argument(
+        "--tie-tolerance",
+        default=str(TIE_TOLERANCE),
+        help="cells whose time × r_b is within this share of the best are ties, taken by "
+        f"the least energy (default: {TIE_TOLERANCE:g}, the run setting's; 0: the exact "
+        "minimum)",
+    )
     p.add_argument("--method", default="power-aware", choices=METHODS, help="default: power-aware")
     p.add_argument(
         "--b1-freq-cap-mhz",
@@ -498,19 +570,23 @@ def format_selection(
     b1_freq_cap_mhz: float | None = None,
     cap_margin: float = 0.0,
 ) -> str:
-    """The choice and the candidate set (Eq. 4's C) as text."""
+    """The choice and the candidate set (Eq. 4's C) as text; the knob named in its unit
+    (``f* = 921.6 MHz``, ``power limit* = 250 W``)."""
+    knob = getattr(selection, "knob", GPU_FREQ_MHZ)
+    symbol, unit = knob_symbol(knob), knob.unit
     if selection.method in ("power-aware", "oracle"):
         under = f" under {_under(Cap.parse(selection.p_max_w), cap_margin)}"
     elif b1_freq_cap_mhz is not None:
-        under = f" at the fixed frequency cap {b1_freq_cap_mhz:g} MHz"
+        under = f" at the fixed frequency cap {b1_freq_cap_mhz:g} {unit}"
     else:
         under = ""
+    head = f"{symbol} {unit}"
     lines = [
-        f"{selection.method}: b* = {selection.batch_size}, f* = {selection.freq_mhz:g} MHz"
-        f"{under}; predicted {1e3 * selection.time_per_sample_s:.4g} ms/sample, "
-        f"peak {selection.peak_power_w:.2f} W",
+        f"{selection.method}: b* = {selection.batch_size}, {symbol}* = "
+        f"{selection.freq_mhz:g} {unit}{under}; predicted "
+        f"{1e3 * selection.time_per_sample_s:.4g} ms/sample, peak {selection.peak_power_w:.2f} W",
         "",
-        f"{'':2}{'b':>6} {'f MHz':>9} {'ms/sample':>10} {'peak W':>8} {'r':>7} {'score':>10}",
+        f"{'':2}{'b':>6} {head:>9} {'ms/sample':>10} {'peak W':>8} {'r':>7} {'score':>10}",
     ]
     r_by_b = dict(zip([c.batch_size for c in selection.candidates], r, strict=False))
     for c in selection.candidates:
@@ -533,11 +609,15 @@ def cmd_select(
     """Handler of ``powerfl select``."""
     out, err = out or sys.stdout, err or sys.stderr
     from fl_client.lut import LUT, LUTFormatError
-    from fl_client.selector import InfeasibleCapError, select
+    from fl_client.selector import InfeasibleCapError, Tables, select
 
     try:
         cap = Cap.parse(args.p_max_w)
         cap_margin = parse_cap_margin(args.cap_margin) if cap.capped else 0.0
+        rule = SelectionRule(
+            peak_sigma_k=parse_peak_sigma_k(args.peak_sigma_k),
+            tie_tolerance=parse_tie_tolerance(args.tie_tolerance),
+        )
         r = parse_r(args.r)
         path = Path(args.lut).expanduser()
         if not path.is_file():
@@ -554,10 +634,16 @@ def cmd_select(
             args.method,
             batch_sizes=list(lut.batch_sizes),
             freqs_mhz=list(lut.freqs_mhz),
-            lut_time_s=lut.time_per_sample_s,
-            lut_power_w=lut.peak_power_w,
+            tables=Tables(
+                lut.time_per_sample_s,
+                lut.peak_power_w,
+                lut.avg_power_w,
+                lut.peak_sigma_w,
+                lut.knob,
+            ),
             r=r,
             p_max_w=cap.watts,
+            rule=rule,
             cap_margin=cap_margin,
             b1_freq_cap_mhz=b1_cap,
             fixed_batch_size=args.fixed_batch_size,
@@ -570,7 +656,13 @@ def cmd_select(
         _error("select", e, err)
         return 2
     if args.json:
-        print(json.dumps({**selection.to_dict(), "cap-margin": cap_margin}, indent=2), file=out)
+        record = {
+            **selection.to_dict(),
+            "cap-margin": cap_margin,
+            "peak-sigma-k": rule.peak_sigma_k,
+            "tie-tolerance": rule.tie_tolerance,
+        }
+        print(json.dumps(record, indent=2), file=out)
     else:
         text = format_selection(selection, r, b1_freq_cap_mhz=b1_cap, cap_margin=cap_margin)
         print(text, file=out)

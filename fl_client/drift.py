@@ -14,6 +14,7 @@ from fl_client.lut import LUT, merge_cells, on_demand_key, save_quietly, scale_c
 from fl_client.pacing import freq_index
 from fl_client.profiler import MeasureContext, ProfileOptions, measure_cell, profile
 from fl_client.profiler import time_per_sample_s as measured_time_per_sample_s
+from fl_client.selector import PEAK_SIGMA_K
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,8 @@ def check_drift(
     point: tuple[int, float],
     threshold: float,
     reprofile: ProfileOptions | None = None,
+    *,
+    peak_sigma_k: float = PEAK_SIGMA_K,
 ) -> DriftCheck:
     """Measure ``point`` = (b, f) as the profiler did and compare with the LUT; re-profile
     b's row if off.
@@ -47,7 +50,10 @@ def check_drift(
     cap less its margin, merged over the LUT (fresh cells win; the other rows, and the
     on-demand cells, scaled by the change measured on this row) and both are written to
     the cache, so the node re-selects from them. ``reprofile`` overrides how the row is
-    profiled again (a shared LUT has no cap of its own: the node's cap is given here).
+    profiled again (a shared LUT has no cap of its own: the node's cap is given here);
+    otherwise the row's walk judges cells with ``peak_sigma_k`` (``peak-sigma-k``). The
+    re-profiled cells bring their own σ of per-step peaks; the other rows' σ scale with
+    their peaks (``lut.scale_cells``).
     """
     batch_size, freq_mhz = point
     known = lut if cells is None else merge_cells(lut, cells, overwrite=False)
@@ -88,6 +94,7 @@ def check_drift(
             steps=lut.steps,
             progress=False,
             uncapped="full",
+            peak_sigma_k=peak_sigma_k,
         ),
     )
     factors = _drift_factors(known, row, i)

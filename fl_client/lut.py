@@ -1,6 +1,7 @@
-"""The LUT file: LUT_time / LUT_power / average power per (batch size, GPU frequency), its
-JSON format, the on-disk cache (one file per device kind, backend, workload, B, cap and
-cap-margin), and merging and scaling of measured cells. Measuring lives in ``profiler``.
+"""The LUT file: LUT_time / LUT_power / average power / σ of the per-step peaks per (batch
+size, GPU knob value), its JSON format, the on-disk cache (one file per device kind, backend,
+workload, B, cap and cap-margin), and merging and scaling of measured cells. Measuring lives
+in ``profiler``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fl_client.devices.base import Device, Workload
+from fl_client.devices.replay import GPU_FREQ_MHZ, Knob, knob_for
 from fl_client.files import set_aside, write_atomic
 from fl_client.selector import (
     validate_batch_sizes,
@@ -35,7 +37,13 @@ log = logging.getLogger(__name__)
 LUT_FORMAT = "powerfl-lut"
 #: 2: ``cap-margin`` stored beside the bare cap ``p-max-w`` (version 1 stored the cap less
 #: its margin as ``p-max-w``; such files read as that cap with margin 0).
-LUT_VERSION = 2
+#: 3: optional ``peak-sigma-w`` (σ of each cell's per-step peak powers) and ``knob`` (what
+#: the columns are, when not the GPU frequency in MHz). A LUT with neither is still written
+#: as version 2, byte for byte as before (so checksums of stored LUTs hold); versions 1 and
+#: 2 read with σ not recorded (it counts as 0) and the GPU frequency as the knob.
+LUT_VERSION = 3
+#: Versions ``LUT.from_json`` reads.
+LUT_VERSIONS_READ = (1, 2, 3)
 #: How much of the (b, f) grid a LUT covers; see ``LUT.grid``.
 GRIDS = ("full", "efficient", "highest", "on-demand", "shared")
 
@@ -55,7 +63,8 @@ class LUT:
     """The profiled lookup tables of one (device, backend, model, input shape).
 
     Rows follow ``batch_sizes``, columns ``freqs_mhz``; NaN marks a cell that was not
-    profiled (efficient mode), in all three tables at once. Arrays are read-only copies.
+    profiled (efficient mode), in the time and power tables at once (σ may be NaN in a
+    profiled cell too: not recorded). Arrays are read-only copies.
 
     Attributes
     ----------
@@ -70,7 +79,8 @@ class LUT:
     batch_sizes : tuple of int
         B, strictly ascending.
     freqs_mhz : tuple of float
-        The device's frequency table in MHz, strictly ascending.
+        The device's knob values, strictly ascending: its frequency table in MHz, or the
+        values of ``knob``.
     time_per_sample_s : ndarray, shape (|B|, |F|)
         Training time per sample in seconds (LUT_time).
     peak_power_w : ndarray, shape (|B|, |F|)
@@ -93,6 +103,14 @@ class LUT:
         cell Eq. 4 picks per b when nothing is infeasible) or ``on-demand`` (no cap: single
         cells measured when something needed them, e.g. pacing below f*; never selected
         from on its own). Default: ``full`` without a cap, ``efficient`` with one.
+    peak_sigma_w : ndarray, shape (|B|, |F|)
+        Standard deviation of the per-step peak powers of each measured cell in W (the
+        selector's feasibility margin, ``peak-sigma-k``·σ); NaN where not profiled or not
+        recorded (one measured step, or a file written before version 3), which counts as
+        0. Constructed without it (the default, an empty array) or with None: nothing
+        recorded, all NaN.
+    knob : Knob
+        What the columns are: ``GPU_FREQ_MHZ`` (default) or e.g. ``GPU_POWER_LIMIT_W``.
     """
 
     device_kind: str
@@ -112,6 +130,8 @@ class LUT:
     steps: int = 3
     grid: str = ""
     cap_margin: float = 0.0
+    peak_sigma_w: FloatArray = field(default_factory=lambda: np.empty((0, 0)))
+    knob: Knob = GPU_FREQ_MHZ
 
     def __post_init__(self) -> None:
         try:
@@ -125,6 +145,9 @@ class LUT:
             avg_w = validate_tables(time_s, self.avg_power_w, len(b), len(f))[1]
         except ValueError as err:
             raise LUTFormatError(str(err)) from None
+        sigma_w = _sigma_table(self.peak_sigma_w, np.isnan(time_s))
+        if not isinstance(self.knob, Knob):
+            raise LUTFormatError(f"knob: must be a Knob, got {self.knob!r}")
         grid = self.grid or ("full" if cap is None else "efficient")
         if grid not in GRIDS:
             raise LUTFormatError(f"grid: unknown value {grid!r}; allowed: {', '.join(GRIDS)}")
@@ -161,6 +184,7 @@ class LUT:
             ("time_per_sample_s", time_s),
             ("peak_power_w", peak_w),
             ("avg_power_w", avg_w),
+            ("peak_sigma_w", sigma_w),
         ):
             table = np.array(table, dtype=np.float64)  # a private, read-only copy
             table.flags.writeable = False
@@ -206,9 +230,12 @@ class LUT:
         def table(arr: FloatArray) -> list[list[float | None]]:
             return [[None if math.isnan(x) else float(x) for x in row] for row in arr]
 
+        sigma_w = self.peak_sigma_w
+        has_sigma = bool(np.isfinite(sigma_w).any())
+        new_keys = has_sigma or self.knob != GPU_FREQ_MHZ
         record = {
             "format": LUT_FORMAT,
-            "version": LUT_VERSION,
+            "version": LUT_VERSION if new_keys else 2,
             "device-kind": self.device_kind,
             "backend": self.backend,
             "model-name": self.model_name,
@@ -228,6 +255,10 @@ class LUT:
             "steps": self.steps,
             "grid": self.grid,
         }
+        if has_sigma:
+            record["peak-sigma-w"] = table(sigma_w)
+        if self.knob != GPU_FREQ_MHZ:
+            record["knob"] = self.knob.key.replace("_", "-")
         return json.dumps(record, indent=1, allow_nan=False)
 
     @classmethod
@@ -266,8 +297,9 @@ class LUT:
             "warmup-steps": int,
             "steps": int,
         }
-        # absent in files written before they existed
-        optional = {"grid": str, "cap-margin": (int, float)}
+        # absent in files written before they existed (and in version 3 files without σ or
+        # with the GPU frequency as the knob)
+        optional = {"grid": str, "cap-margin": (int, float), "peak-sigma-w": list, "knob": str}
         missing = sorted(set(expected) - set(rec))
         unknown = sorted(set(rec) - set(expected) - set(optional))
         expected.update({k: v for k, v in optional.items() if k in rec})
@@ -276,11 +308,14 @@ class LUT:
         for key, kind in expected.items():
             if not isinstance(rec[key], kind) or isinstance(rec[key], bool):  # type: ignore[arg-type]
                 raise LUTFormatError(f"{key}: wrong type {type(rec[key]).__name__}")
-        if rec["format"] != LUT_FORMAT or rec["version"] not in (1, LUT_VERSION):
+        if rec["format"] != LUT_FORMAT or rec["version"] not in LUT_VERSIONS_READ:
             raise LUTFormatError(
                 f"format: expected {LUT_FORMAT} v{LUT_VERSION}, got {rec['format']} "
                 f"v{rec['version']}"
             )
+        too_new = sorted({"peak-sigma-w", "knob"} & set(rec)) if rec["version"] < 3 else []
+        if too_new:
+            raise LUTFormatError(f"keys: {too_new} are not keys of a version {rec['version']} file")
         for key in ("input-shape", "batch-sizes"):
             if not all(isinstance(x, int) and not isinstance(x, bool) for x in rec[key]):
                 raise LUTFormatError(f"{key}: must be a list of integers")
@@ -288,6 +323,13 @@ class LUT:
             isinstance(x, (int, float)) and not isinstance(x, bool) for x in rec["freqs-mhz"]
         ):
             raise LUTFormatError("freqs-mhz: must be a list of numbers")
+        sigma_w = np.empty((0, 0))  # not recorded
+        if "peak-sigma-w" in rec:
+            sigma_w = _table_from_json(rec["peak-sigma-w"], "peak-sigma-w")
+        try:
+            knob = knob_for(rec["knob"]) if "knob" in rec else GPU_FREQ_MHZ
+        except ValueError as err:
+            raise LUTFormatError(str(err)) from None
         lut = cls(
             device_kind=rec["device-kind"],
             backend=rec["backend"],
@@ -306,6 +348,8 @@ class LUT:
             steps=rec["steps"],
             grid=rec.get("grid", ""),
             cap_margin=rec.get("cap-margin", 0.0),
+            peak_sigma_w=sigma_w,
+            knob=knob,
         )
         if lut.workload_key != rec["workload-key"]:
             raise LUTFormatError(
@@ -326,6 +370,24 @@ class LUT:
         except UnicodeDecodeError as err:
             raise LUTFormatError(f"not UTF-8 text: {err}") from None
         return cls.from_json(text)
+
+
+def _sigma_table(sigma_w: npt.ArrayLike | None, not_profiled: npt.NDArray[np.bool_]) -> FloatArray:
+    """Check a σ-of-per-step-peaks table: the LUT's shape, NaN where not profiled, finite
+    ≥ 0 W or NaN (not recorded) elsewhere. None or an empty array give the all-NaN table
+    (a LUT has at least one profiled cell, so an empty table is never a real one)."""
+    out = np.asarray(np.nan if sigma_w is None else sigma_w, dtype=np.float64)
+    if sigma_w is None or out.size == 0:
+        return np.full(not_profiled.shape, np.nan)
+    if out.shape != not_profiled.shape:
+        raise LUTFormatError(
+            f"peak-sigma-w: shape {out.shape} does not match the other tables {not_profiled.shape}"
+        )
+    if np.isfinite(out[not_profiled]).any():
+        raise LUTFormatError("peak-sigma-w: a value in a cell that was not profiled")
+    if np.isinf(out).any() or (out < 0).any():
+        raise LUTFormatError("peak-sigma-w: measured cells must be finite and ≥ 0 W, or null")
+    return out
 
 
 def _is_number(x: object) -> bool:
@@ -467,7 +529,8 @@ def scale_cells(lut: LUT, *, time_factor: float, peak_factor: float, avg_factor:
     """``lut`` with every measured cell scaled (an estimate of a uniform drift).
 
     Used after a drift check re-profiled one row: the other rows are scaled by the change
-    measured on that row until they are measured again.
+    measured on that row until they are measured again. σ of the per-step peaks scales
+    with the peak (``peak_factor``): a uniform drift stretches the peaks' spread alike.
     """
     for key, factor in (
         ("time-factor", time_factor),
@@ -481,6 +544,7 @@ def scale_cells(lut: LUT, *, time_factor: float, peak_factor: float, avg_factor:
         time_per_sample_s=lut.time_per_sample_s * time_factor,
         peak_power_w=lut.peak_power_w * peak_factor,
         avg_power_w=lut.avg_power_w * avg_factor,
+        peak_sigma_w=lut.peak_sigma_w * peak_factor,
     )
 
 
@@ -490,7 +554,9 @@ def merge_cells(base: LUT, extra: LUT, *, overwrite: bool) -> LUT:
     ``extra`` may cover only some of ``base``'s batch sizes (e.g. one re-profiled row).
     ``overwrite=False`` only fills cells ``base`` left NaN (its own measurements win);
     ``overwrite=True`` replaces every cell ``extra`` measured (fresh measurements win, as
-    after a drift check). The result keeps ``base``'s cap, grid and profiling cost.
+    after a drift check). The result keeps ``base``'s cap, grid and profiling cost. A cell
+    is taken whole: its time, peak and average power and the σ of its per-step peaks
+    (NaN, not recorded, where ``extra`` has none).
 
     Raises
     ------
@@ -498,7 +564,7 @@ def merge_cells(base: LUT, extra: LUT, *, overwrite: bool) -> LUT:
         When the two tables are not of the same device, backend, workload and frequency
         table, or ``extra`` has a batch size ``base`` lacks.
     """
-    for name in ("device_kind", "backend", "model_name", "input_shape", "freqs_mhz"):
+    for name in ("device_kind", "backend", "model_name", "input_shape", "freqs_mhz", "knob"):
         if getattr(base, name) != getattr(extra, name):
             raise LUTFormatError(
                 f"{name.replace('_', '-')}: cannot merge LUTs of {getattr(base, name)!r} and "
@@ -511,18 +577,45 @@ def merge_cells(base: LUT, extra: LUT, *, overwrite: bool) -> LUT:
         name: np.array(getattr(base, name), dtype=np.float64)
         for name in ("time_per_sample_s", "peak_power_w", "avg_power_w")
     }
+    tables["peak_sigma_w"] = np.array(base.peak_sigma_w, dtype=np.float64)
+    extra_sigma = extra.peak_sigma_w
     for i_extra, b in enumerate(extra.batch_sizes):
         i = base.batch_sizes.index(b)
         measured = ~np.isnan(extra.time_per_sample_s[i_extra])
         take = measured if overwrite else measured & np.isnan(tables["time_per_sample_s"][i])
         for name, table in tables.items():
-            table[i, take] = getattr(extra, name)[i_extra, take]
+            source = extra_sigma if name == "peak_sigma_w" else getattr(extra, name)
+            table[i, take] = source[i_extra, take]
     return dataclasses.replace(
         base,
         time_per_sample_s=tables["time_per_sample_s"],
         peak_power_w=tables["peak_power_w"],
         avg_power_w=tables["avg_power_w"],
+        peak_sigma_w=tables["peak_sigma_w"],
     )
+
+
+def median_cell(
+    measurements: Sequence[Sequence[float]],
+) -> tuple[float, float, float, float]:
+    """One cell from several measurements of it (fleet-shared slices that overlap).
+
+    Each measurement is ``(time per sample, peak, average power[, σ of per-step peaks])``.
+    Time, peak and average power are the medians of their own; σ is the one recorded with
+    the measurement whose peak is nearest the median peak (the larger σ of two as near),
+    so the cell keeps a σ that was measured with a peak like the one it reports. NaN σ:
+    not recorded.
+    """
+    if not measurements:
+        raise ValueError("measurements: need at least one (time, peak, avg[, σ]) of the cell")
+    rows = np.array(
+        [[*m[:3], m[3] if len(m) > 3 else math.nan] for m in measurements], dtype=np.float64
+    )
+    time_s, peak_w, avg_w = (float(np.median(rows[:, k])) for k in range(3))
+    gap = np.abs(rows[:, 1] - peak_w)
+    nearest = rows[gap <= gap.min(), 3]
+    sigma_w = float(np.nanmax(nearest)) if np.isfinite(nearest).any() else math.nan
+    return time_s, peak_w, avg_w, sigma_w
 
 
 # --------------------------------------------------------------------------- cells on demand

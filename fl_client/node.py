@@ -141,6 +141,7 @@ def lut_for_cap(
             cap_margin=ctx.cap_margin,
             progress=False,
             uncapped="full" if ctx.settings.profile_grid == "full" else "highest",
+            peak_sigma_k=ctx.settings.peak_sigma_k,
         )
         lut, cached = load_or_profile(
             measure.device,
@@ -195,23 +196,37 @@ def oracle_r(
 
 
 def select_for(
-    plan: RoundPlan, lut: LUT | None, device: Device, cap_margin: float
+    plan: RoundPlan,
+    lut: LUT | None,
+    device: Device,
+    cap_margin: float,
+    rule: selector.SelectionRule = selector.DEFAULT_RULE,
 ) -> selector.Selection:
     """The round's (b*, f*) by ``selector.select``, the one dispatch of every method.
 
-    Power-aware and the oracle take Eq. 4 under the cap less ``cap_margin`` (the oracle
-    with r measured on the node's data); B1 and B2 take their fixed frequency from the
-    device descriptor's band for the cap; ``fixed`` takes the configured (b, f).
+    Power-aware and the oracle take Eq. 4 on the LUT's measured cells under the cap less
+    ``cap_margin`` (the oracle with r measured on the node's data): each cell judged by its
+    peak + ``rule.peak_sigma_k``·σ of its per-step peaks (the LUT's ``peak_sigma_w``), the
+    least time × r, near-ties within ``rule.tie_tolerance`` to the least energy (the LUT's
+    average power × time). B1 and B2 take their fixed frequency from the device
+    descriptor's band for the cap; ``fixed`` takes the configured (b, f).
     """
     cfg = plan.cfg
+    tables = (
+        None
+        if lut is None
+        else selector.Tables(
+            lut.time_per_sample_s, lut.peak_power_w, lut.avg_power_w, lut.peak_sigma_w, lut.knob
+        )
+    )
     return selector.select(
         cfg.method,
         batch_sizes=list(cfg.batch_sizes),
         freqs_mhz=[float(f) for f in device.gpu_freqs_mhz],
-        lut_time_s=None if lut is None else lut.time_per_sample_s,
-        lut_power_w=None if lut is None else lut.peak_power_w,
+        tables=tables,
         r=plan.r_true if cfg.method == "oracle" else list(cfg.r),
         p_max_w=plan.cap.watts,
+        rule=rule,
         cap_margin=cap_margin,
         b1_freq_cap_mhz=(
             device.info.b1_freq_cap_mhz(plan.cap.watts) if cfg.method in ("b1", "b2") else None
@@ -254,7 +269,9 @@ def _choose(
     if shared is not None:
         plan.lut, plan.lut_from_cache = shared
         try:
-            plan.choice = select_for(plan, plan.lut, measure.device, ctx.cap_margin)
+            plan.choice = select_for(
+                plan, plan.lut, measure.device, ctx.cap_margin, ctx.selection_rule
+            )
             if not plan.lut_from_cache:
                 _verify_shared(ctx, measure, plan)
             plan.run_freq_mhz = plan.choice.freq_mhz
@@ -267,7 +284,7 @@ def _choose(
         )
         plan.cost.add(cost.time_s, cost.energy_j)
     try:
-        plan.choice = select_for(plan, plan.lut, measure.device, ctx.cap_margin)
+        plan.choice = select_for(plan, plan.lut, measure.device, ctx.cap_margin, ctx.selection_rule)
     except selector.InfeasibleCapError as err:
         if not ctx.node.p_max_schedule:
             raise
@@ -286,6 +303,7 @@ def _verify_shared(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan) -
         warmup_steps=plan.lut.warmup_steps,
         steps=plan.lut.steps,
         progress=False,
+        peak_sigma_k=ctx.settings.peak_sigma_k,
     )
     point = (plan.choice.batch_size, plan.choice.freq_mhz)
     check = own_cell_check(measure, plan.lut, point, ctx.settings.drift_threshold)
@@ -294,7 +312,7 @@ def _verify_shared(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan) -
     plan.shared, plan.lut = check, check.lut
     plan.cost.add(check.time_s, check.energy_j)
     if check.reprofiled:
-        plan.choice = select_for(plan, plan.lut, measure.device, ctx.cap_margin)
+        plan.choice = select_for(plan, plan.lut, measure.device, ctx.cap_margin, ctx.selection_rule)
     path = LUTKey.of(measure.device, measure.workload, plan.lut.batch_sizes, grid="shared").path(
         measure.cache_dir
     )
@@ -324,7 +342,12 @@ def _pace(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, samples: i
     work = dataclasses.replace(work, reserved_s=plan.paced.time_s)
     cap_w = plan.cap.selection_w(ctx.cap_margin)
     plan.pace = plan_pacing(
-        plan.paced.plan_lut, plan.choice.batch_size, plan.choice.freq_mhz, cap_w, work
+        plan.paced.plan_lut,
+        plan.choice.batch_size,
+        plan.choice.freq_mhz,
+        cap_w,
+        work,
+        rule=ctx.selection_rule,
     )
     plan.run_freq_mhz = plan.pace.freq_mhz
 
@@ -338,7 +361,14 @@ def _check_drift(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan) -> 
         return
     cells = None if plan.paced is None else plan.paced.cells
     point = (plan.choice.batch_size, plan.run_freq_mhz)
-    plan.drift = check_drift(measure, plan.lut, cells, point, ctx.settings.drift_threshold)
+    plan.drift = check_drift(
+        measure,
+        plan.lut,
+        cells,
+        point,
+        ctx.settings.drift_threshold,
+        peak_sigma_k=ctx.settings.peak_sigma_k,
+    )
     plan.cost.add(plan.drift.time_s, plan.drift.energy_j)
 
 
@@ -440,7 +470,7 @@ def _report(
         extra["drift_deviation"] = plan.drift.deviation
         extra["drift_reprofiled"] = float(plan.drift.reprofiled)
         if plan.drift.reprofiled:
-            again = select_for(plan, plan.drift.lut, device, ctx.cap_margin)
+            again = select_for(plan, plan.drift.lut, device, ctx.cap_margin, ctx.selection_rule)
             extra["drift_batch_size"] = float(again.batch_size)
             extra["drift_freq_mhz"] = float(again.freq_mhz)
     return TrainReport(

@@ -13,6 +13,7 @@ from typing import Any
 
 from fl_client import task
 from fl_client.devices import Device, DeviceOptions, Workload, open_device
+from fl_client.selector import SelectionRule
 from fl_client.settings import NodeSettings, RunSettings, load_fleet, node_settings, resolve_path
 
 # A Jetson's CPU and GPU share memory: leave half of it to the OS, CUDA and the data.
@@ -33,6 +34,12 @@ class NodeContext:
     def cap_margin(self) -> float:
         """This node's ``cap-margin`` if it has one, else the run setting."""
         return self.settings.cap_margin if self.node.cap_margin is None else self.node.cap_margin
+
+    @property
+    def selection_rule(self) -> SelectionRule:
+        """The run settings ``peak-sigma-k`` and ``tie-tolerance`` as the selector's rule."""
+        s = self.settings
+        return SelectionRule(peak_sigma_k=s.peak_sigma_k, tie_tolerance=s.tie_tolerance)
 
     def local_data(self) -> tuple[Any, Any]:
         """This node's (training, validation) split of the run's data."""

@@ -62,17 +62,25 @@ def freq_index(freqs_mhz: tuple[float, ...], freq_mhz: float) -> int:
 
 
 def plan_pacing(
-    lut: LUT, batch_size: int, f_star_mhz: float, p_max_w: float, work: PacingWork
+    lut: LUT,
+    batch_size: int,
+    f_star_mhz: float,
+    p_max_w: float,
+    work: PacingWork,
+    *,
+    rule: selector.SelectionRule = selector.DEFAULT_RULE,
 ) -> PacePlan:
     """Deadline-aware pacing: the frequency of least predicted energy that meets the deadline.
 
     Candidates are the measured frequencies of ``batch_size``'s row at or below f* that are
-    feasible under ``p_max_w`` (``selector.feasible_freq_index``), and f* itself. Pacing
-    only ever slows a node down: b* and the cap are kept. A candidate meets the deadline
-    when ``reserved_s`` (device time this round spent before training, e.g. measuring
-    cells for pacing) plus its predicted time is ≤ ``deadline_s × (1 − margin)``; among
-    those the one with the least predicted energy (LUT average power × time) wins. Without
-    a deadline, or when no candidate meets it, the node runs at f* (its fastest).
+    feasible under ``p_max_w`` (the cap less its margin) by the selector's own rule
+    (``selector.feasible_cells``: each cell's peak + ``rule.peak_sigma_k``·σ of its
+    per-step peaks, so a noisy cell costs that cell, not the cells below it), and f*
+    itself. Pacing only ever slows a node down: b* and the cap are kept. A candidate meets
+    the deadline when ``reserved_s`` (device time this round spent before training, e.g.
+    measuring cells for pacing) plus its predicted time is ≤ ``deadline_s × (1 − margin)``;
+    among those the one with the least predicted energy (LUT average power × time) wins.
+    Without a deadline, or when no candidate meets it, the node runs at f* (its fastest).
 
     In a synchronous round a node that finishes early idles until the round ends, so its
     energy over the round is ``(P_avg(f) − P_idle) · t(f) + P_idle · T`` with T the round's
@@ -81,18 +89,17 @@ def plan_pacing(
     """
     i = lut.batch_sizes.index(batch_size)
     j_star = freq_index(lut.freqs_mhz, f_star_mhz)
-    row_t, row_peak, row_avg = (
-        lut.time_per_sample_s[i],
-        lut.peak_power_w[i],
-        lut.avg_power_w[i],
-    )
+    row_t, row_avg = lut.time_per_sample_s[i], lut.avg_power_w[i]
     if math.isnan(row_t[j_star]):
         raise ValueError(f"gpu-freq-mhz: the LUT has no cell at b={batch_size}, f*={f_star_mhz:g}")
-    j_hi = selector.feasible_freq_index(row_peak, None if math.isinf(p_max_w) else p_max_w)
-    top = j_star if j_hi is None else min(j_hi, j_star)
-    cands = [j for j in range(top + 1) if not math.isnan(row_t[j]) and j_hi is not None]
-    if j_star not in cands:
-        cands.append(j_star)
+    feasible = selector.feasible_cells(
+        lut.peak_power_w[i],
+        None if math.isinf(p_max_w) else p_max_w,
+        peak_sigma_w=lut.peak_sigma_w[i],
+        peak_sigma_k=rule.peak_sigma_k,
+    )  # False where not measured
+    cands = [j for j in range(j_star) if feasible[j]]
+    cands.append(j_star)
 
     samples, idle_power_w, reserved_s = work.samples, work.idle_power_w, work.reserved_s
     deadline_s = work.deadline_s

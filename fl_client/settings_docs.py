@@ -87,9 +87,10 @@ RUN_HELP: dict[str, str] = {
     "output-dir": "where run folders go",
     "cache-dir": "LUTs, r and oracle caches, and the server's LUT library (`<cache-dir>/library`)",
     "profile-grid": "`efficient`: only the cells that matter under each node's cap (paper "
-    "§4.1: the largest b from the lowest f up to the first infeasible f, each smaller b from "
-    "there; without a cap each b at its highest f, which Eq. 4 would pick); `full`: every "
-    "(b, f)",
+    "§4.1, with the robust feasibility of `peak-sigma-k`: each b walks up in f past its first "
+    "infeasible cell until two infeasible cells in a row, at most 2 infeasible cells beyond "
+    "the first; each smaller b from there; without a cap each b at its highest f, which Eq. 4 "
+    "would pick); `full`: every (b, f)",
     "schedule-profiling": "when a node with a `p-max-schedule` profiles its caps' LUTs: "
     "`upfront` profiles every cap in round 1, while every node profiles anyway, so the fleet "
     "waits once; `lazy` profiles a cap the first round it applies, so an unreached cap costs "

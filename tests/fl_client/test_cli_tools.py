@@ -20,11 +20,11 @@ from fl_client.contract import Cap
 from fl_client.devices import jetson as jetson_mod
 from fl_client.devices import safety
 from fl_client.devices.cli import cmd_devices
-from fl_client.devices.replay import ReplayDevice
+from fl_client.devices.replay import GPU_POWER_LIMIT_W, ReplayDevice
 from fl_client.devices.sampler import PowerMeasurement
 from fl_client.devices.simulated import load_device_spec
 from fl_client.lut import LUT
-from fl_client.selector import select_power_aware
+from fl_client.selector import SelectionRule, Tables, select_eq4
 from fl_client.settings import RunSettings
 from simulations.cli import build_parser, main
 from tests.fl_client.devices.conftest import FakeGpu, make_fake_pynvml
@@ -104,29 +104,50 @@ def test_profile_on_the_twin_writes_and_prints_the_lut(
     # the second time the cache answers, with the same tables
     code, out, _ = run(argv, capsys)
     assert code == 0 and "(from the cache)" in out
-    # and `select` on the written LUT is Eq. 4 on its tables
+    # one measured step per cell: no σ of the per-step peaks (not recorded, counts as 0)
+    assert "σ of the per-step peak power" not in out
+    assert np.isnan(lut.peak_sigma_w).all()
+    # and `select` on the written LUT is Eq. 4 on its tables (with average power and σ)
+    tables = Tables(lut.time_per_sample_s, lut.peak_power_w, lut.avg_power_w, lut.peak_sigma_w)
     select = ["select", "--lut", str(out_path), "--r", "1,0.6", "--p-max-w", "2.5"]
     code, out, _ = run([*select, "--cap-margin", "0", "--json"], capsys)
-    expected = select_power_aware(
-        lut.time_per_sample_s, lut.peak_power_w, [4, 8], lut.freqs_mhz, [1, 0.6], 2.5
-    )
+    expected = select_eq4(tables, [4, 8], lut.freqs_mhz, [1, 0.6], 2.5)
     assert code == 0
-    assert json.loads(out) == json.loads(json.dumps({**expected.to_dict(), "cap-margin": 0.0}))
+    rule = {"peak-sigma-k": 2.0, "tie-tolerance": 0.02}
+    assert json.loads(out) == json.loads(
+        json.dumps({**expected.to_dict(), "cap-margin": 0.0, **rule})
+    )
+    # the rule's settings on the command line
+    code, out, _ = run(
+        [*select, "--cap-margin", "0", "--json", "--peak-sigma-k", "0", "--tie-tolerance", "0"],
+        capsys,
+    )
+    exact = SelectionRule(peak_sigma_k=0.0, tie_tolerance=0.0)
+    expected = select_eq4(tables, [4, 8], lut.freqs_mhz, [1, 0.6], 2.5, rule=exact)
+    assert json.loads(out)["gpu-freq-mhz"] == expected.freq_mhz
     # Eq. 4 under the default cap margin: the cap less 5%
     code, out, _ = run(select, capsys)
-    expected = select_power_aware(
-        lut.time_per_sample_s,
-        lut.peak_power_w,
-        [4, 8],
-        lut.freqs_mhz,
-        [1, 0.6],
-        2.5,
-        cap_margin=0.05,
-    )
+    expected = select_eq4(tables, [4, 8], lut.freqs_mhz, [1, 0.6], 2.5, cap_margin=0.05)
     assert code == 0 and out.startswith(
         f"power-aware: b* = {expected.batch_size}, f* = {expected.freq_mhz:g} MHz under P_max "
         "2.5 W less cap-margin 5% (2.375 W)"
     )
+
+
+def test_profile_records_sigma_of_the_per_step_peaks_and_replays_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["profile", "--backend", "simulated", "--device", "jetson-nano", "--model", "cnn"]
+    argv += ["--batch-sizes", "4", "--cache-dir", str(tmp_path / "cache"), "--quiet"]
+    argv += ["--warmup-steps", "0", "--steps", "2", "--out", str(tmp_path / "lut.json")]
+    code, out, err = run([*argv, "--replay-out", str(tmp_path / "replay.json")], capsys)
+    assert code == 0, err
+    lut = LUT.load(tmp_path / "lut.json")
+    assert (lut.peak_sigma_w > 0).all()  # the twin's sensor noise over 2 steps a cell
+    assert "σ of the per-step peak power (W" in out
+    [table] = ReplayDevice.from_file(tmp_path / "replay.json").tables
+    row = table.row(4, 921.6)
+    assert row.peak_power_sigma_w == pytest.approx(lut.peak_sigma_w[0, -1], rel=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -148,8 +169,11 @@ def test_profile_efficient_mode_marks_the_cap(
     peak_block = out.split("peak power (W)")[1].split("average power")[0]
     row64 = next(line for line in peak_block.splitlines() if line.split()[:1] == ["64"])
     cells = row64.split()[1:]
-    # b=64 walks up from the lowest f and stops at the first cell over the cap less margin
-    assert cells[-1] == "-" and sum(c.endswith("*") for c in cells) == 1
+    # b=64 walks up from the lowest f and stops at the second cell in a row over the cap
+    # less its margin
+    assert cells[-1] == "-" and sum(c.endswith("*") for c in cells) == 2
+    marked = [k for k, c in enumerate(cells) if c.endswith("*")]
+    assert marked[1] == marked[0] + 1 and cells[marked[1] + 1] == "-"
     assert all(float(c.rstrip("*")) >= below_w for c in cells if c.endswith("*"))
     assert all(float(c) < below_w for c in cells if c != "-" and not c.endswith("*"))
     # the LUT holds the bare cap and the margin
@@ -404,6 +428,9 @@ def test_select_baselines(lut_file: Path, capsys: pytest.CaptureFixture[str]) ->
             ["--r", "1,1", "--p-max-w", "5", "--method", "fixed"],
             "fixed-batch-size: required by method 'fixed'",
         ),
+        (["--r", "1,1", "--p-max-w", "5", "--peak-sigma-k", "-1"], "peak-sigma-k: expected"),
+        (["--r", "1,1", "--p-max-w", "5", "--peak-sigma-k", "x"], "peak-sigma-k: expected"),
+        (["--r", "1,1", "--p-max-w", "5", "--tie-tolerance", "1"], "tie-tolerance: expected"),
         (
             ["--r", "1,1", "--p-max-w", "5", "--method", "fixed", "--fixed-batch-size", "4",
              "--fixed-freq-mhz", "500"],
@@ -417,6 +444,46 @@ def test_select_bad_input_names_the_key(
     code, out, err = run(["select", "--lut", str(lut_file), *argv], capsys)
     assert code == 2 and out == ""
     assert err.startswith("powerfl select: error: ") and message in err
+
+
+def test_select_judges_cells_by_peak_plus_k_sigma(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # σ of 0.3 W at b=64, 614.4 MHz: 4.6 + 2 × 0.3 = 5.2 W is not below 5 W
+    sigma = np.array([[0.0, 0.0, 0.0], [0.0, 0.3, 0.0]])
+    path = LUT(**{**vars(small_lut()), "peak_sigma_w": sigma}).save(tmp_path / "sigma.json")
+    argv = ["select", "--lut", str(path), "--r", "1,0.5", "--p-max-w", "5", "--cap-margin", "0"]
+    code, out, err = run(argv, capsys)
+    assert code == 0 and out.startswith("power-aware: b* = 64, f* = 307.2 MHz"), err
+    code, out, err = run([*argv, "--peak-sigma-k", "1"], capsys)  # 4.9 W: feasible
+    assert code == 0 and out.startswith("power-aware: b* = 64, f* = 614.4 MHz"), err
+    # the LUT printed: σ and the cells the rule refuses
+    text = cli_tools.format_lut(LUT.load(path), p_max_w=5.0)
+    assert "* = peak + 2·σ not below P_max 5 W" in text
+    peak_block = text.split("peak power (W)")[1].split("average power")[0]
+    row64 = next(line for line in peak_block.splitlines() if line.split()[:1] == ["64"])
+    assert row64.split()[1:] == ["3.50", "4.60*", "5.50*"]
+    assert "σ of the per-step peak power (W" in text and "0.300" in text
+
+
+def test_select_names_a_power_limit_knob_and_its_unit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A LUT whose columns are GPU power limits (NVML GPUs, Zeus traces) is selected from as
+    any other; the choice and the tables say W, not MHz."""
+    base = vars(small_lut())
+    lut = LUT(**{**base, "freqs_mhz": (150.0, 200.0, 250.0), "knob": GPU_POWER_LIMIT_W})
+    path = lut.save(tmp_path / "limits.json")
+    argv = ["select", "--lut", str(path), "--r", "1,0.5", "--p-max-w", "5", "--cap-margin", "0"]
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    assert out.startswith("power-aware: b* = 64, power limit* = 200 W under P_max 5 W")
+    assert "power limit W" in out.splitlines()[2]
+    code, out, _ = run([*argv, "--json"], capsys)
+    data = json.loads(out)
+    assert (data["gpu-power-limit-w"], data["knob-unit"]) == (200.0, "W")
+    assert "gpu-freq-mhz" not in data
+    assert re.search(r"b \\ W\s+150\s+200\s+250", cli_tools.format_lut(lut))
 
 
 def test_select_bad_lut_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

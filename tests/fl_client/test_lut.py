@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from fl_client.devices.base import Workload
+from fl_client.devices.replay import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W
 from fl_client.lut import (
     LUT,
     LUT_VERSION,
@@ -22,12 +23,14 @@ from fl_client.lut import (
     LUTKey,
     load_cached,
     load_on_demand,
+    median_cell,
     merge_cells,
     on_demand_key,
     save_quietly,
     scale_cells,
 )
 from fl_client.profiler import load_or_profile, profile
+from fl_client.selector import Tables, select_eq4
 from tests.fl_client.test_profiler import (
     B6,
     NANO_FREQS_MHZ,
@@ -87,9 +90,9 @@ def test_json_round_trip_keeps_nan_cells_and_metadata(p_max_w: float | None, mar
     rec = json.loads(text)
     assert "NaN" not in text and "Infinity" not in text
     assert rec["p-max-w"] == p_max_w and rec["cap-margin"] == margin
-    assert rec["version"] == LUT_VERSION == 2
+    assert rec["version"] == LUT_VERSION == 3 and "knob" not in rec  # σ recorded: version 3
     back = LUT.from_json(text)
-    for name in ("time_per_sample_s", "peak_power_w", "avg_power_w"):
+    for name in ("time_per_sample_s", "peak_power_w", "avg_power_w", "peak_sigma_w"):
         np.testing.assert_array_equal(getattr(back, name), getattr(lut, name))
     for name in (
         "device_kind",
@@ -106,6 +109,7 @@ def test_json_round_trip_keeps_nan_cells_and_metadata(p_max_w: float | None, mar
         "warmup_steps",
         "steps",
         "grid",
+        "knob",
     ):
         assert getattr(back, name) == getattr(lut, name), name
     assert not back.time_per_sample_s.flags.writeable
@@ -139,6 +143,12 @@ def test_json_round_trip_keeps_nan_cells_and_metadata(p_max_w: float | None, mar
         (lambda r: r.update({"batch-sizes": "4,8"}), "batch-sizes"),
         (lambda r: r["time-per-sample-s"][0].__setitem__(0, "x"), "numbers or null"),
         (lambda r: r["avg-power-w"][-1].__setitem__(0, None), "different cells"),
+        (lambda r: r.update({"peak-sigma-w": r["peak-sigma-w"][:-1]}), "peak-sigma-w: shape"),
+        (lambda r: r["peak-sigma-w"][-1].__setitem__(0, -0.1), "peak-sigma-w: measured cells"),
+        (lambda r: r["peak-sigma-w"][-1].__setitem__(-1, 0.1), "not profiled"),
+        (lambda r: r.update({"peak-sigma-w": "0.1"}), "peak-sigma-w: wrong type"),
+        (lambda r: r.update({"knob": "voltage"}), "knob: unknown value"),
+        (lambda r: r.update({"version": 2}), r"\['peak-sigma-w'\] are not keys of a version 2"),
     ],
 )
 def test_from_json_is_strict(edit: Callable[[dict[str, Any]], object], message: str) -> None:
@@ -159,7 +169,7 @@ def test_a_version_1_file_reads_as_its_cap_with_margin_0() -> None:
     """Version 1 stored the cap less its margin as ``p-max-w`` and had no ``cap-margin``."""
     rec = json.loads(_profiled(4.75).to_json())
     rec["version"] = 1
-    del rec["cap-margin"]
+    del rec["cap-margin"], rec["peak-sigma-w"]
     old = LUT.from_json(json.dumps(rec))
     assert (old.p_max_w, old.cap_margin, old.grid) == (4.75, 0.0, "efficient")
     assert old.selection_cap_w == 4.75
@@ -169,8 +179,35 @@ def test_a_version_1_file_reads_as_its_cap_with_margin_0() -> None:
     # files without a grid key (older still) read as full without a cap
     rec = json.loads(_profiled().to_json())
     rec["version"] = 1
-    del rec["cap-margin"], rec["grid"]
+    del rec["cap-margin"], rec["grid"], rec["peak-sigma-w"]
     assert LUT.from_json(json.dumps(rec)).grid == "full"
+
+
+def test_a_version_2_file_reads_with_sigma_not_recorded_and_is_written_as_before() -> None:
+    """Version 2 had no σ and no knob: σ reads as not recorded (NaN, 0 for the selector),
+    the knob as the GPU frequency, and the LUT is written again byte for byte."""
+    rec = json.loads(_profiled(3.5).to_json())
+    rec["version"] = 2
+    del rec["peak-sigma-w"]
+    text = json.dumps(rec, indent=1)
+    old = LUT.from_json(text)
+    assert np.isnan(old.peak_sigma_w).all()
+    assert old.knob == GPU_FREQ_MHZ
+    assert old.to_json() == text  # still version 2, no new keys: checksums of stored LUTs hold
+    t = old.time_per_sample_s
+    sel = select_eq4(Tables(t, old.peak_power_w, peak_sigma_w=old.peak_sigma_w), B6,
+                     NANO_FREQS_MHZ, [1.0] * 6, 3.5)  # fmt: skip
+    assert sel.peak_power_w < 3.5
+
+
+def test_a_power_limit_knob_is_kept_in_the_file() -> None:
+    lut = LUT(**{**_lut_fields(_row_lut([4.0, 2.0, 1.5, 1.0], [2, 3, 4, 5], [2, 3, 4, 5])),
+                 "knob": GPU_POWER_LIMIT_W})  # fmt: skip
+    rec = json.loads(lut.to_json())
+    assert (rec["version"], rec["knob"]) == (3, "power-limit-w") and "peak-sigma-w" not in rec
+    assert LUT.from_json(lut.to_json()).knob == GPU_POWER_LIMIT_W
+    with pytest.raises(LUTFormatError, match="knob"):
+        merge_cells(lut, _row_lut([4.0, 2.0, 1.5, 1.0], [2, 3, 4, 5], [2, 3, 4, 5]), overwrite=True)
 
 
 def test_a_lut_keeps_its_bare_cap_and_margin_apart() -> None:
@@ -409,12 +446,47 @@ def test_merge_cells_takes_one_row_into_its_place() -> None:
         merge_cells(lut, alien, overwrite=True)
 
 
+def test_merge_cells_carries_each_cells_sigma() -> None:
+    nan = math.nan
+    base = LUT(**{**_lut_fields(_row_lut([4.0, 2.0, nan, nan], [2.5, 3.5, nan, nan],
+                                         [2, 3, nan, nan], cap=4.0)),
+                  "peak_sigma_w": np.array([[0.1, 0.2, nan, nan]])})  # fmt: skip
+    extra = LUT(**{**_lut_fields(_row_lut([5.0, 2.5, 1.5, nan], [2.6, 3.6, 5.5, nan],
+                                          [2, 3, 5, nan], cap=6.0)),
+                   "peak_sigma_w": np.array([[0.3, nan, 0.5, nan]])})  # fmt: skip
+    filled = merge_cells(base, extra, overwrite=False)
+    np.testing.assert_array_equal(filled.peak_sigma_w, [[0.1, 0.2, 0.5, nan]])
+    fresh = merge_cells(base, extra, overwrite=True)  # a cell is taken whole, σ too
+    np.testing.assert_array_equal(fresh.peak_sigma_w, [[0.3, nan, 0.5, nan]])
+    # a LUT without σ (an older file) merged with one that has it
+    plain = _row_lut([4.0, 2.0, nan, nan], [2.5, 3.5, nan, nan], [2, 3, nan, nan], cap=4.0)
+    np.testing.assert_array_equal(
+        merge_cells(plain, extra, overwrite=False).peak_sigma_w, [[nan, nan, 0.5, nan]]
+    )
+
+
+def test_median_cell_carries_the_sigma_of_the_median_peak() -> None:
+    # three nodes measured one cell: the medians, and σ of the one whose peak is the median
+    t, p, a, sigma = median_cell([(1.0, 3.0, 2.0, 0.1), (1.2, 3.4, 2.2, 0.4), (1.1, 3.2, 2.1, 0.2)])
+    assert (t, p, a, sigma) == pytest.approx((1.1, 3.2, 2.1, 0.2))
+    # two: the median peak lies between them, both as near: the larger σ
+    assert median_cell([(1.0, 3.0, 2.0, 0.1), (1.2, 3.4, 2.2, 0.4)])[3] == pytest.approx(0.4)
+    # σ not recorded (a 3-tuple, or NaN) stays not recorded unless another as near has it
+    assert math.isnan(median_cell([(1.0, 3.0, 2.0)])[3])
+    assert median_cell([(1.0, 3.0, 2.0, math.nan), (1.0, 3.0, 2.0, 0.2)])[3] == 0.2
+    with pytest.raises(ValueError, match="measurements"):
+        median_cell([])
+
+
 def test_scale_cells_scales_every_measured_cell() -> None:
     lut = _profiled(3.5)
+    lut = LUT(**{**_lut_fields(lut), "peak_sigma_w": np.where(np.isnan(lut.time_per_sample_s),
+                                                              np.nan, 0.2)})  # fmt: skip
     scaled = scale_cells(lut, time_factor=1.5, peak_factor=1.1, avg_factor=1.2)
     np.testing.assert_allclose(scaled.time_per_sample_s, lut.time_per_sample_s * 1.5)
     np.testing.assert_allclose(scaled.peak_power_w, lut.peak_power_w * 1.1)
     np.testing.assert_allclose(scaled.avg_power_w, lut.avg_power_w * 1.2)
+    np.testing.assert_allclose(scaled.peak_sigma_w, lut.peak_sigma_w * 1.1)  # with the peak
     np.testing.assert_array_equal(
         np.isnan(scaled.time_per_sample_s), np.isnan(lut.time_per_sample_s)
     )

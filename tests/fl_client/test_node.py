@@ -14,12 +14,15 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
+from fl_client import selector
 from fl_client.contract import Cap, NodeDescriptor, SettingsError, TrainConfig, TrainReport
 from fl_client.lut import LUT
 from fl_client.node import describe_node, node_context, train_node
+from fl_client.settings import RunSettings
 from fl_client.task import build_model
 
 NODE: dict[str, Any] = {
@@ -107,6 +110,52 @@ def test_settings_are_parsed_once_per_content_of_the_configs(tmp_path: Path) -> 
     assert node_context(run, {**node, "cap-margin": 0.0}).cap_margin == 0.0  # the node's own
     with pytest.raises(SettingsError, match=r"unknown key 'cap-margn' \(did you mean cap-margin"):
         node_context({**run, "cap-margn": 0.1}, node)
+
+
+def test_the_selection_rule_is_two_run_settings_with_the_selectors_defaults(
+    tmp_path: Path,
+) -> None:
+    defaults = RunSettings.from_config({})
+    assert (defaults.peak_sigma_k, defaults.tie_tolerance) == (
+        selector.PEAK_SIGMA_K,
+        selector.TIE_TOLERANCE,
+    )
+    ctx = node_context(run_config(tmp_path), NODE)
+    assert ctx.selection_rule == selector.SelectionRule()
+    ctx = node_context(run_config(tmp_path, **{"peak-sigma-k": 0, "tie-tolerance": "0.1"}), NODE)
+    assert ctx.selection_rule == selector.SelectionRule(peak_sigma_k=0.0, tie_tolerance=0.1)
+    for key, bad in (("peak-sigma-k", -1), ("peak-sigma-k", "inf"), ("tie-tolerance", 1.0),
+                     ("tie-tolerance", "x"), ("peak-sigma-k", True)):  # fmt: skip
+        with pytest.raises(SettingsError, match=key):
+            RunSettings.from_config({key: bad})
+
+
+def test_the_node_selects_with_the_luts_sigma_and_average_power_under_its_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[dict[str, Any]] = []
+    real = selector.select
+
+    def spy(method: str, **kwargs: Any) -> selector.Selection:
+        seen.append(kwargs)
+        return real(method, **kwargs)
+
+    monkeypatch.setattr(selector, "select", spy)
+    run = run_config(tmp_path, **{"peak-sigma-k": 1.5, "tie-tolerance": 0.05})
+    _, report = train_node(run, {**NODE, "p-max-w": 5.0}, train_config(), initial_state())
+    [kwargs] = seen
+    assert kwargs["rule"] == selector.SelectionRule(peak_sigma_k=1.5, tie_tolerance=0.05)
+    (path,) = (tmp_path / "cache" / "nodes").rglob("lut_*.json")
+    lut = LUT.load(path)
+    tables = kwargs["tables"]
+    np.testing.assert_array_equal(tables.peak_sigma_w, lut.peak_sigma_w)
+    np.testing.assert_array_equal(tables.avg_w, lut.avg_power_w)
+    measured = ~np.isnan(lut.time_per_sample_s)
+    assert (lut.peak_sigma_w[measured] > 0).all()  # the twin's sensor noise, 3 steps a cell
+    # the choice's robust peak is below the cap less its margin
+    i = lut.batch_sizes.index(int(report.batch_size))
+    j = lut.freqs_mhz.index(report.gpu_freq_mhz)
+    assert lut.peak_power_w[i, j] + 1.5 * lut.peak_sigma_w[i, j] < 5.0 * 0.95
 
 
 # --------------------------------------------------------------------------- TRAIN config

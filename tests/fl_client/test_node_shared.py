@@ -244,6 +244,7 @@ def _rows(lut: LUT, n: int) -> LUT:
         time_per_sample_s=lut.time_per_sample_s[:n],
         peak_power_w=lut.peak_power_w[:n],
         avg_power_w=lut.avg_power_w[:n],
+        peak_sigma_w=lut.peak_sigma_w[:n],
     )
 
 

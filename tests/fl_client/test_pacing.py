@@ -118,6 +118,19 @@ def test_pacing_never_goes_above_f_star_nor_over_the_cap() -> None:
     assert plan_pacing(lut, 16, 300.0, 2.0, _work(1000.0)).freq_mhz == 300.0
 
 
+def test_pacing_judges_each_cell_below_f_star_as_the_selector_does() -> None:
+    # 100 MHz reads above the 6 W cap (a noisy cell): it is left out, not the cells above
+    # it (the old running-maximum rule left only f* itself).
+    lut = _lut(TIME, [7.0, 3.5, 5.5, 8.5], AVG, cap=6.0)
+    plan = plan_pacing(lut, 16, 300.0, 6.0, _work(1000.0))
+    assert plan.freq_mhz == 200.0
+    # σ of 200 MHz's per-step peaks of 1.3 W: 3.5 + 2 × 1.3 = 6.1 W is not below 6 W
+    noisy = dataclasses.replace(lut, peak_sigma_w=np.array([[0.0, 1.3, 0.0, math.nan]]))
+    assert plan_pacing(noisy, 16, 300.0, 6.0, _work(1000.0)).freq_mhz == 300.0
+    lenient = selector.SelectionRule(peak_sigma_k=1.0)  # 4.8 W: feasible again
+    assert plan_pacing(noisy, 16, 300.0, 6.0, _work(1000.0), rule=lenient).freq_mhz == 200.0
+
+
 def test_time_spent_before_training_counts_against_the_deadline() -> None:
     lut = _lut(TIME, PEAK, AVG)
     # 20 s at 200 MHz fits 25 s, but not after 6 s spent measuring: 300 MHz (15 s) does

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fl_client.devices.base import (
     Device,
@@ -24,15 +26,26 @@ from fl_client.devices.base import (
     Measurement,
     Workload,
 )
+from fl_client.devices.replay import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W
 from fl_client.lut import LUT, LUTKey, load_on_demand, on_demand_key
 from fl_client.profiler import (
+    WALK_EXTRA_INFEASIBLE,
+    WALK_STOP_IN_A_ROW,
     ProfileOptions,
+    _efficient_row,
     add_measured_cell,
     load_or_profile,
     measure_cell,
+    measure_cell_with_sigma,
     profile,
 )
-from fl_client.selector import feasible_freq_index, select_power_aware
+from fl_client.selector import (
+    Tables,
+    feasible_cells,
+    feasible_freq_index,
+    select_eq4,
+    select_power_aware,
+)
 
 NANO_FREQS_MHZ = tuple(round(76.8 * k, 1) for k in range(1, 13))  # 76.8 … 921.6
 B6 = [4, 8, 16, 32, 64, 128]
@@ -52,6 +65,9 @@ class FakeMeter:
         d.cold = False
         dt = batch_size * d.time_per_sample_s(batch_size, d.freq) * (10.0 if cold else 1.0)
         power_w = d.power_w(batch_size, d.freq) + (5.0 if cold else 0.0)
+        if d.jitter_w:  # per-step noise, the same cycle on every cell
+            power_w += d.jitter_w[d.steps_run % len(d.jitter_w)]
+        d.steps_run += 1
         d.clock_s += dt
         self._m.time_s += dt
         self._m.energy_j += power_w * dt
@@ -69,7 +85,9 @@ class FakeDevice:
     """Deterministic twin: power = a + c·b·f (+ per-b offsets), time/sample falls with b and f.
 
     The first step after a frequency change is "cold": 10× slower and 5 W hotter, so a
-    table that included warm-up steps would show it.
+    table that included warm-up steps would show it. ``spikes_w`` adds power to single
+    cells (b, f) on every step (a noisy or non-binding cell); ``jitter_w`` is added to the
+    steps' power in turn (per-step noise: σ of a cell's peaks).
     """
 
     def __init__(
@@ -80,10 +98,15 @@ class FakeDevice:
         offsets_w: dict[int, float] | None = None,
         kind: str = "fake-nano",
         backend: str = "fake",
+        spikes_w: dict[tuple[int, float], float] | None = None,
+        jitter_w: tuple[float, ...] = (),
     ) -> None:
         self.freqs = tuple(freqs_mhz)
         self.a_w, self.c_w = a_w, c_w
         self.offsets_w = dict(offsets_w or {})
+        self.spikes_w = dict(spikes_w or {})
+        self.jitter_w = tuple(jitter_w)
+        self.steps_run = 0
         self.kind, self.backend = kind, backend
         self.initial_freq = self.freqs[-1]
         self.freq = self.initial_freq
@@ -93,7 +116,8 @@ class FakeDevice:
         self.restores = 0
 
     def power_w(self, b: int, freq_mhz: float) -> float:
-        return self.a_w + self.c_w * b * freq_mhz + self.offsets_w.get(b, 0.0)
+        spike = self.spikes_w.get((b, freq_mhz), 0.0)
+        return self.a_w + self.c_w * b * freq_mhz + self.offsets_w.get(b, 0.0) + spike
 
     def time_per_sample_s(self, b: int, freq_mhz: float) -> float:
         return (1.0 + 8.0 / b) / freq_mhz
@@ -237,12 +261,13 @@ def test_efficient_walk_order_matches_paper_section_4_1() -> None:
         row = lut.time_per_sample_s[B6.index(b)]
         return [f for f, t in zip(NANO_FREQS_MHZ, row, strict=True) if not math.isnan(t)]
 
-    # b=128: 1 + 4e-5·128·f < 3 ⇔ f < 390.6 MHz → 76.8…384 feasible, 460.8 the first not
-    assert visited(128) == list(NANO_FREQS_MHZ[:6])
-    assert dev.set_calls[:6] == list(NANO_FREQS_MHZ[:6])
-    # b=64 starts at b=128's highest feasible f and stops at its own first infeasible f
-    # (f < 781 MHz is feasible: 384…768, then 844.8 measured and over the cap)
-    assert visited(64) == list(NANO_FREQS_MHZ[4:11])
+    # b=128: 1 + 4e-5·128·f < 3 ⇔ f < 390.6 MHz → 76.8…384 feasible, 460.8 the first not,
+    # 537.6 the second in a row: the walk stops there
+    assert visited(128) == list(NANO_FREQS_MHZ[:7])
+    assert dev.set_calls[:7] == list(NANO_FREQS_MHZ[:7])
+    # b=64 starts at b=128's highest feasible f and stops at its second infeasible f in a
+    # row (f < 781 MHz is feasible: 384…768, then 844.8 and 921.6 measured and over the cap)
+    assert visited(64) == list(NANO_FREQS_MHZ[4:12])
     assert lut.peak_power_w[B6.index(64), 10] >= 3.0 > lut.peak_power_w[B6.index(64), 9]
     # b=32 starts at 768 and is feasible up to the top frequency
     assert visited(32) == list(NANO_FREQS_MHZ[9:])
@@ -251,8 +276,9 @@ def test_efficient_walk_order_matches_paper_section_4_1() -> None:
 
 def test_efficient_walk_stops_below_the_cap_less_its_margin_and_stores_the_bare_cap() -> None:
     # 5% of 3.5 W kept free: the walk compares peaks with 3.325 W. b=128 draws
-    # 1 + 4e-5·128·f: 2.97 W at 384 MHz, 3.36 W at 460.8 MHz (over 3.325 W: the walk
-    # stops there), while under the bare 3.5 W it goes on to 537.6 MHz (3.75 W).
+    # 1 + 4e-5·128·f: 2.97 W at 384 MHz, 3.36 W at 460.8 MHz and 3.75 W at 537.6 MHz (both
+    # over 3.325 W: the walk stops at the second), while under the bare 3.5 W 460.8 MHz is
+    # feasible and it goes on to 614.4 MHz (4.15 W).
     dev = FakeDevice()
     lut = _profile(dev, p_max_w=3.5, cap_margin=0.05)
     assert lut.p_max_w == 3.5 and lut.cap_margin == 0.05  # the bare cap, and the margin
@@ -260,14 +286,14 @@ def test_efficient_walk_stops_below_the_cap_less_its_margin_and_stores_the_bare_
     i = B6.index(128)
     row = lut.time_per_sample_s[i]
     visited = [f for f, t in zip(NANO_FREQS_MHZ, row, strict=True) if not math.isnan(t)]
-    assert visited == list(NANO_FREQS_MHZ[:6])  # up to 460.8 MHz
+    assert visited == list(NANO_FREQS_MHZ[:7])  # up to 537.6 MHz
     # the same cells as a walk under the reduced cap with no margin
     reduced = _profile(FakeDevice(), p_max_w=3.325)
     np.testing.assert_array_equal(
         np.isnan(lut.time_per_sample_s), np.isnan(reduced.time_per_sample_s)
     )
     bare = _profile(FakeDevice(), p_max_w=3.5)
-    assert math.isnan(lut.time_per_sample_s[i, 6]) and not math.isnan(bare.time_per_sample_s[i, 6])
+    assert math.isnan(lut.time_per_sample_s[i, 7]) and not math.isnan(bare.time_per_sample_s[i, 7])
     j = feasible_freq_index(lut.peak_power_w[i], 3.325)
     assert j == 4 and lut.peak_power_w[i, j] < 3.325 <= lut.peak_power_w[i, j + 1]
     # without the margin, that next cell is feasible under 3.5 W
@@ -287,8 +313,8 @@ def test_efficient_walk_stops_below_the_cap_less_its_margin_and_stores_the_bare_
 
 def test_efficient_mode_when_nothing_is_feasible_measures_lowest_frequencies_only() -> None:
     lut = _profile(FakeDevice(), p_max_w=0.5)
-    assert lut.cells_profiled == 6
-    assert np.all(~np.isnan(lut.peak_power_w[:, 0]))
+    assert lut.cells_profiled == 6 * 2  # each b: the two lowest f, both over the cap
+    assert np.all(~np.isnan(lut.peak_power_w[:, :2])) and np.all(np.isnan(lut.peak_power_w[:, 2:]))
     with pytest.raises(ValueError, match=r"lowest measured peak power is 1.012 W \(b=4, f=76.8"):
         select_power_aware(
             lut.time_per_sample_s, lut.peak_power_w, B6, NANO_FREQS_MHZ, [1.0] * 6, 0.5
@@ -305,6 +331,140 @@ def test_efficient_mode_walks_down_when_a_smaller_batch_draws_more_power() -> No
             full.peak_power_w[i], 4.0
         )
     assert feasible_freq_index(eff.peak_power_w[B6.index(64)], 4.0) is not None
+
+
+def _visited(lut: LUT, b: int) -> list[int]:
+    """Column indices of b's measured cells."""
+    return [j for j, t in enumerate(lut.time_per_sample_s[B6.index(b)]) if not math.isnan(t)]
+
+
+R6 = [0.3, 0.4, 0.5, 0.7, 0.9, 1.0]
+
+
+def test_a_noisy_spike_at_the_lowest_f_above_the_cap_does_not_stop_the_walk() -> None:
+    # b=128 reads 3 W too high at 76.8 MHz (noise, or a clock that does not bind there).
+    # The paper's walk stopped at that first cell and left the row without a feasible f;
+    # this walk goes past it to the row's boundary: 1 + 4e-5·128·f < 3 W up to 384 MHz
+    # (index 4), then 460.8 and 537.6 MHz are the two infeasible cells in a row.
+    spikes = {(128, NANO_FREQS_MHZ[0]): 3.0}
+    eff = _profile(FakeDevice(spikes_w=spikes), p_max_w=3.0)
+    i = B6.index(128)
+    assert eff.peak_power_w[i, 0] >= 3.0
+    assert _visited(eff, 128) == list(range(7))
+    assert feasible_cells(eff.peak_power_w[i], 3.0).tolist()[:6] == [False] + [True] * 4 + [False]
+    # the smaller b start where b=128's highest feasible f is, as without the spike
+    clean = _profile(FakeDevice(), p_max_w=3.0)
+    assert all(_visited(eff, b) == _visited(clean, b) for b in B6[:-1])
+    # and the selection from it is the full grid's
+    full = _profile(FakeDevice(spikes_w=spikes))
+    a = select_eq4(Tables(full.time_per_sample_s, full.peak_power_w), B6, NANO_FREQS_MHZ, R6, 3.0)
+    b = select_eq4(
+        Tables(eff.time_per_sample_s, eff.peak_power_w, eff.avg_power_w, eff.peak_sigma_w),
+        B6,
+        NANO_FREQS_MHZ,
+        R6,
+        3.0,
+    )
+    assert (a.batch_size, a.freq_mhz) == (b.batch_size, b.freq_mhz)
+
+
+def test_the_walk_stops_at_its_third_infeasible_cell_even_when_they_are_apart() -> None:
+    # Under 4 W, b=128 is feasible up to 537.6 MHz (index 6); spikes at indices 0, 2 and 4
+    # make three infeasible cells that are never two in a row: the walk stops at the
+    # third (the bound on what noise can cost) and keeps index 3 as b=128's highest.
+    spikes = {(128, NANO_FREQS_MHZ[j]): 5.0 for j in (0, 2, 4)}
+    eff = _profile(FakeDevice(spikes_w=spikes), p_max_w=4.0)
+    assert _visited(eff, 128) == [0, 1, 2, 3, 4]
+    assert _visited(eff, 64)[0] == 3  # the next b starts at b=128's highest feasible f
+
+
+def test_sigma_of_the_per_step_peaks_is_recorded_for_every_measured_cell() -> None:
+    # 1 warm-up + 3 measured steps per cell: the measured steps get three consecutive
+    # values of the jitter's cycle, whose σ (ddof = 1) is 0.3 W.
+    jitter = (0.0, 0.3, -0.3)
+    full = _profile(FakeDevice(jitter_w=jitter))
+    np.testing.assert_allclose(full.peak_sigma_w, 0.3)
+    eff = _profile(FakeDevice(jitter_w=jitter), p_max_w=5.0)
+    measured = ~np.isnan(eff.time_per_sample_s)
+    np.testing.assert_allclose(eff.peak_sigma_w[measured], 0.3)
+    assert np.isnan(eff.peak_sigma_w[~measured]).all()
+    back = LUT.from_json(eff.to_json())
+    np.testing.assert_array_equal(back.peak_sigma_w, eff.peak_sigma_w)
+    # a steady device: σ 0; a single measured step: σ not recorded (NaN, counts as 0)
+    assert (_profile(FakeDevice()).peak_sigma_w == 0).all()
+    assert np.isnan(_profile(FakeDevice(), steps=1).peak_sigma_w).all()
+    # a cell measured on its own gets its σ too
+    m = measure_cell_with_sigma(FakeDevice(jitter_w=jitter), WORKLOAD, 8, lambda: None, 76.8)
+    assert m.peak_sigma_w == pytest.approx(0.3) and m.measurement.steps == 3
+
+
+def test_the_walk_judges_each_cell_by_peak_plus_k_sigma() -> None:
+    # σ = 0.3 W and the peak is the base + 0.3 W. b=128's base is 1 + 0.00512·f W.
+    jitter = (0.0, 0.3, -0.3)
+    robust = _profile(FakeDevice(jitter_w=jitter), p_max_w=3.0)
+    bare = _profile(FakeDevice(jitter_w=jitter), p_max_w=3.0, peak_sigma_k=0.0)
+    # k = 2: 1.3 + 0.00512·f + 0.6 < 3 up to 153.6 MHz (index 1); 230.4, 307.2 end the walk
+    assert _visited(robust, 128) == [0, 1, 2, 3]
+    # k = 0: 1.3 + 0.00512·f < 3 up to 307.2 MHz (index 3); 384, 460.8 end the walk
+    assert _visited(bare, 128) == [0, 1, 2, 3, 4, 5]
+    with pytest.raises(ValueError, match="peak-sigma-k"):
+        ProfileOptions(p_max_w=3.0, peak_sigma_k=-1.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pattern=st.lists(st.booleans(), min_size=1, max_size=14),
+    start_share=st.floats(0.0, 1.0, exclude_max=True),
+)
+def test_the_walk_measures_at_most_two_infeasible_cells_beyond_the_first(
+    pattern: list[bool], start_share: float
+) -> None:
+    """The documented bound, on every pattern of feasible (True) and infeasible cells."""
+    n_f = len(pattern)
+    start = int(start_share * n_f)
+    asked: list[int] = []
+
+    def feasible(j: int) -> bool:
+        asked.append(j)
+        return pattern[j]
+
+    highest = _efficient_row(feasible, start, n_f)
+    assert len(set(asked)) == len(asked)  # no cell measured twice
+    up = [j for j in asked if j >= start]
+    down = [j for j in asked if j < start]
+    assert up == list(range(start, start + len(up)))  # up from the start, one f at a time
+    bad = [j for j in up if not pattern[j]]
+    assert len(bad) <= 1 + WALK_EXTRA_INFEASIBLE
+    # it stops only at the top, at two infeasible cells in a row, or at the bound
+    last = up[-1]
+    two_in_a_row = len(up) >= WALK_STOP_IN_A_ROW and not any(pattern[j] for j in up[-2:])
+    assert last == n_f - 1 or two_in_a_row or len(bad) == 1 + WALK_EXTRA_INFEASIBLE
+    # never more than 2 cells up beyond what stopping at the first infeasible f measures
+    # that are not feasible (every other extra cell is a candidate of the selector)
+    first_bad = bad[0] if bad else n_f
+    extra = [j for j in up if j > first_bad]
+    assert sum(not pattern[j] for j in extra) <= WALK_EXTRA_INFEASIBLE
+    feasible_up = [j for j in up if pattern[j]]
+    if feasible_up:
+        assert highest == max(feasible_up) and not down
+    else:  # down from below the start until a feasible f
+        assert down == list(range(start - 1, (highest if highest is not None else 0) - 1, -1))
+        assert highest is None or pattern[highest]
+
+
+def test_the_lut_names_the_devices_knob() -> None:
+    """A device whose columns are GPU power limits (a replay table of NVML or Zeus
+    measurements) gives a LUT that says so; the progress lines give the unit."""
+
+    class PowerLimitDevice(FakeDevice):
+        knob = GPU_POWER_LIMIT_W
+
+    out = io.StringIO()
+    dev = PowerLimitDevice(freqs_mhz=(100.0, 150.0, 200.0))
+    lut = profile(dev, WORKLOAD, [4, 8], CountingSteps(), progress=True, progress_stream=out)
+    assert lut.knob == GPU_POWER_LIMIT_W and LUT.from_json(lut.to_json()).knob == lut.knob
+    assert "b=8 f=100 W:" in out.getvalue()
+    assert _profile(FakeDevice()).knob == GPU_FREQ_MHZ
 
 
 def test_restore_is_called_when_a_step_raises() -> None:

@@ -243,3 +243,14 @@ def test_cap_margin_default_and_per_node_override(tmp_path: Path) -> None:
     fleet.write_text('[[node]]\nname = "bad"\ndevice = "jetson-nano"\ncap-margin = 1.5\n')
     with pytest.raises(SettingsError, match=r"node #1 \(bad\): cap-margin: expected a number"):
         load_fleet(fleet)
+
+
+def test_every_run_setting_is_declared_in_the_apps_pyproject():
+    """`flwr run --run-config` can only set keys the app declares in
+    [tool.flwr.app.config]: every run setting must be there, with a default that parses."""
+    from fl_client.settings import RunSettings, app_defaults
+
+    declared = app_defaults()
+    assert sorted(set(RunSettings.keys()) - set(declared)) == []
+    assert sorted(set(declared) - set(RunSettings.keys())) == []
+    RunSettings.from_config(declared)
