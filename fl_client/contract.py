@@ -491,7 +491,9 @@ class ProfileRequest:
 class CellsReport:
     """The reply to a ``ProfileRequest`` (a ``MetricRecord``): per measured cell its time per
     sample and peak / average power, aligned with ``cells_b`` / ``cells_freq_mhz``; the
-    device time and energy of the whole exchange; the samples its steps trained on."""
+    device time and energy of the whole exchange; the samples its steps trained on; per cell
+    the σ of its measured steps' peaks (NaN: fewer than 2 steps; absent from a node that does
+    not record σ, which counts as σ = 0 in selection)."""
 
     cells_b: tuple[float, ...]
     cells_freq_mhz: tuple[float, ...]
@@ -501,14 +503,36 @@ class CellsReport:
     profile_time_s: float
     profile_energy_j: float
     num_examples: float  # samples the kept training steps processed (0: synthetic steps)
+    peak_sigma_w: tuple[float, ...] = ()
+
+    #: Keys a reply may lack (older nodes): their field's default applies.
+    OPTIONAL = ("peak-sigma-w",)
 
     def __post_init__(self) -> None:
         n = len(self.cells_b)
-        for f in fields(self)[1:5]:
+        per_cell = [*fields(self)[1:5], *([fields(self)[8]] if self.peak_sigma_w else [])]
+        for f in per_cell:
             if len(getattr(self, f.name)) != n:
                 raise ValueError(
                     f"{key_of(f.name)}: has {len(getattr(self, f.name))} values, cells-b has {n}"
                 )
+
+    def measurements(self) -> list[tuple[int, float, tuple[float, ...]]]:
+        """Per cell ``(b, f, (time per sample, peak, average power, σ))``; σ is NaN when the
+        node did not record it."""
+        sigmas = self.peak_sigma_w or (math.nan,) * len(self.cells_b)
+        return [
+            (int(b), float(f), (t, p, a, sd))
+            for b, f, t, p, a, sd in zip(
+                self.cells_b,
+                self.cells_freq_mhz,
+                self.time_per_sample_s,
+                self.peak_power_w,
+                self.avg_power_w,
+                sigmas,
+                strict=True,
+            )
+        ]
 
     def to_metrics(self) -> dict[str, Any]:
         return {
@@ -518,11 +542,17 @@ class CellsReport:
 
     @classmethod
     def from_metrics(cls, metrics: Mapping[str, Any]) -> CellsReport:
-        missing = [key_of(f.name) for f in fields(cls) if key_of(f.name) not in metrics]
+        missing = [
+            key_of(f.name)
+            for f in fields(cls)
+            if key_of(f.name) not in metrics and key_of(f.name) not in cls.OPTIONAL
+        ]
         if missing:
             raise ValueError(f"profile reply lacks: {', '.join(missing)}")
         kw: dict[str, Any] = {}
         for f in fields(cls):
+            if key_of(f.name) not in metrics:
+                continue
             v = metrics[key_of(f.name)]
             kw[f.name] = tuple(float(x) for x in v) if isinstance(v, list | tuple) else float(v)
         return cls(**kw)

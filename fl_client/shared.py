@@ -21,7 +21,7 @@ from fl_client.contract import CellsReport, ProfileRequest
 from fl_client.drift import DriftCheck
 from fl_client.lut import LUT, KindKey, LUTFormatError, LUTKey, lut_checksum
 from fl_client.node_context import RoundCost, node_context, workload_for
-from fl_client.profiler import MeasureContext, measure_cell, time_per_sample_s
+from fl_client.profiler import MeasureContext, measure_cell_with_sigma, time_per_sample_s
 
 log = logging.getLogger(__name__)
 
@@ -138,12 +138,14 @@ def profile_cells(
                     if steps is not None
                     else task.make_train_step(req.model, workload.input_shape, b)
                 )
-            m, time_s, energy_j = measure_cell(
+            m, time_s, energy_j, sigma_w = measure_cell_with_sigma(
                 device, workload, b, factories[b], f, warmup_steps=req.warmup_steps, steps=req.steps
             )
             cost.add(time_s, energy_j)
-            rows.append((time_per_sample_s(m, b, req.steps), m.peak_power_w, m.avg_power_w))
-        own = {f"{b}@{float(f)!r}": list(r) for (b, f), r in zip(req.cells, rows, strict=True)}
+            rows.append(
+                (time_per_sample_s(m, b, req.steps), m.peak_power_w, m.avg_power_w, sigma_w)
+            )
+        own = {f"{b}@{float(f)!r}": list(r[:3]) for (b, f), r in zip(req.cells, rows, strict=True)}
         keep_own_cells(
             MeasureContext(
                 device,
@@ -165,5 +167,6 @@ def profile_cells(
         profile_time_s=cost.time_s,
         profile_energy_j=cost.energy_j,
         num_examples=float(steps.samples if steps is not None else 0),
+        peak_sigma_w=tuple(r[3] for r in rows),
     )
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, report

@@ -83,6 +83,8 @@ def make_strategy(settings: RunSettings, r_est: Any, rec: RunRecorder) -> PowerA
             options=SharedOptions(
                 seed_cells=settings.shared_seed_cells,
                 cells_per_cap=settings.shared_cells_per_cap,
+                tie_tolerance=settings.tie_tolerance,
+                peak_sigma_k=settings.peak_sigma_k,
             ),
             steps_train=settings.profile_steps_train,
         )

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fl_client.contract import Cap, CellsReport, NodeDescriptor
-from fl_client.lut import LUT, KindKey
+from fl_client.lut import LUT, KindKey, median_cell
 from fl_client.lut_fit import eq4_choice, fit_lut, seed_cells
 
 #: A cell to measure, as (batch size, GPU frequency in MHz).
@@ -42,6 +42,8 @@ class SharedOptions:
     seed_cells: int = 8
     cells_per_cap: int = 2
     tie_tolerance: float = 0.02
+    #: ``peak-sigma-k``: a measured cell is feasible when peak + k·σ is below the limit
+    peak_sigma_k: float = 2.0
     #: Confirm exchanges after the seeds (each adds one synchronous step to round 1)
     confirm_exchanges: int = 2
 
@@ -53,39 +55,32 @@ class KindProfile:
     kind: KindKey
     nodes: list[int]
     caps: dict[int, list[tuple[Cap, float]]]  # node -> every (cap, cap-margin) it runs under
-    measured: dict[Cell, list[tuple[float, float, float]]] = field(default_factory=dict)
+    #: per cell, every measurement of it: (time per sample, peak, average power, σ)
+    measured: dict[Cell, list[tuple[float, ...]]] = field(default_factory=dict)
     spent: dict[float, int] = field(default_factory=dict)  # selection cap W -> confirm cells
 
     def add(self, report: CellsReport) -> None:
         """Cells a node measured (failed measurements — not finite or ≤ 0 — are dropped)."""
-        for b, f, t, p, a in zip(
-            report.cells_b,
-            report.cells_freq_mhz,
-            report.time_per_sample_s,
-            report.peak_power_w,
-            report.avg_power_w,
-            strict=True,
-        ):
-            if all(math.isfinite(x) and x > 0 for x in (t, p, a)):
-                self.measured.setdefault((int(b), float(f)), []).append((t, p, a))
+        for b, f, values in report.measurements():
+            if all(math.isfinite(x) and x > 0 for x in values[:3]):
+                self.measured.setdefault((b, f), []).append(values)
 
-    def tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Time per sample, peak and average power, NaN where not measured; the median where
-        several nodes measured a cell."""
+    def tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Time per sample, peak and average power and σ of the per-step peaks, NaN where
+        not measured; where several nodes measured a cell, ``lut.median_cell`` of them."""
         b, f = self.kind.batch_sizes, self.kind.freqs_mhz
-        out = [np.full((len(b), len(f)), np.nan) for _ in range(3)]
+        out = [np.full((len(b), len(f)), np.nan) for _ in range(4)]
         for (bb, ff), values in self.measured.items():
             i, j = b.index(bb), f.index(ff)
-            med = np.median(np.asarray(values), axis=0)
-            for k in range(3):
-                out[k][i, j] = med[k]
-        return out[0], out[1], out[2]
+            for k, value in enumerate(median_cell(values)):
+                out[k][i, j] = value
+        return out[0], out[1], out[2], out[3]
 
     def lut(self, profile_time_s: float, profile_energy_j: float) -> LUT | None:
         """The kind's shared LUT, or None when nothing was measured."""
         if not self.measured:
             return None
-        time_s, peak_w, avg_w = self.tables()
+        time_s, peak_w, avg_w, sigma_w = self.tables()
         k = self.kind
         return LUT(
             device_kind=k.device_kind,
@@ -97,6 +92,7 @@ class KindProfile:
             time_per_sample_s=time_s,
             peak_power_w=peak_w,
             avg_power_w=avg_w,
+            peak_sigma_w=sigma_w,
             profile_time_s=profile_time_s,
             profile_energy_j=profile_energy_j,
             grid="shared",
@@ -194,7 +190,8 @@ def confirm_requests(
     out: dict[int, list[Cell]] = defaultdict(list)
     load: dict[int, float] = {}
     for kind, prof in kinds.items():
-        time_s, peak_w, avg_w = prof.tables()
+        time_s, peak_w, avg_w, sigma_w = prof.tables()
+        robust_w = peak_w + opts.peak_sigma_k * np.nan_to_num(sigma_w)  # the selector's rule
         if np.count_nonzero(~np.isnan(time_s)) < 2:
             continue  # too little to fit: the kind's nodes profile their own
         fit = fit_lut(kind.batch_sizes, kind.freqs_mhz, time_s, peak_w, avg_w)
@@ -215,7 +212,7 @@ def confirm_requests(
                 limit_w,
                 opts.tie_tolerance,
             )
-            best = eq4_choice(time_s, peak_w, avg_w, r, limit_w, opts.tie_tolerance)
+            best = eq4_choice(time_s, robust_w, avg_w, r, limit_w, opts.tie_tolerance)
             wanted = [pick] if pick is not None else []
             if best is not None and best[1] + 1 < len(kind.freqs_mhz):
                 wanted.append((best[0], best[1] + 1))

@@ -254,7 +254,7 @@ def test_overlapping_cells_merge_to_the_median_and_failed_cells_are_dropped() ->
         )
     )
     assert set(prof.measured) == {cell, top}
-    time_s, peak_w, _ = prof.tables()
+    time_s, peak_w, _, _ = prof.tables()
     assert time_s[0, 0] == pytest.approx(2e-3) and peak_w[0, 0] == pytest.approx(4.0)
     assert time_s[3, -1] == pytest.approx(2e-4)  # two nodes: the middle of both
     lut = prof.lut(profile_time_s=1.5, profile_energy_j=4.0)
@@ -263,6 +263,27 @@ def test_overlapping_cells_merge_to_the_median_and_failed_cells_are_dropped() ->
     assert lut.cells_profiled == 2 and np.isnan(lut.time_per_sample_s[1]).all()
     assert (lut.profile_time_s, lut.profile_energy_j) == (1.5, 4.0)
     assert lut_checksum(LUT.from_json(lut.to_json())) == lut_checksum(lut)
+
+
+def test_sigma_of_the_per_step_peaks_reaches_the_kinds_lut_and_its_confirm_rule() -> None:
+    f = NANO.gpu_freqs_mhz
+    cell = (8, f[0])
+    prof = KindProfile(NANO_KIND, [11, 12], {})
+    prof.add(_cells_report(NANO, [cell], peak_power_w=(4.0,), peak_sigma_w=(0.2,)))
+    prof.add(_cells_report(NANO, [cell], peak_power_w=(4.4,), peak_sigma_w=(0.1,)))
+    prof.add(_cells_report(NANO, [cell], peak_power_w=(3.9,)))  # an older node: no σ
+    _, peak_w, _, sigma_w = prof.tables()
+    assert peak_w[0, 0] == pytest.approx(4.0)
+    assert sigma_w[0, 0] == pytest.approx(0.2)  # the σ measured with the median peak
+    lut = prof.lut(1.0, 1.0)
+    assert lut is not None and lut.peak_sigma_w[0, 0] == pytest.approx(0.2)
+    assert np.isnan(LUT.from_json(lut.to_json()).peak_sigma_w[1, 0])
+    # a reply without σ (an older node) parses, with σ unknown
+    old = _cells_report(NANO, [cell]).to_metrics()
+    old.pop("peak-sigma-w")
+    assert CellsReport.from_metrics(old).peak_sigma_w == ()
+    with pytest.raises(ValueError, match="peak-sigma-w: has 2 values, cells-b has 1"):
+        _cells_report(NANO, [cell], peak_sigma_w=(0.1, 0.2))
 
 
 def test_a_kind_whose_every_cell_failed_has_no_lut() -> None:
