@@ -15,6 +15,8 @@ import torchvision
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from fl_client import image_data, partitions
+from fl_client.contract import SettingsError
 from fl_client.text_model import SEQ_LEN, TEXT_MODELS, VOCAB, CharTransformer, build_text_model
 
 #: Image models (3×32×32 inputs, 10 classes).
@@ -110,16 +112,23 @@ def param_count(model: nn.Module) -> int:
 
 
 # ---------------------------------------------------------------------------------------
-# Data: scikit-learn's bundled digits, shaped like the 3×32×32 images the models expect.
+# Data: scikit-learn's bundled digits (the embedded default), or an image dataset the user
+# has (a data-kit npz, a Hugging Face dataset), shaped like the 3×32×32 images the models
+# expect and split into the server's proxy and test sets and the clients' pool.
 # ---------------------------------------------------------------------------------------
 
 NUM_CLASSES = 10
-PARTITIONINGS = ("dirichlet", "iid")
+#: The ``partitioning`` values (Flower Datasets' partitioners, ``fl_client.partitions``).
+PARTITIONINGS = partitions.PARTITIONINGS
+#: The embedded dataset, the default of the ``dataset`` run setting.
+DEFAULT_DATASET = "digits"
 
 #: Fixed slices of the 1,797 digits images (stratified by label, seeded). The proxy set is
 #: the server's public data D_S (split into proxy-train / proxy-eval for r estimation), the
 #: test set is the server's held-out evaluation set, and the rest (1,047 images) is the
-#: pool that is partitioned over the clients.
+#: pool that is partitioned over the clients. Other datasets: the proxy slices come out of
+#: their train split (the rest is the pool); their test split (else ``TEST_SIZE`` more
+#: images of the train split) is the test set.
 PROXY_TRAIN_SIZE = 300
 PROXY_EVAL_SIZE = 150
 TEST_SIZE = 300
@@ -127,19 +136,22 @@ TEST_SIZE = 300
 #: oracle's r, which is measured on the client's own data).
 VAL_FRACTION = 0.2
 #: Smallest Dirichlet partition accepted before resampling.
-MIN_PARTITION_SIZE = 10
-_MAX_DIRICHLET_TRIES = 1000
+MIN_PARTITION_SIZE = partitions.MIN_PARTITION_SIZE
+#: Classes per node with ``partitioning = "pathological"``.
+CLASSES_PER_NODE = partitions.CLASSES_PER_NODE
 
 Data = TensorDataset | tuple[torch.Tensor, torch.Tensor]
 """A labelled image set: a ``TensorDataset`` of (images, labels) or the two tensors."""
 
 
 @dataclass(frozen=True)
-class DigitsSplits:
-    """The fixed slices of the digits set, each a ``TensorDataset`` of (x, y).
+class DataSplits:
+    """The fixed slices of a run's dataset, each a ``TensorDataset`` of (x, y).
 
     ``indices`` maps each slice's name (``proxy-train``, ``proxy-eval``, ``test``,
-    ``pool``) to the sorted positions of its samples in scikit-learn's ``load_digits()``.
+    ``pool``) to the sorted positions of its samples in the source: scikit-learn's
+    ``load_digits()`` for digits; for other datasets the train split (``test``: the test
+    split when the dataset has one).
     """
 
     proxy_train: TensorDataset
@@ -148,6 +160,8 @@ class DigitsSplits:
     pool: TensorDataset
     seed: int
     indices: Mapping[str, np.ndarray]
+    dataset: str = DEFAULT_DATASET
+    class_names: tuple[str, ...] = tuple(str(c) for c in range(NUM_CLASSES))
 
     def sizes(self) -> dict[str, int]:
         """Number of samples in each slice."""
@@ -157,6 +171,10 @@ class DigitsSplits:
             "test": len(self.test),
             "pool": len(self.pool),
         }
+
+
+#: The digits splits' former name.
+DigitsSplits = DataSplits
 
 
 @lru_cache(maxsize=1)
@@ -178,8 +196,15 @@ def _digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
+def _slice(
+    x: torch.Tensor, y: torch.Tensor, indices: Mapping[str, np.ndarray], name: str
+) -> TensorDataset:
+    t = torch.from_numpy(indices[name])
+    return TensorDataset(x[t], y[t])
+
+
 @lru_cache(maxsize=8)
-def load_digits_splits(seed: int = 0) -> DigitsSplits:
+def load_digits_splits(seed: int = 0) -> DataSplits:
     """Split the bundled digits into proxy-train, proxy-eval, test and the client pool.
 
     Sizes are fixed (``PROXY_TRAIN_SIZE`` = 300, ``PROXY_EVAL_SIZE`` = 150, ``TEST_SIZE`` =
@@ -193,7 +218,7 @@ def load_digits_splits(seed: int = 0) -> DigitsSplits:
 
     Returns
     -------
-    DigitsSplits
+    DataSplits
         The four disjoint slices as ``TensorDataset``s of (3×32×32 float32, int64 label).
     """
     from sklearn.model_selection import train_test_split
@@ -216,19 +241,136 @@ def load_digits_splits(seed: int = 0) -> DigitsSplits:
         "test": np.sort(test),
         "pool": np.sort(pool),
     }
-
-    def subset(name: str) -> TensorDataset:
-        t = torch.from_numpy(indices[name])
-        return TensorDataset(x[t], y[t])
-
-    return DigitsSplits(
-        proxy_train=subset("proxy-train"),
-        proxy_eval=subset("proxy-eval"),
-        test=subset("test"),
-        pool=subset("pool"),
+    return DataSplits(
+        proxy_train=_slice(x, y, indices, "proxy-train"),
+        proxy_eval=_slice(x, y, indices, "proxy-eval"),
+        test=_slice(x, y, indices, "test"),
+        pool=_slice(x, y, indices, "pool"),
         seed=seed,
         indices=indices,
     )
+
+
+def images_to_tensor(x: np.ndarray) -> torch.Tensor:
+    """uint8 N×H×W×C images (C = 1 or 3) as float32 N×3×32×32 in [0, 1]: grey repeated over
+    three channels; a side 28–31 zero-padded to 32 (MNIST's convention), any other size
+    resized (bilinear up, area down)."""
+    t = torch.from_numpy(np.ascontiguousarray(x)).permute(0, 3, 1, 2).float() / 255.0
+    if t.shape[1] == 1:
+        t = t.expand(-1, 3, -1, -1)
+    h, w = t.shape[-2:]
+    if (h, w) != IMAGE_SHAPE[1:]:
+        if 28 <= h <= 32 and 28 <= w <= 32:
+            top, left = (32 - h) // 2, (32 - w) // 2
+            t = F.pad(t, (left, 32 - w - left, top, 32 - h - top))
+        else:
+            mode = "area" if h > 32 or w > 32 else "bilinear"
+            kwargs = {} if mode == "area" else {"align_corners": False}
+            t = F.interpolate(t, size=IMAGE_SHAPE[1:], mode=mode, **kwargs)
+    return t.contiguous()
+
+
+def standardise(
+    x: torch.Tensor, reference: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x`` standardised per channel with the mean and std of ``reference`` (default
+    ``x``); returns (standardised x, mean, std)."""
+    ref = x if reference is None else reference
+    mean = ref.mean(dim=(0, 2, 3), keepdim=True)
+    std = ref.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
+    return ((x - mean) / std).contiguous(), mean, std
+
+
+def dataset_min_train_size() -> int:
+    """The fewest training images a non-digits dataset may have: the server's proxy slices,
+    ``TEST_SIZE`` if it has no test split, and ``MIN_PARTITION_SIZE`` for one node."""
+    return PROXY_TRAIN_SIZE + PROXY_EVAL_SIZE + MIN_PARTITION_SIZE
+
+
+@lru_cache(maxsize=4)
+def load_splits(dataset: str = DEFAULT_DATASET, seed: int = 0) -> DataSplits:
+    """The run's data (the ``dataset`` run setting) as proxy-train, proxy-eval, test and pool.
+
+    ``digits`` is ``load_digits_splits(seed)``. Any other name is read with
+    ``fl_client.image_data.load_image_dataset`` (a data-kit subset such as
+    ``cifar10-subset`` under ``../shared/data``, an npz path, or a Hugging Face dataset; never
+    downloaded with ``HF_DATASETS_OFFLINE=1``): ``PROXY_TRAIN_SIZE`` + ``PROXY_EVAL_SIZE``
+    images of its train split, stratified and seeded, are the proxy slices, the rest is the
+    pool; the test split is the test set (without one, ``TEST_SIZE`` more images of the
+    train split). Pixels are scaled to [0, 1], made 3×32×32 (``images_to_tensor``) and
+    standardised per channel with the train split's mean and std.
+
+    Raises
+    ------
+    fl_client.image_data.ImageDataError
+        (a SettingsError naming ``dataset``) not available here, without the expected
+        columns or keys, or too small.
+    """
+    if dataset == DEFAULT_DATASET:
+        return load_digits_splits(seed)
+    from sklearn.model_selection import train_test_split
+
+    arrays = image_data.load_image_dataset(dataset)
+    n = len(arrays.y_train)
+    need = dataset_min_train_size() + (0 if arrays.y_test is not None else TEST_SIZE)
+    if n < need:
+        raise image_data.ImageDataError(
+            f"dataset: {dataset!r} has {n} training images; powerfl needs at least {need} "
+            f"(proxy-train {PROXY_TRAIN_SIZE}, proxy-eval {PROXY_EVAL_SIZE}"
+            + ("" if arrays.y_test is not None else f", test {TEST_SIZE}")
+            + f", and a pool of ≥ {MIN_PARTITION_SIZE})"
+        )
+    x_all, _, _ = standardise(images_to_tensor(arrays.x_train))
+    labels = arrays.y_train
+    y_all = torch.from_numpy(labels)
+    counts = np.bincount(labels, minlength=NUM_CLASSES)
+    strat = labels if counts[counts > 0].min() >= 2 else None
+    idx = np.arange(n)
+    proxy_size = PROXY_TRAIN_SIZE + PROXY_EVAL_SIZE
+    rest, proxy = train_test_split(idx, test_size=proxy_size, stratify=strat, random_state=seed)
+    strat_p = None if strat is None else labels[proxy]
+    proxy_train, proxy_eval = train_test_split(
+        proxy, test_size=PROXY_EVAL_SIZE, stratify=strat_p, random_state=seed + 2
+    )
+    indices = {"proxy-train": np.sort(proxy_train), "proxy-eval": np.sort(proxy_eval)}
+    if arrays.x_test is not None and arrays.y_test is not None:
+        ref = images_to_tensor(arrays.x_train)
+        x_test = standardise(images_to_tensor(arrays.x_test), ref)[0]
+        del ref
+        indices["test"] = np.arange(len(arrays.y_test))
+        indices["pool"] = np.sort(rest)
+        test = TensorDataset(x_test, torch.from_numpy(arrays.y_test))
+    else:
+        strat_r = None if strat is None else labels[rest]
+        pool, test_ids = train_test_split(
+            rest, test_size=TEST_SIZE, stratify=strat_r, random_state=seed + 1
+        )
+        indices["test"], indices["pool"] = np.sort(test_ids), np.sort(pool)
+        test = _slice(x_all, y_all, indices, "test")
+    return DataSplits(
+        proxy_train=_slice(x_all, y_all, indices, "proxy-train"),
+        proxy_eval=_slice(x_all, y_all, indices, "proxy-eval"),
+        test=test,
+        pool=_slice(x_all, y_all, indices, "pool"),
+        seed=seed,
+        indices=indices,
+        dataset=dataset,
+        class_names=arrays.classes,
+    )
+
+
+def check_dataset(name: str) -> None:
+    """Refuse a ``dataset`` run setting that cannot be used, before any engine starts.
+
+    ``digits`` always works (embedded). Other names are loaded once here (an npz or a
+    Hugging Face dataset; see ``load_splits``), so a missing dataset, one without an image
+    and a label column (or the npz keys), labels outside [0, 10) or too few images is a
+    ``SettingsError`` naming ``dataset``.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise SettingsError(f"dataset: must be a dataset name, got {name!r}")
+    if name != DEFAULT_DATASET:
+        load_splits(name, 0)
 
 
 def as_tensors(data: Data) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,25 +385,15 @@ def as_tensors(data: Data) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def partition_iid(n: int, num_partitions: int, seed: int) -> list[np.ndarray]:
-    """Split ``range(n)`` into ``num_partitions`` near-equal random parts.
-
-    Parameters
-    ----------
-    n : int
-        Number of samples.
-    num_partitions : int
-        Number of parts (clients).
-    seed : int
-        Seed of the shuffle.
+    """Split ``range(n)`` into ``num_partitions`` near-equal random parts (Flower Datasets'
+    ``IidPartitioner`` over the seeded shuffle; see ``fl_client.partitions.partition``).
 
     Returns
     -------
     list of numpy.ndarray
         Sorted int64 index arrays; together they cover ``range(n)`` exactly once.
     """
-    _check_num_partitions(num_partitions, n)
-    perm = np.random.default_rng(seed).permutation(n)
-    return [np.sort(part).astype(np.int64) for part in np.array_split(perm, num_partitions)]
+    return partitions.partition(np.zeros(n, dtype=np.int64), num_partitions, "iid", seed=seed)
 
 
 def partition_dirichlet(
@@ -271,26 +403,10 @@ def partition_dirichlet(
     seed: int,
     min_size: int = MIN_PARTITION_SIZE,
 ) -> list[np.ndarray]:
-    """Label-skewed non-IID split: class shares per partition drawn from Dir(``alpha``).
-
-    For each class, the proportions of its samples going to each partition are drawn from a
-    symmetric Dirichlet distribution; a partition that already holds its fair share
-    (n / num_partitions) gets no more (the usual self-balancing rule, so that no client ends
-    up with most of the data). The draw is repeated (at most 1,000 times) until every
-    partition holds at least ``min_size`` samples. Smaller ``alpha`` means more skew.
-
-    Parameters
-    ----------
-    labels : array-like of int
-        Label of each sample.
-    num_partitions : int
-        Number of parts (clients).
-    alpha : float
-        Dirichlet concentration, > 0.
-    seed : int
-        Seed of the draws.
-    min_size : int
-        Smallest acceptable partition.
+    """Label-skewed non-IID split with Flower Datasets' ``DirichletPartitioner``: class
+    shares per partition drawn from Dir(``alpha``), self-balancing (a partition holding more
+    than its fair share n / num_partitions gets no more), redrawn until every partition
+    holds at least ``min_size`` samples. Smaller ``alpha`` means more skew.
 
     Returns
     -------
@@ -300,54 +416,49 @@ def partition_dirichlet(
     Raises
     ------
     ValueError
-        ``alpha`` ≤ 0, bad ``num_partitions``, or no draw met ``min_size``.
+        (a SettingsError) ``alpha`` ≤ 0, bad ``num_partitions``, or no draw met ``min_size``.
     """
-    y = np.asarray(labels)
-    n = len(y)
-    if not alpha > 0 or not math.isfinite(alpha):
-        raise ValueError(f"dirichlet-alpha: must be > 0, got {alpha!r}")
-    _check_num_partitions(num_partitions, n)
-    if min_size * num_partitions > n:
-        raise ValueError(
-            f"min_size: {num_partitions} partitions of at least {min_size} samples need "
-            f"{min_size * num_partitions} samples, only {n} available"
-        )
-    rng = np.random.default_rng(seed)
-    classes = np.unique(y)
-    fair_share = n / num_partitions
-    for _ in range(_MAX_DIRICHLET_TRIES):
-        parts: list[list[int]] = [[] for _ in range(num_partitions)]
-        for c in classes:
-            idx_c = rng.permutation(np.flatnonzero(y == c))
-            props = rng.dirichlet(np.full(num_partitions, alpha))
-            props = props * np.array([len(p) < fair_share for p in parts], dtype=float)
-            if props.sum() <= 0:
-                props = np.full(num_partitions, 1.0 / num_partitions)
-            cuts = (np.cumsum(props / props.sum()) * len(idx_c)).astype(int)[:-1]
-            for part, chunk in zip(parts, np.split(idx_c, cuts), strict=True):
-                part.extend(chunk.tolist())
-        if min(len(p) for p in parts) >= min_size:
-            return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
-    raise ValueError(
-        f"dirichlet-alpha: no Dirichlet({alpha}) draw in {_MAX_DIRICHLET_TRIES} tries gave "
-        f"every one of {num_partitions} partitions ≥ {min_size} samples; use a larger "
-        "dirichlet-alpha or fewer partitions"
+    return partitions.partition(
+        np.asarray(labels), num_partitions, "dirichlet", alpha=alpha, seed=seed, min_size=min_size
     )
-
-
-def _check_num_partitions(num_partitions: int, n: int) -> None:
-    if not 1 <= num_partitions <= n:
-        raise ValueError(f"num-partitions: must be in [1, {n}], got {num_partitions!r}")
 
 
 @lru_cache(maxsize=16)
 def _partitions(
-    num_partitions: int, partitioning: str, alpha: float, seed: int
+    num_partitions: int,
+    partitioning: str,
+    alpha: float,
+    seed: int,
+    dataset: str = DEFAULT_DATASET,
+    classes_per_node: int = CLASSES_PER_NODE,
 ) -> tuple[np.ndarray, ...]:
-    labels = as_tensors(load_digits_splits(seed).pool)[1].numpy()
-    if partitioning == "iid":
-        return tuple(partition_iid(len(labels), num_partitions, seed))
-    return tuple(partition_dirichlet(labels, num_partitions, alpha, seed))
+    labels = as_tensors(load_splits(dataset, seed).pool)[1].numpy()
+    return tuple(
+        partitions.partition(
+            labels,
+            num_partitions,
+            partitioning,
+            alpha=alpha,
+            seed=seed,
+            classes_per_node=classes_per_node,
+        )
+    )
+
+
+def _check_split_settings(
+    partitioning: str, alpha: float, partition_id: int, num_partitions: int
+) -> None:
+    if partitioning not in PARTITIONINGS:
+        raise SettingsError(
+            f"partitioning: unknown value {partitioning!r}; allowed: {', '.join(PARTITIONINGS)}"
+        )
+    if partitioning == "dirichlet":
+        partitions.check_alpha(alpha)
+    if not 0 <= partition_id < num_partitions:
+        raise SettingsError(
+            f"partition-id: must be in [0, {num_partitions - 1}] for {num_partitions} "
+            f"partitions, got {partition_id!r}"
+        )
 
 
 def client_data(
@@ -357,13 +468,16 @@ def client_data(
     partitioning: str = "dirichlet",
     alpha: float = 0.5,
     seed: int = 0,
+    dataset: str = DEFAULT_DATASET,
+    classes_per_node: int = CLASSES_PER_NODE,
 ) -> tuple[TensorDataset, TensorDataset]:
     """One client's share of the pool, split into local train and local validation data.
 
-    The pool of ``load_digits_splits(seed)`` is partitioned with ``partition_dirichlet``
-    (``alpha``, ``seed``, at least ``MIN_PARTITION_SIZE`` samples each) or
-    ``partition_iid``; the client's part is shuffled (seeded) and ``VAL_FRACTION`` of it
-    (at least one sample) is held back as local validation data.
+    The pool of ``load_splits(dataset, seed)`` is split over the nodes with a Flower
+    Datasets partitioner (``fl_client.partitions.partition``: ``dirichlet`` with ``alpha``
+    and at least ``MIN_PARTITION_SIZE`` samples each, ``iid``, or ``pathological`` with
+    ``classes_per_node``); the client's part is shuffled (seeded) and ``VAL_FRACTION`` of
+    it (at least one sample) is held back as local validation data.
 
     Parameters
     ----------
@@ -371,36 +485,66 @@ def client_data(
         This client's partition, in ``[0, num_partitions)``.
     num_partitions : int
         Number of clients the pool is split over.
-    partitioning : {"dirichlet", "iid"}
+    partitioning : {"dirichlet", "iid", "pathological"}
         How the pool is split.
     alpha : float
-        Dirichlet concentration (``dirichlet-alpha``), > 0; ignored for ``"iid"``.
+        Dirichlet concentration (``dirichlet-alpha``), > 0; ignored otherwise.
     seed : int
         Seed of the slices, the partition and the local split.
+    dataset : str
+        The ``dataset`` run setting (``digits``, the embedded default; see ``load_splits``).
+    classes_per_node : int
+        Classes per node (``classes-per-node``); only for ``pathological``.
 
     Returns
     -------
     (TensorDataset, TensorDataset)
         Local train data and local validation data.
     """
-    if partitioning not in PARTITIONINGS:
-        raise ValueError(
-            f"partitioning: unknown value {partitioning!r}; allowed: {', '.join(PARTITIONINGS)}"
-        )
-    if partitioning == "dirichlet" and (not alpha > 0 or not math.isfinite(alpha)):
-        raise ValueError(f"dirichlet-alpha: must be > 0, got {alpha!r}")
-    if not 0 <= partition_id < num_partitions:
-        raise ValueError(
-            f"partition-id: must be in [0, {num_partitions - 1}] for {num_partitions} "
-            f"partitions, got {partition_id!r}"
-        )
-    parts = _partitions(num_partitions, partitioning, float(alpha), seed)
+    _check_split_settings(partitioning, alpha, partition_id, num_partitions)
+    parts = _partitions(
+        num_partitions, partitioning, float(alpha), seed, dataset, int(classes_per_node)
+    )
     ids = np.random.default_rng([seed, partition_id]).permutation(parts[partition_id])
     n_val = max(1, round(VAL_FRACTION * len(ids))) if len(ids) > 1 else 0
-    x, y = as_tensors(load_digits_splits(seed).pool)
+    x, y = as_tensors(load_splits(dataset, seed).pool)
     val_ids = torch.from_numpy(np.sort(ids[:n_val]))
     train_ids = torch.from_numpy(np.sort(ids[n_val:]))
     return TensorDataset(x[train_ids], y[train_ids]), TensorDataset(x[val_ids], y[val_ids])
+
+
+def split_report(
+    num_partitions: int,
+    *,
+    partitioning: str = "dirichlet",
+    alpha: float = 0.5,
+    seed: int = 0,
+    dataset: str = DEFAULT_DATASET,
+    classes_per_node: int = CLASSES_PER_NODE,
+    names: Sequence[str] | None = None,
+) -> partitions.SplitReport:
+    """Each node's share of the pool as ``client_data`` makes it (training + validation):
+    ``.lines()`` for the console (one line per node: name, samples, label histogram) and
+    ``.save(run_dir)`` for ``split.png`` (Flower Datasets' label-distribution plot) and
+    ``split.json``. ``names[i]`` names partition i (default: its id)."""
+    _check_split_settings(partitioning, alpha, 0, num_partitions)
+    splits = load_splits(dataset, seed)
+    parts = _partitions(
+        num_partitions, partitioning, float(alpha), seed, dataset, int(classes_per_node)
+    )
+    detail = {
+        "dirichlet": f"dirichlet-alpha {alpha:g}, ",
+        "pathological": f"classes-per-node {classes_per_node}, ",
+    }.get(partitioning, "")
+    return partitions.SplitReport.of(
+        as_tensors(splits.pool)[1].numpy(),
+        list(parts),
+        dataset=dataset,
+        partitioning=partitioning,
+        detail=f"{detail}seed {seed}",
+        names=names,
+        class_names=splits.class_names,
+    )
 
 
 # ---------------------------------------------------------------------------------------

@@ -9,12 +9,22 @@
   (in the standardised pixel units), with a fixed generator (seed 20250218), so the proxy
   is a differently transformed copy of other digits.
 * proxy ``digits``: the same proxy slices untransformed (a same-distribution proxy).
+* ``cifar10-subset`` / ``mnist-subset`` (target or proxy): the data kit's real images, npz
+  files under ``data-root`` (default ``../shared/data`` beside the repository; see its
+  MANIFEST.md), read with ``fl_client.image_data`` (a file without the expected keys or
+  shapes is refused, naming the file and what it lacks), made 3×32×32 and standardised per
+  channel with the train split's statistics. As target: a stratified ``image-subset-size``
+  subset of the train split (0: all of it) split per seed into train / test like digits.
+  As proxy: the train split is proxy-train and the test split proxy-eval (each a stratified
+  ``proxy-train-size`` / ``proxy-eval-size`` subset when > 0). Target and proxy must be
+  different files.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -22,11 +32,15 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch.utils.data import TensorDataset
 
-from fl_client import task
+from fl_client import image_data, task
 
 #: The fixed slices of the digits set every experiment uses (disjointness of proxy/target).
 SPLIT_SEED = 0
 TRANSFORM_SEED = 20250218
+#: Targets and proxies read from the data kit's npz files.
+NPZ_DATASETS = tuple(image_data.SHARED_SUBSETS)
+TARGETS = ("digits", *NPZ_DATASETS)
+PROXIES = ("digits-rotated", "digits", *NPZ_DATASETS)
 
 
 @dataclass(frozen=True)
@@ -42,9 +56,26 @@ class DataSettings:
     proxy_eval_size: int = 0
     proxy_rotate_deg: float = 25.0
     proxy_noise_std: float = 0.3
+    data_root: str = ""  # npz sets: the data kit's folder ("": ../shared/data)
+    image_subset_size: int = 0  # npz target: a stratified subset of its train split
+
+    def uses_npz(self) -> bool:
+        return self.target in NPZ_DATASETS or self.proxy in NPZ_DATASETS
 
     def to_dict(self) -> dict[str, Any]:
-        return {k.replace("_", "-"): v for k, v in asdict(self).items()}
+        """Kebab-case settings; the npz keys (the resolved files instead of ``data-root``)
+        only when an npz set is used, so digits records keep their keys."""
+        d = {k.replace("_", "-"): v for k, v in asdict(self).items()}
+        d.pop("data-root")
+        if not self.uses_npz():
+            d.pop("image-subset-size")
+        else:
+            d["files"] = {
+                name: str(image_data.npz_path(name, self.data_root or None).resolve())
+                for name in (self.target, self.proxy)
+                if name in NPZ_DATASETS
+            }
+        return d
 
 
 @dataclass(frozen=True)
@@ -97,18 +128,80 @@ def _stratified_subset(ds: TensorDataset, size: int, seed: int) -> TensorDataset
     return TensorDataset(x[t], y[t])
 
 
+def _npz(settings: DataSettings, name: str) -> image_data.ImageArrays:
+    return image_data.load_npz(name, settings.data_root or None)
+
+
+@lru_cache(maxsize=4)
+def _npz_target_pool(settings: DataSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    """The npz target's train split (a stratified ``image-subset-size`` subset), 3×32×32,
+    standardised per channel."""
+    arrays = _npz(settings, settings.target)
+    y = arrays.y_train
+    keep = np.arange(len(y))
+    if 0 < settings.image_subset_size < len(y):
+        from sklearn.model_selection import train_test_split
+
+        keep, _ = train_test_split(
+            keep, train_size=settings.image_subset_size, stratify=y, random_state=SPLIT_SEED
+        )
+        keep = np.sort(keep)
+    x, _, _ = task.standardise(task.images_to_tensor(arrays.x_train[keep]))
+    return x, torch.from_numpy(y[keep])
+
+
+@lru_cache(maxsize=4)
+def _npz_proxy(settings: DataSettings) -> tuple[TensorDataset, TensorDataset]:
+    """The npz proxy's (proxy-train, proxy-eval): its train and test splits, standardised
+    with the train split's statistics, each cut to its size setting when > 0."""
+    arrays = _npz(settings, settings.proxy)
+    assert arrays.x_test is not None and arrays.y_test is not None  # an npz has both
+    ref = task.images_to_tensor(arrays.x_train)
+    x_tr, mean, std = task.standardise(ref)
+    x_ev = ((task.images_to_tensor(arrays.x_test) - mean) / std).contiguous()
+    train = TensorDataset(x_tr, torch.from_numpy(arrays.y_train))
+    ev = TensorDataset(x_ev, torch.from_numpy(arrays.y_test))
+    return (
+        _stratified_subset(train, settings.proxy_train_size, SPLIT_SEED),
+        _stratified_subset(ev, settings.proxy_eval_size, SPLIT_SEED),
+    )
+
+
+def check_settings(settings: DataSettings) -> None:
+    """Names, and target ≠ proxy for the npz sets (they would share images)."""
+    if settings.target not in TARGETS:
+        raise ValueError(
+            f"target: unknown dataset {settings.target!r}; allowed: {', '.join(TARGETS)}"
+        )
+    if settings.proxy not in PROXIES:
+        raise ValueError(
+            f"proxy: unknown dataset {settings.proxy!r}; allowed: {', '.join(PROXIES)}"
+        )
+    if settings.proxy == settings.target and settings.proxy in NPZ_DATASETS:
+        raise ValueError(
+            f"proxy: {settings.proxy!r} is also the target; the proxy must be other data "
+            f"(allowed: {', '.join(p for p in PROXIES if p != settings.target)})"
+        )
+
+
 def study_data(settings: DataSettings, seed: int) -> StudyData:
-    """The target and proxy sets of one seed (see the module docstring)."""
+    """The target and proxy sets of one seed (see the module docstring).
+
+    Raises
+    ------
+    ValueError
+        Unknown names, or the same npz as target and proxy (naming the key).
+    fl_client.image_data.ImageDataError
+        An npz that is missing or lacks the expected keys or shapes (naming the file).
+    """
     from sklearn.model_selection import train_test_split
 
-    if settings.target != "digits":
-        raise ValueError(f"target: unknown dataset {settings.target!r}; allowed: digits")
-    if settings.proxy not in ("digits-rotated", "digits"):
-        raise ValueError(
-            f"proxy: unknown dataset {settings.proxy!r}; allowed: digits-rotated, digits"
-        )
+    check_settings(settings)
     splits = task.load_digits_splits(SPLIT_SEED)
-    x, y = task.as_tensors(splits.pool)
+    if settings.target in NPZ_DATASETS:
+        x, y = _npz_target_pool(settings)
+    else:
+        x, y = task.as_tensors(splits.pool)
     idx = np.arange(len(y))
     tr, te = train_test_split(
         idx, test_size=settings.target_test_fraction, stratify=y.numpy(), random_state=seed
@@ -128,9 +221,14 @@ def study_data(settings: DataSettings, seed: int) -> StudyData:
             )
         return TensorDataset(px, py)
 
+    if settings.proxy in NPZ_DATASETS:
+        proxy_train, proxy_eval = _npz_proxy(settings)
+    else:
+        proxy_train = proxy_set(splits.proxy_train, settings.proxy_train_size, 0)
+        proxy_eval = proxy_set(splits.proxy_eval, settings.proxy_eval_size, 1)
     return StudyData(
         target_train=target_train,
         target_test=target_test,
-        proxy_train=proxy_set(splits.proxy_train, settings.proxy_train_size, 0),
-        proxy_eval=proxy_set(splits.proxy_eval, settings.proxy_eval_size, 1),
+        proxy_train=proxy_train,
+        proxy_eval=proxy_eval,
     )

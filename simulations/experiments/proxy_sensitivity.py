@@ -19,10 +19,13 @@ For every dataset D of the study (each one serves as proxy and as target):
 Image datasets are views of scikit-learn's digits (the same 1,047-image pool, split 80/20
 per seed): ``digits``, ``digits-rotated`` (rotation ±25° + noise), ``digits-inverted``
 (inverted contrast + noise) and ``digits-parity`` (even/odd labels, a different task on the
-same images); or, for users who hold them under ``data-root``, the paper's kind of datasets
-read with torchvision and never downloaded (``cifar10``, ``svhn``, ``fashion-mnist``,
-``stl10``: a stratified ``image-subset-size`` subset of the train split, 80/20 per seed, at
-3×32×32). Text datasets are the data kit's corpora (``data-root``).
+same images); the data kit's real image subsets ``cifar10-subset`` and ``mnist-subset``
+(npz files under ``data-root``, default ``../shared/data``; a file without the expected keys
+or shapes is refused, naming the file and what it lacks); or, for users who hold them under
+``data-root``, the paper's kind of datasets read with torchvision and never downloaded
+(``cifar10``, ``svhn``, ``fashion-mnist``, ``stl10``). Real sets use a stratified
+``image-subset-size`` subset of their train split, split 80/20 per seed, at 3×32×32,
+standardised per channel. Text datasets are the data kit's corpora (``data-root``).
 """
 
 from __future__ import annotations
@@ -38,12 +41,14 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from fl_client import task
+from fl_client import image_data, task
 from simulations.experiments import sensitivity_report
 from simulations.experiments.config import ExperimentConfigError
 from simulations.experiments.datasets import rotate_and_noise
 from simulations.experiments.sensitivity_config import (
+    DIGITS_VIEWS,
     NAME,
+    NPZ_DATASETS,
     TORCHVISION_DATASETS,
     SensitivityConfig,
     parse_sensitivity,
@@ -85,6 +90,30 @@ NOTE_IMAGE = (
     "paper fine-tunes pretrained weights). Time and power come from the digital twins in "
     "configs/devices."
 )
+NOTE_REAL = (
+    "Data: real images at 3×32×32, each set a stratified subset of image-subset-size images "
+    "of its train split (all of it if smaller), split 80/20 per seed (stratified), pixels "
+    "standardised per channel over the subset. `cifar10-subset`: the data kit's CIFAR-10 "
+    "subset (10,000 train images, 1,000 per class; JPEG-decoded pixels, see "
+    "../shared/data/MANIFEST.md); `mnist-subset`: the kit's MNIST subset (28×28 grey digits "
+    "zero-padded to 32×32, repeated over RGB). Torchvision sets (cifar10, svhn, "
+    "fashion-mnist, stl10) are read from data-root, never downloaded. Models start from "
+    "random weights seeded per seed (the paper fine-tunes pretrained weights), so accuracy "
+    "targets are far below the paper's. Time and power come from the digital twins in "
+    "configs/devices."
+)
+
+
+def image_note(cfg: SensitivityConfig) -> str:
+    """The report's data note for the study's image datasets (digits views, real sets)."""
+    notes = []
+    if any(d in DIGITS_VIEWS for d in cfg.datasets):
+        notes.append(NOTE_IMAGE)
+    if any(d not in DIGITS_VIEWS for d in cfg.datasets):
+        notes.append(NOTE_REAL if not notes else NOTE_REAL.replace("Data: real", "Real"))
+    return " ".join(notes)
+
+
 NOTE_TEXT = (
     "Data: the data kit's public-domain corpora (tiny Shakespeare; Austen: Emma, Persuasion, "
     "Sense and Sensibility; Dickens: Great Expectations, Oliver Twist), the paper's "
@@ -112,11 +141,40 @@ def check_data(cfg: SensitivityConfig) -> dict[str, dict[str, int]]:
                 sizes[d] = {"train": len(tr), "test": len(te)}
         except (TextDataError, DataMissingError) as err:
             raise ExperimentConfigError(f"data-root: {err}") from None
+        except image_data.ImageDataError as err:
+            raise ExperimentConfigError(f"data-root: {d}: {err}") from None
     return sizes
 
 
 class DataMissingError(FileNotFoundError):
     """A torchvision dataset that is not under ``data-root``; names the path and layout."""
+
+
+def _stratified_keep(y: np.ndarray, size: int) -> np.ndarray:
+    """Positions of a stratified ``size``-subset of labels ``y`` (seed 0), sorted; all of
+    them for ``size`` 0 or ≥ len(y)."""
+    from sklearn.model_selection import train_test_split
+
+    keep = np.arange(len(y))
+    if 0 < size < len(y):
+        keep, _ = train_test_split(keep, train_size=size, stratify=y, random_state=0)
+        keep = np.sort(keep)
+    return keep
+
+
+@lru_cache(maxsize=8)
+def _npz_subset(cfg: SensitivityConfig, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stratified ``image-subset-size`` subset of the data kit's npz ``name`` (train split,
+    under ``data-root``), standardised per channel, at 3×32×32."""
+    arrays = image_data.load_npz(name, cfg.data_root or None)
+    keep = _stratified_keep(arrays.y_train, cfg.image_subset_size)
+    x, _, _ = task.standardise(task.images_to_tensor(arrays.x_train[keep]))
+    return x, torch.from_numpy(arrays.y_train[keep])
+
+
+def npz_source(cfg: SensitivityConfig, name: str) -> str:
+    """The file npz dataset ``name`` is read from (part of its training records' key)."""
+    return str(image_data.npz_path(name, cfg.data_root or None).resolve())
 
 
 @lru_cache(maxsize=8)
@@ -125,7 +183,6 @@ def _torchvision_subset(cfg: SensitivityConfig, name: str) -> tuple[torch.Tensor
     3×32×32 float images and int64 labels (grey images repeated over 3 channels and padded,
     larger ones resized)."""
     import torchvision.datasets as tvd
-    from sklearn.model_selection import train_test_split
 
     cls_name, layout = TORCHVISION_DATASETS[name]
     if not cfg.data_root:
@@ -152,13 +209,7 @@ def _torchvision_subset(cfg: SensitivityConfig, name: str) -> tuple[torch.Tensor
         x = x[:, None].repeat(1, 3, 1, 1)
     elif x.shape[-1] == 3:  # N×H×W×C (CIFAR)
         x = x.permute(0, 3, 1, 2)
-    keep = np.arange(len(y))
-    if 0 < cfg.image_subset_size < len(y):
-        keep, _ = train_test_split(
-            keep, train_size=cfg.image_subset_size, stratify=y.numpy(), random_state=0
-        )
-        keep = np.sort(keep)
-    idx = torch.from_numpy(keep)
+    idx = torch.from_numpy(_stratified_keep(y.numpy(), cfg.image_subset_size))
     xf = x[idx].float() / 255.0
     h = xf.shape[-1]
     if h < 32:
@@ -184,6 +235,8 @@ def image_sets(cfg: SensitivityConfig, name: str, seed: int) -> tuple[TensorData
 
     if name in TORCHVISION_DATASETS:
         x, y = _torchvision_subset(cfg, name)
+    elif name in NPZ_DATASETS:
+        x, y = _npz_subset(cfg, name)
     else:
         x, y = task.as_tensors(task.load_digits_splits(0).pool)
     idx = np.arange(len(y))
@@ -239,6 +292,8 @@ def train_key(cfg: SensitivityConfig, t: TrainSpec) -> str:
         )
         if t.dataset in TORCHVISION_DATASETS:
             data.update({"data-root": cfg.data_root, "subset": cfg.image_subset_size})
+        elif t.dataset in NPZ_DATASETS:
+            data.update({"file": npz_source(cfg, t.dataset), "subset": cfg.image_subset_size})
     unit = {"code": CODE_VERSION, "unit": "sensitivity-train", "model": cfg.model}
     unit.update({"seed": t.seed, "batch-size": t.batch_size})
     return training_key(cfg, unit, cfg.accuracy_of(t.dataset), data)
@@ -337,7 +392,7 @@ def plan_units(cfg: SensitivityConfig, out: Path) -> dict[str, list[Unit]]:
 def _preflight(cfg: SensitivityConfig, where: str) -> Preflight:
     device = checked_torch_device(cfg.torch_device, where)
     sizes = check_data(cfg)  # a missing corpus is an error before any training
-    note = NOTE_TEXT if cfg.task == "text" else NOTE_IMAGE
+    note = NOTE_TEXT if cfg.task == "text" else image_note(cfg)
     return Preflight(note=note, data_sizes=sizes, torch_device=device)
 
 

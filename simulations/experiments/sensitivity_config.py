@@ -9,6 +9,7 @@ from typing import Any
 
 from fl_client import task
 from fl_client.devices.simulated import available_device_kinds
+from fl_client.image_data import SHARED_SUBSETS
 from simulations.experiments.config import (
     TORCH_DEVICES,
     Fields,
@@ -31,7 +32,10 @@ TORCHVISION_DATASETS: dict[str, tuple[str, str]] = {
     ),
     "stl10": ("STL10", "<data-root>/stl10_binary/{train,test}_{X,y}.bin"),
 }
-IMAGE_DATASETS = DIGITS_VIEWS + tuple(TORCHVISION_DATASETS)
+#: The data kit's real image subsets (npz, ``fl_client.image_data``), read from
+#: ``data-root`` (default ``../shared/data`` beside the repository).
+NPZ_DATASETS = tuple(SHARED_SUBSETS)
+IMAGE_DATASETS = DIGITS_VIEWS + tuple(TORCHVISION_DATASETS) + NPZ_DATASETS
 TEXT_DATASETS = ("tinyshakespeare", "austen", "dickens")
 
 DEFAULTS: dict[str, Any] = {
@@ -53,10 +57,13 @@ DEFAULTS: dict[str, Any] = {
     "test-fraction": 0.2,  # images: per-seed 80/20 split of the pool (text: 90/10 by position)
     "rotate-deg": 25.0,
     "noise-std": 0.3,
-    "data-root": "",  # text: the data kit (default ../shared/data beside the repository)
+    # text and npz subsets: the data kit (default ../shared/data beside the repository);
+    # torchvision sets: the folder holding them (required)
+    "data-root": "",
     "text-train-chars": 0,  # text: keep the first N training characters (0: all)
     "eval-windows": 512,  # text: test windows the character accuracy is measured on
-    "image-subset-size": 5000,  # torchvision sets: a stratified subset of the train split
+    # torchvision sets and npz subsets: a stratified subset of the train split (0: all)
+    "image-subset-size": 5000,
     "profile-warmup-steps": 1,
     "profile-steps": 3,
     "torch-threads": 1,

@@ -42,13 +42,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from fl_client import selector, task
+from fl_client import image_data, selector, task
 from fl_client.devices import open_device
 from fl_client.devices.simulated import DeviceSpec, load_device_spec
 from fl_client.node import workload_for
 from fl_client.profiler import profile
 from fl_client.r_estimation import r_from_samples
 from simulations.experiments import single_device_report
+from simulations.experiments.config import ExperimentConfigError
 from simulations.experiments.datasets import StudyData, study_data
 from simulations.experiments.records import digest, read_record
 from simulations.experiments.report_kit import cap_label
@@ -109,6 +110,65 @@ DATA_NOTE = (
     "configs/devices (models calibrated to the paper's Nano points; the TX2 NX twin's "
     "coefficients are assumptions, see its TOML)."
 )
+#: What the data note says of each npz set, and of the digits proxies with an npz target.
+NPZ_NOTES = {
+    "cifar10-subset": "the data kit's CIFAR-10 subset (../shared/data/cifar10-subset.npz: "
+    "10,000 train / 2,000 test images, balanced, JPEG-decoded pixels)",
+    "mnist-subset": "the data kit's MNIST subset (../shared/data/mnist-subset.npz: 10,000 "
+    "train / 2,000 test digits, 28×28 zero-padded to 32×32, grey repeated over RGB)",
+}
+
+
+def data_note(cfg: SingleDeviceConfig) -> str:
+    """The report's data note: ``DATA_NOTE`` for the digits study, else what the target and
+    the proxy are."""
+    if cfg.target == "digits" and cfg.proxy in ("digits", "digits-rotated"):
+        return DATA_NOTE
+    if cfg.target in NPZ_NOTES:
+        subset = (
+            f"a stratified subset of {cfg.image_subset_size} images of its train split"
+            if cfg.image_subset_size
+            else "its train split"
+        )
+        target = (
+            f"Target `{cfg.target}` = {NPZ_NOTES[cfg.target]}: {subset}, split per seed "
+            f"{1 - cfg.target_test_fraction:.0%}/{cfg.target_test_fraction:.0%} (stratified) "
+            "into target-train / target-test."
+        )
+    else:
+        target = (
+            "Target `digits` = the 1,047-image client pool of scikit-learn's digits "
+            "(`load_digits_splits(0)`), split per seed 80/20 (stratified)."
+        )
+    if cfg.proxy in NPZ_NOTES:
+        sizes = ", ".join(
+            f"{k} {v}"
+            for k, v in (("proxy-train", cfg.proxy_train_size), ("proxy-eval", cfg.proxy_eval_size))
+            if v
+        )
+        proxy = (
+            f"Proxy `{cfg.proxy}` = {NPZ_NOTES[cfg.proxy]}: its train split is proxy-train, "
+            "its test split proxy-eval" + (f" (stratified subsets: {sizes})" if sizes else "") + "."
+        )
+    else:
+        proxy = (
+            f"Proxy `{cfg.proxy}` = the 450 proxy images of scikit-learn's digits "
+            "(proxy-train 300, proxy-eval 150)"
+            + (
+                f", rotated ±{cfg.proxy_rotate_deg:g}° with N(0, {cfg.proxy_noise_std:g}²) noise"
+                if cfg.proxy == "digits-rotated"
+                else ""
+            )
+            + ", upsampled to 3×32×32."
+        )
+    return (
+        f"Data: {target} {proxy} Real images are made 3×32×32 and standardised per channel "
+        "with their train split's statistics. Models start from random weights seeded per "
+        "seed (the paper fine-tunes CIFAR100-pretrained weights; no pretraining here), so "
+        "accuracy targets on real images are far below the paper's. Device time, power and "
+        "energy come from the digital twins in configs/devices (models calibrated to the "
+        "paper's Nano points; the TX2 NX twin's coefficients are assumptions, see its TOML)."
+    )
 
 
 class TrainSpec(NamedTuple):
@@ -477,8 +537,11 @@ def plan_units(cfg: SingleDeviceConfig, out: Path, only_training: bool) -> dict[
 
 def _preflight(cfg: SingleDeviceConfig, where: str) -> Preflight:
     device = checked_torch_device(cfg.torch_device, where)
-    sizes = study_data(cfg.data_settings(), 0).sizes()
-    return Preflight(note=DATA_NOTE, data_sizes=sizes, torch_device=device)
+    try:
+        sizes = study_data(cfg.data_settings(), 0).sizes()
+    except image_data.ImageDataError as err:  # a missing or malformed npz, before training
+        raise ExperimentConfigError(f"{where}: data-root: {err}") from None
+    return Preflight(note=data_note(cfg), data_sizes=sizes, torch_device=device)
 
 
 def _run(cfg: SingleDeviceConfig, out: Path, options: RunOptions) -> Outcome:

@@ -14,13 +14,12 @@ from simulations.experiments.config import (
     Fields,
     FileOptions,
     StudyConfig,
+    config_error,
     merge_scale,
 )
-from simulations.experiments.datasets import DataSettings
+from simulations.experiments.datasets import NPZ_DATASETS, PROXIES, TARGETS, DataSettings
 
 NAME = "single-device"
-TARGETS = ("digits",)
-PROXIES = ("digits-rotated", "digits")
 UNCAPPED_GRIDS = ("highest", "full")
 
 #: Allowed keys and their defaults (None: required). Values are validated in ``parse``.
@@ -48,6 +47,10 @@ DEFAULTS: dict[str, Any] = {
     "proxy-eval-size": 0,
     "proxy-rotate-deg": 25.0,
     "proxy-noise-std": 0.3,
+    # cifar10-subset / mnist-subset: the data kit's folder ("" = ../shared/data beside the
+    # repository), and a stratified subset of an npz target's train split (0: all of it)
+    "data-root": "",
+    "image-subset-size": 0,
     "profile-warmup-steps": 1,
     "profile-steps": 3,
     "profile-uncapped": "highest",
@@ -95,6 +98,8 @@ class SingleDeviceConfig(StudyConfig):
     ts_samples: int
     torch_threads: int
     torch_device: str = "cpu"
+    data_root: str = ""
+    image_subset_size: int = 0
 
     def data_settings(self) -> DataSettings:
         """The data settings of the study (``DataSettings``' fields, same names here)."""
@@ -114,6 +119,14 @@ def parse_single_device(
     m = merge_scale(data, where, DEFAULTS, options)
     f = Fields(m, where, DEFAULTS)
     text, str_list, integer, number = f.text, f.str_list, f.integer, f.number
+    target, proxy = text("target", TARGETS), text("proxy", PROXIES)
+    if proxy == target and proxy in NPZ_DATASETS:
+        raise config_error(
+            where,
+            "proxy",
+            f"{proxy!r} is also the target; the proxy must be other data "
+            f"(allowed: {', '.join(p for p in PROXIES if p != target)})",
+        )
     return SingleDeviceConfig(
         name=text("name"),
         study=text("study", (NAME,)),
@@ -123,8 +136,8 @@ def parse_single_device(
         caps_w=f.caps(),
         models=str_list("models", task.MODEL_NAMES),
         methods=str_list("methods", STUDY_METHODS),
-        target=text("target", TARGETS),
-        proxy=text("proxy", PROXIES),
+        target=target,
+        proxy=proxy,
         seeds=integer("seeds", 1),
         batch_sizes=f.batch_sizes(),
         lr_ref=number("lr-ref", 0.0),
@@ -145,4 +158,6 @@ def parse_single_device(
         ts_samples=integer("ts-samples", 1),
         torch_threads=integer("torch-threads", 1),
         torch_device=text("torch-device", TORCH_DEVICES),
+        data_root=text("data-root"),
+        image_subset_size=integer("image-subset-size", 0),
     )

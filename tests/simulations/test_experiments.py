@@ -116,6 +116,53 @@ def test_set_overrides_after_the_scale_and_unknown_set_keys_are_errors(tmp_path)
         parse_sets(["seeds"])
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (TINY + "modles = [1]\n", "[experiment] unknown key(s) modles (did you mean models?)"),
+        (TINY + "\n[scale.mini]\nsedes = 2\n", "[scale.mini] unknown key(s) sedes (did you mean"),
+        (TINY + "\n[scale.mni]\nseeds = 2\n", "[scale.mni] unknown scale mni (did you mean mini?)"),
+        (TINY + "\n[scales.mini]\nseeds = 2\n", "table(s) scales (did you mean scale?)"),
+        (TINY.replace("[experiment]", "[experiement]"), "experiement (did you mean experiment?)"),
+        (TINY.replace("study =", "stduy ="), "[experiment] unknown key(s) stduy (did you mean"),
+        (TINY + "zzzz = 1\n", "unknown key(s) zzzz; known: b-ref, batch-sizes, caps-w,"),
+    ],
+)
+def test_a_misspelt_key_in_an_experiment_file_names_the_nearest_one(tmp_path, text, message):
+    with pytest.raises(ExperimentConfigError) as err:
+        load_experiment(_write(tmp_path, text))
+    assert message in str(err.value)
+
+
+def test_a_misspelt_set_key_names_the_nearest_one(tmp_path, capsys):
+    exp = _write(tmp_path, TINY)
+    rc = main(["experiment", "run", str(exp), "--out", str(tmp_path / "o"), "--set", "modles=[1]"])
+    assert rc == 2
+    assert capsys.readouterr().err.strip() == (
+        "powerfl experiment: error: --set: unknown key(s) modles (did you mean models?)"
+    )
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(ExperimentConfigError, match=r"--set: unknown key\(s\) max-sample \(did"):
+        load_experiment(exp, sets={"max-sample": 512})
+
+
+def test_typed_paths_are_relative_to_the_current_directory_defaults_to_the_app(
+    tmp_path, monkeypatch
+):
+    from simulations.experiments.cli import output_folder
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.toml").write_text((REPO / "configs" / "fleets" / "default.toml").read_text())
+    federated = REPO / "configs" / "experiments" / "federated.toml"
+    cfg = load_config(federated, FileOptions(sets={"fleet": "mine.toml"}))
+    assert cfg.fleet == str(tmp_path / "mine.toml")  # --set: typed, from here
+    assert load_config(federated).fleet == "configs/fleets/default.toml"  # the file's: the app's
+    with pytest.raises(ExperimentConfigError, match="fleet file not found"):
+        load_config(federated, FileOptions(sets={"fleet": "configs/fleets/default.toml"}))
+    exp = _write(tmp_path, TINY)
+    assert output_folder(exp) == REPO / "runs" / "experiments" / "tiny-mini"  # a default
+
+
 def test_cuda_without_a_gpu_is_refused_before_training(tmp_path, capsys, monkeypatch):
     import torch
 
@@ -299,3 +346,91 @@ def test_b1_without_a_safe_band_is_reported_unavailable():
     ours = rec["methods"]["power-aware"]
     assert ours["status"] == "ok" and ours["predicted-peak-power-w"] < 4.5
     assert ours["samples-to-target"] == {8: 640, 32: 1024}[ours["batch-size"]]
+
+
+# --------------------------------------------------------------------------- npz subsets
+
+TINY_NPZ = TINY + 'target = "cifar10-subset"\nproxy = "mnist-subset"\n'
+
+
+def test_npz_target_and_proxy_parse_and_the_proxy_must_be_other_data(tmp_path):
+    cfg = load_experiment(_write(tmp_path, TINY_NPZ + 'data-root = "kit"\n'))
+    assert (cfg.target, cfg.proxy, cfg.data_root) == ("cifar10-subset", "mnist-subset", "kit")
+    same = TINY + 'target = "mnist-subset"\nproxy = "mnist-subset"\n'
+    with pytest.raises(ExperimentConfigError, match="proxy: 'mnist-subset' is also the target"):
+        load_experiment(_write(tmp_path, same, "same.toml"))
+
+
+def test_digits_records_keep_their_keys():
+    """The npz keys join a training record's data key only when an npz set is used, so
+    records of the digits study made before stay valid."""
+    from simulations.experiments.datasets import DataSettings
+
+    d = DataSettings("digits", "digits-rotated", 0.2).to_dict()
+    assert "data-root" not in d and "image-subset-size" not in d and "files" not in d
+    npz = DataSettings("cifar10-subset", "digits", 0.2, data_root="/kit").to_dict()
+    assert npz["files"] == {"cifar10-subset": "/kit/cifar10-subset.npz"}
+
+
+def test_study_data_reads_the_npz_target_and_proxy(tmp_path):
+    from simulations.experiments.datasets import study_data
+    from tests.image_npz import write_kit
+
+    kit = write_kit(tmp_path / "kit", n_train=200, n_test=60)
+    cfg = load_experiment(
+        _write(tmp_path, TINY_NPZ + f'data-root = "{kit}"\nproxy-eval-size = 30\n')
+    )
+    data = study_data(cfg.data_settings(), 0)
+    assert data.sizes() == {
+        "target-train": 160,
+        "target-test": 40,
+        "proxy-train": 200,
+        "proxy-eval": 30,
+    }
+    x = data.proxy_train.tensors[0]
+    assert x.shape[1:] == (3, 32, 32) and abs(float(x.mean())) < 0.1
+    again = study_data(cfg.data_settings(), 1)
+    assert not (
+        data.target_test.tensors[0].shape == again.target_test.tensors[0].shape
+        and bool((data.target_test.tensors[0] == again.target_test.tensors[0]).all())
+    )
+
+
+def test_a_bad_npz_is_refused_before_any_training(tmp_path, capsys):
+    from tests.image_npz import write_image_npz, write_kit
+
+    kit = write_kit(tmp_path / "kit")
+    bad = write_image_npz(kit / "mnist-subset.npz", drop=("x_train",))
+    out = tmp_path / "out"
+    path = _write(tmp_path, TINY_NPZ + f'data-root = "{kit}"\n')
+    assert main(["experiment", "run", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "data-root:" in err and str(bad) in err and "lacks x_train" in err
+    assert not (out / "records").exists()
+
+
+def test_tiny_npz_study_runs_end_to_end(tmp_path):
+    from tests.image_npz import write_kit
+
+    kit = write_kit(tmp_path / "kit", n_train=200, n_test=60)
+    path = _write(tmp_path, TINY_NPZ + f'data-root = "{kit}"\n')
+    out = tmp_path / "out"
+    assert main(["experiment", "run", str(path), "--out", str(out), "--no-progress"]) == 0
+    train = load_all(out / "records" / "train")
+    assert len(train) == 4 and {r["role"] for r in train} == {"proxy", "target"}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] is True and "cifar10-subset" in manifest["data-note"]
+    assert manifest["data-sizes"]["target-train"] == 160
+
+
+@pytest.mark.skipif(
+    not (REPO.parent / "shared" / "data" / "cifar10-subset.npz").is_file(),
+    reason="no data kit beside the repository",
+)
+def test_the_shipped_cifar_study_reads_the_data_kit():
+    from simulations.experiments.datasets import study_data
+
+    cfg = load_experiment(REPO / "configs" / "experiments" / "single-device-cifar.toml")
+    assert (cfg.target, cfg.proxy) == ("cifar10-subset", "mnist-subset")
+    sizes = study_data(cfg.data_settings(), 0).sizes()
+    assert sizes["target-train"] + sizes["target-test"] == cfg.image_subset_size

@@ -275,3 +275,85 @@ def test_missing_torchvision_dataset_names_path_and_layout(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "data-root: cifar10: not found under" in err and "cifar-10-batches-py" in err
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------- npz subsets
+
+TINY_NPZ = TINY_IMAGE.replace('["digits", "digits-parity"]', '["cifar10-subset", "mnist-subset"]')
+TINY_NPZ = TINY_NPZ.replace(
+    "{ digits = 0.4, digits-parity = 0.7 }", "{ cifar10-subset = 0.4, mnist-subset = 0.4 }"
+).replace('reference-proxy = "digits"', 'reference-proxy = "mnist-subset"')
+
+
+def test_npz_subsets_are_image_datasets_of_the_study(tmp_path):
+    from simulations.experiments.proxy_sensitivity import TrainSpec, image_sets, train_key
+    from tests.image_npz import write_kit
+
+    kit = write_kit(tmp_path / "kit", n_train=200)
+    cfg = load_sensitivity(_write(tmp_path, TINY_NPZ + f'data-root = "{kit}"\n'))
+    assert cfg.task == "image" and cfg.datasets == ("cifar10-subset", "mnist-subset")
+    train, test = image_sets(cfg, "mnist-subset", 0)
+    assert len(train) == 160 and len(test) == 40  # 200 images (≤ image-subset-size), 80/20
+    x = train.tensors[0]
+    assert x.shape[1:] == (3, 32, 32) and abs(float(x.mean())) < 0.1  # standardised
+    assert torch.equal(x[:, 0], x[:, 1])  # grey repeated over RGB
+    # The records' key names the file they were read from.
+    other = load_sensitivity(
+        _write(tmp_path, TINY_NPZ + f'data-root = "{tmp_path / "elsewhere"}"\n', "b.toml")
+    )
+    t = TrainSpec("cifar10-subset", 0, 16)
+    assert train_key(cfg, t) != train_key(other, t)
+
+
+def test_tiny_npz_study_runs_proxy_cifar_to_target_mnist_and_back(tmp_path):
+    from tests.image_npz import write_kit
+
+    kit = write_kit(tmp_path / "kit", n_train=200)
+    path = _write(tmp_path, TINY_NPZ + f'data-root = "{kit}"\n')
+    out = tmp_path / "out"
+    assert main(["experiment", "run", str(path), "--out", str(out), "--no-progress"]) == 0
+    recs = load_all(out / "records" / "train")
+    assert {r["dataset"] for r in recs} == {"cifar10-subset", "mnist-subset"}
+    assert all(r["sizes"] == {"train": 160, "test": 40} for r in recs)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "cifar10-subset" in manifest["data-note"] or "CIFAR-10" in manifest["data-note"]
+    report = (out / "report.md").read_text()
+    assert "cifar10-subset" in report and "mnist-subset" in report
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "lacks"),
+    [({"drop": ("y_test",)}, "lacks y_test"), ({"x_train": np.zeros((4, 9), np.uint8)}, "(4, 9)")],
+)
+def test_a_bad_npz_in_the_data_root_is_refused_before_training(tmp_path, capsys, kwargs, lacks):
+    from tests.image_npz import write_image_npz, write_kit
+
+    kit = write_kit(tmp_path / "kit")
+    bad = write_image_npz(kit / "cifar10-subset.npz", **kwargs)
+    out = tmp_path / "out"
+    path = _write(tmp_path, TINY_NPZ + f'data-root = "{kit}"\n')
+    assert main(["experiment", "run", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "data-root: cifar10-subset:" in err and str(bad) in err and lacks in err
+    assert not (out / "records").exists()
+
+
+def test_a_missing_npz_names_the_file_it_looked_for(tmp_path, capsys):
+    out = tmp_path / "out"
+    path = _write(tmp_path, TINY_NPZ + f'data-root = "{tmp_path / "none"}"\n')
+    assert main(["experiment", "run", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "none" / "cifar10-subset.npz") in err and "no such file" in err
+
+
+@pytest.mark.skipif(
+    not (REPO.parent / "shared" / "data" / "cifar10-subset.npz").is_file(),
+    reason="no data kit beside the repository",
+)
+def test_the_shipped_real_image_study_reads_the_data_kit():
+    from simulations.experiments.proxy_sensitivity import check_data
+
+    cfg = load_sensitivity(REPO / "configs/experiments/proxy-sensitivity-real.toml")
+    assert cfg.datasets == ("cifar10-subset", "mnist-subset") and cfg.data_root == ""
+    sizes = check_data(cfg)  # the default data root: ../shared/data beside the repository
+    assert sizes["cifar10-subset"] == {"train": 4000, "test": 1000}
