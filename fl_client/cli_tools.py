@@ -369,10 +369,12 @@ def format_lut(lut: Any, p_max_w: float | None = None, peak_sigma_k: float = PEA
         mode = {"highest": "no cap, highest frequency per b", "on-demand": "cells on demand"}[
             lut.grid
         ]
+    windows = np.isfinite(lut.window_s).any()
+    at_least = "≥ " if windows else ""
     lines = [
         f"LUT {lut.device_kind} ({lut.backend}) {lut.workload_key}: {mode}, "
-        f"{lut.cells_profiled} cells, {lut.warmup_steps} warm-up + {lut.steps} steps per cell, "
-        f"profiling took {lut.profile_time_s:.1f} s and {lut.profile_energy_j:.1f} J",
+        f"{lut.cells_profiled} cells, {lut.warmup_steps} warm-up + {at_least}{lut.steps} steps "
+        f"per cell, profiling took {lut.profile_time_s:.1f} s and {lut.profile_energy_j:.1f} J",
         "",
     ]
     lines += block("time per sample (ms)", lut.time_per_sample_s, lambda x: f"{1e3 * x:.4g}", False)
@@ -391,7 +393,41 @@ def format_lut(lut: Any, p_max_w: float | None = None, peak_sigma_k: float = PEA
         lines.append("")
         title = "σ of the per-step peak power (W; - = not profiled or not recorded)"
         lines += block(title, sigma_w, lambda x: f"{x:.3f}", False)
-    return "\n".join(lines)
+    return "\n".join(lines + _cell_window_lines(lut, block))
+
+
+def _cell_window_lines(lut: Any, block: Callable[..., list[str]]) -> list[str]:
+    """How each cell was measured (power samples, window, settled, the real board's
+    window), where the LUT recorded it, and the profiling time the board's windows imply."""
+    import numpy as np
+
+    lines: list[str] = []
+    if np.isfinite(lut.power_samples).any():
+        lines += [
+            "",
+            *block("power samples per cell", lut.power_samples, lambda x: f"{x:.0f}", False),
+        ]
+    if np.isfinite(lut.window_s).any():
+        unsettled = lut.settled == 0
+        title = "measured window per cell (s)"
+        if unsettled.any():
+            title += f"; ~ = unsettled: stopped at the cap ({int(unsettled.sum())} cells)"
+        marked = np.where(unsettled, -1.0 - np.asarray(lut.window_s), lut.window_s)
+        lines += [
+            "",
+            *block(title, marked, lambda x: f"{-1 - x:.3g}~" if x < 0 else f"{x:.3g}", False),
+        ]
+    if np.isfinite(lut.needed_window_s).any():
+        title = "window the real board's power sensor would need per cell (s)"
+        lines += ["", *block(title, lut.needed_window_s, lambda x: f"{x:.3g}", False)]
+    board_s = lut.board_profile_time_s
+    if board_s is not None:
+        lines += [
+            "",
+            f"on the real board, profiling these cells would take about {board_s:.1f} s "
+            f"(sensor windows; {lut.backend} took {lut.profile_time_s:.1f} s, report only)",
+        ]
+    return lines
 
 
 def _profile_extra_outputs(args: argparse.Namespace, lut: Any, info: Any) -> list[str]:
@@ -494,6 +530,10 @@ def cmd_profile(
         print(format_lut(lut, peak_sigma_k=peak_sigma_k), file=out)
         print("", file=out)
         print(f"power rail: {info.power_rail}", file=out)
+        print(f"power sensor: {info.sensor.label} ({info.sensor.source})", file=out)
+        if info.board_sensor is not None:
+            board = info.board_sensor
+            print(f"real board's power sensor: {board.label} ({board.source})", file=out)
     where = "from the cache" if from_cache else "profiled"
     print(f"LUT ({where}) written to: {', '.join(written)}", file=err if args.json else out)
     if check is not None:

@@ -38,9 +38,12 @@ LUT_FORMAT = "powerfl-lut"
 #: 2: ``cap-margin`` stored beside the bare cap ``p-max-w`` (version 1 stored the cap less
 #: its margin as ``p-max-w``; such files read as that cap with margin 0).
 #: 3: optional ``peak-sigma-w`` (σ of each cell's per-step peak powers) and ``knob`` (what
-#: the columns are, when not the GPU frequency in MHz). A LUT with neither is still written
-#: as version 2, byte for byte as before (so checksums of stored LUTs hold); versions 1 and
-#: 2 read with σ not recorded (it counts as 0) and the GPU frequency as the knob.
+#: the columns are, when not the GPU frequency in MHz), and the optional per-cell tables of
+#: how each cell was measured (``CELL_TABLES``: power samples, window, settled, the real
+#: board's window). A LUT with none of them is still written as version 2, byte for byte
+#: as before (so checksums of stored LUTs hold); versions 1 and 2, and version 3 files
+#: without them, read with σ and those tables not recorded (NaN; σ counts as 0) and the GPU
+#: frequency as the knob.
 LUT_VERSION = 3
 #: Versions ``LUT.from_json`` reads.
 LUT_VERSIONS_READ = (1, 2, 3)
@@ -48,6 +51,17 @@ LUT_VERSIONS_READ = (1, 2, 3)
 GRIDS = ("full", "efficient", "highest", "on-demand", "shared")
 
 FloatArray = npt.NDArray[np.float64]
+
+#: Optional per-cell tables of how each cell was measured: LUT field → JSON key. NaN where
+#: not profiled or not recorded. ``settled`` is 1 (window, samples and settling met) or 0
+#: (the cell stopped at the profiler's hard cap); ``needed-window-s`` is the window the
+#: real board's sensor would have needed, recorded on emulated devices (twin, replay) only.
+CELL_TABLES = {
+    "power_samples": "power-samples",
+    "window_s": "window-s",
+    "settled": "settled",
+    "needed_window_s": "needed-window-s",
+}
 
 
 class LUTFormatError(ValueError):
@@ -96,7 +110,8 @@ class LUT:
     created_utc : str
         ISO-8601 UTC time the tables were made.
     warmup_steps, steps : int
-        Steps discarded and measured per cell.
+        Steps discarded per cell, and the least number measured per cell (a cell sized by
+        its sensor measures more: ``power_samples``, ``window_s``).
     grid : str
         ``full`` (every cell; serves any cap), ``efficient`` (paper §4.1 under
         ``p_max_w``) or ``highest`` (no cap: each b at the highest frequency only, the
@@ -111,6 +126,12 @@ class LUT:
         recorded, all NaN.
     knob : Knob
         What the columns are: ``GPU_FREQ_MHZ`` (default) or e.g. ``GPU_POWER_LIMIT_W``.
+    power_samples, window_s, settled, needed_window_s : ndarray, shape (|B|, |F|)
+        How each cell was measured (``CELL_TABLES``): the power samples its measured steps
+        held, their device time in s, 1 if it settled (0: stopped at the profiler's hard
+        cap), and on an emulated device the window in s the real board's sensor would have
+        needed. NaN where not profiled or not recorded; like σ, each is all NaN when
+        constructed without it.
     """
 
     device_kind: str
@@ -132,6 +153,10 @@ class LUT:
     cap_margin: float = 0.0
     peak_sigma_w: FloatArray = field(default_factory=lambda: np.empty((0, 0)))
     knob: Knob = GPU_FREQ_MHZ
+    power_samples: FloatArray = field(default_factory=lambda: np.empty((0, 0)))
+    window_s: FloatArray = field(default_factory=lambda: np.empty((0, 0)))
+    settled: FloatArray = field(default_factory=lambda: np.empty((0, 0)))
+    needed_window_s: FloatArray = field(default_factory=lambda: np.empty((0, 0)))
 
     def __post_init__(self) -> None:
         try:
@@ -146,6 +171,10 @@ class LUT:
         except ValueError as err:
             raise LUTFormatError(str(err)) from None
         sigma_w = _sigma_table(self.peak_sigma_w, np.isnan(time_s))
+        cells = {
+            name: _cell_table(getattr(self, name), np.isnan(time_s), key)
+            for name, key in CELL_TABLES.items()
+        }
         if not isinstance(self.knob, Knob):
             raise LUTFormatError(f"knob: must be a Knob, got {self.knob!r}")
         grid = self.grid or ("full" if cap is None else "efficient")
@@ -185,6 +214,7 @@ class LUT:
             ("peak_power_w", peak_w),
             ("avg_power_w", avg_w),
             ("peak_sigma_w", sigma_w),
+            *cells.items(),
         ):
             table = np.array(table, dtype=np.float64)  # a private, read-only copy
             table.flags.writeable = False
@@ -224,6 +254,22 @@ class LUT:
         """How many (b, f) cells were measured."""
         return int(np.count_nonzero(~np.isnan(self.time_per_sample_s)))
 
+    @property
+    def cells_unsettled(self) -> int:
+        """How many measured cells stopped at the profiler's hard cap (``settled`` 0)."""
+        return int(np.count_nonzero(self.settled == 0))
+
+    @property
+    def board_profile_time_s(self) -> float | None:
+        """The profiling time the real board's sensor windows imply (emulated devices):
+        ``profile_time_s`` with each cell's measured window replaced by the window the
+        board would have needed; None unless every measured cell recorded both."""
+        measured = ~np.isnan(self.time_per_sample_s)
+        window, needed = self.window_s[measured], self.needed_window_s[measured]
+        if not measured.any() or np.isnan(window).any() or np.isnan(needed).any():
+            return None
+        return float(self.profile_time_s - window.sum() + needed.sum())
+
     def to_json(self) -> str:
         """Strict JSON (NaN written as null), kebab-case keys."""
 
@@ -232,7 +278,12 @@ class LUT:
 
         sigma_w = self.peak_sigma_w
         has_sigma = bool(np.isfinite(sigma_w).any())
-        new_keys = has_sigma or self.knob != GPU_FREQ_MHZ
+        cells = {
+            key: getattr(self, name)
+            for name, key in CELL_TABLES.items()
+            if np.isfinite(getattr(self, name)).any()
+        }
+        new_keys = has_sigma or self.knob != GPU_FREQ_MHZ or bool(cells)
         record = {
             "format": LUT_FORMAT,
             "version": LUT_VERSION if new_keys else 2,
@@ -259,6 +310,8 @@ class LUT:
             record["peak-sigma-w"] = table(sigma_w)
         if self.knob != GPU_FREQ_MHZ:
             record["knob"] = self.knob.key.replace("_", "-")
+        for key, values in cells.items():
+            record[key] = table(values)
         return json.dumps(record, indent=1, allow_nan=False)
 
     @classmethod
@@ -300,6 +353,7 @@ class LUT:
         # absent in files written before they existed (and in version 3 files without σ or
         # with the GPU frequency as the knob)
         optional = {"grid": str, "cap-margin": (int, float), "peak-sigma-w": list, "knob": str}
+        optional.update({key: list for key in CELL_TABLES.values()})
         missing = sorted(set(expected) - set(rec))
         unknown = sorted(set(rec) - set(expected) - set(optional))
         expected.update({k: v for k, v in optional.items() if k in rec})
@@ -313,7 +367,8 @@ class LUT:
                 f"format: expected {LUT_FORMAT} v{LUT_VERSION}, got {rec['format']} "
                 f"v{rec['version']}"
             )
-        too_new = sorted({"peak-sigma-w", "knob"} & set(rec)) if rec["version"] < 3 else []
+        since_3 = {"peak-sigma-w", "knob", *CELL_TABLES.values()}
+        too_new = sorted(since_3 & set(rec)) if rec["version"] < 3 else []
         if too_new:
             raise LUTFormatError(f"keys: {too_new} are not keys of a version {rec['version']} file")
         for key in ("input-shape", "batch-sizes"):
@@ -330,6 +385,16 @@ class LUT:
             knob = knob_for(rec["knob"]) if "knob" in rec else GPU_FREQ_MHZ
         except ValueError as err:
             raise LUTFormatError(str(err)) from None
+        time_s = _table_from_json(rec["time-per-sample-s"], "time-per-sample-s")
+        cells = {}
+        for name, key in CELL_TABLES.items():
+            if key in rec:
+                cells[name] = _table_from_json(rec[key], key)
+                if cells[name].shape != time_s.shape:
+                    raise LUTFormatError(
+                        f"{key}: shape {cells[name].shape} does not match the other tables "
+                        f"{time_s.shape}"
+                    )
         lut = cls(
             device_kind=rec["device-kind"],
             backend=rec["backend"],
@@ -337,7 +402,7 @@ class LUT:
             input_shape=tuple(rec["input-shape"]),
             batch_sizes=tuple(rec["batch-sizes"]),
             freqs_mhz=tuple(rec["freqs-mhz"]),
-            time_per_sample_s=_table_from_json(rec["time-per-sample-s"], "time-per-sample-s"),
+            time_per_sample_s=time_s,
             peak_power_w=_table_from_json(rec["peak-power-w"], "peak-power-w"),
             avg_power_w=_table_from_json(rec["avg-power-w"], "avg-power-w"),
             p_max_w=rec["p-max-w"],
@@ -350,6 +415,7 @@ class LUT:
             cap_margin=rec.get("cap-margin", 0.0),
             peak_sigma_w=sigma_w,
             knob=knob,
+            **cells,
         )
         if lut.workload_key != rec["workload-key"]:
             raise LUTFormatError(
@@ -387,6 +453,30 @@ def _sigma_table(sigma_w: npt.ArrayLike | None, not_profiled: npt.NDArray[np.boo
         raise LUTFormatError("peak-sigma-w: a value in a cell that was not profiled")
     if np.isinf(out).any() or (out < 0).any():
         raise LUTFormatError("peak-sigma-w: measured cells must be finite and ≥ 0 W, or null")
+    return out
+
+
+def _cell_table(
+    values: npt.ArrayLike | None, not_profiled: npt.NDArray[np.bool_], key: str
+) -> FloatArray:
+    """Check one of ``CELL_TABLES``: NaN where not profiled, finite ≥ 0 or NaN (not
+    recorded) elsewhere; ``power-samples`` whole numbers and ``settled`` 0 or 1. None, an
+    empty array or one of another shape give the all-NaN table: these tables describe how
+    cells were measured, never what is selected, so a LUT whose grid was changed without
+    them (``dataclasses.replace`` taking some rows) drops them. A file is checked for the
+    shape first (``LUT.from_json``)."""
+    out = np.asarray(np.nan if values is None else values, dtype=np.float64)
+    if values is None or out.size == 0 or out.shape != not_profiled.shape:
+        return np.full(not_profiled.shape, np.nan)
+    if np.isfinite(out[not_profiled]).any():
+        raise LUTFormatError(f"{key}: a value in a cell that was not profiled")
+    known = out[~np.isnan(out)]
+    if np.isinf(known).any() or (known < 0).any():
+        raise LUTFormatError(f"{key}: measured cells must be finite and ≥ 0, or null")
+    if key == "power-samples" and (known != np.round(known)).any():
+        raise LUTFormatError(f"{key}: counts must be whole numbers")
+    if key == "settled" and not np.isin(known, (0.0, 1.0)).all():
+        raise LUTFormatError(f"{key}: must be 1 (settled), 0 (stopped at the cap) or null")
     return out
 
 
@@ -573,26 +663,19 @@ def merge_cells(base: LUT, extra: LUT, *, overwrite: bool) -> LUT:
     unknown = sorted(set(extra.batch_sizes) - set(base.batch_sizes))
     if unknown:
         raise LUTFormatError(f"batch-sizes: {unknown} are not rows of the base LUT")
-    tables = {
+    tables: dict[str, Any] = {
         name: np.array(getattr(base, name), dtype=np.float64)
         for name in ("time_per_sample_s", "peak_power_w", "avg_power_w")
     }
-    tables["peak_sigma_w"] = np.array(base.peak_sigma_w, dtype=np.float64)
-    extra_sigma = extra.peak_sigma_w
+    for name in ("peak_sigma_w", *CELL_TABLES):
+        tables[name] = np.array(getattr(base, name), dtype=np.float64)
     for i_extra, b in enumerate(extra.batch_sizes):
         i = base.batch_sizes.index(b)
         measured = ~np.isnan(extra.time_per_sample_s[i_extra])
         take = measured if overwrite else measured & np.isnan(tables["time_per_sample_s"][i])
         for name, table in tables.items():
-            source = extra_sigma if name == "peak_sigma_w" else getattr(extra, name)
-            table[i, take] = source[i_extra, take]
-    return dataclasses.replace(
-        base,
-        time_per_sample_s=tables["time_per_sample_s"],
-        peak_power_w=tables["peak_power_w"],
-        avg_power_w=tables["avg_power_w"],
-        peak_sigma_w=tables["peak_sigma_w"],
-    )
+            table[i, take] = getattr(extra, name)[i_extra, take]
+    return dataclasses.replace(base, **tables)
 
 
 def median_cell(

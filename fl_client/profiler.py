@@ -5,6 +5,10 @@ model at b (warm-up discarded) and record time per sample, peak power and the σ
 per-step peaks. Under a known P_max only the cells that matter are profiled (efficient
 mode). Tables are cached per (device kind, backend, model, input shape, B, cap) by
 ``fl_client.lut``. No Flower import.
+
+Each cell is measured for as long as its device's power sensor needs (``CellWindow``): at
+least ``steps`` steps, then on until the steps cover the sensor's window and hold its
+least number of power samples and time and power have settled, up to a hard cap.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import IO, Any, NamedTuple
 
 import numpy as np
 
-from fl_client.devices.base import Device, Measurement, Workload
+from fl_client.devices.base import EXACT_SENSOR, Device, Measurement, SensorSpec, Workload
 from fl_client.devices.replay import GPU_FREQ_MHZ, Knob
 from fl_client.lut import LUT, FloatArray, LUTKey, load_cached, merge_cells
 from fl_client.selector import (
@@ -77,14 +81,17 @@ class _Progress:
             self._bar.start()
             self._task = self._bar.add_task(title, total=total)
 
-    def cell(self, b: int, freq_mhz: float, m: Measurement) -> None:
+    def cell(self, b: int, freq_mhz: float, cell: CellMeasurement) -> None:
         self._done += 1
         if not self._enabled:
             return
+        m = cell.measurement
         tps_ms = 1e3 * m.time_s / max(m.samples, 1)
+        unsettled = "" if cell.settled else ", unsettled"
         what = (
             f"b={b} f={freq_mhz:g} {self._knob.unit}: {tps_ms:.3f} ms/sample, "
-            f"peak {m.peak_power_w:.2f} W"
+            f"peak {m.peak_power_w:.2f} W ({m.steps} steps, {cell.window_s:.3g} s, "
+            f"{cell.power_samples} samples{unsettled})"
         )
         if self._bar is not None:
             self._bar.update(self._task, advance=1, description=f"{self._title} {what}")
@@ -113,6 +120,170 @@ def _run_steps(
     return meter.measurement, step_peaks_w
 
 
+#: Hard caps of one cell: it stops at whichever comes first, marked unsettled (LUT
+#: ``settled`` 0) unless its window, sample minimum and settling were all met. 30 s is 6×
+#: the longest default sensor window (5 s: jtop at 1 s, NVML's 1 s average); 5000 steps
+#: cover 30 s of 6 ms steps (a cell of faster steps stops at the step cap). A full grid of
+#: ~70 cells stays under 35 minutes even if no cell settles.
+MAX_STEPS_PER_CELL = 5000
+MAX_WINDOW_S = 30.0
+#: Settled: over the last quarter of the measured steps (at least one), the running mean
+#: step time and the running mean per-step peak moved by at most this share of their
+#: value. 2% is the selector's tie tolerance: a cell still moving by more is not settled.
+SETTLE_TOLERANCE = 0.02
+SETTLE_SHARE = 0.25
+#: How cells are sized: by the device's sensor (``sensor``, the default), or exactly
+#: ``steps`` steps each as before sensors were considered (``fixed``).
+SIZINGS = ("sensor", "fixed")
+
+
+def _check_positive(key: str, value: object, *, integer: bool) -> None:
+    """``value`` is an integer ≥ 1 (``integer``) or a number ≥ 0 (inf allowed); else a
+    ValueError naming ``key``."""
+    if integer:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    else:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+    if not ok:
+        what = "an integer ≥ 1" if integer else "a number ≥ 0"
+        raise ValueError(f"{key}: must be {what}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class CellWindow:
+    """How long one cell is measured (after its warm-up).
+
+    Steps are measured until all of: at least ``min_steps`` (the fixed count, ``steps``, is
+    the lower bound), ``min_window_s`` of measured device time, ``min_power_samples``
+    power samples in the measurement, and time and power settled (``settled``); or until
+    ``max_steps`` steps or ``max_window_s`` of measured time, which marks the cell
+    unsettled. ``board``: the real board's sensor of an emulated device (twin, replay),
+    whose window is reported per cell (``needed_window_s``), never charged.
+    """
+
+    min_steps: int = 3
+    min_window_s: float = 0.0
+    min_power_samples: int = 1
+    settle_tolerance: float = SETTLE_TOLERANCE
+    max_steps: int = MAX_STEPS_PER_CELL
+    max_window_s: float = MAX_WINDOW_S
+    board: SensorSpec | None = None
+
+    def __post_init__(self) -> None:
+        _check_positive("steps", self.min_steps, integer=True)
+        _check_positive("min-window-s", self.min_window_s, integer=False)
+        if math.isinf(self.min_window_s):
+            raise ValueError("min-window-s: must be finite, got inf")
+        if (
+            isinstance(self.min_power_samples, bool)
+            or not isinstance(self.min_power_samples, int)
+            or self.min_power_samples < 0
+        ):
+            raise ValueError(
+                f"min-power-samples: must be an integer ≥ 0, got {self.min_power_samples!r}"
+            )
+        tol = self.settle_tolerance
+        if isinstance(tol, bool) or not isinstance(tol, int | float) or not tol > 0:
+            raise ValueError(f"settle-tolerance: must be a number > 0 (inf: off), got {tol!r}")
+        _check_positive("max-steps", self.max_steps, integer=True)
+        _check_positive("max-window-s", self.max_window_s, integer=False)
+        if self.max_steps < self.min_steps:
+            raise ValueError(f"max-steps: must be ≥ steps ({self.min_steps}), got {self.max_steps}")
+
+    @classmethod
+    def fixed(cls, steps: int) -> CellWindow:
+        """Exactly ``steps`` steps, nothing else judged (cells count as settled)."""
+        return cls(steps, 0.0, 0, math.inf, steps, math.inf)
+
+    @classmethod
+    def of(
+        cls,
+        device: Device,
+        steps: int = 3,
+        *,
+        min_window_s: float | None = None,
+        min_power_samples: int | None = None,
+        settle_tolerance: float = SETTLE_TOLERANCE,
+        max_steps: int = MAX_STEPS_PER_CELL,
+        max_window_s: float = MAX_WINDOW_S,
+    ) -> CellWindow:
+        """The window of ``device``'s sensor (``DeviceInfo.sensor``), the given minimums
+        replacing the sensor's; ``max_steps`` is raised to ``steps`` if below it."""
+        info = device.info
+        sensor = getattr(info, "sensor", None)
+        sensor = sensor if isinstance(sensor, SensorSpec) else EXACT_SENSOR
+        board = getattr(info, "board_sensor", None)
+        return cls(
+            steps,
+            sensor.min_window_s if min_window_s is None else min_window_s,
+            sensor.min_power_samples if min_power_samples is None else min_power_samples,
+            settle_tolerance,
+            max(max_steps, steps),
+            max_window_s,
+            board if isinstance(board, SensorSpec) else None,
+        )
+
+    def needed_window_s(self, m: Measurement) -> float:
+        """The window the real board's sensor (``board``) would need for this cell at the
+        measured step time: NaN without a board or a measured step."""
+        if self.board is None or m.steps < 1:
+            return math.nan
+        return self.board.window_for(m.time_s / m.steps, m.steps)
+
+
+def _settled(cumulative: Sequence[float], tolerance: float) -> bool:
+    """Whether a running mean (of the values whose running sums are ``cumulative``) moved
+    by at most ``tolerance`` of its value over the last ``SETTLE_SHARE`` of them (at
+    least one); fewer than 2 values: nothing to judge, settled."""
+    n = len(cumulative)
+    if n < 2 or math.isinf(tolerance):
+        return True
+    k = min(max(1, math.ceil(SETTLE_SHARE * n)), n - 1)
+    now, before = cumulative[-1] / n, cumulative[n - k - 1] / (n - k)
+    return abs(now - before) <= tolerance * abs(now)
+
+
+def _run_cell(
+    device: Device,
+    workload: Workload,
+    batch_size: int,
+    step: Callable[[], object],
+    window: CellWindow,
+) -> tuple[Measurement, list[float], bool]:
+    """Measure steps as ``window`` says in one measurement; it, each step's peak power (as
+    ``_run_steps``) and whether the cell settled (False: it stopped at a hard cap)."""
+    step_peaks_w: list[float] = []
+    time_sums: list[float] = []  # running sums of the step times
+    peak_sums: list[float] = []  # ... and of the step peaks
+    settled = False
+    with device.measure(workload) as meter:
+        while True:
+            m = meter.measurement
+            before, t0_s = len(m.power_samples_w), m.time_s
+            meter.step(batch_size, step)
+            m = meter.measurement
+            added = m.power_samples_w[before:]
+            if added:
+                step_peaks_w.append(max(added))
+                peak_sums.append((peak_sums[-1] if peak_sums else 0.0) + step_peaks_w[-1])
+            time_sums.append((time_sums[-1] if time_sums else 0.0) + (m.time_s - t0_s))
+            n = len(time_sums)
+            if n < window.min_steps:
+                continue
+            tol = window.settle_tolerance
+            if (
+                m.time_s >= window.min_window_s * (1 - 1e-9)  # a sum of steps may round below
+                and len(m.power_samples_w) >= window.min_power_samples
+                and _settled(time_sums, tol)
+                and _settled(peak_sums, tol)
+            ):
+                settled = True
+                break
+            if n >= window.max_steps or m.time_s >= window.max_window_s:
+                break
+    return meter.measurement, step_peaks_w, settled
+
+
 def peak_sigma_w(step_peaks_w: Sequence[float]) -> float:
     """σ of a cell's per-step peak powers (sample standard deviation, ddof = 1); NaN (not
     recorded: the selector counts it as 0) with fewer than 2 steps."""
@@ -134,26 +305,38 @@ def time_per_sample_s(m: Measurement, batch_size: int, steps: int) -> float:
     return m.time_s / (m.samples if m.samples > 0 else batch_size * steps)
 
 
+#: The tables ``profile`` fills, by LUT field: time, peak, average power and σ, and what
+#: each cell's measurement was (power samples, window, settled, the board's window).
+_TABLES = {
+    "time": "time_per_sample_s",
+    "peak": "peak_power_w",
+    "avg": "avg_power_w",
+    "sigma": "peak_sigma_w",
+    "samples": "power_samples",
+    "window": "window_s",
+    "settled": "settled",
+    "needed": "needed_window_s",
+}
+
+
 def _new_tables(shape: tuple[int, int]) -> dict[str, FloatArray]:
-    """Empty (all NaN) time, peak power, average power and σ tables of a (|B|, |F|) grid."""
-    return {name: np.full(shape, np.nan) for name in ("time", "peak", "avg", "sigma")}
+    """Empty (all NaN) tables of a (|B|, |F|) grid (``_TABLES``)."""
+    return {name: np.full(shape, np.nan) for name in _TABLES}
 
 
 def _record(
-    tables: dict[str, FloatArray],
-    i: int,
-    j: int,
-    cell: tuple[Measurement, float],
-    batch_size: int,
-    steps: int,
+    tables: dict[str, FloatArray], i: int, j: int, cell: CellMeasurement, batch_size: int
 ) -> None:
-    """Write one measured cell (its measurement and σ of its per-step peaks) into
-    ``_new_tables``' tables."""
-    m, sigma_w = cell
-    tables["time"][i, j] = time_per_sample_s(m, batch_size, steps)
+    """Write one measured cell into ``_new_tables``' tables."""
+    m = cell.measurement
+    tables["time"][i, j] = time_per_sample_s(m, batch_size, m.steps)
     tables["peak"][i, j] = m.peak_power_w
     tables["avg"][i, j] = m.avg_power_w
-    tables["sigma"][i, j] = sigma_w
+    tables["sigma"][i, j] = cell.peak_sigma_w
+    tables["samples"][i, j] = cell.power_samples
+    tables["window"][i, j] = cell.window_s
+    tables["settled"][i, j] = 1.0 if cell.settled else 0.0
+    tables["needed"][i, j] = cell.needed_window_s
 
 
 def _lut_of(
@@ -165,6 +348,7 @@ def _lut_of(
 ) -> LUT:
     """The LUT of ``tables`` measured on ``device`` (its frequency table as columns)."""
     info = device.info
+    by_field: dict[str, Any] = {field: tables[name] for name, field in _TABLES.items()}
     return LUT(
         device_kind=info.kind,
         backend=info.backend,
@@ -172,11 +356,8 @@ def _lut_of(
         input_shape=tuple(workload.input_shape),
         batch_sizes=tuple(batch_sizes),
         freqs_mhz=tuple(float(f) for f in device.gpu_freqs_mhz),
-        time_per_sample_s=tables["time"],
-        peak_power_w=tables["peak"],
-        avg_power_w=tables["avg"],
-        peak_sigma_w=tables["sigma"],
         knob=device_knob(device),
+        **by_field,
         **fields,
     )
 
@@ -224,6 +405,12 @@ class ProfileOptions:
     peak (peak + ``peak_sigma_k``·σ of its per-step peaks) against
     ``p_max_w · (1 − cap_margin)``. The cap and margin are stored in the LUT as such;
     ``peak_sigma_k`` (the run setting ``peak-sigma-k``) only steers where the walk stops.
+
+    ``steps`` is the least number of measured steps per cell; with ``sizing="sensor"``
+    (the default) a cell goes on until the device's sensor window and sample minimum
+    (``min_window_s`` / ``min_power_samples`` replace the sensor's when given) are met
+    and time and power settled within ``settle_tolerance``, up to ``max_steps`` steps or
+    ``max_window_s`` seconds (``CellWindow``); ``sizing="fixed"``: exactly ``steps``.
     """
 
     p_max_w: float | str | None = None
@@ -234,6 +421,26 @@ class ProfileOptions:
     progress_stream: IO[str] | None = None
     uncapped: str = "full"
     peak_sigma_k: float = PEAK_SIGMA_K
+    sizing: str = "sensor"
+    min_window_s: float | None = None
+    min_power_samples: int | None = None
+    settle_tolerance: float = SETTLE_TOLERANCE
+    max_steps: int = MAX_STEPS_PER_CELL
+    max_window_s: float = MAX_WINDOW_S
+
+    def cell_window(self, device: Device) -> CellWindow:
+        """How each cell is measured on ``device``."""
+        if self.sizing == "fixed":
+            return CellWindow.fixed(self.steps)
+        return CellWindow.of(
+            device,
+            self.steps,
+            min_window_s=self.min_window_s,
+            min_power_samples=self.min_power_samples,
+            settle_tolerance=self.settle_tolerance,
+            max_steps=self.max_steps,
+            max_window_s=self.max_window_s,
+        )
 
     def __post_init__(self) -> None:
         cap = validate_p_max_w(self.p_max_w)
@@ -250,6 +457,18 @@ class ProfileOptions:
         k = self.peak_sigma_k
         if isinstance(k, bool) or not isinstance(k, int | float) or not 0 <= k < math.inf:
             raise ValueError(f"peak-sigma-k: expected a finite number ≥ 0, got {k!r}")
+        if self.sizing not in SIZINGS:
+            raise ValueError(
+                f"sizing: unknown value {self.sizing!r}; allowed: {', '.join(SIZINGS)}"
+            )
+        CellWindow(  # the window's own checks, with a device's minimums left to it
+            self.steps,
+            0.0 if self.min_window_s is None else self.min_window_s,
+            0 if self.min_power_samples is None else self.min_power_samples,
+            self.settle_tolerance,
+            max(self.max_steps, self.steps),
+            self.max_window_s,
+        )
         if cap is None:
             object.__setattr__(self, "cap_margin", 0.0)
 
@@ -290,9 +509,12 @@ def profile(
     """Measure LUT_time and LUT_power of ``workload`` on ``device`` (paper §4.1).
 
     For each profiled (b, f): lock the GPU at f, run ``warmup_steps`` steps (accounted for
-    in the profiling cost, not in the tables), then ``steps`` steps through
-    ``device.measure``; record time per sample, peak and average power. The device is
-    restored at the end whatever happens.
+    in the profiling cost, not in the tables), then at least ``steps`` steps through
+    ``device.measure``, on until the device's sensor window and sample minimum are met and
+    time and power settled (``options.cell_window``, ``CellWindow``); record time per
+    sample, peak and average power, and per cell the power samples, the measured window,
+    whether it settled and, on an emulated device of a real board, the window that board
+    would have needed. The device is restored at the end whatever happens.
 
     Without a cap every cell is profiled. With ``p_max_w`` (efficient mode) each cell is
     judged as the selector judges it (``selector.feasible_cells``): feasible when its peak
@@ -330,10 +552,13 @@ def profile(
         ``p_max_w`` (the cap for efficient mode; None / "none" / infinity: no cap) and
         ``cap_margin``; ``peak_sigma_k`` (the selector's ``peak-sigma-k``, how efficient
         mode judges a cell); ``warmup_steps`` per cell run first and discarded (≥ 0),
-        ``steps`` measured per cell (≥ 1; σ of the per-step peaks needs ≥ 2, else it is
-        not recorded); ``progress`` (rich bar on a terminal, plain lines
-        otherwise; False: silent) to ``progress_stream`` (default ``sys.stderr``);
-        ``uncapped``: without a cap profile every cell (``full``) or each b at the highest
+        ``steps`` the least measured per cell (≥ 1; σ of the per-step peaks needs ≥ 2,
+        else it is not recorded); ``sizing``, ``min_window_s``, ``min_power_samples``,
+        ``settle_tolerance``, ``max_steps``, ``max_window_s``: how long each cell is
+        measured beyond that (``ProfileOptions``, ``CellWindow``); ``progress`` (rich bar
+        on a terminal, plain lines otherwise; False: silent) to ``progress_stream``
+        (default ``sys.stderr``); ``uncapped``: without a cap profile every cell
+        (``full``) or each b at the highest
         frequency only (``highest``, what Eq. 4 selects per b when nothing is infeasible).
     **settings
         ``ProfileOptions`` fields, to build ``options`` from keywords instead.
@@ -342,7 +567,9 @@ def profile(
     -------
     LUT
         With ``profile_time_s`` the device time (``device.now_s()``) profiling took, σ of
-        the per-step peaks of every measured cell (``peak_sigma_w``) and the device's knob.
+        the per-step peaks of every measured cell (``peak_sigma_w``), the per-cell
+        ``power_samples``, ``window_s``, ``settled`` and ``needed_window_s``, and the
+        device's knob.
     """
     opts = options if options is not None else ProfileOptions(**settings)
     b_list = validate_batch_sizes(batch_sizes)
@@ -398,6 +625,7 @@ def _profile_rows(
 ) -> float:
     """Walk the rows as ``profile`` describes, largest b first; returns the energy spent."""
     freqs = tuple(float(f) for f in device.gpu_freqs_mhz)
+    window = opts.cell_window(device)
     energy_j = 0.0
     start_j = 0  # efficient mode: where the next (smaller) b starts
     for i in reversed(range(len(b_list))):
@@ -409,14 +637,11 @@ def _profile_rows(
             below the cap less its margin; always without a cap)."""
             nonlocal energy_j
             device.set_gpu_freq_mhz(freqs[j])
-            if opts.warmup_steps:
-                energy_j += _run_steps(device, workload, b, step, opts.warmup_steps)[0].energy_j
-            m, step_peaks_w = _run_steps(device, workload, b, step, opts.steps)
-            energy_j += m.energy_j
-            sigma_w = peak_sigma_w(step_peaks_w)
-            _record(tables, i, j, (m, sigma_w), b, opts.steps)
-            bar.cell(b, freqs[j], m)
-            return opts.feasible(m.peak_power_w, sigma_w)
+            measured = _measure_locked(device, workload, b, step, opts.warmup_steps, window)
+            energy_j += measured.energy_j
+            _record(tables, i, j, measured, b)
+            bar.cell(b, freqs[j], measured)
+            return opts.feasible(measured.measurement.peak_power_w, measured.peak_sigma_w)
 
         if opts.grid == "full":
             for j in range(len(freqs)):
@@ -490,13 +715,74 @@ def load_or_profile(
     return lut, False
 
 
-class CellMeasurement(NamedTuple):
-    """One cell measured as ``profile`` measures it (``measure_cell_with_sigma``)."""
-
+class _Cell(NamedTuple):
     measurement: Measurement  # the measured steps
     time_s: float  # device time of the whole check, warm-up included (profiling cost)
     energy_j: float  # its energy
     peak_sigma_w: float  # σ of the measured steps' peaks (NaN: fewer than 2 steps)
+
+
+class CellMeasurement(_Cell):
+    """One cell measured as ``profile`` measures it (``measure_cell_with_sigma``).
+
+    It unpacks as the 4-tuple it always was (measurement, time, energy, σ); ``settled``
+    (False: the cell stopped at a hard cap before its window, samples or settling were
+    met) and ``needed_window_s`` (the real board's window on an emulated device, else
+    NaN) are attributes, and so are ``window_s`` and ``power_samples`` of the measurement.
+    """
+
+    settled: bool
+    needed_window_s: float
+
+    def __new__(
+        cls,
+        measurement: Measurement,
+        time_s: float,
+        energy_j: float,
+        peak_sigma_w: float,
+        settled: bool = True,
+        needed_window_s: float = math.nan,
+    ) -> CellMeasurement:
+        self = super().__new__(cls, measurement, time_s, energy_j, peak_sigma_w)
+        object.__setattr__(self, "settled", bool(settled))
+        object.__setattr__(self, "needed_window_s", float(needed_window_s))
+        return self
+
+    @property
+    def window_s(self) -> float:
+        """The measured window: device time of the measured steps (no warm-up)."""
+        return self.measurement.time_s
+
+    @property
+    def power_samples(self) -> int:
+        """How many power samples the measured steps hold."""
+        return len(self.measurement.power_samples_w)
+
+
+def _measure_locked(
+    device: Device,
+    workload: Workload,
+    batch_size: int,
+    step: Callable[[], object],
+    warmup_steps: int,
+    window: CellWindow,
+) -> CellMeasurement:
+    """Warm-up, then the cell's steps as ``window`` says, at the frequency set now; the
+    time and energy are those of both (no frequency change, no restore)."""
+    start_s = device.now_s()
+    energy_j = 0.0
+    if warmup_steps:
+        energy_j += _run_steps(device, workload, batch_size, step, warmup_steps)[0].energy_j
+    m, step_peaks_w, settled = _run_cell(device, workload, batch_size, step, window)
+    energy_j += m.energy_j
+    return CellMeasurement(
+        m,
+        max(device.now_s() - start_s, 0.0),
+        energy_j,
+        peak_sigma_w(step_peaks_w),
+        settled,
+        window.needed_window_s(m),
+    )
 
 
 def measure_cell_with_sigma(
@@ -508,25 +794,29 @@ def measure_cell_with_sigma(
     *,
     warmup_steps: int = 1,
     steps: int = 3,
+    window: CellWindow | None = None,
 ) -> CellMeasurement:
-    """Measure one (b, f) cell as ``profile`` does (warm-up, then ``steps`` steps).
+    """Measure one (b, f) cell as ``profile`` does (warm-up, then at least ``steps`` steps,
+    on as the device's sensor needs: ``CellWindow.of(device, steps)``, or ``window``).
 
     Returns the measured steps' ``Measurement``, the device time and energy of the whole
     check (warm-up included), which is profiling cost, and σ of the measured steps' peak
-    powers. The frequency is restored.
+    powers; ``settled`` and ``needed_window_s`` as attributes. The frequency is restored.
     """
+    rule = window if window is not None else CellWindow.of(device, steps)
     start_s = device.now_s()
-    energy_j = 0.0
     try:
         device.set_gpu_freq_mhz(freq_mhz)
-        if warmup_steps:
-            energy_j += _run_steps(device, workload, batch_size, step, warmup_steps)[0].energy_j
-        m, step_peaks_w = _run_steps(device, workload, batch_size, step, steps)
-        energy_j += m.energy_j
+        cell = _measure_locked(device, workload, batch_size, step, warmup_steps, rule)
     finally:
         device.restore()
     return CellMeasurement(
-        m, max(device.now_s() - start_s, 0.0), energy_j, peak_sigma_w(step_peaks_w)
+        cell.measurement,
+        max(device.now_s() - start_s, 0.0),
+        cell.energy_j,
+        cell.peak_sigma_w,
+        cell.settled,
+        cell.needed_window_s,
     )
 
 
@@ -539,10 +829,18 @@ def measure_cell(
     *,
     warmup_steps: int = 1,
     steps: int = 3,
+    window: CellWindow | None = None,
 ) -> tuple[Measurement, float, float]:
     """``measure_cell_with_sigma`` without σ: the measurement, device time and energy."""
     m, time_s, energy_j, _ = measure_cell_with_sigma(
-        device, workload, batch_size, step, freq_mhz, warmup_steps=warmup_steps, steps=steps
+        device,
+        workload,
+        batch_size,
+        step,
+        freq_mhz,
+        warmup_steps=warmup_steps,
+        steps=steps,
+        window=window,
     )
     return m, time_s, energy_j
 
@@ -568,12 +866,13 @@ def add_measured_cell(
     freqs = tuple(float(f) for f in device.gpu_freqs_mhz)
     if batch_size not in b_list or freq_mhz not in freqs:
         raise ValueError(f"batch-size / gpu-freq-mhz: ({batch_size}, {freq_mhz:g}) is not a cell")
-    m, time_s, energy_j, sigma_w = measure_cell_with_sigma(
+    cell_m = measure_cell_with_sigma(
         device, workload, batch_size, step, freq_mhz, warmup_steps=warmup_steps, steps=steps
     )
+    time_s, energy_j = cell_m.time_s, cell_m.energy_j
     tables = _new_tables((len(b_list), len(freqs)))
     i, j = b_list.index(batch_size), freqs.index(freq_mhz)
-    _record(tables, i, j, (m, sigma_w), batch_size, steps)
+    _record(tables, i, j, cell_m, batch_size)
     one = _lut_of(
         device,
         workload,

@@ -93,12 +93,73 @@ def check_p_max_w(p_max_w: float | None) -> float:
 
 
 @dataclass(frozen=True)
+class SensorSpec:
+    """What a power sensor needs before one profiled cell's numbers mean something.
+
+    The profiler measures a cell until its steps cover ``min_window_s`` of device time and
+    the meter holds ``min_power_samples`` power samples (then until time and power settle,
+    ``fl_client.profiler.CellWindow``). ``update_period_s`` is how often the sensor's
+    reading changes (0: every reading is new, as on an emulated clock): samples taken
+    faster repeat a reading, so a backend sets ``min_window_s`` to at least
+    ``min_power_samples`` update periods (``fl_client.devices.sensors``, where each
+    backend's numbers and their sources are). ``source`` says where the numbers come from.
+    """
+
+    name: str  # e.g. "ina3221-sysfs", "jtop", "nvml-average", "twin"
+    min_window_s: float = 0.0
+    min_power_samples: int = 1
+    update_period_s: float = 0.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for key, value in (
+            ("min-window-s", self.min_window_s),
+            ("update-period-s", self.update_period_s),
+        ):
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            if not (ok and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{key}: must be a finite number of seconds ≥ 0, got {value!r}")
+        n = self.min_power_samples
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"min-power-samples: must be an integer ≥ 1, got {n!r}")
+
+    @property
+    def label(self) -> str:
+        """``ina3221-sysfs: ≥ 0.5 s and ≥ 10 power samples per cell``."""
+        if self.min_window_s == 0 and self.min_power_samples == 1:
+            return f"{self.name}: no window needed (one exact reading per step)"
+        return (
+            f"{self.name}: ≥ {self.min_window_s:g} s and ≥ {self.min_power_samples} power "
+            "samples per cell"
+        )
+
+    def window_for(self, step_time_s: float, steps: int) -> float:
+        """The measured window this sensor needs for a cell whose steps take ``step_time_s``
+        each and of which at least ``steps`` are measured: whole steps covering
+        ``min_window_s`` (the sample minimum is inside it: ``min_window_s`` spans at least
+        ``min_power_samples`` readings at the sampling rate the spec was made for)."""
+        if not (math.isfinite(step_time_s) and step_time_s > 0):
+            return math.nan
+        n = max(int(steps), math.ceil(self.min_window_s / step_time_s - 1e-9), 1)
+        return n * step_time_s
+
+
+#: An emulated clock's sensor: one exact reading per step, no window needed (the digital
+#: twin and replay tables report each step's modelled or tabled power as it is).
+EXACT_SENSOR = SensorSpec("exact", 0.0, 1, 0.0, "one exact reading per step (emulated clock)")
+
+
+@dataclass(frozen=True)
 class DeviceInfo:
     """What a node tells the server about itself in the QUERY round.
 
     ``b1_bands`` are B1's safe fixed frequencies per cap band (ascending in both cap and
     frequency; the last is normally the no-cap band), from the device kind's descriptor
     (``configs/devices/<kind>.toml``); empty when no descriptor knows this device.
+    ``sensor`` is what this device's power readings need per profiled cell (its window and
+    sample minimum); ``board_sensor``, on an emulated device (twin, replay) of a kind with a
+    descriptor, is the real board's sensor it stands in for: the profiler records the
+    window that board would have needed (``needed-window-s``), as a report only.
     """
 
     kind: str  # e.g. "jetson-nano"
@@ -107,6 +168,8 @@ class DeviceInfo:
     memory_bytes: int
     power_rail: str  # which rail the power readings (and the cap) refer to
     b1_bands: tuple[B1Band, ...] = ()
+    sensor: SensorSpec = EXACT_SENSOR
+    board_sensor: SensorSpec | None = None
 
     def __post_init__(self) -> None:
         for band in self.b1_bands:

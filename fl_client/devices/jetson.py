@@ -33,7 +33,8 @@ from fl_client.devices.base import (
     level_below,
 )
 from fl_client.devices.sampler import DEFAULT_CAP_WINDOW_S, DEFAULT_SAMPLE_RATE_HZ, SampledDevice
-from fl_client.devices.simulated import descriptor_b1_bands
+from fl_client.devices.sensors import SensorSpec, ina3221_sensor, jtop_sensor
+from fl_client.devices.simulated import descriptor_b1_bands, descriptor_board_sensor
 
 log = logging.getLogger(__name__)
 
@@ -523,6 +524,11 @@ class JtopPowerReader:
             )
         total = self._jtop.power.get("tot", {})
         self.rail_label = _rail_label(self._rails or [total.get("name", "total")], "jtop:")
+        # the service runs at the interval of its first client, which may not be ours
+        interval = getattr(self._jtop, "interval", None)
+        self.update_period_s = (
+            float(interval) if isinstance(interval, int | float) and interval > 0 else interval_s
+        )
 
     def read_power_w(self) -> float:
         if self._rails:
@@ -655,7 +661,16 @@ class JetsonDevice(SampledDevice):
             memory_bytes=memory_bytes(self.root),
             power_rail=self._power.rail_label,
             b1_bands=descriptor_b1_bands(kind),
+            sensor=self._sensor(kind),
         )
+
+    def _sensor(self, kind: str) -> SensorSpec:
+        """What the power reader needs per profiled cell: jtop's interval, or the board's
+        INA3221 (its descriptor's ``[sensor]`` numbers where it has one) at our rate."""
+        if isinstance(self._power, JtopPowerReader):
+            return jtop_sensor(self._power.update_period_s, self.sample_rate_hz)
+        board = descriptor_board_sensor(kind, self.sample_rate_hz)
+        return board if board is not None else ina3221_sensor(self.sample_rate_hz)
 
     def _take_over_leftover(self) -> DevfreqSettings | None:
         """Settings a killed run left behind are put back; None when there is nothing to do."""
@@ -752,6 +767,7 @@ class JetsonDevice(SampledDevice):
             "governor": now.governor,
             "memory-bytes": self._info.memory_bytes,
             "power-rail": self._info.power_rail,
+            "power-sensor": self._info.sensor.label,
             "rails-w": rails_w,
             "unreadable-rails": list(getattr(self._power, "problems", ())),
             "state-file": str(self._record.path),

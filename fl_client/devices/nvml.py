@@ -39,6 +39,7 @@ from fl_client.devices.base import (
     level_below,
 )
 from fl_client.devices.sampler import DEFAULT_CAP_WINDOW_S, DEFAULT_SAMPLE_RATE_HZ, SampledDevice
+from fl_client.devices.sensors import nvml_sensor
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +191,7 @@ class NvmlDevice(SampledDevice):
             gpu_freqs_mhz=freqs,
             memory_bytes=total_bytes,
             power_rail=POWER_RAIL,
+            sensor=nvml_sensor(self.power_reading, self.sample_rate_hz),
         )
 
     def _nvml_index(self, cuda_index: int) -> int:
@@ -421,6 +423,7 @@ class NvmlDevice(SampledDevice):
             "memory-bytes": self._info.memory_bytes,
             "power-rail": POWER_RAIL,
             "power-reading": self.power_reading,
+            "power-sensor": self._info.sensor.label,
             "power-w": self.read_power_w(),
             "energy-counter": self._has_energy_counter,
             "state-file": str(self._record.path),

@@ -33,7 +33,8 @@ from fl_client.devices.base import (
 )
 from fl_client.devices.emulated import EmulatedDevice, EmulatedMeter
 from fl_client.devices.sampler import CapGuard
-from fl_client.devices.simulated import descriptor_b1_bands
+from fl_client.devices.sensors import REPLAY_SENSOR
+from fl_client.devices.simulated import descriptor_b1_bands, descriptor_board_sensor
 
 BACKEND = "replay"
 #: Written into JSON tables; /2 added the knob column (power_limit_w) and
@@ -502,6 +503,8 @@ class ReplayDevice(EmulatedDevice):
             memory_bytes=memory,
             power_rail=next((t.power_rail for t in self._tables if t.power_rail), "replay"),
             b1_bands=descriptor_b1_bands(kind),
+            sensor=REPLAY_SENSOR,
+            board_sensor=descriptor_board_sensor(kind),
         )
         self._locked_mhz: float | None = None
 

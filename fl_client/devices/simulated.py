@@ -68,11 +68,20 @@ from fl_client.devices.base import (
     B1Band,
     DeviceInfo,
     InvalidFrequencyError,
+    SensorSpec,
     Workload,
     level_below,
 )
 from fl_client.devices.emulated import EmulatedDevice, EmulatedMeter
-from fl_client.devices.sampler import CapGuard
+from fl_client.devices.sampler import DEFAULT_SAMPLE_RATE_HZ, CapGuard
+from fl_client.devices.sensors import (
+    INA3221_SOURCE,
+    INA3221_UPDATE_PERIOD_S,
+    INSTANT_MIN_POWER_SAMPLES,
+    REAL_MIN_WINDOW_S,
+    TWIN_SENSOR,
+    ina3221_sensor,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -147,6 +156,13 @@ class DeviceSpec:
         x_p and β of the power activity a(x).
     time_noise, power_noise : float
         Relative standard deviation of the twin's step time and power sensor.
+    sensor_update_period_s, sensor_min_power_samples, sensor_min_window_s : float, int, float
+        The real board's power sensor (its INA3221 read over sysfs, as the ``jetson``
+        backend reads it): how often its reading changes, the least power samples and the
+        least window per profiled cell (TOML ``[sensor]`` ``update-period-s``,
+        ``min-power-samples``, ``min-window-s``; defaults in ``fl_client.devices.sensors``).
+        The twin itself needs no window (one exact reading per step); it reports the window
+        the board would have needed (``board_sensor``).
     source : str
         The file the spec was read from.
     """
@@ -176,6 +192,9 @@ class DeviceSpec:
     power_exponent: float
     time_noise: float
     power_noise: float
+    sensor_update_period_s: float = INA3221_UPDATE_PERIOD_S
+    sensor_min_power_samples: int = INSTANT_MIN_POWER_SAMPLES
+    sensor_min_window_s: float = REAL_MIN_WINDOW_S
     source: str = field(default="", compare=False)
 
     @property
@@ -187,7 +206,8 @@ class DeviceSpec:
         return self.gpu_freqs_mhz[0]
 
     def info(self) -> DeviceInfo:
-        """The QUERY-round descriptor of this twin (with its B1 bands)."""
+        """The QUERY-round descriptor of this twin (with its B1 bands; its sensor is exact,
+        and ``board_sensor`` the real board's, at the default sampling rate)."""
         return DeviceInfo(
             kind=self.kind,
             backend=BACKEND,
@@ -195,6 +215,19 @@ class DeviceSpec:
             memory_bytes=self.memory_bytes,
             power_rail=self.power_rail,
             b1_bands=self.b1_freq_caps,
+            sensor=TWIN_SENSOR,
+            board_sensor=self.board_sensor(),
+        )
+
+    def board_sensor(self, sample_rate_hz: float = DEFAULT_SAMPLE_RATE_HZ) -> SensorSpec:
+        """The real board's power sensor (INA3221 over sysfs) sampled at ``sample_rate_hz``."""
+        where = f"; numbers of {Path(self.source).name}" if self.source else ""
+        return ina3221_sensor(
+            sample_rate_hz,
+            update_period_s=self.sensor_update_period_s,
+            min_power_samples=self.sensor_min_power_samples,
+            min_window_s=self.sensor_min_window_s,
+            source=INA3221_SOURCE + where,
         )
 
     def b1_freq_cap_mhz(self, p_max_w: float | None) -> float:
@@ -268,6 +301,18 @@ def load_device_spec(kind: str, config_dir: Path | str | None = None) -> DeviceS
     return parse_device_spec(data, str(path), kind)
 
 
+def descriptor_board_sensor(
+    kind: str,
+    sample_rate_hz: float = DEFAULT_SAMPLE_RATE_HZ,
+    config_dir: Path | str | None = None,
+) -> SensorSpec | None:
+    """The board's INA3221 of ``kind`` from its descriptor, sampled at ``sample_rate_hz``;
+    None when no descriptor names this kind (a malformed one raises ``DeviceSpecError``)."""
+    if not kind or kind not in available_device_kinds(config_dir):
+        return None
+    return load_device_spec(kind, config_dir).board_sensor(sample_rate_hz)
+
+
 def descriptor_b1_bands(kind: str, config_dir: Path | str | None = None) -> tuple[B1Band, ...]:
     """B1 bands of ``kind`` from its descriptor ``<config_dir>/<kind>.toml``, for any backend.
 
@@ -320,6 +365,11 @@ class _Reader:
             hi = "" if math.isinf(high) else f" and ≤ {high:g}"
             raise self.error(name, f"must be a finite number {lo}{hi}, got {value!r}")
         return x
+
+    def optional(self, name: str) -> bool:
+        """Whether the optional key ``name`` is given (it counts as known either way)."""
+        self.used.add(name)
+        return name in self.data
 
     def integer(self, name: str) -> int:
         value = self.raw(name)
@@ -438,6 +488,7 @@ def parse_device_spec(data: Mapping[str, Any], where: str, kind: str | None = No
         power_exponent=par.number("power-exponent"),
         time_noise=sensor.number("time-noise", open_low=False, high=0.2),
         power_noise=sensor.number("power-noise", open_low=False, high=0.2),
+        **_board_sensor_fields(sensor),
         source=where,
     )
     if spec.voltage_max_v < spec.voltage_min_v:
@@ -445,6 +496,18 @@ def parse_device_spec(data: Mapping[str, Any], where: str, kind: str | None = No
     for reader in (power, time, par, sensor, top):
         reader.finish()
     return spec
+
+
+def _board_sensor_fields(sensor: _Reader) -> dict[str, Any]:
+    """The optional ``[sensor]`` keys of the real board's power sensor (else the defaults)."""
+    out: dict[str, Any] = {}
+    if sensor.optional("update-period-s"):
+        out["sensor_update_period_s"] = sensor.number("update-period-s", high=60.0)
+    if sensor.optional("min-power-samples"):
+        out["sensor_min_power_samples"] = sensor.integer("min-power-samples")
+    if sensor.optional("min-window-s"):
+        out["sensor_min_window_s"] = sensor.number("min-window-s", open_low=False, high=600.0)
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -724,6 +787,7 @@ class SimulatedDevice(EmulatedDevice):
             "seed": self._seed,
             "noise": self._noise,
             "clock-s": self._clock_s,
+            "board-sensor": self._info.board_sensor.label if self._info.board_sensor else None,
             "source": spec.source,
         }
 

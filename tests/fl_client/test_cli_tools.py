@@ -9,13 +9,14 @@ import os
 import re
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from fl_client import cli_tools, task
+from fl_client import cli_tools, profiler, task
 from fl_client.contract import Cap
 from fl_client.devices import jetson as jetson_mod
 from fl_client.devices import safety
@@ -43,6 +44,19 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     with safety._lock:
         safety._active.clear()
     safety.uninstall_handlers()
+
+
+@pytest.fixture
+def no_settling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cells sized by the sensor's window and samples but not by settling: wall-clock step
+    times on a busy test machine can keep a cell going up to its cap (settling is tested on
+    scripted traces in tests/fl_client/test_profiler.py)."""
+    window = profiler.ProfileOptions.cell_window
+    monkeypatch.setattr(
+        profiler.ProfileOptions,
+        "cell_window",
+        lambda self, device: replace(window(self, device), settle_tolerance=math.inf),
+    )
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -93,6 +107,15 @@ def test_profile_on_the_twin_writes_and_prints_the_lut(
     row8 = next(line for line in out.splitlines() if line.split()[:1] == ["8"])
     assert row8.split()[1:] == [f"{1e3 * x:.4g}" for x in lut.time_per_sample_s[1]]
     assert f"{lut.peak_power_w[0, -1]:.2f}" in out
+    # how each cell was measured, and the window the real board would have needed (a report)
+    assert "power samples per cell" in out and "measured window per cell (s)" in out
+    assert "window the real board's power sensor would need per cell (s)" in out
+    assert (lut.power_samples == 1).all() and (lut.needed_window_s >= 0.5).all()
+    board_s = lut.board_profile_time_s
+    assert board_s is not None and board_s > lut.profile_time_s
+    assert f"profiling these cells would take about {board_s:.1f} s" in out
+    assert f"simulated took {lut.profile_time_s:.1f} s, report only" in out
+    assert "real board's power sensor: ina3221-sysfs: ≥ 0.5 s and ≥ 10 power samples" in out
     # the replay table holds the same cells, per step
     replay = ReplayDevice.from_file(replay_path)
     [table] = replay.tables
@@ -218,11 +241,12 @@ def test_a_nodes_own_cached_lut_serves_select_with_the_same_cap(
 
 
 def test_profile_on_a_fake_jetson_measures_the_board_rail_and_restores(
-    tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str], no_settling: None
 ) -> None:
     fake = build_tree(tmp_path / "root", "nano-jp4")
     argv = ["profile", "--backend", "jetson", "--sysfs-root", str(fake.root), "--model", "cnn"]
     argv += ["--batch-sizes", "4", "--sample-rate-hz", "200", "--cache-dir", str(tmp_path), *FAST]
+
     code, out, err = run([*argv, "--json"], capsys)
     assert code == 0, err
     lut = LUT.from_json(out)
@@ -230,6 +254,9 @@ def test_profile_on_a_fake_jetson_measures_the_board_rail_and_restores(
     assert lut.freqs_mhz == pytest.approx(NANO_MHZ)
     # POM_5V_IN reads 3149 mW on the fake board, whatever the frequency
     assert np.allclose(lut.peak_power_w, 3.149) and np.allclose(lut.avg_power_w, 3.149)
+    # the board's INA3221 over sysfs: every cell measured for ≥ 0.5 s and ≥ 10 samples
+    assert (lut.window_s >= 0.5).all() and (lut.power_samples >= 10).all()
+    assert (lut.settled == 1).all() and np.isnan(lut.needed_window_s).all()  # a real board
     assert "written to" in err
     assert (fake.min_hz, fake.max_hz) == (76_800_000, 921_600_000)  # restored
     assert safety.leftover_states(state_dir) == []
@@ -257,21 +284,26 @@ def test_profile_without_write_permission_is_a_clear_error(
 
 
 def test_profile_nvml_measure_only_compares_energy_counter_and_samples(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    no_settling: None,
 ) -> None:
-    gpu = FakeGpu()
+    gpu = FakeGpu(instant_power_mw=123_456)  # instantaneous readings: 1 s per cell
     monkeypatch.setitem(sys.modules, "pynvml", make_fake_pynvml(gpu))
     monkeypatch.setattr("os.geteuid", lambda: 1000)  # not root: measure-only
     argv = ["profile", "--backend", "nvml", "--model", "cnn", "--batch-sizes", "4,8"]
     code, out, err = run([*argv, "--cache-dir", str(tmp_path), *FAST], capsys)
     assert code == 0, err
     assert "power rail: nvml:gpu-board" in out
+    assert "power sensor: nvml-instant: ≥ 1 s and ≥ 10 power samples per cell" in out
     assert re.search(r"energy check: device counter \d+\.\d\d J, integrated sampled power "
                      r"\d+\.\d\d J, difference [+-]\d+\.\d\d%", out)  # fmt: skip
     [path] = list(tmp_path.glob("lut_*.json"))
     lut = LUT.load(path)
     assert lut.freqs_mhz == (1755.0,)  # the one clock it runs at
     assert np.allclose(lut.peak_power_w, 123.456)
+    assert (lut.window_s >= 1.0).all() and (lut.power_samples >= 10).all()
     assert not any(name == "nvmlDeviceSetGpuLockedClocks" for name, _ in gpu.calls)
 
 

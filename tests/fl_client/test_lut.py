@@ -17,6 +17,7 @@ import pytest
 from fl_client.devices.base import Workload
 from fl_client.devices.replay import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W
 from fl_client.lut import (
+    CELL_TABLES,
     LUT,
     LUT_VERSION,
     LUTFormatError,
@@ -148,7 +149,11 @@ def test_json_round_trip_keeps_nan_cells_and_metadata(p_max_w: float | None, mar
         (lambda r: r["peak-sigma-w"][-1].__setitem__(-1, 0.1), "not profiled"),
         (lambda r: r.update({"peak-sigma-w": "0.1"}), "peak-sigma-w: wrong type"),
         (lambda r: r.update({"knob": "voltage"}), "knob: unknown value"),
-        (lambda r: r.update({"version": 2}), r"\['peak-sigma-w'\] are not keys of a version 2"),
+        (
+            lambda r: r.update({"version": 2}),
+            r"\['peak-sigma-w', 'power-samples', 'settled', 'window-s'\] are not keys of a "
+            "version 2",
+        ),
     ],
 )
 def test_from_json_is_strict(edit: Callable[[dict[str, Any]], object], message: str) -> None:
@@ -165,11 +170,18 @@ def test_from_json_rejects_non_json() -> None:
         LUT.from_json("[]")
 
 
+def _drop_cell_tables(rec: dict[str, Any]) -> None:
+    """Take out the per-cell tables of how cells were measured (new in version 3)."""
+    for key in CELL_TABLES.values():
+        rec.pop(key, None)
+
+
 def test_a_version_1_file_reads_as_its_cap_with_margin_0() -> None:
     """Version 1 stored the cap less its margin as ``p-max-w`` and had no ``cap-margin``."""
     rec = json.loads(_profiled(4.75).to_json())
     rec["version"] = 1
     del rec["cap-margin"], rec["peak-sigma-w"]
+    _drop_cell_tables(rec)
     old = LUT.from_json(json.dumps(rec))
     assert (old.p_max_w, old.cap_margin, old.grid) == (4.75, 0.0, "efficient")
     assert old.selection_cap_w == 4.75
@@ -180,6 +192,7 @@ def test_a_version_1_file_reads_as_its_cap_with_margin_0() -> None:
     rec = json.loads(_profiled().to_json())
     rec["version"] = 1
     del rec["cap-margin"], rec["grid"], rec["peak-sigma-w"]
+    _drop_cell_tables(rec)
     assert LUT.from_json(json.dumps(rec)).grid == "full"
 
 
@@ -189,6 +202,7 @@ def test_a_version_2_file_reads_with_sigma_not_recorded_and_is_written_as_before
     rec = json.loads(_profiled(3.5).to_json())
     rec["version"] = 2
     del rec["peak-sigma-w"]
+    _drop_cell_tables(rec)
     text = json.dumps(rec, indent=1)
     old = LUT.from_json(text)
     assert np.isnan(old.peak_sigma_w).all()
@@ -494,3 +508,93 @@ def test_scale_cells_scales_every_measured_cell() -> None:
     for bad in (0.0, -1.0, math.inf, math.nan):
         with pytest.raises(ValueError, match="time-factor"):
             scale_cells(lut, time_factor=bad, peak_factor=1.0, avg_factor=1.0)
+
+
+# ------------------------------------------------------------------ how cells were measured
+
+
+def test_the_per_cell_window_tables_round_trip() -> None:
+    lut = _profiled(3.5)
+    measured = ~np.isnan(lut.time_per_sample_s)
+    for name in CELL_TABLES:
+        table = getattr(lut, name)
+        assert np.isnan(table[~measured]).all()
+    # the fake's sensor is exact: at least the 3 steps, one sample each; no real board
+    assert (lut.power_samples[measured] >= 3).all() and (lut.settled[measured] == 1).all()
+    assert (lut.window_s[measured] > 0).all() and np.isnan(lut.needed_window_s).all()
+    rec = json.loads(lut.to_json())
+    assert rec["version"] == 3 and "needed-window-s" not in rec  # only what was recorded
+    assert {"power-samples", "window-s", "settled"} <= set(rec)
+    back = LUT.from_json(lut.to_json())
+    for name in CELL_TABLES:
+        np.testing.assert_array_equal(getattr(back, name), getattr(lut, name))
+    assert back.to_json() == lut.to_json()
+    # with the board's window (an emulated device): it too
+    needed = np.where(measured, 0.5, np.nan)
+    twin = LUT(**{**_lut_fields(lut), "window_s": lut.window_s, "needed_window_s": needed,
+                  "profile_time_s": lut.profile_time_s})  # fmt: skip
+    again = LUT.from_json(twin.to_json())
+    np.testing.assert_array_equal(again.needed_window_s, needed)
+    expected = twin.profile_time_s - np.nansum(twin.window_s) + 0.5 * twin.cells_profiled
+    assert again.board_profile_time_s == pytest.approx(expected)
+    assert lut.board_profile_time_s is None  # no board recorded
+
+
+def test_a_version_3_file_without_window_tables_still_loads() -> None:
+    """Version 3 files written before the window tables existed (σ, knob only)."""
+    rec = json.loads(_profiled(3.5).to_json())
+    _drop_cell_tables(rec)
+    text = json.dumps(rec, indent=1)
+    old = LUT.from_json(text)
+    for name in CELL_TABLES:
+        assert np.isnan(getattr(old, name)).all()
+    assert old.to_json() == text and old.cells_unsettled == 0
+    assert old.board_profile_time_s is None
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("settled", 0.5, "settled: must be 1"),
+        ("power-samples", 2.5, "whole numbers"),
+        ("window-s", -0.1, "window-s: measured cells must be finite"),
+        ("needed-window-s", "x", "numbers or null"),
+    ],
+)
+def test_the_window_tables_are_checked(key: str, value: object, message: str) -> None:
+    lut = _profiled(3.5)
+    rec = json.loads(lut.to_json())
+    measured = ~np.isnan(lut.time_per_sample_s)
+    i, j = map(int, np.argwhere(measured)[0])
+    if key not in rec:
+        rec[key] = [[None] * len(row) for row in rec["time-per-sample-s"]]
+    rec[key][i][j] = value
+    with pytest.raises(LUTFormatError, match=message):
+        LUT.from_json(json.dumps(rec))
+    rec = json.loads(lut.to_json())
+    i, j = map(int, np.argwhere(~measured)[0])
+    rec["window-s"][i][j] = 1.0
+    with pytest.raises(LUTFormatError, match="window-s: a value in a cell that was not profiled"):
+        LUT.from_json(json.dumps(rec))
+    rec = json.loads(lut.to_json())
+    rec["power-samples"] = rec["power-samples"][:-1]
+    with pytest.raises(LUTFormatError, match="power-samples: shape"):
+        LUT.from_json(json.dumps(rec))
+
+
+def test_merge_cells_carries_how_each_cell_was_measured() -> None:
+    lut = _profiled()
+    row = profile(FakeDevice(a_w=2.0), WORKLOAD, [32], CountingSteps(), progress=False,
+                  min_power_samples=7)  # fmt: skip
+    merged = merge_cells(lut, row, overwrite=True)
+    i = B6.index(32)
+    assert (merged.power_samples[i] == 7).all() and (row.power_samples == 7).all()
+    np.testing.assert_array_equal(merged.window_s[i], row.window_s[0])
+    np.testing.assert_array_equal(np.delete(merged.power_samples, i, 0),
+                                  np.delete(lut.power_samples, i, 0))  # fmt: skip
+    # an older LUT without the tables, merged with one that has them
+    plain = LUT(**{k: v for k, v in _lut_fields(lut).items() if k not in CELL_TABLES})
+    half = merge_cells(plain, row, overwrite=True)
+    assert (half.power_samples[i] == 7).all() and np.isnan(
+        np.delete(half.power_samples, i, 0)
+    ).all()

@@ -20,17 +20,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fl_client.devices.base import (
+    EXACT_SENSOR,
     Device,
     DeviceInfo,
     InvalidFrequencyError,
     Measurement,
+    SensorSpec,
     Workload,
 )
 from fl_client.devices.replay import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W
 from fl_client.lut import LUT, LUTKey, load_on_demand, on_demand_key
 from fl_client.profiler import (
+    MAX_WINDOW_S,
     WALK_EXTRA_INFEASIBLE,
     WALK_STOP_IN_A_ROW,
+    CellWindow,
     ProfileOptions,
     _efficient_row,
     add_measured_cell,
@@ -207,10 +211,21 @@ def test_full_grid_measures_every_cell_without_warmup_effects() -> None:
 
 def test_without_warmup_the_cold_step_shows() -> None:
     dev = FakeDevice()
-    lut = _profile(dev, warmup_steps=0, steps=2)
+    lut = _profile(dev, warmup_steps=0, steps=2, sizing="fixed")
     b, f = B6[0], NANO_FREQS_MHZ[0]
     assert lut.peak_power_w[0, 0] == pytest.approx(dev.power_w(b, f) + 5.0)
     assert lut.time_per_sample_s[0, 0] == pytest.approx(dev.time_per_sample_s(b, f) * 11 / 2)
+    assert (lut.settled == 1).all() and (lut.power_samples == 2).all()
+    # sized by the sensor, the cold step keeps the cell going until the running means
+    # settle: its share of the cell's time shrinks (its peak stays: a warm-up is needed)
+    sized = _profile(FakeDevice(), warmup_steps=0, steps=2)
+    assert lut.time_per_sample_s[0, 0] > sized.time_per_sample_s[0, 0]
+    assert sized.time_per_sample_s[0, 0] < 1.1 * dev.time_per_sample_s(b, f)
+    assert sized.power_samples[0, 0] > 100 and sized.settled[0, 0] == 1
+    # the slowest cells (1.8 s steps) reach the 30 s cap first: marked unsettled
+    at_cap = sized.window_s >= MAX_WINDOW_S
+    assert at_cap.any() and (sized.settled[at_cap] == 0).all()
+    assert (sized.settled[~at_cap] == 1).all() and sized.cells_unsettled == at_cap.sum()
 
 
 def test_profile_time_is_device_time_including_warmup_and_switches() -> None:
@@ -381,10 +396,11 @@ def test_the_walk_stops_at_its_third_infeasible_cell_even_when_they_are_apart() 
 def test_sigma_of_the_per_step_peaks_is_recorded_for_every_measured_cell() -> None:
     # 1 warm-up + 3 measured steps per cell: the measured steps get three consecutive
     # values of the jitter's cycle, whose σ (ddof = 1) is 0.3 W.
+    # (fixed: sized by settling, the jitter of ±0.3 W on ~1-7 W keeps cells going)
     jitter = (0.0, 0.3, -0.3)
-    full = _profile(FakeDevice(jitter_w=jitter))
+    full = _profile(FakeDevice(jitter_w=jitter), sizing="fixed")
     np.testing.assert_allclose(full.peak_sigma_w, 0.3)
-    eff = _profile(FakeDevice(jitter_w=jitter), p_max_w=5.0)
+    eff = _profile(FakeDevice(jitter_w=jitter), p_max_w=5.0, sizing="fixed")
     measured = ~np.isnan(eff.time_per_sample_s)
     np.testing.assert_allclose(eff.peak_sigma_w[measured], 0.3)
     assert np.isnan(eff.peak_sigma_w[~measured]).all()
@@ -394,7 +410,9 @@ def test_sigma_of_the_per_step_peaks_is_recorded_for_every_measured_cell() -> No
     assert (_profile(FakeDevice()).peak_sigma_w == 0).all()
     assert np.isnan(_profile(FakeDevice(), steps=1).peak_sigma_w).all()
     # a cell measured on its own gets its σ too
-    m = measure_cell_with_sigma(FakeDevice(jitter_w=jitter), WORKLOAD, 8, lambda: None, 76.8)
+    m = measure_cell_with_sigma(
+        FakeDevice(jitter_w=jitter), WORKLOAD, 8, lambda: None, 76.8, window=CellWindow.fixed(3)
+    )
     assert m.peak_sigma_w == pytest.approx(0.3) and m.measurement.steps == 3
 
 
@@ -749,3 +767,189 @@ def test_cells_measured_on_demand_accumulate_and_are_cached_apart(tmp_path: Path
     assert path not in others and len(others) == 2
     loaded = load_on_demand(tmp_path, device, WORKLOAD, B6)
     assert loaded is not None and loaded.to_json() == cells.to_json()
+
+
+# --------------------------------------------------------------------------- cell windows
+
+
+class TraceMeter:
+    """Steps from ``TraceDevice``'s script: step k takes ``time_of(k)`` and reads
+    ``power_of(k)`` (None: the sensor gave no sample in that step)."""
+
+    def __init__(self, device: TraceDevice) -> None:
+        self._device = device
+        self._m = Measurement()
+
+    def step(self, batch_size: int, fn: Callable[[], object]) -> None:
+        fn()
+        d = self._device
+        k = d.steps_run
+        d.steps_run += 1
+        dt, power_w = d.time_of(k), d.power_of(k)
+        d.clock_s += dt
+        m = self._m
+        m.time_s += dt
+        m.energy_j += (power_w if power_w is not None else d.last_power_w) * dt
+        if power_w is not None:
+            d.last_power_w = power_w
+            m.power_samples_w.append(power_w)
+            m.peak_power_w = max(m.peak_power_w, power_w)
+        m.steps += 1
+        m.samples += batch_size
+
+    @property
+    def measurement(self) -> Measurement:
+        return self._m
+
+
+class TraceDevice:
+    """One frequency, steps from a script, and a power sensor (``DeviceInfo.sensor``)."""
+
+    def __init__(
+        self,
+        time_of: Callable[[int], float],
+        power_of: Callable[[int], float | None] = lambda k: 5.0,
+        sensor: SensorSpec = EXACT_SENSOR,
+        board: SensorSpec | None = None,
+    ) -> None:
+        self.time_of, self.power_of = time_of, power_of
+        self.sensor, self.board = sensor, board
+        self.steps_run = 0
+        self.clock_s = 0.0
+        self.last_power_w = 0.0
+
+    @property
+    def info(self) -> DeviceInfo:
+        return DeviceInfo(
+            "trace", "fake", (100.0,), 1 << 30, "rail", sensor=self.sensor, board_sensor=self.board
+        )
+
+    @property
+    def gpu_freqs_mhz(self) -> tuple[float, ...]:
+        return (100.0,)
+
+    def current_gpu_freq_mhz(self) -> float:
+        return 100.0
+
+    def set_gpu_freq_mhz(self, freq_mhz: float) -> None:
+        assert freq_mhz == 100.0
+
+    def restore(self) -> None:
+        pass
+
+    def now_s(self) -> float:
+        return self.clock_s
+
+    @contextmanager
+    def measure(self, workload: Workload) -> Iterator[TraceMeter]:
+        yield TraceMeter(self)
+
+    def close(self) -> None:
+        pass
+
+
+def _cell(device: TraceDevice, **kw: Any) -> Any:
+    return measure_cell_with_sigma(device, WORKLOAD, 4, lambda: None, 100.0, warmup_steps=0, **kw)
+
+
+def test_a_slow_sensor_makes_the_cell_measure_until_its_window_and_samples() -> None:
+    # 0.1 s steps; the sensor wants 1 s and 5 samples
+    sensor = SensorSpec("slow", min_window_s=1.0, min_power_samples=5)
+    fast = _cell(TraceDevice(lambda k: 0.1, sensor=sensor))
+    assert fast.measurement.steps == 10 and fast.window_s == pytest.approx(1.0)  # the window
+    assert fast.power_samples == 10 and fast.settled
+    # ... a sensor with one reading every 4th step: 5 samples take 20 steps
+    slow = TraceDevice(lambda k: 0.1, lambda k: 5.0 if k % 4 == 3 else None, sensor=sensor)
+    cell = _cell(slow)
+    assert cell.measurement.steps == 20 and cell.power_samples == 5 and cell.settled
+    assert cell.window_s == pytest.approx(2.0) and cell.time_s == pytest.approx(2.0)
+    # the fixed count is only the lower bound; ``fixed`` measures exactly it
+    assert _cell(TraceDevice(lambda k: 0.1, sensor=sensor), steps=30).measurement.steps == 30
+    fixed = _cell(TraceDevice(lambda k: 0.1, sensor=sensor), window=CellWindow.fixed(3))
+    assert fixed.measurement.steps == 3
+    # the profiler records the samples, the window and that the cell settled
+    lut = profile(slow, WORKLOAD, [4], CountingSteps(), warmup_steps=0, progress=False)
+    assert lut.power_samples[0, 0] == 5 and lut.window_s[0, 0] == pytest.approx(2.0)
+    assert lut.settled[0, 0] == 1 and np.isnan(lut.needed_window_s).all()  # no board
+    # a window and sample minimum given in the options replace the sensor's
+    short = profile(TraceDevice(lambda k: 0.1, sensor=sensor), WORKLOAD, [4], CountingSteps(),
+                    warmup_steps=0, progress=False, min_window_s=0.5)  # fmt: skip
+    assert short.window_s[0, 0] == pytest.approx(0.5) and short.power_samples[0, 0] == 5
+
+
+def test_a_noisy_then_settled_trace_stops_at_settle() -> None:
+    # a transient (caches filling, clocks and power ramping), with noise, then steady
+    noisy = (0.3, 0.2, 0.16, 0.13, 0.115, 0.105)  # then 0.1 s per step
+    peaks = (8.0, 6.5, 6.0, 5.5, 5.2, 5.1)  # then 5 W
+
+    def trace() -> TraceDevice:
+        return TraceDevice(
+            lambda k: noisy[k] if k < len(noisy) else 0.1,
+            lambda k: peaks[k] if k < len(peaks) else 5.0,
+        )
+
+    cell = _cell(trace())
+    n = cell.measurement.steps
+    assert cell.settled and len(noisy) < n < 100  # past the noise, long before the cap
+    # settled: over the last quarter of the steps the running means moved by ≤ 2%
+    k = math.ceil(n / 4)
+    times = [noisy[i] if i < len(noisy) else 0.1 for i in range(n)]
+    assert abs(sum(times) / n - sum(times[: n - k]) / (n - k)) <= 0.02 * sum(times) / n
+    # one step fewer had not settled: it stopped at the first step that did
+    m = n - 1
+    k = math.ceil(m / 4)
+    t_prev = [noisy[i] if i < len(noisy) else 0.1 for i in range(m)]
+    p_prev = [peaks[i] if i < len(peaks) else 5.0 for i in range(m)]
+    moved = [abs(sum(v) / m - sum(v[: m - k]) / (m - k)) / (sum(v) / m) for v in (t_prev, p_prev)]
+    assert max(moved) > 0.02
+    # a steady trace stops at the fixed count; a looser tolerance stops sooner
+    assert _cell(TraceDevice(lambda k: 0.1)).measurement.steps == 3
+    assert _cell(trace(), window=CellWindow(3, settle_tolerance=0.1)).measurement.steps < n
+
+
+def test_the_hard_cap_marks_a_cell_unsettled() -> None:
+    def ramp() -> TraceDevice:  # every step 5% slower (a thermal ramp): never settles
+        return TraceDevice(lambda k: 0.01 * 1.05**k)
+
+    capped = _cell(ramp(), window=CellWindow(3, max_steps=50))
+    assert capped.measurement.steps == 50 and not capped.settled
+    by_time = _cell(ramp(), window=CellWindow(3, max_window_s=1.0))
+    assert (
+        not by_time.settled
+        and 1.0 <= by_time.window_s < 1.0 + 0.01 * 1.05**by_time.measurement.steps
+    )
+    lut = profile(ramp(), WORKLOAD, [4], CountingSteps(), warmup_steps=0, progress=False,
+                  max_steps=40)  # fmt: skip
+    assert lut.settled[0, 0] == 0 and lut.cells_unsettled == 1 and lut.power_samples[0, 0] == 40
+    back = LUT.from_json(lut.to_json())
+    assert back.settled[0, 0] == 0 and back.cells_unsettled == 1
+    # the caps are bounds: never below the fixed count
+    with pytest.raises(ValueError, match="max-steps: must be ≥ steps"):
+        CellWindow(10, max_steps=5)
+    assert ProfileOptions(steps=10, max_steps=5).cell_window(ramp()).max_steps == 10
+    for bad, message in (
+        ({"settle_tolerance": 0.0}, "settle-tolerance"),
+        ({"min_window_s": -1.0}, "min-window-s"),
+        ({"min_window_s": math.inf}, "min-window-s"),
+        ({"min_power_samples": 1.5}, "min-power-samples"),
+        ({"max_window_s": -1.0}, "max-window-s"),
+        ({"sizing": "adaptive"}, "sizing: unknown value"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            ProfileOptions(**bad)
+
+
+def test_an_emulated_device_reports_the_window_its_real_board_needs() -> None:
+    board = SensorSpec("board", min_window_s=0.5, min_power_samples=10)
+    dev = TraceDevice(lambda k: 0.02, board=board)
+    cell = _cell(dev)
+    assert cell.measurement.steps == 3 and cell.window_s == pytest.approx(0.06)
+    assert cell.needed_window_s == pytest.approx(0.5)  # 25 steps of 20 ms
+    lut = profile(TraceDevice(lambda k: 0.02, board=board), WORKLOAD, [4], CountingSteps(),
+                  warmup_steps=0, progress=False)  # fmt: skip
+    assert lut.needed_window_s[0, 0] == pytest.approx(0.5)
+    # reported, not charged: profiling time is the emulated clock's
+    assert lut.profile_time_s == pytest.approx(0.06)
+    assert lut.board_profile_time_s == pytest.approx(0.5)
+    # a step longer than the window: the measured steps are what the board needs
+    assert _cell(TraceDevice(lambda k: 0.4, board=board)).needed_window_s == pytest.approx(1.2)

@@ -566,3 +566,39 @@ def test_board_without_descriptor_has_no_b1_bands(
     assert dev.info.b1_freq_cap_mhz(math.inf) == 1300.5
     assert caplog.text.count("no frequency bands known for jetson-tx2") == 1
     dev.close()
+
+
+def test_the_power_sensor_says_what_a_profiled_cell_needs(
+    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # INA3221 over sysfs: the board's descriptor numbers, at this device's sampling rate
+    nano = open_jetson(build_tree(tmp_path / "nano", "nano-jp4"), state_dir)
+    assert nano.info.sensor.name == "ina3221-sysfs"
+    assert (nano.info.sensor.min_window_s, nano.info.sensor.min_power_samples) == (0.5, 10)
+    assert nano.info.board_sensor is None  # the real board: nothing to report
+    assert "0.5 s" in nano.describe()["power-sensor"]
+    nano.close()
+    slow = open_jetson(build_tree(tmp_path / "slow", "nano-jp4"), state_dir, sample_rate_hz=1.0)
+    assert slow.info.sensor.min_window_s == pytest.approx(10.0)  # 10 samples at 1 Hz
+    slow.close()
+    # a board without a descriptor: the INA3221 defaults
+    tx2 = JetsonDevice("", root=build_tree(tmp_path / "r", "tx2-jp4").root, state_dir=state_dir)
+    assert tx2.info.sensor.name == "ina3221-sysfs" and tx2.info.sensor.min_window_s == 0.5
+    tx2.close()
+    # jtop: readings change once per the service's interval (its own, not the one asked for)
+    monkeypatch.setitem(sys.modules, "jtop", types.SimpleNamespace(jtop=FakeJtop))
+    dev = open_jetson(build_tree(tmp_path / "jtop", "orin-nano-jp6", with_power=False), state_dir)
+    assert dev.info.sensor.name == "jtop" and dev.info.sensor.update_period_s == 0.1
+    assert dev.info.sensor.min_window_s == pytest.approx(0.5)  # 5 readings, 0.5 s floor
+    dev.close()
+
+    class SlowJtop(FakeJtop):  # another client started the service at 1 s
+        def __init__(self, interval: float = 1.0) -> None:
+            super().__init__(interval)
+            self.interval = 1.0
+
+    slow_service = SlowJtop
+    monkeypatch.setitem(sys.modules, "jtop", types.SimpleNamespace(jtop=slow_service))
+    dev = open_jetson(build_tree(tmp_path / "jtop1", "orin-nano-jp6", with_power=False), state_dir)
+    assert dev.info.sensor.update_period_s == 1.0 and dev.info.sensor.min_window_s == 5.0
+    dev.close()

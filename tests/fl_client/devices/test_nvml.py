@@ -395,6 +395,8 @@ def test_instant_power_is_read_where_offered(
     assert dev.power_reading == "instant"
     assert dev.read_power_w() == pytest.approx(250.5)  # not the ~1 s average (123.456)
     assert dev.describe()["power-reading"] == "instant"
+    # readings every ~100 ms: 10 of them per profiled cell take 1 s
+    assert dev.info.sensor.name == "nvml-instant" and dev.info.sensor.min_window_s == 1.0
     fake_gpu.instant_power_mw = None  # a refused read: that sample is the average
     assert dev.read_power_w() == pytest.approx(123.456)
     dev.close()
@@ -406,6 +408,10 @@ def test_average_power_where_instant_is_not_offered(
     dev = NvmlDevice()  # the fake GPU reports NOT_SUPPORTED for the field
     assert dev.power_reading == "average"
     assert dev.read_power_w() == pytest.approx(123.456)
+    # ~1 s averages: 5 of them per profiled cell take 5 s
+    sensor = dev.info.sensor
+    assert (sensor.name, sensor.min_window_s, sensor.min_power_samples) == ("nvml-average", 5, 5)
+    assert "5 s" in dev.describe()["power-sensor"]
     dev.close()
     del fake_pynvml.nvmlDeviceGetFieldValues  # an old pynvml without field values
     fake_gpu.instant_power_mw = 250_500

@@ -151,6 +151,10 @@ NANO_TOML = (SHIPPED / "jetson-nano.toml").read_text()
             r"nvpmodel-budgets-w: expected a table",
         ),
         ("[power]", "[power", r"not valid TOML"),
+        ("min-power-samples = 10", "min-power-samples = 0", r"sensor\.min-power-samples: exp"),
+        ("min-window-s = 0.5", "min-window-s = -1", r"sensor\.min-window-s: must be a finite"),
+        ("min-window-s = 0.5", "min-windw-s = 0.5", r"sensor\.min-windw-s: unknown key.*min-w"),
+        ("update-period-s = 0.0066", "update-period-s = 0", r"sensor\.update-period-s: must"),
     ],
 )
 def test_malformed_descriptor_errors_name_file_and_key(
@@ -507,3 +511,46 @@ def test_describe_and_a_copied_descriptor_folder(tmp_path: Path, nano: DeviceSpe
     assert load_device_spec("jetson-nano", tmp_path) == nano  # ``source`` is not compared
     info = SimulatedDevice(nano, seed=5).describe()
     assert info["kind"] == "jetson-nano" and info["seed"] == 5 and info["clock-s"] == 0.0
+
+
+def test_the_twin_reports_the_window_its_real_board_would_need(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nano: DeviceSpec, flops: dict[str, float]
+) -> None:
+    """The twin needs no window (one exact reading per step) and profiles as before; per
+    cell it reports the window the board's INA3221 would have needed, never charged."""
+    from fl_client.profiler import profile
+
+    dev = SimulatedDevice(nano, noise=False)
+    assert dev.info.sensor.name == "twin" and dev.info.sensor.min_window_s == 0.0
+    board = dev.info.board_sensor
+    assert board is not None and board.name == "ina3221-sysfs"
+    assert (board.min_window_s, board.min_power_samples) == (0.5, 10)
+    assert board.update_period_s == pytest.approx(0.0066)
+    assert "0.5 s" in str(dev.describe()["board-sensor"])
+    cnn = Workload("cnn", task.IMAGE_SHAPE, flops["cnn"])
+    lut = profile(dev, cnn, [4, 128], lambda b: lambda: None, progress=False)
+    assert (lut.power_samples == 3).all() and (lut.settled == 1).all()  # noiseless: 3 steps
+    step_s = lut.window_s / 3
+    # whole steps covering the board's 0.5 s, at least the 3 measured
+    expected = np.maximum(np.ceil(0.5 / step_s - 1e-9), 3) * step_s
+    np.testing.assert_allclose(lut.needed_window_s, expected)
+    assert (lut.needed_window_s >= 0.5 - 1e-9).all() and (lut.needed_window_s >= lut.window_s).all()
+    # a report only: the twin's profiling time is its own clock's
+    assert lut.profile_time_s == pytest.approx(dev.now_s())
+    board_s = lut.board_profile_time_s
+    assert board_s is not None and board_s > 3 * lut.profile_time_s
+    assert board_s == pytest.approx(
+        lut.profile_time_s - lut.window_s.sum() + lut.needed_window_s.sum()
+    )
+    # a descriptor may give its board's sensor other numbers
+    text = NANO_TOML.replace("min-window-s = 0.5", "min-window-s = 2.0")
+    text = text.replace("update-period-s = 0.0066", "update-period-s = 0.5")
+    (tmp_path / "jetson-nano.toml").write_text(text)
+    monkeypatch.setenv(CONFIG_DIR_ENV, str(tmp_path))
+    slow = load_device_spec("jetson-nano")
+    assert slow.board_sensor().min_window_s == 5.0  # 10 readings 0.5 s apart
+    assert slow.board_sensor(sample_rate_hz=1000.0).update_period_s == 0.5
+    text = NANO_TOML.replace("update-period-s = 0.0066 ", "# ").replace("min-window-s", "# ")
+    (tmp_path / "jetson-nano.toml").write_text(text.replace("min-power-samples", "# "))
+    plain = load_device_spec("jetson-nano")  # the keys are optional: the INA3221 defaults
+    assert plain.board_sensor() == nano.board_sensor()
