@@ -50,6 +50,8 @@ class NodeContext:
             partitioning=s.partitioning,
             alpha=s.dirichlet_alpha,
             seed=s.seed,
+            dataset=s.dataset,
+            classes_per_node=s.classes_per_node,
         )
 
     def open_device(self, server_round: int = 0) -> Device:

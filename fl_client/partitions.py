@@ -46,6 +46,8 @@ LABEL = "label"
 INDEX = "index"
 #: File names of the split report in a run folder.
 SPLIT_PLOT = "split.png"
+#: Fleets larger than this get split.json only (a bar per node is unreadable beyond it).
+MAX_PLOT_NODES = 64
 SPLIT_JSON = "split.json"
 
 
@@ -288,14 +290,23 @@ class SplitReport:
     def header(self) -> str:
         return f"data split of {self.title()}; label counts of classes {' '.join(self.class_names)}"
 
-    def lines(self) -> list[str]:
-        """A header, then one line per node: name, samples, label histogram."""
+    def lines(self, most: int | None = None) -> list[str]:
+        """A header, then one line per node: name, samples, label histogram; with ``most``,
+        at most that many node lines and one line saying how many more ``split.json``
+        holds."""
         width = max(len(n) for n in self.names) if self.names else 4
         cw = max(3, *(len(str(v)) for row in self.counts for v in row)) if self.counts else 3
         out = [self.header()]
-        for name, row in zip(self.names, self.counts, strict=True):
+        rows = list(zip(self.names, self.counts, strict=True))
+        for name, row in rows[:most]:
             hist = " ".join(f"{v:>{cw}d}" for v in row)
             out.append(f"  {name:<{width}}  {sum(row):>6d} samples  [{hist}]")
+        if most is not None and len(rows) > most:
+            sizes = self.sizes()
+            out.append(
+                f"  … and {len(rows) - most} more nodes ({min(sizes)}–{max(sizes)} samples "
+                f"each; every node in {SPLIT_JSON} in the run folder)"
+            )
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -317,6 +328,8 @@ class SplitReport:
         folder.mkdir(parents=True, exist_ok=True)
         data_path = folder / SPLIT_JSON
         data_path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        if len(self.names) > MAX_PLOT_NODES:  # one bar per node stops being readable
+            return [data_path]
         plot_path = folder / SPLIT_PLOT
         self.plot(plot_path)
         return [data_path, plot_path]

@@ -36,8 +36,7 @@ __all__ = [
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-PARTITIONINGS = ("iid", "dirichlet")
-DATASETS = ("digits",)
+PARTITIONINGS = ("iid", "dirichlet", "pathological")
 #: The ``model`` setting's values: the image models ``fl_client.task`` builds (its
 #: ``MODEL_NAMES``; a test keeps the two equal). Named here so that checking a command's
 #: settings never imports PyTorch.
@@ -217,8 +216,12 @@ class RunSettings:
     #: re-profiles its batch size's row up to the cap.
     drift_check_every: int = 0
     drift_threshold: float = 0.15
-    #: Where the server's data comes from (``digits``: scikit-learn's bundled digits).
+    #: The run's data (``digits``: scikit-learn's bundled digits; a data-kit subset such as
+    #: ``cifar10-subset``, an npz path or a Hugging Face dataset: ``task.load_splits``);
+    #: whether it can be used is checked before any engine starts (``task.check_dataset``).
     dataset: str = "digits"
+    #: Classes per node with ``partitioning = "pathological"``.
+    classes_per_node: int = 2
     #: r estimation (Eq. 3) on the proxy set: evaluate every ``r-eval-every-samples``
     #: training samples; a batch size that has not reached ``proxy-target-accuracy`` after
     #: ``r-max-samples`` is left out of B. The oracle uses the same two on a node's data.
@@ -302,7 +305,10 @@ class RunSettings:
             drift_threshold=_num(
                 {"drift-threshold": cfg.get("drift-threshold", 0.15)}, "drift-threshold", lo=0.0
             ),
-            dataset=_choice({"dataset": cfg.get("dataset", "digits")}, "dataset", DATASETS),
+            dataset=_dataset_name(cfg.get("dataset", "digits")),
+            classes_per_node=_int(
+                {"classes-per-node": cfg.get("classes-per-node", 2)}, "classes-per-node", lo=1
+            ),
             r_eval_every_samples=_int(
                 {"r-eval-every-samples": cfg.get("r-eval-every-samples", 256)},
                 "r-eval-every-samples",
@@ -327,6 +333,14 @@ class RunSettings:
             profile_steps_train=_bool(cfg, "profile-steps-train", False),
             allow_untrained_nodes=_bool(cfg, "allow-untrained-nodes", False),
         )
+
+
+def _dataset_name(value: object) -> str:
+    """A ``dataset`` setting is a non-empty name; whether it can be loaded is
+    ``task.check_dataset``'s to say (before any engine starts)."""
+    if not isinstance(value, str) or not value.strip():
+        raise SettingsError(f"dataset: must be a dataset name, got {value!r}")
+    return value.strip()
 
 
 def resolve_path(path: str, base: Path | None = None) -> Path:

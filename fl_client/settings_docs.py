@@ -60,9 +60,13 @@ RUN_HELP: dict[str, str] = {
     "and-node-config)); simulated node *i* is Flower partition *i*",
     "model": "`cnn` (a small CNN trained from scratch), `resnet18`, `mobilenetv2` "
     "(torchvision, adapted to 32×32)",
-    "dataset": "where the server's data comes from (`digits`: scikit-learn's bundled "
-    "digits, shaped 3×32×32)",
-    "partitioning": "how the clients' data is split over the nodes: `dirichlet` (non-IID) or `iid`",
+    "dataset": "the run's data: `digits` (scikit-learn's bundled digits, shaped 3×32×32, "
+    "offline), a data-kit subset (`cifar10-subset`, `mnist-subset` under `../shared/data`), an "
+    "npz path, or a Hugging Face dataset name or folder (10 classes; `HF_DATASETS_OFFLINE=1` "
+    "keeps it from downloading); checked before any engine starts",
+    "partitioning": "how the clients' data is split over the nodes, by Flower Datasets' "
+    "partitioners: `dirichlet` (non-IID), `iid` or `pathological` (`classes-per-node`)",
+    "classes-per-node": 'classes each node holds with `partitioning = "pathological"`',
     "dirichlet-alpha": 'the concentration of the Dirichlet split (`partitioning = "dirichlet"`)',
     "seed": "seeds the data split, the partitions, the twins' sensor noise and the training order",
     "num-rounds": "round budget: the run stops after this many rounds or at "

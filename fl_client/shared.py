@@ -127,7 +127,7 @@ def profile_cells(
             model, data[0], req.lr_ref, req.b_ref, seed=s.seed + req.server_round
         )
     factories: dict[int, Callable[[], object]] = {}
-    rows: list[tuple[float, float, float]] = []
+    rows: list[tuple[float, float, float, float]] = []
     cost = RoundCost()
     device = ctx.open_device(req.server_round)
     try:

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 def estimate_proxy_r(settings: RunSettings, rec: RunRecorder, state: dict[str, Any]) -> Any:
     """Eq. 3's r on the server's proxy set (cached), written to ``r.json`` and printed."""
-    splits = task.load_digits_splits(seed=settings.seed)
+    splits = task.load_splits(settings.dataset, seed=settings.seed)
     t0 = time.perf_counter()
     r_est = estimate_r(
         settings.model,
@@ -168,7 +168,7 @@ def run_server(
     rec.write("settings.json", dict(vars(settings)))
     model = task.build_model(settings.model)
     r_est = estimate_proxy_r(settings, rec, {k: v.clone() for k, v in model.state_dict().items()})
-    test_set = task.load_digits_splits(seed=settings.seed).test
+    test_set = task.load_splits(settings.dataset, seed=settings.seed).test
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> dict[str, float]:
         model.load_state_dict(arrays.to_torch_state_dict())

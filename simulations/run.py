@@ -15,10 +15,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fl_client.settings import (
     REPO_ROOT,
@@ -30,6 +30,12 @@ from fl_client.settings import (
     load_fleet,
     resolve_path,
 )
+
+if TYPE_CHECKING:
+    from fl_client.partitions import SplitReport
+
+#: Nodes shown in the console's data-split lines (all of them are in split.json).
+SPLIT_LINES = 16
 
 FLOWER_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",
@@ -81,22 +87,29 @@ def preflight(overrides: dict[str, Any]) -> tuple[RunSettings, list[NodeSettings
     return settings, fleet
 
 
-def check_partitions(settings: Any, num_nodes: int) -> None:
-    """Refuse a fleet the embedded data cannot be split over, before any engine starts."""
+def check_partitions(
+    settings: Any, num_nodes: int, names: Sequence[str] | None = None
+) -> SplitReport:
+    """Refuse a dataset that cannot be used (``dataset``) or a fleet its data cannot be split
+    over, before any engine starts; return each node's share (``task.split_report``)."""
     from fl_client import task
 
+    task.check_dataset(settings.dataset)
     try:
-        task.client_data(
-            0,
+        return task.split_report(
             num_nodes,
             partitioning=settings.partitioning,
             alpha=settings.dirichlet_alpha,
             seed=settings.seed,
+            dataset=settings.dataset,
+            classes_per_node=settings.classes_per_node,
+            names=names,
         )
-    except ValueError as err:
+    except ValueError as err:  # SettingsError too: the split's own checks name their key
+        pool = task.load_splits(settings.dataset, settings.seed).sizes()["pool"]
         raise SettingsError(
-            f"fleet: the {task.load_digits_splits(settings.seed).sizes()['pool']} training "
-            f"images cannot be split over {num_nodes} nodes: {err}"
+            f"fleet: the {pool} training images of {settings.dataset} cannot be split over "
+            f"{num_nodes} nodes: {err}"
         ) from None
 
 
@@ -111,7 +124,8 @@ def simulate(
     """
     overrides = with_app_paths(overrides)
     settings, fleet = preflight(overrides)
-    check_partitions(settings, len(fleet))
+    split = check_partitions(settings, len(fleet), [n.name for n in fleet])
+    print("\n".join(split.lines(most=SPLIT_LINES)), flush=True)
     from flwr.simulation import run_simulation
 
     from fl_client.client_app import make_client_app
@@ -140,7 +154,10 @@ def simulate(
             "the simulation finished without writing a summary: see the log above for the "
             "server's error"
         )
-    return summaries[-1]
+    summary = summaries[-1]
+    if summary.get("run-dir"):
+        split.save(Path(summary["run-dir"]))
+    return summary
 
 
 # ----------------------------------------------------------------------------- signals
