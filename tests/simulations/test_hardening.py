@@ -160,11 +160,17 @@ def test_the_wait_for_nodes_has_a_deadline_and_says_what_it_waits_for(
 
 
 def test_ctrl_c_ends_the_wait_for_nodes() -> None:
+    # Python's own Ctrl-C handler, whatever an earlier test's library left installed
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
     t0 = time.monotonic()
     timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        _strategy(3).query_fleet(_Grid(1), timeout_s=600.0)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _strategy(3).query_fleet(_Grid(1), timeout_s=30.0)  # type: ignore[arg-type]
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - t0 < 5
 
 
@@ -172,6 +178,8 @@ def test_ctrl_c_ends_the_wait_for_nodes() -> None:
 
 
 def test_interrupt_handlers_respect_ignored_signals() -> None:
+    # a test run started in the background has SIGINT ignored: start from Python's default
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         with run.interruptible():
@@ -180,6 +188,7 @@ def test_interrupt_handlers_respect_ignored_signals() -> None:
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 def test_a_signal_becomes_run_interrupted_with_the_shells_exit_code() -> None:
