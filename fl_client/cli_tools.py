@@ -53,17 +53,22 @@ def _error(command: str, message: object, err: TextIO) -> None:
     print(f"powerfl {command}: error: {message}", file=err)
 
 
-def parse_cap_margin(text: object) -> float:
-    """``--cap-margin``: a share of P_max in [0, 1)."""
+def _number_below(text: object, key: str, hi: float, allowed: str) -> float:
+    """A command-line number in [0, ``hi``); the error names ``key`` and what is allowed."""
     try:
         value = float(str(text))
     except ValueError:
         value = math.nan
-    if not 0.0 <= value < 1.0:
-        raise ValueError(
-            f"cap-margin: expected a number in [0, 1) (a share of P_max, e.g. 0.05), got {text!r}"
-        )
+    if not 0.0 <= value < hi:
+        raise ValueError(f"{key}: expected {allowed}, got {text!r}")
     return value
+
+
+def parse_cap_margin(text: object) -> float:
+    """``--cap-margin``: a share of P_max in [0, 1)."""
+    return _number_below(
+        text, "cap-margin", 1.0, "a number in [0, 1) (a share of P_max, e.g. 0.05)"
+    )
 
 
 def _add_cap_margin(p: argparse.ArgumentParser, what: str) -> None:
@@ -77,24 +82,12 @@ def _add_cap_margin(p: argparse.ArgumentParser, what: str) -> None:
 
 def parse_peak_sigma_k(text: object) -> float:
     """``--peak-sigma-k``: a finite number ≥ 0."""
-    try:
-        value = float(str(text))
-    except ValueError:
-        value = math.nan
-    if not 0.0 <= value < math.inf:
-        raise ValueError(f"peak-sigma-k: expected a finite number ≥ 0 (e.g. 2), got {text!r}")
-    return value
+    return _number_below(text, "peak-sigma-k", math.inf, "a finite number ≥ 0 (e.g. 2)")
 
 
 def parse_tie_tolerance(text: object) -> float:
     """``--tie-tolerance``: a share in [0, 1)."""
-    try:
-        value = float(str(text))
-    except ValueError:
-        value = math.nan
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"tie-tolerance: expected a number in [0, 1) (e.g. 0.02), got {text!r}")
-    return value
+    return _number_below(text, "tie-tolerance", 1.0, "a number in [0, 1) (e.g. 0.02)")
 
 
 def _add_peak_sigma_k(p: argparse.ArgumentParser, what: str) -> None:

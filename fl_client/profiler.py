@@ -820,29 +820,11 @@ def measure_cell_with_sigma(
     )
 
 
-def measure_cell(
-    device: Device,
-    workload: Workload,
-    batch_size: int,
-    step: Callable[[], object],
-    freq_mhz: float,
-    *,
-    warmup_steps: int = 1,
-    steps: int = 3,
-    window: CellWindow | None = None,
-) -> tuple[Measurement, float, float]:
-    """``measure_cell_with_sigma`` without σ: the measurement, device time and energy."""
-    m, time_s, energy_j, _ = measure_cell_with_sigma(
-        device,
-        workload,
-        batch_size,
-        step,
-        freq_mhz,
-        warmup_steps=warmup_steps,
-        steps=steps,
-        window=window,
-    )
-    return m, time_s, energy_j
+def measure_cell(*args: Any, **kwargs: Any) -> tuple[Measurement, float, float]:
+    """``measure_cell_with_sigma`` (same parameters) without σ: the measurement, device
+    time and energy."""
+    cell = measure_cell_with_sigma(*args, **kwargs)
+    return cell.measurement, cell.time_s, cell.energy_j
 
 
 def add_measured_cell(

@@ -887,32 +887,13 @@ def select_power_aware(
     )
 
 
-def select_oracle(
-    lut_time_s: npt.ArrayLike,
-    lut_power_w: npt.ArrayLike,
-    batch_sizes: Sequence[int],
-    freqs_mhz: Sequence[float],
-    r: Sequence[float],
-    p_max_w: float | str | None,
-    *,
-    cap_margin: float = 0.0,
-    rule: SelectionRule = DEFAULT_RULE,
-) -> Selection:
+def select_oracle(*args: Any, **kwargs: Any) -> Selection:
     """The paper's "fastest configuration": Eq. 4 with r measured on the client's own data.
 
-    Same parameters as ``select_power_aware``; ``r`` is the true r of the target data.
-    Returns a Selection with ``method="oracle"``.
+    ``select_power_aware`` with the same parameters (``r`` is the true r of the target
+    data); the Selection has ``method="oracle"``.
     """
-    return select_eq4(
-        Tables(lut_time_s, lut_power_w),
-        batch_sizes,
-        freqs_mhz,
-        r,
-        p_max_w,
-        cap_margin=cap_margin,
-        rule=rule,
-        method="oracle",
-    )
+    return dataclasses.replace(select_power_aware(*args, **kwargs), method="oracle")
 
 
 # --------------------------------------------------------------------------- baselines
