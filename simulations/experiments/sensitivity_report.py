@@ -43,6 +43,8 @@ class Grid:
     peak_power_w: np.ndarray
     avg_power_w: np.ndarray
     b1_freq_mhz: dict[Cap, float | None]
+    #: σ of each cell's per-step peaks (NaN: not recorded, as in records before LUT format 3)
+    peak_sigma_w: np.ndarray | None = None
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> Grid:
@@ -54,11 +56,19 @@ class Grid:
             peak_power_w=np.asarray(lut["peak-power-w"], dtype=float),
             avg_power_w=np.asarray(rec["avg-power-w"], dtype=float),
             b1_freq_mhz={kit.cap_of(k): v for k, v in rec["b1-freq-mhz"].items()},
+            peak_sigma_w=(
+                np.asarray(lut["peak-sigma-w"], dtype=float) if "peak-sigma-w" in lut else None
+            ),
         )
 
-    def rows(self, sizes: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    def rows(self, sizes: list[int]) -> selector.Tables:
+        """The rows of ``sizes`` as the node's selector reads them: time, peak and average
+        power and σ of the per-step peaks (the robust feasibility of ``peak-sigma-k``)."""
         idx = [self.batch_sizes.index(b) for b in sizes]
-        return self.time_per_sample_s[idx], self.peak_power_w[idx]
+        sigma = None if self.peak_sigma_w is None else self.peak_sigma_w[idx]
+        return selector.Tables(
+            self.time_per_sample_s[idx], self.peak_power_w[idx], self.avg_power_w[idx], sigma
+        )
 
     def cell(self, b: int, f_mhz: float) -> tuple[float, float]:
         """(time per sample s, average power W) at (b, f)."""
@@ -89,7 +99,7 @@ def choose(method: str, grid: Grid, cap: object, n_proxy: Samples) -> tuple[int,
         method,
         batch_sizes=bs,
         freqs_mhz=grid.freqs_mhz,
-        tables=selector.Tables(*grid.rows(bs)),
+        tables=grid.rows(bs),
         r=r,
         p_max_w=kit.cap_of(cap).watts,
     )

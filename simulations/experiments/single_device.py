@@ -335,7 +335,7 @@ def _select(
         method,
         batch_sizes=batch_sizes,
         freqs_mhz=list(lut.freqs_mhz),
-        tables=selector.Tables(*lut_rows(lut, batch_sizes)),
+        tables=lut_rows(lut, batch_sizes),
         r=r,
         p_max_w=math.inf if c.cap_w is None else c.cap_w,
     )

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from fl_client import r_estimation, task
+from fl_client import r_estimation, selector, task
 from fl_client.devices import open_device
 from fl_client.devices.simulated import load_device_spec
 from fl_client.node import max_batch_size, workload_for
@@ -250,6 +250,10 @@ def lut_dict(lut: LUT) -> dict[str, Any]:
         "freqs-mhz": list(lut.freqs_mhz),
         "time-per-sample-s": lut.time_per_sample_s.tolist(),
         "peak-power-w": lut.peak_power_w.tolist(),
+        # σ of each cell's per-step peaks (null: not recorded), read by the selection rule
+        "peak-sigma-w": [
+            [None if math.isnan(x) else x for x in row] for row in lut.peak_sigma_w.tolist()
+        ],
         "grid": lut.grid,
         "p-max-w": lut.p_max_w,
         "profile-time-s": lut.profile_time_s,
@@ -258,10 +262,17 @@ def lut_dict(lut: LUT) -> dict[str, Any]:
     }
 
 
-def lut_rows(lut: LUT, keep: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """(time per sample, peak power) rows of the batch sizes ``keep``."""
+def lut_rows(lut: LUT, keep: Sequence[int]) -> selector.Tables:
+    """The rows of the batch sizes ``keep`` as the node's selector reads them: time, peak and
+    average power, σ of the per-step peaks and the knob."""
     idx = [list(lut.batch_sizes).index(b) for b in keep]
-    return lut.time_per_sample_s[idx], lut.peak_power_w[idx]
+    return selector.Tables(
+        lut.time_per_sample_s[idx],
+        lut.peak_power_w[idx],
+        lut.avg_power_w[idx],
+        lut.peak_sigma_w[idx],
+        knob=lut.knob,
+    )
 
 
 def profile_full_grid(

@@ -357,3 +357,32 @@ def test_the_shipped_real_image_study_reads_the_data_kit():
     assert cfg.datasets == ("cifar10-subset", "mnist-subset") and cfg.data_root == ""
     sizes = check_data(cfg)  # the default data root: ../shared/data beside the repository
     assert sizes["cifar10-subset"] == {"train": 4000, "test": 1000}
+
+
+def test_the_studies_select_with_the_nodes_rule_sigma_included():
+    """A full-grid record carries σ of the per-step peaks, and the study's choice judges a
+    cell by peak + peak-sigma-k·σ as the node does: a cell just under the cap by its peak
+    alone is infeasible once its σ is counted."""
+    from simulations.experiments.sensitivity_report import Grid, choose
+
+    rec = {
+        "lut": {
+            "batch-sizes": [8, 16],
+            "freqs-mhz": [500.0, 900.0],
+            "time-per-sample-s": [[2e-3, 1e-3], [1.5e-3, 0.8e-3]],
+            "peak-power-w": [[3.0, 4.4], [3.5, 4.9]],
+            "peak-sigma-w": [[0.01, 0.2], [None, 0.1]],
+        },
+        "avg-power-w": [[2.5, 3.5], [3.0, 4.0]],
+        "b1-freq-mhz": {},
+    }
+    grid = Grid.from_record(rec)
+    tables = grid.rows([8, 16])
+    assert tables.peak_sigma_w is not None and np.isnan(tables.peak_sigma_w[1][0])
+    samples = {8: 1000, 16: 1000}
+    # 5 W: b=16 at 900 MHz is 4.9 + 2·0.1 W, over the cap; b=8 at 900 MHz 4.4 + 2·0.2 W is not
+    assert choose("power-aware", grid, 5.0, samples) == (8, 900.0)
+    no_sigma = Grid.from_record(
+        {**rec, "lut": {k: v for k, v in rec["lut"].items() if k != "peak-sigma-w"}}
+    )
+    assert choose("power-aware", no_sigma, 5.0, samples) == (16, 900.0)
