@@ -105,28 +105,28 @@ def _int(cfg: Mapping[str, Any], key: str, *, lo: int) -> int:
     return val
 
 
-def _fraction(cfg: Mapping[str, Any], key: str, default: float) -> float:
-    """An optional setting in [0, 1)."""
+def _number_below(
+    cfg: Mapping[str, Any], key: str, default: float, hi: float, allowed: str
+) -> float:
+    """An optional number in [0, ``hi``); ``allowed`` says so in the error."""
     raw = cfg.get(key, default)
     try:
         val = float(raw)
     except (TypeError, ValueError):
-        raise SettingsError(f"{key}: expected a number in [0, 1), got {raw!r}") from None
-    if isinstance(raw, bool) or not (0.0 <= val < 1.0):
-        raise SettingsError(f"{key}: expected a number in [0, 1), got {raw!r}")
+        raise SettingsError(f"{key}: expected {allowed}, got {raw!r}") from None
+    if isinstance(raw, bool) or not (0.0 <= val < hi):
+        raise SettingsError(f"{key}: expected {allowed}, got {raw!r}")
     return val
+
+
+def _fraction(cfg: Mapping[str, Any], key: str, default: float) -> float:
+    """An optional setting in [0, 1)."""
+    return _number_below(cfg, key, default, 1.0, "a number in [0, 1)")
 
 
 def _nonneg(cfg: Mapping[str, Any], key: str, default: float) -> float:
     """An optional finite setting ≥ 0."""
-    raw = cfg.get(key, default)
-    try:
-        val = float(raw)
-    except (TypeError, ValueError):
-        raise SettingsError(f"{key}: expected a number ≥ 0, got {raw!r}") from None
-    if isinstance(raw, bool) or not (0.0 <= val < math.inf):
-        raise SettingsError(f"{key}: expected a finite number ≥ 0, got {raw!r}")
-    return val
+    return _number_below(cfg, key, default, math.inf, "a finite number ≥ 0")
 
 
 def _choice(cfg: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> str:
@@ -148,6 +148,14 @@ PROFILE_GRIDS = ("efficient", "full")
 #: ``shared-profiling``: ``fleet`` (one LUT per node kind, measured in slices by the kind's
 #: nodes, kept in the server's library) or ``off`` (every node profiles its own).
 SHARED_PROFILING = ("fleet", "off")
+
+
+def _path_text(cfg: Mapping[str, Any], key: str) -> str:
+    """An optional path setting: a string, empty when unset."""
+    raw = cfg.get(key) or ""
+    if not isinstance(raw, str):
+        raise SettingsError(f"{key}: expected a folder path (a string), got {raw!r}")
+    return raw.strip()
 
 
 def _bool(cfg: Mapping[str, Any], key: str, default: bool) -> bool:
@@ -242,6 +250,15 @@ class RunSettings:
     #: be opened, every TRAIN it got failed) still ends with exit status 0; by default
     #: ``powerfl simulate`` names such nodes in its last line and exits 1.
     allow_untrained_nodes: bool = False
+    #: ``run-dir``: the run's own folder, made by whoever starts the run (empty: a new
+    #: ``<output-dir>/<UTC time>-<method>``). ``powerfl simulate --engine runtime`` sets it,
+    #: so it reads back exactly its own run through Flower's Simulation Runtime; a folder
+    #: that already holds a finished run (its summary.json) is refused.
+    run_dir: str = ""
+    #: ``simulated-fleet``: the run's nodes are the fleet file's (a simulation: Flower's
+    #: partition-id i is the fleet's node i), so the server names a node that failed by its
+    #: fleet entry; ``powerfl simulate --engine runtime`` sets it.
+    simulated_fleet: bool = False
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -332,6 +349,8 @@ class RunSettings:
             ),
             profile_steps_train=_bool(cfg, "profile-steps-train", False),
             allow_untrained_nodes=_bool(cfg, "allow-untrained-nodes", False),
+            run_dir=_path_text(cfg, "run-dir"),
+            simulated_fleet=_bool(cfg, "simulated-fleet", False),
         )
 
 

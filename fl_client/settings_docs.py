@@ -138,6 +138,14 @@ RUN_HELP: dict[str, str] = {
     "to the seed cells puts the cap's choice and boundary",
     "profile-steps-train": "keep the updates of the profiled minibatches (real local "
     "batches, lr scaled for their b), so profiling also moves the model",
+    "run-dir": "the run's own folder, created if missing (one that holds a finished run's "
+    "`summary.json` is refused); empty: a new `<output-dir>/<UTC time>-<method>`. "
+    "`powerfl simulate --engine runtime` sets it to read back exactly its own run "
+    "([Flower's Simulation Runtime](simulation.md#flowers-simulation-runtime-and-ray-clusters)); "
+    "`powerfl simulate` refuses it with more than one method",
+    "simulated-fleet": "the run's nodes are the fleet file's (Flower's partition *i* is fleet "
+    "node *i*), so the server names a node that failed by its fleet entry; `powerfl simulate "
+    "--engine runtime` sets it (the in-process engine hands the fleet to the server itself)",
 }
 
 #: What each key of a fleet entry (``[[node]]`` in a fleet file) or ``--node-config`` means.

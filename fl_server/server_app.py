@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -152,7 +153,13 @@ def run_server(
     the nodes the run has (a simulation's fleet file), to name a node that fails."""
     settings = RunSettings.from_config(run_config)
     torch.manual_seed(settings.seed)
-    run_dir = new_run_dir(settings.output_dir, settings.method)
+    if fleet is None and settings.simulated_fleet:
+        fleet = load_fleet(settings.fleet)
+    run_dir = (
+        claim_run_dir(settings.run_dir)
+        if settings.run_dir
+        else new_run_dir(settings.output_dir, settings.method)
+    )
     rec = RunRecorder(
         run_dir,
         method=settings.method,
@@ -202,6 +209,16 @@ def run_server(
             "query-failures": {str(k): v for k, v in strategy.query_failures.items()},
         }
     )
+
+
+def claim_run_dir(path: str) -> Path:
+    """The run folder its starter named (``run-dir``), created if missing; one that holds a
+    finished run (its summary.json) is refused, so no run overwrites another."""
+    run_dir = resolve_path(path).expanduser().resolve()
+    if (run_dir / "summary.json").exists():
+        raise FileExistsError(f"run-dir: {run_dir} already holds a finished run")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
 
 
 def make_server_app(

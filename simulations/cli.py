@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
 from fl_client.settings import SettingsError, tomllib
 from simulations.run import (
+    ENGINES,
     PATH_SETTINGS,
     RunInterrupted,
     flower_env,
@@ -23,6 +25,7 @@ from simulations.run import (
     stop_engine,
     with_app_paths,
 )
+from simulations.runtime import RuntimeRunError
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
@@ -200,6 +203,58 @@ def _folders(path: Path) -> set[str]:
 _progress: SimulateProgress | None = None
 
 
+def ray_address_arg(text: str) -> str:
+    """``--ray-address``: ``HOST:PORT`` of a Ray cluster's head (port 1 … 65535)."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(
+            f"expected HOST:PORT of the Ray cluster's head (e.g. 127.0.0.1:6379), got {text!r}"
+        )
+    return text.strip()
+
+
+def _share_arg(*, zero_ok: bool) -> Callable[[str], float]:
+    """An argparse type for a per-node share: a finite number > 0 (``--num-cpus``), or ≥ 0
+    with ``zero_ok`` (``--num-gpus``)."""
+    allowed = "a number >= 0" if zero_ok else "a number > 0"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}")
+        return value
+
+    return parse
+
+
+def choose_engine(args: argparse.Namespace) -> str:
+    """The engine of ``simulate``: ``--engine``, else ``runtime`` when ``--ray-address``
+    is given, else ``in-process``. A cluster with ``--engine in-process`` is refused."""
+    engine = args.engine or ("runtime" if args.ray_address else "in-process")
+    if args.ray_address and engine != "runtime":
+        raise SettingsError(
+            f"--ray-address: a Ray cluster is joined through Flower's Simulation Runtime, not "
+            f"with --engine {engine}; leave --engine out or give --engine runtime"
+        )
+    return engine
+
+
+def check_runtime(args: argparse.Namespace, num_nodes: int) -> None:
+    """What the Simulation Runtime path can refuse before the first run starts: an older
+    Flower, a per-node share that cannot go to Flower (a fractional CPU on a cluster)."""
+    from simulations.runtime import NodeResources, check_flower, federation_config
+
+    check_flower()
+    try:
+        resources = NodeResources(num_cpus=args.num_cpus, num_gpus=args.num_gpus)
+        federation_config(num_nodes, resources, ray_address=args.ray_address)
+    except SettingsError as err:  # its messages name the setting: num-cpus / num-gpus
+        raise SettingsError(f"--{err}" if str(err).startswith("num-") else str(err)) from None
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     global _progress
     flower_env()
@@ -219,16 +274,36 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             )
         overrides[key] = value
     overrides = with_app_paths(typed_paths(overrides))
+    engine = choose_engine(args)
     methods = choose_methods(args.methods, overrides)
     check_fixed_keys(methods, overrides)
+    if overrides.get("run-dir") and len(methods) > 1:
+        raise SettingsError(
+            f"run-dir: names one run's folder, and this command runs {len(methods)} methods "
+            f"({', '.join(methods)}); give one method, or leave run-dir out"
+        )
     for method in methods:  # every method's settings are checked before the first run starts
-        settings, _ = preflight({**overrides, "method": method})
+        settings, fleet = preflight({**overrides, "method": method})
+    if engine == "runtime":
+        check_runtime(args, len(fleet))
     _progress = SimulateProgress(methods, Path(settings.output_dir), Path(settings.cache_dir))
     t0 = time.perf_counter()
     summaries = []
     for method in methods:
         _progress.start(method)
-        summaries.append(simulate({**overrides, "method": method}, backend=args.backend))
+        try:
+            summary = simulate(
+                {**overrides, "method": method},
+                backend=args.backend,
+                num_cpus_per_node=args.num_cpus,
+                num_gpus_per_node=args.num_gpus,
+                engine=engine,
+                ray_address=args.ray_address,
+            )
+        except RuntimeRunError as err:  # the run's status and its log's tail, no traceback
+            print(f"powerfl: error: {method}: {err}", file=sys.stderr, flush=True)
+            return 1
+        summaries.append(summary)
         _progress.finish(str(summaries[-1]["run-dir"]))
     if len(summaries) > 1:
         print_comparison(summaries)
@@ -304,7 +379,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         description="Run the fleet in Flower's simulation engine, once per method, on the "
         "same fleet, data and seeds, and compare. Every setting is checked before the "
         "engine starts. Ctrl-C or SIGTERM stops the run and its engine: exit status 130 or "
-        "143, and the finished rounds' records stay.",
+        "143, and the finished rounds' records stay. --engine runtime goes through Flower's "
+        "Simulation Runtime (the path behind `flwr run`), which can also join a Ray "
+        "cluster (--ray-address).",
         epilog=PATHS_NOTE,
     )
     p.add_argument(
@@ -324,6 +401,37 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override any run setting of [tool.flwr.app.config], e.g. -c lr-ref=0.003; "
         "an unknown key is an error",
+    )
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        help="in-process (default): Flower's run_simulation in this process; runtime: "
+        "Flower's Simulation Runtime, the path behind `flwr run` (a SuperLink of its own "
+        "in simulation mode; needs flwr >= 1.41)",
+    )
+    p.add_argument(
+        "--ray-address",
+        type=ray_address_arg,
+        metavar="HOST:PORT",
+        help="join the existing Ray cluster whose head is at HOST:PORT instead of starting "
+        "a private Ray; implies --engine runtime. Every Ray node must have powerfl "
+        "installed (its ClientApps run there)",
+    )
+    p.add_argument(
+        "--num-cpus",
+        type=_share_arg(zero_ok=False),
+        default=1.0,
+        metavar="N",
+        help="CPUs each simulated node reserves in Ray (default: 1; fractions allowed, "
+        "whole numbers with --ray-address); one share for every node",
+    )
+    p.add_argument(
+        "--num-gpus",
+        type=_share_arg(zero_ok=True),
+        default=0.0,
+        metavar="N",
+        help="share of a GPU each simulated node reserves in Ray (default: 0; e.g. 0.25: "
+        "four nodes per GPU); one share for every node",
     )
     p.add_argument("--backend", default="ray", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_simulate)

@@ -1,6 +1,11 @@
 """Run one Flower simulation of a fleet as a function: the ``simulate`` command and the
 studies call it the same way, and get back that run's own summary.
 
+Two engines: ``in-process`` (the default) runs Flower's ``run_simulation`` in this process;
+``runtime`` goes through Flower's Simulation Runtime, the path behind ``flwr run``
+(``simulations.runtime``: a SuperLink of its own in simulation mode, on a private Ray or on
+an existing Ray cluster).
+
 Also what ends a run cleanly: ``interruptible()`` turns SIGINT, SIGTERM and SIGHUP into a
 ``RunInterrupted`` exception in the main thread, and ``stop_engine()`` ends the simulation
 engine's processes (Ray's), so an interrupted run leaves no process behind.
@@ -33,6 +38,7 @@ from fl_client.settings import (
 
 if TYPE_CHECKING:
     from fl_client.partitions import SplitReport
+    from simulations.runtime import NodeResources
 
 #: Nodes shown in the console's data-split lines (all of them are in split.json).
 SPLIT_LINES = 16
@@ -45,7 +51,10 @@ FLOWER_ENV = {
 #: Run settings that are paths. Their app defaults (pyproject.toml) are relative to the app
 #: folder; what a user types is made absolute against the current directory first
 #: (``simulations.cli``), so every process of a run sees the same absolute paths.
-PATH_SETTINGS = ("fleet", "cache-dir", "output-dir")
+PATH_SETTINGS = ("fleet", "cache-dir", "output-dir", "run-dir")
+#: How ``simulate`` runs the simulation: ``in-process`` (Flower's ``run_simulation`` here)
+#: or ``runtime`` (Flower's Simulation Runtime, ``simulations.runtime``).
+ENGINES = ("in-process", "runtime")
 #: How Ray is started for a simulation (Flower's defaults for its simulation engine).
 RAY_INIT_ARGS = {"include_dashboard": False, "logging_level": "WARNING", "log_to_driver": True}
 #: Signals that end a run: each gives exit status 128 + its number (SIGINT 130, SIGTERM 143).
@@ -84,6 +93,11 @@ def preflight(overrides: dict[str, Any]) -> tuple[RunSettings, list[NodeSettings
     settings = RunSettings.from_config(overrides)
     fleet = load_fleet(settings.fleet)
     check_before_start(settings, fleet)
+    if settings.run_dir and (resolve_path(settings.run_dir) / "summary.json").exists():
+        raise SettingsError(
+            f"run-dir: {resolve_path(settings.run_dir)} already holds a finished run "
+            "(its summary.json); name a new folder or leave run-dir out"
+        )
     return settings, fleet
 
 
@@ -114,18 +128,51 @@ def check_partitions(
 
 
 def simulate(
-    overrides: dict[str, Any], *, backend: str = "ray", num_cpus_per_node: float = 1.0
+    overrides: dict[str, Any],
+    *,
+    backend: str = "ray",
+    num_cpus_per_node: float = 1.0,
+    num_gpus_per_node: float = 0.0,
+    engine: str = "in-process",
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
     """Run one Flower simulation of the fleet with these run settings; return its summary.
 
     Everything that can be checked is checked before the engine starts (``preflight``,
-    then the data split). Interrupted (``RunInterrupted``), it stops the engine's processes
-    before the exception goes on.
+    then the data split, whose lines are printed and saved in the run's folder).
+    ``engine``: ``in-process`` runs Flower's ``run_simulation`` here; ``runtime`` goes
+    through Flower's Simulation Runtime (``simulations.runtime.run_in_runtime``), as does
+    any ``ray_address`` (``host:port`` of an existing Ray cluster's head, which the run
+    joins). Each simulated node reserves ``num_cpus_per_node`` CPUs and
+    ``num_gpus_per_node`` of a GPU in Ray (one share for all nodes). Interrupted
+    (``RunInterrupted``), it stops the engine's processes before the exception goes on.
     """
+    if engine not in ENGINES:
+        raise SettingsError(f"--engine: unknown engine {engine!r}; allowed: {', '.join(ENGINES)}")
+    from simulations.runtime import NodeResources  # light: no PyTorch, Flower or Ray
+
+    resources = NodeResources(num_cpus=num_cpus_per_node, num_gpus=num_gpus_per_node)
     overrides = with_app_paths(overrides)
     settings, fleet = preflight(overrides)
     split = check_partitions(settings, len(fleet), [n.name for n in fleet])
     print("\n".join(split.lines(most=SPLIT_LINES)), flush=True)
+    if engine == "runtime" or ray_address:
+        summary = _simulate_in_runtime(overrides, fleet, resources, backend, ray_address)
+    else:
+        summary = _simulate_in_process(overrides, fleet, resources, backend)
+    if summary.get("run-dir"):
+        split.save(Path(summary["run-dir"]))
+    return summary
+
+
+def _simulate_in_process(
+    overrides: dict[str, Any],
+    fleet: list[NodeSettings],
+    resources: NodeResources,
+    backend: str,
+) -> dict[str, Any]:
+    """Flower's ``run_simulation`` in this process (Ray started here, our signal handlers
+    put back after it)."""
     from flwr.simulation import run_simulation
 
     from fl_client.client_app import make_client_app
@@ -142,7 +189,10 @@ def simulate(
             num_supernodes=len(fleet),
             backend_name=backend,
             backend_config={
-                "client_resources": {"num_cpus": num_cpus_per_node, "num_gpus": 0.0},
+                "client_resources": {
+                    "num_cpus": resources.num_cpus,
+                    "num_gpus": resources.num_gpus,
+                },
                 "init_args": init_args,
             },
         )
@@ -154,10 +204,28 @@ def simulate(
             "the simulation finished without writing a summary: see the log above for the "
             "server's error"
         )
-    summary = summaries[-1]
-    if summary.get("run-dir"):
-        split.save(Path(summary["run-dir"]))
-    return summary
+    return summaries[-1]
+
+
+def _simulate_in_runtime(
+    overrides: dict[str, Any],
+    fleet: list[NodeSettings],
+    resources: NodeResources,
+    backend: str,
+    ray_address: str | None,
+) -> dict[str, Any]:
+    """Flower's Simulation Runtime (``run_in_runtime``): its own SuperLink, ``flwr run``,
+    the run's log relayed here; it stops everything it started, also when interrupted."""
+    from simulations.runtime import run_in_runtime
+
+    result = run_in_runtime(
+        overrides,
+        num_nodes=len(fleet),
+        resources=resources,
+        ray_address=ray_address,
+        backend=backend,
+    )
+    return result.summary
 
 
 # ----------------------------------------------------------------------------- signals

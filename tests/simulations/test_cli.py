@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,3 +70,155 @@ def test_the_split_is_shown_per_node_before_the_engine_starts(tmp_path):
     short = check_partitions(settings, 40, [f"n{i}" for i in range(40)]).lines(most=5)
     assert len(short) == 7 and "and 35 more nodes" in short[-1]
     assert [p.name for p in split.save(tmp_path)] == ["split.json", "split.png"]
+
+
+# ------------------------------------------------------------- engines: --engine, Ray, shares
+
+
+def _simulate_args(*args: str):
+    from simulations.cli import build_parser
+
+    argv = ["simulate", *args]
+    return build_parser(argv).parse_args(argv)
+
+
+def test_the_engine_flags_default_to_the_in_process_engine():
+    from simulations.cli import choose_engine
+
+    args = _simulate_args()
+    assert (args.engine, args.ray_address, args.num_cpus, args.num_gpus) == (None, None, 1.0, 0.0)
+    assert choose_engine(args) == "in-process"
+
+
+@pytest.mark.parametrize(
+    ("flags", "engine", "address", "cpus", "gpus"),
+    [
+        (["--engine", "runtime"], "runtime", None, 1.0, 0.0),
+        (["--engine", "in-process", "--num-cpus", "0.5"], "in-process", None, 0.5, 0.0),
+        (["--ray-address", "127.0.0.1:6379"], "runtime", "127.0.0.1:6379", 1.0, 0.0),
+        (
+            ["--engine", "runtime", "--ray-address", "head.lab:6380", "--num-cpus", "2"],
+            "runtime",
+            "head.lab:6380",
+            2.0,
+            0.0,
+        ),
+        (["--engine=runtime", "--num-gpus", "0.25"], "runtime", None, 1.0, 0.25),
+    ],
+)
+def test_the_engine_flags_parse(flags, engine, address, cpus, gpus):
+    from simulations.cli import choose_engine
+
+    args = _simulate_args(*flags)
+    assert choose_engine(args) == engine  # --ray-address implies the runtime
+    assert (args.ray_address, args.num_cpus, args.num_gpus) == (address, cpus, gpus)
+
+
+@pytest.mark.parametrize(
+    ("flags", "flag"),
+    [
+        (["--engine", "flwr"], "--engine"),
+        (["--ray-address", "6379"], "--ray-address"),
+        (["--ray-address", "127.0.0.1:"], "--ray-address"),
+        (["--ray-address", "127.0.0.1:70000"], "--ray-address"),
+        (["--num-cpus", "0"], "--num-cpus"),
+        (["--num-cpus", "-1"], "--num-cpus"),
+        (["--num-cpus", "nan"], "--num-cpus"),
+        (["--num-cpus", "two"], "--num-cpus"),
+        (["--num-gpus", "-0.5"], "--num-gpus"),
+        (["--num-gpus", "inf"], "--num-gpus"),
+    ],
+)
+def test_bad_engine_flags_exit_2_naming_the_flag(capsys, flags, flag):
+    with pytest.raises(SystemExit) as info:
+        main(["simulate", *flags])
+    assert info.value.code == 2
+    assert f"argument {flag}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--engine", "in-process", "--ray-address", "127.0.0.1:6379"],
+            "--ray-address: a Ray cluster is joined through Flower's Simulation Runtime",
+        ),
+        (
+            ["--ray-address", "127.0.0.1:6379", "--num-cpus", "0.5"],
+            "--num-cpus: 0.5 per node on an existing Ray cluster",
+        ),
+        (
+            ["--engine", "runtime", "--methods", "power-aware,b1", "-c", "run-dir='one'"],
+            "run-dir: names one run's folder, and this command runs 2 methods",
+        ),
+    ],
+)
+def test_engine_settings_that_cannot_run_are_refused_before_any_run(
+    tmp_path, capsys, flags, message
+):
+    rc = main(["simulate", "--output-dir", str(tmp_path / "runs"), *flags])
+    assert rc == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # nothing started
+
+
+def test_a_run_dir_that_holds_a_finished_run_is_refused(tmp_path, capsys):
+    done = tmp_path / "done"
+    done.mkdir()
+    (done / "summary.json").write_text("{}")
+    rc = main(["simulate", "--methods", "b1", "-c", f"run-dir='{done}'"])
+    assert rc == 2
+    assert f"run-dir: {done} already holds a finished run" in capsys.readouterr().err
+
+
+def test_the_runtime_engine_refuses_an_old_flower_before_any_run(tmp_path, capsys, monkeypatch):
+    from simulations import runtime
+
+    monkeypatch.setattr(runtime.importlib.metadata, "version", lambda name: "1.30.0")
+    rc = main(["simulate", "--engine", "runtime", "--output-dir", str(tmp_path / "runs")])
+    assert rc == 2
+    assert "flwr 1.30.0: the Simulation Runtime path needs flwr >= 1.41" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "runs").exists()
+
+
+def test_simulate_refuses_an_unknown_engine_naming_the_flag():
+    from fl_client.settings import SettingsError
+    from simulations.run import simulate
+
+    with pytest.raises(SettingsError, match=r"^--engine: unknown engine 'flwr'; allowed: in-proc"):
+        simulate({}, engine="flwr")
+
+
+def test_the_runtime_engine_runs_through_run_in_runtime_and_keeps_the_split(
+    tmp_path, capsys, monkeypatch
+):
+    """``simulate`` hands the run to ``run_in_runtime`` (a ``ray_address`` alone picks that
+    engine) with the fleet's size and the per-node shares, and still prints the data split
+    and saves it in the run's folder."""
+    from fl_client.settings import load_fleet
+    from simulations import runtime
+    from simulations.run import simulate
+
+    calls: dict[str, Any] = {}
+    run_dir = tmp_path / "runs" / "20260101-000000-power-aware"
+
+    def fake_run_in_runtime(overrides, **kwargs):
+        calls.update(kwargs, overrides=overrides)
+        run_dir.mkdir(parents=True)
+        summary = {"method": "power-aware", "run-dir": str(run_dir)}
+        return runtime.RuntimeResult(7, "finished:completed", run_dir, summary, 1.0)
+
+    monkeypatch.setattr(runtime, "run_in_runtime", fake_run_in_runtime)
+    overrides = {"output-dir": str(tmp_path / "runs"), "partitioning": "iid"}
+    summary = simulate(
+        overrides, num_cpus_per_node=2, num_gpus_per_node=0.5, ray_address="127.0.0.1:6379"
+    )
+    assert summary["run-dir"] == str(run_dir)
+    assert calls["ray_address"] == "127.0.0.1:6379" and calls["backend"] == "ray"
+    assert calls["resources"] == runtime.NodeResources(num_cpus=2, num_gpus=0.5)
+    assert calls["num_nodes"] == len(load_fleet(calls["overrides"]["fleet"]))
+    assert Path(calls["overrides"]["fleet"]).is_absolute()
+    assert "data split of digits over" in capsys.readouterr().out
+    assert (run_dir / "split.json").is_file()

@@ -87,3 +87,41 @@ def test_small_fleet_trains_under_caps_with_rising_accuracy(tmp_path):
     # the capped Nano cannot run where the uncapped Orin does
     assert by_name["nano-4.5w"]["peak-power-w"] < 4.5
     assert "results:" in proc.stdout
+
+
+@pytest.mark.slow
+def test_simulate_through_flowers_simulation_runtime(tmp_path):
+    """``powerfl simulate --engine runtime``: a 2-node fleet, one round, through Flower's
+    Simulation Runtime (its own SuperLink, ``flwr run``). The console shows the run as the
+    in-process engine does, and the run's folder is ``<output-dir>/<UTC time>-<method>``
+    (the ``run-dir`` the command hands the run), with its summary and data split."""
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text("\n\n".join(FLEET.strip().split("\n\n")[:2]) + "\n")
+    out = tmp_path / "runs"
+    cmd = [
+        sys.executable, "-m", "simulations", "simulate", "--engine", "runtime",
+        "--methods", "power-aware", "--fleet", str(fleet), "--rounds", "1",
+        "--output-dir", str(out),
+        "-c", f"cache-dir={json.dumps(str(tmp_path / 'cache'))}",
+        "-c", "local-epochs=1", "-c", "batch-sizes='32,64'", "-c", "partitioning='iid'",
+        "-c", "proxy-target-accuracy=0.3", "-c", "target-accuracy=1.0",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]  # no folder of the runtime's own
+    assert run_dir.name.endswith("-power-aware")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["run-dir"] == str(run_dir.resolve())
+    assert summary["rounds"] == 1
+    assert {n: v["rounds-ok"] for n, v in summary["nodes"].items()} == {
+        "nano-4.5w": 1,
+        "tx2nx-7w": 1,
+    }
+    assert (run_dir / "split.json").is_file()  # the data split, saved as in-process
+    text = proc.stdout
+    assert "data split of digits over 2 nodes: iid" in text
+    for expected in ("powerfl method=power-aware", "fleet: 2 nodes answered", "round   1"):
+        assert expected in text
+    assert f"  power-aware  {run_dir.resolve()}" in text  # the results line
+    for absent in ("Starting logstream", "simulated SuperNodes"):
+        assert absent not in text
