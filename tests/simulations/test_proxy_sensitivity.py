@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -365,24 +366,25 @@ def test_the_studies_select_with_the_nodes_rule_sigma_included():
     alone is infeasible once its σ is counted."""
     from simulations.experiments.sensitivity_report import Grid, choose
 
-    rec = {
-        "lut": {
-            "batch-sizes": [8, 16],
-            "freqs-mhz": [500.0, 900.0],
-            "time-per-sample-s": [[2e-3, 1e-3], [1.5e-3, 0.8e-3]],
-            "peak-power-w": [[3.0, 4.4], [3.5, 4.9]],
-            "peak-sigma-w": [[0.01, 0.2], [None, 0.1]],
-        },
+    lut: dict[str, Any] = {
+        "batch-sizes": [8, 16],
+        "freqs-mhz": [500.0, 900.0],
+        "time-per-sample-s": [[2e-3, 1e-3], [1.5e-3, 0.8e-3]],
+        "peak-power-w": [[3.0, 4.4], [3.5, 4.9]],
+        "peak-sigma-w": [[0.01, 0.2], [None, 0.1]],
+    }
+    rec: dict[str, Any] = {
+        "lut": lut,
         "avg-power-w": [[2.5, 3.5], [3.0, 4.0]],
         "b1-freq-mhz": {},
     }
     grid = Grid.from_record(rec)
-    tables = grid.rows([8, 16])
-    assert tables.peak_sigma_w is not None and np.isnan(tables.peak_sigma_w[1][0])
+    sigma = np.asarray(grid.rows([8, 16]).peak_sigma_w, dtype=float)
+    assert np.isnan(sigma[1, 0]) and sigma[0, 1] == 0.2
     samples = {8: 1000, 16: 1000}
     # 5 W: b=16 at 900 MHz is 4.9 + 2·0.1 W, over the cap; b=8 at 900 MHz 4.4 + 2·0.2 W is not
     assert choose("power-aware", grid, 5.0, samples) == (8, 900.0)
     no_sigma = Grid.from_record(
-        {**rec, "lut": {k: v for k, v in rec["lut"].items() if k != "peak-sigma-w"}}
+        {**rec, "lut": {k: v for k, v in lut.items() if k != "peak-sigma-w"}}
     )
     assert choose("power-aware", no_sigma, 5.0, samples) == (16, 900.0)
