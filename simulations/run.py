@@ -19,7 +19,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
@@ -35,6 +34,7 @@ from fl_client.settings import (
     load_fleet,
     resolve_path,
 )
+from simulations.processes import descendants, terminate
 
 if TYPE_CHECKING:
     from fl_client.partitions import SplitReport
@@ -359,58 +359,10 @@ def _quiet() -> Iterator[None]:
             os.close(fd)
 
 
-def _proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, parent pid, start time in ticks) of a process, None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return fields[0].decode(), int(fields[1]), int(fields[19])
-
-
-def descendants(pid: int | None = None) -> dict[int, int]:
-    """Every live process below ``pid`` (default: this one) and its start time."""
-    children: dict[int, list[tuple[int, int]]] = {}
-    for entry in os.scandir("/proc"):
-        stat = _proc_stat(int(entry.name)) if entry.name.isdigit() else None
-        if stat is not None and stat[0] != "Z":  # a zombie has ended; its parent reaps it
-            children.setdefault(stat[1], []).append((int(entry.name), stat[2]))
-    out: dict[int, int] = {}
-    todo = [os.getpid() if pid is None else pid]
-    while todo:
-        for child, started in children.get(todo.pop(), []):
-            out[child] = started
-            todo.append(child)
-    return out
-
-
 def kill_descendants(grace_s: float = 3.0) -> None:
     """SIGTERM every process below this one (again for any that appears meanwhile, e.g. a
-    dying raylet's workers), then SIGKILL those still alive after ``grace_s``. Each is
-    followed by its start time, so one orphaned by its parent's exit is still ended, and a
-    reused pid never is."""
-    seen: dict[int, int] = {}
-
-    def alive(pid: int) -> bool:
-        stat = _proc_stat(pid)
-        return stat is not None and stat[0] != "Z" and stat[2] == seen[pid]
-
-    deadline = time.monotonic() + grace_s
-    while True:
-        for pid, started in descendants().items():
-            if pid not in seen:
-                seen[pid] = started
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGTERM)
-        left = [pid for pid in seen if alive(pid)]
-        if not left or time.monotonic() >= deadline:
-            break
-        time.sleep(0.05)
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    for pid in seen:  # reap the ones that were our own children
+    dying raylet's workers), then SIGKILL those still alive after ``grace_s``
+    (``processes.terminate``), and reap the ones that were our own children."""
+    for pid in terminate(lambda _seen: descendants(), grace_s):
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)

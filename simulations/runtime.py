@@ -48,7 +48,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -74,6 +73,7 @@ from fl_client.settings import (
     resolve_path,
     tomllib,
 )
+from simulations.processes import alive, process_tree, terminate
 
 #: The oldest Flower this module is checked with: its SuperLink serves the Control, Runtime
 #: and Fleet APIs over HTTP on one ``--host``/``--port``, and the CLI talks HTTP to it.
@@ -320,39 +320,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, parent pid, start time in ticks) of a process, None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    fields_ = stat[stat.rfind(b")") + 2 :].split()
-    return fields_[0].decode(), int(fields_[1]), int(fields_[19])
-
-
-def process_tree(pid: int) -> dict[int, int]:
-    """``pid`` and every live process below it, each with its start time (Linux /proc)."""
-    children: dict[int, list[tuple[int, int]]] = {}
-    for entry in os.scandir("/proc"):
-        stat = _proc_stat(int(entry.name)) if entry.name.isdigit() else None
-        if stat is not None and stat[0] != "Z":
-            children.setdefault(stat[1], []).append((int(entry.name), stat[2]))
-    root = _proc_stat(pid)
-    out = {pid: root[2]} if root is not None and root[0] != "Z" else {}
-    todo = [pid]
-    while todo:
-        for child, started in children.get(todo.pop(), []):
-            out[child] = started
-            todo.append(child)
-    return out
-
-
-def _alive(pid: int, started: int) -> bool:
-    stat = _proc_stat(pid)
-    return stat is not None and stat[0] != "Z" and stat[2] == started
-
-
 def stop_tree(
     proc: subprocess.Popen[Any], grace_s: float = 5.0, known: Mapping[int, int] | None = None
 ) -> None:
@@ -364,34 +331,23 @@ def stop_tree(
     earlier (PID → start time); those still alive, and what is below them, are stopped too,
     so a tree whose root died first (orphans, reparented away) is still found.
     """
-    seen: dict[int, int] = {}
-    deadline = time.monotonic() + grace_s
-    left: list[int] = []
-    while True:
+
+    def find(seen: Mapping[int, int]) -> dict[int, int]:
         found: dict[int, int] = {}
         if proc.poll() is None:  # not reaped yet: its PID is still its own
             found.update(process_tree(proc.pid))
         for pid, started in {**dict(known or {}), **seen}.items():
-            if _alive(pid, started):
+            if alive(pid, started):
                 tree = process_tree(pid)
                 if tree.get(pid) == started:
                     found.update(tree)
-        for pid, started in found.items():
-            if pid not in seen:
-                seen[pid] = started
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGTERM)
-        left = [pid for pid, started in seen.items() if _alive(pid, started)]
-        if not left or time.monotonic() >= deadline:
-            break
-        time.sleep(0.1)
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+        return found
+
+    seen = terminate(find, grace_s, poll_s=0.1)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
     gone_by = time.monotonic() + 5.0  # a large process takes a moment to go
-    while any(_alive(pid, started) for pid, started in seen.items()):
+    while any(alive(pid, started) for pid, started in seen.items()):
         if time.monotonic() >= gone_by:
             break
         time.sleep(0.05)
@@ -535,7 +491,7 @@ class LocalSuperLink:
                 known = dict(self.known)
             found = process_tree(proc.pid) if proc.poll() is None else {}
             for pid, started in known.items():
-                if pid not in found and _alive(pid, started):
+                if pid not in found and alive(pid, started):
                     tree = process_tree(pid)
                     if tree.get(pid) == started:
                         found.update(tree)

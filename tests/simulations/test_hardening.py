@@ -384,7 +384,7 @@ def test_a_node_that_never_trained_fails_the_run_unless_allowed(
     monkeypatch.setattr(
         cli,
         "simulate",
-        lambda overrides, backend: _summary(overrides["method"], tmp_path, [GHOST_RECORD]),
+        lambda overrides, **_: _summary(overrides["method"], tmp_path, [GHOST_RECORD]),
     )
     argv = ["simulate", "--methods", "b1", "--fleet", str(tmp_path / "two.toml")]
     argv += ["--output-dir", str(tmp_path / "runs")]
