@@ -368,6 +368,24 @@ def resolve_path(path: str, base: Path | None = None) -> Path:
     return p if p.is_absolute() else (base or REPO_ROOT) / p
 
 
+#: Run settings that are paths. Their app defaults (pyproject.toml) are relative to the app
+#: folder; what a user types is made absolute against the current directory first
+#: (``simulations.cli``), so every process of a run sees the same absolute paths.
+PATH_SETTINGS = ("fleet", "cache-dir", "output-dir", "run-dir")
+
+
+def with_app_paths(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``overrides`` with every path setting absolute: a given relative path and an app
+    default both relative to the app folder (``resolve_path``)."""
+    defaults = app_defaults()
+    out = dict(overrides)
+    for key in PATH_SETTINGS:
+        value = out.get(key, defaults.get(key))
+        if value is not None and str(value) != "":
+            out[key] = str(resolve_path(str(value)))
+    return out
+
+
 @dataclass(frozen=True)
 class NodeSettings:
     """One node of the fleet: which device, through which backend, under which cap."""

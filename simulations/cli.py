@@ -13,17 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fl_client.settings import SettingsError, tomllib
+from fl_client.settings import PATH_SETTINGS, SettingsError, tomllib, with_app_paths
 from simulations.run import (
     ENGINES,
-    PATH_SETTINGS,
     RunInterrupted,
     flower_env,
     interruptible,
     preflight,
     simulate,
     stop_engine,
-    with_app_paths,
 )
 from simulations.runtime import RuntimeRunError
 

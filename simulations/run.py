@@ -29,10 +29,10 @@ from fl_client.settings import (
     NodeSettings,
     RunSettings,
     SettingsError,
-    app_defaults,
     check_before_start,
     load_fleet,
     resolve_path,
+    with_app_paths,
 )
 from simulations.processes import descendants, terminate
 
@@ -48,10 +48,6 @@ FLOWER_ENV = {
     "FLWR_DISABLE_UPDATE_CHECK": "1",
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
 }
-#: Run settings that are paths. Their app defaults (pyproject.toml) are relative to the app
-#: folder; what a user types is made absolute against the current directory first
-#: (``simulations.cli``), so every process of a run sees the same absolute paths.
-PATH_SETTINGS = ("fleet", "cache-dir", "output-dir", "run-dir")
 #: How ``simulate`` runs the simulation: ``in-process`` (Flower's ``run_simulation`` here)
 #: or ``runtime`` (Flower's Simulation Runtime, ``simulations.runtime``).
 ENGINES = ("in-process", "runtime")
@@ -73,18 +69,6 @@ def flower_env(flwr_home: Path | None = None) -> None:
     os.environ["FLWR_HOME"] = str(home_path)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-
-
-def with_app_paths(overrides: dict[str, Any]) -> dict[str, Any]:
-    """``overrides`` with every path setting absolute: a given relative path and an app
-    default both relative to the app folder (``resolve_path``)."""
-    defaults = app_defaults()
-    out = dict(overrides)
-    for key in PATH_SETTINGS:
-        value = out.get(key, defaults.get(key))
-        if value is not None and str(value) != "":
-            out[key] = str(resolve_path(str(value)))
-    return out
 
 
 def preflight(overrides: dict[str, Any]) -> tuple[RunSettings, list[NodeSettings]]:

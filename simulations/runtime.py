@@ -68,10 +68,9 @@ from fl_client.settings import (
     REPO_ROOT,
     RunSettings,
     SettingsError,
-    app_defaults,
     load_fleet,
-    resolve_path,
     tomllib,
+    with_app_paths,
 )
 from simulations.processes import alive, process_tree, terminate
 
@@ -88,8 +87,6 @@ FLOWER_ENV = {
 #: What the app is made of: the packages its ServerApp and ClientApp import, the data
 #: files they read (the default fleets) and the README that pyproject.toml names.
 APP_PARTS = ("fl_client", "fl_server", "strategies", "configs", "README.md")
-#: Run settings that are paths; relative ones are relative to the app folder.
-PATH_SETTINGS = ("fleet", "cache-dir", "output-dir", "run-dir")
 #: The run setting that names the run's own folder (see the module's docstring).
 RUN_DIR_KEY = "run-dir"
 #: The run setting that tells the ServerApp its nodes are the fleet file's (a simulation),
@@ -195,19 +192,6 @@ def check_flower() -> None:
             f"flwr {'.'.join(map(str, found))}: the Simulation Runtime path needs flwr >= "
             f"{'.'.join(map(str, MIN_FLOWER))} (a SuperLink with one HTTP address)"
         )
-
-
-def absolute_paths(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """``overrides`` with every path setting absolute (a given relative path and an app
-    default both relative to the app folder), so the run, which executes from an installed
-    copy of the app, writes and reads where the caller means."""
-    defaults = app_defaults()
-    out = dict(overrides)
-    for key in PATH_SETTINGS:
-        value = out.get(key, defaults.get(key))
-        if value is not None and str(value) != "":
-            out[key] = str(resolve_path(str(value)))
-    return out
 
 
 def app_has_setting(key: str) -> bool:
@@ -655,7 +639,7 @@ def run_in_runtime(
     t0 = time.perf_counter()
     check_flower()
     resources = resources or NodeResources()
-    config = absolute_paths(overrides)
+    config = with_app_paths(overrides)
     settings = RunSettings.from_config(config)
     if num_nodes is None:
         num_nodes = len(load_fleet(settings.fleet))

@@ -175,7 +175,7 @@ def test_environment_keeps_ray_private_unless_given_a_cluster(tmp_path: Path) ->
 
 
 def test_paths_are_made_absolute_against_the_app_folder() -> None:
-    out = runtime.absolute_paths({"output-dir": "elsewhere"})
+    out = runtime.with_app_paths({"output-dir": "elsewhere"})
     assert out["output-dir"] == str(REPO_ROOT / "elsewhere")
     assert out["fleet"] == str(REPO_ROOT / "configs/fleets/default.toml")
 
