@@ -324,60 +324,7 @@ class LUT:
             On invalid JSON, a missing, unknown or mistyped key, a wrong format/version,
             mismatching shapes, or a workload key that does not match model and shape.
         """
-        try:
-            rec = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise LUTFormatError(f"not valid JSON: {err}") from None
-        if not isinstance(rec, dict):
-            raise LUTFormatError("a LUT file holds one JSON object")
-        expected = {
-            "format": str,
-            "version": int,
-            "device-kind": str,
-            "backend": str,
-            "model-name": str,
-            "input-shape": list,
-            "workload-key": str,
-            "batch-sizes": list,
-            "freqs-mhz": list,
-            "p-max-w": (int, float, type(None)),
-            "time-per-sample-s": list,
-            "peak-power-w": list,
-            "avg-power-w": list,
-            "profile-time-s": (int, float),
-            "profile-energy-j": (int, float),
-            "created-utc": str,
-            "warmup-steps": int,
-            "steps": int,
-        }
-        # absent in files written before they existed (and in version 3 files without σ or
-        # with the GPU frequency as the knob)
-        optional = {"grid": str, "cap-margin": (int, float), "peak-sigma-w": list, "knob": str}
-        optional.update({key: list for key in CELL_TABLES.values()})
-        missing = sorted(set(expected) - set(rec))
-        unknown = sorted(set(rec) - set(expected) - set(optional))
-        expected.update({k: v for k, v in optional.items() if k in rec})
-        if missing or unknown:
-            raise LUTFormatError(f"keys: missing {missing}, unknown {unknown}")
-        for key, kind in expected.items():
-            if not isinstance(rec[key], kind) or isinstance(rec[key], bool):  # type: ignore[arg-type]
-                raise LUTFormatError(f"{key}: wrong type {type(rec[key]).__name__}")
-        if rec["format"] != LUT_FORMAT or rec["version"] not in LUT_VERSIONS_READ:
-            raise LUTFormatError(
-                f"format: expected {LUT_FORMAT} v{LUT_VERSION}, got {rec['format']} "
-                f"v{rec['version']}"
-            )
-        since_3 = {"peak-sigma-w", "knob", *CELL_TABLES.values()}
-        too_new = sorted(since_3 & set(rec)) if rec["version"] < 3 else []
-        if too_new:
-            raise LUTFormatError(f"keys: {too_new} are not keys of a version {rec['version']} file")
-        for key in ("input-shape", "batch-sizes"):
-            if not all(isinstance(x, int) and not isinstance(x, bool) for x in rec[key]):
-                raise LUTFormatError(f"{key}: must be a list of integers")
-        if not all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) for x in rec["freqs-mhz"]
-        ):
-            raise LUTFormatError("freqs-mhz: must be a list of numbers")
+        rec = _checked_record(text)
         sigma_w = np.empty((0, 0))  # not recorded
         if "peak-sigma-w" in rec:
             sigma_w = _table_from_json(rec["peak-sigma-w"], "peak-sigma-w")
@@ -478,6 +425,63 @@ def _cell_table(
     if key == "settled" and not np.isin(known, (0.0, 1.0)).all():
         raise LUTFormatError(f"{key}: must be 1 (settled), 0 (stopped at the cap) or null")
     return out
+
+
+def _checked_record(text: str) -> dict[str, Any]:
+    """A LUT file's JSON object with every key present, known and of its type, its format
+    and version readable, and its integer and number lists as such (``LUT.from_json``)."""
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise LUTFormatError(f"not valid JSON: {err}") from None
+    if not isinstance(rec, dict):
+        raise LUTFormatError("a LUT file holds one JSON object")
+    expected = {
+        "format": str,
+        "version": int,
+        "device-kind": str,
+        "backend": str,
+        "model-name": str,
+        "input-shape": list,
+        "workload-key": str,
+        "batch-sizes": list,
+        "freqs-mhz": list,
+        "p-max-w": (int, float, type(None)),
+        "time-per-sample-s": list,
+        "peak-power-w": list,
+        "avg-power-w": list,
+        "profile-time-s": (int, float),
+        "profile-energy-j": (int, float),
+        "created-utc": str,
+        "warmup-steps": int,
+        "steps": int,
+    }
+    # absent in files written before they existed (and in version 3 files without σ or
+    # with the GPU frequency as the knob)
+    optional = {"grid": str, "cap-margin": (int, float), "peak-sigma-w": list, "knob": str}
+    optional.update({key: list for key in CELL_TABLES.values()})
+    missing = sorted(set(expected) - set(rec))
+    unknown = sorted(set(rec) - set(expected) - set(optional))
+    expected.update({k: v for k, v in optional.items() if k in rec})
+    if missing or unknown:
+        raise LUTFormatError(f"keys: missing {missing}, unknown {unknown}")
+    for key, kind in expected.items():
+        if not isinstance(rec[key], kind) or isinstance(rec[key], bool):  # type: ignore[arg-type]
+            raise LUTFormatError(f"{key}: wrong type {type(rec[key]).__name__}")
+    if rec["format"] != LUT_FORMAT or rec["version"] not in LUT_VERSIONS_READ:
+        raise LUTFormatError(
+            f"format: expected {LUT_FORMAT} v{LUT_VERSION}, got {rec['format']} v{rec['version']}"
+        )
+    since_3 = {"peak-sigma-w", "knob", *CELL_TABLES.values()}
+    too_new = sorted(since_3 & set(rec)) if rec["version"] < 3 else []
+    if too_new:
+        raise LUTFormatError(f"keys: {too_new} are not keys of a version {rec['version']} file")
+    for key in ("input-shape", "batch-sizes"):
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in rec[key]):
+            raise LUTFormatError(f"{key}: must be a list of integers")
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in rec["freqs-mhz"]):
+        raise LUTFormatError("freqs-mhz: must be a list of numbers")
+    return rec
 
 
 def _is_number(x: object) -> bool:

@@ -609,66 +609,56 @@ class RunStream:
 # ----------------------------------------------------------------------------- the run
 
 
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How ``run_in_runtime`` runs: ``num_nodes``, the fleet size (default: the fleet
+    file's); ``resources``, each node's CPU/GPU share (default 1 CPU); ``ray_address``, join
+    this Ray cluster (``host:port`` of its head) instead of starting a private Ray;
+    ``timeout_s``, deadline of the whole run (None: none); ``out``/``echo``, where the run's
+    log goes (default stdout) and whether it does; ``workdir``, where the private folder is
+    made (default: the system's temp folder), removed after a completed run unless
+    ``keep_files`` and kept after a failed one."""
+
+    num_nodes: int | None = None
+    resources: NodeResources | None = None
+    ray_address: str | None = None
+    backend: str = "ray"
+    timeout_s: float | None = DEFAULT_TIMEOUT_S
+    out: TextIO | None = None
+    echo: bool = True
+    workdir: Path | None = None
+    keep_files: bool = False
+
+
 def run_in_runtime(
-    overrides: Mapping[str, Any],
-    *,
-    num_nodes: int | None = None,
-    resources: NodeResources | None = None,
-    ray_address: str | None = None,
-    backend: str = "ray",
-    timeout_s: float | None = DEFAULT_TIMEOUT_S,
-    out: TextIO | None = None,
-    echo: bool = True,
-    workdir: Path | None = None,
-    keep_files: bool = False,
+    overrides: Mapping[str, Any], options: RuntimeOptions | None = None, **kwargs: Any
 ) -> RuntimeResult:
     """Run one simulation of the app with these run settings through Flower's Simulation
-    Runtime; return its summary (see the module's docstring for the steps).
-
-    ``num_nodes``: the fleet size (default: the fleet file's). ``resources``: each node's
-    CPU/GPU share (default 1 CPU). ``ray_address``: join this Ray cluster (``host:port``
-    of its head) instead of starting a private Ray. ``timeout_s``: deadline of the whole
-    run (None: none); past it the run is stopped and ``RuntimeRunError`` raised.
-    ``out``/``echo``: where the run's log goes (default stdout) and whether it does.
-    ``workdir``: where the private folder is made (default: the system's temp folder); it
-    is removed after a completed run unless ``keep_files``, and kept after a failed one.
+    Runtime; return its summary (see the module's docstring for the steps). ``options`` (or
+    its fields as keyword arguments): ``RuntimeOptions``.
 
     Raises ``SettingsError`` for a setting that cannot go to Flower, ``RuntimeRunError``
     when the run did not complete (its status and log tail in the message).
     """
+    opts = options if options is not None else RuntimeOptions(**kwargs)
     t0 = time.perf_counter()
     check_flower()
-    resources = resources or NodeResources()
     config = with_app_paths(overrides)
     settings = RunSettings.from_config(config)
+    num_nodes = opts.num_nodes
     if num_nodes is None:
         num_nodes = len(load_fleet(settings.fleet))
-    fed = federation_config(num_nodes, resources, ray_address=ray_address, backend=backend)
-
-    root = Path(tempfile.mkdtemp(prefix="powerfl-rt-", dir=workdir))
-    run_dir: Path | None = None
-    private_out: Path | None = None
-    if app_has_setting(SIMULATED_FLEET_KEY):
-        config[SIMULATED_FLEET_KEY] = True
-    if app_has_setting(RUN_DIR_KEY):
-        if config.get(RUN_DIR_KEY):  # the caller named it
-            run_dir = Path(config[RUN_DIR_KEY])
-            if (run_dir / "summary.json").exists():
-                raise SettingsError(f"run-dir: {run_dir} already holds a finished run")
-            run_dir.mkdir(parents=True, exist_ok=True)
-        else:
-            from fl_server.results import new_run_dir
-
-            run_dir = new_run_dir(settings.output_dir, settings.method)
-        config[RUN_DIR_KEY] = str(run_dir)
-    else:
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-        private_out = Path(settings.output_dir) / f"runtime-{stamp}-{secrets.token_hex(3)}"
-        private_out.mkdir(parents=True)
-        config["output-dir"] = str(private_out)
+    fed = federation_config(
+        num_nodes,
+        opts.resources or NodeResources(),
+        ray_address=opts.ray_address,
+        backend=opts.backend,
+    )
+    root = Path(tempfile.mkdtemp(prefix="powerfl-rt-", dir=opts.workdir))
+    run_dir, private_out = _claim_output(config, settings)
     run_config = {k: config_value(k, v) for k, v in config.items() if v is not None}
 
-    link = LocalSuperLink(root, ray_address=ray_address)
+    link = LocalSuperLink(root, ray_address=opts.ray_address)
     stream: RunStream | None = None
     keep = True  # the private folder, for a run that failed
     try:
@@ -683,36 +673,8 @@ def run_in_runtime(
             "--federation-config", federation_config_arg(fed),
             "--stream",
         ]  # fmt: skip
-        stream = RunStream(argv, link, out, root / "run.log", echo)
-        run_id = stream.wait_started(CLI_TIMEOUT_S)
-        if run_id is None:
-            raise RuntimeRunError(
-                "`flwr run` did not start the run", status="not-started",
-                log_tail=stream.tail_text(),
-            )  # fmt: skip
-        remaining = None if timeout_s is None else max(1.0, timeout_s - (time.perf_counter() - t0))
-        if not stream.wait(remaining):
-            link.stop_run(run_id)
-            raise RuntimeRunError(
-                f"run {run_id} did not finish within {timeout_s:.0f} s; it was stopped",
-                status="timeout",
-                log_tail=stream.tail_text(),
-            )
-        if link.exit_status() is not None:
-            raise RuntimeRunError(
-                f"the SuperLink ended (exit status {link.exit_status()}) during run {run_id}",
-                status="superlink-exited",
-                log_tail=stream.tail_text()
-                + "\n--- the SuperLink's log ---\n"
-                + link.log()[-3000:],
-            )
-        status, details = _final_status(link, run_id)
-        if status != FINISHED_OK:
-            raise RuntimeRunError(
-                f"run {run_id} ended {status}" + (f": {details}" if details else ""),
-                status=status,
-                log_tail=stream.tail_text(),
-            )
+        stream = RunStream(argv, link, opts.out, root / "run.log", opts.echo)
+        run_id, status = _await_run(stream, link, t0, opts.timeout_s)
         folder = _own_run_folder(run_dir, private_out)
         if folder is None:
             raise RuntimeRunError(
@@ -722,13 +684,13 @@ def run_in_runtime(
                 log_tail=stream.tail_text(),
             )
         summary = json.loads((folder / "summary.json").read_text())
-        keep = keep_files
+        keep = opts.keep_files
         return RuntimeResult(run_id, status, folder, summary, time.perf_counter() - t0)
     except RuntimeRunError as err:
         err.kept = root
         raise
     except KeyboardInterrupt:  # stopped by the user: nothing to look into
-        keep = keep_files
+        keep = opts.keep_files
         raise
     finally:
         if stream is not None:
@@ -740,6 +702,66 @@ def run_in_runtime(
             with contextlib.suppress(OSError):
                 if folder is not None and not any(folder.iterdir()):
                     folder.rmdir()
+
+
+def _claim_output(config: dict[str, Any], settings: RunSettings) -> tuple[Path | None, Path | None]:
+    """Where this run writes, set in ``config``: its own run folder (``run-dir``, when the
+    app has that hook: the caller's, else a new ``<output-dir>/<UTC>-<method>``), or else a
+    private output folder that holds only this run. Returns (run folder, private folder)."""
+    if app_has_setting(SIMULATED_FLEET_KEY):
+        config[SIMULATED_FLEET_KEY] = True
+    if not app_has_setting(RUN_DIR_KEY):
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        private_out = Path(settings.output_dir) / f"runtime-{stamp}-{secrets.token_hex(3)}"
+        private_out.mkdir(parents=True)
+        config["output-dir"] = str(private_out)
+        return None, private_out
+    if config.get(RUN_DIR_KEY):  # the caller named it
+        run_dir = Path(config[RUN_DIR_KEY])
+        if (run_dir / "summary.json").exists():
+            raise SettingsError(f"run-dir: {run_dir} already holds a finished run")
+        run_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        from fl_server.results import new_run_dir
+
+        run_dir = new_run_dir(settings.output_dir, settings.method)
+    config[RUN_DIR_KEY] = str(run_dir)
+    return run_dir, None
+
+
+def _await_run(
+    stream: RunStream, link: LocalSuperLink, t0: float, timeout_s: float | None
+) -> tuple[int, str]:
+    """The run's id and final status once it completed; ``RuntimeRunError`` when it did not
+    start, ran past ``timeout_s`` (it is stopped), lost its SuperLink or did not complete."""
+    run_id = stream.wait_started(CLI_TIMEOUT_S)
+    if run_id is None:
+        raise RuntimeRunError(
+            "`flwr run` did not start the run", status="not-started",
+            log_tail=stream.tail_text(),
+        )  # fmt: skip
+    remaining = None if timeout_s is None else max(1.0, timeout_s - (time.perf_counter() - t0))
+    if not stream.wait(remaining):
+        link.stop_run(run_id)
+        raise RuntimeRunError(
+            f"run {run_id} did not finish within {timeout_s:.0f} s; it was stopped",
+            status="timeout",
+            log_tail=stream.tail_text(),
+        )
+    if link.exit_status() is not None:
+        raise RuntimeRunError(
+            f"the SuperLink ended (exit status {link.exit_status()}) during run {run_id}",
+            status="superlink-exited",
+            log_tail=stream.tail_text() + "\n--- the SuperLink's log ---\n" + link.log()[-3000:],
+        )
+    status, details = _final_status(link, run_id)
+    if status != FINISHED_OK:
+        raise RuntimeRunError(
+            f"run {run_id} ended {status}" + (f": {details}" if details else ""),
+            status=status,
+            log_tail=stream.tail_text(),
+        )
+    return run_id, status
 
 
 def _final_status(link: LocalSuperLink, run_id: int) -> tuple[str, str]:
