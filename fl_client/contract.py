@@ -399,6 +399,9 @@ class TrainReport:
     drift_reprofiled: float | None = None
     drift_batch_size: float | None = None
     drift_freq_mhz: float | None = None
+    # The trained round's peak power against its LUT cell (peak + peak-sigma-k·σ)
+    lut_power_deviation: float | None = None
+    lut_set_aside: float | None = None
 
     @property
     def cap(self) -> Cap:

@@ -68,6 +68,10 @@ class LUTFormatError(ValueError):
     """A LUT file or record is malformed or does not fit together."""
 
 
+#: The key of a saved LUT file that holds the SHA-256 of its canonical JSON.
+CHECKSUM_KEY = "content-sha256"
+
+
 def _utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -372,17 +376,35 @@ class LUT:
         return lut
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write atomically (temporary file in the same folder, then ``os.replace``)."""
-        return write_atomic(path, self.to_json())
+        """Write atomically (temporary file in the same folder, then ``os.replace``), with
+        ``content-sha256``: the SHA-256 of the LUT's canonical JSON (``lut_checksum``), which
+        ``load`` checks."""
+        rec = json.loads(self.to_json())
+        rec[CHECKSUM_KEY] = lut_checksum(self)
+        return write_atomic(path, json.dumps(rec, indent=1))
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> LUT:
-        """Read a file written by ``save``; LUTFormatError if it is malformed."""
+    def load(cls, path: str | os.PathLike[str], *, require_checksum: bool = False) -> LUT:
+        """Read a file written by ``save``; LUTFormatError if it is malformed, if its
+        content does not match its ``content-sha256``, or (``require_checksum``: a cache)
+        if it has none (written before checksums: never trusted)."""
         try:
             text = Path(path).read_text(encoding="utf-8")
         except UnicodeDecodeError as err:
             raise LUTFormatError(f"not UTF-8 text: {err}") from None
-        return cls.from_json(text)
+        try:
+            rec = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise LUTFormatError(f"not valid JSON: {err}") from None
+        stored = rec.pop(CHECKSUM_KEY, None) if isinstance(rec, dict) else None
+        if stored is None:
+            if require_checksum:
+                raise LUTFormatError(f"{CHECKSUM_KEY}: missing (written before checksums)")
+            return cls.from_json(text)
+        lut = cls.from_json(json.dumps(rec))
+        if stored != lut_checksum(lut):
+            raise LUTFormatError(f"{CHECKSUM_KEY}: the content does not match its checksum")
+        return lut
 
 
 def _sigma_table(sigma_w: npt.ArrayLike | None, not_profiled: npt.NDArray[np.bool_]) -> FloatArray:
@@ -603,7 +625,7 @@ def load_cached(path: Path, key: LUTKey) -> LUT | None:
     if not path.is_file():
         return None
     try:
-        lut = LUT.load(path)
+        lut = LUT.load(path, require_checksum=True)
         reason = key.mismatch(lut)
     except (LUTFormatError, OSError) as err:
         reason = str(err)

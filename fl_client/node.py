@@ -32,6 +32,7 @@ from fl_client.contract import (
 )
 from fl_client.devices import Device, cap_guard, locked
 from fl_client.drift import DriftCheck, check_drift
+from fl_client.files import set_aside
 from fl_client.lut import LUT, LUTKey, lut_checksum, save_quietly
 from fl_client.node_context import (
     NodeContext,
@@ -118,6 +119,8 @@ class RoundPlan:
     cost: RoundCost = field(default_factory=RoundCost)
     #: Fleet-shared profiling: the check of the chosen cell against the kind's LUT
     shared: DriftCheck | None = None
+    #: The trained round's peak against the LUT cell it ran at: (deviation, set aside)
+    power_check: tuple[float, bool] | None = None
 
 
 def lut_for_cap(
@@ -378,6 +381,46 @@ def _check_drift(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan) -> 
 # --------------------------------------------------------------------------- TRAIN
 
 
+def check_power(
+    ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, peak_w: float
+) -> tuple[float, bool] | None:
+    """Every trained round, at no cost: the round's measured peak power against the peak its
+    LUT promised at the cell it ran at (peak + ``peak-sigma-k``·σ). Beyond
+    ``drift-threshold`` above it, the LUT does not describe this board (a wrong or stale
+    file): its cache file is set aside, so the next round profiles (or verifies) again.
+    Returns (relative deviation, whether the file was set aside); None without a LUT cell."""
+    lut, choice = plan.lut, plan.choice
+    if lut is None or choice is None or not math.isfinite(peak_w) or peak_w <= 0:
+        return None
+    try:
+        i = lut.batch_sizes.index(choice.batch_size)
+        j = lut.freqs_mhz.index(plan.run_freq_mhz)
+    except ValueError:
+        return None
+    sigma = float(lut.peak_sigma_w[i, j]) if lut.peak_sigma_w.size else math.nan
+    promised = float(lut.peak_power_w[i, j]) + ctx.settings.peak_sigma_k * (
+        0.0 if math.isnan(sigma) else sigma
+    )
+    if not math.isfinite(promised) or promised <= 0:
+        return None
+    deviation = peak_w / promised - 1.0
+    if deviation <= ctx.settings.drift_threshold:
+        return deviation, False
+    path = lut.key.path(measure.cache_dir)
+    moved = set_aside(path) if path.is_file() else ""
+    log.warning(
+        "LUT %s: this round peaked at %.2f W where it promised %.2f W (+%.0f%%, beyond "
+        "drift-threshold %.0f%%)%s",
+        path.name,
+        peak_w,
+        promised,
+        100 * deviation,
+        100 * ctx.settings.drift_threshold,
+        f"; {moved}; the next round profiles again" if moved else "",
+    )
+    return deviation, bool(moved)
+
+
 def train_node(
     run_config: Mapping[str, Any],
     node_config: Mapping[str, Any],
@@ -432,6 +475,7 @@ def train_node(
             if step_hook is not None:
                 step_hook()
         _check_drift(ctx, measure, plan)
+        plan.power_check = check_power(ctx, measure, plan, meter.measurement.peak_power_w)
         report = _report(ctx, plan, device, meter.measurement, result)
     finally:
         device.close()
@@ -466,6 +510,9 @@ def _report(
     if plan.shared is not None:
         extra["kind_verify_deviation"] = plan.shared.deviation
         extra["kind_reprofiled"] = float(plan.shared.reprofiled)
+    if plan.power_check is not None:
+        extra["lut_power_deviation"] = plan.power_check[0]
+        extra["lut_set_aside"] = float(plan.power_check[1])
     if plan.drift is not None:
         extra["drift_deviation"] = plan.drift.deviation
         extra["drift_reprofiled"] = float(plan.drift.reprofiled)

@@ -123,7 +123,9 @@ RUN_HELP: dict[str, str] = {
     "drift-check-every": "every k rounds a node re-measures its operating point and compares "
     "it with its LUT; 0 = never ([Drift checks](method.md#drift-checks))",
     "drift-threshold": "relative deviation beyond which a drift check re-profiles the batch "
-    "size's row up to the cap less `cap-margin`",
+    "size's row up to the cap less `cap-margin`; also how far a trained round's peak may "
+    "exceed what its LUT cell promised (peak + `peak-sigma-k`·σ, checked every round at no "
+    "cost) before the LUT file is set aside and profiled again",
     "r-eval-every-samples": "r estimation evaluates on the proxy set every this many "
     "training samples",
     "r-max-samples": "a batch size that has not reached `proxy-target-accuracy` after this "

@@ -24,6 +24,7 @@ from fl_client.lut import (
     LUTKey,
     load_cached,
     load_on_demand,
+    lut_checksum,
     median_cell,
     merge_cells,
     on_demand_key,
@@ -354,6 +355,36 @@ def test_corrupt_cache_is_set_aside_and_reprofiled(
     assert len(aside) == 1 and aside[0].read_text().endswith("truncated")
     assert LUT.load(path).is_full_grid  # a good file again
     assert _cached(tmp_path, FakeDevice(), steps)[1]
+
+
+@pytest.mark.parametrize("tamper", ["edited", "unchecked"])
+def test_a_well_formed_but_wrong_cache_is_refused_by_its_checksum(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, tamper: str
+) -> None:
+    """A cache file whose numbers were changed (its checksum no longer matches), or one
+    written without a checksum, is set aside and re-profiled: never trusted."""
+    steps = CountingSteps()
+    lut, _ = _cached(tmp_path, FakeDevice(), steps)
+    path = LUTKey.of(FakeDevice(), WORKLOAD, B6).path(tmp_path)
+    rec = json.loads(path.read_text())
+    assert rec["content-sha256"] == lut_checksum(lut)
+    if tamper == "edited":  # well-formed, plausible, wrong: a peak 20% low
+        rec["peak-power-w"] = [[p * 0.8 for p in row] for row in rec["peak-power-w"]]
+    else:
+        del rec["content-sha256"]
+    path.write_text(json.dumps(rec))
+    if tamper == "unchecked":  # read on purpose (not as a cache), it still parses
+        assert LUT.load(path).to_json() == lut.to_json()
+    else:
+        with pytest.raises(LUTFormatError, match="content-sha256: the content does not match"):
+            LUT.load(path)
+    before = sum(steps.calls.values())
+    with caplog.at_level(logging.WARNING, logger="fl_client.lut"):
+        again, from_cache = _cached(tmp_path, FakeDevice(), steps)
+    assert not from_cache and sum(steps.calls.values()) > before  # profiled again
+    assert "content-sha256" in caplog.text and "re-profiling" in caplog.text
+    assert len(list(tmp_path.glob(path.name + ".corrupt-*"))) == 1
+    assert again.to_json() == LUT.load(path, require_checksum=True).to_json()
 
 
 def test_a_cache_file_that_is_not_utf8_is_set_aside(tmp_path: Path) -> None:

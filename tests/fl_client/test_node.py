@@ -275,3 +275,26 @@ def test_a_cap_met_only_without_the_margin_is_refused_naming_the_margin(tmp_path
         {**run, "cap-margin": 0.0}, {**NODE, "p-max-w": 3.0}, train_config(), initial_state()
     )
     assert m.p_max_w == 3.0 and m.cap_margin == 0.0 and m.train_time_s > 0
+
+
+def test_a_trained_round_checks_its_peak_against_the_lut_and_sets_a_wrong_one_aside(
+    tmp_path: Path,
+) -> None:
+    """A well-formed LUT (valid checksum) whose peaks are 30% low: the round trained from it
+    peaks far above what it promised, so its file is set aside and the next round profiles
+    again; a right LUT passes the same check at no cost."""
+    node, state = {**NODE, "p-max-w": 5.0}, initial_state()
+    _, first = train_node(run_config(tmp_path), node, train_config(r=R_FOR_B64), state)
+    assert first.lut_set_aside == 0.0 and first.lut_power_deviation is not None
+    assert first.lut_power_deviation <= 0.15
+    (path,) = (tmp_path / "cache" / "nodes").rglob("lut_*.json")
+    good = LUT.load(path, require_checksum=True)
+    dataclasses.replace(good, peak_power_w=good.peak_power_w * 0.7).save(path)
+    _, second = train_node(run_config(tmp_path), node, train_config(2, r=R_FOR_B64), state)
+    assert second.lut_from_cache == 1.0 and second.profile_time_s == 0.0  # trusted at first
+    assert second.lut_power_deviation is not None and second.lut_power_deviation > 0.15
+    assert second.lut_set_aside == 1.0
+    assert not path.exists() and len(list(path.parent.glob(path.name + ".corrupt-*"))) == 1
+    _, third = train_node(run_config(tmp_path), node, train_config(3, r=R_FOR_B64), state)
+    assert third.lut_from_cache == 0.0 and third.profile_time_s > 0  # profiled again
+    assert third.lut_set_aside == 0.0
