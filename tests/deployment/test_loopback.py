@@ -229,6 +229,9 @@ class Federation:
         while time.monotonic() < deadline:
             status = self.run_status(run_id)
             if status.startswith("finished"):
+                # the summary may have been written while `flwr ls` ran: look again
+                done = sorted(out_dir.glob("*/summary.json"))
+                run_dir = run_dir or (done[0].parent if done else None)
                 assert run_dir is not None, (
                     f"run {run_id} {status} without a summary.json:\n"
                     + (self.flwr("log", str(run_id), CONNECTION, "--show").stdout[-4000:])
