@@ -406,6 +406,8 @@ def check_power(
     deviation = peak_w / promised - 1.0
     if deviation <= ctx.settings.drift_threshold:
         return deviation, False
+    if plan.drift is not None and plan.drift.reprofiled:
+        return deviation, False  # this round's drift check has just re-profiled the file
     path = lut.key.path(measure.cache_dir)
     moved = set_aside(path) if path.is_file() else ""
     log.warning(
