@@ -6,6 +6,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -16,6 +17,11 @@ from rich.table import Table
 
 from fl_client.contract import RECORD_VERSION, NodeRow, RoundRow, key_of, to_record
 from strategies.power_aware import RoundReport
+
+#: Set by the process that runs the simulation when a signal ended the run: a ServerApp
+#: thread that still winds down then writes no summary.json (the run did not finish; its
+#: rounds so far stay in rounds.jsonl and nodes.jsonl).
+RUN_STOPPED = threading.Event()
 
 
 def new_run_dir(output_dir: str | Path, method: str) -> Path:
@@ -201,6 +207,7 @@ class RunRecorder:
         console: Console | None = None,
         pacing: str = "off",
     ) -> None:
+        RUN_STOPPED.clear()  # a new run: nothing has stopped it yet
         self.run_dir = run_dir
         self.pacing = pacing
         self.method = method
@@ -366,6 +373,8 @@ class RunRecorder:
     def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write ``summary.json`` and print the summary tables."""
         summ = to_record({**self.summary(), **(extra or {})})
+        if RUN_STOPPED.is_set():
+            return dict(summ)
         self.write("summary.json", summ)
         self.print_summary(summ)
         return dict(summ)

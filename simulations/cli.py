@@ -490,6 +490,9 @@ def exit_interrupted(intr: RunInterrupted, args: argparse.Namespace) -> NoReturn
     """Stop the engine, say in one line what stopped and where its records are, and end
     the process with 128 + the signal's number. ``os._exit``: the run's own threads (the
     ServerApp's, which Flower does not make a daemon) must not keep the process alive."""
+    results = sys.modules.get("fl_server.results")
+    if results is not None:  # a ServerApp thread winding down writes no summary.json
+        results.RUN_STOPPED.set()
     stop_engine()
     print(interrupted_line(intr, args), file=sys.stderr, flush=True)
     sys.stdout.flush()

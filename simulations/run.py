@@ -242,6 +242,9 @@ def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
         kill_descendants(grace_s=0.0)
         os._exit(128 + signum)
     _interrupted.append(signum)
+    results = sys.modules.get("fl_server.results")
+    if results is not None:  # a ServerApp thread winding down writes no summary.json
+        results.RUN_STOPPED.set()
     raise RunInterrupted(signum)
 
 
