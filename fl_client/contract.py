@@ -304,6 +304,11 @@ class NodeDescriptor:
     power_rail: str
     max_batch_size: int
     cap_margin: float = 0.0  # the node's share of P_max kept free of profiled peaks
+    #: The lowest GPU frequency worth profiling under every cap the node runs under: B1's
+    #: fixed frequency for its lowest cap (the device's safe band, which holds the largest
+    #: b, so for every b the fastest feasible frequency is at or above it); 0: no floor
+    #: known (a device without bands, or a cap below its lowest band)
+    profile_floor_mhz: float = 0.0
 
     def to_config(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -332,6 +337,7 @@ class NodeDescriptor:
             power_rail=str(cfg.get("power-rail", "")),
             max_batch_size=_required(cfg, "max-batch-size", where, int),
             cap_margin=_as(cfg.get("cap-margin", 0.0), float, "cap-margin"),
+            profile_floor_mhz=_as(cfg.get("profile-floor-mhz", 0.0), float, "profile-floor-mhz"),
         )
 
     def to_record(self) -> dict[str, Any]:

@@ -6,10 +6,12 @@ neighbour). No Flower import.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from fl_client.devices import Measurement
 from fl_client.lut import LUT, merge_cells, on_demand_key, save_quietly, scale_cells
 from fl_client.pacing import freq_index
 from fl_client.profiler import MeasureContext, ProfileOptions, measure_cell, profile
@@ -139,3 +141,25 @@ def _drift_factors(known: LUT, row: LUT, i: int) -> dict[str, float]:
             ("avg_factor", "avg_power_w"),
         )
     }
+
+
+def trained_time_deviation(
+    time_per_sample_s: float, batch_size: int, m: Measurement
+) -> float | None:
+    """How far a trained round's device time lies outside what its LUT cell predicts, as
+    a relative deviation (0 inside). The round's steps are full batches but for a last
+    partial one, which costs between its share and a full step, so the prediction is a
+    bracket: ``time_per_sample_s`` × the samples (every step charged per sample) to ×
+    ``batch_size`` × the steps (every step charged as full). None without a measurement or
+    a finite prediction."""
+    if not (math.isfinite(time_per_sample_s) and time_per_sample_s > 0):
+        return None
+    if m.steps <= 0 or m.samples <= 0 or m.time_s <= 0:
+        return None
+    low_s = time_per_sample_s * m.samples
+    high_s = time_per_sample_s * batch_size * m.steps
+    if m.time_s > high_s:
+        return m.time_s / high_s - 1.0
+    if m.time_s < low_s:
+        return 1.0 - m.time_s / low_s
+    return 0.0

@@ -31,9 +31,9 @@ from fl_client.contract import (
     format_schedule,
 )
 from fl_client.devices import Device, cap_guard, locked
-from fl_client.drift import DriftCheck, check_drift
+from fl_client.drift import DriftCheck, check_drift, trained_time_deviation
 from fl_client.files import set_aside
-from fl_client.lut import LUT, LUTKey, lut_checksum, save_quietly
+from fl_client.lut import LUT
 from fl_client.node_context import (
     NodeContext,
     RoundCost,
@@ -54,7 +54,15 @@ from fl_client.settings import (
     SettingsError,
     parse_batch_sizes,
 )
-from fl_client.shared import own_cell_check, profile_cells, shared_lut
+from fl_client.shared import (
+    REFUSED,
+    VERIFIED,
+    keep_verified,
+    own_cell_check,
+    profile_cells,
+    refuse,
+    shared_lut,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +92,7 @@ def describe_node(
         info = device.info
     finally:
         device.close()
+    caps = ctx.node.scheduled_caps
     return NodeDescriptor(
         node_name=ctx.node.name,
         partition_id=ctx.partition_id,
@@ -96,6 +105,7 @@ def describe_node(
         power_rail=info.power_rail,
         max_batch_size=max_batch_size(model_name, batch_sizes, info.memory_bytes),
         cap_margin=ctx.cap_margin,
+        profile_floor_mhz=info.profile_floor_mhz(cap.watts for cap in caps),
     )
 
 
@@ -119,6 +129,8 @@ class RoundPlan:
     cost: RoundCost = field(default_factory=RoundCost)
     #: Fleet-shared profiling: the check of the chosen cell against the kind's LUT
     shared: DriftCheck | None = None
+    #: The kind's LUT is checked by this round's own training steps (``_settle_shared``)
+    verify_by_training: bool = False
     #: The trained round's peak against the LUT cell it ran at: (deviation, set aside)
     power_check: tuple[float, bool] | None = None
 
@@ -270,13 +282,15 @@ def _choose(
     if plan.cfg.method == "oracle":
         plan.r_true = oracle_r(ctx, plan.cfg, state, data)
     if shared is not None:
-        plan.lut, plan.lut_from_cache = shared
+        plan.lut, known = shared
+        plan.lut_from_cache = known == VERIFIED
         try:
             plan.choice = select_for(
                 plan, plan.lut, measure.device, ctx.cap_margin, ctx.selection_rule
             )
-            if not plan.lut_from_cache:
-                _verify_shared(ctx, measure, plan)
+            if known != VERIFIED:
+                before = known == REFUSED or ctx.settings.shared_verify == "before"
+                _verify_shared(ctx, measure, plan, before=before)
             plan.run_freq_mhz = plan.choice.freq_mhz
             return
         except selector.InfeasibleCapError as err:
@@ -295,37 +309,71 @@ def _choose(
     plan.run_freq_mhz = plan.choice.freq_mhz
 
 
-def _verify_shared(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan) -> None:
-    """Check the chosen cell of a kind's LUT on this board (the drift check's machinery);
-    beyond ``drift-threshold`` re-profile that row under this node's own cap and re-select.
-    The verified (or corrected) copy is kept, so later rounds measure nothing."""
+def _verify_shared(
+    ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, *, before: bool
+) -> None:
+    """Check the chosen cell of a kind's LUT on this board.
+
+    A cell this node measured in its own slice is checked at no cost. Otherwise, unless
+    ``before``, the round's own training steps check it (``_settle_shared``, after the
+    round: nothing measured for it; the cap guard holds the cap meanwhile). With
+    ``before`` (``shared-verify = "before"``, or a board a trained round found off the
+    LUT) the cell is measured first (the drift check's machinery); beyond
+    ``drift-threshold`` that row is re-profiled under this node's own cap and the choice
+    made again. The checked (or corrected) copy is kept, so later rounds measure nothing."""
     assert plan.lut is not None and plan.choice is not None and plan.cfg.kind_lut is not None
-    options = ProfileOptions(
-        p_max_w=plan.cap.watts,
-        cap_margin=ctx.cap_margin,
-        warmup_steps=plan.lut.warmup_steps,
-        steps=plan.lut.steps,
-        progress=False,
-        peak_sigma_k=ctx.settings.peak_sigma_k,
-    )
     point = (plan.choice.batch_size, plan.choice.freq_mhz)
     check = own_cell_check(measure, plan.lut, point, ctx.settings.drift_threshold)
+    if check is None and not before:
+        plan.verify_by_training = True
+        return
     if check is None:
+        options = ProfileOptions(
+            p_max_w=plan.cap.watts,
+            cap_margin=ctx.cap_margin,
+            warmup_steps=plan.lut.warmup_steps,
+            steps=plan.lut.steps,
+            progress=False,
+            peak_sigma_k=ctx.settings.peak_sigma_k,
+        )
         check = check_drift(measure, plan.lut, None, point, ctx.settings.drift_threshold, options)
     plan.shared, plan.lut = check, check.lut
     plan.cost.add(check.time_s, check.energy_j)
     if check.reprofiled:
         plan.choice = select_for(plan, plan.lut, measure.device, ctx.cap_margin, ctx.selection_rule)
-    path = LUTKey.of(measure.device, measure.workload, plan.lut.batch_sizes, grid="shared").path(
-        measure.cache_dir
+    keep_verified(measure, plan.lut, plan.cfg.kind_lut)
+
+
+def _settle_shared(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, m: Any) -> None:
+    """The kind's LUT checked by the round's own training at the chosen cell: its device
+    time against the cell's time per sample (``drift.trained_time_deviation``) and its
+    peak against the cell's promise (``check_power``), with no step-down of the cap guard.
+    Within ``drift-threshold`` the copy is kept as verified; beyond it the board is off its
+    kind's LUT: the next round measures the cell first and re-profiles the row."""
+    if not plan.verify_by_training:
+        return
+    assert plan.lut is not None and plan.choice is not None and plan.cfg.kind_lut is not None
+    time_dev = trained_time_deviation(plan.choice.time_per_sample_s, plan.choice.batch_size, m)
+    parts = [d for d in (time_dev, plan.power_check and plan.power_check[0]) if d is not None]
+    deviation = max(parts, default=math.nan)
+    ok = bool(parts) and deviation <= ctx.settings.drift_threshold and m.cap_violations == 0
+    plan.shared = DriftCheck(deviation, False, plan.lut, None, 0.0, 0.0)
+    if ok:
+        keep_verified(measure, plan.lut, plan.cfg.kind_lut)
+        return
+    refuse(measure, LUT.from_json(plan.cfg.kind_lut))
+    log.warning(
+        "kind-lut: this board ran (b=%d, %g MHz) %.0f%% off its kind's LUT (time %s, peak "
+        "%s, cap-guard step-downs %d; drift-threshold %.0f%%): the next round measures the "
+        "cell first and re-profiles the row if it is still off",
+        plan.choice.batch_size,
+        plan.run_freq_mhz,
+        100 * deviation if math.isfinite(deviation) else math.nan,
+        "n/a" if time_dev is None else f"{100 * time_dev:+.0f}%",
+        "n/a" if plan.power_check is None else f"{100 * plan.power_check[0]:+.0f}%",
+        m.cap_violations,
+        100 * ctx.settings.drift_threshold,
     )
-    save_quietly(plan.lut, path)
-    try:
-        path.with_name(path.name + ".source").write_text(
-            lut_checksum(LUT.from_json(plan.cfg.kind_lut))
-        )
-    except OSError as err:
-        log.warning("could not mark %s as verified (%s)", path, err)
 
 
 def _pace(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, samples: int) -> None:
@@ -478,6 +526,7 @@ def train_node(
                 step_hook()
         _check_drift(ctx, measure, plan)
         plan.power_check = check_power(ctx, measure, plan, meter.measurement.peak_power_w)
+        _settle_shared(ctx, measure, plan, meter.measurement)
         report = _report(ctx, plan, device, meter.measurement, result)
     finally:
         device.close()

@@ -148,6 +148,10 @@ PROFILE_GRIDS = ("efficient", "full")
 #: ``shared-profiling``: ``fleet`` (one LUT per node kind, measured in slices by the kind's
 #: nodes, kept in the server's library) or ``off`` (every node profiles its own).
 SHARED_PROFILING = ("fleet", "off")
+#: ``shared-verify``: when a node checks its chosen cell of its kind's LUT on its own board:
+#: ``training`` (by the round's own training steps, after them: free; the cap guard holds
+#: the cap meanwhile) or ``before`` (one cell measured before training).
+SHARED_VERIFY = ("training", "before")
 
 
 def _path_text(cfg: Mapping[str, Any], key: str) -> str:
@@ -246,6 +250,10 @@ class RunSettings:
     shared_seed_cells: int = 8
     shared_cells_per_cap: int = 2
     profile_steps_train: bool = False
+    #: ``shared-verify``: how a node checks its chosen cell of its kind's LUT
+    #: (``SHARED_VERIFY``); a board found off the LUT is measured before its next round
+    #: either way, and its row re-profiled
+    shared_verify: str = "training"
     #: ``allow-untrained-nodes``: a run in which a node never trained (its device could not
     #: be opened, every TRAIN it got failed) still ends with exit status 0; by default
     #: ``powerfl simulate`` names such nodes in its last line and exits 1.
@@ -348,6 +356,11 @@ class RunSettings:
                 lo=0,
             ),
             profile_steps_train=_bool(cfg, "profile-steps-train", False),
+            shared_verify=_choice(
+                {"shared-verify": cfg.get("shared-verify", "training")},
+                "shared-verify",
+                SHARED_VERIFY,
+            ),
             allow_untrained_nodes=_bool(cfg, "allow-untrained-nodes", False),
             run_dir=_path_text(cfg, "run-dir"),
             simulated_fleet=_bool(cfg, "simulated-fleet", False),

@@ -132,8 +132,13 @@ RUN_HELP: dict[str, str] = {
     "many samples is left out of B; the oracle uses the same budget on a node's data",
     "shared-profiling": "`fleet`: nodes of one kind (device kind, backend, model, input "
     "shape, B) measure one LUT together in slices, each node checks its own chosen cell "
-    "before training, and the server keeps the LUT in its library; `off`: every node "
+    "(`shared-verify`), and the server keeps the LUT in its library; `off`: every node "
     "profiles its own ([Fleet-shared profiling](method.md#fleet-shared-profiling))",
+    "shared-verify": "how a node checks its chosen cell of its kind's LUT on its board: "
+    "`training`: by the round's own training steps (time against the cell's, peak against "
+    "its promise, no cap-guard step-down), free, while the cap guard holds the cap; "
+    "`before`: one cell measured before training. A board found off the LUT by more than "
+    "`drift-threshold` has the cell measured before its next round and its row re-profiled",
     "shared-seed-cells": "cells spread over the (b, f) grid that fleet-shared profiling "
     "measures first",
     "shared-cells-per-cap": "at most this many further cells per distinct cap, where a fit "

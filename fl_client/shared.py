@@ -19,19 +19,26 @@ import torch
 from fl_client import task
 from fl_client.contract import CellsReport, ProfileRequest
 from fl_client.drift import DriftCheck
-from fl_client.lut import LUT, KindKey, LUTFormatError, LUTKey, lut_checksum
+from fl_client.lut import LUT, KindKey, LUTFormatError, LUTKey, lut_checksum, save_quietly
 from fl_client.node_context import RoundCost, node_context, workload_for
 from fl_client.profiler import MeasureContext, measure_cell_with_sigma, time_per_sample_s
 
 log = logging.getLogger(__name__)
 
 
+#: What a node knows of its kind's LUT on its own board (``shared_lut``): checked and kept
+#: ("verified"), never checked ("unchecked"), or refused by a trained round's check, so the
+#: next round measures the chosen cell first and re-profiles its row ("refused").
+VERIFIED, UNCHECKED, REFUSED = "verified", "unchecked", "refused"
+
+
 def shared_lut(
     kind_lut: str, measure: MeasureContext, batch_sizes: list[int]
-) -> tuple[LUT, bool] | None:
-    """The kind's LUT the server sent, as this node's copy, and whether the copy was already
-    verified (a later round: no measurement). None, with the reason logged, when it is not a
-    valid LUT of this node's kind (the node then profiles its own)."""
+) -> tuple[LUT, str] | None:
+    """The kind's LUT the server sent, as this node's copy, and what this board knows of it
+    (``VERIFIED``: a later round, no measurement; ``UNCHECKED``; ``REFUSED``). None, with
+    the reason logged, when it is not a valid LUT of this node's kind (the node then
+    profiles its own)."""
     try:
         lut = LUT.from_json(kind_lut)
     except LUTFormatError as err:
@@ -50,21 +57,54 @@ def shared_lut(
     if diff:
         log.warning("kind-lut: for another kind (%s); profiling this node's own", "; ".join(diff))
         return None
-    copy = LUTKey.of(measure.device, measure.workload, batch_sizes, grid="shared")
-    path = copy.path(measure.cache_dir)
-    marker = path.with_name(path.name + ".source")
+    path = shared_copy_path(measure, lut.batch_sizes)
+    marker = _marker(path).read_text().strip() if _marker(path).is_file() else ""
     source = lut_checksum(lut)
-    if path.is_file() and marker.is_file() and marker.read_text().strip() == source:
+    if marker == f"{REFUSED} {source}":
+        return lut, REFUSED
+    if path.is_file() and marker == source:
         try:
-            return LUT.load(path), True
+            return LUT.load(path), VERIFIED
         except (LUTFormatError, OSError) as err:
             log.warning("shared LUT copy %s unreadable (%s): verifying again", path, err)
-    return lut, False
+    return lut, UNCHECKED
+
+
+def shared_copy_path(measure: MeasureContext, batch_sizes: tuple[int, ...]) -> Path:
+    """Where this node keeps its checked copy of its kind's LUT."""
+    return LUTKey.of(measure.device, measure.workload, batch_sizes, grid="shared").path(
+        measure.cache_dir
+    )
+
+
+def _marker(path: Path) -> Path:
+    return path.with_name(path.name + ".source")
+
+
+def keep_verified(measure: MeasureContext, lut: LUT, kind_lut: str) -> None:
+    """Keep ``lut`` (the kind's LUT as this board checked it, or its corrected copy) and
+    mark it verified for the kind's LUT ``kind_lut``: later rounds measure nothing."""
+    path = shared_copy_path(measure, lut.batch_sizes)
+    save_quietly(lut, path)
+    try:
+        _marker(path).write_text(lut_checksum(LUT.from_json(kind_lut)))
+    except OSError as err:
+        log.warning("could not mark %s as verified (%s)", path, err)
+
+
+def refuse(measure: MeasureContext, lut: LUT) -> None:
+    """A trained round found this board off its kind's LUT: the next round measures its
+    chosen cell before training, and re-profiles its row if it is still off."""
+    path = shared_copy_path(measure, lut.batch_sizes)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _marker(path).write_text(f"{REFUSED} {lut_checksum(lut)}")
+    except OSError as err:
+        log.warning("could not mark %s as refused (%s)", path, err)
 
 
 def own_cells_path(measure: MeasureContext, batch_sizes: tuple[int, ...]) -> Path:
-    key = LUTKey.of(measure.device, measure.workload, batch_sizes, grid="shared")
-    path = key.path(measure.cache_dir)
+    path = shared_copy_path(measure, batch_sizes)
     return path.with_name(path.name + ".own-cells.json")
 
 

@@ -58,6 +58,9 @@ class KindProfile:
     #: per cell, every measurement of it: (time per sample, peak, average power, σ)
     measured: dict[Cell, list[tuple[float, ...]]] = field(default_factory=dict)
     spent: dict[float, int] = field(default_factory=dict)  # selection cap W -> confirm cells
+    #: The lowest frequency the seeds go to: the lowest of its nodes' ``profile-floor-mhz``
+    #: (0: a node without one, seeds over the whole grid)
+    floor_mhz: float = 0.0
 
     def add(self, report: CellsReport) -> None:
         """Cells a node measured (failed measurements — not finite or ≤ 0 — are dropped)."""
@@ -117,7 +120,8 @@ def kinds_of(
             tuple(batch_sizes[node_id]),
             tuple(d.gpu_freqs_mhz),
         )
-        prof = kinds.setdefault(kind, KindProfile(kind, [], {}))
+        prof = kinds.setdefault(kind, KindProfile(kind, [], {}, floor_mhz=d.profile_floor_mhz))
+        prof.floor_mhz = min(prof.floor_mhz, d.profile_floor_mhz)
         prof.nodes.append(node_id)
         prof.caps[node_id] = [(cap, d.cap_margin) for cap in d.all_caps()]
     return kinds
@@ -130,17 +134,25 @@ def cell_cost(cell: Cell) -> float:
     return b / f
 
 
-def cheap_seeds(batch_sizes: Sequence[int], freqs_mhz: Sequence[float], count: int) -> list[Cell]:
-    """``lut_fit.seed_cells`` with its one expensive corner moved: the largest b at the
-    lowest f costs most of all (b samples at the slowest clock) and is never a choice; its
-    row is seeded at the first f ≥ f_max / 4 instead, where the fit still sees the low-f
-    side of the largest b."""
-    f_min_useful = next(j for j, f in enumerate(freqs_mhz) if f >= freqs_mhz[-1] / 4)
+def cheap_seeds(
+    batch_sizes: Sequence[int], freqs_mhz: Sequence[float], count: int, floor_mhz: float = 0.0
+) -> list[Cell]:
+    """``lut_fit.seed_cells`` over the frequencies at or above ``floor_mhz`` (the kind's
+    lowest B1 band frequency: no cap of the kind has its choice below it, and the cells
+    there are the dearest to measure, every step at the slowest clocks), with one more
+    expensive corner moved: the largest b at the lowest f is never a choice, so its row is
+    seeded at the first f ≥ f_max / 4 instead, where the fit still sees the low-f side of
+    the largest b. The confirm exchanges may still measure below the floor, where the fit
+    puts a cap's choice."""
+    lowest = next((j for j, f in enumerate(freqs_mhz) if f >= floor_mhz), 0)
+    lowest = min(lowest, max(len(freqs_mhz) - 2, 0))  # at least two frequencies to fit
+    freqs = list(freqs_mhz[lowest:])
+    f_min_useful = next(j for j, f in enumerate(freqs) if f >= freqs[-1] / 4)
     out: list[Cell] = []
-    for i, j in seed_cells(len(batch_sizes), len(freqs_mhz), count):
+    for i, j in seed_cells(len(batch_sizes), len(freqs), count):
         if i == len(batch_sizes) - 1 and j < f_min_useful and len(batch_sizes) > 1:
             j = f_min_useful
-        cell = (batch_sizes[i], freqs_mhz[j])
+        cell = (batch_sizes[i], freqs[j])
         if cell not in out:
             out.append(cell)
     return out
@@ -166,7 +178,9 @@ def seed_requests(
     slices of about equal device time."""
     out: dict[int, list[Cell]] = {}
     for prof in kinds.values():
-        seeds = cheap_seeds(prof.kind.batch_sizes, prof.kind.freqs_mhz, opts.seed_cells)
+        seeds = cheap_seeds(
+            prof.kind.batch_sizes, prof.kind.freqs_mhz, opts.seed_cells, prof.floor_mhz
+        )
         out.update(deal(seeds, prof.nodes, {}))
     return out
 

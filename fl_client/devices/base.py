@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, runtime_checkable
@@ -182,6 +182,19 @@ class DeviceInfo:
             raise ValueError(
                 f"b1-freq-caps of {self.kind}: bands must ascend in min-p-max-w and freq-mhz"
             )
+
+    def profile_floor_mhz(self, caps_w: Iterable[float | None]) -> float:
+        """The lowest GPU frequency worth profiling under every cap of ``caps_w``: B1's
+        band frequency for the lowest cap. The band is the device's safe fixed frequency
+        for the largest b, and a smaller b draws no more at the same clock, so under that
+        cap every b's fastest feasible frequency is at or above it. 0.0 (no floor) without
+        bands, or when a cap lies below the lowest band."""
+        if not self.b1_bands:
+            return 0.0
+        try:
+            return min((self.b1_freq_cap_mhz(w) for w in caps_w), default=0.0)
+        except ValueError:
+            return 0.0
 
     def b1_freq_cap_mhz(self, p_max_w: float | None) -> float:
         """B1's fixed GPU frequency in MHz under the cap ``p_max_w`` (inf or None: no cap).

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fl_client.drift import check_drift
+from fl_client.devices import Measurement
+from fl_client.drift import check_drift, trained_time_deviation
 from fl_client.lut import LUT, load_cached, load_on_demand, on_demand_key
 from fl_client.node import train_node
 from fl_client.profiler import MeasureContext, add_measured_cell, load_or_profile, profile
@@ -185,3 +186,26 @@ def test_drift_check_at_a_paced_frequency_rescales_the_on_demand_cells(tmp_path:
     measured = ~np.isnan(before.time_per_sample_s)
     ratio = after.time_per_sample_s[measured] / before.time_per_sample_s[measured]
     assert np.allclose(ratio, ratio[0]) and 1.3 < ratio[0] < 1.7
+
+
+@pytest.mark.parametrize(
+    ("time_s", "deviation"),
+    [
+        (0.010 * 100, 0.0),  # every sample at the cell's rate: the bracket's low end
+        (0.010 * 128, 0.0),  # the partial step costing a full one: the high end
+        (0.010 * 128 * 1.6, 0.6),  # a slower board, beyond even the high end
+        (0.010 * 100 * 0.5, 0.5),  # a faster board, below the low end
+    ],
+)
+def test_a_trained_rounds_time_is_judged_against_a_bracket_for_its_partial_step(
+    time_s: float, deviation: float
+) -> None:
+    """100 samples at b = 64: one full step and one of 36 samples, which costs between its
+    share and a full step; only time outside that bracket is a deviation."""
+    m = Measurement(time_s=time_s, steps=2, samples=100)
+    assert trained_time_deviation(0.010, 64, m) == pytest.approx(deviation)
+
+
+def test_no_trained_time_deviation_without_a_measurement_or_a_prediction() -> None:
+    assert trained_time_deviation(0.01, 64, Measurement()) is None
+    assert trained_time_deviation(math.nan, 64, Measurement(time_s=1, steps=1, samples=4)) is None

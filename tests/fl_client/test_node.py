@@ -85,6 +85,9 @@ def test_describe_node_is_the_query_reply(tmp_path: Path) -> None:
     scheduled = describe_node(run_config(tmp_path), {**NODE, "p-max-schedule": "1:7,3:none"}, query)
     assert scheduled.p_max == Cap(7.0) and scheduled.cap_at(3) == Cap.NONE
     assert describe_node(run_config(tmp_path), NODE, query).p_max == Cap.NONE
+    # the lowest frequency worth profiling: B1's band for the node's lowest cap
+    assert desc.profile_floor_mhz == 307.2
+    assert scheduled.profile_floor_mhz == 614.4
 
 
 @pytest.mark.parametrize("missing", ["model", "batch-sizes"])

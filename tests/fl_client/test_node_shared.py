@@ -84,9 +84,16 @@ def kind_lut(tmp_path_factory: pytest.TempPathFactory) -> LUT:
     return lut
 
 
-def _train(tmp_path: Path, node: dict[str, Any], server_round: int = 1, **cfg: Any) -> TrainReport:
+def _train(
+    tmp_path: Path,
+    node: dict[str, Any],
+    server_round: int = 1,
+    verify: str = "training",
+    **cfg: Any,
+) -> TrainReport:
     config = train_config(server_round, **{**TRAIN, **cfg})
-    return train_node(run_config(tmp_path), node, config, initial_state())[1]
+    settings = run_config(tmp_path, **{"shared-verify": verify})
+    return train_node(settings, node, config, initial_state())[1]
 
 
 def _cell(lut: LUT, report: TrainReport) -> tuple[float, float]:
@@ -166,24 +173,28 @@ def test_the_profile_handler_replies_with_the_cells_and_the_arrays(tmp_path: Pat
 # --------------------------------------------------------------------------- TRAIN
 
 
+@pytest.mark.parametrize("verify", ["training", "before"])
 def test_a_valid_kind_lut_is_verified_at_the_chosen_cell_then_trusted(
-    tmp_path: Path, kind_lut: LUT
+    tmp_path: Path, kind_lut: LUT, verify: str
 ) -> None:
     node = _node(2)  # a node that measured none of the kind's cells
-    first = _train(tmp_path, node, kind_lut=kind_lut.to_json())
+    first = _train(tmp_path, node, verify=verify, kind_lut=kind_lut.to_json())
     assert first.lut_shared == 1.0 and first.lut_from_cache == 0.0
     assert first.kind_reprofiled == 0.0
     assert first.kind_verify_deviation is not None and 0 <= first.kind_verify_deviation <= 0.15
     time_s, peak_w = _cell(kind_lut, first)  # a measured cell of the kind's LUT ...
     assert np.isfinite(time_s) and peak_w < CAP_W * (1 - MARGIN)  # ... under the cap
     assert first.batch_size == 64
-    assert first.peak_power_w < CAP_W
-    assert 0 < first.profile_time_s < kind_lut.profile_time_s / 4  # one cell, not a LUT
+    assert first.peak_power_w < CAP_W and first.cap_violations == 0
+    if verify == "training":  # the round's own steps checked the cell: nothing measured
+        assert first.profile_time_s == 0.0
+    else:
+        assert 0 < first.profile_time_s < kind_lut.profile_time_s / 4  # one cell, not a LUT
     record = TrainReport.from_metrics(first.to_metrics()).to_record()
     assert record["kind-verify-deviation"] == pytest.approx(first.kind_verify_deviation)
     assert record["kind-reprofiled"] == 0.0 and record["lut-shared"] == 1.0
     # the next round trusts the verified copy: nothing measured, the same choice
-    second = _train(tmp_path, node, 2, kind_lut=kind_lut.to_json())
+    second = _train(tmp_path, node, 2, verify=verify, kind_lut=kind_lut.to_json())
     assert second.profile_time_s == 0.0 and second.lut_from_cache == 1.0
     assert second.lut_shared == 1.0 and second.kind_verify_deviation is None
     assert (second.batch_size, second.gpu_freq_mhz) == (first.batch_size, first.gpu_freq_mhz)
@@ -196,7 +207,7 @@ def test_a_chosen_cell_the_node_measured_in_its_slice_is_not_measured_again(
     cell = (int(probe.batch_size), probe.gpu_freq_mhz)
     config = _request([cell], steps_train=False).to_config()
     profile_cells(run_config(tmp_path), _node(3), config, initial_state())
-    report = _train(tmp_path, _node(3), kind_lut=kind_lut.to_json())
+    report = _train(tmp_path, _node(3), verify="before", kind_lut=kind_lut.to_json())
     assert (report.batch_size, report.gpu_freq_mhz) == (probe.batch_size, probe.gpu_freq_mhz)
     assert report.profile_time_s == 0.0 and report.kind_reprofiled == 0.0
     assert report.kind_verify_deviation is not None and report.kind_verify_deviation <= 0.15
@@ -210,16 +221,27 @@ def test_a_board_that_disagrees_reprofiles_its_row_and_says_so(
     tmp_path: Path, kind_lut: LUT, drift: dict[str, float]
 ) -> None:
     node = _node(2, **drift)
-    first = _train(tmp_path, node, kind_lut=kind_lut.to_json())
-    assert first.kind_reprofiled == 1.0
-    assert first.kind_verify_deviation is not None and first.kind_verify_deviation > 0.15
-    assert first.to_record()["kind-reprofiled"] == 1.0
-    assert first.profile_time_s > 0.2  # the check and the row
+    first = _train(tmp_path, node, verify="before", kind_lut=kind_lut.to_json())
+    _check_reprofiled(tmp_path, kind_lut, drift, first)
+    second = _train(tmp_path, node, 2, verify="before", kind_lut=kind_lut.to_json())
+    assert second.profile_time_s == 0.0 and second.kind_reprofiled is None
+    assert (second.batch_size, second.gpu_freq_mhz) == (first.batch_size, first.gpu_freq_mhz)
+
+
+def _check_reprofiled(
+    tmp_path: Path, kind_lut: LUT, drift: dict[str, float], report: TrainReport
+) -> None:
+    """``report``'s round measured the chosen cell before training, found the board off
+    the kind's LUT, re-profiled the row and chose again, feasibly on this board."""
+    assert report.kind_reprofiled == 1.0
+    assert report.kind_verify_deviation is not None and report.kind_verify_deviation > 0.15
+    assert report.to_record()["kind-reprofiled"] == 1.0
+    assert report.profile_time_s > 0.2  # the check and the row
     # the corrected copy holds what this board measured; the choice is feasible on it
     mine = _verified_copy(tmp_path)
-    assert _cell(mine, first)[1] < CAP_W * (1 - MARGIN)
-    assert first.peak_power_w < CAP_W
-    i = mine.batch_sizes.index(int(first.batch_size))
+    assert _cell(mine, report)[1] < CAP_W * (1 - MARGIN)
+    assert report.peak_power_w < CAP_W
+    i = mine.batch_sizes.index(int(report.batch_size))
     ratio = mine.time_per_sample_s[i] / kind_lut.time_per_sample_s[i]
     power = mine.peak_power_w[i] - kind_lut.peak_power_w[i]
     if "twin-slowdown" in drift:
@@ -228,14 +250,40 @@ def test_a_board_that_disagrees_reprofiles_its_row_and_says_so(
         assert np.nanmin(power) > 0.5  # the row as this board draws it
         # its choice is judged on its own row: feasible there with peak + k·σ
         i, j = (
-            mine.batch_sizes.index(int(first.batch_size)),
-            mine.freqs_mhz.index(first.gpu_freq_mhz),
+            mine.batch_sizes.index(int(report.batch_size)),
+            mine.freqs_mhz.index(report.gpu_freq_mhz),
         )
         robust_w = mine.peak_power_w[i, j] + 2.0 * np.nan_to_num(mine.peak_sigma_w[i, j])
         assert robust_w < CAP_W * (1 - MARGIN)
+
+
+@pytest.mark.slow  # re-profiles b = 64's row for real: about 8 s each
+@pytest.mark.parametrize(
+    "drift", [{"twin-slowdown": 1.6}, {"twin-extra-power-w": 1.0}], ids=["slower", "hotter"]
+)
+def test_a_board_its_training_finds_off_the_lut_reprofiles_its_row_the_next_round(
+    tmp_path: Path, kind_lut: LUT, drift: dict[str, float], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Checked by its own training steps (the default), a board off its kind's LUT trains
+    one round at the kind's choice (the cap guard holds the cap of a board that draws more
+    than the kind), is found off, and measures and re-profiles before the next round."""
+    node = _node(2, **drift)
+    with caplog.at_level(logging.WARNING, logger="fl_client.node"):
+        first = _train(tmp_path, node, kind_lut=kind_lut.to_json())
+    assert first.profile_time_s == 0.0 and first.kind_reprofiled == 0.0
+    assert first.kind_verify_deviation is not None and first.kind_verify_deviation > 0.15
+    assert "off its kind's LUT" in caplog.text and "re-profiles the row" in caplog.text
+    assert first.lut_power_deviation is not None
+    if "twin-extra-power-w" in drift:  # found by its peak against the cell's promise
+        assert first.lut_power_deviation > 0.15
+    else:  # found by its time: its power is the kind's
+        assert first.lut_power_deviation <= 0.15 and first.peak_power_w < CAP_W
     second = _train(tmp_path, node, 2, kind_lut=kind_lut.to_json())
-    assert second.profile_time_s == 0.0 and second.kind_reprofiled is None
-    assert (second.batch_size, second.gpu_freq_mhz) == (first.batch_size, first.gpu_freq_mhz)
+    _check_reprofiled(tmp_path, kind_lut, drift, second)
+    third = _train(tmp_path, node, 3, kind_lut=kind_lut.to_json())
+    assert third.profile_time_s == 0.0 and third.kind_reprofiled is None
+    assert third.lut_from_cache == 1.0
+    assert (third.batch_size, third.gpu_freq_mhz) == (second.batch_size, second.gpu_freq_mhz)
 
 
 def _rows(lut: LUT, n: int) -> LUT:

@@ -183,6 +183,34 @@ def test_the_costliest_corner_is_not_seeded() -> None:
     assert {b for b, _ in seeds} == set(B)  # every row still seeded
 
 
+def test_seeds_stay_at_or_above_the_kinds_profile_floor() -> None:
+    """Below the floor (the lowest cap's B1 frequency) no cap of the kind has its choice,
+    and every step there runs at the slowest clocks: the seeds spread over the rest."""
+    freqs = NANO.gpu_freqs_mhz
+    floor = freqs[3]
+    seeds = cheap_seeds(B, freqs, 8, floor)
+    assert len(seeds) == 8 and min(f for _, f in seeds) == floor
+    assert {b for b, _ in seeds} == set(B)  # every row still seeded
+    assert max(f for _, f in seeds) == freqs[-1]
+    # cheaper than the seeds over the whole grid, by the cost model that deals them
+    assert sum(map(cell_cost, seeds)) < sum(map(cell_cost, cheap_seeds(B, freqs, 8)))
+    # a floor at the top still leaves two frequencies to fit
+    assert {f for _, f in cheap_seeds(B, freqs, 8, freqs[-1])} == set(freqs[-2:])
+
+
+def test_a_kinds_floor_is_the_lowest_of_its_nodes() -> None:
+    fleet = {
+        11: dataclasses.replace(FLEET[11], profile_floor_mhz=307.2),
+        12: dataclasses.replace(FLEET[12], profile_floor_mhz=614.4),
+        21: dataclasses.replace(FLEET[21], profile_floor_mhz=0.0),
+    }
+    kinds = kinds_of(fleet, _batch_sizes(fleet), "cnn", SHAPE)
+    assert kinds[NANO_KIND].floor_mhz == 307.2
+    assert kinds[ORIN_KIND].floor_mhz == 0.0  # no floor known: the whole grid
+    one = {11: fleet[12]}
+    assert kinds_of(one, _batch_sizes(one), "cnn", SHAPE)[NANO_KIND].floor_mhz == 614.4
+
+
 # --------------------------------------------------------------------------- confirm
 
 

@@ -158,3 +158,26 @@ def test_devices_know_nothing_of_ml_or_policy():
         if any(name == f or name.startswith(f + ".") for f in FORBIDDEN)
     }
     assert not bad, sorted(bad)
+
+
+@pytest.mark.parametrize(
+    ("caps_w", "floor_mhz"),
+    [
+        ((4.5,), 307.2),  # the lowest cap's band
+        ((7.0, None), 614.4),  # a schedule's caps: no cap counts as the top band
+        ((None, 5.0, 7.0), 307.2),
+        ((None,), 921.6),
+        ((3.0, 7.0), 0.0),  # a cap below every band: no floor
+        ((), 0.0),
+    ],
+)
+def test_profile_floor_is_b1s_band_frequency_for_the_lowest_cap(
+    caps_w: tuple[float | None, ...], floor_mhz: float
+) -> None:
+    assert info().profile_floor_mhz(caps_w) == floor_mhz
+
+
+def test_no_bands_means_no_profile_floor(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        assert info(bands=()).profile_floor_mhz([4.5]) == 0.0
+    assert caplog.text == ""  # not B1's "no bands" warning: profiling just has no floor
