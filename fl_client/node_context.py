@@ -43,16 +43,8 @@ class NodeContext:
 
     def local_data(self) -> tuple[Any, Any]:
         """This node's (training, validation) split of the run's data."""
-        s = self.settings
-        return task.client_data(
-            self.partition_id,
-            self.num_partitions,
-            partitioning=s.partitioning,
-            alpha=s.dirichlet_alpha,
-            seed=s.seed,
-            dataset=s.dataset,
-            classes_per_node=s.classes_per_node,
-        )
+        spec = task.PartitionSpec.of(self.settings)
+        return task.client_data(self.partition_id, self.num_partitions, spec=spec)
 
     def open_device(self, server_round: int = 0) -> Device:
         return open_device(

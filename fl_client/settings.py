@@ -501,6 +501,27 @@ def parse_p_max_schedule(
 NODE_KEYS = ("name", "device", "backend", "p-max-w", "p-max-schedule", "cap-margin")
 #: Keys Flower's simulation puts in node_config, and a fleet entry's ``count``.
 FLOWER_NODE_KEYS = ("partition-id", "num-partitions", "count")
+#: Keys of a fleet entry that may name a file or folder (``p-max-schedule`` only in its CSV
+#: form): a relative path there is relative to the fleet file's folder (``fleet_entry_paths``).
+FLEET_PATH_KEYS = ("p-max-schedule", "replay-table", "sysfs-root", "state-dir")
+
+
+def fleet_entry_paths(entry: Mapping[str, Any], fleet_dir: Path) -> dict[str, Any]:
+    """A fleet file's ``[[node]]`` table with each relative path in it (``FLEET_PATH_KEYS``)
+    made absolute against ``fleet_dir``, the fleet file's folder, as users of config files
+    expect; absolute paths (``~`` expanded) and every other value are kept. Done once, where
+    the fleet file is read, so the node's options and schedule hold paths that mean the
+    same in every process, whatever its current directory."""
+    out = dict(entry)
+    for key in FLEET_PATH_KEYS:
+        value = out.get(key)
+        if not isinstance(value, str) or not value.strip():
+            continue
+        text = value.strip()
+        if key == "p-max-schedule" and not text.lower().endswith(".csv"):
+            continue  # inline steps ("1:7.0,5:4.5"), not a path
+        out[key] = str(resolve_path(text, fleet_dir))
+    return out
 
 
 def node_entry_keys() -> tuple[str, ...]:
@@ -570,7 +591,9 @@ def load_fleet(path: str | Path) -> list[NodeSettings]:
     """Read a fleet file (``configs/fleets/*.toml``): one ``[[node]]`` table per node.
 
     A node table may carry ``count = N`` to stand for N identical nodes (named
-    ``name-1`` … ``name-N``). Simulated node *i* is mapped to ``partition-id`` *i*.
+    ``name-1`` … ``name-N``). Simulated node *i* is mapped to ``partition-id`` *i*. A
+    relative path in an entry (a CSV ``p-max-schedule``, ``replay-table``, ``sysfs-root``,
+    ``state-dir``) is relative to the fleet file's folder (``fleet_entry_paths``).
     """
     p = resolve_path(str(path))
     if not p.is_file():
@@ -595,6 +618,7 @@ def _load_fleet_cached(p: Path, mtime_ns: int) -> tuple[NodeSettings, ...]:
         count = entry.get("count", 1)
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise SettingsError(f"{where}: count: expected an integer ≥ 1, got {count!r}")
+        entry = fleet_entry_paths(entry, p.parent)
         base = _node_from_mapping(entry, where, default_name=f"node-{i}")
         for k in range(count):
             name = base.name if count == 1 else f"{base.name}-{k + 1}"

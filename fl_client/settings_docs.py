@@ -165,7 +165,8 @@ NODE_HELP: dict[str, str] = {
     "hardware first)",
     "p-max-w": 'the power cap in W on the device\'s board rail, `"none"` for no cap',
     "p-max-schedule": "a cap per round instead of `p-max-w` (give one of the two); a CSV path "
-    "is relative to the app folder ([Cap schedules](method.md#cap-schedules))",
+    "is relative to the fleet file's folder (in `--node-config`, to the app folder) "
+    "([Cap schedules](method.md#cap-schedules))",
     "cap-margin": "this node's share of P_max kept free of profiled peaks, instead of the "
     "run's `cap-margin`",
     "partition-id": "which data partition the node trains on; Flower sets it in simulation "
@@ -416,7 +417,9 @@ NODE_INTRO = """
 
 The keys of a `[[node]]` table in a fleet file, or of a SuperNode's `--node-config`: the
 node's own settings, Flower's keys, and the backends' options (the backend named in the
-meaning reads the key; the others ignore it).
+meaning reads the key; the others ignore it). A relative path in a fleet file (a CSV
+`p-max-schedule`, `replay-table`, `sysfs-root`, `state-dir`) is relative to the fleet file's
+folder, from any current directory.
 
 """
 

@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,6 +19,9 @@ from torch.utils.data import TensorDataset
 from fl_client import image_data, partitions
 from fl_client.contract import SettingsError
 from fl_client.text_model import SEQ_LEN, TEXT_MODELS, VOCAB, CharTransformer, build_text_model
+
+if TYPE_CHECKING:
+    from fl_client.settings import RunSettings
 
 #: Image models (3×32×32 inputs, 10 classes).
 MODEL_NAMES = ("cnn", "resnet18", "mobilenetv2")
@@ -423,6 +427,64 @@ def partition_dirichlet(
     )
 
 
+@dataclass(frozen=True)
+class PartitionSpec:
+    """How the pool is split over the nodes: the run settings ``partitioning``,
+    ``dirichlet-alpha``, ``seed``, ``dataset`` and ``classes-per-node`` (``of(settings)``).
+
+    The defaults are those of ``client_data`` and ``split_report`` without a spec.
+    """
+
+    #: ``partitioning``: one of ``PARTITIONINGS``.
+    partitioning: str = "dirichlet"
+    #: ``dirichlet-alpha``: Dirichlet concentration, > 0; only for ``dirichlet``.
+    alpha: float = 0.5
+    #: ``seed``: seed of the slices, the partition and each node's local split.
+    seed: int = 0
+    #: ``dataset``: ``digits`` (the embedded default) or another; see ``load_splits``.
+    dataset: str = DEFAULT_DATASET
+    #: ``classes-per-node``: classes each node holds; only for ``pathological``.
+    classes_per_node: int = CLASSES_PER_NODE
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> PartitionSpec:
+        """The split the run settings ``settings`` ask for."""
+        return cls(
+            partitioning=settings.partitioning,
+            alpha=settings.dirichlet_alpha,
+            seed=settings.seed,
+            dataset=settings.dataset,
+            classes_per_node=settings.classes_per_node,
+        )
+
+    def check(self, partition_id: int, num_partitions: int) -> None:
+        """``partitioning``, ``dirichlet-alpha`` (with ``dirichlet``) and ``partition_id``
+        in ``[0, num_partitions)``; a SettingsError naming the key."""
+        if self.partitioning not in PARTITIONINGS:
+            raise SettingsError(
+                f"partitioning: unknown value {self.partitioning!r}; "
+                f"allowed: {', '.join(PARTITIONINGS)}"
+            )
+        if self.partitioning == "dirichlet":
+            partitions.check_alpha(self.alpha)
+        if not 0 <= partition_id < num_partitions:
+            raise SettingsError(
+                f"partition-id: must be in [0, {num_partitions - 1}] for {num_partitions} "
+                f"partitions, got {partition_id!r}"
+            )
+
+    def parts(self, num_partitions: int) -> tuple[np.ndarray, ...]:
+        """Each node's positions in the pool (cached per split)."""
+        return _partitions(
+            num_partitions,
+            self.partitioning,
+            float(self.alpha),
+            self.seed,
+            self.dataset,
+            int(self.classes_per_node),
+        )
+
+
 @lru_cache(maxsize=16)
 def _partitions(
     num_partitions: int,
@@ -445,39 +507,19 @@ def _partitions(
     )
 
 
-def _check_split_settings(
-    partitioning: str, alpha: float, partition_id: int, num_partitions: int
-) -> None:
-    if partitioning not in PARTITIONINGS:
-        raise SettingsError(
-            f"partitioning: unknown value {partitioning!r}; allowed: {', '.join(PARTITIONINGS)}"
-        )
-    if partitioning == "dirichlet":
-        partitions.check_alpha(alpha)
-    if not 0 <= partition_id < num_partitions:
-        raise SettingsError(
-            f"partition-id: must be in [0, {num_partitions - 1}] for {num_partitions} "
-            f"partitions, got {partition_id!r}"
-        )
-
-
 def client_data(
     partition_id: int,
     num_partitions: int,
     *,
-    partitioning: str = "dirichlet",
-    alpha: float = 0.5,
-    seed: int = 0,
-    dataset: str = DEFAULT_DATASET,
-    classes_per_node: int = CLASSES_PER_NODE,
+    spec: PartitionSpec = PartitionSpec(),
 ) -> tuple[TensorDataset, TensorDataset]:
     """One client's share of the pool, split into local train and local validation data.
 
-    The pool of ``load_splits(dataset, seed)`` is split over the nodes with a Flower
-    Datasets partitioner (``fl_client.partitions.partition``: ``dirichlet`` with ``alpha``
-    and at least ``MIN_PARTITION_SIZE`` samples each, ``iid``, or ``pathological`` with
-    ``classes_per_node``); the client's part is shuffled (seeded) and ``VAL_FRACTION`` of
-    it (at least one sample) is held back as local validation data.
+    The pool of ``load_splits(spec.dataset, spec.seed)`` is split over the nodes with a
+    Flower Datasets partitioner (``fl_client.partitions.partition``: ``dirichlet`` with
+    ``spec.alpha`` and at least ``MIN_PARTITION_SIZE`` samples each, ``iid``, or
+    ``pathological`` with ``spec.classes_per_node``); the client's part is shuffled (seeded)
+    and ``VAL_FRACTION`` of it (at least one sample) is held back as local validation data.
 
     Parameters
     ----------
@@ -485,29 +527,19 @@ def client_data(
         This client's partition, in ``[0, num_partitions)``.
     num_partitions : int
         Number of clients the pool is split over.
-    partitioning : {"dirichlet", "iid", "pathological"}
-        How the pool is split.
-    alpha : float
-        Dirichlet concentration (``dirichlet-alpha``), > 0; ignored otherwise.
-    seed : int
-        Seed of the slices, the partition and the local split.
-    dataset : str
-        The ``dataset`` run setting (``digits``, the embedded default; see ``load_splits``).
-    classes_per_node : int
-        Classes per node (``classes-per-node``); only for ``pathological``.
+    spec : PartitionSpec
+        How the pool is split (``PartitionSpec.of(settings)`` for a run's settings).
 
     Returns
     -------
     (TensorDataset, TensorDataset)
         Local train data and local validation data.
     """
-    _check_split_settings(partitioning, alpha, partition_id, num_partitions)
-    parts = _partitions(
-        num_partitions, partitioning, float(alpha), seed, dataset, int(classes_per_node)
-    )
-    ids = np.random.default_rng([seed, partition_id]).permutation(parts[partition_id])
+    spec.check(partition_id, num_partitions)
+    parts = spec.parts(num_partitions)
+    ids = np.random.default_rng([spec.seed, partition_id]).permutation(parts[partition_id])
     n_val = max(1, round(VAL_FRACTION * len(ids))) if len(ids) > 1 else 0
-    x, y = as_tensors(load_splits(dataset, seed).pool)
+    x, y = as_tensors(load_splits(spec.dataset, spec.seed).pool)
     val_ids = torch.from_numpy(np.sort(ids[:n_val]))
     train_ids = torch.from_numpy(np.sort(ids[n_val:]))
     return TensorDataset(x[train_ids], y[train_ids]), TensorDataset(x[val_ids], y[val_ids])
@@ -516,32 +548,27 @@ def client_data(
 def split_report(
     num_partitions: int,
     *,
-    partitioning: str = "dirichlet",
-    alpha: float = 0.5,
-    seed: int = 0,
-    dataset: str = DEFAULT_DATASET,
-    classes_per_node: int = CLASSES_PER_NODE,
+    spec: PartitionSpec = PartitionSpec(),
     names: Sequence[str] | None = None,
 ) -> partitions.SplitReport:
-    """Each node's share of the pool as ``client_data`` makes it (training + validation):
-    ``.lines()`` for the console (one line per node: name, samples, label histogram) and
-    ``.save(run_dir)`` for ``split.png`` (Flower Datasets' label-distribution plot) and
-    ``split.json``. ``names[i]`` names partition i (default: its id)."""
-    _check_split_settings(partitioning, alpha, 0, num_partitions)
-    splits = load_splits(dataset, seed)
-    parts = _partitions(
-        num_partitions, partitioning, float(alpha), seed, dataset, int(classes_per_node)
-    )
+    """Each node's share of the pool as ``client_data`` makes it with the same ``spec``
+    (training + validation): ``.lines()`` for the console (one line per node: name,
+    samples, label histogram) and ``.save(run_dir)`` for ``split.png`` (Flower Datasets'
+    label-distribution plot) and ``split.json``. ``names[i]`` names partition i (default:
+    its id)."""
+    spec.check(0, num_partitions)
+    splits = load_splits(spec.dataset, spec.seed)
+    parts = spec.parts(num_partitions)
     detail = {
-        "dirichlet": f"dirichlet-alpha {alpha:g}, ",
-        "pathological": f"classes-per-node {classes_per_node}, ",
-    }.get(partitioning, "")
+        "dirichlet": f"dirichlet-alpha {spec.alpha:g}, ",
+        "pathological": f"classes-per-node {spec.classes_per_node}, ",
+    }.get(spec.partitioning, "")
     return partitions.SplitReport.of(
         as_tensors(splits.pool)[1].numpy(),
         list(parts),
-        dataset=dataset,
-        partitioning=partitioning,
-        detail=f"{detail}seed {seed}",
+        dataset=spec.dataset,
+        partitioning=spec.partitioning,
+        detail=f"{detail}seed {spec.seed}",
         names=names,
         class_names=splits.class_names,
     )

@@ -17,6 +17,7 @@ from fl_client.settings import PATH_SETTINGS, SettingsError, tomllib, with_app_p
 from simulations.run import (
     ENGINES,
     RunInterrupted,
+    default_engine,
     flower_env,
     interruptible,
     preflight,
@@ -230,8 +231,9 @@ def _share_arg(*, zero_ok: bool) -> Callable[[str], float]:
 
 def choose_engine(args: argparse.Namespace) -> str:
     """The engine of ``simulate``: ``--engine``, else ``runtime`` when ``--ray-address``
-    is given, else ``in-process``. A cluster with ``--engine in-process`` is refused."""
-    engine = args.engine or ("runtime" if args.ray_address else "in-process")
+    is given, else ``simulations.run.default_engine()`` (``runtime`` on Flower ≥ 1.41).
+    A cluster with ``--engine in-process`` is refused."""
+    engine = args.engine or ("runtime" if args.ray_address else default_engine())
     if args.ray_address and engine != "runtime":
         raise SettingsError(
             f"--ray-address: a Ray cluster is joined through Flower's Simulation Runtime, not "
@@ -377,9 +379,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         description="Run the fleet in Flower's simulation engine, once per method, on the "
         "same fleet, data and seeds, and compare. Every setting is checked before the "
         "engine starts. Ctrl-C or SIGTERM stops the run and its engine: exit status 130 or "
-        "143, and the finished rounds' records stay. --engine runtime goes through Flower's "
-        "Simulation Runtime (the path behind `flwr run`), which can also join a Ray "
-        "cluster (--ray-address).",
+        "143, and the finished rounds' records stay. It goes through Flower's Simulation "
+        "Runtime (the path behind `flwr run`; --engine in-process on a Flower older than "
+        "1.41), which can also join a Ray cluster (--ray-address).",
         epilog=PATHS_NOTE,
     )
     p.add_argument(
@@ -403,9 +405,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--engine",
         choices=ENGINES,
-        help="in-process (default): Flower's run_simulation in this process; runtime: "
-        "Flower's Simulation Runtime, the path behind `flwr run` (a SuperLink of its own "
-        "in simulation mode; needs flwr >= 1.41)",
+        help="runtime (default with flwr >= 1.41): Flower's Simulation Runtime, the path "
+        "behind `flwr run` (a SuperLink of its own in simulation mode); in-process (the "
+        "default with an older Flower): Flower's run_simulation in this process, deprecated "
+        "from flwr 1.41",
     )
     p.add_argument(
         "--ray-address",
@@ -490,10 +493,7 @@ def exit_interrupted(intr: RunInterrupted, args: argparse.Namespace) -> NoReturn
     """Stop the engine, say in one line what stopped and where its records are, and end
     the process with 128 + the signal's number. ``os._exit``: the run's own threads (the
     ServerApp's, which Flower does not make a daemon) must not keep the process alive."""
-    results = sys.modules.get("fl_server.results")
-    if results is not None:  # a ServerApp thread winding down writes no summary.json
-        results.RUN_STOPPED.set()
-    stop_engine()
+    stop_engine()  # the signal handler has set fl_server.results.RUN_STOPPED
     print(interrupted_line(intr, args), file=sys.stderr, flush=True)
     sys.stdout.flush()
     from fl_client.devices import safety  # a GPU locked in this process: the run is over

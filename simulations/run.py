@@ -35,6 +35,7 @@ from fl_client.settings import (
     with_app_paths,
 )
 from simulations.processes import descendants, terminate
+from simulations.runtime import FLOWER_ENV, MIN_FLOWER, flower_version
 
 if TYPE_CHECKING:
     from fl_client.partitions import SplitReport
@@ -43,14 +44,11 @@ if TYPE_CHECKING:
 #: Nodes shown in the console's data-split lines (all of them are in split.json).
 SPLIT_LINES = 16
 
-FLOWER_ENV = {
-    "FLWR_TELEMETRY_ENABLED": "0",
-    "FLWR_DISABLE_UPDATE_CHECK": "1",
-    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-}
-#: How ``simulate`` runs the simulation: ``in-process`` (Flower's ``run_simulation`` here)
-#: or ``runtime`` (Flower's Simulation Runtime, ``simulations.runtime``).
-ENGINES = ("in-process", "runtime")
+#: How ``simulate`` runs the simulation: ``runtime`` (Flower's Simulation Runtime, the path
+#: behind ``flwr run``: ``simulations.runtime``; the default where the installed Flower has
+#: it) or ``in-process`` (Flower's ``run_simulation`` here, deprecated from Flower 1.41; the
+#: default on older Flower, e.g. 1.30 on a Jetson's Python 3.10).
+ENGINES = ("runtime", "in-process")
 #: How Ray is started for a simulation (Flower's defaults for its simulation engine).
 RAY_INIT_ARGS = {"include_dashboard": False, "logging_level": "WARNING", "log_to_driver": True}
 #: Signals that end a run: each gives exit status 128 + its number (SIGINT 130, SIGTERM 143).
@@ -94,15 +92,7 @@ def check_partitions(
 
     task.check_dataset(settings.dataset)
     try:
-        return task.split_report(
-            num_nodes,
-            partitioning=settings.partitioning,
-            alpha=settings.dirichlet_alpha,
-            seed=settings.seed,
-            dataset=settings.dataset,
-            classes_per_node=settings.classes_per_node,
-            names=names,
-        )
+        return task.split_report(num_nodes, spec=task.PartitionSpec.of(settings), names=names)
     except ValueError as err:  # SettingsError too: the split's own checks name their key
         pool = task.load_splits(settings.dataset, settings.seed).sizes()["pool"]
         raise SettingsError(
@@ -111,26 +101,34 @@ def check_partitions(
         ) from None
 
 
+def default_engine() -> str:
+    """``runtime`` where the installed Flower has the Simulation Runtime path this app
+    uses (``simulations.runtime.MIN_FLOWER``), else ``in-process``."""
+    return "runtime" if flower_version() >= MIN_FLOWER else "in-process"
+
+
 def simulate(
     overrides: dict[str, Any],
     *,
     backend: str = "ray",
     num_cpus_per_node: float = 1.0,
     num_gpus_per_node: float = 0.0,
-    engine: str = "in-process",
+    engine: str | None = None,
     ray_address: str | None = None,
 ) -> dict[str, Any]:
     """Run one Flower simulation of the fleet with these run settings; return its summary.
 
     Everything that can be checked is checked before the engine starts (``preflight``,
     then the data split, whose lines are printed and saved in the run's folder).
-    ``engine``: ``in-process`` runs Flower's ``run_simulation`` here; ``runtime`` goes
-    through Flower's Simulation Runtime (``simulations.runtime.run_in_runtime``), as does
-    any ``ray_address`` (``host:port`` of an existing Ray cluster's head, which the run
+    ``engine``: ``runtime`` goes through Flower's Simulation Runtime
+    (``simulations.runtime.run_in_runtime``), as does any ``ray_address``;
+    ``in-process`` runs Flower's ``run_simulation`` here; None: ``default_engine()``. With
+    ``ray_address`` (``host:port`` of an existing Ray cluster's head, which the run
     joins). Each simulated node reserves ``num_cpus_per_node`` CPUs and
     ``num_gpus_per_node`` of a GPU in Ray (one share for all nodes). Interrupted
     (``RunInterrupted``), it stops the engine's processes before the exception goes on.
     """
+    engine = engine or ("runtime" if ray_address else default_engine())
     if engine not in ENGINES:
         raise SettingsError(f"--engine: unknown engine {engine!r}; allowed: {', '.join(ENGINES)}")
     from simulations.runtime import NodeResources  # light: no PyTorch, Flower or Ray

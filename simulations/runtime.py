@@ -78,7 +78,8 @@ from simulations.processes import alive, process_tree, terminate
 #: and Fleet APIs over HTTP on one ``--host``/``--port``, and the CLI talks HTTP to it.
 #: Older releases (1.30 … 1.36 at least) have gRPC APIs on separate addresses instead.
 MIN_FLOWER = (1, 41)
-#: Quiet, offline Flower in every process of the run.
+#: Quiet, offline Flower in every process of the run (``simulations.run.flower_env`` sets
+#: them in ``powerfl``'s own process too).
 FLOWER_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",
     "FLWR_DISABLE_UPDATE_CHECK": "1",

@@ -48,6 +48,7 @@ from fl_client.settings import (
     REPO_ROOT,
     RunSettings,
     SettingsError,
+    fleet_entry_paths,
     parse_p_max_schedule,
     resolve_path,
     tomllib,
@@ -130,7 +131,7 @@ def fixed_at_minimum_fleet(path: str | Path) -> str:
         "# its minimum cap (the safe fixed cap a user would otherwise pick).",
     ]
     for i, entry in enumerate(data.get("node", [])):
-        entry = dict(entry)
+        entry = fleet_entry_paths(entry, p.parent)  # its paths, as the run would read them
         if "p-max-schedule" in entry:
             steps = parse_p_max_schedule(entry.pop("p-max-schedule"), f"{p.name} node #{i + 1}")
             low = min(c for _, c in steps)
@@ -222,7 +223,7 @@ Simulate = Callable[[dict[str, Any]], dict[str, Any]]
 def _child(simulate: Simulate, overrides: dict[str, Any], work: str) -> None:
     """A cell's process: ``simulate(overrides)``, its output appended to the cell's log and
     its summary written to ``result.json``."""
-    from simulations.run import flower_env
+    from simulations.run import flower_env, interruptible
 
     os.setsid()  # its own process group: a timeout ends the engine's processes with it
     fd = os.open(Path(work) / "simulate.log", os.O_WRONLY | os.O_APPEND)
@@ -234,7 +235,11 @@ def _child(simulate: Simulate, overrides: dict[str, Any], work: str) -> None:
             stream.reconfigure(line_buffering=True)
     os.chdir(REPO_ROOT)
     flower_env(REPO_ROOT / ".flwr")
-    write_json(Path(work) / "result.json", simulate(overrides))
+    # SIGTERM (a timeout, Ctrl-C on the study) stops the engine's own processes too: the
+    # Simulation Runtime's SuperLink and SuperExec run in sessions of their own, beyond
+    # this process group
+    with interruptible():
+        write_json(Path(work) / "result.json", simulate(overrides))
 
 
 class _LogTail:

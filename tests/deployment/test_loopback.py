@@ -23,7 +23,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -38,10 +37,10 @@ import pytest
 
 from deploy.connection import write_connection
 from deploy.credentials import Credentials, make_credentials
+from simulations.runtime import stage_app
 
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 CONNECTION = "loopback"
 # The three devices: name -> (device kind, cap in W). Different kinds and caps.
@@ -62,7 +61,6 @@ RUN_CONFIG = {
 }
 #: How long the run may take to finish round 2 (see ``fault_run``).
 ROUND_2_WITHIN_S = 300
-APP_PARTS = ("fl_client", "fl_server", "strategies", "simulations", "configs", "README.md")
 
 
 def _free_port() -> int:
@@ -241,28 +239,6 @@ class Federation:
         raise AssertionError(f"run {run_id} did not finish in {timeout:.0f} s")
 
 
-def _make_app(dst: Path) -> Path:
-    """A copy of the Flower app (the FAB's sources) without the legacy federations table.
-
-    Flower ≥ 1.2x moves ``[tool.flwr.federations]`` into ``$FLWR_HOME/config.toml`` and
-    comments it out of pyproject.toml the first time ``flwr run`` meets it; the copy keeps
-    the test from rewriting the repository's pyproject.toml.
-    """
-    dst.mkdir(parents=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for part in APP_PARTS:
-        src = REPO_ROOT / part
-        if src.is_dir():
-            shutil.copytree(src, dst / part, ignore=ignore)
-        elif src.is_file():
-            shutil.copy2(src, dst / part)
-    text = (REPO_ROOT / "pyproject.toml").read_text()
-    text = re.sub(r"(?ms)^\[tool\.flwr\.federations[^\n]*\n.*?(?=^\[(?!tool\.flwr\.fed))", "", text)
-    assert "tool.flwr.federations" not in text
-    (dst / "pyproject.toml").write_text(text)
-    return dst
-
-
 @pytest.fixture(scope="module")
 def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
     root = tmp_path_factory.mktemp("loopback")
@@ -277,7 +253,7 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]
         "PYTHONUNBUFFERED": "1",
     }
     creds = make_credentials(root / "credentials", hosts=[], nodes=[*NODES, "unregistered"])
-    fed = Federation(root, _make_app(root / "app"), env, creds, _free_port())
+    fed = Federation(root, stage_app(root / "app", {}), env, creds, _free_port())
     write_connection(
         CONNECTION,
         f"127.0.0.1:{fed.superlink_port}",

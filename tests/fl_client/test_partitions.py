@@ -17,6 +17,7 @@ from fl_client.contract import SettingsError
 from tests.image_npz import REAL_DATA_ROOT, write_image_npz
 
 LABELS = np.arange(1000) % 10
+PATHOLOGICAL_1 = task.PartitionSpec("pathological", seed=1)
 
 
 @pytest.fixture
@@ -102,15 +103,13 @@ def test_a_split_that_would_leave_a_node_empty_is_refused_naming_the_key():
 
 
 def test_client_data_uses_the_partitioner_and_rejects_empty_nodes():
-    total = sum(
-        sum(map(len, task.client_data(p, 5, partitioning="pathological", seed=1))) for p in range(5)
-    )
+    total = sum(sum(map(len, task.client_data(p, 5, spec=PATHOLOGICAL_1))) for p in range(5))
     assert 0 < total <= len(task.load_digits_splits(1).pool)
-    train, _ = task.client_data(0, 5, partitioning="pathological", seed=1)
+    train, _ = task.client_data(0, 5, spec=PATHOLOGICAL_1)
     assert len(train.tensors[1].unique()) <= task.CLASSES_PER_NODE
     pool = len(task.load_digits_splits(1).pool)
     with pytest.raises(SettingsError, match="num-partitions"):
-        task.client_data(0, pool + 1, partitioning="iid", seed=1)
+        task.client_data(0, pool + 1, spec=task.PartitionSpec("iid", seed=1))
 
 
 def test_flower_datasets_is_not_imported_with_task():
@@ -135,7 +134,8 @@ def test_flower_datasets_is_not_imported_with_task():
 
 def test_split_report_has_a_line_per_node_and_saves_plot_and_json(tmp_path):
     names = [f"node-{i}" for i in range(4)]
-    report = task.split_report(4, partitioning="dirichlet", alpha=0.5, seed=7, names=names)
+    spec = task.PartitionSpec("dirichlet", alpha=0.5, seed=7)
+    report = task.split_report(4, spec=spec, names=names)
     lines = report.lines()
     assert len(lines) == 5 and "digits over 4 nodes: dirichlet" in lines[0]
     assert "dirichlet-alpha 0.5" in lines[0]
@@ -144,7 +144,7 @@ def test_split_report_has_a_line_per_node_and_saves_plot_and_json(tmp_path):
         assert line.count("[") == 1  # the label histogram
     # The report's counts are exactly what client_data hands each node.
     for i in range(4):
-        train, val = task.client_data(i, 4, partitioning="dirichlet", alpha=0.5, seed=7)
+        train, val = task.client_data(i, 4, spec=spec)
         labels = torch.cat([train.tensors[1], val.tensors[1]]).numpy()
         assert list(report.counts[i]) == np.bincount(labels, minlength=10).tolist()
     written = report.save(tmp_path / "run")
@@ -157,7 +157,7 @@ def test_split_report_has_a_line_per_node_and_saves_plot_and_json(tmp_path):
 
 def test_split_report_names_must_match_the_nodes():
     with pytest.raises(ValueError, match="names"):
-        task.split_report(3, partitioning="iid", names=["a", "b"])
+        task.split_report(3, spec=task.PartitionSpec("iid"), names=["a", "b"])
 
 
 # --------------------------------------------------------------------------- npz datasets
@@ -175,7 +175,7 @@ def test_a_good_npz_reads_and_becomes_a_run_dataset(tmp_path):
     ids = np.concatenate([splits.indices[k] for k in ("proxy-train", "proxy-eval", "pool")])
     assert len(np.unique(ids)) == 700  # the proxy slices and the pool are disjoint
     task.check_dataset(str(path))
-    train, val = task.client_data(1, 3, partitioning="iid", seed=0, dataset=str(path))
+    train, val = task.client_data(1, 3, spec=task.PartitionSpec("iid", dataset=str(path)))
     assert len(train) + len(val) in (83, 84)
 
 
@@ -260,7 +260,7 @@ def test_a_local_hugging_face_dataset_is_a_run_dataset(hf_offline):
     assert splits.sizes()["test"] == 40 and splits.sizes()["pool"] == 520 - 450
     assert splits.class_names[:2] == ("c0", "c1")
     assert task.as_tensors(splits.test)[0].shape[1:] == task.IMAGE_SHAPE  # 8×8 → 32×32
-    report = task.split_report(2, partitioning="iid", dataset=str(folder))
+    report = task.split_report(2, spec=task.PartitionSpec("iid", dataset=str(folder)))
     assert sum(report.sizes()) == 70 and report.class_names[0] == "c0"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 from pathlib import Path
@@ -11,10 +12,12 @@ from typing import Any
 import pytest
 
 from fl_client.settings import (
+    FLEET_PATH_KEYS,
     Cap,
     RunSettings,
     SettingsError,
     load_fleet,
+    node_entry_keys,
     node_settings,
     parse_batch_sizes,
     parse_p_max_w,
@@ -224,6 +227,81 @@ def test_backend_options_in_fleet_and_node_config_reach_the_device_options(
     )
     assert node.options == {"sysfs-root": "/tmp/x"}
     assert DeviceOptions.from_config(node.options).sysfs_root == "/tmp/x"
+
+
+REPLAY_EXAMPLE = Path(__file__).resolve().parents[2] / (
+    "configs/replay/example-illustrative-jetson-nano-resnet18.csv"
+)
+
+
+def test_relative_paths_in_a_fleet_file_are_relative_to_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CSV schedule and a replay table next to the fleet file are found from any current
+    directory; absolute paths and inline schedules stay as they are."""
+    from fl_client.devices import DeviceOptions, open_device
+    from fl_client.devices.replay import ReplayDevice
+
+    folder = tmp_path / "configs" / "fleets"
+    (folder / "traces").mkdir(parents=True)
+    (folder / "traces" / "solar.csv").write_text("round,p-max-w\n1,7\n2,4.5\n3,none\n")
+    (folder / "tables").mkdir()
+    (folder / "tables" / "nano.csv").write_text(REPLAY_EXAMPLE.read_text())
+    fleet = folder / "fleet.toml"
+    fleet.write_text(
+        '[[node]]\nname = "solar"\ndevice = "jetson-nano"\np-max-schedule = "traces/solar.csv"\n'
+        '[[node]]\nname = "replayed"\ndevice = "jetson-nano"\nbackend = "replay"\n'
+        'replay-table = "tables/nano.csv"\np-max-w = 5\n'
+        '[[node]]\nname = "absolute"\ndevice = "jetson-nano"\nbackend = "replay"\n'
+        f"replay-table = {json.dumps(str(REPLAY_EXAMPLE))}\n"
+        '[[node]]\nname = "inline"\ndevice = "jetson-nano"\np-max-schedule = "1:7,3:4.5"\n'
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    solar, replayed, absolute, inline = load_fleet(fleet)
+    assert solar.p_max_schedule == ((1, Cap(7.0)), (2, Cap(4.5)), (3, Cap.NONE))
+    assert replayed.options["replay-table"] == str(folder / "tables" / "nano.csv")
+    assert absolute.options["replay-table"] == str(REPLAY_EXAMPLE)
+    assert inline.p_max_schedule == ((1, Cap(7.0)), (3, Cap(4.5)))
+    assert set(FLEET_PATH_KEYS) <= set(node_entry_keys())  # every path key is an entry key
+    for node in (replayed, absolute):
+        options = DeviceOptions.from_config(node.options)
+        device = open_device(node.device, node.backend, options=options)
+        assert isinstance(device, ReplayDevice) and device.gpu_freqs_mhz
+    # --node-config is no file: its paths are left as typed.
+    node, _, _ = node_settings(
+        {"device": "jetson-nano", "backend": "replay", "replay-table": "tables/nano.csv"}, None
+    )
+    assert node.options["replay-table"] == "tables/nano.csv"
+
+
+def test_a_missing_file_of_a_fleet_file_is_named_at_its_resolved_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fl_client.devices import DeviceOptions, open_device
+    from fl_client.devices.replay import ReplayFormatError
+
+    folder = tmp_path / "fleets"
+    folder.mkdir()
+    monkeypatch.chdir(tmp_path)
+    scheduled = folder / "scheduled.toml"
+    scheduled.write_text(
+        '[[node]]\nname = "solar"\ndevice = "jetson-nano"\np-max-schedule = "traces/gone.csv"\n'
+    )
+    missing = folder / "traces" / "gone.csv"
+    with pytest.raises(SettingsError, match=re.escape(f"schedule file not found: {missing}")):
+        load_fleet(scheduled)
+    replayed = folder / "replayed.toml"
+    replayed.write_text(
+        '[[node]]\nname = "ghost"\ndevice = "jetson-nano"\nbackend = "replay"\n'
+        'replay-table = "gone.json"\n'
+    )
+    (node,) = load_fleet(replayed)
+    options = DeviceOptions.from_config(node.options)
+    missing = folder / "gone.json"
+    with pytest.raises(ReplayFormatError, match=re.escape(f"file not found: {missing}")):
+        open_device(node.device, node.backend, options=options)
 
 
 def test_cap_margin_default_and_per_node_override(tmp_path: Path) -> None:

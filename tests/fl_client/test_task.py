@@ -106,13 +106,39 @@ def test_partition_dirichlet_errors() -> None:
 
 
 def test_client_data_splits_partition_into_train_and_val() -> None:
-    train, val = task.client_data(2, 8, partitioning="dirichlet", alpha=0.5, seed=7)
-    train2, val2 = task.client_data(2, 8, partitioning="dirichlet", alpha=0.5, seed=7)
+    spec = task.PartitionSpec("dirichlet", alpha=0.5, seed=7)
+    train, val = task.client_data(2, 8, spec=spec)
+    train2, val2 = task.client_data(2, 8, spec=task.PartitionSpec(alpha=0.5, seed=7))
     assert torch.equal(train.tensors[0], train2.tensors[0])
     assert torch.equal(val.tensors[1], val2.tensors[1])
     assert len(val) == round(task.VAL_FRACTION * (len(train) + len(val)))
-    total = sum(sum(map(len, task.client_data(p, 8, partitioning="iid", seed=7))) for p in range(8))
+    iid = task.PartitionSpec("iid", seed=7)
+    total = sum(sum(map(len, task.client_data(p, 8, spec=iid))) for p in range(8))
     assert total == len(task.load_digits_splits(seed=7).pool)
+
+
+def test_partition_spec_defaults_and_the_run_settings() -> None:
+    from fl_client.settings import RunSettings
+
+    spec = task.PartitionSpec()
+    assert (spec.partitioning, spec.alpha, spec.seed, spec.dataset, spec.classes_per_node) == (
+        "dirichlet",
+        0.5,
+        0,
+        task.DEFAULT_DATASET,
+        task.CLASSES_PER_NODE,
+    )
+    settings = RunSettings.from_config(
+        {"partitioning": "pathological", "dirichlet-alpha": 0.3, "seed": 4, "classes-per-node": 3}
+    )
+    assert task.PartitionSpec.of(settings) == task.PartitionSpec(
+        "pathological", alpha=0.3, seed=4, dataset="digits", classes_per_node=3
+    )
+    # The spec is the partitioner's input as it was: the same parts for the same values.
+    labels = task.as_tensors(task.load_splits("digits", 4).pool)[1].numpy()
+    expected = task.partitions.partition(labels, 5, "pathological", seed=4, classes_per_node=3)
+    for got, want in zip(task.PartitionSpec.of(settings).parts(5), expected, strict=True):
+        assert np.array_equal(got, want)
 
 
 @pytest.mark.parametrize(
@@ -126,9 +152,14 @@ def test_client_data_splits_partition_into_train_and_val() -> None:
     ],
 )
 def test_client_data_errors_name_the_key(kwargs: dict, key: str) -> None:
-    args = {"partition_id": 0, "num_partitions": 8, **kwargs}
+    args = dict(kwargs)
+    partition_id = args.pop("partition_id", 0)
+    spec = task.PartitionSpec(**args)
     with pytest.raises(ValueError, match=key):
-        task.client_data(**args)
+        task.client_data(partition_id, 8, spec=spec)
+    if partition_id == 0:  # the split report checks the same settings
+        with pytest.raises(ValueError, match=key):
+            task.split_report(8, spec=spec)
 
 
 # --- train / evaluate ---------------------------------------------------------------------

@@ -82,12 +82,19 @@ def _simulate_args(*args: str):
     return build_parser(argv).parse_args(argv)
 
 
-def test_the_engine_flags_default_to_the_in_process_engine():
+def test_the_engine_defaults_to_flowers_simulation_runtime(monkeypatch):
+    """Flower's supported path where the installed Flower has it (the pinned 1.41), else
+    (flwr 1.30 on a Jetson's Python 3.10) the in-process engine."""
+    from simulations import runtime
     from simulations.cli import choose_engine
 
     args = _simulate_args()
     assert (args.engine, args.ray_address, args.num_cpus, args.num_gpus) == (None, None, 1.0, 0.0)
+    assert runtime.flower_version() >= runtime.MIN_FLOWER  # constraints.txt pins flwr 1.41
+    assert choose_engine(args) == "runtime"
+    monkeypatch.setattr(runtime.importlib.metadata, "version", lambda name: "1.30.0")
     assert choose_engine(args) == "in-process"
+    assert choose_engine(_simulate_args("--ray-address", "head.lab:6380")) == "runtime"
 
 
 @pytest.mark.parametrize(
@@ -187,7 +194,8 @@ def test_simulate_refuses_an_unknown_engine_naming_the_flag():
     from fl_client.settings import SettingsError
     from simulations.run import simulate
 
-    with pytest.raises(SettingsError, match=r"^--engine: unknown engine 'flwr'; allowed: in-proc"):
+    allowed = r"^--engine: unknown engine 'flwr'; allowed: runtime, in-process$"
+    with pytest.raises(SettingsError, match=allowed):
         simulate({}, engine="flwr")
 
 

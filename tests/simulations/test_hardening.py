@@ -439,9 +439,10 @@ def test_a_node_whose_device_cannot_be_opened_is_named_and_fails_the_run(
     )  # fmt: skip
     assert out.returncode == 1, out.stderr[-3000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
+    missing = tmp_path / "no-such-table.json"  # relative to the fleet file's folder
     assert out.stderr.strip().splitlines()[-1] == (
         "powerfl: error: 1 node never trained: ghost in b1 (QUERY failed: ReplayFormatError: "
-        "replay-table: file not found: no-such-table.json); the run's summary.json lists "
+        f"replay-table: file not found: {missing}); the run's summary.json lists "
         "them under untrained-nodes; -c allow-untrained-nodes=true accepts such a run"
     )
     console = " ".join(out.stdout.split())  # rich wraps long lines
@@ -455,7 +456,7 @@ def test_a_node_whose_device_cannot_be_opened_is_named_and_fails_the_run(
         "p-max-w": 4.5,  # its real cap
         "stage": "query",
     }
-    assert ghost["reason"].endswith("file not found: no-such-table.json")
+    assert ghost["reason"].endswith(f"file not found: {missing}")
     assert sorted(summary["nodes"]) == ["a", "b"]  # the two others trained
 
 
