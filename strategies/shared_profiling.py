@@ -162,10 +162,13 @@ def deal(
     cells: Sequence[Cell], nodes: Sequence[int], load: dict[int, float]
 ) -> dict[int, list[Cell]]:
     """Cells to nodes, costliest first, each to the node with the least load so far (the
-    exchange lasts as long as its busiest node); ``load`` is updated."""
+    exchange lasts as long as its busiest node), ties to the node first in ``nodes`` (the
+    kind's nodes by name: the same slices in every run, whatever ids Flower gives the
+    nodes); ``load`` is updated."""
     out: dict[int, list[Cell]] = defaultdict(list)
+    order = {n: i for i, n in enumerate(nodes)}
     for cell in sorted(cells, key=cell_cost, reverse=True):
-        node = min(nodes, key=lambda n: (load.get(n, 0.0), n))
+        node = min(nodes, key=lambda n: (load.get(n, 0.0), order[n]))
         out[node].append(cell)
         load[node] = load.get(node, 0.0) + cell_cost(cell)
     return out
@@ -194,6 +197,9 @@ def confirm_requests(
     fit to the kind's measured cells is unsure, measured by a node under that cap:
 
     * the fit's Eq. 4 choice for the cap, when it is not measured yet;
+    * else, when that choice was measured and is not feasible by the selection rule (peak
+      + k·σ), the next lower frequency of its row (the boundary of the row the fit finds
+      best), when not measured yet;
     * else the cell above the best measured feasible cell in its row (the cap's boundary:
       is the next frequency feasible too?), when not measured yet;
     * else nothing: the cap is settled.
@@ -228,6 +234,8 @@ def confirm_requests(
             )
             best = eq4_choice(time_s, robust_w, avg_w, r, limit_w, opts.tie_tolerance)
             wanted = [pick] if pick is not None else []
+            if pick is not None and pick[1] > 0 and robust_w[pick] >= limit_w:  # NaN: unmeasured
+                wanted.append((pick[0], pick[1] - 1))  # measured over: its row's boundary
             if best is not None and best[1] + 1 < len(kind.freqs_mhz):
                 wanted.append((best[0], best[1] + 1))
             cells = [(kind.batch_sizes[i], kind.freqs_mhz[j]) for i, j in wanted]

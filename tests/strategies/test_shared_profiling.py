@@ -9,6 +9,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -27,8 +28,10 @@ from fl_client.contract import Cap, CellsReport, NodeDescriptor, ProfileRequest,
 from fl_client.devices.simulated import DeviceSpec, avg_power_w, load_device_spec, power_w
 from fl_client.devices.simulated import time_per_sample_s as twin_time_per_sample_s
 from fl_client.lut import LUT, KindKey, lut_checksum
+from fl_client.lut_fit import eq4_choice
 from fl_client.node import workload_for
 from fl_server.lut_library import LUTLibrary
+from strategies import shared_profiling
 from strategies.power_aware import PowerAwareFedAvg, SharedProfiling
 from strategies.shared_profiling import (
     Cell,
@@ -183,6 +186,19 @@ def test_the_costliest_corner_is_not_seeded() -> None:
     assert {b for b, _ in seeds} == set(B)  # every row still seeded
 
 
+def test_slices_follow_the_nodes_names_not_the_ids_flower_gives_them() -> None:
+    """Flower gives simulated nodes new random ids every run: the same fleet must measure
+    the same slices on the same nodes (and so the same twin noise) in every run."""
+    names = {n: FLEET[n].node_name for n in FLEET}
+    renumbered = {999 - n: d for n, d in FLEET.items()}  # the id order reversed
+    by_name = []
+    for fleet in (FLEET, renumbered):
+        kinds = kinds_of(fleet, _batch_sizes(fleet), "cnn", SHAPE)
+        requests = seed_requests(kinds, SharedOptions())
+        by_name.append({fleet[n].node_name: cells for n, cells in requests.items()})
+    assert by_name[0] == by_name[1] and set(by_name[0]) <= set(names.values())
+
+
 def test_seeds_stay_at_or_above_the_kinds_profile_floor() -> None:
     """Below the floor (the lowest cap's B1 frequency) no cap of the kind has its choice,
     and every step there runs at the slowest clocks: the seeds spread over the rest."""
@@ -291,6 +307,29 @@ def test_overlapping_cells_merge_to_the_median_and_failed_cells_are_dropped() ->
     assert lut.cells_profiled == 2 and np.isnan(lut.time_per_sample_s[1]).all()
     assert (lut.profile_time_s, lut.profile_energy_j) == (1.5, 4.0)
     assert lut_checksum(LUT.from_json(lut.to_json())) == lut_checksum(lut)
+
+
+def test_a_fit_choice_measured_over_the_cap_has_the_cell_below_it_confirmed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fit finds a row best, and its choice in that row was measured just over the cap
+    (peak + k·σ): the confirm exchange measures that row's next lower frequency, the cap's
+    boundary there, rather than give up on the row."""
+    f = NANO.gpu_freqs_mhz
+    whole = KindProfile(NANO_KIND, [11], {})
+    whole.add(_cells_report(NANO, [(b, ff) for b in B for ff in f]))
+    t, p, a, _ = whole.tables()  # a fit that is the noiseless twin itself
+    fit = SimpleNamespace(time_per_sample_s=t, peak_power_w=p, avg_power_w=a)
+    monkeypatch.setattr(shared_profiling, "fit_lut", lambda *args: fit)
+    cap = Cap(5.0)
+    pick = eq4_choice(t, p, a, list(R), cap.selection_w(0.05), 0.02)
+    assert pick is not None and pick[1] > 0
+    over = (B[pick[0]], f[pick[1]])
+    prof = KindProfile(NANO_KIND, [11, 12], {11: [(cap, 0.05)], 12: [(cap, 0.05)]})
+    prof.add(_cells_report(NANO, [c for c in cheap_seeds(B, f, 8) if c != over]))
+    prof.add(_cells_report(NANO, [over], peak_sigma_w=(1.0,)))  # over the cap with 2σ
+    requests = confirm_requests({NANO_KIND: prof}, {NANO_KIND: list(R)}, SharedOptions())
+    assert [c for cells in requests.values() for c in cells] == [(over[0], f[pick[1] - 1])]
 
 
 def test_sigma_of_the_per_step_peaks_reaches_the_kinds_lut_and_its_confirm_rule() -> None:
