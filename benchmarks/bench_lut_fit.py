@@ -146,7 +146,8 @@ def _full_tables(
 
 
 def replay_grids(folder: Path, rng: np.random.Generator) -> list[Grid]:
-    """Every replay table (CSV) in ``folder`` that is a full grid, as is and with noise."""
+    """Every replay table (CSV) in ``folder`` that is a full grid over GPU frequency, as is
+    and with noise."""
     from fl_client.devices.simulated import load_device_spec
 
     out = []
@@ -156,6 +157,10 @@ def replay_grids(folder: Path, rng: np.random.Generator) -> list[Grid]:
             (k.strip(), v.strip())
             for k, _, v in (x[1:].partition(":") for x in text if x[:1] == "#")
         )
+        knob = meta.get("knob", "freq_mhz")
+        if knob != "freq_mhz":
+            print(f"skipped {path.name}: its knob is {knob} (the fit's domain is freq_mhz)")
+            continue
         rows = []
         for row in csv.DictReader(x for x in text if x.strip() and x[:1] != "#"):
             b = int(row["batch_size"])

@@ -5,19 +5,28 @@ is measured twice on the twin's noisy clock and sensor, as in ``bench_lut_fit.py
 is the reference, grid B a second, independent measurement of the same board. A fleet of
 one node per suggested cap of the twin (4.5, 5, 7 W and none on a Nano) then runs the
 strategy's protocol (``strategies.shared_profiling``) exactly as a simulation does: the
-QUERY replies' profile floor, the seed exchange, the confirm exchanges, each requested cell
-answered from grid B (new sensor noise, as on a board). Every cap's choice on the kind's
-LUT (measured cells only) is compared with the same choice on full grid A.
+QUERY replies' profile floor, the seed exchange, the confirm exchanges. Every cap's choice
+on the kind's LUT (measured cells only) is compared with the same choice on full grid A:
+
+* "shared, same draws": each requested cell answered from grid A itself, so the LUT holds
+  the very readings the full grid saw and every difference is the protocol's (the goal:
+  the full grid's choice in ≥ 95% of cases);
+* "shared, fresh draws": answered from grid B (new sensor noise, as on a board);
+* "full grid B": no protocol, full grid B itself: the noise floor, how often a second full
+  profile of the same board already chooses otherwise;
+* "shared, replay" / "replay+noise": the frequency-knob replay tables in configs/replay/
+  (full grids not made by the twins; the one there is illustrative), as is and with
+  twin-like sensor noise, each answered from itself.
 
 Both sides choose with the profiled peak alone (k = 0, like ``bench_lut_fit.py``: grids
-here carry no σ), cap margin 5%. Columns: cases (twin × model × seed × r profile × cap);
+here carry no σ), cap margin 5%. Columns: cases (table × model × seed × r profile × cap);
 same (identical choice); worst (largest time-to-target ratio where they differ: time per
 sample × r_b on grid A, shared choice over grid A's); ≤2% (share within 2%); cells (mean and
 most per kind); cost (device time of the measured cells, as a share of measuring the full
-grid); "full grid B" is the noise floor: how often a second full profile of the same board
-already chooses otherwise; regret (time to target of the choice on the noiseless twin over
-the noiseless optimum, mean and worst; "full A": the same for full grid A's choice); >cap
-(choices whose noiseless peak is at or above the cap).
+grid); regret (twins: time to target of the choice on the noiseless twin over the
+noiseless optimum, mean and worst; "full A": the same for full grid A's choice); >cap
+(choices whose noiseless peak, on a replay table its listed peak, is at or above the cap).
+The per-kind and per-model rows are "same draws".
 
 Usage: .venv/bin/python benchmarks/bench_shared.py [--seeds N] [--models cnn,resnet18]
        [--json PATH]
@@ -37,7 +46,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_lut_fit import BATCH_SIZES, CAP_MARGIN, R_PROFILES, Grid, r_vector, selector_fn
+from bench_lut_fit import (
+    BATCH_SIZES,
+    CAP_MARGIN,
+    R_PROFILES,
+    REPO,
+    Grid,
+    r_vector,
+    replay_grids,
+    selector_fn,
+)
 from bench_lut_fit import twin_grids as measured_grids
 from results_file import write_results
 
@@ -129,58 +147,66 @@ def to_target(cell: Index | None, time_s: np.ndarray, r: Sequence[float]) -> flo
     return math.inf if cell is None else float(time_s[cell] * r[cell[0]])
 
 
-def compare(grid_a: Grid, grid_b: Grid) -> list[dict[str, Any]]:
-    """Every (r profile, cap) of one twin, model and seed."""
+def compare(grid_a: Grid, grid_b: Grid | None) -> list[dict[str, Any]]:
+    """Every (r profile, cap) of one table: the shared protocol answered from grid A itself
+    ("same draws": every difference is the protocol's), and with ``grid_b`` (a twin's
+    second measurement) from grid B ("fresh draws") and full grid B (the noise floor)."""
     rows = []
     full_cost = float(
         sum(
-            STEPS_PER_CELL * b * grid_b.time_s[i, j]
-            for i, b in enumerate(grid_b.batch_sizes)
-            for j in range(len(grid_b.freqs))
+            STEPS_PER_CELL * b * grid_a.time_s[i, j]
+            for i, b in enumerate(grid_a.batch_sizes)
+            for j in range(len(grid_a.freqs))
         )
     )
+    same_draws = "shared, same draws" if grid_a.truth is not None else f"shared, {grid_a.group}"
     for r_name, gamma in R_PROFILES.items():
         r = r_vector(grid_a.batch_sizes, gamma)
-        prof, cost = run_protocol(grid_b, r)
-        time_s, peak_w, _, _ = prof.tables()
+        sources = [(same_draws, grid_a)] + (
+            [] if grid_b is None else [("shared, fresh draws", grid_b)]
+        )
+        protocols = {name: run_protocol(grid, r) for name, grid in sources}
         choose = selector_fn(grid_a, r)
-        assert grid_a.truth is not None
-        true_t, true_p = grid_a.truth
         for cap_w in grid_a.caps_w:
-            full, best = choose(grid_a.time_s, grid_a.peak_w, cap_w), choose(true_t, true_p, cap_w)
-            for source, chosen, cells, cost_share in (
-                ("shared", choose(time_s, peak_w, cap_w), len(prof.measured), cost / full_cost),
-                (
-                    "full grid B",
-                    choose(grid_b.time_s, grid_b.peak_w, cap_w),
-                    grid_b.time_s.size,
-                    1.0,
-                ),
-            ):
+            full = choose(grid_a.time_s, grid_a.peak_w, cap_w)
+            picks = []
+            for name, (prof, cost) in protocols.items():
+                time_s, peak_w, _, _ = prof.tables()
+                picks.append((name, choose(time_s, peak_w, cap_w), len(prof.measured), cost))
+            if grid_b is not None:
+                pick_b = choose(grid_b.time_s, grid_b.peak_w, cap_w)
+                picks.append(("full grid B", pick_b, grid_b.time_s.size, full_cost))
+            for source, chosen, cells, cost in picks:
                 t = grid_a.time_s
                 same = chosen == full
-                rows.append(
-                    {
-                        "source": source,
-                        "table": grid_a.name,
-                        "kind": grid_a.kind,
-                        "model": grid_a.model,
-                        "r": r_name,
-                        "cap-w": cap_w,
-                        "same": same,
-                        "ratio": 1.0 if same else to_target(chosen, t, r) / to_target(full, t, r),
-                        "regret": to_target(chosen, true_t, r) / to_target(best, true_t, r),
-                        "regret-full": to_target(full, true_t, r) / to_target(best, true_t, r),
-                        "over-cap": chosen is not None and bool(true_p[chosen] >= cap_w),
-                        "cells": cells,
-                        "cost-share": cost_share,
-                    }
-                )
+                row = {
+                    "source": source,
+                    "table": grid_a.name,
+                    "kind": grid_a.kind,
+                    "model": grid_a.model,
+                    "r": r_name,
+                    "cap-w": cap_w,
+                    "same": same,
+                    "ratio": 1.0 if same else to_target(chosen, t, r) / to_target(full, t, r),
+                    "cells": cells,
+                    "cost-share": cost / full_cost,
+                }
+                if grid_a.truth is not None:
+                    true_t, true_p = grid_a.truth
+                    best = choose(true_t, true_p, cap_w)
+                    row["regret"] = to_target(chosen, true_t, r) / to_target(best, true_t, r)
+                    row["regret-full"] = to_target(full, true_t, r) / to_target(best, true_t, r)
+                    row["over-cap"] = chosen is not None and bool(true_p[chosen] >= cap_w)
+                else:
+                    row["over-cap"] = chosen is not None and bool(grid_a.peak_w[chosen] >= cap_w)
+                rows.append(row)
     return rows
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     differ = [r["ratio"] for r in rows if not r["same"]]
+    regret = [r["regret"] for r in rows if "regret" in r]
+    regret_full = [r["regret-full"] for r in rows if "regret-full" in r]
     n = max(len(rows), 1)
     return {
         "cases": len(rows),
@@ -190,9 +216,9 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "cells-mean": float(np.mean([r["cells"] for r in rows])),
         "cells-max": max(r["cells"] for r in rows),
         "cost-share-mean": float(np.mean([r["cost-share"] for r in rows])),
-        "regret-mean": float(np.mean([r["regret"] for r in rows])),
-        "regret-worst": max(r["regret"] for r in rows),
-        "full-grid-regret-mean": float(np.mean([r["regret-full"] for r in rows])),
+        "regret-mean": float(np.mean(regret)) if regret else None,
+        "regret-worst": max(regret, default=None),
+        "full-grid-regret-mean": float(np.mean(regret_full)) if regret_full else None,
         "over-cap": sum(r["over-cap"] for r in rows),
     }
 
@@ -208,8 +234,13 @@ def print_table(groups: dict[str, dict[str, Any]]) -> None:
             f"{label:<28}{s['cases']:>6}{100 * s['same-share']:>6.1f}%{s['worst-ratio']:>7.3f}"
             f"{100 * s['within-2pct-share']:>5.0f}%{s['cells-mean']:>6.1f}{s['cells-max']:>4}"
             f"{100 * s['cost-share-mean']:>6.1f}%"
-            f"{s['regret-mean']:>10.3f}/{s['regret-worst']:.3f}"
-            f"{s['full-grid-regret-mean']:>8.3f}{s['over-cap']:>5}"
+            + (
+                f"{s['regret-mean']:>10.3f}/{s['regret-worst']:.3f}"
+                f"{s['full-grid-regret-mean']:>8.3f}"
+                if s["regret-mean"] is not None
+                else f"{'–':>19}{'–':>8}"
+            )
+            + f"{s['over-cap']:>5}"
         )
 
 
@@ -223,10 +254,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for seed in range(args.seeds):
                 grid_a, grid_b = measured_grids(kind, model, seed)
                 rows += compare(grid_a, grid_b)
+    for grid in replay_grids(REPO / "configs" / "replay", np.random.default_rng(0)):
+        rows += compare(grid, None)
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         groups[row["source"]].append(row)
-        if row["source"] == "shared":
+        if row["source"] == "shared, same draws":
             groups[f"shared {row['kind']}"].append(row)
             if len(args.models) > 1:
                 groups[f"shared {row['model']}"].append(row)
@@ -243,7 +276,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "seeds": args.seeds,
         "models": args.models,
         "groups": summary,
-        "differing-cases": [r for r in rows if not r["same"] and r["source"] == "shared"],
+        "differing-cases": [r for r in rows if not r["same"] and r["source"].startswith("shared")],
         "wall-s": wall,
         "python": platform.python_version(),
         "machine": platform.machine(),

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fl_client.devices import Measurement
-from fl_client.lut import LUT, merge_cells, on_demand_key, save_quietly, scale_cells
+from fl_client.lut import LUT, merge_cells, on_demand_key, replace_rows, save_quietly, scale_cells
 from fl_client.pacing import freq_index
 from fl_client.profiler import MeasureContext, ProfileOptions, measure_cell, profile
 from fl_client.profiler import time_per_sample_s as measured_time_per_sample_s
@@ -49,11 +49,14 @@ def check_drift(
     The prediction is the selection LUT's cell, or the on-demand ``cells``' where the LUT
     has none (a paced frequency). Beyond ``threshold`` (relative, on time per sample, peak
     or average power), b's row is profiled again from the lowest frequency up to the LUT's
-    cap less its margin, merged over the LUT (fresh cells win; the other rows, and the
-    on-demand cells, scaled by the change measured on this row) and both are written to
-    the cache, so the node re-selects from them. ``reprofile`` overrides how the row is
-    profiled again (a shared LUT has no cap of its own: the node's cap is given here);
-    otherwise the row's walk judges cells with ``peak_sigma_k`` (``peak-sigma-k``). The
+    cap less its margin, and replaces that row of the LUT whole (``lut.replace_rows``: a
+    cell the walk did not reach is beyond the cap on this board); the other rows, and the
+    on-demand cells (paced frequencies, below the chosen one), are scaled by the change
+    measured on this row (or at ``point`` where the row and the LUT share no cell), and
+    both are written to the cache, so the node re-selects from them. ``reprofile``
+    overrides how the row is profiled again (a shared LUT has no cap of its own: the
+    node's cap is given here); otherwise the row's walk judges cells with
+    ``peak_sigma_k`` (``peak-sigma-k``). The
     re-profiled cells bring their own σ of per-step peaks; the other rows' σ scale with
     their peaks (``lut.scale_cells``).
     """
@@ -99,8 +102,10 @@ def check_drift(
             peak_sigma_k=peak_sigma_k,
         ),
     )
-    factors = _drift_factors(known, row, i)
-    new_lut = merge_cells(scale_cells(lut, **factors), row, overwrite=True)
+    ratios = [x / float(p) for x, p in zip(measured, predicted, strict=True)]
+    at_point = dict(zip(_FACTORS, ratios, strict=True))
+    factors = _drift_factors(known, row, i, at_point)
+    new_lut = replace_rows(scale_cells(lut, **factors), row)
     save_quietly(new_lut, new_lut.key.path(ctx.cache_dir))
     new_cells = None if cells is None else scale_cells(cells, **factors)
     if new_cells is not None:
@@ -123,23 +128,29 @@ def check_drift(
     )
 
 
-def _drift_factors(known: LUT, row: LUT, i: int) -> dict[str, float]:
+#: The factors of ``lut.scale_cells`` and the tables each is measured on
+_FACTORS = {
+    "time_factor": "time_per_sample_s",
+    "peak_factor": "peak_power_w",
+    "avg_factor": "avg_power_w",
+}
+
+
+def _drift_factors(known: LUT, row: LUT, i: int, at_point: dict[str, float]) -> dict[str, float]:
     """How b's re-profiled row compares with the LUT (median ratio per table).
 
     The other rows are scaled by this change (a uniform drift, such as throttling or a busy
     neighbour, moves every b alike) until they are measured again, so fresh and stale rows
-    stay comparable for Eq. 4.
+    stay comparable for Eq. 4. Where the row shares no cell with the LUT (a fleet-shared
+    LUT holds a few cells per row), the check's own cell says it (``at_point``: measured
+    over predicted).
     """
     both = ~np.isnan(known.time_per_sample_s[i]) & ~np.isnan(row.time_per_sample_s[0])
+    if not both.any():
+        return dict(at_point)
     return {
         name: float(np.median(getattr(row, attr)[0, both] / getattr(known, attr)[i, both]))
-        if both.any()
-        else 1.0
-        for name, attr in (
-            ("time_factor", "time_per_sample_s"),
-            ("peak_factor", "peak_power_w"),
-            ("avg_factor", "avg_power_w"),
-        )
+        for name, attr in _FACTORS.items()
     }
 
 

@@ -704,6 +704,26 @@ def merge_cells(base: LUT, extra: LUT, *, overwrite: bool) -> LUT:
     return dataclasses.replace(base, **tables)
 
 
+def replace_rows(base: LUT, rows: LUT) -> LUT:
+    """``base`` with each row of ``rows`` replaced whole: a cell ``rows`` did not measure is
+    NaN there, whatever ``base`` held (``merge_cells`` otherwise).
+
+    After a drift check re-profiled a row, a cell of that row the walk did not reach lies
+    beyond the cap on this board; the stale value would still offer it to the selector.
+    """
+    tables: dict[str, Any] = {
+        name: np.array(getattr(base, name), dtype=np.float64)
+        for name in ("time_per_sample_s", "peak_power_w", "avg_power_w", "peak_sigma_w")
+    }
+    for name in CELL_TABLES:
+        tables[name] = np.array(getattr(base, name), dtype=np.float64)
+    for b in rows.batch_sizes:
+        if b in base.batch_sizes:
+            for table in tables.values():
+                table[base.batch_sizes.index(b)] = np.nan
+    return merge_cells(dataclasses.replace(base, **tables), rows, overwrite=True)
+
+
 def median_cell(
     measurements: Sequence[Sequence[float]],
 ) -> tuple[float, float, float, float]:

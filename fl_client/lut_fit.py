@@ -874,6 +874,33 @@ def _candidate(state: _State, fit: LUTFit, cap_w: float, ctx: _Ctx) -> tuple[Cel
     return None
 
 
+def next_cell(
+    fit: LUTFit,
+    tables: tuple[FloatArray, FloatArray, FloatArray],
+    tried: BoolArray,
+    cap_w: float,
+    r: Sequence[float],
+    cap_margin: float = 0.0,
+    options: PlanOptions | None = None,
+) -> Cell | None:
+    """The unmeasured cell most worth measuring next for ``cap_w``, as ``plan_cells`` picks
+    it (``_candidate``), from tables measured elsewhere (NaN: not measured) and the cells
+    already tried; None: the cap is settled.
+
+    ``tables`` are time per sample, the peak the selection judges (the robust peak, where
+    the caller's rule adds σ) and average power.
+    """
+    opts = options or PlanOptions()
+    b, f = fit.batch_sizes, fit.freqs_mhz
+    state = _State(b, f, lambda *_: (math.nan, math.nan, math.nan))
+    state.time, state.peak, state.avg = (np.array(t, dtype=np.float64) for t in tables)
+    state.tried = np.asarray(tried, dtype=bool) | state.measured
+    select = opts.select or eq4_selector(r, cap_margin, opts.tie_tolerance)
+    ctx = _Ctx(select, np.asarray(r, dtype=np.float64)[:, None], cap_margin, opts)
+    cand = _candidate(state, fit, cap_w, ctx)
+    return None if cand is None else cand[0]
+
+
 def _chance_better(
     fit: LUTFit, tables: tuple[FloatArray, FloatArray], picked: Cell, ctx: _Ctx
 ) -> FloatArray:

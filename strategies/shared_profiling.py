@@ -1,20 +1,19 @@
 """Fleet-shared profiling: one LUT per node kind, measured in slices by the kind's nodes.
 
 Nodes of one kind (device kind, backend, model, input shape, B, frequency table) see the
-same LUT up to unit-to-unit spread, so they measure it together, in two exchanges:
+same LUT up to unit-to-unit spread, so they measure it together, in a few exchanges:
 
 1. **seed** — a few cells spread over the (b, f) grid (``fl_client.lut_fit.seed_cells``,
    8 by default), dealt round-robin to the kind's nodes, so each measures a disjoint slice;
-2. **confirm** (twice by default) — a fit of time and power to the cells measured so far
-   (``fl_client.lut_fit.fit_lut``) says, per distinct cap of the kind, where it is unsure:
-   the fit's Eq. 4 choice when not measured yet, else the cell above the best measured
-   feasible one (the cap's boundary); one such cell per cap and exchange (≤
-   ``cells_per_cap`` in all) goes to a node under that cap.
+2. **confirm** (up to three times) — a fit of time and power to the cells measured so
+   far (``fl_client.lut_fit.fit_lut``) says, per distinct cap of the kind, where it is
+   unsure (``confirm_requests``); one such cell per cap and exchange goes to a node under
+   that cap, from a pool of ``cells_per_cap`` per distinct cap shared by the kind's caps.
 
 The kind's LUT holds the measured cells only (the median where slices overlap): a fitted
 cell never decides anything, and every node then checks its own chosen cell on its own
-board before it trains (``fl_client.node``). No Flower import: the strategy sends the
-requests and hands the replies in.
+board (``shared-verify``: with its training steps, or before it trains; ``fl_client.node``).
+No Flower import: the strategy sends the requests and hands the replies in.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ import numpy as np
 
 from fl_client.contract import Cap, CellsReport, NodeDescriptor
 from fl_client.lut import LUT, KindKey, median_cell
-from fl_client.lut_fit import eq4_choice, fit_lut, seed_cells
+from fl_client.lut_fit import LUTFit, PlanOptions, fit_lut, next_cell, seed_cells
 
 #: A cell to measure, as (batch size, GPU frequency in MHz).
 Cell = tuple[int, float]
@@ -44,8 +43,9 @@ class SharedOptions:
     tie_tolerance: float = 0.02
     #: ``peak-sigma-k``: a measured cell is feasible when peak + k·σ is below the limit
     peak_sigma_k: float = 2.0
-    #: Confirm exchanges after the seeds (each adds one synchronous step to round 1)
-    confirm_exchanges: int = 2
+    #: Confirm exchanges after the seeds (at most; each adds one synchronous step to round
+    #: 1, and none is sent once every cap is settled or the pool is spent)
+    confirm_exchanges: int = 3
 
 
 @dataclass
@@ -58,6 +58,8 @@ class KindProfile:
     #: per cell, every measurement of it: (time per sample, peak, average power, σ)
     measured: dict[Cell, list[tuple[float, ...]]] = field(default_factory=dict)
     spent: dict[float, int] = field(default_factory=dict)  # selection cap W -> confirm cells
+    #: selection cap W -> the (row, column) of the last confirm cell asked for it
+    last: dict[float, tuple[int, int]] = field(default_factory=dict)
     #: The lowest frequency the seeds go to: the lowest of its nodes' ``profile-floor-mhz``
     #: (0: a node without one, seeds over the whole grid)
     floor_mhz: float = 0.0
@@ -141,13 +143,13 @@ def cheap_seeds(
     lowest B1 band frequency: no cap of the kind has its choice below it, and the cells
     there are the dearest to measure, every step at the slowest clocks), with one more
     expensive corner moved: the largest b at the lowest f is never a choice, so its row is
-    seeded at the first f ≥ f_max / 4 instead, where the fit still sees the low-f side of
-    the largest b. The confirm exchanges may still measure below the floor, where the fit
-    puts a cap's choice."""
+    seeded at the middle of the seeded band instead (the first f ≥ (f_low + f_max) / 2).
+    The confirm exchanges measure lower in that row where the fit puts a cap's choice
+    there, and below the floor too."""
     lowest = next((j for j, f in enumerate(freqs_mhz) if f >= floor_mhz), 0)
     lowest = min(lowest, max(len(freqs_mhz) - 2, 0))  # at least two frequencies to fit
     freqs = list(freqs_mhz[lowest:])
-    f_min_useful = next(j for j, f in enumerate(freqs) if f >= freqs[-1] / 4)
+    f_min_useful = next(j for j, f in enumerate(freqs) if f >= (freqs[0] + freqs[-1]) / 2)
     out: list[Cell] = []
     for i, j in seed_cells(len(batch_sizes), len(freqs), count):
         if i == len(batch_sizes) - 1 and j < f_min_useful and len(batch_sizes) > 1:
@@ -193,22 +195,25 @@ def confirm_requests(
     r_of: Mapping[KindKey, Sequence[float]],
     opts: SharedOptions,
 ) -> dict[int, list[Cell]]:
-    """One confirm exchange: per distinct cap of a kind with budget left, ONE cell where a
-    fit to the kind's measured cells is unsure, measured by a node under that cap:
+    """One confirm exchange: per distinct cap of a kind, ONE cell where a fit to the
+    kind's measured cells is unsure, measured by a node under that cap:
 
-    * the fit's Eq. 4 choice for the cap, when it is not measured yet;
-    * else, when that choice was measured and is not feasible by the selection rule (peak
-      + k·σ), the next lower frequency of its row (the boundary of the row the fit finds
-      best), when not measured yet;
-    * else the cell above the best measured feasible cell in its row (the cap's boundary:
-      is the next frequency feasible too?), when not measured yet;
+    * when the cell last asked for this cap was measured over it (peak + k·σ, the
+      selection rule), the next lower frequency of its row: the boundary of the row the
+      fit found best, where it was too hopeful;
+    * else the cell ``lut_fit.next_cell`` names, as ``plan_cells`` chooses: the fit's Eq. 4
+      choice when not measured yet; else the unmeasured cell with the best chance, by the
+      fit and its uncertainty, of being feasible and better than the best measured one;
+      else the cell above the best measured one in its row while it may be feasible;
     * else nothing: the cap is settled.
 
-    Called once per exchange (``SharedOptions.confirm_exchanges``), refitting each time,
-    so each cap spends at most ``cells_per_cap`` cells in all.
+    Called once per exchange (``SharedOptions.confirm_exchanges``), refitting each time.
+    The kind's caps draw on one pool of ``cells_per_cap`` × distinct caps cells: a settled
+    cap leaves its share to a cap the fit is still unsure of.
     """
     out: dict[int, list[Cell]] = defaultdict(list)
     load: dict[int, float] = {}
+    plan = PlanOptions(tie_tolerance=opts.tie_tolerance)
     for kind, prof in kinds.items():
         time_s, peak_w, avg_w, sigma_w = prof.tables()
         robust_w = peak_w + opts.peak_sigma_k * np.nan_to_num(sigma_w)  # the selector's rule
@@ -219,31 +224,39 @@ def confirm_requests(
         for node_id, caps in prof.caps.items():
             for cap, margin in caps:
                 by_limit[cap.selection_w(margin)].append(node_id)
-        taken = set(prof.measured)
+        tried = ~np.isnan(time_s)
+        for bb, ff in prof.measured:  # failed measurements too: never asked again
+            tried[kind.batch_sizes.index(bb), kind.freqs_mhz.index(ff)] = True
         for limit_w, nodes in sorted(by_limit.items()):
-            if prof.spent.get(limit_w, 0) >= opts.cells_per_cap:
+            if sum(prof.spent.values()) >= opts.cells_per_cap * len(by_limit):
+                break  # the kind's pool of confirm cells is spent
+            cell = _confirm_cell(prof, fit, (time_s, robust_w, avg_w), tried, limit_w, r_of, plan)
+            if cell is None:
                 continue
-            r = r_of[kind]
-            pick = eq4_choice(
-                fit.time_per_sample_s,
-                fit.peak_power_w,
-                fit.avg_power_w,
-                r,
-                limit_w,
-                opts.tie_tolerance,
-            )
-            best = eq4_choice(time_s, robust_w, avg_w, r, limit_w, opts.tie_tolerance)
-            wanted = [pick] if pick is not None else []
-            if pick is not None and pick[1] > 0 and robust_w[pick] >= limit_w:  # NaN: unmeasured
-                wanted.append((pick[0], pick[1] - 1))  # measured over: its row's boundary
-            if best is not None and best[1] + 1 < len(kind.freqs_mhz):
-                wanted.append((best[0], best[1] + 1))
-            cells = [(kind.batch_sizes[i], kind.freqs_mhz[j]) for i, j in wanted]
-            todo = [c for c in cells if c not in taken][:1]
-            if not todo:
-                continue
-            taken.update(todo)
+            i, j = cell
+            tried[i, j] = True
+            prof.last[limit_w] = cell
             prof.spent[limit_w] = prof.spent.get(limit_w, 0) + 1
+            todo = [(kind.batch_sizes[i], kind.freqs_mhz[j])]
             for node, assigned in deal(todo, nodes, load).items():
                 out[node].extend(assigned)
     return dict(out)
+
+
+def _confirm_cell(
+    prof: KindProfile,
+    fit: LUTFit,
+    tables: tuple[np.ndarray, np.ndarray, np.ndarray],
+    tried: np.ndarray,
+    limit_w: float,
+    r_of: Mapping[KindKey, Sequence[float]],
+    plan: PlanOptions,
+) -> tuple[int, int] | None:
+    """The (row, column) ``confirm_requests`` asks for next for one selection limit."""
+    robust_w = tables[1]
+    prev = prof.last.get(limit_w)
+    if prev is not None and prev[1] > 0 and robust_w[prev] >= limit_w:
+        below = (prev[0], prev[1] - 1)
+        if not tried[below]:
+            return below
+    return next_cell(fit, tables, tried, limit_w, r_of[prof.kind], 0.0, plan)

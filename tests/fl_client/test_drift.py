@@ -3,6 +3,7 @@ re-profile b's row when the board drifted; and drift checks on a node end to end
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -11,9 +12,16 @@ import pytest
 
 from fl_client.devices import Measurement
 from fl_client.drift import check_drift, trained_time_deviation
+from fl_client.lut import CELL_TABLES as CELLS
 from fl_client.lut import LUT, load_cached, load_on_demand, on_demand_key
 from fl_client.node import train_node
-from fl_client.profiler import MeasureContext, add_measured_cell, load_or_profile, profile
+from fl_client.profiler import (
+    MeasureContext,
+    ProfileOptions,
+    add_measured_cell,
+    load_or_profile,
+    profile,
+)
 from tests.fl_client.test_node import (
     NODE,
     R_FOR_B64,
@@ -125,6 +133,39 @@ def test_the_paced_frequency_is_predicted_from_the_on_demand_cells_which_are_res
     saved = load_on_demand(tmp_path, cool, WORKLOAD, B6)
     assert saved is not None and saved.to_json() == check.cells.to_json()
     assert on_demand_key(cool, WORKLOAD, B6).path(tmp_path).is_file()
+
+
+def test_a_row_that_shares_no_cell_with_the_lut_scales_the_others_by_the_check(
+    tmp_path: Path,
+) -> None:
+    """A fleet-shared LUT holds a few cells per row. When the hot board's walk of the row
+    stops below the checked cell, row and LUT share no cell: the other rows are scaled by
+    the check's own measured/predicted, and the row's stale cell above the walk is gone."""
+    full = _cached_lut(tmp_path)
+    i = B6.index(32)
+    f = _measured_freqs(full, 32)[-1]
+    j = full.freqs_mhz.index(f)
+    keep = np.zeros(full.time_per_sample_s.shape, dtype=bool)
+    keep[i, j] = True
+    keep[B6.index(16), :] = True  # another row, to be scaled
+    tables = {
+        name: np.where(keep, getattr(full, name), np.nan)
+        for name in ("time_per_sample_s", "peak_power_w", "avg_power_w", "peak_sigma_w", *CELLS)
+    }
+    sparse = dataclasses.replace(full, grid="shared", p_max_w=None, cap_margin=0.0, **tables)
+    hot = FakeDevice(a_w=5.0)  # +4 W: b = 32's walk under the cap stops below f
+    reprofile = ProfileOptions(p_max_w=CAP_W, cap_margin=MARGIN, progress=False)
+    ctx = MeasureContext(hot, WORKLOAD, CountingSteps(), tmp_path)
+    check = check_drift(ctx, sparse, None, (32, f), 0.15, reprofile)
+    assert check.reprofiled
+    new = check.lut
+    assert np.isnan(new.time_per_sample_s[i, j])  # beyond the cap on this board now
+    predicted = sparse.peak_power_w[i, j]
+    measured_w = hot.power_w(32, f)  # the check measured this (a deterministic fake)
+    row16 = B6.index(16)
+    np.testing.assert_allclose(
+        new.peak_power_w[row16], sparse.peak_power_w[row16] * measured_w / predicted, rtol=1e-6
+    )
 
 
 def test_the_threshold_is_strict(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from fl_client.lut import (
     median_cell,
     merge_cells,
     on_demand_key,
+    replace_rows,
     save_quietly,
     scale_cells,
 )
@@ -489,6 +490,29 @@ def test_merge_cells_takes_one_row_into_its_place() -> None:
     alien = profile(FakeDevice(), WORKLOAD, [24], CountingSteps(), progress=False)
     with pytest.raises(LUTFormatError, match=r"batch-sizes: \[24\] are not rows"):
         merge_cells(lut, alien, overwrite=True)
+
+
+def test_replace_rows_drops_what_the_new_row_did_not_measure() -> None:
+    """A re-profiled row that stopped below the old row's cells replaces the row whole: the
+    stale cells above its walk are gone, every other row is kept."""
+    lut = _profiled(p_max_w=4.0)  # every cell of b = 32 feasible on the cool fake
+    i = B6.index(32)
+    walk = profile(
+        FakeDevice(a_w=2.0), WORKLOAD, [32], CountingSteps(), progress=False, p_max_w=2.8
+    )
+    reached = ~np.isnan(walk.time_per_sample_s[0])
+    assert reached.any() and not reached.all()  # the walk stopped below the top
+    new = replace_rows(lut, walk)
+    np.testing.assert_array_equal(new.peak_power_w[i], walk.peak_power_w[0])
+    assert np.isnan(new.time_per_sample_s[i, ~reached]).all()
+    assert np.isnan(new.peak_sigma_w[i, ~reached]).all()
+    np.testing.assert_array_equal(
+        np.delete(new.time_per_sample_s, i, 0), np.delete(lut.time_per_sample_s, i, 0)
+    )
+    # merge_cells would keep the stale cells above the walk: the difference
+    stale = ~reached & ~np.isnan(lut.time_per_sample_s[i])
+    assert stale.any()
+    assert not np.isnan(merge_cells(lut, walk, overwrite=True).time_per_sample_s[i, stale]).any()
 
 
 def test_merge_cells_carries_each_cells_sigma() -> None:

@@ -24,6 +24,7 @@ from fl_client.lut_fit import (
     fit_error,
     fit_lut,
     mape,
+    next_cell,
     plan_cells,
     seed_cells,
 )
@@ -279,6 +280,26 @@ def test_plan_matches_the_full_grid_choice() -> None:
                 worst = max(worst, ratio)
     assert hits / cases >= 0.9
     assert worst < 1.2
+
+
+def test_next_cell_names_the_cell_plan_cells_measures_next() -> None:
+    """From tables measured elsewhere (a kind's shared cells), ``next_cell`` names the same
+    cell the planner measures next for a cap; None once nothing is worth measuring."""
+    truth = synthetic(noise=0.01, seed=3)
+    r = R_SQRT
+    log: list[tuple[int, float]] = []
+    opts = PlanOptions(pool_budget=False, cells_per_cap=1)
+    plan_cells(B6, F12, [3.0], r, grid_measure(truth, log), cap_margin=0.05, options=opts)
+    seeds = [(B6.index(b), F12.index(f)) for b, f in log[:-1]]  # all but the planned cell
+    tables = only(seeds, truth)
+    tried = ~np.isnan(tables[0])
+    fit = fit_lut(B6, F12, *tables)
+    cell = next_cell(fit, tables, tried, 3.0 * 0.95, r, 0.0, opts)
+    assert cell is not None and (B6[cell[0]], F12[cell[1]]) == log[-1]
+    # with the cap's limit given as the cap and a margin, the same cell
+    assert next_cell(fit, tables, tried, 3.0, r, 0.05, opts) == cell
+    # nothing left untried: settled
+    assert next_cell(fit, tables, np.ones_like(tried), 3.0, r, 0.05, opts) is None
 
 
 def test_plan_survives_failed_cells() -> None:

@@ -9,7 +9,6 @@ import logging
 import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -31,7 +30,6 @@ from fl_client.lut import LUT, KindKey, lut_checksum
 from fl_client.lut_fit import eq4_choice
 from fl_client.node import workload_for
 from fl_server.lut_library import LUTLibrary
-from strategies import shared_profiling
 from strategies.power_aware import PowerAwareFedAvg, SharedProfiling
 from strategies.shared_profiling import (
     Cell,
@@ -309,27 +307,42 @@ def test_overlapping_cells_merge_to_the_median_and_failed_cells_are_dropped() ->
     assert lut_checksum(LUT.from_json(lut.to_json())) == lut_checksum(lut)
 
 
-def test_a_fit_choice_measured_over_the_cap_has_the_cell_below_it_confirmed(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The fit finds a row best, and its choice in that row was measured just over the cap
-    (peak + k·σ): the confirm exchange measures that row's next lower frequency, the cap's
-    boundary there, rather than give up on the row."""
+def test_a_confirm_cell_measured_over_the_cap_has_the_cell_below_it_confirmed() -> None:
+    """The cell last asked for a cap (where the fit put its choice) was measured just over
+    the cap (peak + k·σ): the next confirm exchange measures that row's next lower
+    frequency, the cap's boundary there, rather than let the fit guess again."""
     f = NANO.gpu_freqs_mhz
     whole = KindProfile(NANO_KIND, [11], {})
     whole.add(_cells_report(NANO, [(b, ff) for b in B for ff in f]))
-    t, p, a, _ = whole.tables()  # a fit that is the noiseless twin itself
-    fit = SimpleNamespace(time_per_sample_s=t, peak_power_w=p, avg_power_w=a)
-    monkeypatch.setattr(shared_profiling, "fit_lut", lambda *args: fit)
+    t, p, a, _ = whole.tables()
     cap = Cap(5.0)
-    pick = eq4_choice(t, p, a, list(R), cap.selection_w(0.05), 0.02)
+    limit_w = cap.selection_w(0.05)
+    pick = eq4_choice(t, p, a, list(R), limit_w, 0.02)  # the noiseless twin's choice
     assert pick is not None and pick[1] > 0
     over = (B[pick[0]], f[pick[1]])
     prof = KindProfile(NANO_KIND, [11, 12], {11: [(cap, 0.05)], 12: [(cap, 0.05)]})
     prof.add(_cells_report(NANO, [c for c in cheap_seeds(B, f, 8) if c != over]))
     prof.add(_cells_report(NANO, [over], peak_sigma_w=(1.0,)))  # over the cap with 2σ
+    prof.last[limit_w], prof.spent[limit_w] = pick, 1
     requests = confirm_requests({NANO_KIND: prof}, {NANO_KIND: list(R)}, SharedOptions())
     assert [c for cells in requests.values() for c in cells] == [(over[0], f[pick[1] - 1])]
+    assert prof.last[limit_w] == (pick[0], pick[1] - 1) and prof.spent[limit_w] == 2
+
+
+def test_the_kinds_caps_share_one_pool_of_confirm_cells() -> None:
+    """A pool of ``cells_per_cap`` × distinct caps: a cap may take more than its share
+    while the pool lasts, and no cap gets a cell once it is spent."""
+    f = NANO.gpu_freqs_mhz
+    caps = {11: [(Cap(4.5), 0.05)], 12: [(Cap.NONE, 0.05)]}
+    prof = KindProfile(NANO_KIND, [11, 12], caps)
+    prof.add(_cells_report(NANO, cheap_seeds(B, f, 8)))
+    opts = SharedOptions(cells_per_cap=2)
+    low = Cap(4.5).selection_w(0.05)
+    prof.spent = {low: 3}  # the 4.5 W cap took 3 of the 4 (the other cap was settled)
+    requests = confirm_requests({NANO_KIND: prof}, {NANO_KIND: list(R)}, opts)
+    assert sum(len(c) for c in requests.values()) == 1  # the last cell of the pool
+    assert sum(prof.spent.values()) == 4
+    assert confirm_requests({NANO_KIND: prof}, {NANO_KIND: list(R)}, opts) == {}
 
 
 def test_sigma_of_the_per_step_peaks_reaches_the_kinds_lut_and_its_confirm_rule() -> None:
