@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -148,7 +149,7 @@ def test_a_row_that_shares_no_cell_with_the_lut_scales_the_others_by_the_check(
     keep = np.zeros(full.time_per_sample_s.shape, dtype=bool)
     keep[i, j] = True
     keep[B6.index(16), :] = True  # another row, to be scaled
-    tables = {
+    tables: dict[str, Any] = {
         name: np.where(keep, getattr(full, name), np.nan)
         for name in ("time_per_sample_s", "peak_power_w", "avg_power_w", "peak_sigma_w", *CELLS)
     }
