@@ -242,14 +242,14 @@ class RunSettings:
     #: ``shared-profiling``: ``fleet`` measures one LUT per node kind in slices shared by the
     #: kind's nodes (``strategies.shared_profiling``) and keeps it in the server's LUT
     #: library; ``off``: every node profiles its own. ``shared-seed-cells`` cells spread
-    #: over the grid are measured first, then ≤ ``shared-cells-per-cap`` per distinct cap
-    #: where a fit to them puts the cap's choice and boundary. With
+    #: over the grid are measured first, then ``shared-cells-per-cap`` per distinct cap
+    #: (one pool per kind) where a fit is unsure of a cap's choice and boundary. With
     #: ``profile-steps-train`` the profiled minibatches are real local batches whose updates
     #: are kept (lr scaled for their b), so profiling also moves the model.
     shared_profiling: str = "fleet"
     shared_seed_cells: int = 8
     shared_cells_per_cap: int = 2
-    profile_steps_train: bool = False
+    profile_steps_train: bool = True
     #: ``shared-verify``: how a node checks its chosen cell of its kind's LUT
     #: (``SHARED_VERIFY``); a board found off the LUT is measured before its next round
     #: either way, and its row re-profiled
@@ -355,7 +355,7 @@ class RunSettings:
                 "shared-cells-per-cap",
                 lo=0,
             ),
-            profile_steps_train=_bool(cfg, "profile-steps-train", False),
+            profile_steps_train=_bool(cfg, "profile-steps-train", True),
             shared_verify=_choice(
                 {"shared-verify": cfg.get("shared-verify", "training")},
                 "shared-verify",

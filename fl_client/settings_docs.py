@@ -141,8 +141,9 @@ RUN_HELP: dict[str, str] = {
     "`drift-threshold` has the cell measured before its next round and its row re-profiled",
     "shared-seed-cells": "cells spread over the (b, f) grid that fleet-shared profiling "
     "measures first",
-    "shared-cells-per-cap": "at most this many further cells per distinct cap, where a fit "
-    "to the seed cells puts the cap's choice and boundary",
+    "shared-cells-per-cap": "further cells per distinct cap, in one pool per kind (a settled "
+    "cap leaves its share to the others), where a fit to the cells so far is unsure of a "
+    "cap's choice and boundary",
     "profile-steps-train": "keep the updates of the profiled minibatches (real local "
     "batches, lr scaled for their b), so profiling also moves the model",
     "run-dir": "the run's own folder, created if missing (one that holds a finished run's "
