@@ -224,9 +224,7 @@ def confirm_requests(
         for node_id, caps in prof.caps.items():
             for cap, margin in caps:
                 by_limit[cap.selection_w(margin)].append(node_id)
-        tried = ~np.isnan(time_s)
-        for bb, ff in prof.measured:  # failed measurements too: never asked again
-            tried[kind.batch_sizes.index(bb), kind.freqs_mhz.index(ff)] = True
+        tried = ~np.isnan(time_s)  # a cell whose measurement failed may be asked again
         for limit_w, nodes in sorted(by_limit.items()):
             if sum(prof.spent.values()) >= opts.cells_per_cap * len(by_limit):
                 break  # the kind's pool of confirm cells is spent
