@@ -476,7 +476,10 @@ class PowerAwareFedAvg(FedAvg):
                 Message(content=content, message_type="train.profile", dst_node_id=node_id)
             )
         slowest_s, trained = 0.0, []
-        for reply in self._send_and_receive(grid, messages, timeout_s):
+        replies = self._send_and_receive(grid, messages, timeout_s)
+        # by node name, as in aggregate_train: FedAvg's float sums then run in one order, so
+        # a run's weights do not depend on which reply came first
+        for reply in sorted(replies, key=self._sort_key):
             node_id = self._node_of(reply)
             if reply.has_error():
                 log.warning(

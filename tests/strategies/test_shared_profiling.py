@@ -30,6 +30,7 @@ from fl_client.lut import LUT, KindKey, lut_checksum
 from fl_client.lut_fit import eq4_choice
 from fl_client.node import workload_for
 from fl_server.lut_library import LUTLibrary
+from strategies import power_aware
 from strategies.power_aware import PowerAwareFedAvg, SharedProfiling
 from strategies.shared_profiling import (
     Cell,
@@ -604,6 +605,41 @@ def test_profiled_steps_are_fedavged_into_the_global_model(tmp_path: Path) -> No
         expected = expected + (weights * np.array(nodes, dtype=float)).sum() / weights.sum()
     np.testing.assert_allclose(out.to_numpy_ndarrays()[0], expected)
     assert not np.allclose(expected, 0.0)
+
+
+class ReversedGrid(BatchGrid):
+    """Replies in the reverse of the order they were sent: another arrival order."""
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> list[Message]:
+        return super().send_and_receive(messages, timeout=timeout)[::-1]
+
+
+def test_profiled_steps_are_fedavged_in_node_name_order_whatever_arrives_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FedAvg's float sums run in one order (the nodes' names, as for TRAIN replies), so a
+    run's weights do not depend on which reply came first."""
+    orders: list[list[str]] = []
+    real = power_aware.aggregate_arrayrecords
+
+    def spy(records: list[RecordDict], key: str) -> ArrayRecord:
+        # the handler weighs node n's reply 10·n: the weight names the node
+        nodes = [round(float(r["metrics"][key]) / 10.0) for r in records]  # type: ignore[arg-type]
+        orders.append([FLEET[n].node_name for n in nodes])
+        return real(records, key)
+
+    monkeypatch.setattr(power_aware, "aggregate_arrayrecords", spy)
+    outs = []
+    for grid_type in (BatchGrid, ReversedGrid):
+        grid = grid_type(list(FLEET), _handler())
+        strategy = _strategy(tmp_path / grid_type.__name__, steps_train=True)
+        outs.append(strategy.shared_phase(grid, _zeros(), 1, timeout_s=5))
+    assert orders and all(o == sorted(o) for o in orders)
+    half = len(orders) // 2
+    assert orders[:half] == orders[half:]
+    np.testing.assert_array_equal(outs[0].to_numpy_ndarrays()[0], outs[1].to_numpy_ndarrays()[0])
 
 
 def test_synthetic_profiled_steps_leave_the_model_alone(tmp_path: Path) -> None:
