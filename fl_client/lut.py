@@ -664,6 +664,14 @@ def scale_cells(lut: LUT, *, time_factor: float, peak_factor: float, avg_factor:
     )
 
 
+def cell_tables(lut: LUT) -> dict[str, FloatArray]:
+    """Copies of every per-cell table of ``lut`` by field name: time per sample, peak and
+    average power, σ of the per-step peaks and ``CELL_TABLES``; a cell is these taken
+    together (``merge_cells``, ``replace_rows``)."""
+    names = ("time_per_sample_s", "peak_power_w", "avg_power_w", "peak_sigma_w", *CELL_TABLES)
+    return {name: np.array(getattr(lut, name), dtype=np.float64) for name in names}
+
+
 def merge_cells(base: LUT, extra: LUT, *, overwrite: bool) -> LUT:
     """``base`` with the measured cells of ``extra`` (same device, model, frequencies).
 
@@ -689,12 +697,7 @@ def merge_cells(base: LUT, extra: LUT, *, overwrite: bool) -> LUT:
     unknown = sorted(set(extra.batch_sizes) - set(base.batch_sizes))
     if unknown:
         raise LUTFormatError(f"batch-sizes: {unknown} are not rows of the base LUT")
-    tables: dict[str, Any] = {
-        name: np.array(getattr(base, name), dtype=np.float64)
-        for name in ("time_per_sample_s", "peak_power_w", "avg_power_w")
-    }
-    for name in ("peak_sigma_w", *CELL_TABLES):
-        tables[name] = np.array(getattr(base, name), dtype=np.float64)
+    tables: dict[str, Any] = cell_tables(base)  # splatted into dataclasses.replace
     for i_extra, b in enumerate(extra.batch_sizes):
         i = base.batch_sizes.index(b)
         measured = ~np.isnan(extra.time_per_sample_s[i_extra])
@@ -711,12 +714,7 @@ def replace_rows(base: LUT, rows: LUT) -> LUT:
     After a drift check re-profiled a row, a cell of that row the walk did not reach lies
     beyond the cap on this board; the stale value would still offer it to the selector.
     """
-    tables: dict[str, Any] = {
-        name: np.array(getattr(base, name), dtype=np.float64)
-        for name in ("time_per_sample_s", "peak_power_w", "avg_power_w", "peak_sigma_w")
-    }
-    for name in CELL_TABLES:
-        tables[name] = np.array(getattr(base, name), dtype=np.float64)
+    tables: dict[str, Any] = cell_tables(base)  # splatted into dataclasses.replace
     for b in rows.batch_sizes:
         if b in base.batch_sizes:
             for table in tables.values():

@@ -13,8 +13,7 @@ import pytest
 
 from fl_client.devices import Measurement
 from fl_client.drift import check_drift, trained_time_deviation
-from fl_client.lut import CELL_TABLES as CELLS
-from fl_client.lut import LUT, load_cached, load_on_demand, on_demand_key
+from fl_client.lut import LUT, cell_tables, load_cached, load_on_demand, on_demand_key
 from fl_client.node import train_node
 from fl_client.profiler import (
     MeasureContext,
@@ -150,8 +149,7 @@ def test_a_row_that_shares_no_cell_with_the_lut_scales_the_others_by_the_check(
     keep[i, j] = True
     keep[B6.index(16), :] = True  # another row, to be scaled
     tables: dict[str, Any] = {
-        name: np.where(keep, getattr(full, name), np.nan)
-        for name in ("time_per_sample_s", "peak_power_w", "avg_power_w", "peak_sigma_w", *CELLS)
+        name: np.where(keep, table, np.nan) for name, table in cell_tables(full).items()
     }
     sparse = dataclasses.replace(full, grid="shared", p_max_w=None, cap_margin=0.0, **tables)
     hot = FakeDevice(a_w=5.0)  # +4 W: b = 32's walk under the cap stops below f
