@@ -65,9 +65,8 @@ from strategies.shared_profiling import (
     Cell,
     KindProfile,
     SharedOptions,
-    confirm_requests,
+    exchanges,
     kinds_of,
-    seed_requests,
 )
 
 #: A cell of a grid as its (row, column) index.
@@ -133,12 +132,8 @@ def run_protocol(grid_b: Grid, r: Sequence[float]) -> tuple[KindProfile, float]:
                 )
             )
 
-    measure(seed_requests(kinds, opts))
-    for _ in range(opts.confirm_exchanges):
-        confirm = confirm_requests(kinds, {prof.kind: list(r)}, opts)
-        if not confirm:
-            break
-        measure(confirm)
+    for requests in exchanges(kinds, {prof.kind: list(r)}, opts):
+        measure(requests)
     return prof, cost
 
 

@@ -30,9 +30,8 @@ from strategies.shared_profiling import (
     Cell,
     KindProfile,
     SharedOptions,
-    confirm_requests,
+    exchanges,
     kinds_of,
-    seed_requests,
 )
 
 log = logging.getLogger(__name__)
@@ -404,9 +403,9 @@ class PowerAwareFedAvg(FedAvg):
         self, grid: Grid, arrays: ArrayRecord, server_round: int, timeout_s: float
     ) -> ArrayRecord:
         """Fleet-shared profiling before ``server_round``'s training, for every kind of the
-        fleet that has no LUT yet (none in the library either): a seed exchange, then a
-        confirm exchange; returns the global arrays (moved by the profiled steps when they
-        train)."""
+        fleet that has no LUT yet (none in the library either): the seed exchange, then the
+        confirm exchanges (``shared_profiling.exchanges``); returns the global arrays (moved
+        by the profiled steps when they train)."""
         self._shared_cost, self._shared_round_s = {}, 0.0
         if self.shared is None or self.template.method not in ("power-aware", "oracle"):
             return arrays
@@ -426,16 +425,9 @@ class PowerAwareFedAvg(FedAvg):
                 del todo[kind]
         if not todo:
             return arrays
-        opts = self.shared.options
-        arrays = self._exchange(
-            grid, arrays, server_round, seed_requests(todo, opts), todo, timeout_s
-        )
         r_of = {k: self._r_for(k) for k in todo}
-        for _ in range(opts.confirm_exchanges):
-            confirm = confirm_requests(todo, r_of, opts)
-            if not confirm:
-                break
-            arrays = self._exchange(grid, arrays, server_round, confirm, todo, timeout_s)
+        for requests in exchanges(todo, r_of, self.shared.options):
+            arrays = self._exchange(grid, arrays, server_round, requests, todo, timeout_s)
         self._store_kinds(todo)
         return arrays
 

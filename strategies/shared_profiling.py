@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -188,6 +188,25 @@ def seed_requests(
         )
         out.update(deal(seeds, prof.nodes, {}))
     return out
+
+
+def exchanges(
+    kinds: Mapping[KindKey, KindProfile],
+    r_of: Mapping[KindKey, Sequence[float]],
+    opts: SharedOptions,
+) -> Iterator[dict[int, list[Cell]]]:
+    """The requests of each exchange in turn: the seeds, then up to
+    ``opts.confirm_exchanges`` confirm exchanges, ending early once no cap asks for a cell.
+
+    The caller measures each exchange's requests and adds the replies to ``kinds`` before
+    asking for the next one: a confirm exchange is planned from what was measured so far.
+    """
+    yield seed_requests(kinds, opts)
+    for _ in range(opts.confirm_exchanges):
+        confirm = confirm_requests(kinds, r_of, opts)
+        if not confirm:
+            return
+        yield confirm
 
 
 def confirm_requests(

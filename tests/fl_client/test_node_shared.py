@@ -22,7 +22,7 @@ from fl_client.devices.simulated import power_w as twin_power_w
 from fl_client.devices.simulated import time_per_sample_s as twin_time_per_sample_s
 from fl_client.lut import LUT, KindKey
 from fl_client.node import describe_node, profile_cells, train_node, workload_for
-from strategies.shared_profiling import SharedOptions, confirm_requests, kinds_of, seed_requests
+from strategies.shared_profiling import SharedOptions, exchanges, kinds_of
 from tests.fl_client.test_node import NODE, R_FOR_B64, initial_state, run_config, train_config
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
@@ -76,10 +76,8 @@ def kind_lut(tmp_path_factory: pytest.TempPathFactory) -> LUT:
             cost[0] += report.profile_time_s
             cost[1] += report.profile_energy_j
 
-    opts = SharedOptions()
-    measure(seed_requests(kinds, opts))
-    for _ in range(opts.confirm_exchanges):
-        measure(confirm_requests(kinds, {k: list(R_FOR_B64) for k in kinds}, opts))
+    for requests in exchanges(kinds, {k: list(R_FOR_B64) for k in kinds}, SharedOptions()):
+        measure(requests)
     lut = prof.lut(cost[0], cost[1])
     assert lut is not None
     return lut
