@@ -17,13 +17,15 @@ The time form is the generic DVFS split: a part that does not scale with the GPU
 (host work, launches, memory stalls; per sample it falls as a power of b, since per-step
 overhead is shared by the batch) and GPU cycles ∝ 1/f. Power is a static floor plus a
 dynamic part growing as a power law in f (CMOS f·V², V rising with f), bent in log-log by
-one shared curvature (V flat at low f, rising later). The per-b levels c_b and k_b are
-free, tied only by a smoothness penalty across log b (a penalised spline: rows without a
-measured cell are interpolated), so any shape of throughput and power over b fits; the
-f-shape is shared. Nothing in it is the digital twin's formula (no efficiency or activity
-saturation, no voltage knee, no busy fraction). It is fitted in log space (relative errors)
-by Levenberg–Marquardt with weak priors (a1 near −log(b_max/b_min), the f exponent near
-1.5, the static floor near 80% of the least power measured). A Gaussian-process correction
+one shared curvature (V flat at low f, rising later), never so far that power falls as f
+rises (the curvature is held where the log-log slope would turn negative above the grid's
+lowest frequency). The per-b levels c_b and k_b are free, tied only by a smoothness
+penalty across log b (a penalised spline: rows without a measured cell are interpolated),
+so any shape of throughput and power over b fits; the f-shape is shared. Nothing in it is
+the digital twin's formula (no efficiency or activity saturation, no voltage knee, no busy
+fraction). It is fitted in log space (relative errors) by Levenberg–Marquardt with weak
+priors (a1 near −log(b_max/b_min), the f exponent near 1.5, the static floor near 80% of
+the least power measured). A Gaussian-process correction
 of the log residuals over (u, φ) then makes it agree with the measured cells and their
 neighbours and gives every cell a relative uncertainty, small next to measured cells and at
 least ``model_sigma_floor`` far from them.
@@ -211,6 +213,7 @@ class _Data:
     lphi: FloatArray
     log_y: FloatArray
     u_axis: FloatArray  # u of every row of the grid
+    lphi_low: float = 0.0  # log φ of the grid's lowest frequency (≤ 0)
 
 
 def _log_time(p: FloatArray, d: _Data) -> tuple[FloatArray, FloatArray]:
@@ -231,14 +234,21 @@ def _log_power(p: FloatArray, d: _Data) -> tuple[FloatArray, FloatArray]:
     """log P = log(exp(s) + exp(k_row + e(u)·log φ + c·(log φ)²)), p = [s, e0, e1, c, k_0 …]
     with e(u) = exp(e0 + e1·u); with its Jacobian."""
     exponent = np.exp(np.clip(p[1] + p[2] * d.u, -5.0, 3.0))
-    dynamic = p[4 + d.rows] + exponent * d.lphi + p[3] * d.lphi * d.lphi
+    # power never falls as f rises: the log-log slope e(u) + 2c·log φ stays ≥ 0 down to the
+    # grid's lowest frequency (a convex bend may not turn the curve up at low f)
+    span = -d.lphi_low
+    c_cap = exponent / (2.0 * span) if span > 0 else np.full_like(exponent, np.inf)
+    clipped = p[3] > c_cap
+    curv = np.where(clipped, c_cap, p[3])
+    dynamic = p[4 + d.rows] + exponent * d.lphi + curv * d.lphi * d.lphi
     out = np.logaddexp(p[0], dynamic)
     w_dyn = np.exp(dynamic - out)
     jac = np.zeros((d.u.size, p.size))
     jac[:, 0] = 1.0 - w_dyn
-    jac[:, 1] = w_dyn * exponent * d.lphi
+    d_exp = d.lphi + np.where(clipped, d.lphi * d.lphi / (2.0 * span) if span > 0 else 0.0, 0.0)
+    jac[:, 1] = w_dyn * exponent * d_exp
     jac[:, 2] = jac[:, 1] * d.u
-    jac[:, 3] = w_dyn * d.lphi * d.lphi
+    jac[:, 3] = np.where(clipped, 0.0, w_dyn * d.lphi * d.lphi)
     jac[np.arange(d.u.size), 4 + d.rows] = w_dyn
     return out, jac
 
@@ -475,11 +485,12 @@ def fit_lut(
     b_ratio = max(float(batch_sizes[-1]) / float(batch_sizes[0]), 1.0 + 1e-9)
     x_all = np.stack([u.ravel(), np.exp(lphi).ravel()], axis=1)
     x_meas = x_all[ok.ravel()]
-    grid = _Data(rows.ravel(), u.ravel(), lphi.ravel(), np.zeros(u.size), u_axis)
+    low = float(lphi.min())
+    grid = _Data(rows.ravel(), u.ravel(), lphi.ravel(), np.zeros(u.size), u_axis, low)
 
     out: dict[str, tuple[FloatArray, FloatArray, FloatArray]] = {}
     for name, values in (("time", t), ("peak", p), ("avg", a)):
-        data = _Data(rows[ok], u[ok], lphi[ok], np.log(values[ok]), u_axis)
+        data = _Data(rows[ok], u[ok], lphi[ok], np.log(values[ok]), u_axis, low)
         if name == "time":
             problem, starts = _time_problem(data, opts, b_ratio)
         else:

@@ -113,6 +113,26 @@ def test_fit_of_a_kinked_power_curve_improves_with_cells() -> None:
     assert err.peak_mape_pct < min(seeds.peak_mape_pct, 2.0)
 
 
+@pytest.mark.parametrize("knee_at, top_v", [(0.5, 1.3), (0.6, 1.5), (0.4, 1.4)])
+def test_fitted_power_never_falls_as_f_rises(knee_at: float, top_v: float) -> None:
+    """A voltage knee measured mostly above it bends the fit convex in log-log; the bend may
+    not turn the curve up again at low f (power below the knee was predicted higher than at
+    the knee, so a cap's cheapest rows looked infeasible there)."""
+    freqs = (114.75, 216.75, 318.75, 420.75, 522.75, 624.75, 726.75, 828.75, 930.75)
+    freqs += (1032.75, 1134.75, 1236.75, 1300.5)
+    b = np.asarray(B6, dtype=float)[:, None]
+    phi = np.asarray(freqs)[None, :] / freqs[-1]
+    time_s = 6e-3 / b + 4e-3 * (1 + (12 / b) ** 0.8) * 100 / (phi * freqs[-1])
+    volt = np.where(phi < knee_at, 0.7, 0.7 + (top_v - 0.7) * (phi - knee_at) / (1 - knee_at))
+    peak = 11.0 + 4.0 * (b / b.max()) ** 0.35 * phi * volt**2
+    cells = [(5, 6), (5, 9), (5, 10), (5, 11), (5, 12), (4, 6), (4, 7), (4, 8), (4, 9)]
+    cells += [(0, 0), (0, 12), (1, 5), (2, 11), (3, 6)]
+    t, p, _ = only(cells, (time_s, peak, peak))
+    fit = fit_lut(B6, freqs, t, p)
+    assert np.all(np.diff(fit.peak_power_w, axis=1) >= 0.0)
+    assert np.all(np.diff(fit.avg_power_w, axis=1) >= 0.0)
+
+
 def test_fit_uncertainty_is_small_at_measured_cells_and_larger_away() -> None:
     truth = synthetic()
     cells = seed_cells(6, 12, 8)
