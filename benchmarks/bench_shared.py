@@ -29,7 +29,7 @@ noiseless optimum, mean and worst; "full A": the same for full grid A's choice);
 The per-kind and per-model rows are "same draws".
 
 Usage: .venv/bin/python benchmarks/bench_shared.py [--seeds N] [--models cnn,resnet18]
-       [--json PATH]
+       [--seed-cells N] [--json PATH]
 Prints a table and writes JSON (default: benchmarks/results/shared.json).
 """
 
@@ -102,13 +102,15 @@ def fleet_of(grid: Grid) -> dict[int, NodeDescriptor]:
     return out
 
 
-def run_protocol(grid_b: Grid, r: Sequence[float]) -> tuple[KindProfile, float]:
+def run_protocol(
+    grid_b: Grid, r: Sequence[float], seed_cells: int = SharedOptions.seed_cells
+) -> tuple[KindProfile, float]:
     """The shared protocol on a fleet of ``grid_b``'s twin, cells answered from grid B;
     the kind's measured cells and their device time."""
     fleet = fleet_of(grid_b)
     kinds = kinds_of(fleet, {n: list(grid_b.batch_sizes) for n in fleet}, "m", (1,))
     (prof,) = kinds.values()
-    opts = SharedOptions(peak_sigma_k=0.0)
+    opts = SharedOptions(seed_cells=seed_cells, peak_sigma_k=0.0)
     cost = 0.0
 
     def measure(requests: dict[int, list[Cell]]) -> None:
@@ -142,7 +144,9 @@ def to_target(cell: Index | None, time_s: np.ndarray, r: Sequence[float]) -> flo
     return math.inf if cell is None else float(time_s[cell] * r[cell[0]])
 
 
-def compare(grid_a: Grid, grid_b: Grid | None) -> list[dict[str, Any]]:
+def compare(
+    grid_a: Grid, grid_b: Grid | None, seed_cells: int = SharedOptions.seed_cells
+) -> list[dict[str, Any]]:
     """Every (r profile, cap) of one table: the shared protocol answered from grid A itself
     ("same draws": every difference is the protocol's), and with ``grid_b`` (a twin's
     second measurement) from grid B ("fresh draws") and full grid B (the noise floor)."""
@@ -160,7 +164,7 @@ def compare(grid_a: Grid, grid_b: Grid | None) -> list[dict[str, Any]]:
         sources = [(same_draws, grid_a)] + (
             [] if grid_b is None else [("shared, fresh draws", grid_b)]
         )
-        protocols = {name: run_protocol(grid, r) for name, grid in sources}
+        protocols = {name: run_protocol(grid, r, seed_cells) for name, grid in sources}
         choose = selector_fn(grid_a, r)
         for cap_w in grid_a.caps_w:
             full = choose(grid_a.time_s, grid_a.peak_w, cap_w)
@@ -248,9 +252,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for model in args.models:
             for seed in range(args.seeds):
                 grid_a, grid_b = measured_grids(kind, model, seed)
-                rows += compare(grid_a, grid_b)
+                rows += compare(grid_a, grid_b, args.seed_cells)
     for grid in replay_grids(REPO / "configs" / "replay", np.random.default_rng(0)):
-        rows += compare(grid, None)
+        rows += compare(grid, None, args.seed_cells)
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         groups[row["source"]].append(row)
@@ -269,6 +273,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "batch-sizes": BATCH_SIZES,
         "r-profiles": R_PROFILES,
         "seeds": args.seeds,
+        "seed-cells": args.seed_cells,
         "models": args.models,
         "groups": summary,
         "differing-cases": [r for r in rows if not r["same"] and r["source"].startswith("shared")],
@@ -283,6 +288,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=2, help="twin seeds per kind and model")
     parser.add_argument(
         "--models", type=lambda s: s.split(","), default=["cnn", "resnet18", "mobilenetv2"]
+    )
+    parser.add_argument(
+        "--seed-cells",
+        type=int,
+        default=SharedOptions.seed_cells,
+        help="seed cells per kind (the run setting shared-seed-cells)",
     )
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/shared.json"))
     args = parser.parse_args(argv)

@@ -118,8 +118,8 @@ def test_fitted_power_never_falls_as_f_rises(knee_at: float, top_v: float) -> No
     """A voltage knee measured mostly above it bends the fit convex in log-log; the bend may
     not turn the curve up again at low f (power below the knee was predicted higher than at
     the knee, so a cap's cheapest rows looked infeasible there)."""
-    freqs = (114.75, 216.75, 318.75, 420.75, 522.75, 624.75, 726.75, 828.75, 930.75)
-    freqs += (1032.75, 1134.75, 1236.75, 1300.5)
+    freqs: tuple[float, ...] = (114.75, 216.75, 318.75, 420.75, 522.75, 624.75, 726.75)
+    freqs += (828.75, 930.75, 1032.75, 1134.75, 1236.75, 1300.5)
     b = np.asarray(B6, dtype=float)[:, None]
     phi = np.asarray(freqs)[None, :] / freqs[-1]
     time_s = 6e-3 / b + 4e-3 * (1 + (12 / b) ** 0.8) * 100 / (phi * freqs[-1])
