@@ -59,7 +59,8 @@ CAP_MARGIN = 0.05  # the run settings' default cap-margin
 #: r_b = (b / b_max)^γ: flat (time per sample alone), and smaller b needing fewer samples.
 R_PROFILES = {"flat": 0.0, "sqrt": 0.5, "steep": 0.8}
 REPLAY_NOISE = 0.012  # relative σ of time and peak added in the "replay+noise" variant
-Choose = Callable[[FloatArray, FloatArray, float], "Cell | None"]
+#: ``choose(time, peak, cap_w[, sigma])``: Eq. 4's cell, None when none is feasible
+Choose = Callable[..., "Cell | None"]
 
 
 @dataclass
@@ -77,6 +78,8 @@ class Grid:
     avg_w: FloatArray
     caps_w: tuple[float, ...]
     truth: tuple[FloatArray, FloatArray] | None = None  # noiseless twin: time, peak
+    #: σ of each cell's per-step peaks (twins; None: a table without it, judged as σ = 0)
+    sigma_w: FloatArray | None = None
 
     def lookup(self) -> lut_fit.MeasureFn:
         def measure(b: int, f: float) -> tuple[float, float, float]:
@@ -108,11 +111,17 @@ def twin_grids(kind: str, model: str, seed: int) -> tuple[Grid, Grid]:
     grids = []
     for draw, label in ((seed, "A"), (seed + 1000, "B")):
         device = open_device(kind, "simulated", seed=draw)
-        tables = np.full((3, len(BATCH_SIZES), len(freqs)), np.nan)
+        tables = np.full((4, len(BATCH_SIZES), len(freqs)), np.nan)
         for i, b in enumerate(BATCH_SIZES):
             for j, f in enumerate(freqs):
-                m, _, _ = profiler.measure_cell(device, workload, b, lambda: None, f)
-                tables[:, i, j] = profiler.time_per_sample_s(m, b, 3), m.peak_power_w, m.avg_power_w
+                cell = profiler.measure_cell_with_sigma(device, workload, b, lambda: None, f)
+                m = cell.measurement
+                tables[:, i, j] = (
+                    profiler.time_per_sample_s(m, b, 3),
+                    m.peak_power_w,
+                    m.avg_power_w,
+                    cell.peak_sigma_w,
+                )
         name = f"{kind}/{model}/seed{seed}{label}"
         caps = tuple(spec.suggested_caps_w)
         grids.append(
@@ -128,6 +137,7 @@ def twin_grids(kind: str, model: str, seed: int) -> tuple[Grid, Grid]:
                 tables[2],
                 caps,
                 truth,
+                tables[3],
             )
         )
     return grids[0], grids[1]
@@ -237,11 +247,17 @@ def r_vector(batch_sizes: Sequence[int], gamma: float) -> list[float]:
     return [(b / batch_sizes[-1]) ** gamma for b in batch_sizes]
 
 
-def selector_fn(grid: Grid, r: Sequence[float]) -> Choose:
-    """Eq. 4 through ``fl_client.selector.select`` (its stable keyword API) on plain tables."""
+def selector_fn(grid: Grid, r: Sequence[float], peak_sigma_k: float = 0.0) -> Choose:
+    """Eq. 4 through ``fl_client.selector.select`` (its stable keyword API) on plain tables;
+    ``choose(time, peak, cap, sigma)`` judges a cell by peak + ``peak_sigma_k``·σ of its
+    per-step peaks, as the runs do (σ None or k = 0: the profiled peak alone)."""
     from fl_client import selector
 
-    def choose(time_s: FloatArray, peak_w: FloatArray, cap_w: float) -> Cell | None:
+    rule = selector.SelectionRule(peak_sigma_k=peak_sigma_k)
+
+    def choose(
+        time_s: FloatArray, peak_w: FloatArray, cap_w: float, sigma_w: FloatArray | None = None
+    ) -> Cell | None:
         try:
             sel = selector.select(
                 "power-aware",
@@ -249,9 +265,11 @@ def selector_fn(grid: Grid, r: Sequence[float]) -> Choose:
                 freqs_mhz=list(grid.freqs),
                 lut_time_s=time_s,
                 lut_power_w=peak_w,
+                lut_peak_sigma_w=sigma_w,
                 r=list(r),
                 p_max_w=cap_w,
                 cap_margin=CAP_MARGIN,
+                rule=rule,
             )
         except selector.InfeasibleCapError:
             return None

@@ -18,18 +18,21 @@ on the kind's LUT (measured cells only) is compared with the same choice on full
   (full grids not made by the twins; the one there is illustrative), as is and with
   twin-like sensor noise, each answered from itself.
 
-Both sides choose with the profiled peak alone (k = 0, like ``bench_lut_fit.py``: grids
-here carry no σ), cap margin 5%. Columns: cases (table × model × seed × r profile × cap);
-same (identical choice); worst (largest time-to-target ratio where they differ: time per
-sample × r_b on grid A, shared choice over grid A's); ≤2% (share within 2%); cells (mean and
-most per kind); cost (device time of the measured cells, as a share of measuring the full
-grid); regret (twins: time to target of the choice on the noiseless twin over the
-noiseless optimum, mean and worst; "full A": the same for full grid A's choice); >cap
-(choices whose noiseless peak, on a replay table its listed peak, is at or above the cap).
+Both sides choose with the profiled peak alone by default (k = 0, like
+``bench_lut_fit.py``), cap margin 5%; ``--peak-sigma-k 2`` judges every cell as the runs do,
+by peak + 2σ of its per-step peaks (the twins' grids record σ; the replay tables have none,
+judged as σ = 0), on both sides and in the protocol's confirm rule. Columns: cases (table ×
+model × seed × r profile × cap); same (identical choice); worst (largest time-to-target
+ratio where they differ: time per sample × r_b on grid A, shared choice over grid A's); ≤2%
+(share within 2%); cells (mean and most per kind); cost (device time of the measured cells,
+as a share of measuring the full grid); regret (twins: time to target of the choice on the
+noiseless twin over the noiseless optimum, mean and worst; "full A": the same for full grid
+A's choice); >cap (choices whose noiseless peak, on a replay table its listed peak, is at or
+above the cap).
 The per-kind and per-model rows are "same draws".
 
 Usage: .venv/bin/python benchmarks/bench_shared.py [--seeds N] [--models cnn,resnet18]
-       [--seed-cells N] [--json PATH]
+       [--seed-cells N] [--peak-sigma-k K] [--json PATH]
 Prints a table and writes JSON (default: benchmarks/results/shared.json).
 """
 
@@ -103,14 +106,19 @@ def fleet_of(grid: Grid) -> dict[int, NodeDescriptor]:
 
 
 def run_protocol(
-    grid_b: Grid, r: Sequence[float], seed_cells: int = SharedOptions.seed_cells
+    grid_b: Grid,
+    r: Sequence[float],
+    seed_cells: int = SharedOptions.seed_cells,
+    peak_sigma_k: float = 0.0,
 ) -> tuple[KindProfile, float]:
-    """The shared protocol on a fleet of ``grid_b``'s twin, cells answered from grid B;
-    the kind's measured cells and their device time."""
+    """The shared protocol on a fleet of ``grid_b``'s twin, cells answered from grid B
+    (with σ of their per-step peaks when ``peak_sigma_k`` > 0 and the grid has it); the
+    kind's measured cells and their device time."""
     fleet = fleet_of(grid_b)
     kinds = kinds_of(fleet, {n: list(grid_b.batch_sizes) for n in fleet}, "m", (1,))
     (prof,) = kinds.values()
-    opts = SharedOptions(seed_cells=seed_cells, peak_sigma_k=0.0)
+    opts = SharedOptions(seed_cells=seed_cells, peak_sigma_k=peak_sigma_k)
+    sigma = grid_b.sigma_w if peak_sigma_k > 0 else None
     cost = 0.0
 
     def measure(requests: dict[int, list[Cell]]) -> None:
@@ -131,6 +139,7 @@ def run_protocol(
                     profile_time_s=0.0,
                     profile_energy_j=0.0,
                     num_examples=0.0,
+                    peak_sigma_w=() if sigma is None else tuple(float(sigma[c]) for c in idx),
                 )
             )
 
@@ -145,7 +154,10 @@ def to_target(cell: Index | None, time_s: np.ndarray, r: Sequence[float]) -> flo
 
 
 def compare(
-    grid_a: Grid, grid_b: Grid | None, seed_cells: int = SharedOptions.seed_cells
+    grid_a: Grid,
+    grid_b: Grid | None,
+    seed_cells: int = SharedOptions.seed_cells,
+    peak_sigma_k: float = 0.0,
 ) -> list[dict[str, Any]]:
     """Every (r profile, cap) of one table: the shared protocol answered from grid A itself
     ("same draws": every difference is the protocol's), and with ``grid_b`` (a twin's
@@ -164,16 +176,19 @@ def compare(
         sources = [(same_draws, grid_a)] + (
             [] if grid_b is None else [("shared, fresh draws", grid_b)]
         )
-        protocols = {name: run_protocol(grid, r, seed_cells) for name, grid in sources}
-        choose = selector_fn(grid_a, r)
+        protocols = {
+            name: run_protocol(grid, r, seed_cells, peak_sigma_k) for name, grid in sources
+        }
+        choose = selector_fn(grid_a, r, peak_sigma_k)
         for cap_w in grid_a.caps_w:
-            full = choose(grid_a.time_s, grid_a.peak_w, cap_w)
+            full = choose(grid_a.time_s, grid_a.peak_w, cap_w, grid_a.sigma_w)
             picks = []
             for name, (prof, cost) in protocols.items():
-                time_s, peak_w, _, _ = prof.tables()
-                picks.append((name, choose(time_s, peak_w, cap_w), len(prof.measured), cost))
+                time_s, peak_w, _, sigma_w = prof.tables()
+                chosen = choose(time_s, peak_w, cap_w, sigma_w)
+                picks.append((name, chosen, len(prof.measured), cost))
             if grid_b is not None:
-                pick_b = choose(grid_b.time_s, grid_b.peak_w, cap_w)
+                pick_b = choose(grid_b.time_s, grid_b.peak_w, cap_w, grid_b.sigma_w)
                 picks.append(("full grid B", pick_b, grid_b.time_s.size, full_cost))
             for source, chosen, cells, cost in picks:
                 t = grid_a.time_s
@@ -252,9 +267,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for model in args.models:
             for seed in range(args.seeds):
                 grid_a, grid_b = measured_grids(kind, model, seed)
-                rows += compare(grid_a, grid_b, args.seed_cells)
+                rows += compare(grid_a, grid_b, args.seed_cells, args.peak_sigma_k)
     for grid in replay_grids(REPO / "configs" / "replay", np.random.default_rng(0)):
-        rows += compare(grid, None, args.seed_cells)
+        rows += compare(grid, None, args.seed_cells, args.peak_sigma_k)
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         groups[row["source"]].append(row)
@@ -274,6 +289,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "r-profiles": R_PROFILES,
         "seeds": args.seeds,
         "seed-cells": args.seed_cells,
+        "peak-sigma-k": args.peak_sigma_k,
         "models": args.models,
         "groups": summary,
         "differing-cases": [r for r in rows if not r["same"] and r["source"].startswith("shared")],
@@ -294,6 +310,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         type=int,
         default=SharedOptions.seed_cells,
         help="seed cells per kind (the run setting shared-seed-cells)",
+    )
+    parser.add_argument(
+        "--peak-sigma-k",
+        type=float,
+        default=0.0,
+        help="judge cells by peak + k·σ of their per-step peaks, as runs do (default 0: "
+        "the peak alone; runs use 2)",
     )
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/shared.json"))
     args = parser.parse_args(argv)
