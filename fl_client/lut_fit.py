@@ -25,10 +25,10 @@ so any shape of throughput and power over b fits; the f-shape is shared. Nothing
 the digital twin's formula (no efficiency or activity saturation, no voltage knee, no busy
 fraction). It is fitted in log space (relative errors) by Levenberg–Marquardt with weak
 priors (a1 near −log(b_max/b_min), the f exponent near 1.5, the static floor near 80% of
-the least power measured). A Gaussian-process correction
-of the log residuals over (u, φ) then makes it agree with the measured cells and their
-neighbours and gives every cell a relative uncertainty, small next to measured cells and at
-least ``model_sigma_floor`` far from them.
+the least power measured). A Gaussian-process correction of the log residuals over (u, φ)
+then makes it agree with the measured cells and their neighbours and gives every cell a
+relative uncertainty, small next to measured cells and at least ``model_sigma_floor`` far
+from them.
 
 ``plan_cells`` uses it: a few seed cells spread over the grid (corners and every b, ≤ 8),
 a fit, then only cells with a real chance of changing a cap's choice: the fit's own choice
@@ -237,7 +237,7 @@ def _log_power(p: FloatArray, d: _Data) -> tuple[FloatArray, FloatArray]:
     # power never falls as f rises: the log-log slope e(u) + 2c·log φ stays ≥ 0 down to the
     # grid's lowest frequency (a convex bend may not turn the curve up at low f)
     span = -d.lphi_low
-    c_cap = exponent / (2.0 * span) if span > 0 else np.full_like(exponent, np.inf)
+    c_cap = exponent / (2.0 * span) if span > 0 else math.inf
     clipped = p[3] > c_cap
     curv = np.where(clipped, c_cap, p[3])
     dynamic = p[4 + d.rows] + exponent * d.lphi + curv * d.lphi * d.lphi
@@ -245,8 +245,8 @@ def _log_power(p: FloatArray, d: _Data) -> tuple[FloatArray, FloatArray]:
     w_dyn = np.exp(dynamic - out)
     jac = np.zeros((d.u.size, p.size))
     jac[:, 0] = 1.0 - w_dyn
-    d_exp = d.lphi + np.where(clipped, d.lphi * d.lphi / (2.0 * span) if span > 0 else 0.0, 0.0)
-    jac[:, 1] = w_dyn * exponent * d_exp
+    # where held, the curvature is c_cap ∝ e(u): it moves with e0 and e1 as e(u) does
+    jac[:, 1] = w_dyn * (exponent * d.lphi + np.where(clipped, curv, 0.0) * d.lphi * d.lphi)
     jac[:, 2] = jac[:, 1] * d.u
     jac[:, 3] = np.where(clipped, 0.0, w_dyn * d.lphi * d.lphi)
     jac[np.arange(d.u.size), 4 + d.rows] = w_dyn
