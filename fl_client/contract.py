@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from fl_client.selector import PowerLimit
+
 #: The selection rules a round can run (``fl_client.selector.select`` implements each).
 METHODS = ("power-aware", "b1", "b2", "oracle", "fixed")
 
@@ -110,11 +112,13 @@ class Cap:
         """The form a user types in a setting: ``"4.5"`` or ``"none"``."""
         return f"{self.watts:g}" if self.capped else "none"
 
-    def selection_w(self, cap_margin: float) -> float:
-        """What profiled peaks must stay below: P_max less ``cap_margin`` (inf without a cap)."""
-        if not 0.0 <= cap_margin < 1.0:
-            raise SettingsError(f"cap-margin: expected a number in [0, 1), got {cap_margin!r}")
-        return self.watts * (1.0 - cap_margin)
+    def with_margin(self, cap_margin: float) -> PowerLimit:
+        """This cap with ``cap-margin``: the one value every check below the node judges
+        profiled peaks by (``PowerLimit.limit_w``: P_max less its margin, inf without a cap)."""
+        try:
+            return PowerLimit(self.watts, cap_margin)
+        except ValueError as err:
+            raise SettingsError(str(err)) from None
 
     def to_wire(self) -> float:
         return float(self.watts)

@@ -117,7 +117,9 @@ class RoundPlan:
     """What a round decided before training, and what it measured on the way."""
 
     cfg: TrainConfig
-    cap: Cap
+    #: The round's cap with the node's ``cap-margin``: the one value the node's choice,
+    #: profiling and pacing judge peaks by
+    limit: selector.PowerLimit
     lut: LUT | None = None
     lut_from_cache: bool = False
     r_true: list[float] | None = None
@@ -134,11 +136,17 @@ class RoundPlan:
     #: The trained round's peak against the LUT cell it ran at: (deviation, set aside)
     power_check: tuple[float, bool] | None = None
 
+    @property
+    def cap(self) -> Cap:
+        """The round's bare cap (what the cap guard holds and the records show)."""
+        return Cap(self.limit.p_max_w)
+
 
 def lut_for_cap(
     ctx: NodeContext, measure: MeasureContext, batch_sizes: list[int], cap: Cap
 ) -> tuple[LUT, bool, RoundCost]:
-    """The LUT for ``cap``, whether it came from the cache, and what profiling cost.
+    """The LUT for ``cap`` (with the node's ``cap-margin``), whether it came from the cache,
+    and what profiling cost.
 
     Each LUT is profiled in efficient mode for the cap with the node's ``cap-margin`` and
     cached. A node with a cap schedule profiles every cap of it now under
@@ -151,9 +159,8 @@ def lut_for_cap(
     cost = RoundCost()
     this: tuple[LUT, bool] | None = None
     for each in dict.fromkeys((cap, *caps)):
-        options = ProfileOptions(
-            p_max_w=each.watts,
-            cap_margin=ctx.cap_margin,
+        options = ProfileOptions.under(
+            each.with_margin(ctx.cap_margin),
             progress=False,
             uncapped="full" if ctx.settings.profile_grid == "full" else "highest",
             peak_sigma_k=ctx.settings.peak_sigma_k,
@@ -214,17 +221,17 @@ def select_for(
     plan: RoundPlan,
     lut: LUT | None,
     device: Device,
-    cap_margin: float,
     rule: selector.SelectionRule = selector.DEFAULT_RULE,
 ) -> selector.Selection:
     """The round's (b*, f*) by ``selector.select``, the one dispatch of every method.
 
-    Power-aware and the oracle take Eq. 4 on the LUT's measured cells under the cap less
-    ``cap_margin`` (the oracle with r measured on the node's data): each cell judged by its
-    peak + ``rule.peak_sigma_k``·σ of its per-step peaks (the LUT's ``peak_sigma_w``), the
-    least time × r, near-ties within ``rule.tie_tolerance`` to the least energy (the LUT's
-    average power × time). B1 and B2 take their fixed frequency from the device
-    descriptor's band for the cap; ``fixed`` takes the configured (b, f).
+    Power-aware and the oracle take Eq. 4 on the LUT's measured cells under ``plan.limit``
+    (the cap less the node's ``cap-margin``; the oracle with r measured on the node's
+    data): each cell judged by its peak + ``rule.peak_sigma_k``·σ of its per-step peaks
+    (the LUT's ``peak_sigma_w``), the least time × r, near-ties within
+    ``rule.tie_tolerance`` to the least energy (the LUT's average power × time). B1 and B2
+    take their fixed frequency from the device descriptor's band for the cap; ``fixed``
+    takes the configured (b, f).
     """
     cfg = plan.cfg
     tables = (
@@ -240,9 +247,8 @@ def select_for(
         freqs_mhz=[float(f) for f in device.gpu_freqs_mhz],
         tables=tables,
         r=plan.r_true if cfg.method == "oracle" else list(cfg.r),
-        p_max_w=plan.cap.watts,
+        p_max_w=plan.limit,
         rule=rule,
-        cap_margin=cap_margin,
         b1_freq_cap_mhz=(
             device.info.b1_freq_cap_mhz(plan.cap.watts) if cfg.method in ("b1", "b2") else None
         ),
@@ -285,9 +291,7 @@ def _choose(
         plan.lut, known = shared
         plan.lut_from_cache = known == VERIFIED
         try:
-            plan.choice = select_for(
-                plan, plan.lut, measure.device, ctx.cap_margin, ctx.selection_rule
-            )
+            plan.choice = select_for(plan, plan.lut, measure.device, ctx.selection_rule)
             if known != VERIFIED:
                 before = known == REFUSED or ctx.settings.shared_verify == "before"
                 _verify_shared(ctx, measure, plan, before=before)
@@ -301,7 +305,7 @@ def _choose(
         )
         plan.cost.add(cost.time_s, cost.energy_j)
     try:
-        plan.choice = select_for(plan, plan.lut, measure.device, ctx.cap_margin, ctx.selection_rule)
+        plan.choice = select_for(plan, plan.lut, measure.device, ctx.selection_rule)
     except selector.InfeasibleCapError as err:
         if not ctx.node.p_max_schedule:
             raise
@@ -328,9 +332,8 @@ def _verify_shared(
         plan.verify_by_training = True
         return
     if check is None:
-        options = ProfileOptions(
-            p_max_w=plan.cap.watts,
-            cap_margin=ctx.cap_margin,
+        options = ProfileOptions.under(
+            plan.limit,
             warmup_steps=plan.lut.warmup_steps,
             steps=plan.lut.steps,
             progress=False,
@@ -340,7 +343,7 @@ def _verify_shared(
     plan.shared, plan.lut = check, check.lut
     plan.cost.add(check.time_s, check.energy_j)
     if check.reprofiled:
-        plan.choice = select_for(plan, plan.lut, measure.device, ctx.cap_margin, ctx.selection_rule)
+        plan.choice = select_for(plan, plan.lut, measure.device, ctx.selection_rule)
     keep_verified(measure, plan.lut, plan.cfg.kind_lut)
 
 
@@ -391,12 +394,11 @@ def _pace(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, samples: i
     plan.paced = pacing_cells(measure, plan.lut, plan.choice, work)
     plan.cost.add(plan.paced.time_s, plan.paced.energy_j)
     work = dataclasses.replace(work, reserved_s=plan.paced.time_s)
-    cap_w = plan.cap.selection_w(ctx.cap_margin)
     plan.pace = plan_pacing(
         plan.paced.plan_lut,
         plan.choice.batch_size,
         plan.choice.freq_mhz,
-        cap_w,
+        plan.limit,
         work,
         rule=ctx.selection_rule,
     )
@@ -446,8 +448,8 @@ def check_power(
     except ValueError:
         return None
     sigma = float(lut.peak_sigma_w[i, j]) if lut.peak_sigma_w.size else math.nan
-    promised = float(lut.peak_power_w[i, j]) + ctx.settings.peak_sigma_k * (
-        0.0 if math.isnan(sigma) else sigma
+    promised = float(
+        selector.robust_peak_w(lut.peak_power_w[i, j], sigma, ctx.settings.peak_sigma_k)
     )
     if not math.isfinite(promised) or promised <= 0:
         return None
@@ -491,7 +493,7 @@ def train_node(
     ctx = node_context(run_config, node_config)
     cfg = TrainConfig.from_config(config)
     s = ctx.settings
-    plan = RoundPlan(cfg=cfg, cap=ctx.node.p_max_at(cfg.server_round))
+    plan = RoundPlan(cfg=cfg, limit=ctx.node.p_max_at(cfg.server_round).with_margin(ctx.cap_margin))
     torch.set_num_threads(1)  # simulated nodes share the host's cores
     data = ctx.local_data()
     device = ctx.open_device(cfg.server_round)
@@ -568,7 +570,7 @@ def _report(
         extra["drift_deviation"] = plan.drift.deviation
         extra["drift_reprofiled"] = float(plan.drift.reprofiled)
         if plan.drift.reprofiled:
-            again = select_for(plan, plan.drift.lut, device, ctx.cap_margin, ctx.selection_rule)
+            again = select_for(plan, plan.drift.lut, device, ctx.selection_rule)
             extra["drift_batch_size"] = float(again.batch_size)
             extra["drift_freq_mhz"] = float(again.freq_mhz)
     return TrainReport(

@@ -18,8 +18,8 @@ from fl_client.r_estimation import estimate_r
 from fl_client.settings import NodeSettings, RunSettings, load_fleet, resolve_path
 from fl_server.lut_library import LUTLibrary
 from fl_server.results import RunRecorder, new_run_dir, untrained_label
-from strategies.power_aware import PowerAwareFedAvg, SharedProfiling
-from strategies.shared_profiling import SharedOptions
+from strategies.power_aware import PowerAwareFedAvg
+from strategies.shared_profiling import SharedOptions, SharedProfiling
 
 log = logging.getLogger(__name__)
 

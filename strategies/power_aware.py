@@ -16,23 +16,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from fl_client.contract import (
-    Cap,
-    CellsReport,
-    NodeDescriptor,
-    NodeRow,
-    ProfileRequest,
-    TrainConfig,
-    TrainReport,
-)
+from fl_client.contract import Cap, NodeDescriptor, NodeRow, TrainConfig, TrainReport
 from fl_client.lut import LUT, KindKey
-from strategies.shared_profiling import (
-    Cell,
-    KindProfile,
-    SharedOptions,
-    exchanges,
-    kinds_of,
-)
+from strategies.shared_profiling import FleetLUTs, SharedProfiling, run_phase
 
 log = logging.getLogger(__name__)
 
@@ -58,23 +44,6 @@ class RoundReport:
 
     def reports(self) -> list[TrainReport]:
         return [n.report for n in self.nodes if n.ok and n.report is not None]
-
-
-@dataclass(frozen=True)
-class SharedProfiling:
-    """Fleet-shared profiling as the strategy runs it (see ``strategies.shared_profiling``).
-
-    ``library`` gets and keeps one LUT per kind across runs (``fl_server.lut_library``:
-    anything with ``get(kind)`` and ``put(lut, source)``); ``input_shape`` is the model's
-    sample shape; ``steps_train`` keeps the profiled minibatches' updates.
-    """
-
-    library: Any
-    input_shape: tuple[int, ...]
-    options: SharedOptions = field(default_factory=SharedOptions)
-    steps_train: bool = False
-    warmup_steps: int = 1
-    steps: int = 3
 
 
 class PowerAwareFedAvg(FedAvg):
@@ -140,12 +109,9 @@ class PowerAwareFedAvg(FedAvg):
         self.fastest_time_s: dict[int, float] = {}  # node -> last reported time at f*
         self.time_calibration: dict[int, float] = {}  # node -> measured / predicted time
         self._deadline_s: float | None = None
+        #: Fleet-shared profiling (``strategies.shared_profiling``; None: each node its own)
         self.shared: SharedProfiling | None = None
-        self.kind_luts: dict[KindKey, LUT] = {}
-        self.kind_of: dict[int, KindKey] = {}
-        self.shared_log: list[dict[str, Any]] = []  # per kind: how its LUT was made
-        self._shared_cost: dict[int, tuple[float, float]] = {}  # node -> (s, J) this round
-        self._shared_round_s = 0.0
+        self.luts = FleetLUTs()
 
     @property
     def batch_sizes(self) -> list[int]:
@@ -164,7 +130,7 @@ class PowerAwareFedAvg(FedAvg):
         known = [self.fastest_time_s[n] for n in node_ids if n in self.fastest_time_s]
         return max(known) if known else None
 
-    def _node_of(self, reply: Message) -> int:
+    def node_of(self, reply: Message) -> int:
         """The node a reply answers for.
 
         A reply the SuperLink makes itself (e.g. "Node Unavailable" once a node misses its
@@ -174,7 +140,7 @@ class PowerAwareFedAvg(FedAvg):
         src = reply.metadata.src_node_id
         return self._sent_to.get(reply.metadata.reply_to_message_id, src)
 
-    def _send_and_receive(
+    def send_and_receive(
         self, grid: Grid, messages: list[Message], timeout_s: float
     ) -> list[Message]:
         replies = list(grid.send_and_receive(messages, timeout=timeout_s))
@@ -187,7 +153,7 @@ class PowerAwareFedAvg(FedAvg):
         """A failed node's row, with its name, device and real cap where the QUERY gave them,
         and its shared-profiling slices of this round (measured even if its TRAIN failed)."""
         desc = self.fleet.get(node_id)
-        shared_s, shared_j = self._shared_cost.get(node_id, (0.0, 0.0))
+        shared_s, shared_j = self.luts.cost.get(node_id, (0.0, 0.0))
         if desc is None:
             name, device, cap = str(node_id), "?", Cap.NONE
         else:
@@ -254,8 +220,8 @@ class PowerAwareFedAvg(FedAvg):
             )
             for node_id in node_ids
         ]
-        for reply in self._send_and_receive(grid, messages, timeout_s):
-            node_id = self._node_of(reply)
+        for reply in self.send_and_receive(grid, messages, timeout_s):
+            node_id = self.node_of(reply)
             if reply.has_error():
                 self.query_failures[node_id] = str(reply.error.reason)
                 continue
@@ -288,13 +254,8 @@ class PowerAwareFedAvg(FedAvg):
             r=tuple(r_node),
             deadline_s=deadline,
             time_calibration=self.time_calibration.get(node_id, 1.0) if deadline else 1.0,
-            kind_lut=self._kind_lut_json(node_id),
+            kind_lut=self.luts.lut_json(node_id),
         )
-
-    def _kind_lut_json(self, node_id: int) -> str | None:
-        kind = self.kind_of.get(node_id)
-        lut = None if kind is None else self.kind_luts.get(kind)
-        return None if lut is None else lut.to_json()
 
     # ----------------------------------------------------------------------------- TRAIN
     def configure_train(
@@ -321,8 +282,9 @@ class PowerAwareFedAvg(FedAvg):
             )
         return messages
 
-    def _sort_key(self, reply: Message) -> tuple[str, int]:
-        node_id = self._node_of(reply)
+    def sort_key(self, reply: Message) -> tuple[str, int]:
+        """Replies in the fleet's order: node name, then id."""
+        node_id = self.node_of(reply)
         desc = self.fleet.get(node_id)
         return ("" if desc is None else desc.node_name, node_id)
 
@@ -337,8 +299,8 @@ class PowerAwareFedAvg(FedAvg):
         """
         rows: list[NodeRow] = []
         good: list[RecordDict] = []
-        for msg in sorted(replies, key=self._sort_key):
-            node_id = self._node_of(msg)
+        for msg in sorted(replies, key=self.sort_key):
+            node_id = self.node_of(msg)
             if msg.has_error():
                 rows.append(self._row(server_round, node_id, str(msg.error.reason)))
                 continue
@@ -352,7 +314,7 @@ class PowerAwareFedAvg(FedAvg):
             good.append(msg.content)
             self._remember_pacing(node_id, report)
         report_ = RoundReport(
-            server_round, rows, deadline_s=self._deadline_s, shared_round_s=self._shared_round_s
+            server_round, rows, deadline_s=self._deadline_s, shared_round_s=self.luts.round_s
         )
         self._warn_all_missed(report_)
         self.rounds.append(report_)
@@ -399,111 +361,33 @@ class PowerAwareFedAvg(FedAvg):
             self.time_calibration[node_id] = report.train_time_s / predicted
 
     # ----------------------------------------------------------------------------- shared
+    @property
+    def kind_luts(self) -> dict[KindKey, LUT]:
+        return self.luts.kind_luts
+
+    @property
+    def shared_log(self) -> list[dict[str, Any]]:
+        return self.luts.log
+
     def shared_phase(
         self, grid: Grid, arrays: ArrayRecord, server_round: int, timeout_s: float
     ) -> ArrayRecord:
-        """Fleet-shared profiling before ``server_round``'s training, for every kind of the
-        fleet that has no LUT yet (none in the library either): the seed exchange, then the
-        confirm exchanges (``shared_profiling.exchanges``); returns the global arrays (moved
-        by the profiled steps when they train)."""
-        self._shared_cost, self._shared_round_s = {}, 0.0
+        """Fleet-shared profiling before ``server_round``'s training (methods that select
+        from a LUT; ``shared_profiling.run_phase``); returns the global arrays."""
         if self.shared is None or self.template.method not in ("power-aware", "oracle"):
             return arrays
-        kinds = kinds_of(
-            self.fleet,
-            {n: self.node_batch_sizes(n)[0] for n in self.fleet},
-            self.template.model,
-            self.shared.input_shape,
+        return run_phase(
+            self.shared,
+            self.luts,
+            self,
+            grid,
+            arrays,
+            fleet=self.fleet,
+            batch_sizes={n: self.node_batch_sizes(n)[0] for n in self.fleet},
+            template=self.template,
+            server_round=server_round,
+            timeout_s=timeout_s,
         )
-        self.kind_of = {n: k for k, prof in kinds.items() for n in prof.nodes}
-        todo = {k: p for k, p in kinds.items() if k not in self.kind_luts}
-        for kind in list(todo):
-            known = self.shared.library.get(kind)
-            if known is not None:
-                self.kind_luts[kind] = known
-                self.shared_log.append({"kind": kind.label, "source": "library"})
-                del todo[kind]
-        if not todo:
-            return arrays
-        r_of = {k: self._r_for(k) for k in todo}
-        for requests in exchanges(todo, r_of, self.shared.options):
-            arrays = self._exchange(grid, arrays, server_round, requests, todo, timeout_s)
-        self._store_kinds(todo)
-        return arrays
-
-    def _r_for(self, kind: KindKey) -> list[float]:
-        r_by_b = dict(zip(self.batch_sizes, self.r, strict=True))
-        return [r_by_b[b] for b in kind.batch_sizes]
-
-    def _exchange(
-        self,
-        grid: Grid,
-        arrays: ArrayRecord,
-        server_round: int,
-        requests: dict[int, list[Cell]],
-        kinds: dict[KindKey, KindProfile],
-        timeout_s: float,
-    ) -> ArrayRecord:
-        """One synchronous profiling exchange: send each node its cells, merge the replies
-        into their kinds, account the slowest node's time, FedAvg the trained arrays."""
-        if not requests:
-            return arrays
-        assert self.shared is not None
-        messages = []
-        for node_id, cells in sorted(requests.items()):
-            req = ProfileRequest(
-                server_round=server_round,
-                model=self.template.model,
-                batch_sizes=self.kind_of[node_id].batch_sizes,
-                cells_b=tuple(b for b, _ in cells),
-                cells_freq_mhz=tuple(f for _, f in cells),
-                lr_ref=self.template.lr_ref,
-                b_ref=self.template.b_ref,
-                steps_train=self.shared.steps_train,
-                warmup_steps=self.shared.warmup_steps,
-                steps=self.shared.steps,
-            )
-            content = RecordDict({"arrays": arrays, "config": ConfigRecord(req.to_config())})
-            messages.append(
-                Message(content=content, message_type="train.profile", dst_node_id=node_id)
-            )
-        slowest_s, trained = 0.0, []
-        replies = self._send_and_receive(grid, messages, timeout_s)
-        # by node name, as in aggregate_train: FedAvg's float sums then run in one order, so
-        # a run's weights do not depend on which reply came first
-        for reply in sorted(replies, key=self._sort_key):
-            node_id = self._node_of(reply)
-            if reply.has_error():
-                log.warning(
-                    "shared profiling: node %s failed its slice: %s", node_id, reply.error.reason
-                )
-                continue
-            report = CellsReport.from_metrics(dict(reply.content["metrics"]))
-            kinds[self.kind_of[node_id]].add(report)
-            t, e = self._shared_cost.get(node_id, (0.0, 0.0))
-            self._shared_cost[node_id] = (t + report.profile_time_s, e + report.profile_energy_j)
-            slowest_s = max(slowest_s, report.profile_time_s)
-            if report.num_examples > 0:
-                trained.append(reply.content)
-        self._shared_round_s += slowest_s
-        if not trained:
-            return arrays
-        return aggregate_arrayrecords(trained, self.weighted_by_key)
-
-    def _store_kinds(self, kinds: dict[KindKey, KindProfile]) -> None:
-        """Each kind's merged LUT: kept for the run and in the library."""
-        assert self.shared is not None
-        for kind, prof in kinds.items():
-            cost = [self._shared_cost.get(n, (0.0, 0.0)) for n in prof.nodes]
-            lut = prof.lut(sum(c[0] for c in cost), sum(c[1] for c in cost))
-            entry: dict[str, Any] = {"kind": kind.label, "nodes": len(prof.nodes)}
-            if lut is None:
-                entry["source"] = "none: no cell measured; its nodes profile their own"
-            else:
-                self.kind_luts[kind] = lut
-                self.shared.library.put(lut, "fleet-shared")
-                entry.update(source="fleet-shared", cells=lut.cells_profiled)
-            self.shared_log.append(entry)
 
     # ----------------------------------------------------------------------------- loop
     def run(
@@ -532,9 +416,9 @@ class PowerAwareFedAvg(FedAvg):
                 self.query_new_nodes(grid, timeout_s)
             arrays = self.shared_phase(grid, arrays, server_round, timeout_s)
             messages = list(self.configure_train(server_round, arrays, ConfigRecord(), grid))
-            replies = self._send_and_receive(grid, messages, timeout_s)
+            replies = self.send_and_receive(grid, messages, timeout_s)
             sent = {m.metadata.dst_node_id for m in messages}
-            got = {self._node_of(m) for m in replies}
+            got = {self.node_of(m) for m in replies}
             new_arrays, _ = self.aggregate_train(server_round, replies)
             self._name_the_silent(server_round, sent, got)
             if new_arrays is not None:

@@ -15,7 +15,9 @@ from fl_client import selector
 from fl_client.selector import (
     METHODS,
     InfeasibleCapError,
+    PowerLimit,
     SelectionRule,
+    choose_cell,
     feasible_freq_index,
     select,
     select_b1,
@@ -245,7 +247,7 @@ def test_cap_margin_keeps_profiled_peaks_below_the_reduced_cap():
     bare = select_power_aware(*args)
     assert (bare.batch_size, bare.freq_mhz) == (8, 300.0)
     # 5 % of 5 W leaves 4.75 W: 4.9 W no longer fits, 4.6 W does
-    kept = select_power_aware(*args, cap_margin=0.05)
+    kept = select_power_aware(*args[:-1], PowerLimit(5.0, 0.05))
     assert (kept.batch_size, kept.freq_mhz, kept.p_max_w) == (8, 200.0, 5.0)
     assert (
         select(
@@ -255,17 +257,16 @@ def test_cap_margin_keeps_profiled_peaks_below_the_reduced_cap():
             lut_time_s=time,
             lut_power_w=power,
             r=[1.0, 1.0],
-            p_max_w=5.0,
-            cap_margin=0.05,
+            p_max_w=PowerLimit(5.0, 0.05),
         )
         == kept
     )
     # without a cap the margin changes nothing
-    assert select_power_aware(*args[:-1], math.inf, cap_margin=0.5) == select_power_aware(
+    assert select_power_aware(*args[:-1], PowerLimit(math.inf, 0.5)) == select_power_aware(
         *args[:-1], math.inf
     )
     with pytest.raises(InfeasibleCapError) as info:
-        select_power_aware(*args[:-1], 3.1, cap_margin=0.05)
+        select_power_aware(*args[:-1], PowerLimit(3.1, 0.05))
     assert info.value.cap_margin == 0.05
     assert "less cap-margin 5% (2.945 W)" in str(info.value)
     assert "Raise p-max-w above 3.158 W, lower cap-margin" in str(info.value)
@@ -277,10 +278,17 @@ def test_bad_cap_margin_is_refused_with_the_key(value):
         selector.validate_cap_margin(value)
 
 
-def test_margin_cap_w():
-    assert selector.margin_cap_w(4.5, 0.05) == pytest.approx(4.275)
-    assert selector.margin_cap_w(4.5, 0.0) == 4.5
-    assert math.isinf(selector.margin_cap_w(math.inf, 0.05))
+def test_the_cap_with_its_margin_is_one_value():
+    assert selector.PowerLimit(4.5, 0.05).limit_w == pytest.approx(4.275)
+    assert selector.PowerLimit(4.5, 0.0).limit_w == 4.5
+    none = selector.PowerLimit(math.inf, 0.05)
+    assert math.isinf(none.limit_w) and none.cap_margin == 0.0 and none.cap_w is None
+    assert selector.PowerLimit.of("none") == selector.NO_LIMIT == selector.PowerLimit.of(None)
+    assert selector.PowerLimit.of(4.5) == selector.PowerLimit(4.5, 0.0)
+    with pytest.raises(ValueError, match="cap-margin"):
+        selector.PowerLimit(4.5, 1.0)
+    with pytest.raises(ValueError, match="p-max-w"):
+        selector.PowerLimit(-1.0)
 
 
 def test_oracle_is_eq4_with_its_own_r():
@@ -459,3 +467,26 @@ def test_table_errors_name_the_table():
 def test_vectorised_feasible_indices_equal_the_row_rule(power_w, p_max_w):
     rows = [feasible_freq_index(row, p_max_w) for row in power_w]
     assert selector.feasible_freq_indices(power_w, p_max_w) == rows
+
+
+# --------------------------------------------------------------------------- choose_cell
+
+
+def test_choose_cell_is_eq4_on_bare_tables() -> None:
+    time_s = np.array([[4.0, 2.0, 1.00], [3.0, 1.5, 1.01]])
+    peak = np.array([[1.0, 2.0, 3.0], [1.0, 2.5, 5.0]])
+    r = [1.0, 1.0]
+    exact = SelectionRule(tie_tolerance=0.0)
+    assert choose_cell(time_s, peak, peak, r, math.inf, rule=exact) == (0, 2)
+    # within the tie tolerance the lower energy wins: 1.01 × 5 > 1.00 × 3
+    assert choose_cell(time_s, peak, peak, r, math.inf) == (0, 2)
+    assert choose_cell(time_s, peak, peak, r, 4.0) == (0, 2)
+    assert choose_cell(time_s, peak, peak, r, 2.9) == (1, 1)
+    assert choose_cell(time_s, peak, peak, r, 0.5) is None
+    # the cap with its margin: 3.0 W less 5% leaves 2.85 W, which 3.0 W breaks
+    assert choose_cell(time_s, peak, peak, r, PowerLimit(3.0, 0.05)) == (1, 1)
+    nan = np.where(peak > 2.0, np.nan, time_s)
+    assert choose_cell(nan, np.where(np.isnan(nan), np.nan, peak), peak, r, math.inf) == (0, 1)
+    # σ of the per-step peaks: 3.0 + 2·0.6 W is over 4 W
+    sigma = np.full_like(peak, 0.6)
+    assert choose_cell(time_s, peak, peak, r, 4.0, peak_sigma_w=sigma) == (1, 1)
