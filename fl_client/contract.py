@@ -188,6 +188,13 @@ def _floats(value: Any) -> tuple[float, ...]:
     return tuple(float(x) for x in value)
 
 
+def _flag(value: object) -> bool:
+    """A boolean of a record: True / False (or 1 / 0)."""
+    if isinstance(value, bool) or value in (0, 1):
+        return bool(value)
+    raise TypeError(f"expected a boolean, got {value!r}")
+
+
 def _positive(value: object, key: str) -> float:
     try:
         x = float(value)  # type: ignore[arg-type]
@@ -206,8 +213,9 @@ class TrainConfig:
     """The TRAIN config one node gets for one round (server → node).
 
     ``batch_sizes`` is B restricted to what fits the node's memory and ``r`` is aligned
-    with it (Eq. 3). ``deadline_s`` and ``time_calibration`` come with deadline pacing from
-    round 2; ``fixed_*`` only with ``method = "fixed"``.
+    with it (Eq. 3). ``deadline_s`` and ``time_calibration`` come with deadline pacing or
+    the round plan (``balance``) from round 2, and with the plan ``critical``: whether this
+    node sets the round's pace; ``fixed_*`` only with ``method = "fixed"``.
     """
 
     server_round: int
@@ -225,6 +233,8 @@ class TrainConfig:
     #: Fleet-shared profiling: the LUT of the node's kind (``fl_client.lut.LUT`` JSON), to
     #: select from after verifying the chosen cell; None: the node profiles its own.
     kind_lut: str | None = None
+    #: The round plan: this node sets the round's pace (it takes its fastest cell)
+    critical: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -285,6 +295,7 @@ class TrainConfig:
             deadline_s=opt("deadline-s", float),
             time_calibration=_as(cfg.get("time-calibration", 1.0), float, "time-calibration"),
             kind_lut=opt("kind-lut", str),
+            critical=_as(cfg.get("critical", False), _flag, "critical"),
         )
 
 

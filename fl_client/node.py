@@ -135,6 +135,11 @@ class RoundPlan:
     verify_by_training: bool = False
     #: The trained round's peak against the LUT cell it ran at: (deviation, set aside)
     power_check: tuple[float, bool] | None = None
+    #: The round plan (``balance``): the share of its local work this node runs (more than
+    #: 1 with ``steps``, ``straggler-work`` for the node that sets the pace) and its
+    #: predicted local time at its fastest feasible cell
+    work_share: float = 1.0
+    fastest_time_s: float | None = None
 
     @property
     def cap(self) -> Cap:
@@ -222,6 +227,7 @@ def select_for(
     lut: LUT | None,
     device: Device,
     rule: selector.SelectionRule = selector.DEFAULT_RULE,
+    context: selector.RoundContext = selector.EQ4_ALONE,
 ) -> selector.Selection:
     """The round's (b*, f*) by ``selector.select``, the one dispatch of every method.
 
@@ -231,7 +237,7 @@ def select_for(
     (the LUT's ``peak_sigma_w``), the least time × r, near-ties within
     ``rule.tie_tolerance`` to the least energy (the LUT's average power × time). B1 and B2
     take their fixed frequency from the device descriptor's band for the cap; ``fixed``
-    takes the configured (b, f).
+    takes the configured (b, f). ``context``: the round plan's (``_balance``).
     """
     cfg = plan.cfg
     tables = (
@@ -254,6 +260,7 @@ def select_for(
         ),
         fixed_batch_size=cfg.fixed_batch_size,
         fixed_freq_mhz=cfg.fixed_freq_mhz,
+        context=context,
     )
 
 
@@ -379,9 +386,62 @@ def _settle_shared(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, m
     )
 
 
+def _balance(ctx: NodeContext, device: Device, plan: RoundPlan, samples: int) -> None:
+    """The round plan on the node (``balance`` not ``off``, methods that select from a LUT):
+    the same objective as Eq. 4 (``selector.cell_scores``) with the round's context.
+
+    The node's fastest feasible cell (time alone, ``r_weight`` 0) gives the best round
+    time it reports (``fastest-time-s``, what the server plans the next deadline from).
+    With a deadline (from round 2): the node that sets the pace (``critical``) runs that
+    fastest cell with ``straggler-work`` of its local work; a node with slack keeps
+    ``pacing-margin`` of the deadline in reserve and spends the rest by its mode —
+    ``samples``: the least r_b that meets it; ``energy``: the least energy to accuracy that
+    meets it; ``steps``: its Eq. 4 cell with more local steps (work ≤ the budget). When no
+    cell meets the deadline the choice is the fastest cell (the selector's fallback)."""
+    s, cfg = ctx.settings, plan.cfg
+    if s.balance == "off" or plan.lut is None or plan.choice is None:
+        return
+    if cfg.method not in ("power-aware", "oracle"):
+        return
+    work = samples * cfg.time_calibration
+    fastest = select_for(
+        plan, plan.lut, device, ctx.selection_rule, selector.RoundContext(r_weight=0.0)
+    )
+    plan.fastest_time_s = fastest.time_per_sample_s * work
+    if cfg.deadline_s is None:
+        return
+    if cfg.critical:
+        plan.choice, plan.work_share = fastest, s.straggler_work
+    else:
+        budget_s = cfg.deadline_s * (1.0 - s.pacing_margin)
+        weights = {"samples": {"time_weight": 0.0}, "energy": {"energy_weight": 1.0}}
+        if s.balance in weights:
+            context = selector.RoundContext(budget_s, work, **weights[s.balance])
+            plan.choice = select_for(plan, plan.lut, device, ctx.selection_rule, context)
+        else:  # steps: whole extra work that still fits the budget
+            at_choice = plan.choice.time_per_sample_s * work
+            plan.work_share = max(1.0, budget_s / at_choice) if at_choice > 0 else 1.0
+    plan.run_freq_mhz = plan.choice.freq_mhz
+
+
+def _local_work(cfg: TrainConfig, plan: RoundPlan, n_samples: int) -> tuple[int, int | None]:
+    """Epochs and the sample budget of this round's local training (``task.train``):
+    ``local-epochs`` over the data, scaled by the plan's ``work_share`` in whole minibatches
+    of b* (at least one; ``task.train`` stops after the minibatch that reaches the budget,
+    so a share never runs past its time)."""
+    if plan.work_share == 1.0 or plan.choice is None:
+        return cfg.local_epochs, None
+    b = plan.choice.batch_size
+    total = max(b, math.floor(cfg.local_epochs * n_samples * plan.work_share / b) * b)
+    return max(1, math.ceil(total / max(n_samples, 1))), total
+
+
 def _pace(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, samples: int) -> None:
-    """Deadline pacing (``pacing = "deadline"``): the frequency to run at, from b*'s row."""
+    """Deadline pacing (``pacing = "deadline"``): the frequency to run at, from b*'s row.
+    With the round plan on (``balance``), its ``energy`` mode does this instead."""
     if ctx.settings.pacing != "deadline" or plan.lut is None or plan.choice is None:
+        return
+    if ctx.settings.balance != "off":
         return
     idle_w = idle_power_w(measure.device)
     work = PacingWork(
@@ -506,7 +566,9 @@ def train_node(
     )
     try:
         _choose(ctx, measure, plan, state, data)
+        _balance(ctx, device, plan, cfg.local_epochs * len(data[0]))
         _pace(ctx, measure, plan, cfg.local_epochs * len(data[0]))
+        epochs, max_samples = _local_work(cfg, plan, len(data[0]))
         model = task.build_model(cfg.model)
         model.load_state_dict(dict(state))
         assert plan.choice is not None
@@ -520,9 +582,10 @@ def train_node(
                 data[0],
                 batch_size=plan.choice.batch_size,
                 lr=task.scaled_lr(cfg.lr_ref, cfg.b_ref, plan.choice.batch_size),
-                epochs=cfg.local_epochs,
+                epochs=epochs,
                 seed=s.seed * 10_000 + cfg.server_round,
                 step_runner=meter.step,
+                max_samples=max_samples,
             )
             if step_hook is not None:
                 step_hook()
@@ -558,6 +621,12 @@ def _report(
             idle_power_w=0.0 if math.isnan(idle_w) else idle_w,
         )
         extra.update({k.replace("-", "_"): v for k, v in paced.items()})
+    if plan.fastest_time_s is not None:  # the round plan: the node's best round time
+        extra["fastest_time_s"] = plan.fastest_time_s
+        if plan.cfg.deadline_s is not None:
+            extra["deadline_s"] = plan.cfg.deadline_s
+            extra["slack_s"] = plan.cfg.deadline_s - m.time_s
+            extra["deadline_miss"] = float(m.time_s > plan.cfg.deadline_s)
     if plan.paced is not None:  # cells of b*'s row measured for pacing this round
         extra["pacing_cells_measured"] = float(plan.paced.measured)
     if plan.shared is not None:

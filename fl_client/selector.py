@@ -333,19 +333,29 @@ class RoundContext:
         The round's training samples (times the node's time calibration), to turn a time
         per sample into a round time; needed with a deadline.
     energy_weight : float
-        w in [0, 1]: the score is time × r_b × P^w, P the cell's energy basis (average
-        power where known): 0 is Eq. 4 (time to accuracy), 1 energy to accuracy, between
-        them a geometric blend of the two.
+        w in [0, 1]: the score is time^t_w × r_b^r_w × P^w, P the cell's energy basis
+        (average power where known). With the default weights (time and r 1, energy 0) it
+        is Eq. 4 (time to accuracy); energy 1 makes it energy to accuracy.
+    time_weight, r_weight : float
+        The exponents of time per sample and of r_b, each in [0, 1] (default 1): time 0
+        and energy 0 choose the most sample-efficient cell (least r_b) that meets the
+        deadline; r 0 the fastest cell, whatever its r (the node that sets the pace).
     """
 
     deadline_s: float | None = None
     samples: float = 0.0
     energy_weight: float = 0.0
+    time_weight: float = 1.0
+    r_weight: float = 1.0
 
     def __post_init__(self) -> None:
-        w = self.energy_weight
-        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not 0.0 <= w <= 1.0:
-            raise ValueError(f"energy-weight: must be a number in [0, 1]; got {w!r}")
+        for key, w in (
+            ("energy-weight", self.energy_weight),
+            ("time-weight", self.time_weight),
+            ("r-weight", self.r_weight),
+        ):
+            if isinstance(w, bool) or not isinstance(w, numbers.Real) or not 0.0 <= w <= 1.0:
+                raise ValueError(f"{key}: must be a number in [0, 1]; got {w!r}")
         d = self.deadline_s
         if d is not None and (isinstance(d, bool) or not isinstance(d, numbers.Real) or not d > 0):
             raise ValueError(f"deadline-s: must be a number of seconds > 0; got {d!r}")
@@ -902,14 +912,19 @@ def cell_scores(
     context: RoundContext = EQ4_ALONE,
 ) -> FloatArray:
     """The selection's objective per cell, lower is better: time per sample × r_b (∝ the
-    time to accuracy, Eq. 2 with Eq. 3), × P^w with the context's energy weight w > 0
-    (``power_w``: the cells' energy basis, average power where known)."""
-    score: FloatArray = time_s * np.asarray(r, dtype=np.float64)[:, None]
-    w = context.energy_weight
-    if w > 0:
+    time to accuracy, Eq. 2 with Eq. 3), each with the context's exponent (``time_weight``,
+    ``r_weight``), × P^w with its energy weight w > 0 (``power_w``: the cells' energy
+    basis, average power where known). The default context is Eq. 4's time × r_b."""
+    r_col = np.asarray(r, dtype=np.float64)[:, None]
+    c = context
+    if c.time_weight == 1.0 and c.r_weight == 1.0:
+        score: FloatArray = time_s * r_col  # Eq. 4
+    else:
+        score = np.where(np.isnan(time_s), np.nan, time_s**c.time_weight) * r_col**c.r_weight
+    if c.energy_weight > 0:
         if power_w is None:
             raise ValueError("energy-weight: needs the cells' power")
-        score = score * power_w**w
+        score = score * power_w**c.energy_weight
     return score
 
 

@@ -141,6 +141,27 @@ def _choice(cfg: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> str:
 #: predicted energy that still meets the round's deadline (``deadline-s``).
 PACING_MODES = ("off", "deadline")
 
+#: ``balance``: what a node that would finish before the round's planned deadline does with
+#: its slack (``strategies.round_plan``): ``off`` its own Eq. 4 choice (today's rule);
+#: ``samples`` the most sample-efficient cell (least r_b) that meets the deadline;
+#: ``steps`` its Eq. 4 cell with more local steps until the deadline; ``energy`` the cell of
+#: least energy to accuracy that meets it. The node that sets the pace takes its fastest
+#: cell whatever the mode but ``off``.
+BALANCE_MODES = ("off", "samples", "steps", "energy")
+
+
+def _share(cfg: Mapping[str, Any], key: str, default: float) -> float:
+    """An optional share in (0, 1]."""
+    raw = cfg.get(key, default)
+    try:
+        val = float(raw)
+    except (TypeError, ValueError):
+        raise SettingsError(f"{key}: expected a number in (0, 1], got {raw!r}") from None
+    if isinstance(raw, bool) or not (0.0 < val <= 1.0):
+        raise SettingsError(f"{key}: expected a number in (0, 1], got {raw!r}")
+    return val
+
+
 #: ``profile-grid``: ``efficient`` profiles the cells that matter under each node's cap
 #: (paper §4.1; without a cap, each b at the highest frequency); ``full`` every (b, f).
 PROFILE_GRIDS = ("efficient", "full")
@@ -211,6 +232,12 @@ class RunSettings:
     pacing: str = "off"
     pacing_margin: float = 0.05
     pacing_deadline_s: float = 0.0
+    #: ``balance`` (see ``BALANCE_MODES``); ``straggler-work``: the share of its local work
+    #: the node that sets the pace runs (in (0, 1]); ``round-deadline-s``: a fixed round
+    #: deadline in seconds of local training time (0: the critical node's best round time).
+    balance: str = "off"
+    straggler_work: float = 1.0
+    round_deadline_s: float = 0.0
     #: ``cap-margin``: share of P_max kept free of profiled peak power (a node's own
     #: ``cap-margin`` overrides it). One profiled peak is a noisy sample and training runs
     #: many more steps than profiling, so a cell is feasible only when its profiled peak is
@@ -322,6 +349,9 @@ class RunSettings:
             pacing=_choice({"pacing": cfg.get("pacing", "off")}, "pacing", PACING_MODES),
             pacing_margin=_fraction(cfg, "pacing-margin", 0.05),
             pacing_deadline_s=_nonneg(cfg, "pacing-deadline-s", 0.0),
+            balance=_choice({"balance": cfg.get("balance", "off")}, "balance", BALANCE_MODES),
+            straggler_work=_share(cfg, "straggler-work", 1.0),
+            round_deadline_s=_nonneg(cfg, "round-deadline-s", 0.0),
             drift_check_every=_int(
                 {**cfg, "drift-check-every": cfg.get("drift-check-every", 0)},
                 "drift-check-every",

@@ -19,6 +19,7 @@ from fl_client.settings import NodeSettings, RunSettings, load_fleet, resolve_pa
 from fl_server.lut_library import LUTLibrary
 from fl_server.results import RunRecorder, new_run_dir, untrained_label
 from strategies.power_aware import PowerAwareFedAvg
+from strategies.round_plan import PlanSettings
 from strategies.shared_profiling import SharedOptions, SharedProfiling
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,13 @@ def make_strategy(settings: RunSettings, r_est: Any, rec: RunRecorder) -> PowerA
         pacing=settings.pacing,
         pacing_deadline_s=settings.pacing_deadline_s,
     )
+    if settings.balance != "off":
+        strategy.planning = PlanSettings(
+            settings.balance,
+            round_deadline_s=settings.round_deadline_s,
+            margin=settings.pacing_margin,
+            peak_sigma_k=settings.peak_sigma_k,
+        )
     if settings.shared_profiling == "fleet":
         strategy.shared = SharedProfiling(
             library=LUTLibrary(resolve_path(settings.cache_dir) / "library"),
@@ -206,6 +214,7 @@ def run_server(
             "fleet-file": str(resolve_path(settings.fleet)),
             "num-fleet-nodes": len(load_fleet(settings.fleet)) if settings.fleet else None,
             "shared-profiling": strategy.shared_log,
+            **({"round-plan": strategy.plan_log} if strategy.planning is not None else {}),
             "query-failures": {str(k): v for k, v in strategy.query_failures.items()},
         }
     )

@@ -18,6 +18,14 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fl_client.contract import Cap, NodeDescriptor, NodeRow, TrainConfig, TrainReport
 from fl_client.lut import LUT, KindKey
+from strategies.round_plan import (
+    NodeForecast,
+    PlanSettings,
+    RoundPlan,
+    best_round_time_s,
+    missed,
+    plan_round,
+)
 from strategies.shared_profiling import FleetLUTs, SharedProfiling, run_phase
 
 log = logging.getLogger(__name__)
@@ -112,6 +120,12 @@ class PowerAwareFedAvg(FedAvg):
         #: Fleet-shared profiling (``strategies.shared_profiling``; None: each node its own)
         self.shared: SharedProfiling | None = None
         self.luts = FleetLUTs()
+        #: The round plan (``strategies.round_plan``; None: ``balance = "off"``)
+        self.planning: PlanSettings | None = None
+        self.plan: RoundPlan | None = None
+        self.plan_log: list[dict[str, Any]] = []  # per planned round: deadline, pace, misses
+        self._last: dict[int, TrainReport] = {}  # node -> its last report
+        self._measured_s: dict[int, float] = {}  # node -> time of a missed deadline
 
     @property
     def batch_sizes(self) -> list[int]:
@@ -255,6 +269,7 @@ class PowerAwareFedAvg(FedAvg):
             deadline_s=deadline,
             time_calibration=self.time_calibration.get(node_id, 1.0) if deadline else 1.0,
             kind_lut=self.luts.lut_json(node_id),
+            critical=self.plan is not None and node_id in self.plan.critical,
         )
 
     # ----------------------------------------------------------------------------- TRAIN
@@ -273,6 +288,11 @@ class PowerAwareFedAvg(FedAvg):
             else sorted(random.sample(available, sample_size))
         )
         self._deadline_s = self.deadline_for(node_ids) if server_round > 1 else None
+        self.plan = None
+        if self.planning is not None and server_round > 1:
+            self.plan = self.plan_round(server_round, node_ids)
+            finite = math.isfinite(self.plan.deadline_s)
+            self._deadline_s = self.plan.deadline_s if finite else None
         messages = []
         for node_id in node_ids:
             node_cfg = ConfigRecord(self.node_config(server_round, node_id).to_config())
@@ -313,9 +333,11 @@ class PowerAwareFedAvg(FedAvg):
             rows.append(dataclasses.replace(row, ok=True, report=report, p_max=report.cap))
             good.append(msg.content)
             self._remember_pacing(node_id, report)
+            self._last[node_id] = report
         report_ = RoundReport(
             server_round, rows, deadline_s=self._deadline_s, shared_round_s=self.luts.round_s
         )
+        self._record_plan(report_)
         self._warn_all_missed(report_)
         self.rounds.append(report_)
         if not good:
@@ -350,6 +372,82 @@ class PowerAwareFedAvg(FedAvg):
         )
         log.warning(warning)
         report.warnings.append(warning)
+
+    # ----------------------------------------------------------------------------- plan
+    def forecast(self, node_id: int, server_round: int) -> NodeForecast:
+        """A node's predicted best round time: its measured time after a missed deadline;
+        else its kind's LUT × its last local work × its calibration; else what it reported
+        (``fastest-time-s``); inf when nothing is known yet."""
+        assert self.planning is not None
+        if node_id in self._measured_s:
+            return NodeForecast(node_id, self._measured_s.pop(node_id), "measured")
+        last = self._last.get(node_id)
+        kind = self.luts.kind_of.get(node_id)
+        lut = None if kind is None else self.luts.kind_luts.get(kind)
+        desc = self.fleet.get(node_id)
+        if lut is not None and last is not None and desc is not None:
+            best = best_round_time_s(
+                lut.time_per_sample_s,
+                lut.peak_power_w,
+                lut.peak_sigma_w,
+                desc.cap_at(server_round).with_margin(desc.cap_margin),
+                self.template.local_epochs * last.num_examples,
+                calibration=self.time_calibration.get(node_id, 1.0),
+                peak_sigma_k=self.planning.peak_sigma_k,
+            )
+            if math.isfinite(best):
+                return NodeForecast(node_id, best, "lut")
+        reported = None if last is None else last.fastest_time_s
+        if reported is not None and math.isfinite(reported) and reported > 0:
+            return NodeForecast(node_id, reported, "reported")
+        return NodeForecast(node_id, math.inf, "none")
+
+    def plan_round(self, server_round: int, node_ids: list[int]) -> RoundPlan:
+        """This round's plan over ``node_ids`` (``strategies.round_plan.plan_round``)."""
+        assert self.planning is not None
+        forecasts = [self.forecast(n, server_round) for n in node_ids]
+        return plan_round(forecasts, self.planning.round_deadline_s)
+
+    def _name(self, node_id: int) -> str:
+        desc = self.fleet.get(node_id)
+        return str(node_id) if desc is None else desc.node_name
+
+    def _record_plan(self, report: RoundReport) -> None:
+        """The plan's record of the round: who set the pace, who could not meet a fixed
+        deadline (they ran at their fastest cell), who missed it beyond their margin (the
+        next plan uses their measured time)."""
+        plan, planning = self.plan, self.planning
+        if plan is None or planning is None or not math.isfinite(plan.deadline_s):
+            return
+        times = {n.node_id: n.report.train_time_s for n in report.nodes if n.report is not None}
+        late = missed(times, plan.deadline_s, planning.margin)
+        self._measured_s.update(late)
+        names = sorted(map(self._name, plan.unmeetable))
+        if names:
+            report.warnings.append(
+                f"round-deadline-s: {plan.deadline_s:.3g} s is under the best round time of "
+                f"{', '.join(names)}; they ran at their fastest cell"
+            )
+        if late:
+            report.warnings.append(
+                f"balance: {', '.join(sorted(map(self._name, late)))} missed round "
+                f"{report.server_round}'s deadline of {plan.deadline_s:.3g} s by more than "
+                f"{100 * planning.margin:g}%; the next plan uses their measured time"
+            )
+        self.plan_log.append(
+            {
+                "round": report.server_round,
+                "deadline-s": plan.deadline_s,
+                "fixed": plan.fixed,
+                "critical": sorted(map(self._name, plan.critical)),
+                "unmeetable": names,
+                "missed": sorted(map(self._name, late)),
+                "forecasts": {
+                    self._name(f.node_id): {"best-time-s": f.best_time_s, "source": f.source}
+                    for f in plan.forecasts
+                },
+            }
+        )
 
     def _remember_pacing(self, node_id: int, report: TrainReport) -> None:
         """Keep what the next round's deadline and the node's calibration come from."""

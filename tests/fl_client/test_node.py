@@ -301,3 +301,41 @@ def test_a_trained_round_checks_its_peak_against_the_lut_and_sets_a_wrong_one_as
     _, third = train_node(run_config(tmp_path), node, train_config(3, r=R_FOR_B64), state)
     assert third.lut_from_cache == 0.0 and third.profile_time_s > 0  # profiled again
     assert third.lut_set_aside == 0.0
+
+
+# --------------------------------------------------------------------------- round plan
+
+
+def test_the_round_plan_on_the_node_by_balance_mode(tmp_path: Path) -> None:
+    node = {**NODE, "p-max-w": 7.0}
+    state = initial_state()
+
+    def run(rnd: int, balance: str, **cfg: Any) -> TrainReport:
+        settings = run_config(tmp_path, balance=balance, **{"straggler-work": 0.5})
+        return train_node(settings, node, train_config(rnd, **cfg), state)[1]
+
+    # round 1, no deadline yet: the node's own Eq. 4 choice and its best round time
+    first = run(1, "samples", r=R_FOR_B64)
+    assert first.deadline_s is None and first.batch_size == 64
+    best = first.fastest_time_s
+    assert best is not None and 0 < best <= first.train_time_s * 1.05
+    # the pace-setter: its fastest cell and straggler-work (half) of its local work
+    pace = run(2, "samples", r=R_FOR_B64, deadline_s=best, critical=True)
+    # half its samples in whole minibatches (2 of 64 of its 268), at its best cell
+    assert pace.predicted_time_s == pytest.approx(best * 128 / 268)
+    assert pace.train_time_s < 0.6 * best
+    # slack, samples: the least r_b (b = 8 with the template's r) that meets the deadline
+    roomy = 50 * best
+    samples = run(3, "samples", deadline_s=roomy)
+    assert samples.batch_size == 8 and samples.deadline_miss == 0.0
+    assert samples.slack_s == pytest.approx(roomy - samples.train_time_s)
+    # slack, steps: its Eq. 4 cell with more local steps, still within the deadline
+    steps = run(4, "steps", r=R_FOR_B64, deadline_s=3 * best)
+    assert steps.batch_size == 64 and steps.train_time_s > 1.8 * first.train_time_s
+    assert steps.deadline_miss == 0.0
+    # slack, energy: a cell that meets the deadline
+    energy = run(5, "energy", deadline_s=roomy)
+    assert energy.deadline_miss == 0.0
+    # a deadline no cell meets: the fastest cell, reported as a miss
+    late = run(6, "samples", r=R_FOR_B64, deadline_s=best / 10)
+    assert late.deadline_miss == 1.0 and late.train_time_s <= first.train_time_s * 1.05

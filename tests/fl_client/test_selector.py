@@ -490,3 +490,65 @@ def test_choose_cell_is_eq4_on_bare_tables() -> None:
     # σ of the per-step peaks: 3.0 + 2·0.6 W is over 4 W
     sigma = np.full_like(peak, 0.6)
     assert choose_cell(time_s, peak, peak, r, 4.0, peak_sigma_w=sigma) == (1, 1)
+
+
+# --------------------------------------------------------------------------- round context
+
+
+def _context_case() -> tuple[selector.Tables, list[int], list[float], list[float]]:
+    # b = 8 (r 0.3) is slow and sample-efficient; b = 32 (r 1.0) fast; avg power per cell
+    time = np.array([[0.04, 0.03, 0.025], [0.02, 0.012, 0.010]])
+    peak = np.array([[2.0, 3.0, 4.0], [3.0, 4.0, 5.0]])
+    avg = np.array([[1.0, 1.6, 2.5], [1.5, 2.4, 3.6]])
+    return selector.Tables(time, peak, avg), [8, 32], [300.0, 600.0, 900.0], [0.3, 1.0]
+
+
+def test_the_default_round_context_is_eq4() -> None:
+    tables, b, f, r = _context_case()
+    plain = selector.select_eq4(tables, b, f, r, 6.0)
+    assert selector.select_eq4(tables, b, f, r, 6.0, context=selector.EQ4_ALONE) == plain
+    assert (plain.batch_size, plain.freq_mhz) == (8, 900.0)  # 0.025 × 0.3 < 0.010 × 1.0
+
+
+def test_the_pace_setter_takes_its_fastest_cell_whatever_its_r() -> None:
+    tables, b, f, r = _context_case()
+    fastest = selector.select_eq4(tables, b, f, r, 6.0, context=selector.RoundContext(r_weight=0))
+    assert (fastest.batch_size, fastest.freq_mhz) == (32, 900.0)
+
+
+def test_samples_and_energy_modes_meet_the_deadline() -> None:
+    tables, b, f, r = _context_case()
+    # 100 samples within 3.1 s: only cells of ≤ 0.031 s per sample meet it
+    samples = selector.RoundContext(deadline_s=3.1, samples=100, time_weight=0.0)
+    pick = selector.select_eq4(tables, b, f, r, 6.0, context=samples)
+    # the least r that meets it (b = 8), at its least energy to accuracy among those
+    assert (pick.batch_size, pick.freq_mhz) == (8, 600.0)  # 1.6 × 0.03 < 2.5 × 0.025
+    energy = selector.RoundContext(deadline_s=1.3, samples=100, energy_weight=1.0)
+    pick = selector.select_eq4(tables, b, f, r, 6.0, context=energy)
+    # within 1.3 s only b = 32 at 600 / 900 MHz; 2.4 × 0.012 < 3.6 × 0.010
+    assert (pick.batch_size, pick.freq_mhz) == (32, 600.0)
+
+
+def test_a_deadline_no_cell_meets_gives_the_fastest_cell() -> None:
+    tables, b, f, r = _context_case()
+    tight = selector.RoundContext(deadline_s=0.1, samples=100, time_weight=0.0)
+    pick = selector.select_eq4(tables, b, f, r, 6.0, context=tight)
+    assert (pick.batch_size, pick.freq_mhz) == (32, 900.0)
+    # under a 4.5 W cap the fastest feasible cell is b = 32 at 600 MHz
+    pick = selector.select_eq4(tables, b, f, r, 4.5, context=tight)
+    assert (pick.batch_size, pick.freq_mhz) == (32, 600.0)
+
+
+@pytest.mark.parametrize(
+    ("kw", "key"),
+    [
+        ({"energy_weight": 1.5}, "energy-weight"),
+        ({"time_weight": -0.1}, "time-weight"),
+        ({"r_weight": True}, "r-weight"),
+        ({"deadline_s": 0.0, "samples": 10}, "deadline-s"),
+        ({"deadline_s": 1.0}, "samples"),
+    ],
+)
+def test_a_bad_round_context_is_refused_naming_the_key(kw: dict[str, Any], key: str) -> None:
+    with pytest.raises(ValueError, match=f"^{key}:"):
+        selector.RoundContext(**kw)
