@@ -358,6 +358,8 @@ class PowerAwareFedAvg(FedAvg):
         ok = report.reports()
         if self._deadline_s is None or not ok or not all(r.deadline_miss for r in ok):
             return
+        if self.plan is not None:  # the round plan records its own misses (``_record_plan``)
+            return
         key = "pacing-deadline-s" if self.pacing_deadline_s > 0 else "pacing"
         fastest = min(r.fastest_time_s or math.inf for r in ok)
         warning = (

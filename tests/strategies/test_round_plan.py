@@ -94,7 +94,7 @@ def _reply(handler: Any, times: dict[int, float]) -> Any:
 
     def handle(msg: Message) -> Message | None:
         reply = handler(msg)
-        if reply is None or "metrics" not in reply.content:
+        if reply is None or reply.has_error() or "metrics" not in reply.content:
             return reply
         node = msg.metadata.dst_node_id
         metrics = dict(reply.content["metrics"])
@@ -146,3 +146,17 @@ def test_a_deadline_no_node_can_meet_is_in_the_rounds_record() -> None:
         for w in strategy.rounds[-1].warnings
     )
     assert strategy.plan_log[-1]["unmeetable"] == ["nano-a", "nano-b", "orin"]
+
+
+def test_a_node_failing_mid_round_does_not_stall_the_plan() -> None:
+    strategy, grid = _planned()
+    handler = grid.handler
+    grid.handler = _reply(handler, {11: 2.0, 12: 6.0, 13: 1.0})
+    _train_round(strategy, grid, 1)
+    grid.handler = _reply(_handler(fail=[12]), {11: 2.0, 12: 6.0, 13: 1.0})
+    arrays, _ = _train_round(strategy, grid, 2)  # the pace-setter crashed
+    assert arrays is not None and [n.ok for n in strategy.rounds[-1].nodes] == [True, False, True]
+    assert strategy.plan_log[-1]["missed"] == []
+    # the next plan goes on from what it knows (the crashed node's last report still counts)
+    third = _configs(strategy, grid, 3)
+    assert set(third) == {11, 12, 13} and third[12].critical
