@@ -408,6 +408,10 @@ class TrainReport:
     # The trained round's peak power against its LUT cell (peak + peak-sigma-k·σ)
     lut_power_deviation: float | None = None
     lut_set_aside: float | None = None
+    # Local work: the optimizer steps of the round's training and their learning rate
+    # (FedNova's normalisation, ``strategies.fednova``; absent from older nodes)
+    local_steps: float | None = None
+    local_lr: float | None = None
 
     @property
     def cap(self) -> Cap:

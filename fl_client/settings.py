@@ -171,6 +171,11 @@ def _bool(cfg: Mapping[str, Any], key: str, default: bool) -> bool:
     raise SettingsError(f"{key}: expected true or false, got {raw!r}")
 
 
+#: ``aggregation``: how the server combines the nodes' arrays each round: ``fedavg``
+#: (weighted by local samples) or ``fednova`` (FedNova's normalised averaging, by each
+#: node's local work: ``strategies.fednova``).
+AGGREGATIONS = ("fedavg", "fednova")
+
 #: ``schedule-profiling``: when a node with a ``p-max-schedule`` profiles its caps' LUTs.
 #: ``upfront``: every cap in round 1, when every node profiles anyway, so the fleet waits
 #: once; ``lazy``: each cap the first round it applies, so an unreached cap costs nothing
@@ -267,6 +272,9 @@ class RunSettings:
     #: partition-id i is the fleet's node i), so the server names a node that failed by its
     #: fleet entry; ``powerfl simulate --engine runtime`` sets it.
     simulated_fleet: bool = False
+    #: ``aggregation`` (``AGGREGATIONS``): FedAvg, or FedNova's normalised averaging where
+    #: nodes did different local work (steps × learning rate)
+    aggregation: str = "fedavg"
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -364,6 +372,9 @@ class RunSettings:
             allow_untrained_nodes=_bool(cfg, "allow-untrained-nodes", False),
             run_dir=_path_text(cfg, "run-dir"),
             simulated_fleet=_bool(cfg, "simulated-fleet", False),
+            aggregation=_choice(
+                {"aggregation": cfg.get("aggregation", "fedavg")}, "aggregation", AGGREGATIONS
+            ),
         )
 
 

@@ -76,6 +76,7 @@ def make_strategy(settings: RunSettings, r_est: Any, rec: RunRecorder) -> PowerA
         min_available_nodes=settings.min_train_nodes,
         pacing=settings.pacing,
         pacing_deadline_s=settings.pacing_deadline_s,
+        aggregation=settings.aggregation,
     )
     if settings.shared_profiling == "fleet":
         strategy.shared = SharedProfiling(

@@ -26,6 +26,7 @@ from fl_client.contract import (
     TrainReport,
 )
 from fl_client.lut import LUT, KindKey
+from strategies.aggregation import aggregate_round, check_aggregation
 from strategies.shared_profiling import (
     Cell,
     KindProfile,
@@ -104,6 +105,8 @@ class PowerAwareFedAvg(FedAvg):
     pacing_deadline_s : float
         A fixed deadline in seconds (> 0), or 0: the largest ``fastest-time-s`` (a node's
         local time at its f*) the round's nodes reported last.
+    aggregation : str
+        ``fedavg`` or ``fednova`` (``strategies.aggregation``).
     """
 
     def __init__(
@@ -117,6 +120,7 @@ class PowerAwareFedAvg(FedAvg):
         min_available_nodes: int = 2,
         pacing: str = "off",
         pacing_deadline_s: float = 0.0,
+        aggregation: str = "fedavg",
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -146,6 +150,9 @@ class PowerAwareFedAvg(FedAvg):
         self.shared_log: list[dict[str, Any]] = []  # per kind: how its LUT was made
         self._shared_cost: dict[int, tuple[float, float]] = {}  # node -> (s, J) this round
         self._shared_round_s = 0.0
+        # Aggregation (strategies/aggregation.py): the mode and the arrays the round sent
+        self.aggregation = check_aggregation(aggregation)
+        self._sent_arrays: ArrayRecord | None = None
 
     @property
     def batch_sizes(self) -> list[int]:
@@ -312,6 +319,7 @@ class PowerAwareFedAvg(FedAvg):
             else sorted(random.sample(available, sample_size))
         )
         self._deadline_s = self.deadline_for(node_ids) if server_round > 1 else None
+        self._sent_arrays = arrays  # FedNova's base (aggregate_train)
         messages = []
         for node_id in node_ids:
             node_cfg = ConfigRecord(self.node_config(server_round, node_id).to_config())
@@ -329,7 +337,8 @@ class PowerAwareFedAvg(FedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """FedAvg of the arrays; every node's report kept in a ``RoundReport``.
+        """FedAvg (or FedNova, by ``aggregation``) of the arrays; every node's report kept in
+        a ``RoundReport``.
 
         Replies are taken in the fleet's order (node name, then id), not in arrival order, so
         the floating-point sums of FedAvg, and with them a whole run, repeat exactly for the
@@ -358,7 +367,13 @@ class PowerAwareFedAvg(FedAvg):
         self.rounds.append(report_)
         if not good:
             return None, None
-        arrays = aggregate_arrayrecords(good, self.weighted_by_key)
+        # FedAvg, or FedNova by each node's local work (strategies/aggregation.py)
+        arrays, warning = aggregate_round(
+            self.aggregation, self._sent_arrays, good, self.weighted_by_key, server_round
+        )
+        if warning:
+            log.warning(warning)
+            report_.warnings.append(warning)
         ok = report_.reports()
         agg = MetricRecord(
             {
