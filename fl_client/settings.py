@@ -175,6 +175,10 @@ def _bool(cfg: Mapping[str, Any], key: str, default: bool) -> bool:
 #: (weighted by local samples) or ``fednova`` (FedNova's normalised averaging, by each
 #: node's local work: ``strategies.fednova``).
 AGGREGATIONS = ("fedavg", "fednova")
+#: ``idle-accounting``: whether the headline fleet energy counts each board's idle energy
+#: while it waits for the round's slowest node (``on``) or only training and profiling
+#: (``off``: the figure of runs before this setting).
+IDLE_ACCOUNTING = ("on", "off")
 
 #: ``schedule-profiling``: when a node with a ``p-max-schedule`` profiles its caps' LUTs.
 #: ``upfront``: every cap in round 1, when every node profiles anyway, so the fleet waits
@@ -275,6 +279,9 @@ class RunSettings:
     #: ``aggregation`` (``AGGREGATIONS``): FedAvg, or FedNova's normalised averaging where
     #: nodes did different local work (steps × learning rate)
     aggregation: str = "fedavg"
+    #: ``idle-accounting`` (``IDLE_ACCOUNTING``): ``on`` counts a board's idle power while it
+    #: waits for the round's slowest node in the headline fleet energy
+    idle_accounting: str = "on"
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -374,6 +381,11 @@ class RunSettings:
             simulated_fleet=_bool(cfg, "simulated-fleet", False),
             aggregation=_choice(
                 {"aggregation": cfg.get("aggregation", "fedavg")}, "aggregation", AGGREGATIONS
+            ),
+            idle_accounting=_choice(
+                {"idle-accounting": cfg.get("idle-accounting", "on")},
+                "idle-accounting",
+                IDLE_ACCOUNTING,
             ),
         )
 

@@ -159,6 +159,11 @@ RUN_HELP: dict[str, str] = {
     "divided by its local work, `local-steps` × `local-lr`, then scaled by the fleet's "
     "mean work; FedAvg exactly when every node did equal work) "
     "([Aggregation](method.md#aggregation))",
+    "idle-accounting": "`on`: the headline fleet energy (`fleet-energy-j`, "
+    "`fleet-energy-to-target-j`, the console's *energy→target*) counts each board's idle "
+    "power while it waits for the round's slowest node; `off`: training and profiling "
+    "only, the figure of earlier runs. The records hold both parts either way "
+    "([Records](design.md#5-records))",
 }
 
 #: What each key of a fleet entry (``[[node]]`` in a fleet file) or ``--node-config`` means.

@@ -166,6 +166,7 @@ def run_server(
         method=settings.method,
         target_accuracy=settings.target_accuracy,
         pacing=settings.pacing,
+        idle_accounting=settings.idle_accounting,
     )
     rec.console.print(
         f"[bold]powerfl[/bold] method={settings.method} model={settings.model} "

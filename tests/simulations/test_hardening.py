@@ -86,6 +86,7 @@ def _powerfl(tmp_path: Path, *argv: str) -> subprocess.Popen[str]:
             ["-c", "aggregation=fednva"],
             "aggregation: unknown value 'fednva'; allowed: fedavg, fednova",
         ),
+        (["-c", "idle-accounting=yes"], "idle-accounting: unknown value 'yes'; allowed: on, off"),
     ],
 )
 def test_bad_settings_are_refused_before_anything_starts(
