@@ -28,8 +28,11 @@ from fl_client.selector import PowerLimit
 METHODS = ("power-aware", "b1", "b2", "oracle", "fixed")
 
 #: Version of the record files (rounds.jsonl, nodes.jsonl, summary.json). 2: kebab-case
-#: rounds.jsonl, training and profiling energy apart, caps and unknowns as null.
-RECORD_VERSION = 2
+#: rounds.jsonl, training and profiling energy apart, caps and unknowns as null. 3: the
+#: headline fleet energy counts idle waiting by ``idle-accounting`` (``*-busy-energy-j``:
+#: training + profiling, ``*-idle-energy-j``: idle waiting, once ``*-wait-energy-j``), and
+#: each round's energy by node role (critical, slack).
+RECORD_VERSION = 3
 
 
 class SettingsError(ValueError):
@@ -423,6 +426,10 @@ class TrainReport:
     # The trained round's peak power against its LUT cell (peak + peak-sigma-k·σ)
     lut_power_deviation: float | None = None
     lut_set_aside: float | None = None
+    # Local work: the optimizer steps of the round's training and their learning rate
+    # (FedNova's normalisation, ``strategies.fednova``; absent from older nodes)
+    local_steps: float | None = None
+    local_lr: float | None = None
 
     @property
     def cap(self) -> Cap:
@@ -627,11 +634,16 @@ class RoundRow:
     loss: float
     round_time_s: float
     sim_time_s: float
-    round_energy_j: float  # training and profiling, summed over nodes
-    fleet_energy_j: float  # cumulative
+    # The fleet's energy as the run's ``idle-accounting`` counts it (``on``: training,
+    # profiling and idle waiting; ``off``: training and profiling), this round / cumulative
+    round_energy_j: float
+    fleet_energy_j: float
+    # Training and profiling, summed over nodes (this round / cumulative)
+    round_busy_energy_j: float
+    fleet_busy_energy_j: float
     # Idle energy of the nodes waiting for the slowest one (this round / cumulative)
-    round_wait_energy_j: float
-    fleet_wait_energy_j: float
+    round_idle_energy_j: float
+    fleet_idle_energy_j: float
     nodes_ok: int
     nodes_failed: int
     failed: list[str] = field(default_factory=list)
@@ -640,6 +652,14 @@ class RoundRow:
     deadline_misses: int = 0
     predicted_energy_saved_j: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    # Node roles: the critical node is the round's slowest (it sets the round time), the
+    # slack nodes are the others that reported; each role's training + profiling (busy)
+    # and idle-waiting energy this round
+    critical_node: str | None = None
+    critical_busy_energy_j: float = 0.0
+    critical_idle_energy_j: float = 0.0
+    slack_busy_energy_j: float = 0.0
+    slack_idle_energy_j: float = 0.0
 
     def to_record(self) -> dict[str, Any]:
         return {key_of(f.name): to_record(getattr(self, f.name)) for f in fields(self)}

@@ -572,6 +572,7 @@ def train_node(
         model = task.build_model(cfg.model)
         model.load_state_dict(dict(state))
         assert plan.choice is not None
+        lr = task.scaled_lr(cfg.lr_ref, cfg.b_ref, plan.choice.batch_size)
         with (
             locked(device, plan.run_freq_mhz),
             cap_guard(device, plan.cap.watts),
@@ -581,7 +582,7 @@ def train_node(
                 model,
                 data[0],
                 batch_size=plan.choice.batch_size,
-                lr=task.scaled_lr(cfg.lr_ref, cfg.b_ref, plan.choice.batch_size),
+                lr=lr,
                 epochs=epochs,
                 seed=s.seed * 10_000 + cfg.server_round,
                 step_runner=meter.step,
@@ -592,16 +593,22 @@ def train_node(
         _check_drift(ctx, measure, plan)
         plan.power_check = check_power(ctx, measure, plan, meter.measurement.peak_power_w)
         _settle_shared(ctx, measure, plan, meter.measurement)
-        report = _report(ctx, plan, device, meter.measurement, result)
+        report = _report(ctx, plan, device, meter.measurement, result, lr)
     finally:
         device.close()
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, report
 
 
 def _report(
-    ctx: NodeContext, plan: RoundPlan, device: Device, m: Any, result: task.TrainResult
+    ctx: NodeContext,
+    plan: RoundPlan,
+    device: Device,
+    m: Any,
+    result: task.TrainResult,
+    lr: float,
 ) -> TrainReport:
-    """The round's ``TrainReport``: the measurement, the choice, pacing and drift."""
+    """The round's ``TrainReport``: the measurement, the choice, pacing and drift, and the
+    local work (``local-steps`` optimizer steps at learning rate ``lr``)."""
     assert plan.choice is not None
     choice, idle_w = plan.choice, idle_power_w(device)
     extra: dict[str, float] = {}
@@ -662,6 +669,8 @@ def _report(
         lut_shared=float(
             plan.cfg.kind_lut is not None and plan.lut is not None and plan.lut.grid == "shared"
         ),
+        local_steps=float(result.steps),
+        local_lr=float(lr),
         **extra,
     )
 

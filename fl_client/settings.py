@@ -192,6 +192,15 @@ def _bool(cfg: Mapping[str, Any], key: str, default: bool) -> bool:
     raise SettingsError(f"{key}: expected true or false, got {raw!r}")
 
 
+#: ``aggregation``: how the server combines the nodes' arrays each round: ``fedavg``
+#: (weighted by local samples) or ``fednova`` (FedNova's normalised averaging, by each
+#: node's local work: ``strategies.fednova``).
+AGGREGATIONS = ("fedavg", "fednova")
+#: ``idle-accounting``: whether the headline fleet energy counts each board's idle energy
+#: while it waits for the round's slowest node (``on``) or only training and profiling
+#: (``off``: the figure of runs before this setting).
+IDLE_ACCOUNTING = ("on", "off")
+
 #: ``schedule-profiling``: when a node with a ``p-max-schedule`` profiles its caps' LUTs.
 #: ``upfront``: every cap in round 1, when every node profiles anyway, so the fleet waits
 #: once; ``lazy``: each cap the first round it applies, so an unreached cap costs nothing
@@ -294,6 +303,12 @@ class RunSettings:
     #: partition-id i is the fleet's node i), so the server names a node that failed by its
     #: fleet entry; ``powerfl simulate --engine runtime`` sets it.
     simulated_fleet: bool = False
+    #: ``aggregation`` (``AGGREGATIONS``): FedAvg, or FedNova's normalised averaging where
+    #: nodes did different local work (steps × learning rate)
+    aggregation: str = "fedavg"
+    #: ``idle-accounting`` (``IDLE_ACCOUNTING``): ``on`` counts a board's idle power while it
+    #: waits for the round's slowest node in the headline fleet energy
+    idle_accounting: str = "on"
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -394,6 +409,14 @@ class RunSettings:
             allow_untrained_nodes=_bool(cfg, "allow-untrained-nodes", False),
             run_dir=_path_text(cfg, "run-dir"),
             simulated_fleet=_bool(cfg, "simulated-fleet", False),
+            aggregation=_choice(
+                {"aggregation": cfg.get("aggregation", "fedavg")}, "aggregation", AGGREGATIONS
+            ),
+            idle_accounting=_choice(
+                {"idle-accounting": cfg.get("idle-accounting", "on")},
+                "idle-accounting",
+                IDLE_ACCOUNTING,
+            ),
         )
 
 

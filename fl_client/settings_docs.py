@@ -163,6 +163,16 @@ RUN_HELP: dict[str, str] = {
     "simulated-fleet": "the run's nodes are the fleet file's (Flower's partition *i* is fleet "
     "node *i*), so the server names a node that failed by its fleet entry; `powerfl simulate "
     "--engine runtime` sets it (the in-process engine hands the fleet to the server itself)",
+    "aggregation": "how the server combines the nodes' arrays each round: `fedavg` (weighted "
+    "by local samples) or `fednova` (FedNova's normalised averaging: each node's update "
+    "divided by its local work, `local-steps` × `local-lr`, then scaled by the fleet's "
+    "mean work; FedAvg exactly when every node did equal work) "
+    "([Aggregation](method.md#aggregation))",
+    "idle-accounting": "`on`: the headline fleet energy (`fleet-energy-j`, "
+    "`fleet-energy-to-target-j`, the console's *energy→target*) counts each board's idle "
+    "power while it waits for the round's slowest node; `off`: training and profiling "
+    "only, the figure of earlier runs. The records hold both parts either way "
+    "([Records](design.md#5-records))",
 }
 
 #: What each key of a fleet entry (``[[node]]`` in a fleet file) or ``--node-config`` means.

@@ -77,6 +77,7 @@ def make_strategy(settings: RunSettings, r_est: Any, rec: RunRecorder) -> PowerA
         min_available_nodes=settings.min_train_nodes,
         pacing=settings.pacing,
         pacing_deadline_s=settings.pacing_deadline_s,
+        aggregation=settings.aggregation,
     )
     if settings.balance != "off":
         strategy.planning = PlanSettings(
@@ -173,6 +174,7 @@ def run_server(
         method=settings.method,
         target_accuracy=settings.target_accuracy,
         pacing=settings.pacing,
+        idle_accounting=settings.idle_accounting,
     )
     rec.console.print(
         f"[bold]powerfl[/bold] method={settings.method} model={settings.model} "

@@ -14,10 +14,10 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fl_client.contract import Cap, NodeDescriptor, NodeRow, TrainConfig, TrainReport
 from fl_client.lut import LUT, KindKey
+from strategies.aggregation import aggregate_round, check_aggregation
 from strategies.round_plan import (
     NodeForecast,
     PlanSettings,
@@ -81,6 +81,8 @@ class PowerAwareFedAvg(FedAvg):
     pacing_deadline_s : float
         A fixed deadline in seconds (> 0), or 0: the largest ``fastest-time-s`` (a node's
         local time at its f*) the round's nodes reported last.
+    aggregation : str
+        ``fedavg`` or ``fednova`` (``strategies.aggregation``).
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class PowerAwareFedAvg(FedAvg):
         min_available_nodes: int = 2,
         pacing: str = "off",
         pacing_deadline_s: float = 0.0,
+        aggregation: str = "fedavg",
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -126,6 +129,9 @@ class PowerAwareFedAvg(FedAvg):
         self.plan_log: list[dict[str, Any]] = []  # per planned round: deadline, pace, misses
         self._last: dict[int, TrainReport] = {}  # node -> its last report
         self._measured_s: dict[int, float] = {}  # node -> time of a missed deadline
+        # Aggregation (strategies/aggregation.py): the mode and the arrays the round sent
+        self.aggregation = check_aggregation(aggregation)
+        self._sent_arrays: ArrayRecord | None = None
 
     @property
     def batch_sizes(self) -> list[int]:
@@ -293,6 +299,7 @@ class PowerAwareFedAvg(FedAvg):
             self.plan = self.plan_round(server_round, node_ids)
             finite = math.isfinite(self.plan.deadline_s)
             self._deadline_s = self.plan.deadline_s if finite else None
+        self._sent_arrays = arrays  # FedNova's base (aggregate_train)
         messages = []
         for node_id in node_ids:
             node_cfg = ConfigRecord(self.node_config(server_round, node_id).to_config())
@@ -311,7 +318,8 @@ class PowerAwareFedAvg(FedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """FedAvg of the arrays; every node's report kept in a ``RoundReport``.
+        """FedAvg (or FedNova, by ``aggregation``) of the arrays; every node's report kept in
+        a ``RoundReport``.
 
         Replies are taken in the fleet's order (node name, then id), not in arrival order, so
         the floating-point sums of FedAvg, and with them a whole run, repeat exactly for the
@@ -342,7 +350,13 @@ class PowerAwareFedAvg(FedAvg):
         self.rounds.append(report_)
         if not good:
             return None, None
-        arrays = aggregate_arrayrecords(good, self.weighted_by_key)
+        # FedAvg, or FedNova by each node's local work (strategies/aggregation.py)
+        arrays, warning = aggregate_round(
+            self.aggregation, self._sent_arrays, good, self.weighted_by_key, server_round
+        )
+        if warning:
+            log.warning(warning)
+            report_.warnings.append(warning)
         ok = report_.reports()
         agg = MetricRecord(
             {

@@ -371,10 +371,12 @@ def test_round_rows_are_kebab_case_standard_json() -> None:
         loss=math.nan,
         round_time_s=3.0,
         sim_time_s=3.0,
-        round_energy_j=10.0,
-        fleet_energy_j=10.0,
-        round_wait_energy_j=1.0,
-        fleet_wait_energy_j=1.0,
+        round_energy_j=11.0,
+        fleet_energy_j=11.0,
+        round_busy_energy_j=10.0,
+        fleet_busy_energy_j=10.0,
+        round_idle_energy_j=1.0,
+        fleet_idle_energy_j=1.0,
         nodes_ok=2,
         nodes_failed=1,
         failed=["c: boom"],
@@ -383,8 +385,9 @@ def test_round_rows_are_kebab_case_standard_json() -> None:
     assert rec["server-round"] == 1 and rec["nodes-ok"] == 2 and rec["failed"] == ["c: boom"]
     assert rec["deadline-s"] is None and rec["loss"] is None
     assert all("_" not in key for key in rec)
+    assert rec["round-idle-energy-j"] == 1.0 and rec["critical-node"] is None
     json.dumps(rec, allow_nan=False)
-    assert RECORD_VERSION == 2
+    assert RECORD_VERSION == 3
 
 
 def test_to_record_leaves_no_inf_or_nan_anywhere() -> None:

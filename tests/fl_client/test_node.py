@@ -222,8 +222,13 @@ def test_baselines_do_not_profile(tmp_path: Path) -> None:
     assert report.profile_time_s == 0.0 and report.predicted_time_s is None
     assert not list((tmp_path / "cache").rglob("lut_*.json"))
     fixed = train_config(method="fixed", fixed_batch_size=16, fixed_freq_mhz=460.8)
-    _, report = train_node(run_config(tmp_path), NODE, fixed, initial_state())
-    assert (report.batch_size, report.gpu_freq_mhz) == (16, 460.8)
+    _, small = train_node(run_config(tmp_path), NODE, fixed, initial_state())
+    assert (small.batch_size, small.gpu_freq_mhz) == (16, 460.8)
+    # the local work FedNova normalises by: one epoch's minibatches at lr-ref·sqrt(b/b-ref)
+    for rep, b in ((report, 64), (small, 16)):
+        assert rep.local_steps == math.ceil(rep.num_examples / b)
+        assert rep.local_lr == pytest.approx(TEMPLATE.lr_ref * math.sqrt(b / TEMPLATE.b_ref))
+        assert rep.to_metrics()["local-steps"] == rep.local_steps
 
 
 # --------------------------------------------------------------------------- cap margin
