@@ -26,6 +26,7 @@ from fl_client.contract import (
     parse_int_list,
 )
 from fl_client.selector import PEAK_SIGMA_K, TIE_TOLERANCE
+from fl_client.shipped import app_pyproject, shipped_file, shipped_names
 
 __all__ = [
     "METHODS",
@@ -35,6 +36,7 @@ __all__ = [
     "parse_int_list",
 ]
 
+#: The source tree (None for an installed wheel): its docs and the data kit beside it.
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PARTITIONINGS = ("iid", "dirichlet", "pathological")
 #: The ``model`` setting's values: the image models ``fl_client.task`` builds (its
@@ -61,10 +63,12 @@ def app_defaults(pyproject: Path | None = None) -> dict[str, Any]:
     """The run settings in ``[tool.flwr.app.config]`` of the app's pyproject.toml.
 
     Flower merges these into ``context.run_config`` for ``flwr run``; the in-process
-    simulation (``powerfl simulate``) reads them here so both paths share one source.
+    simulation (``powerfl simulate``) reads them here so both paths share one source. The
+    app's pyproject.toml is the source tree's, or the copy a wheel carries
+    (``fl_client.shipped.app_pyproject``): the defaults are written once.
     """
-    path = pyproject or REPO_ROOT / "pyproject.toml"
-    if not path.is_file():
+    path = pyproject or app_pyproject()
+    if path is None or not path.is_file():
         return {}
     return dict(_app_defaults_cached(path, path.stat().st_mtime_ns))
 
@@ -376,26 +380,58 @@ def _dataset_name(value: object) -> str:
 
 
 def resolve_path(path: str, base: Path | None = None) -> Path:
-    """A relative path in the settings is relative to the app directory (the repo root)."""
+    """A relative path is relative to ``base``, else to the current directory: the one rule
+    for every path setting. ``powerfl`` makes them absolute where it starts
+    (``with_app_paths``), so every process of a run sees the same absolute paths."""
     p = Path(path).expanduser()
-    return p if p.is_absolute() else (base or REPO_ROOT) / p
+    return p if p.is_absolute() else (base or Path.cwd()) / p
 
 
-#: Run settings that are paths. Their app defaults (pyproject.toml) are relative to the app
-#: folder; what a user types is made absolute against the current directory first
-#: (``simulations.cli``), so every process of a run sees the same absolute paths.
+#: Run settings that are paths. A relative one, typed or an app default (pyproject.toml),
+#: is relative to the current directory of the command that starts the run; ``powerfl``
+#: makes them absolute before anything else reads them (``with_app_paths``).
 PATH_SETTINGS = ("fleet", "cache-dir", "output-dir", "run-dir")
 
 
-def with_app_paths(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """``overrides`` with every path setting absolute: a given relative path and an app
-    default both relative to the app folder (``resolve_path``)."""
+def fleet_path(value: str, base: Path | None = None) -> Path:
+    """The fleet file a ``fleet`` setting names: a path (relative to ``base``, else the
+    current directory), or the name of a fleet the package ships (``default``,
+    ``nano-only``, …) when no file of that name is there."""
+    path = resolve_path(value, base)
+    if path.exists():
+        return path
+    shipped = shipped_file("fleets", value.strip())
+    return shipped if shipped is not None else path
+
+
+def dataset_setting(value: object, base: Path | None = None) -> object:
+    """A ``dataset`` setting that is a path made absolute (``resolve_path``): one ending in
+    .npz, or a file or folder that exists; a name (``digits``, ``cifar10-subset``, a Hugging
+    Face Hub name) is kept as it is."""
+    if not isinstance(value, str) or not value.strip():
+        return value
+    text = value.strip()
+    path = resolve_path(text, base)
+    if text.endswith(".npz") or path.exists():
+        return str(path)
+    return value
+
+
+def with_app_paths(overrides: Mapping[str, Any], base: Path | None = None) -> dict[str, Any]:
+    """``overrides`` with every path setting absolute, typed or an app default: relative to
+    ``base``, else the current directory (``resolve_path``); ``fleet`` may name a shipped
+    fleet (``fleet_path``), ``dataset`` a path (``dataset_setting``)."""
     defaults = app_defaults()
     out = dict(overrides)
     for key in PATH_SETTINGS:
         value = out.get(key, defaults.get(key))
         if value is not None and str(value) != "":
-            out[key] = str(resolve_path(str(value)))
+            if key == "fleet":
+                out[key] = str(fleet_path(str(value), base))
+            else:
+                out[key] = str(resolve_path(str(value), base))
+    if "dataset" in out:
+        out["dataset"] = dataset_setting(out["dataset"], base)
     return out
 
 
@@ -588,16 +624,20 @@ def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) 
 
 
 def load_fleet(path: str | Path) -> list[NodeSettings]:
-    """Read a fleet file (``configs/fleets/*.toml``): one ``[[node]]`` table per node.
+    """Read a fleet file (``fl_client/configs/fleets/*.toml``): one ``[[node]]`` table per node.
 
     A node table may carry ``count = N`` to stand for N identical nodes (named
     ``name-1`` … ``name-N``). Simulated node *i* is mapped to ``partition-id`` *i*. A
     relative path in an entry (a CSV ``p-max-schedule``, ``replay-table``, ``sysfs-root``,
     ``state-dir``) is relative to the fleet file's folder (``fleet_entry_paths``).
     """
-    p = resolve_path(str(path))
+    p = fleet_path(str(path))
     if not p.is_file():
-        raise SettingsError(f"fleet: fleet file not found: {p}")
+        shipped = ", ".join(shipped_names("fleets"))
+        what = "is a folder, not a fleet file" if p.is_dir() else "fleet file not found"
+        raise SettingsError(
+            f"fleet: {what}: {p}; give a fleet TOML file or a shipped fleet's name ({shipped})"
+        )
     return list(_load_fleet_cached(p, p.stat().st_mtime_ns))
 
 

@@ -15,7 +15,13 @@ from flwr.serverapp import Grid, ServerApp
 from fl_client import task
 from fl_client.contract import TrainConfig
 from fl_client.r_estimation import estimate_r
-from fl_client.settings import NodeSettings, RunSettings, load_fleet, resolve_path
+from fl_client.settings import (
+    NodeSettings,
+    RunSettings,
+    fleet_path,
+    load_fleet,
+    resolve_path,
+)
 from fl_server.lut_library import LUTLibrary
 from fl_server.results import RunRecorder, new_run_dir, untrained_label
 from strategies.power_aware import PowerAwareFedAvg, SharedProfiling
@@ -203,7 +209,7 @@ def run_server(
             "r": dict(zip(map(str, r_est.batch_sizes), r_est.r, strict=True)),
             "r-unreached": list(r_est.unreached),
             "r-cost-s": r_est.cost_time_s,
-            "fleet-file": str(resolve_path(settings.fleet)),
+            "fleet-file": str(fleet_path(settings.fleet)),
             "num-fleet-nodes": len(load_fleet(settings.fleet)) if settings.fleet else None,
             "shared-profiling": strategy.shared_log,
             "query-failures": {str(k): v for k, v in strategy.query_failures.items()},

@@ -25,7 +25,6 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from fl_client.settings import (
-    REPO_ROOT,
     NodeSettings,
     RunSettings,
     SettingsError,
@@ -59,11 +58,11 @@ STOP_SIGNALS = tuple(
 
 def flower_env(flwr_home: Path | None = None) -> None:
     """Quiet, offline Flower. Its home: ``$FLWR_HOME`` (relative to the current directory)
-    if set, else ``flwr_home``, else ``.flwr`` in the app folder."""
+    if set, else ``flwr_home``, else ``.flwr`` in the current directory."""
     for key, value in FLOWER_ENV.items():
         os.environ.setdefault(key, value)
     home = os.environ.get("FLWR_HOME", "").strip()
-    home_path = Path(home).expanduser().absolute() if home else flwr_home or REPO_ROOT / ".flwr"
+    home_path = Path(home).expanduser().absolute() if home else flwr_home or Path.cwd() / ".flwr"
     os.environ["FLWR_HOME"] = str(home_path)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")

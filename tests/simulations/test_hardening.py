@@ -20,8 +20,9 @@ import pytest
 
 from fl_client.contract import TrainConfig
 from fl_client.settings import REPO_ROOT
+from fl_client.shipped import shipped_dir
 from simulations import cli, run
-from simulations.cli import choose_methods, main, typed_paths
+from simulations.cli import choose_methods, main
 from strategies.power_aware import PowerAwareFedAvg
 
 TWO = (
@@ -328,7 +329,7 @@ def test_a_signal_ends_simulate_in_one_line_with_no_process_left(
 
 @pytest.mark.slow
 def test_sigterm_ends_experiment_run_in_one_line(tmp_path: Path) -> None:
-    study = REPO_ROOT / "configs" / "experiments" / "single-device.toml"
+    study = REPO_ROOT / "fl_client" / "configs" / "experiments" / "single-device.toml"
     proc = _powerfl(tmp_path, "experiment", "run", str(study), "--out", "exp", "--no-progress")
     manifest = _wait_for(proc, "exp/manifest.json", tmp_path, timeout_s=240)
     children = psutil.Process(proc.pid).children(recursive=True)
@@ -463,18 +464,23 @@ def test_a_node_whose_device_cannot_be_opened_is_named_and_fails_the_run(
 # -------------------------------------------------------------- §7: small and visible
 
 
-def test_typed_paths_are_relative_to_the_current_directory(
+def test_every_path_setting_is_relative_to_the_current_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    typed = typed_paths({"fleet": "f.toml", "output-dir": "out", "cache-dir": "~/c", "seed": 1})
+    (tmp_path / "f.toml").write_text(ONE)
+    typed = run.with_app_paths(
+        {"fleet": "f.toml", "output-dir": "out", "cache-dir": "~/c", "dataset": "d/x.npz"}
+    )
     assert typed["fleet"] == str(tmp_path / "f.toml")
     assert typed["output-dir"] == str(tmp_path / "out")
     assert typed["cache-dir"] == str(Path.home() / "c")
-    defaults = run.with_app_paths({})  # what nobody typed: the app folder's
-    assert defaults["fleet"] == str(REPO_ROOT / "configs" / "fleets" / "default.toml")
-    assert defaults["output-dir"] == str(REPO_ROOT / "runs")
-    assert defaults["cache-dir"] == str(REPO_ROOT / ".powerfl-cache")
+    assert typed["dataset"] == str(tmp_path / "d" / "x.npz")  # a path, whoever reads it
+    defaults = run.with_app_paths({})  # what nobody typed: here too, the fleet shipped
+    assert defaults["fleet"] == str(shipped_dir("fleets") / "default.toml")
+    assert defaults["output-dir"] == str(tmp_path / "runs")
+    assert defaults["cache-dir"] == str(tmp_path / ".powerfl-cache")
+    assert run.with_app_paths({"dataset": "digits"})["dataset"] == "digits"  # a name
 
 
 def test_a_relative_fleet_is_read_from_the_current_directory(
@@ -495,7 +501,7 @@ def test_flwr_home_is_relative_to_the_current_directory(
     assert os.environ["FLWR_HOME"] == str(tmp_path / "home")
     monkeypatch.delenv("FLWR_HOME")
     run.flower_env()
-    assert os.environ["FLWR_HOME"] == str(REPO_ROOT / ".flwr")
+    assert os.environ["FLWR_HOME"] == str(tmp_path / ".flwr")  # the default: here too
 
 
 def test_a_bad_command_fails_without_importing_torch_or_flower(tmp_path: Path) -> None:
