@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fl_client.settings import SettingsError, tomllib, with_app_paths
+from fl_client.settings import SettingsError, check_partitioner_keys, tomllib, with_app_paths
 from simulations.run import (
     ENGINES,
     RunInterrupted,
@@ -272,6 +272,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 f"{key}: {flag} {value} and -c {key}={overrides[key]!r} both set it; give one"
             )
         overrides[key] = value
+    check_partitioner_keys(overrides)
     overrides = with_app_paths(overrides)
     engine = choose_engine(args)
     methods = choose_methods(args.methods, overrides)

@@ -143,6 +143,9 @@ def test_fleet_errors(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="is not valid TOML"):
         load_fleet(bad)
     bad.write_text('title = "no nodes"\n')
+    with pytest.raises(SettingsError, match=r"unknown key 'title'; known keys: node"):
+        load_fleet(bad)
+    bad.write_text("# no nodes\n")
     with pytest.raises(SettingsError, match=r"has no \[\[node\]\] tables"):
         load_fleet(bad)
     bad.write_text('[[node]]\ndevice = "jetson-nano"\ncount = 0\n')

@@ -517,3 +517,45 @@ def test_a_bad_command_fails_without_importing_torch_or_flower(tmp_path: Path) -
     )
     assert out.stdout.strip() == "2 []", out.stderr
     assert "unknown key 'frobnicate'" in out.stderr
+
+
+def test_a_method_that_cannot_serve_a_node_exits_2_before_any_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "f.toml").write_text(
+        '[[node]]\nname = "nano"\ndevice = "jetson-nano"\np-max-w = 5\n'
+        '[[node]]\nname = "orin-6w"\ndevice = "jetson-orin-nano"\np-max-w = 6.0\n'
+    )
+    rc = main(["simulate", "--fleet", "f.toml", "--methods", "power-aware,b1"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "method: b1 cannot serve 1 node(s): orin-6w (jetson-orin-nano, cap 6 W" in err
+    assert not (tmp_path / "runs").exists()  # power-aware did not run first
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["-c", "classes-per-node=3"], "classes-per-node: only partitioning = 'pathological'"),
+        (["-c", "partitioning=iid", "-c", "dirichlet-alpha=0.1"], "dirichlet-alpha: only"),
+        (
+            ["--methods", "fixed", "-c", "fixed-batch-size=abc", "-c", "fixed-freq-mhz=460.8"],
+            "fixed-batch-size: expected a batch size ≥ 1",
+        ),
+        (
+            ["--methods", "fixed", "-c", "fixed-batch-size=8", "-c", "fixed-freq-mhz=fast"],
+            "fixed-freq-mhz: expected a GPU frequency in MHz > 0",
+        ),
+    ],
+)
+def test_typed_settings_nothing_would_read_or_of_the_wrong_type_exit_2(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    needle: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["simulate", *args]) == 2
+    assert needle in capsys.readouterr().err
