@@ -14,6 +14,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fl_client import task
 from fl_client.contract import TrainConfig
+from fl_client.files import check_run_records
 from fl_client.r_estimation import estimate_r
 from fl_client.settings import (
     NodeSettings,
@@ -218,11 +219,12 @@ def run_server(
 
 
 def claim_run_dir(path: str) -> Path:
-    """The run folder its starter named (``run-dir``), created if missing; one that holds a
-    finished run (its summary.json) is refused, so no run overwrites another."""
+    """The run folder its starter named (``run-dir``), created if missing; one that holds
+    another run's records (summary.json, rounds.jsonl) is refused, so no run writes into
+    another's. ``powerfl simulate`` also holds the folder's lock for the whole run
+    (``fl_client.files.claim_run_folder``), so a second run given it is refused at start."""
     run_dir = resolve_path(path).expanduser().resolve()
-    if (run_dir / "summary.json").exists():
-        raise FileExistsError(f"run-dir: {run_dir} already holds a finished run")
+    check_run_records(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 

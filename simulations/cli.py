@@ -252,6 +252,30 @@ def check_runtime(args: argparse.Namespace, num_nodes: int) -> None:
         federation_config(num_nodes, resources, ray_address=args.ray_address)
     except SettingsError as err:  # its messages name the setting: num-cpus / num-gpus
         raise SettingsError(f"--{err}" if str(err).startswith("num-") else str(err)) from None
+    if args.ray_address:
+        check_ray_head(args.ray_address)
+
+
+#: Seconds to wait for the Ray head's port to accept a connection.
+RAY_CONNECT_TIMEOUT_S = 5.0
+
+
+def check_ray_head(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """Something listens at ``--ray-address`` (a TCP connect within ``timeout_s``), before
+    any engine starts: Ray itself waits for an absent head without a word."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return
+    except OSError as err:
+        why = "no answer" if isinstance(err, TimeoutError) else (err.strerror or str(err))
+        raise SettingsError(
+            f"--ray-address: nothing answers at {address} ({why} within {timeout_s:g} s); "
+            f"start the Ray cluster's head there (ray start --head --port={port}) or leave "
+            "--ray-address out to run on a private Ray"
+        ) from None
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

@@ -64,6 +64,7 @@ from typing import Any, TextIO
 
 import tomli_w
 
+from fl_client.files import check_run_records
 from fl_client.settings import (
     RunSettings,
     SettingsError,
@@ -723,8 +724,7 @@ def _claim_output(config: dict[str, Any], settings: RunSettings) -> tuple[Path |
         return None, private_out
     if config.get(RUN_DIR_KEY):  # the caller named it
         run_dir = Path(config[RUN_DIR_KEY])
-        if (run_dir / "summary.json").exists():
-            raise SettingsError(f"run-dir: {run_dir} already holds a finished run")
+        check_run_records(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
     else:
         from fl_server.results import new_run_dir
