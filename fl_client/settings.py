@@ -26,6 +26,7 @@ from fl_client.contract import (
     parse_int_list,
 )
 from fl_client.selector import PEAK_SIGMA_K, TIE_TOLERANCE
+from fl_client.shipped import app_pyproject, shipped_file, shipped_names
 
 __all__ = [
     "METHODS",
@@ -35,6 +36,7 @@ __all__ = [
     "parse_int_list",
 ]
 
+#: The source tree (None for an installed wheel): its docs and the data kit beside it.
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PARTITIONINGS = ("iid", "dirichlet", "pathological")
 #: The ``model`` setting's values: the image models ``fl_client.task`` builds (its
@@ -61,10 +63,12 @@ def app_defaults(pyproject: Path | None = None) -> dict[str, Any]:
     """The run settings in ``[tool.flwr.app.config]`` of the app's pyproject.toml.
 
     Flower merges these into ``context.run_config`` for ``flwr run``; the in-process
-    simulation (``powerfl simulate``) reads them here so both paths share one source.
+    simulation (``powerfl simulate``) reads them here so both paths share one source. The
+    app's pyproject.toml is the source tree's, or the copy a wheel carries
+    (``fl_client.shipped.app_pyproject``): the defaults are written once.
     """
-    path = pyproject or REPO_ROOT / "pyproject.toml"
-    if not path.is_file():
+    path = pyproject or app_pyproject()
+    if path is None or not path.is_file():
         return {}
     return dict(_app_defaults_cached(path, path.stat().st_mtime_ns))
 
@@ -181,6 +185,50 @@ def _path_text(cfg: Mapping[str, Any], key: str) -> str:
     if not isinstance(raw, str):
         raise SettingsError(f"{key}: expected a folder path (a string), got {raw!r}")
     return raw.strip()
+
+
+def _optional_int(cfg: Mapping[str, Any], key: str, allowed: str) -> int | None:
+    """An optional integer ≥ 1; None, "" and 0 mean not set."""
+    raw = cfg.get(key)
+    if raw in (None, "", 0):
+        return None
+    try:
+        val = int(raw) if not isinstance(raw, bool) and float(raw) == int(float(raw)) else 0
+    except (TypeError, ValueError):
+        val = 0
+    if val < 1:
+        raise SettingsError(f"{key}: expected {allowed} (0: not set), got {raw!r}")
+    return val
+
+
+def _optional_float(cfg: Mapping[str, Any], key: str, allowed: str) -> float | None:
+    """An optional finite number > 0; None, "" and 0 mean not set."""
+    raw = cfg.get(key)
+    if raw in (None, "", 0):
+        return None
+    try:
+        val = float(raw) if not isinstance(raw, bool) else math.nan
+    except (TypeError, ValueError):
+        val = math.nan
+    if not (math.isfinite(val) and val > 0):
+        raise SettingsError(f"{key}: expected {allowed} (0: not set), got {raw!r}")
+    return val
+
+
+#: Settings that only one partitioner reads: given for another, they would be ignored.
+PARTITIONER_KEYS = {"dirichlet-alpha": "dirichlet", "classes-per-node": "pathological"}
+
+
+def check_partitioner_keys(typed: Mapping[str, Any]) -> None:
+    """A partitioner's own setting given (``typed``: what the user gave, not the defaults)
+    for a run that uses another partitioner: a SettingsError, since nothing would read it."""
+    partitioning = str(typed.get("partitioning", app_defaults().get("partitioning", "")))
+    for key, owner in PARTITIONER_KEYS.items():
+        if key in typed and partitioning != owner:
+            raise SettingsError(
+                f"{key}: only partitioning = {owner!r} uses it, and this run's partitioning "
+                f"is {partitioning!r}; leave {key} out, or give -c partitioning={owner}"
+            )
 
 
 def _bool(cfg: Mapping[str, Any], key: str, default: bool) -> bool:
@@ -356,8 +404,8 @@ class RunSettings:
                 "schedule-profiling",
                 SCHEDULE_PROFILING,
             ),
-            fixed_batch_size=int(fixed_b) if fixed_b not in (None, "", 0) else None,
-            fixed_freq_mhz=float(fixed_f) if fixed_f not in (None, "", 0) else None,
+            fixed_batch_size=_optional_int(cfg, "fixed-batch-size", "a batch size ≥ 1"),
+            fixed_freq_mhz=_optional_float(cfg, "fixed-freq-mhz", "a GPU frequency in MHz > 0"),
             cap_margin=_fraction(cfg, "cap-margin", 0.05),
             peak_sigma_k=_nonneg(cfg, "peak-sigma-k", PEAK_SIGMA_K),
             tie_tolerance=_fraction(cfg, "tie-tolerance", TIE_TOLERANCE),
@@ -429,26 +477,58 @@ def _dataset_name(value: object) -> str:
 
 
 def resolve_path(path: str, base: Path | None = None) -> Path:
-    """A relative path in the settings is relative to the app directory (the repo root)."""
+    """A relative path is relative to ``base``, else to the current directory: the one rule
+    for every path setting. ``powerfl`` makes them absolute where it starts
+    (``with_app_paths``), so every process of a run sees the same absolute paths."""
     p = Path(path).expanduser()
-    return p if p.is_absolute() else (base or REPO_ROOT) / p
+    return p if p.is_absolute() else (base or Path.cwd()) / p
 
 
-#: Run settings that are paths. Their app defaults (pyproject.toml) are relative to the app
-#: folder; what a user types is made absolute against the current directory first
-#: (``simulations.cli``), so every process of a run sees the same absolute paths.
+#: Run settings that are paths. A relative one, typed or an app default (pyproject.toml),
+#: is relative to the current directory of the command that starts the run; ``powerfl``
+#: makes them absolute before anything else reads them (``with_app_paths``).
 PATH_SETTINGS = ("fleet", "cache-dir", "output-dir", "run-dir")
 
 
-def with_app_paths(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """``overrides`` with every path setting absolute: a given relative path and an app
-    default both relative to the app folder (``resolve_path``)."""
+def fleet_path(value: str, base: Path | None = None) -> Path:
+    """The fleet file a ``fleet`` setting names: a path (relative to ``base``, else the
+    current directory), or the name of a fleet the package ships (``default``,
+    ``nano-only``, …) when no file of that name is there."""
+    path = resolve_path(value, base)
+    if path.exists():
+        return path
+    shipped = shipped_file("fleets", value.strip())
+    return shipped if shipped is not None else path
+
+
+def dataset_setting(value: object, base: Path | None = None) -> object:
+    """A ``dataset`` setting that is a path made absolute (``resolve_path``): one ending in
+    .npz, or a file or folder that exists; a name (``digits``, ``cifar10-subset``, a Hugging
+    Face Hub name) is kept as it is."""
+    if not isinstance(value, str) or not value.strip():
+        return value
+    text = value.strip()
+    path = resolve_path(text, base)
+    if text.endswith(".npz") or path.exists():
+        return str(path)
+    return value
+
+
+def with_app_paths(overrides: Mapping[str, Any], base: Path | None = None) -> dict[str, Any]:
+    """``overrides`` with every path setting absolute, typed or an app default: relative to
+    ``base``, else the current directory (``resolve_path``); ``fleet`` may name a shipped
+    fleet (``fleet_path``), ``dataset`` a path (``dataset_setting``)."""
     defaults = app_defaults()
     out = dict(overrides)
     for key in PATH_SETTINGS:
         value = out.get(key, defaults.get(key))
         if value is not None and str(value) != "":
-            out[key] = str(resolve_path(str(value)))
+            if key == "fleet":
+                out[key] = str(fleet_path(str(value), base))
+            else:
+                out[key] = str(resolve_path(str(value), base))
+    if "dataset" in out:
+        out["dataset"] = dataset_setting(out["dataset"], base)
     return out
 
 
@@ -534,6 +614,8 @@ def parse_p_max_schedule(
             rnd = int(first)
         except ValueError:
             raise SettingsError(f"{key}: round {first!r} is not an integer ≥ 1") from None
+        if not cap:
+            raise SettingsError(f"{key}: round {rnd} has no cap{allowed}")
         try:
             cap_w = Cap.parse(cap, key=f"{key} (round {rnd})")
         except SettingsError as err:
@@ -610,8 +692,14 @@ def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) 
     for key in entry:
         if key not in allowed:
             raise unknown_key_error(key, allowed, f"{where} ({name})")
+    raw_cap = entry.get("p-max-w", "none")
+    if isinstance(raw_cap, str) and not raw_cap.strip():
+        raise SettingsError(
+            f"{where} ({name}): p-max-w: empty; give a number of watts > 0 (e.g. 5.0), or "
+            "'none' for no cap"
+        )
     try:
-        p_max = Cap.parse(entry.get("p-max-w", "none"))
+        p_max = Cap.parse(raw_cap)
     except SettingsError as err:
         raise SettingsError(f"{where}: {err}") from None
     schedule: tuple[tuple[int, Cap], ...] = ()
@@ -641,16 +729,20 @@ def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) 
 
 
 def load_fleet(path: str | Path) -> list[NodeSettings]:
-    """Read a fleet file (``configs/fleets/*.toml``): one ``[[node]]`` table per node.
+    """Read a fleet file (``fl_client/configs/fleets/*.toml``): one ``[[node]]`` table per node.
 
     A node table may carry ``count = N`` to stand for N identical nodes (named
     ``name-1`` … ``name-N``). Simulated node *i* is mapped to ``partition-id`` *i*. A
     relative path in an entry (a CSV ``p-max-schedule``, ``replay-table``, ``sysfs-root``,
     ``state-dir``) is relative to the fleet file's folder (``fleet_entry_paths``).
     """
-    p = resolve_path(str(path))
+    p = fleet_path(str(path))
     if not p.is_file():
-        raise SettingsError(f"fleet: fleet file not found: {p}")
+        shipped = ", ".join(shipped_names("fleets"))
+        what = "is a folder, not a fleet file" if p.is_dir() else "fleet file not found"
+        raise SettingsError(
+            f"fleet: {what}: {p}; give a fleet TOML file or a shipped fleet's name ({shipped})"
+        )
     return list(_load_fleet_cached(p, p.stat().st_mtime_ns))
 
 
@@ -662,12 +754,24 @@ def _load_fleet_cached(p: Path, mtime_ns: int) -> tuple[NodeSettings, ...]:
             data = tomllib.load(fh)
     except tomllib.TOMLDecodeError as err:
         raise SettingsError(f"fleet: {p} is not valid TOML: {err}") from None
+    for key in data:
+        if key != "node":
+            raise unknown_key_error(key, ("node",), f"fleet {p}")
     entries = data.get("node")
     if not isinstance(entries, list) or not entries:
-        raise SettingsError(f"fleet: {p} has no [[node]] tables")
+        raise SettingsError(
+            f"fleet: {p} has no [[node]] tables; a fleet file has one [[node]] table per "
+            'node, e.g. [[node]] name = "nano" device = "jetson-nano" p-max-w = 5.0'
+        )
     nodes: list[NodeSettings] = []
     for i, entry in enumerate(entries):
         where = f"fleet {p.name} node #{i + 1}"
+        if not isinstance(entry, dict):
+            raise SettingsError(
+                f"{where}: node: expected a [[node]] table (name, device, p-max-w, …), got "
+                f"{type(entry).__name__} {entry!r}; write one [[node]] table per node, not "
+                "node = [...]"
+            )
         count = entry.get("count", 1)
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise SettingsError(f"{where}: count: expected an integer ≥ 1, got {count!r}")
@@ -767,6 +871,65 @@ def check_fixed(settings: RunSettings, fleet: list[NodeSettings]) -> None:
             )
 
 
+def check_device_files(fleet: list[NodeSettings]) -> None:
+    """Every node's device descriptor (``<kind>.toml`` in the active device folder) and
+    replay table reads, before any engine starts: a SettingsError naming the node, the
+    file and the key, instead of one error per node once the run is going."""
+    from fl_client.devices.base import DeviceError
+    from fl_client.devices.replay import load_replay_tables
+    from fl_client.devices.simulated import available_device_kinds, load_device_spec
+
+    kinds = available_device_kinds()
+    seen: set[str] = set()
+    for node in fleet:
+        if node.device in kinds and node.device not in seen:
+            seen.add(node.device)
+            try:
+                load_device_spec(node.device)
+            except (ValueError, OSError) as err:
+                raise SettingsError(f"device: node {node.name} ({node.device}): {err}") from None
+        table = node.options.get("replay-table")
+        if node.backend == "replay" and isinstance(table, str) and table.strip():
+            try:
+                load_replay_tables(table)
+            except (DeviceError, ValueError, OSError) as err:
+                raise SettingsError(f"replay-table: node {node.name}: {err}") from None
+
+
+#: Methods whose fixed GPU frequency comes from the kind's B1 bands (``b1-freq-caps``).
+BAND_METHODS = ("b1", "b2")
+
+
+def check_method_serves_nodes(settings: RunSettings, fleet: list[NodeSettings]) -> None:
+    """B1 and B2 run every node at its band's fixed frequency; a cap below a kind's lowest
+    band has none, so the node could never train. Refused before start, naming the node
+    and the choices, unless ``allow-untrained-nodes`` accepts such a node."""
+    if settings.method not in BAND_METHODS or settings.allow_untrained_nodes:
+        return
+    from fl_client.devices.simulated import available_device_kinds, descriptor_b1_bands
+
+    kinds = available_device_kinds()
+    unserved: list[str] = []
+    for node in fleet:
+        bands = descriptor_b1_bands(node.device) if node.device in kinds else ()
+        if not bands:
+            continue  # no bands: B1 runs at the highest frequency (the device says so)
+        low = bands[0].min_p_max_w
+        below = [c for c in node.scheduled_caps if c.capped and c.watts < low]
+        if below:
+            caps = ", ".join(c.label for c in below)
+            unserved.append(f"{node.name} ({node.device}, cap {caps} < its lowest band {low:g} W)")
+    if unserved:
+        m = settings.method
+        raise SettingsError(
+            f"method: {m} cannot serve {len(unserved)} node(s): {'; '.join(unserved)}: {m} "
+            f"runs a node at its kind's B1 band frequency, and no band holds below its "
+            f"lowest. Choose one: drop {m} (--methods without it), raise the node's cap to "
+            f"at least its lowest band (p-max-w in {Path(settings.fleet).name}), or accept "
+            "the node untrained (-c allow-untrained-nodes=true)"
+        )
+
+
 def check_before_start(settings: RunSettings, fleet: list[NodeSettings]) -> None:
     """Every check of a simulation's settings that needs no engine, PyTorch or Flower, for
     any method: a SettingsError naming the key, raised before anything starts.
@@ -774,6 +937,8 @@ def check_before_start(settings: RunSettings, fleet: list[NodeSettings]) -> None
     * ``min-train-nodes`` against the fleet's size (a round would wait forever);
     * ``round-timeout-s`` at least ``MIN_ROUND_TIMEOUT_S``;
     * ``output-dir`` and ``cache-dir`` are folders this process can write;
+    * every node's device descriptor and replay table reads (``check_device_files``);
+    * B1 and B2 can serve every node's caps (``check_method_serves_nodes``);
     * with ``fixed``: ``fixed-batch-size`` in B, ``fixed-freq-mhz`` in every twin's table.
     """
     if settings.min_train_nodes > len(fleet):
@@ -794,5 +959,7 @@ def check_before_start(settings: RunSettings, fleet: list[NodeSettings]) -> None
         )
     check_writable_dir(settings.output_dir, "output-dir")
     check_writable_dir(settings.cache_dir, "cache-dir")
+    check_device_files(fleet)
+    check_method_serves_nodes(settings, fleet)
     if settings.method == "fixed":
         check_fixed(settings, fleet)

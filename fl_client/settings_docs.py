@@ -57,7 +57,9 @@ RUN_HELP: dict[str, str] = {
     "frequency), `oracle` (Eq. 4 with r measured on the node's own data), `fixed` "
     "(`fixed-batch-size` at `fixed-freq-mhz` on every node)",
     "fleet": "the fleet file: one `[[node]]` table per node ([Fleet entries](#fleet-entries-"
-    "and-node-config)); simulated node *i* is Flower partition *i*",
+    "and-node-config)); simulated node *i* is Flower partition *i*. A path (relative to the "
+    "current folder), or the name of a fleet the package ships in `fl_client/configs/fleets` "
+    "(`default`, `drift`, `nano-only`, `varying-cap`)",
     "model": "`cnn` (a small CNN trained from scratch), `resnet18`, `mobilenetv2` "
     "(torchvision, adapted to 32×32)",
     "dataset": "the run's data: `digits` (scikit-learn's bundled digits, shaped 3×32×32, "
@@ -88,8 +90,9 @@ RUN_HELP: dict[str, str] = {
     "smaller than this is refused before the engine starts",
     "round-timeout-s": "bound on every QUERY and TRAIN round, in seconds; below "
     f"{MIN_ROUND_TIMEOUT_S:g} s it is refused (a node's first reply imports the client app)",
-    "output-dir": "where run folders go",
-    "cache-dir": "LUTs, r and oracle caches, and the server's LUT library (`<cache-dir>/library`)",
+    "output-dir": "where run folders go (relative: to the current folder)",
+    "cache-dir": "LUTs, r and oracle caches, and the server's LUT library "
+    "(`<cache-dir>/library`; relative: to the current folder)",
     "profile-grid": "`efficient`: only the cells that matter under each node's cap (paper "
     "§4.1, with the robust feasibility of `peak-sigma-k`: each b walks up in f past its first "
     "infeasible cell until two infeasible cells in a row, at most 2 infeasible cells beyond "
@@ -178,14 +181,14 @@ RUN_HELP: dict[str, str] = {
 #: What each key of a fleet entry (``[[node]]`` in a fleet file) or ``--node-config`` means.
 NODE_HELP: dict[str, str] = {
     "name": "the node's name in logs and records; with `count`, `-1` … `-N` is appended",
-    "device": "the device kind: its descriptor in `configs/devices/` (frequency table, power "
-    "rail, B1's frequency bands, twin coefficients)",
+    "device": "the device kind: its descriptor in `fl_client/configs/devices/` (frequency "
+    "table, power rail, B1's frequency bands, twin coefficients)",
     "backend": "`simulated` (a digital twin), `jetson` (devfreq and the INA3221 monitor), "
     "`nvml` (an NVIDIA GPU), `replay` (a measured table), `auto` (the first available, real "
     "hardware first)",
     "p-max-w": 'the power cap in W on the device\'s board rail, `"none"` for no cap',
     "p-max-schedule": "a cap per round instead of `p-max-w` (give one of the two); a CSV path "
-    "is relative to the fleet file's folder (in `--node-config`, to the app folder) "
+    "is relative to the fleet file's folder (in `--node-config`, to the current folder) "
     "([Cap schedules](method.md#cap-schedules))",
     "cap-margin": "this node's share of P_max kept free of profiled peaks, instead of the "
     "run's `cap-margin`",
@@ -204,7 +207,7 @@ NODE_HELP: dict[str, str] = {
     "cap-window-s": "how long sampled power may stay above P_max before the cap guard steps "
     "the GPU frequency down one level",
     "replay-table": "`replay`: the measured table, CSV or JSON (format: "
-    "[configs/replay/README.md](../configs/replay/README.md))",
+    "[fl_client/configs/replay/README.md](../fl_client/configs/replay/README.md))",
     "nvml-index": "`nvml`: the GPU as CUDA numbers it (`cuda:N`), via `CUDA_VISIBLE_DEVICES`",
     "lock-clocks": "`nvml`: `auto` (unset) locks clocks when root, `false` only measures",
     "twin-slowdown": "`simulated`: from `twin-drift-from-round` on, every step takes this "
@@ -411,8 +414,8 @@ or a key given twice is refused before anything starts, naming the key
 .venv/bin/powerfl simulate -c local-epochs=2 -c cap-margin=0 -c pacing=deadline
 ```
 
-A fleet file (`configs/fleets/*.toml`) has one `[[node]]` table per node, e.g.
-`configs/fleets/default.toml`:
+A fleet file (`fl_client/configs/fleets/*.toml`) has one `[[node]]` table per node, e.g.
+`fl_client/configs/fleets/default.toml`:
 
 ```toml
 [[node]]
@@ -423,7 +426,7 @@ count = 2                   # two identical nodes, nano-4.5w-1 and nano-4.5w-2
 ```
 
 On a real device the same keys are given to `flower-supernode --node-config`
-([jetson-setup.md](jetson-setup.md)). Device descriptors live in `configs/devices/*.toml`
+([jetson-setup.md](jetson-setup.md)). Device descriptors live in `fl_client/configs/devices/*.toml`
 (frequency tables, memory, power rail, B1's safe frequency per cap band, twin coefficients
 with their calibration sources).
 

@@ -34,7 +34,7 @@ def add_lut_commands(sub: Any) -> None:
         "--library",
         default=None,
         help=f"the library folder (a path you type is relative to the current directory; "
-        f"default: the run's cache-dir, {DEFAULT_LIBRARY} in the app folder, where "
+        f"default: the run's cache-dir, {DEFAULT_LIBRARY} in the current folder, where "
         "`powerfl simulate` keeps it)",
     )
     lut_sub = p.add_subparsers(dest="lut_command", required=True)
@@ -79,7 +79,7 @@ def _expected_kind(args: argparse.Namespace) -> KindKey:
 
 def library_dir(typed: str | None) -> Path:
     """The library folder: a typed path against the current directory; by default the app's
-    ``cache-dir`` (relative to the app folder, as ``powerfl simulate`` resolves it)."""
+    ``cache-dir`` in the current directory, as ``powerfl simulate`` resolves it."""
     if typed is not None:
         return Path(typed).expanduser().absolute()
     return resolve_path(str(app_defaults().get("cache-dir", ".powerfl-cache"))) / "library"

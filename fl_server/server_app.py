@@ -14,8 +14,15 @@ from flwr.serverapp import Grid, ServerApp
 
 from fl_client import task
 from fl_client.contract import TrainConfig
+from fl_client.files import check_run_records
 from fl_client.r_estimation import estimate_r
-from fl_client.settings import NodeSettings, RunSettings, load_fleet, resolve_path
+from fl_client.settings import (
+    NodeSettings,
+    RunSettings,
+    fleet_path,
+    load_fleet,
+    resolve_path,
+)
 from fl_server.lut_library import LUTLibrary
 from fl_server.results import RunRecorder, new_run_dir, untrained_label
 from strategies.power_aware import PowerAwareFedAvg
@@ -213,7 +220,7 @@ def run_server(
             "r": dict(zip(map(str, r_est.batch_sizes), r_est.r, strict=True)),
             "r-unreached": list(r_est.unreached),
             "r-cost-s": r_est.cost_time_s,
-            "fleet-file": str(resolve_path(settings.fleet)),
+            "fleet-file": str(fleet_path(settings.fleet)),
             "num-fleet-nodes": len(load_fleet(settings.fleet)) if settings.fleet else None,
             "shared-profiling": strategy.shared_log,
             **({"round-plan": strategy.plan_log} if strategy.planning is not None else {}),
@@ -223,11 +230,12 @@ def run_server(
 
 
 def claim_run_dir(path: str) -> Path:
-    """The run folder its starter named (``run-dir``), created if missing; one that holds a
-    finished run (its summary.json) is refused, so no run overwrites another."""
+    """The run folder its starter named (``run-dir``), created if missing; one that holds
+    another run's records (summary.json, rounds.jsonl) is refused, so no run writes into
+    another's. ``powerfl simulate`` also holds the folder's lock for the whole run
+    (``fl_client.files.claim_run_folder``), so a second run given it is refused at start."""
     run_dir = resolve_path(path).expanduser().resolve()
-    if (run_dir / "summary.json").exists():
-        raise FileExistsError(f"run-dir: {run_dir} already holds a finished run")
+    check_run_records(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 

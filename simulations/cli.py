@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fl_client.settings import PATH_SETTINGS, SettingsError, tomllib, with_app_paths
+from fl_client.settings import SettingsError, check_partitioner_keys, tomllib, with_app_paths
 from simulations.run import (
     ENGINES,
     RunInterrupted,
@@ -25,6 +25,16 @@ from simulations.run import (
     stop_engine,
 )
 from simulations.runtime import RuntimeRunError
+
+
+def package_version() -> str:
+    """The installed distribution's version (``pyproject.toml``'s ``[project] version``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("powerfl")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
@@ -128,17 +138,6 @@ def print_comparison(summaries: list[dict[str, Any]]) -> None:
 #: The methods ``simulate`` runs when neither ``--methods`` nor ``-c method=…`` names any.
 DEFAULT_METHODS = ("power-aware", "b1")
 FIXED_KEYS = ("fixed-batch-size", "fixed-freq-mhz")
-
-
-def typed_paths(overrides: dict[str, Any]) -> dict[str, Any]:
-    """The path settings a user typed, made absolute against the current directory (the
-    one rule for what a user types; app defaults stay relative to the app folder)."""
-    out = dict(overrides)
-    for key in PATH_SETTINGS:
-        value = out.get(key)
-        if isinstance(value, str) and value.strip():
-            out[key] = str(Path(value).expanduser().absolute())
-    return out
 
 
 def choose_methods(methods_arg: str | None, overrides: dict[str, Any]) -> list[str]:
@@ -264,6 +263,30 @@ def check_runtime(args: argparse.Namespace, num_nodes: int) -> None:
         federation_config(num_nodes, resources, ray_address=args.ray_address)
     except SettingsError as err:  # its messages name the setting: num-cpus / num-gpus
         raise SettingsError(f"--{err}" if str(err).startswith("num-") else str(err)) from None
+    if args.ray_address:
+        check_ray_head(args.ray_address)
+
+
+#: Seconds to wait for the Ray head's port to accept a connection.
+RAY_CONNECT_TIMEOUT_S = 5.0
+
+
+def check_ray_head(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """Something listens at ``--ray-address`` (a TCP connect within ``timeout_s``), before
+    any engine starts: Ray itself waits for an absent head without a word."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return
+    except OSError as err:
+        why = "no answer" if isinstance(err, TimeoutError) else (err.strerror or str(err))
+        raise SettingsError(
+            f"--ray-address: nothing answers at {address} ({why} within {timeout_s:g} s); "
+            f"start the Ray cluster's head there (ray start --head --port={port}) or leave "
+            "--ray-address out to run on a private Ray"
+        ) from None
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -284,7 +307,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 f"{key}: {flag} {value} and -c {key}={overrides[key]!r} both set it; give one"
             )
         overrides[key] = value
-    overrides = with_app_paths(typed_paths(overrides))
+    check_partitioner_keys(overrides)
+    overrides = with_app_paths(overrides)
     engine = choose_engine(args)
     methods = choose_methods(args.methods, overrides)
     check_fixed_keys(methods, overrides)
@@ -383,6 +407,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         description="Power-aware federated training for NVIDIA Jetson fleets, on Flower.",
         epilog=PATHS_NOTE,
     )
+    parser.add_argument("--version", action="version", version=f"powerfl {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser(
         "simulate",
@@ -401,7 +426,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         f"(default: -c method=M if given, else {','.join(DEFAULT_METHODS)}); giving both "
         "--methods and a different -c method is an error",
     )
-    p.add_argument("--fleet", help="fleet file (default: configs/fleets/default.toml)")
+    p.add_argument(
+        "--fleet",
+        help="fleet file, or a shipped fleet's name: default (the default), drift, "
+        "nano-only, varying-cap",
+    )
     p.add_argument("--model", help="cnn | resnet18 | mobilenetv2 (default: cnn)")
     p.add_argument("--rounds", type=int, help="round budget (num-rounds)")
     p.add_argument("--output-dir", help="where run folders go (default: runs)")
@@ -466,10 +495,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 #: The rule for relative paths, in ``--help``.
 PATHS_NOTE = (
-    "Relative paths you give (--fleet, --output-dir, -c fleet=, -c cache-dir=, "
-    "-c output-dir=, $FLWR_HOME) are relative to the current directory; the defaults in "
-    "pyproject.toml (configs/fleets/default.toml, runs, .powerfl-cache, .flwr) are relative "
-    "to the app's folder."
+    "Relative paths, given (--fleet, --output-dir, -c fleet=, -c cache-dir=, -c output-dir=, "
+    "-c run-dir=, -c dataset=, $FLWR_HOME) or default (runs, .powerfl-cache, .flwr), are "
+    "relative to the current directory; a path inside a fleet or experiment file is "
+    "relative to that file's folder."
 )
 #: Commands that run for long and stop cleanly on SIGINT / SIGTERM / SIGHUP.
 INTERRUPTIBLE = ("simulate", "experiment")

@@ -24,8 +24,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from fl_client.files import check_run_records, claim_run_folder, release_run_folder
 from fl_client.settings import (
-    REPO_ROOT,
     NodeSettings,
     RunSettings,
     SettingsError,
@@ -59,11 +59,11 @@ STOP_SIGNALS = tuple(
 
 def flower_env(flwr_home: Path | None = None) -> None:
     """Quiet, offline Flower. Its home: ``$FLWR_HOME`` (relative to the current directory)
-    if set, else ``flwr_home``, else ``.flwr`` in the app folder."""
+    if set, else ``flwr_home``, else ``.flwr`` in the current directory."""
     for key, value in FLOWER_ENV.items():
         os.environ.setdefault(key, value)
     home = os.environ.get("FLWR_HOME", "").strip()
-    home_path = Path(home).expanduser().absolute() if home else flwr_home or REPO_ROOT / ".flwr"
+    home_path = Path(home).expanduser().absolute() if home else flwr_home or Path.cwd() / ".flwr"
     os.environ["FLWR_HOME"] = str(home_path)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
@@ -75,11 +75,8 @@ def preflight(overrides: dict[str, Any]) -> tuple[RunSettings, list[NodeSettings
     settings = RunSettings.from_config(overrides)
     fleet = load_fleet(settings.fleet)
     check_before_start(settings, fleet)
-    if settings.run_dir and (resolve_path(settings.run_dir) / "summary.json").exists():
-        raise SettingsError(
-            f"run-dir: {resolve_path(settings.run_dir)} already holds a finished run "
-            "(its summary.json); name a new folder or leave run-dir out"
-        )
+    if settings.run_dir:
+        check_run_records(resolve_path(settings.run_dir))
     return settings, fleet
 
 
@@ -137,11 +134,17 @@ def simulate(
     overrides = with_app_paths(overrides)
     settings, fleet = preflight(overrides)
     split = check_partitions(settings, len(fleet), [n.name for n in fleet])
-    print("\n".join(split.lines(most=SPLIT_LINES)), flush=True)
-    if engine == "runtime" or ray_address:
-        summary = _simulate_in_runtime(overrides, fleet, resources, backend, ray_address)
-    else:
-        summary = _simulate_in_process(overrides, fleet, resources, backend)
+    if settings.run_dir:  # a run owns its folder: a second run given it is refused
+        claim_run_folder(resolve_path(settings.run_dir))
+    try:
+        print("\n".join(split.lines(most=SPLIT_LINES)), flush=True)
+        if engine == "runtime" or ray_address:
+            summary = _simulate_in_runtime(overrides, fleet, resources, backend, ray_address)
+        else:
+            summary = _simulate_in_process(overrides, fleet, resources, backend)
+    finally:
+        if settings.run_dir:
+            release_run_folder(resolve_path(settings.run_dir))
     if summary.get("run-dir"):
         split.save(Path(summary["run-dir"]))
     return summary

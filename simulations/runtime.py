@@ -64,14 +64,15 @@ from typing import Any, TextIO
 
 import tomli_w
 
+from fl_client.files import check_run_records
 from fl_client.settings import (
-    REPO_ROOT,
     RunSettings,
     SettingsError,
     load_fleet,
     tomllib,
     with_app_paths,
 )
+from fl_client.shipped import app_pyproject, package_root
 from simulations.processes import alive, process_tree, terminate
 
 #: The oldest Flower this module is checked with: its SuperLink serves the Control, Runtime
@@ -85,9 +86,9 @@ FLOWER_ENV = {
     "FLWR_DISABLE_UPDATE_CHECK": "1",
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
 }
-#: What the app is made of: the packages its ServerApp and ClientApp import, the data
-#: files they read (the default fleets) and the README that pyproject.toml names.
-APP_PARTS = ("fl_client", "fl_server", "strategies", "configs", "README.md")
+#: What the app is made of: the packages its ServerApp and ClientApp import (``fl_client``
+#: carries the data files they read: device twins, fleets).
+APP_PARTS = ("fl_client", "fl_server", "strategies")
 #: The run setting that names the run's own folder (see the module's docstring).
 RUN_DIR_KEY = "run-dir"
 #: The run setting that tells the ServerApp its nodes are the fleet file's (a simulation),
@@ -278,14 +279,18 @@ def stage_app(dst: Path, run_config: Mapping[str, Any]) -> Path:
     """
     dst.mkdir(parents=True, exist_ok=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    root = package_root().parent  # the source tree, or site-packages for a wheel
     for part in APP_PARTS:
-        src = REPO_ROOT / part
-        if src.is_dir():
-            shutil.copytree(src, dst / part, ignore=ignore)
-        elif src.is_file():
-            shutil.copy2(src, dst / part)
-    with (REPO_ROOT / "pyproject.toml").open("rb") as fh:
+        shutil.copytree(root / part, dst / part, ignore=ignore)
+    pyproject = app_pyproject()
+    if pyproject is None:
+        raise SettingsError(
+            "powerfl: this install has no app pyproject.toml (a wheel built without setup.py's "
+            "copy); reinstall powerfl from its source or a wheel built with `pip wheel`"
+        )
+    with pyproject.open("rb") as fh:
         project = tomllib.load(fh)
+    project.get("project", {}).pop("readme", None)  # Flower packages the app without it
     flwr = project.setdefault("tool", {}).setdefault("flwr", {})
     flwr.pop("federations", None)
     declared = flwr.setdefault("app", {}).setdefault("config", {})
@@ -719,8 +724,7 @@ def _claim_output(config: dict[str, Any], settings: RunSettings) -> tuple[Path |
         return None, private_out
     if config.get(RUN_DIR_KEY):  # the caller named it
         run_dir = Path(config[RUN_DIR_KEY])
-        if (run_dir / "summary.json").exists():
-            raise SettingsError(f"run-dir: {run_dir} already holds a finished run")
+        check_run_records(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
     else:
         from fl_server.results import new_run_dir

@@ -233,7 +233,7 @@ def _open_backend(kind: str, backend: str, seed: int, options: DeviceOptions) ->
         if not options.replay_table:
             raise DeviceUnavailableError(
                 "replay-table: the replay backend needs a measured table (CSV or JSON; "
-                "see configs/replay/README.md)"
+                "see fl_client/configs/replay/README.md)"
             )
         return ReplayDevice.from_file(options.replay_table, kind)
     raise ValueError(f"backend: unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
@@ -314,9 +314,9 @@ def open_device(
 ) -> Device:
     """Open the device ``kind`` through ``backend``.
 
-    ``kind`` names a descriptor in ``configs/devices`` (e.g. ``jetson-nano``); the hardware
-    backends use it as the reported kind (empty: detected). ``backend="auto"`` tries jetson,
-    nvml, replay (when ``options.replay_table`` is set) and the digital twin, in this order,
+    ``kind`` names a descriptor in ``fl_client/configs/devices`` (e.g. ``jetson-nano``); the
+    hardware backends use it as the reported kind (empty: detected). ``backend="auto"`` tries
+    jetson, nvml, replay (when ``options.replay_table`` is set) and the digital twin, in this order,
     and logs why each one passed over was not available. ``seed`` only affects the twin.
     """
     if backend not in BACKENDS:

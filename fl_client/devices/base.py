@@ -155,7 +155,7 @@ class DeviceInfo:
 
     ``b1_bands`` are B1's safe fixed frequencies per cap band (ascending in both cap and
     frequency; the last is normally the no-cap band), from the device kind's descriptor
-    (``configs/devices/<kind>.toml``); empty when no descriptor knows this device.
+    (``fl_client/configs/devices/<kind>.toml``); empty when no descriptor knows this device.
     ``sensor`` is what this device's power readings need per profiled cell (its window and
     sample minimum); ``board_sensor``, on an emulated device (twin, replay) of a kind with a
     descriptor, is the real board's sensor it stands in for: the profiler records the
@@ -211,7 +211,7 @@ class DeviceInfo:
                 _NO_BANDS_LOGGED.add((self.kind, self.backend))
                 log.warning(
                     "B1: no frequency bands known for %s (%s backend; no descriptor "
-                    "configs/devices/%s.toml): using its highest frequency, %g MHz",
+                    "fl_client/configs/devices/%s.toml): using its highest frequency, %g MHz",
                     self.kind,
                     self.backend,
                     self.kind,

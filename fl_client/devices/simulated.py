@@ -3,9 +3,9 @@
 A twin (``SimulatedDevice``) implements the ``Device`` protocol without hardware: every
 training step's ``fn`` runs for real on the host (the model really trains), and the step's
 device time, power and energy come from the model below at the locked GPU frequency, on an
-emulated clock. Each board is described by ``configs/devices/<kind>.toml`` (``DeviceSpec``);
-the model is pure functions of (spec, b, f, FLOPs per sample) so the selector, benchmarks
-and tests can use it without a device.
+emulated clock. Each board is described by ``fl_client/configs/devices/<kind>.toml``
+(``DeviceSpec``); the model is pure functions of (spec, b, f, FLOPs per sample) so the
+selector, benchmarks and tests can use it without a device.
 
 Model (b = batch size, F = training FLOPs per sample, f = GPU frequency in MHz)::
 
@@ -82,6 +82,7 @@ from fl_client.devices.sensors import (
     TWIN_SENSOR,
     ina3221_sensor,
 )
+from fl_client.shipped import shipped_dir
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -90,7 +91,7 @@ else:  # Python 3.10 (JetPack 6): the tomli backport has the same API
 
 BACKEND = "simulated"
 CONFIG_DIR_ENV = "POWERFL_CONFIG_DIR"
-#: The twins shipped in ``configs/devices``; ``available_device_kinds()`` lists what the
+#: The twins shipped in ``fl_client/configs/devices``; ``available_device_kinds()`` lists what the
 #: active config folder holds (``$POWERFL_CONFIG_DIR`` may add more).
 DEVICE_KINDS: tuple[str, ...] = (
     "jetson-nano",
@@ -102,8 +103,6 @@ DEVICE_KINDS: tuple[str, ...] = (
 REF_FLOPS = 1e9
 #: Multiplicative noise is a normal draw clipped at this many standard deviations.
 NOISE_CLIP_SIGMA = 3.0
-
-_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class DeviceSpecError(ValueError):
@@ -257,13 +256,14 @@ class DeviceSpec:
 
 
 def device_config_dir(config_dir: Path | str | None = None) -> Path:
-    """``config_dir`` if given, else ``$POWERFL_CONFIG_DIR``, else the repo's configs/devices."""
+    """``config_dir`` if given, else ``$POWERFL_CONFIG_DIR``, else the twins the package
+    ships (``fl_client/configs/devices``)."""
     if config_dir is not None:
         return Path(config_dir).expanduser()
     env = os.environ.get(CONFIG_DIR_ENV, "").strip()
     if env:
         return Path(env).expanduser()
-    return _REPO_ROOT / "configs" / "devices"
+    return shipped_dir("devices")
 
 
 def available_device_kinds(config_dir: Path | str | None = None) -> tuple[str, ...]:

@@ -1,6 +1,7 @@
 """Research experiments: studies from TOML files, resumable records, tables, plots, reports.
 
-``powerfl experiment run configs/experiments/NAME.toml`` and ``powerfl experiment report DIR``
+``powerfl experiment run NAME`` (a shipped ``fl_client/configs/experiments/NAME.toml``, or
+any experiment file) and ``powerfl experiment report DIR``
 (``cli``) dispatch through one registry (``registry``) of ``Study`` plugins (``study``):
 
 * single-device: ``single_device_config``, ``single_device``, ``single_device_report``;

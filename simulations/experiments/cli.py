@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from fl_client.settings import REPO_ROOT, tomllib
+from fl_client.settings import tomllib
 from simulations.experiments.config import (
     SCALES,
     ExperimentConfigError,
@@ -45,9 +45,9 @@ def _versions() -> dict[str, str]:
 
 
 def default_out(cfg: StudyConfig) -> Path:
-    """``runs/experiments/NAME-SCALE`` in the app folder: a default, like ``simulate``'s
-    ``runs`` (an ``--out`` a user types is relative to the current directory)."""
-    return REPO_ROOT / "runs" / "experiments" / f"{cfg.name}-{cfg.scale}"
+    """``runs/experiments/NAME-SCALE`` in the current folder, like ``simulate``'s ``runs``
+    (an ``--out`` a user types is relative to the current directory too)."""
+    return Path.cwd() / "runs" / "experiments" / f"{cfg.name}-{cfg.scale}"
 
 
 def output_folder(path: str | Path, file: FileOptions | None = None) -> Path:
@@ -201,18 +201,19 @@ def add_experiment_commands(sub: Any) -> None:
     p = sub.add_parser(
         "experiment",
         help="research experiments: run a study from a TOML file, render its report",
-        description="Run a study (configs/experiments/*.toml) with tables and plots, resumably.",
+        description="Run a study (an experiment TOML file, or a shipped one's name: "
+        "fl_client/configs/experiments) with tables and plots, resumably.",
     )
     esub = p.add_subparsers(dest="experiment_command", required=True)
     r = esub.add_parser("run", help="run (or resume) an experiment file")
     r.add_argument(
         "experiment",
-        help="experiment file, e.g. configs/experiments/single-device.toml or federated.toml",
+        help="experiment file, or a shipped experiment's name, e.g. single-device or federated",
     )
     r.add_argument(
         "--out",
         help="output folder, relative to the current directory (default: "
-        "runs/experiments/NAME-SCALE in the app folder)",
+        "runs/experiments/NAME-SCALE in the current folder)",
     )
     r.add_argument("--seeds", type=int, help="number of seeds (overrides the file)")
     r.add_argument("--scale", choices=SCALES, default="mini", help="mini (default) or paper")

@@ -20,7 +20,8 @@ from typing import Any
 
 from fl_client import selector
 from fl_client.devices import key_hint
-from fl_client.settings import tomllib
+from fl_client.settings import fleet_path, tomllib
+from fl_client.shipped import shipped_file, shipped_names
 
 SCALES = ("mini", "paper")
 #: Methods of the studies, in report order.
@@ -34,9 +35,11 @@ METHOD_LABELS = {
 #: Where a study's training runs may execute ("auto": CUDA when available, else the CPU).
 TORCH_DEVICES = ("cpu", "cuda", "auto")
 #: Keys of the studies that are paths. Given with ``--set`` (typed by a user) a relative one
-#: is made absolute against the current directory, as on every command line; written in
-#: an experiment file it is left as the study reads it (a fleet: from the app folder).
+#: is made absolute against the current directory, as on every command line; a fleet
+#: written in an experiment file is relative to the file's folder, or a shipped fleet's
+#: name (``fl_client.settings.fleet_path``).
 PATH_KEYS = ("fleet", "varying-cap-fleet", "drift-fleet", "data-root")
+FLEET_KEYS = ("fleet", "varying-cap-fleet", "drift-fleet")
 
 
 class ExperimentConfigError(ValueError):
@@ -241,6 +244,11 @@ def merge_scale(
     check_keys(base, where, "experiment", defaults)
     check_keys(override, where, f"scale.{options.scale}", defaults)
     merged: dict[str, Any] = {**defaults, **base, **override}
+    file_dir = Path(where).absolute().parent
+    for key in FLEET_KEYS:
+        value = {**base, **override}.get(key)
+        if isinstance(value, str) and value.strip():
+            merged[key] = str(fleet_path(value.strip(), file_dir))
     if options.sets:
         unknown = sorted(set(options.sets) - set(defaults))
         if unknown:
@@ -248,7 +256,9 @@ def merge_scale(
         merged.update(options.sets)
         for key in PATH_KEYS:
             value = options.sets.get(key)
-            if isinstance(value, str) and value.strip():
+            if isinstance(value, str) and value.strip() and key in FLEET_KEYS:
+                merged[key] = str(fleet_path(value.strip()))
+            elif isinstance(value, str) and value.strip():
                 merged[key] = str(Path(value).expanduser().absolute())
     if options.seeds is not None:
         merged["seeds"] = options.seeds
@@ -259,9 +269,17 @@ def read_experiment_file(path: str | Path) -> tuple[dict[str, Any], str]:
     """The parsed TOML of an experiment file and its name for messages; a missing file or
     bad TOML is an ``ExperimentConfigError`` naming the file."""
     p = Path(path)
+    shipped = shipped_file("experiments", str(path))
+    if not p.exists() and shipped is not None:
+        p = shipped
     where = str(p)
     if not p.is_file():
-        raise ExperimentConfigError(f"{where}: experiment file not found")
+        what = "is a folder, not an experiment file" if p.is_dir() else "experiment file not found"
+        names = ", ".join(shipped_names("experiments"))
+        raise ExperimentConfigError(
+            f"{where}: {what}; give an experiment TOML file or a shipped experiment's name "
+            f"({names})"
+        )
     try:
         return tomllib.loads(p.read_text(encoding="utf-8")), where
     except tomllib.TOMLDecodeError as exc:

@@ -45,12 +45,11 @@ from pathlib import Path
 from typing import Any
 
 from fl_client.settings import (
-    REPO_ROOT,
     RunSettings,
     SettingsError,
     fleet_entry_paths,
+    fleet_path,
     parse_p_max_schedule,
-    resolve_path,
     tomllib,
 )
 from simulations.experiments import federated_report
@@ -72,7 +71,7 @@ NOTE = (
     "keeps a test split, the clients' pool is split over the fleet's nodes by the run's "
     "partitioning (Dirichlet over labels for non-IID) per seed; the server's proxy set for r "
     "is a disjoint slice. Models start from random weights seeded per seed. Device time, "
-    "power and energy come from the digital twins in configs/devices (calibrated to the "
+    "power and energy come from the digital twins in fl_client/configs/devices (calibrated to the "
     "paper's Nano points; the other twins' coefficients are assumptions, see their TOML)."
 )
 #: A round's console line (``fl_server.results``), for the progress display.
@@ -124,7 +123,7 @@ class Cell:
 def fixed_at_minimum_fleet(path: str | Path) -> str:
     """The fleet file ``path`` with every ``p-max-schedule`` replaced by ``p-max-w`` = the
     schedule's lowest cap (TOML text; node order, names and counts unchanged)."""
-    p = resolve_path(str(path))
+    p = fleet_path(str(path))
     data = tomllib.loads(p.read_text(encoding="utf-8"))
     lines = [
         f"# Derived by the federated study from {p.name}: every p-max-schedule replaced by",
@@ -156,9 +155,9 @@ def _toml_value(v: Any) -> str:
 def _fleets(cfg: FederatedConfig, out: Path) -> dict[str, Path]:
     """The fleet files the cells run on; writes the derived fixed-at-minimum fleet to
     ``out/fleets/`` when the varying-cap scenario is on."""
-    fleets: dict[str, Path] = {"main": resolve_path(cfg.fleet)}
+    fleets: dict[str, Path] = {"main": fleet_path(cfg.fleet)}
     if "varying-cap" in cfg.scenarios:
-        fleets["schedule"] = resolve_path(cfg.varying_cap_fleet)
+        fleets["schedule"] = fleet_path(cfg.varying_cap_fleet)
         derived = out / "fleets" / f"{fleets['schedule'].stem}-fixed-at-minimum.toml"
         derived.parent.mkdir(parents=True, exist_ok=True)
         text = fixed_at_minimum_fleet(fleets["schedule"])
@@ -166,7 +165,7 @@ def _fleets(cfg: FederatedConfig, out: Path) -> dict[str, Path]:
             derived.write_text(text, encoding="utf-8")
         fleets["fixed-min"] = derived.resolve()
     if "drift" in cfg.scenarios:
-        fleets["drift"] = resolve_path(cfg.drift_fleet)
+        fleets["drift"] = fleet_path(cfg.drift_fleet)
     return fleets
 
 
@@ -233,8 +232,7 @@ def _child(simulate: Simulate, overrides: dict[str, Any], work: str) -> None:
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(line_buffering=True)
-    os.chdir(REPO_ROOT)
-    flower_env(REPO_ROOT / ".flwr")
+    flower_env(Path.cwd() / ".flwr")
     # SIGTERM (a timeout, Ctrl-C on the study) stops the engine's own processes too: the
     # Simulation Runtime's SuperLink and SuperExec run in sessions of their own, beyond
     # this process group

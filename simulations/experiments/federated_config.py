@@ -12,8 +12,8 @@ from fl_client.settings import (
     PROFILE_GRIDS,
     RunSettings,
     SettingsError,
+    fleet_path,
     load_fleet,
-    resolve_path,
 )
 from simulations.experiments.config import (
     STUDY_METHODS,
@@ -43,7 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "name": None,
     "study": None,
     "description": "",
-    "fleet": "configs/fleets/default.toml",
+    "fleet": "default",
     "methods": list(STUDY_METHODS),
     "seeds": 3,
     "model": "cnn",
@@ -62,8 +62,8 @@ DEFAULTS: dict[str, Any] = {
     "scenarios": list(SCENARIOS),
     "scenario-method": "power-aware",
     "pacing-margin": 0.05,
-    "varying-cap-fleet": "configs/fleets/varying-cap.toml",
-    "drift-fleet": "configs/fleets/drift.toml",
+    "varying-cap-fleet": "varying-cap",
+    "drift-fleet": "drift",
     "drift-check-every": 2,
     "drift-threshold": 0.15,
     "cell-timeout-s": 1800,
@@ -203,7 +203,7 @@ def _check_fleets(cfg: FederatedConfig, where: str) -> None:
                 f"{path}: no node has twin-slowdown > 1 or twin-extra-power-w > 0 (no drift)",
             )
         for seed in cfg.seed_list():
-            overrides = {**cfg.base_overrides(), "fleet": str(resolve_path(path)), "seed": seed}
+            overrides = {**cfg.base_overrides(), "fleet": str(fleet_path(path)), "seed": seed}
             try:
                 check_partitions(RunSettings.from_config(overrides), len(nodes))
             except SettingsError as exc:

@@ -28,7 +28,7 @@ def test_defaults_come_from_pyproject() -> None:
     s = RunSettings.from_config({})
     assert s.method == "power-aware"
     assert s.batch_sizes == [4, 8, 16, 32, 64, 128]
-    assert s.fleet == "configs/fleets/default.toml"
+    assert s.fleet == "default"  # a shipped fleet's name
     assert s.dataset == "digits"
     assert (s.r_eval_every_samples, s.r_max_samples) == (256, 40_000)
     assert not hasattr(s, "extra")
@@ -115,7 +115,7 @@ def test_batch_sizes_list_form() -> None:
 
 
 def test_default_fleet_is_heterogeneous() -> None:
-    fleet = load_fleet("configs/fleets/default.toml")
+    fleet = load_fleet("default")  # a shipped fleet, by name
     assert len(fleet) >= 8
     assert len({n.device for n in fleet}) >= 3
     caps = [n.p_max for n in fleet]
@@ -143,6 +143,9 @@ def test_fleet_errors(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="is not valid TOML"):
         load_fleet(bad)
     bad.write_text('title = "no nodes"\n')
+    with pytest.raises(SettingsError, match=r"unknown key 'title'; known keys: node"):
+        load_fleet(bad)
+    bad.write_text("# no nodes\n")
     with pytest.raises(SettingsError, match=r"has no \[\[node\]\] tables"):
         load_fleet(bad)
     bad.write_text('[[node]]\ndevice = "jetson-nano"\ncount = 0\n')
@@ -196,7 +199,7 @@ def test_node_settings_from_node_config_or_fleet() -> None:
         None,
     )
     assert (node.device, node.p_max, pid, num) == ("jetson-nano", Cap(5.0), 2, 4)
-    fleet = load_fleet("configs/fleets/default.toml")
+    fleet = load_fleet("default")  # a shipped fleet, by name
     node, pid, _ = node_settings({"partition-id": 1, "num-partitions": len(fleet)}, fleet)
     assert node == fleet[1] and pid == 1
     with pytest.raises(SettingsError, match="partition-id: 99 has no node"):
@@ -230,7 +233,7 @@ def test_backend_options_in_fleet_and_node_config_reach_the_device_options(
 
 
 REPLAY_EXAMPLE = Path(__file__).resolve().parents[2] / (
-    "configs/replay/example-illustrative-jetson-nano-resnet18.csv"
+    "fl_client/configs/replay/example-illustrative-jetson-nano-resnet18.csv"
 )
 
 
@@ -242,7 +245,7 @@ def test_relative_paths_in_a_fleet_file_are_relative_to_its_folder(
     from fl_client.devices import DeviceOptions, open_device
     from fl_client.devices.replay import ReplayDevice
 
-    folder = tmp_path / "configs" / "fleets"
+    folder = tmp_path / "fl_client" / "configs" / "fleets"
     (folder / "traces").mkdir(parents=True)
     (folder / "traces" / "solar.csv").write_text("round,p-max-w\n1,7\n2,4.5\n3,none\n")
     (folder / "tables").mkdir()

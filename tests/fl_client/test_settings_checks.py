@@ -19,10 +19,12 @@ from fl_client.settings import (
     RunSettings,
     SettingsError,
     check_before_start,
+    check_partitioner_keys,
     check_writable_dir,
     load_fleet,
     node_settings,
 )
+from fl_client.shipped import shipped_dir
 
 
 def _fleet(tmp_path: Path, *entries: str) -> Path:
@@ -150,7 +152,7 @@ def test_unknown_keys_are_refused_everywhere_with_the_nearest_key(tmp_path: Path
         DeviceOptions.from_config({"sample-rate": 10})
     folder = tmp_path / "devices"
     folder.mkdir()
-    text = (REPO_ROOT / "configs" / "devices" / "jetson-nano.toml").read_text()
+    text = (REPO_ROOT / "fl_client" / "configs" / "devices" / "jetson-nano.toml").read_text()
     (folder / "jetson-nano.toml").write_text(text.replace("[power]", "[power]\nidle-watts = 1"))
     with pytest.raises(DeviceSpecError, match=r"power\.idle-watts: unknown key.*did you mean"):
         load_device_spec("jetson-nano", folder)
@@ -204,3 +206,154 @@ def test_round_plan_settings_default_to_todays_rule(tmp_path: Path) -> None:
     s = RunSettings.from_config({})
     assert (s.balance, s.straggler_work, s.round_deadline_s) == ("off", 1.0, 0.0)
     _check(tmp_path, _fleet(tmp_path, NANO, ORIN), balance="samples", straggler_work=0.5)
+
+
+# ------------------------------------------------------- the shape of every file given
+
+
+ORIN6 = 'name = "orin-6w"\ndevice = "jetson-orin-nano"\np-max-w = 6.0'
+
+
+def _fleet_file(tmp_path: Path, text: str, name: str = "fleet.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _nodes(*entries: str) -> str:
+    return "\n".join(f"[[node]]\n{e}\n" for e in entries)
+
+
+# ------------------------------------------------------------------------ the fleet file
+
+
+def test_a_fleet_of_strings_names_the_file_and_the_form(tmp_path: Path) -> None:
+    fleet = _fleet_file(tmp_path, 'node = ["a", "b"]\n', "strings.toml")
+    with pytest.raises(SettingsError) as err:
+        load_fleet(fleet)
+    msg = str(err.value)
+    assert msg.startswith("fleet strings.toml node #1: node: expected a [[node]] table")
+    assert "got str 'a'" in msg and "not node = [...]" in msg
+
+
+def test_a_fleet_with_an_unknown_table_or_none_at_all_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match=r"unknown key 'nodes' \(did you mean node\?\)"):
+        load_fleet(_fleet_file(tmp_path, "[[nodes]]\n" + NANO + "\n", "typo.toml"))
+    with pytest.raises(SettingsError, match=r"has no \[\[node\]\] tables; a fleet file has one"):
+        load_fleet(_fleet_file(tmp_path, "", "empty.toml"))
+
+
+def test_an_empty_cap_is_refused_not_run_uncapped(tmp_path: Path) -> None:
+    fleet = _fleet_file(tmp_path, _nodes('name = "n"\ndevice = "jetson-nano"\np-max-w = ""'))
+    with pytest.raises(SettingsError) as err:
+        load_fleet(fleet)
+    assert "(n): p-max-w: empty; give a number of watts > 0 (e.g. 5.0), or 'none'" in str(err.value)
+    assert load_fleet(_fleet_file(tmp_path, _nodes(NANO), "ok.toml"))[0].p_max.watts == 5.0
+
+
+def test_a_schedule_csv_with_an_empty_cap_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "trace.csv").write_text("round,p-max-w\n1,7\n2,\n")
+    fleet = _fleet_file(
+        tmp_path, _nodes('name = "s"\ndevice = "jetson-nano"\np-max-schedule = "trace.csv"')
+    )
+    with pytest.raises(SettingsError, match=r"\(s\): p-max-schedule: round 2 has no cap"):
+        load_fleet(fleet)
+
+
+def test_a_fleet_path_that_is_a_folder_is_named_as_such(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="is a folder, not a fleet file"):
+        load_fleet(tmp_path)
+
+
+# ------------------------------------------------------------- device files, replay tables
+
+
+def test_every_nodes_device_file_invalid_is_one_clear_error_before_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "devices"
+    folder.mkdir()
+    for spec in shipped_dir("devices").glob("*.toml"):
+        (folder / spec.name).write_text(spec.read_text())
+    nano = folder / "jetson-nano.toml"
+    nano.write_text(nano.read_text().replace("[power]", "[power]\nidle-watts = 1"))
+    monkeypatch.setenv("POWERFL_CONFIG_DIR", str(folder))
+    fleet = _fleet_file(tmp_path, _nodes(NANO, 'name = "nano-2"\ndevice = "jetson-nano"'))
+    with pytest.raises(SettingsError) as err:
+        _check(tmp_path, fleet)
+    msg = str(err.value)
+    assert msg.startswith("device: node nano (jetson-nano): ")
+    assert "jetson-nano.toml" in msg and "idle-watts: unknown key" in msg
+
+
+def test_a_replay_table_that_does_not_read_is_refused_before_start(tmp_path: Path) -> None:
+    (tmp_path / "bad.csv").write_text("this,is,not\na,replay,table\n")
+    fleet = _fleet_file(
+        tmp_path,
+        _nodes(
+            NANO,
+            'name = "r"\ndevice = "jetson-nano"\nbackend = "replay"\n'
+            'replay-table = "bad.csv"\np-max-w = 5',
+        ),
+    )
+    with pytest.raises(SettingsError, match=r"^replay-table: node r: .*bad\.csv"):
+        _check(tmp_path, fleet)
+
+
+# --------------------------------------------------------------- methods against nodes
+
+
+@pytest.mark.parametrize("method", ["b1", "b2"])
+def test_a_band_method_below_a_nodes_lowest_band_names_node_and_choices(
+    tmp_path: Path, method: str
+) -> None:
+    fleet = _fleet_file(tmp_path, _nodes(NANO, ORIN6))
+    with pytest.raises(SettingsError) as err:
+        _check(tmp_path, fleet, method=method)
+    msg = str(err.value)
+    assert f"method: {method} cannot serve 1 node(s): orin-6w (jetson-orin-nano, cap 6 W <" in msg
+    assert "its lowest band 7 W" in msg
+    assert f"drop {method}" in msg and "raise the node's cap" in msg
+    assert "-c allow-untrained-nodes=true" in msg
+    _check(tmp_path, fleet, method=method, **{"allow-untrained-nodes": True})  # accepted
+    _check(tmp_path, fleet, method="power-aware")  # the method that can serve it
+
+
+def test_a_schedule_step_below_the_band_counts_too(tmp_path: Path) -> None:
+    fleet = _fleet_file(
+        tmp_path,
+        _nodes(NANO, 'name = "o"\ndevice = "jetson-orin-nano"\np-max-schedule = "1:15,3:6.5"'),
+    )
+    with pytest.raises(SettingsError, match=r"o \(jetson-orin-nano, cap 6\.5 W < its lowest"):
+        _check(tmp_path, fleet, method="b1")
+
+
+# -------------------------------------------------------------------- typed run settings
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [
+        ("fixed-batch-size", "abc", "fixed-batch-size: expected a batch size ≥ 1 (0: not set)"),
+        ("fixed-batch-size", 3.5, "fixed-batch-size: expected a batch size ≥ 1"),
+        ("fixed-freq-mhz", "fast", "fixed-freq-mhz: expected a GPU frequency in MHz > 0"),
+        ("fixed-freq-mhz", -5, "fixed-freq-mhz: expected a GPU frequency in MHz > 0"),
+    ],
+)
+def test_fixed_settings_of_the_wrong_type_name_the_key(
+    key: str, value: object, needle: str
+) -> None:
+    with pytest.raises(SettingsError) as err:
+        RunSettings.from_config(
+            {"method": "fixed", "fixed-batch-size": 8, "fixed-freq-mhz": 460.8, key: value}
+        )
+    assert needle in str(err.value)
+
+
+def test_a_partitioners_setting_for_another_partitioner_is_refused() -> None:
+    with pytest.raises(SettingsError, match=r"classes-per-node: only partitioning = 'patholog"):
+        check_partitioner_keys({"classes-per-node": 3})  # the default is dirichlet
+    with pytest.raises(SettingsError, match=r"dirichlet-alpha: .* partitioning is 'iid'"):
+        check_partitioner_keys({"partitioning": "iid", "dirichlet-alpha": 0.1})
+    check_partitioner_keys({"partitioning": "pathological", "classes-per-node": 3})
+    check_partitioner_keys({"dirichlet-alpha": 0.1})

@@ -144,9 +144,8 @@ def test_export_of_an_ambiguous_kind_names_the_candidates(tmp_path: Path) -> Non
 def test_the_library_defaults_to_simulates_cache_and_typed_paths_follow_the_cwd(
     tmp_path, monkeypatch
 ):
-    from fl_client.settings import REPO_ROOT
     from fl_server.lut_cli import library_dir
 
     monkeypatch.chdir(tmp_path)
-    assert library_dir(None) == REPO_ROOT / ".powerfl-cache" / "library"
+    assert library_dir(None) == tmp_path / ".powerfl-cache" / "library"
     assert library_dir("lib") == tmp_path / "lib"

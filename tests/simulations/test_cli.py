@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -175,7 +177,38 @@ def test_a_run_dir_that_holds_a_finished_run_is_refused(tmp_path, capsys):
     (done / "summary.json").write_text("{}")
     rc = main(["simulate", "--methods", "b1", "-c", f"run-dir='{done}'"])
     assert rc == 2
-    assert f"run-dir: {done} already holds a finished run" in capsys.readouterr().err
+    assert f"run-dir: {done} already holds another run's records (summary.json)" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_run_dir_another_run_holds_or_wrote_rounds_into_is_refused(tmp_path, capsys, monkeypatch):
+    """Two runs given one run-dir: the second is refused while the first runs (its lock)
+    and after it wrote rounds (an interrupted run's folder), never mixed into one file."""
+    import subprocess
+
+    from fl_client.files import RUN_LOCK, claim_run_folder, release_run_folder
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "shared"
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        folder.mkdir()
+        (folder / RUN_LOCK).write_text(f"{other.pid} 2026-01-01T00:00:00\n")
+        rc = main(["simulate", "--methods", "b1", "-c", f"run-dir='{folder}'", "--rounds", "1"])
+        err = capsys.readouterr().err
+        assert rc == 2
+        assert f"run-dir: {folder} belongs to a run in progress (process {other.pid}" in err
+    finally:
+        other.kill()
+        other.wait()
+    claim_run_folder(folder)  # the lock of a process that is gone is taken over
+    assert (folder / RUN_LOCK).read_text().split()[0] == str(os.getpid())
+    release_run_folder(folder)
+    assert not (folder / RUN_LOCK).exists()
+    (folder / "rounds.jsonl").write_text('{"round": 1}\n')
+    assert main(["simulate", "--methods", "b1", "-c", f"run-dir='{folder}'"]) == 2
+    assert "already holds another run's records (rounds.jsonl)" in capsys.readouterr().err
 
 
 def test_the_runtime_engine_refuses_an_old_flower_before_any_run(tmp_path, capsys, monkeypatch):
@@ -230,3 +263,23 @@ def test_the_runtime_engine_runs_through_run_in_runtime_and_keeps_the_split(
     assert Path(calls["overrides"]["fleet"]).is_absolute()
     assert "data split of digits over" in capsys.readouterr().out
     assert (run_dir / "split.json").is_file()
+
+
+def test_a_ray_address_with_nothing_listening_fails_in_seconds_naming_it(
+    tmp_path, capsys, monkeypatch
+):
+    import socket
+    import time
+
+    monkeypatch.chdir(tmp_path)
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    rc = main(["simulate", "--methods", "b1", "--ray-address", f"127.0.0.1:{port}"])
+    assert rc == 2
+    assert time.monotonic() - t0 < 30  # it used to wait with no word past 240 s
+    err = capsys.readouterr().err
+    assert f"--ray-address: nothing answers at 127.0.0.1:{port} (" in err
+    assert "ray start --head" in err
+    assert not (tmp_path / "runs").exists()

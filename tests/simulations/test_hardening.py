@@ -20,8 +20,9 @@ import pytest
 
 from fl_client.contract import TrainConfig
 from fl_client.settings import REPO_ROOT
+from fl_client.shipped import shipped_dir
 from simulations import cli, run
-from simulations.cli import choose_methods, main, typed_paths
+from simulations.cli import choose_methods, main
 from strategies.power_aware import PowerAwareFedAvg
 
 TWO = (
@@ -334,7 +335,7 @@ def test_a_signal_ends_simulate_in_one_line_with_no_process_left(
 
 @pytest.mark.slow
 def test_sigterm_ends_experiment_run_in_one_line(tmp_path: Path) -> None:
-    study = REPO_ROOT / "configs" / "experiments" / "single-device.toml"
+    study = REPO_ROOT / "fl_client" / "configs" / "experiments" / "single-device.toml"
     proc = _powerfl(tmp_path, "experiment", "run", str(study), "--out", "exp", "--no-progress")
     manifest = _wait_for(proc, "exp/manifest.json", tmp_path, timeout_s=240)
     children = psutil.Process(proc.pid).children(recursive=True)
@@ -469,18 +470,23 @@ def test_a_node_whose_device_cannot_be_opened_is_named_and_fails_the_run(
 # -------------------------------------------------------------- §7: small and visible
 
 
-def test_typed_paths_are_relative_to_the_current_directory(
+def test_every_path_setting_is_relative_to_the_current_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    typed = typed_paths({"fleet": "f.toml", "output-dir": "out", "cache-dir": "~/c", "seed": 1})
+    (tmp_path / "f.toml").write_text(ONE)
+    typed = run.with_app_paths(
+        {"fleet": "f.toml", "output-dir": "out", "cache-dir": "~/c", "dataset": "d/x.npz"}
+    )
     assert typed["fleet"] == str(tmp_path / "f.toml")
     assert typed["output-dir"] == str(tmp_path / "out")
     assert typed["cache-dir"] == str(Path.home() / "c")
-    defaults = run.with_app_paths({})  # what nobody typed: the app folder's
-    assert defaults["fleet"] == str(REPO_ROOT / "configs" / "fleets" / "default.toml")
-    assert defaults["output-dir"] == str(REPO_ROOT / "runs")
-    assert defaults["cache-dir"] == str(REPO_ROOT / ".powerfl-cache")
+    assert typed["dataset"] == str(tmp_path / "d" / "x.npz")  # a path, whoever reads it
+    defaults = run.with_app_paths({})  # what nobody typed: here too, the fleet shipped
+    assert defaults["fleet"] == str(shipped_dir("fleets") / "default.toml")
+    assert defaults["output-dir"] == str(tmp_path / "runs")
+    assert defaults["cache-dir"] == str(tmp_path / ".powerfl-cache")
+    assert run.with_app_paths({"dataset": "digits"})["dataset"] == "digits"  # a name
 
 
 def test_a_relative_fleet_is_read_from_the_current_directory(
@@ -501,7 +507,7 @@ def test_flwr_home_is_relative_to_the_current_directory(
     assert os.environ["FLWR_HOME"] == str(tmp_path / "home")
     monkeypatch.delenv("FLWR_HOME")
     run.flower_env()
-    assert os.environ["FLWR_HOME"] == str(REPO_ROOT / ".flwr")
+    assert os.environ["FLWR_HOME"] == str(tmp_path / ".flwr")  # the default: here too
 
 
 def test_a_bad_command_fails_without_importing_torch_or_flower(tmp_path: Path) -> None:
@@ -517,3 +523,45 @@ def test_a_bad_command_fails_without_importing_torch_or_flower(tmp_path: Path) -
     )
     assert out.stdout.strip() == "2 []", out.stderr
     assert "unknown key 'frobnicate'" in out.stderr
+
+
+def test_a_method_that_cannot_serve_a_node_exits_2_before_any_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "f.toml").write_text(
+        '[[node]]\nname = "nano"\ndevice = "jetson-nano"\np-max-w = 5\n'
+        '[[node]]\nname = "orin-6w"\ndevice = "jetson-orin-nano"\np-max-w = 6.0\n'
+    )
+    rc = main(["simulate", "--fleet", "f.toml", "--methods", "power-aware,b1"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "method: b1 cannot serve 1 node(s): orin-6w (jetson-orin-nano, cap 6 W" in err
+    assert not (tmp_path / "runs").exists()  # power-aware did not run first
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["-c", "classes-per-node=3"], "classes-per-node: only partitioning = 'pathological'"),
+        (["-c", "partitioning=iid", "-c", "dirichlet-alpha=0.1"], "dirichlet-alpha: only"),
+        (
+            ["--methods", "fixed", "-c", "fixed-batch-size=abc", "-c", "fixed-freq-mhz=460.8"],
+            "fixed-batch-size: expected a batch size ≥ 1",
+        ),
+        (
+            ["--methods", "fixed", "-c", "fixed-batch-size=8", "-c", "fixed-freq-mhz=fast"],
+            "fixed-freq-mhz: expected a GPU frequency in MHz > 0",
+        ),
+    ],
+)
+def test_typed_settings_nothing_would_read_or_of_the_wrong_type_exit_2(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    needle: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["simulate", *args]) == 2
+    assert needle in capsys.readouterr().err

@@ -174,10 +174,13 @@ def test_environment_keeps_ray_private_unless_given_a_cluster(tmp_path: Path) ->
     assert runtime.runtime_env(tmp_path, "10.0.0.5:6379")["RAY_ADDRESS"] == "10.0.0.5:6379"
 
 
-def test_paths_are_made_absolute_against_the_app_folder() -> None:
+def test_paths_are_made_absolute_against_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
     out = runtime.with_app_paths({"output-dir": "elsewhere"})
-    assert out["output-dir"] == str(REPO_ROOT / "elsewhere")
-    assert out["fleet"] == str(REPO_ROOT / "configs/fleets/default.toml")
+    assert out["output-dir"] == str(tmp_path / "elsewhere")
+    assert out["fleet"] == str(REPO_ROOT / "fl_client/configs/fleets/default.toml")
 
 
 def test_stream_takes_the_run_id_and_relays_the_log_without_flowers_notes(
