@@ -267,8 +267,7 @@ def selector_fn(grid: Grid, r: Sequence[float], peak_sigma_k: float = 0.0) -> Ch
                 lut_power_w=peak_w,
                 lut_peak_sigma_w=sigma_w,
                 r=list(r),
-                p_max_w=cap_w,
-                cap_margin=CAP_MARGIN,
+                p_max_w=selector.PowerLimit(cap_w, CAP_MARGIN),
                 rule=rule,
             )
         except selector.InfeasibleCapError:

@@ -110,7 +110,9 @@ def _under(cap: Cap, cap_margin: float) -> str:
     """``"P_max 5 W"`` or ``"P_max 5 W less cap-margin 5% (4.75 W)"``."""
     text = f"P_max {cap.label}"
     if cap.capped and cap_margin > 0:
-        text += f" less cap-margin {100 * cap_margin:g}% ({cap.selection_w(cap_margin):.4g} W)"
+        text += (
+            f" less cap-margin {100 * cap_margin:g}% ({cap.with_margin(cap_margin).limit_w:.4g} W)"
+        )
     return text
 
 
@@ -332,7 +334,7 @@ def format_lut(lut: Any, p_max_w: float | None = None, peak_sigma_k: float = PEA
 
     from fl_client.selector import feasible_cells
 
-    cap = p_max_w if p_max_w is not None else lut.selection_cap_w
+    cap = p_max_w if p_max_w is not None else (lut.limit.limit_w if lut.limit.capped else None)
     sigma_w = lut.peak_sigma_w
     has_sigma = bool(np.isfinite(sigma_w).any())
     infeasible = ~feasible_cells(lut.peak_power_w, cap, peak_sigma_w=sigma_w,
@@ -675,9 +677,8 @@ def cmd_select(
                 lut.knob,
             ),
             r=r,
-            p_max_w=cap.watts,
+            p_max_w=cap.with_margin(cap_margin),
             rule=rule,
-            cap_margin=cap_margin,
             b1_freq_cap_mhz=b1_cap,
             fixed_batch_size=args.fixed_batch_size,
             fixed_freq_mhz=args.fixed_freq_mhz,

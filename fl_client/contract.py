@@ -22,12 +22,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from fl_client.selector import PowerLimit
+
 #: The selection rules a round can run (``fl_client.selector.select`` implements each).
 METHODS = ("power-aware", "b1", "b2", "oracle", "fixed")
 
 #: Version of the record files (rounds.jsonl, nodes.jsonl, summary.json). 2: kebab-case
-#: rounds.jsonl, training and profiling energy apart, caps and unknowns as null.
-RECORD_VERSION = 2
+#: rounds.jsonl, training and profiling energy apart, caps and unknowns as null. 3: the
+#: headline fleet energy counts idle waiting by ``idle-accounting`` (``*-busy-energy-j``:
+#: training + profiling, ``*-idle-energy-j``: idle waiting, once ``*-wait-energy-j``), and
+#: each round's energy by node role (critical, slack).
+RECORD_VERSION = 3
 
 
 class SettingsError(ValueError):
@@ -110,11 +115,13 @@ class Cap:
         """The form a user types in a setting: ``"4.5"`` or ``"none"``."""
         return f"{self.watts:g}" if self.capped else "none"
 
-    def selection_w(self, cap_margin: float) -> float:
-        """What profiled peaks must stay below: P_max less ``cap_margin`` (inf without a cap)."""
-        if not 0.0 <= cap_margin < 1.0:
-            raise SettingsError(f"cap-margin: expected a number in [0, 1), got {cap_margin!r}")
-        return self.watts * (1.0 - cap_margin)
+    def with_margin(self, cap_margin: float) -> PowerLimit:
+        """This cap with ``cap-margin``: the one value every check below the node judges
+        profiled peaks by (``PowerLimit.limit_w``: P_max less its margin, inf without a cap)."""
+        try:
+            return PowerLimit(self.watts, cap_margin)
+        except ValueError as err:
+            raise SettingsError(str(err)) from None
 
     def to_wire(self) -> float:
         return float(self.watts)
@@ -184,6 +191,13 @@ def _floats(value: Any) -> tuple[float, ...]:
     return tuple(float(x) for x in value)
 
 
+def _flag(value: object) -> bool:
+    """A boolean of a record: True / False (or 1 / 0)."""
+    if isinstance(value, bool) or value in (0, 1):
+        return bool(value)
+    raise TypeError(f"expected a boolean, got {value!r}")
+
+
 def _positive(value: object, key: str) -> float:
     try:
         x = float(value)  # type: ignore[arg-type]
@@ -202,8 +216,9 @@ class TrainConfig:
     """The TRAIN config one node gets for one round (server → node).
 
     ``batch_sizes`` is B restricted to what fits the node's memory and ``r`` is aligned
-    with it (Eq. 3). ``deadline_s`` and ``time_calibration`` come with deadline pacing from
-    round 2; ``fixed_*`` only with ``method = "fixed"``.
+    with it (Eq. 3). ``deadline_s`` and ``time_calibration`` come with deadline pacing or
+    the round plan (``balance``) from round 2, and with the plan ``critical``: whether this
+    node sets the round's pace; ``fixed_*`` only with ``method = "fixed"``.
     """
 
     server_round: int
@@ -221,6 +236,8 @@ class TrainConfig:
     #: Fleet-shared profiling: the LUT of the node's kind (``fl_client.lut.LUT`` JSON), to
     #: select from after verifying the chosen cell; None: the node profiles its own.
     kind_lut: str | None = None
+    #: The round plan: this node sets the round's pace (it takes its fastest cell)
+    critical: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -281,6 +298,7 @@ class TrainConfig:
             deadline_s=opt("deadline-s", float),
             time_calibration=_as(cfg.get("time-calibration", 1.0), float, "time-calibration"),
             kind_lut=opt("kind-lut", str),
+            critical=_as(cfg.get("critical", False), _flag, "critical"),
         )
 
 
@@ -408,6 +426,10 @@ class TrainReport:
     # The trained round's peak power against its LUT cell (peak + peak-sigma-k·σ)
     lut_power_deviation: float | None = None
     lut_set_aside: float | None = None
+    # Local work: the optimizer steps of the round's training and their learning rate
+    # (FedNova's normalisation, ``strategies.fednova``; absent from older nodes)
+    local_steps: float | None = None
+    local_lr: float | None = None
 
     @property
     def cap(self) -> Cap:
@@ -612,11 +634,16 @@ class RoundRow:
     loss: float
     round_time_s: float
     sim_time_s: float
-    round_energy_j: float  # training and profiling, summed over nodes
-    fleet_energy_j: float  # cumulative
+    # The fleet's energy as the run's ``idle-accounting`` counts it (``on``: training,
+    # profiling and idle waiting; ``off``: training and profiling), this round / cumulative
+    round_energy_j: float
+    fleet_energy_j: float
+    # Training and profiling, summed over nodes (this round / cumulative)
+    round_busy_energy_j: float
+    fleet_busy_energy_j: float
     # Idle energy of the nodes waiting for the slowest one (this round / cumulative)
-    round_wait_energy_j: float
-    fleet_wait_energy_j: float
+    round_idle_energy_j: float
+    fleet_idle_energy_j: float
     nodes_ok: int
     nodes_failed: int
     failed: list[str] = field(default_factory=list)
@@ -625,6 +652,14 @@ class RoundRow:
     deadline_misses: int = 0
     predicted_energy_saved_j: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    # Node roles: the critical node is the round's slowest (it sets the round time), the
+    # slack nodes are the others that reported; each role's training + profiling (busy)
+    # and idle-waiting energy this round
+    critical_node: str | None = None
+    critical_busy_energy_j: float = 0.0
+    critical_idle_energy_j: float = 0.0
+    slack_busy_energy_j: float = 0.0
+    slack_idle_energy_j: float = 0.0
 
     def to_record(self) -> dict[str, Any]:
         return {key_of(f.name): to_record(getattr(self, f.name)) for f in fields(self)}

@@ -92,9 +92,8 @@ def check_drift(
         [batch_size],
         ctx.step_factory,
         reprofile
-        or ProfileOptions(
-            p_max_w=lut.p_max_w,
-            cap_margin=lut.cap_margin,
+        or ProfileOptions.under(
+            lut.limit,
             warmup_steps=lut.warmup_steps,
             steps=lut.steps,
             progress=False,

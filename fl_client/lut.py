@@ -26,6 +26,7 @@ from fl_client.devices.base import Device, Workload
 from fl_client.devices.replay import GPU_FREQ_MHZ, Knob, knob_for
 from fl_client.files import set_aside, write_atomic
 from fl_client.selector import (
+    PowerLimit,
     validate_batch_sizes,
     validate_freqs_mhz,
     validate_p_max_w,
@@ -239,9 +240,9 @@ class LUT:
         )
 
     @property
-    def selection_cap_w(self) -> float | None:
-        """The cap profiled peaks were compared with: P_max less cap-margin (None: no cap)."""
-        return None if self.p_max_w is None else self.p_max_w * (1.0 - self.cap_margin)
+    def limit(self) -> PowerLimit:
+        """The cap with its margin that profiled peaks were compared with (no cap: none)."""
+        return PowerLimit(math.inf if self.p_max_w is None else self.p_max_w, self.cap_margin)
 
     @property
     def workload_key(self) -> str:

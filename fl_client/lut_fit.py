@@ -50,15 +50,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from fl_client.selector import TIE_TOLERANCE, PowerLimit, SelectionRule, choose_cell
+
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 #: A cell as (row, column): (index into batch sizes, index into frequencies).
 Cell = tuple[int, int]
 #: ``measure(b, f_mhz) -> (time per sample s, peak power W, average power W)``.
 MeasureFn = Callable[[int, float], tuple[float, float, float]]
-#: ``select(time, peak, avg, cap_w) -> (i, j) or None``: the cell Eq. 4 picks from tables
-#: with NaN where not measured, under cap ``cap_w`` (``math.inf``: no cap); None when no
-#: cell is feasible. ``eq4_selector`` makes the default.
+#: ``select(time, peak, avg, limit_w) -> (i, j) or None``: the cell Eq. 4 picks from tables
+#: with NaN where not measured, under a cap with its margin (``PowerLimit.limit_w``;
+#: ``math.inf``: no cap); None when no cell is feasible. ``eq4_selector`` makes the default.
 SelectFn = Callable[[FloatArray, FloatArray, FloatArray, float], "Cell | None"]
 
 __all__ = [
@@ -69,7 +71,6 @@ __all__ = [
     "LUTFit",
     "PlanOptions",
     "PlannedLUT",
-    "eq4_choice",
     "eq4_selector",
     "fit_error",
     "fit_lut",
@@ -590,53 +591,20 @@ def fit_error(
 # --------------------------------------------------------------------------- Eq. 4
 
 
-def eq4_choice(
-    time_s: FloatArray,
-    peak_w: FloatArray,
-    energy_w: FloatArray,
-    r: Sequence[float],
-    limit_w: float,
-    tie_tolerance: float = 0.02,
-) -> Cell | None:
-    """The cell Eq. 4 picks, by the selector's rule; None when no cell is feasible.
-
-    Feasible: measured (not NaN) and ``peak < limit_w`` (the cap less its margin; inf: no
-    cap). Best score = time × r_b; among cells within ``tie_tolerance`` of it, the least
-    energy to accuracy (``energy_w`` × time × r_b), then the lower score, the larger b, the
-    lower f. Mirrors ``fl_client.selector.select_eq4`` without σ of the peaks.
-    """
-    r_col = np.asarray(r, dtype=np.float64)[:, None]
-    with np.errstate(invalid="ignore"):
-        score = time_s * r_col
-        ok = np.isfinite(score) & np.isfinite(peak_w) & (peak_w < limit_w)
-    if not ok.any():
-        return None
-    fast = np.where(ok, score, math.inf)
-    best = float(fast.min())
-    tied = fast <= best * (1.0 + tie_tolerance)
-    ii, jj = np.nonzero(tied)
-    energy = energy_w[ii, jj] * time_s[ii, jj] * r_col[ii, 0]
-    order = np.lexsort((jj, -ii, score[ii, jj], energy))
-    k = int(order[0])
-    return int(ii[k]), int(jj[k])
-
-
-def eq4_selector(
-    r: Sequence[float], cap_margin: float = 0.0, tie_tolerance: float = 0.02
-) -> SelectFn:
-    """A ``SelectFn`` for ``plan_cells``: ``eq4_choice`` with this r and cap margin.
+def eq4_selector(r: Sequence[float], tie_tolerance: float = TIE_TOLERANCE) -> SelectFn:
+    """A ``SelectFn`` for ``plan_cells``: the selector's own choice (``selector.choose_cell``:
+    its feasibility, objective and tie-break) with this r, on tables whose peak is the one
+    feasibility judges (the robust peak where the caller's rule adds σ).
 
     Energy is average power × time (as the selector's tie-break with an average table).
     """
-    if not 0.0 <= cap_margin < 1.0:
-        raise ValueError(f"cap-margin: expected a number in [0, 1), got {cap_margin!r}")
     r_list = [float(x) for x in r]
+    rule = SelectionRule(peak_sigma_k=0.0, tie_tolerance=tie_tolerance)
 
     def select(
-        time_s: FloatArray, peak_w: FloatArray, avg_w: FloatArray, cap_w: float
+        time_s: FloatArray, peak_w: FloatArray, avg_w: FloatArray, limit_w: float
     ) -> Cell | None:
-        limit = math.inf if math.isinf(cap_w) else cap_w * (1.0 - cap_margin)
-        return eq4_choice(time_s, peak_w, avg_w, r_list, limit, tie_tolerance)
+        return choose_cell(time_s, peak_w, avg_w, r_list, limit_w, rule=rule)
 
     return select
 
@@ -668,9 +636,8 @@ class PlanOptions:
         The selector's tie tolerance (default selection and the ``chance`` of a better cell).
     fit : FitOptions
     select : SelectFn, optional
-        How a choice is made from tables; default ``eq4_selector(r, cap_margin,
-        tie_tolerance)``. Pass one built on ``fl_client.selector.select`` to plan for
-        exactly the node's rule.
+        How a choice is made from tables; default ``eq4_selector(r, tie_tolerance)``, the
+        selector's own choice (``fl_client.selector.choose_cell``).
     """
 
     seed_cells: int = 8
@@ -678,7 +645,7 @@ class PlanOptions:
     pool_budget: bool = True
     min_chance: float = 0.1
     boundary_chance: float = 0.02
-    tie_tolerance: float = 0.02
+    tie_tolerance: float = TIE_TOLERANCE
     fit: FitOptions = field(default_factory=FitOptions)
     select: SelectFn | None = None
 
@@ -849,8 +816,9 @@ class _State:
         )
 
 
-def _candidate(state: _State, fit: LUTFit, cap_w: float, ctx: _Ctx) -> tuple[Cell, float] | None:
-    """The unmeasured cell most worth measuring for ``cap_w`` and its priority, or None.
+def _candidate(state: _State, fit: LUTFit, limit_w: float, ctx: _Ctx) -> tuple[Cell, float] | None:
+    """The unmeasured cell most worth measuring under ``limit_w`` (a cap with its margin,
+    ``PowerLimit.limit_w``) and its priority, or None.
 
     Priority: the fit's own choice when not measured yet (2 + its chance of being
     feasible); else the chance, by the fit and its uncertainty, that a cell is feasible
@@ -861,16 +829,15 @@ def _candidate(state: _State, fit: LUTFit, cap_w: float, ctx: _Ctx) -> tuple[Cel
     untried = ~state.tried
     t, p, a = state.filled(fit)
     sensor = ctx.opts.fit.sensor_sigma
-    limit = cap_w * (1.0 - ctx.cap_margin)
-    if math.isinf(cap_w):
+    if math.isinf(limit_w):
         p_feas = np.ones_like(t)
     else:
         sd_p = np.sqrt(fit.peak_sigma**2 + sensor**2)
-        p_feas = _normal_cdf((math.log(limit) - np.log(p)) / sd_p)
-    model_pick = ctx.select(t, p, a, cap_w)
+        p_feas = _normal_cdf((math.log(limit_w) - np.log(p)) / sd_p)
+    model_pick = ctx.select(t, p, a, limit_w)
     if model_pick is not None and untried[model_pick]:
         return model_pick, 2.0 + float(p_feas[model_pick])
-    picked = ctx.select(state.time, state.peak, state.avg, cap_w)
+    picked = ctx.select(state.time, state.peak, state.avg, limit_w)
     if picked is None:  # nothing measured is feasible: the likeliest feasible cell
         chance = np.where(untried, p_feas, 0.0)
         k = np.unravel_index(int(np.argmax(chance)), chance.shape)
@@ -889,12 +856,11 @@ def next_cell(
     fit: LUTFit,
     tables: tuple[FloatArray, FloatArray, FloatArray],
     tried: BoolArray,
-    cap_w: float,
+    limit: PowerLimit,
     r: Sequence[float],
-    cap_margin: float = 0.0,
     options: PlanOptions | None = None,
 ) -> Cell | None:
-    """The unmeasured cell most worth measuring next for ``cap_w``, as ``plan_cells`` picks
+    """The unmeasured cell most worth measuring next under ``limit``, as ``plan_cells`` picks
     it (``_candidate``), from tables measured elsewhere (NaN: not measured) and the cells
     already tried; None: the cap is settled.
 
@@ -906,9 +872,9 @@ def next_cell(
     state = _State(b, f, lambda *_: (math.nan, math.nan, math.nan))
     state.time, state.peak, state.avg = (np.array(t, dtype=np.float64) for t in tables)
     state.tried = np.asarray(tried, dtype=bool) | state.measured
-    select = opts.select or eq4_selector(r, cap_margin, opts.tie_tolerance)
-    ctx = _Ctx(select, np.asarray(r, dtype=np.float64)[:, None], cap_margin, opts)
-    cand = _candidate(state, fit, cap_w, ctx)
+    select = opts.select or eq4_selector(r, opts.tie_tolerance)
+    ctx = _Ctx(select, np.asarray(r, dtype=np.float64)[:, None], opts)
+    cand = _candidate(state, fit, limit.limit_w, ctx)
     return None if cand is None else cand[0]
 
 
@@ -937,7 +903,6 @@ def _chance_better(
 class _Ctx:
     select: SelectFn
     r_col: FloatArray
-    cap_margin: float
     opts: PlanOptions
 
 
@@ -992,10 +957,9 @@ def plan_cells(
     if len(r) != len(b) or not all(0 < float(x) <= 1 for x in r):
         raise ValueError(f"r: expected {len(b)} values in (0, 1], got {list(r)!r}")
     caps = _distinct_caps(caps_w)
-    if not 0.0 <= cap_margin < 1.0:
-        raise ValueError(f"cap-margin: expected a number in [0, 1), got {cap_margin!r}")
-    select = opts.select or eq4_selector(r, cap_margin, opts.tie_tolerance)
-    ctx = _Ctx(select, np.asarray(r, dtype=np.float64)[:, None], cap_margin, opts)
+    limits = {cap: PowerLimit(cap, cap_margin).limit_w for cap in caps}  # margin checked
+    select = opts.select or eq4_selector(r, opts.tie_tolerance)
+    ctx = _Ctx(select, np.asarray(r, dtype=np.float64)[:, None], opts)
     state = _State(b, f, measure)
     seeds = seed_cells(len(b), len(f), opts.seed_cells)
     for cell in seeds:
@@ -1007,7 +971,7 @@ def plan_cells(
         ranked = []
         for k, cap in enumerate(caps):
             if opts.pool_budget or spent[cap] < opts.cells_per_cap:
-                cand = _candidate(state, fit, cap, ctx)
+                cand = _candidate(state, fit, limits[cap], ctx)
                 if cand is not None:
                     ranked.append((cand[1], -k, cap, cand[0]))
         if not ranked:
@@ -1017,9 +981,9 @@ def plan_cells(
         spent[cap] += 1
         extra += 1
         fit = state.fit(opts.fit, fit) or fit
-    settled = [_candidate(state, fit, cap, ctx) is None for cap in caps]
+    settled = [_candidate(state, fit, limits[cap], ctx) is None for cap in caps]
     return _result(
-        state, fit, caps, list(zip(spent.values(), settled, strict=True)), select, len(seeds)
+        state, fit, limits, list(zip(spent.values(), settled, strict=True)), select, len(seeds)
     )
 
 
@@ -1051,14 +1015,14 @@ def _distinct_caps(caps_w: Sequence[float]) -> list[float]:
 def _result(
     state: _State,
     fit: LUTFit,
-    caps: list[float],
+    limits: dict[float, float],
     spent_by_cap: list[tuple[int, bool]],
     select: SelectFn,
     n_seeds: int,
 ) -> PlannedLUT:
     choices = []
-    for cap, (spent, settled) in zip(caps, spent_by_cap, strict=True):
-        pick = select(state.time, state.peak, state.avg, cap)
+    for (cap, limit_w), (spent, settled) in zip(limits.items(), spent_by_cap, strict=True):
+        pick = select(state.time, state.peak, state.avg, limit_w)
         b_pick = None if pick is None else state.b[pick[0]]
         f_pick = None if pick is None else state.f[pick[1]]
         choices.append(CapChoice(cap, b_pick, f_pick, spent, settled))

@@ -117,7 +117,9 @@ class RoundPlan:
     """What a round decided before training, and what it measured on the way."""
 
     cfg: TrainConfig
-    cap: Cap
+    #: The round's cap with the node's ``cap-margin``: the one value the node's choice,
+    #: profiling and pacing judge peaks by
+    limit: selector.PowerLimit
     lut: LUT | None = None
     lut_from_cache: bool = False
     r_true: list[float] | None = None
@@ -133,12 +135,23 @@ class RoundPlan:
     verify_by_training: bool = False
     #: The trained round's peak against the LUT cell it ran at: (deviation, set aside)
     power_check: tuple[float, bool] | None = None
+    #: The round plan (``balance``): the share of its local work this node runs (more than
+    #: 1 with ``steps``, ``straggler-work`` for the node that sets the pace) and its
+    #: predicted local time at its fastest feasible cell
+    work_share: float = 1.0
+    fastest_time_s: float | None = None
+
+    @property
+    def cap(self) -> Cap:
+        """The round's bare cap (what the cap guard holds and the records show)."""
+        return Cap(self.limit.p_max_w)
 
 
 def lut_for_cap(
     ctx: NodeContext, measure: MeasureContext, batch_sizes: list[int], cap: Cap
 ) -> tuple[LUT, bool, RoundCost]:
-    """The LUT for ``cap``, whether it came from the cache, and what profiling cost.
+    """The LUT for ``cap`` (with the node's ``cap-margin``), whether it came from the cache,
+    and what profiling cost.
 
     Each LUT is profiled in efficient mode for the cap with the node's ``cap-margin`` and
     cached. A node with a cap schedule profiles every cap of it now under
@@ -151,9 +164,8 @@ def lut_for_cap(
     cost = RoundCost()
     this: tuple[LUT, bool] | None = None
     for each in dict.fromkeys((cap, *caps)):
-        options = ProfileOptions(
-            p_max_w=each.watts,
-            cap_margin=ctx.cap_margin,
+        options = ProfileOptions.under(
+            each.with_margin(ctx.cap_margin),
             progress=False,
             uncapped="full" if ctx.settings.profile_grid == "full" else "highest",
             peak_sigma_k=ctx.settings.peak_sigma_k,
@@ -214,17 +226,18 @@ def select_for(
     plan: RoundPlan,
     lut: LUT | None,
     device: Device,
-    cap_margin: float,
     rule: selector.SelectionRule = selector.DEFAULT_RULE,
+    context: selector.RoundContext = selector.EQ4_ALONE,
 ) -> selector.Selection:
     """The round's (b*, f*) by ``selector.select``, the one dispatch of every method.
 
-    Power-aware and the oracle take Eq. 4 on the LUT's measured cells under the cap less
-    ``cap_margin`` (the oracle with r measured on the node's data): each cell judged by its
-    peak + ``rule.peak_sigma_k``·σ of its per-step peaks (the LUT's ``peak_sigma_w``), the
-    least time × r, near-ties within ``rule.tie_tolerance`` to the least energy (the LUT's
-    average power × time). B1 and B2 take their fixed frequency from the device
-    descriptor's band for the cap; ``fixed`` takes the configured (b, f).
+    Power-aware and the oracle take Eq. 4 on the LUT's measured cells under ``plan.limit``
+    (the cap less the node's ``cap-margin``; the oracle with r measured on the node's
+    data): each cell judged by its peak + ``rule.peak_sigma_k``·σ of its per-step peaks
+    (the LUT's ``peak_sigma_w``), the least time × r, near-ties within
+    ``rule.tie_tolerance`` to the least energy (the LUT's average power × time). B1 and B2
+    take their fixed frequency from the device descriptor's band for the cap; ``fixed``
+    takes the configured (b, f). ``context``: the round plan's (``_balance``).
     """
     cfg = plan.cfg
     tables = (
@@ -240,14 +253,14 @@ def select_for(
         freqs_mhz=[float(f) for f in device.gpu_freqs_mhz],
         tables=tables,
         r=plan.r_true if cfg.method == "oracle" else list(cfg.r),
-        p_max_w=plan.cap.watts,
+        p_max_w=plan.limit,
         rule=rule,
-        cap_margin=cap_margin,
         b1_freq_cap_mhz=(
             device.info.b1_freq_cap_mhz(plan.cap.watts) if cfg.method in ("b1", "b2") else None
         ),
         fixed_batch_size=cfg.fixed_batch_size,
         fixed_freq_mhz=cfg.fixed_freq_mhz,
+        context=context,
     )
 
 
@@ -285,9 +298,7 @@ def _choose(
         plan.lut, known = shared
         plan.lut_from_cache = known == VERIFIED
         try:
-            plan.choice = select_for(
-                plan, plan.lut, measure.device, ctx.cap_margin, ctx.selection_rule
-            )
+            plan.choice = select_for(plan, plan.lut, measure.device, ctx.selection_rule)
             if known != VERIFIED:
                 before = known == REFUSED or ctx.settings.shared_verify == "before"
                 _verify_shared(ctx, measure, plan, before=before)
@@ -301,7 +312,7 @@ def _choose(
         )
         plan.cost.add(cost.time_s, cost.energy_j)
     try:
-        plan.choice = select_for(plan, plan.lut, measure.device, ctx.cap_margin, ctx.selection_rule)
+        plan.choice = select_for(plan, plan.lut, measure.device, ctx.selection_rule)
     except selector.InfeasibleCapError as err:
         if not ctx.node.p_max_schedule:
             raise
@@ -328,9 +339,8 @@ def _verify_shared(
         plan.verify_by_training = True
         return
     if check is None:
-        options = ProfileOptions(
-            p_max_w=plan.cap.watts,
-            cap_margin=ctx.cap_margin,
+        options = ProfileOptions.under(
+            plan.limit,
             warmup_steps=plan.lut.warmup_steps,
             steps=plan.lut.steps,
             progress=False,
@@ -340,7 +350,7 @@ def _verify_shared(
     plan.shared, plan.lut = check, check.lut
     plan.cost.add(check.time_s, check.energy_j)
     if check.reprofiled:
-        plan.choice = select_for(plan, plan.lut, measure.device, ctx.cap_margin, ctx.selection_rule)
+        plan.choice = select_for(plan, plan.lut, measure.device, ctx.selection_rule)
     keep_verified(measure, plan.lut, plan.cfg.kind_lut)
 
 
@@ -376,9 +386,62 @@ def _settle_shared(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, m
     )
 
 
+def _balance(ctx: NodeContext, device: Device, plan: RoundPlan, samples: int) -> None:
+    """The round plan on the node (``balance`` not ``off``, methods that select from a LUT):
+    the same objective as Eq. 4 (``selector.cell_scores``) with the round's context.
+
+    The node's fastest feasible cell (time alone, ``r_weight`` 0) gives the best round
+    time it reports (``fastest-time-s``, what the server plans the next deadline from).
+    With a deadline (from round 2): the node that sets the pace (``critical``) runs that
+    fastest cell with ``straggler-work`` of its local work; a node with slack keeps
+    ``pacing-margin`` of the deadline in reserve and spends the rest by its mode —
+    ``samples``: the least r_b that meets it; ``energy``: the least energy to accuracy that
+    meets it; ``steps``: its Eq. 4 cell with more local steps (work ≤ the budget). When no
+    cell meets the deadline the choice is the fastest cell (the selector's fallback)."""
+    s, cfg = ctx.settings, plan.cfg
+    if s.balance == "off" or plan.lut is None or plan.choice is None:
+        return
+    if cfg.method not in ("power-aware", "oracle"):
+        return
+    work = samples * cfg.time_calibration
+    fastest = select_for(
+        plan, plan.lut, device, ctx.selection_rule, selector.RoundContext(r_weight=0.0)
+    )
+    plan.fastest_time_s = fastest.time_per_sample_s * work
+    if cfg.deadline_s is None:
+        return
+    if cfg.critical:
+        plan.choice, plan.work_share = fastest, s.straggler_work
+    else:
+        budget_s = cfg.deadline_s * (1.0 - s.pacing_margin)
+        weights = {"samples": {"time_weight": 0.0}, "energy": {"energy_weight": 1.0}}
+        if s.balance in weights:
+            context = selector.RoundContext(budget_s, work, **weights[s.balance])
+            plan.choice = select_for(plan, plan.lut, device, ctx.selection_rule, context)
+        else:  # steps: whole extra work that still fits the budget
+            at_choice = plan.choice.time_per_sample_s * work
+            plan.work_share = max(1.0, budget_s / at_choice) if at_choice > 0 else 1.0
+    plan.run_freq_mhz = plan.choice.freq_mhz
+
+
+def _local_work(cfg: TrainConfig, plan: RoundPlan, n_samples: int) -> tuple[int, int | None]:
+    """Epochs and the sample budget of this round's local training (``task.train``):
+    ``local-epochs`` over the data, scaled by the plan's ``work_share`` in whole minibatches
+    of b* (at least one; ``task.train`` stops after the minibatch that reaches the budget,
+    so a share never runs past its time)."""
+    if plan.work_share == 1.0 or plan.choice is None:
+        return cfg.local_epochs, None
+    b = plan.choice.batch_size
+    total = max(b, math.floor(cfg.local_epochs * n_samples * plan.work_share / b) * b)
+    return max(1, math.ceil(total / max(n_samples, 1))), total
+
+
 def _pace(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, samples: int) -> None:
-    """Deadline pacing (``pacing = "deadline"``): the frequency to run at, from b*'s row."""
+    """Deadline pacing (``pacing = "deadline"``): the frequency to run at, from b*'s row.
+    With the round plan on (``balance``), its ``energy`` mode does this instead."""
     if ctx.settings.pacing != "deadline" or plan.lut is None or plan.choice is None:
+        return
+    if ctx.settings.balance != "off":
         return
     idle_w = idle_power_w(measure.device)
     work = PacingWork(
@@ -391,12 +454,11 @@ def _pace(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, samples: i
     plan.paced = pacing_cells(measure, plan.lut, plan.choice, work)
     plan.cost.add(plan.paced.time_s, plan.paced.energy_j)
     work = dataclasses.replace(work, reserved_s=plan.paced.time_s)
-    cap_w = plan.cap.selection_w(ctx.cap_margin)
     plan.pace = plan_pacing(
         plan.paced.plan_lut,
         plan.choice.batch_size,
         plan.choice.freq_mhz,
-        cap_w,
+        plan.limit,
         work,
         rule=ctx.selection_rule,
     )
@@ -446,8 +508,8 @@ def check_power(
     except ValueError:
         return None
     sigma = float(lut.peak_sigma_w[i, j]) if lut.peak_sigma_w.size else math.nan
-    promised = float(lut.peak_power_w[i, j]) + ctx.settings.peak_sigma_k * (
-        0.0 if math.isnan(sigma) else sigma
+    promised = float(
+        selector.robust_peak_w(lut.peak_power_w[i, j], sigma, ctx.settings.peak_sigma_k)
     )
     if not math.isfinite(promised) or promised <= 0:
         return None
@@ -491,7 +553,7 @@ def train_node(
     ctx = node_context(run_config, node_config)
     cfg = TrainConfig.from_config(config)
     s = ctx.settings
-    plan = RoundPlan(cfg=cfg, cap=ctx.node.p_max_at(cfg.server_round))
+    plan = RoundPlan(cfg=cfg, limit=ctx.node.p_max_at(cfg.server_round).with_margin(ctx.cap_margin))
     torch.set_num_threads(1)  # simulated nodes share the host's cores
     data = ctx.local_data()
     device = ctx.open_device(cfg.server_round)
@@ -504,10 +566,13 @@ def train_node(
     )
     try:
         _choose(ctx, measure, plan, state, data)
+        _balance(ctx, device, plan, cfg.local_epochs * len(data[0]))
         _pace(ctx, measure, plan, cfg.local_epochs * len(data[0]))
+        epochs, max_samples = _local_work(cfg, plan, len(data[0]))
         model = task.build_model(cfg.model)
         model.load_state_dict(dict(state))
         assert plan.choice is not None
+        lr = task.scaled_lr(cfg.lr_ref, cfg.b_ref, plan.choice.batch_size)
         with (
             locked(device, plan.run_freq_mhz),
             cap_guard(device, plan.cap.watts),
@@ -517,26 +582,33 @@ def train_node(
                 model,
                 data[0],
                 batch_size=plan.choice.batch_size,
-                lr=task.scaled_lr(cfg.lr_ref, cfg.b_ref, plan.choice.batch_size),
-                epochs=cfg.local_epochs,
+                lr=lr,
+                epochs=epochs,
                 seed=s.seed * 10_000 + cfg.server_round,
                 step_runner=meter.step,
+                max_samples=max_samples,
             )
             if step_hook is not None:
                 step_hook()
         _check_drift(ctx, measure, plan)
         plan.power_check = check_power(ctx, measure, plan, meter.measurement.peak_power_w)
         _settle_shared(ctx, measure, plan, meter.measurement)
-        report = _report(ctx, plan, device, meter.measurement, result)
+        report = _report(ctx, plan, device, meter.measurement, result, lr)
     finally:
         device.close()
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, report
 
 
 def _report(
-    ctx: NodeContext, plan: RoundPlan, device: Device, m: Any, result: task.TrainResult
+    ctx: NodeContext,
+    plan: RoundPlan,
+    device: Device,
+    m: Any,
+    result: task.TrainResult,
+    lr: float,
 ) -> TrainReport:
-    """The round's ``TrainReport``: the measurement, the choice, pacing and drift."""
+    """The round's ``TrainReport``: the measurement, the choice, pacing and drift, and the
+    local work (``local-steps`` optimizer steps at learning rate ``lr``)."""
     assert plan.choice is not None
     choice, idle_w = plan.choice, idle_power_w(device)
     extra: dict[str, float] = {}
@@ -556,6 +628,12 @@ def _report(
             idle_power_w=0.0 if math.isnan(idle_w) else idle_w,
         )
         extra.update({k.replace("-", "_"): v for k, v in paced.items()})
+    if plan.fastest_time_s is not None:  # the round plan: the node's best round time
+        extra["fastest_time_s"] = plan.fastest_time_s
+        if plan.cfg.deadline_s is not None:
+            extra["deadline_s"] = plan.cfg.deadline_s
+            extra["slack_s"] = plan.cfg.deadline_s - m.time_s
+            extra["deadline_miss"] = float(m.time_s > plan.cfg.deadline_s)
     if plan.paced is not None:  # cells of b*'s row measured for pacing this round
         extra["pacing_cells_measured"] = float(plan.paced.measured)
     if plan.shared is not None:
@@ -568,7 +646,7 @@ def _report(
         extra["drift_deviation"] = plan.drift.deviation
         extra["drift_reprofiled"] = float(plan.drift.reprofiled)
         if plan.drift.reprofiled:
-            again = select_for(plan, plan.drift.lut, device, ctx.cap_margin, ctx.selection_rule)
+            again = select_for(plan, plan.drift.lut, device, ctx.selection_rule)
             extra["drift_batch_size"] = float(again.batch_size)
             extra["drift_freq_mhz"] = float(again.freq_mhz)
     return TrainReport(
@@ -591,6 +669,8 @@ def _report(
         lut_shared=float(
             plan.cfg.kind_lut is not None and plan.lut is not None and plan.lut.grid == "shared"
         ),
+        local_steps=float(result.steps),
+        local_lr=float(lr),
         **extra,
     )
 

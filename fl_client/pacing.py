@@ -65,7 +65,7 @@ def plan_pacing(
     lut: LUT,
     batch_size: int,
     f_star_mhz: float,
-    p_max_w: float,
+    limit: selector.PowerLimit,
     work: PacingWork,
     *,
     rule: selector.SelectionRule = selector.DEFAULT_RULE,
@@ -73,7 +73,7 @@ def plan_pacing(
     """Deadline-aware pacing: the frequency of least predicted energy that meets the deadline.
 
     Candidates are the measured frequencies of ``batch_size``'s row at or below f* that are
-    feasible under ``p_max_w`` (the cap less its margin) by the selector's own rule
+    feasible under ``limit`` (the cap with its margin) by the selector's own rule
     (``selector.feasible_cells``: each cell's peak + ``rule.peak_sigma_k``·σ of its
     per-step peaks, so a noisy cell costs that cell, not the cells below it), and f*
     itself. Pacing only ever slows a node down: b* and the cap are kept. A candidate meets
@@ -94,7 +94,7 @@ def plan_pacing(
         raise ValueError(f"gpu-freq-mhz: the LUT has no cell at b={batch_size}, f*={f_star_mhz:g}")
     feasible = selector.feasible_cells(
         lut.peak_power_w[i],
-        None if math.isinf(p_max_w) else p_max_w,
+        limit,
         peak_sigma_w=lut.peak_sigma_w[i],
         peak_sigma_k=rule.peak_sigma_k,
     )  # False where not measured

@@ -30,6 +30,7 @@ from fl_client.devices.replay import GPU_FREQ_MHZ, Knob
 from fl_client.lut import LUT, FloatArray, LUTKey, load_cached, merge_cells
 from fl_client.selector import (
     PEAK_SIGMA_K,
+    PowerLimit,
     feasible_cells,
     validate_batch_sizes,
     validate_p_max_w,
@@ -476,18 +477,23 @@ class ProfileOptions:
     def cap_w(self) -> float | None:
         return None if self.p_max_w is None else float(self.p_max_w)
 
+    @classmethod
+    def under(cls, limit: PowerLimit, **options: Any) -> ProfileOptions:
+        """Options for efficient mode under ``limit`` (the cap with its margin)."""
+        return cls(p_max_w=limit.p_max_w, cap_margin=limit.cap_margin, **options)
+
     @property
-    def selection_cap_w(self) -> float | None:
-        """What a profiled peak must stay below (None: no cap)."""
-        return None if self.cap_w is None else self.cap_w * (1.0 - self.cap_margin)
+    def limit(self) -> PowerLimit:
+        """The cap with its margin, what a profiled cell's robust peak must stay below."""
+        cap = math.inf if self.p_max_w is None else float(self.p_max_w)
+        return PowerLimit(cap, self.cap_margin)
 
     def feasible(self, peak_w: float, sigma_w: float) -> bool:
         """Whether a cell is feasible by its robust peak, as the selector judges it."""
-        limit = self.selection_cap_w
         return bool(
             feasible_cells(
                 np.array([peak_w]),
-                limit,
+                self.limit,
                 peak_sigma_w=np.array([sigma_w]),
                 peak_sigma_k=self.peak_sigma_k,
             )[0]

@@ -71,7 +71,7 @@ class InfeasibleCapError(ValueError):
     freq_mhz : float
         Knob value of that cell (MHz for the GPU frequency).
     cap_margin : float
-        The share of P_max that was kept free (``margin_cap_w``); 0 for the bare cap.
+        The share of P_max that was kept free (``PowerLimit.cap_margin``); 0 for the bare cap.
     sigma_term_w : float
         The k·σ part of ``min_power_w``.
     knob : Knob
@@ -100,7 +100,7 @@ class InfeasibleCapError(ValueError):
         if cap_margin > 0:
             limit += (
                 f" less cap-margin {100 * cap_margin:g}% "
-                f"({margin_cap_w(p_max_w, cap_margin):.3f} W)"
+                f"({PowerLimit(p_max_w, cap_margin).limit_w:.3f} W)"
             )
             fix = f"Raise p-max-w above {min_power_w / (1 - cap_margin):.3f} W, lower cap-margin"
         lowest = f"the lowest measured peak power is {min_power_w:.3f} W"
@@ -270,6 +270,106 @@ class SelectionRule:
 DEFAULT_RULE = SelectionRule()
 
 
+@dataclass(frozen=True)
+class PowerLimit:
+    """The power cap with its margin: the one value every feasibility check below the node
+    judges a cell's robust peak by.
+
+    Attributes
+    ----------
+    p_max_w : float
+        The bare cap P_max in W (``math.inf``: no cap); a number, a numeric string,
+        ``"none"`` or None are accepted and stored as a float (``validate_p_max_w``).
+    cap_margin : float
+        ``cap-margin``: the share of P_max kept free of profiled peak power, in [0, 1)
+        (``validate_cap_margin``); 0 without a cap. One profiled peak is a noisy sample
+        of a cell's power and training runs many more steps than profiling: keeping
+        profiled peaks this share below P_max leaves room for the sensor's excursions.
+    """
+
+    p_max_w: float = math.inf
+    cap_margin: float = 0.0
+
+    def __post_init__(self) -> None:
+        cap = validate_p_max_w(self.p_max_w)
+        margin = validate_cap_margin(self.cap_margin)
+        object.__setattr__(self, "p_max_w", math.inf if cap is None else cap)
+        object.__setattr__(self, "cap_margin", 0.0 if cap is None else margin)
+
+    @classmethod
+    def of(cls, limit: PowerLimit | float | str | None) -> PowerLimit:
+        """``limit`` itself, or a bare cap (a number, ``"none"``, None) with no margin."""
+        return limit if isinstance(limit, PowerLimit) else cls(limit)  # type: ignore[arg-type]
+
+    @property
+    def capped(self) -> bool:
+        return math.isfinite(self.p_max_w)
+
+    @property
+    def cap_w(self) -> float | None:
+        """The bare cap in W, None without one (the form ``Selection.p_max_w`` keeps)."""
+        return self.p_max_w if self.capped else None
+
+    @property
+    def limit_w(self) -> float:
+        """What a robust peak must stay below: ``P_max · (1 − cap_margin)`` (inf: no cap)."""
+        return self.p_max_w * (1.0 - self.cap_margin) if self.capped else math.inf
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """What a round asks of a node's choice beyond its own Eq. 4 (the server's round plan).
+
+    The default context is Eq. 4 alone: the least time per sample × r_b.
+
+    Attributes
+    ----------
+    deadline_s : float or None
+        The time the round's local work may take (the deadline less the node's reserve);
+        None: no deadline. Cells whose round time (time per sample × ``samples``) is over
+        it are left out while some feasible cell meets it; when none does, the choice is
+        the feasible cell of least round time (the node's fastest).
+    samples : float
+        The round's training samples (times the node's time calibration), to turn a time
+        per sample into a round time; needed with a deadline.
+    energy_weight : float
+        w in [0, 1]: the score is time^t_w × r_b^r_w × P^w, P the cell's energy basis
+        (average power where known). With the default weights (time and r 1, energy 0) it
+        is Eq. 4 (time to accuracy); energy 1 makes it energy to accuracy.
+    time_weight, r_weight : float
+        The exponents of time per sample and of r_b, each in [0, 1] (default 1): time 0
+        and energy 0 choose the most sample-efficient cell (least r_b) that meets the
+        deadline; r 0 the fastest cell, whatever its r (the node that sets the pace).
+    """
+
+    deadline_s: float | None = None
+    samples: float = 0.0
+    energy_weight: float = 0.0
+    time_weight: float = 1.0
+    r_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        for key, w in (
+            ("energy-weight", self.energy_weight),
+            ("time-weight", self.time_weight),
+            ("r-weight", self.r_weight),
+        ):
+            if isinstance(w, bool) or not isinstance(w, numbers.Real) or not 0.0 <= w <= 1.0:
+                raise ValueError(f"{key}: must be a number in [0, 1]; got {w!r}")
+        d = self.deadline_s
+        if d is not None and (isinstance(d, bool) or not isinstance(d, numbers.Real) or not d > 0):
+            raise ValueError(f"deadline-s: must be a number of seconds > 0; got {d!r}")
+        n = self.samples
+        if isinstance(n, bool) or not isinstance(n, numbers.Real) or not 0 <= n < math.inf:
+            raise ValueError(f"samples: must be a finite number ≥ 0; got {n!r}")
+        if d is not None and n <= 0:
+            raise ValueError("samples: a deadline needs the round's samples (> 0)")
+
+
+#: Eq. 4 alone: no deadline, no energy weight.
+EQ4_ALONE = RoundContext()
+
+
 def _none_if_nan(x: float) -> float | None:
     return None if math.isnan(x) else x
 
@@ -340,14 +440,8 @@ def validate_cap_margin(cap_margin: object) -> float:
     return value
 
 
-def margin_cap_w(p_max_w: float, cap_margin: float) -> float:
-    """The power a profiled peak must stay below: ``P_max · (1 − cap_margin)`` (inf: no cap).
-
-    One profiled peak is a noisy sample of a cell's power, and training runs many more
-    steps than profiling: keeping profiled peaks ``cap_margin`` below P_max leaves room for
-    the sensor's excursions above what profiling saw.
-    """
-    return math.inf if math.isinf(p_max_w) else p_max_w * (1.0 - cap_margin)
+#: No cap.
+NO_LIMIT = PowerLimit()
 
 
 def validate_batch_sizes(batch_sizes: Sequence[object]) -> list[int]:
@@ -548,24 +642,24 @@ def _validate_aux_table(
 
 def feasible_cells(
     peak_w: npt.ArrayLike,
-    p_max_w: float | None,
+    limit: PowerLimit | float | None,
     *,
     peak_sigma_w: npt.ArrayLike | None = None,
     peak_sigma_k: float = PEAK_SIGMA_K,
 ) -> BoolArray:
     """Which cells are feasible, each judged by its own robust peak: the selection's rule.
 
-    A cell is feasible when it was profiled and ``peak + k·σ < p_max_w`` (strictly, as in
-    Eq. 4). Nothing else in its row matters: a noisy or non-binding cell above the cap at
-    a low f does not make the cells above it infeasible.
+    A cell is feasible when it was profiled and ``peak + k·σ < limit`` (strictly, as in
+    Eq. 4; ``robust_peak_w``). Nothing else in its row matters: a noisy or non-binding cell
+    above the cap at a low f does not make the cells above it infeasible.
 
     Parameters
     ----------
     peak_w : array_like of float, any shape (a row or a |B| × |F| table)
         Profiled peak power in W; NaN = not profiled (never feasible).
-    p_max_w : float or None
-        The limit the robust peak must stay below, e.g. ``margin_cap_w(P_max, cap_margin)``;
-        None or infinity: no cap (every profiled cell is feasible).
+    limit : PowerLimit, float or None
+        The cap with its margin (its ``limit_w`` is what the robust peak must stay below),
+        or that limit in W; None or infinity: no cap (every profiled cell is feasible).
     peak_sigma_w : array_like of float, optional
         σ of each cell's per-step peaks in W, same shape; None or NaN counts as 0.
     peak_sigma_k : float
@@ -577,21 +671,30 @@ def feasible_cells(
     """
     if not 0 <= peak_sigma_k < math.inf:
         raise ValueError(f"peak-sigma-k: must be a finite number ≥ 0; got {peak_sigma_k!r}")
+    limit_w = _limit_w(limit)
     peak = np.asarray(peak_w, dtype=np.float64)
-    if p_max_w is None or math.isinf(p_max_w):
+    if math.isinf(limit_w):
         return ~np.isnan(peak)
     sigma = None if peak_sigma_w is None else np.asarray(peak_sigma_w, dtype=np.float64)
     # NaN compares False: a cell that was not profiled is never feasible.
-    return _robust_peak(peak, sigma, peak_sigma_k) < float(p_max_w)
+    return robust_peak_w(peak, sigma, peak_sigma_k) < limit_w
 
 
-def _robust_peak(
-    peak_w: FloatArray, sigma_w: FloatArray | None, k: float = PEAK_SIGMA_K
+def _limit_w(limit: PowerLimit | float | None) -> float:
+    if isinstance(limit, PowerLimit):
+        return limit.limit_w
+    return math.inf if limit is None else float(limit)
+
+
+def robust_peak_w(
+    peak_w: npt.ArrayLike, sigma_w: npt.ArrayLike | None, k: float = PEAK_SIGMA_K
 ) -> FloatArray:
-    """peak + k·σ, with σ None or NaN counting as 0."""
+    """A cell's robust peak, what feasibility and the trained round's check judge:
+    peak + k·σ of its per-step peaks (``peak-sigma-k``), σ None or NaN counting as 0."""
+    peak = np.asarray(peak_w, dtype=np.float64)
     if sigma_w is None or k == 0:
-        return peak_w
-    return peak_w + k * np.fmax(sigma_w, 0.0)  # fmax(NaN, 0) is 0
+        return peak
+    return peak + k * np.fmax(np.asarray(sigma_w, dtype=np.float64), 0.0)  # fmax(NaN, 0) is 0
 
 
 def feasible_freq_index(power_row_w: npt.ArrayLike, p_max_w: float | None) -> int | None:
@@ -721,24 +824,24 @@ def select_eq4(
     batch_sizes: Sequence[int],
     freqs_mhz: Sequence[float],
     r: Sequence[float],
-    p_max_w: float | str | None,
+    p_max_w: PowerLimit | float | str | None,
     *,
-    cap_margin: float = 0.0,
     rule: SelectionRule = DEFAULT_RULE,
     method: str = "power-aware",
+    context: RoundContext = EQ4_ALONE,
 ) -> Selection:
     """Eq. 4 on measured, noisy tables: the fastest feasible (b, f) to accuracy, then energy.
 
     Feasibility is per cell (``feasible_cells``): a cell is feasible when its robust peak,
     ``peak + peak_sigma_k·σ`` (σ of its per-step peaks; 0 where not recorded), is below
-    ``P_max · (1 − cap_margin)``. No fit across f is applied: a fit would either pass a
-    cell that was measured above the cap or reject one measured below it, and every
-    guarantee below holds cell by cell.
+    ``PowerLimit.limit_w`` (P_max less its margin). No fit across f is applied: a fit
+    would either pass a cell that was measured above the cap or reject one measured below
+    it, and every guarantee below holds cell by cell.
 
     The choice, over all feasible cells (not only each b's highest f):
 
-    1. ``score = time per sample × r_b`` (∝ TT_acc, Eq. 2 with Eq. 3); ``best`` is its
-       minimum over the feasible cells.
+    1. ``score = time per sample × r_b`` (∝ TT_acc, Eq. 2 with Eq. 3; ``cell_scores``);
+       ``best`` is its minimum over the feasible cells.
     2. Cells with ``score ≤ best · (1 + tie_tolerance)`` are ties: profiling noise cannot
        order them. Among them the least **energy to accuracy** wins: energy per sample ×
        r_b, where energy per sample is average power × time per sample when
@@ -766,14 +869,16 @@ def select_eq4(
         The knob's values, strictly ascending (columns); MHz for the GPU frequency.
     r : sequence of float
         Eq. 3's r_b per batch size, each in (0, 1].
-    p_max_w : float, str or None
-        The cap P_max in W; None / "none" / infinity for no cap.
-    cap_margin : float
-        Share of P_max kept free (``validate_cap_margin``); 0 is the bare cap.
+    p_max_w : PowerLimit, float, str or None
+        The cap with its margin (``PowerLimit``), or a bare cap P_max in W (no margin);
+        None / "none" / infinity for no cap.
     rule : SelectionRule
         ``peak-sigma-k`` and ``tie-tolerance``.
     method : str
         ``"power-aware"`` (r from the proxy) or ``"oracle"`` (r from the client's data).
+    context : RoundContext
+        The round's deadline and energy weight (``cell_scores``); the default, Eq. 4
+        alone, is the rule above.
 
     Returns
     -------
@@ -789,31 +894,113 @@ def select_eq4(
     if method not in ("power-aware", "oracle"):
         raise ValueError(f"method: {method!r} is not an Eq. 4 method (power-aware, oracle)")
     c = _check_eq4(tables, batch_sizes, freqs_mhz, r)
-    cap = validate_p_max_w(p_max_w)
-    margin = validate_cap_margin(cap_margin)
-    robust = _robust_peak(c.peak_w, c.sigma_w, rule.peak_sigma_k)
-    limit = math.inf if cap is None else margin_cap_w(cap, margin)
+    limit = PowerLimit.of(p_max_w)
+    robust = robust_peak_w(c.peak_w, c.sigma_w, rule.peak_sigma_k)
+    feasible = robust < limit.limit_w  # NaN < limit is False
+    chosen = _eq4(c.time_s, c.energy_w, c.r, feasible, rule.tie_tolerance, context)
+    if chosen is None:
+        raise _infeasible(c, robust, limit, tables.knob)
+    picks, fastest, row = chosen
+    candidates = _candidates_at_picks(c, picks, fastest, c.time_s.shape[1])
+    return _selection(method, candidates[row], limit.cap_w, candidates, tables.knob)
+
+
+def cell_scores(
+    time_s: FloatArray,
+    r: Sequence[float],
+    power_w: FloatArray | None = None,
+    context: RoundContext = EQ4_ALONE,
+) -> FloatArray:
+    """The selection's objective per cell, lower is better: time per sample × r_b (∝ the
+    time to accuracy, Eq. 2 with Eq. 3), each with the context's exponent (``time_weight``,
+    ``r_weight``), × P^w with its energy weight w > 0 (``power_w``: the cells' energy
+    basis, average power where known). The default context is Eq. 4's time × r_b."""
+    r_col = np.asarray(r, dtype=np.float64)[:, None]
+    c = context
+    if c.time_weight == 1.0 and c.r_weight == 1.0:
+        score: FloatArray = time_s * r_col  # Eq. 4
+    else:
+        score = np.where(np.isnan(time_s), np.nan, time_s**c.time_weight) * r_col**c.r_weight
+    if c.energy_weight > 0:
+        if power_w is None:
+            raise ValueError("energy-weight: needs the cells' power")
+        score = score * power_w**c.energy_weight
+    return score
+
+
+def _eq4(
+    time_s: FloatArray,
+    energy_w: FloatArray,
+    r: list[float],
+    feasible: BoolArray,
+    tie_tolerance: float,
+    context: RoundContext,
+) -> tuple[list[int], list[float], int] | None:
+    """The choice over feasible cells (rows: ascending b): per row the flat index of the
+    cell that b would use and its score (inf: none), and the chosen row; None when no cell
+    is feasible. The objective is ``cell_scores``; ties go to the least energy to accuracy.
+
+    With a deadline (``context``) the cells over it are left out while a feasible cell
+    meets it; when none does the objective is the round time alone (the fastest cell)."""
+    score = cell_scores(time_s, r, energy_w, context)
+    if context.deadline_s is not None:
+        on_time = feasible & (time_s * context.samples <= context.deadline_s)
+        if np.count_nonzero(on_time):
+            feasible = on_time
+        else:
+            score = time_s
     # A few whole-table NumPy operations (each costs about a microsecond on tables this
     # small), then per-b work in Python.
-    r_col = np.array(c.r)[:, None]
-    fast = np.where(robust < limit, c.time_s * r_col, math.inf)  # NaN < limit is False
+    r_col = np.array(r)[:, None]
+    fast = np.where(feasible, score, math.inf)
     n_b, n_f = fast.shape
     row_start = np.arange(0, n_b * n_f, n_f)
     picks = fast.argmin(axis=1) + row_start  # flat index of each b's fastest feasible cell
     fastest = fast.take(picks).tolist()
     best = min(fastest)
     if best == math.inf:
-        raise _infeasible(c, robust, cap, margin, tables.knob)
-    threshold = best * (1 + rule.tie_tolerance)
+        return None
+    threshold = best * (1 + tie_tolerance)
     tied = [i for i, f in enumerate(fastest) if f <= threshold]
     if len(tied) > 1 or np.count_nonzero(fast <= threshold) > 1:
         # rows with ties take their least energy to accuracy among them (the lower f first)
-        to_acc = np.where(fast <= threshold, c.energy_w * c.time_s * r_col, math.inf)
+        to_acc = np.where(fast <= threshold, energy_w * time_s * r_col, math.inf)
         picks[tied] = to_acc.argmin(axis=1).take(tied) + row_start.take(tied)
-    candidates = _candidates_at_picks(c, picks.tolist(), fastest, n_f)
+    flat = picks.tolist()
     # across b: the least energy to accuracy, then the lower score, then the larger b
-    chosen = min(tied, key=lambda i: (candidates[i][5] * c.r[i], candidates[i][4], -c.b[i]))
-    return _selection(method, candidates[chosen], cap, candidates, tables.knob)
+    energy_l = energy_w.take(flat).tolist()
+    time_l = time_s.take(flat).tolist()
+    score_l = fast.take(flat).tolist()
+    row = min(tied, key=lambda i: (energy_l[i] * time_l[i] * r[i], score_l[i], -i))
+    return flat, fastest, row
+
+
+def choose_cell(
+    time_s: npt.ArrayLike,
+    peak_w: npt.ArrayLike,
+    energy_w: npt.ArrayLike,
+    r: Sequence[float],
+    limit: PowerLimit | float | None,
+    *,
+    peak_sigma_w: npt.ArrayLike | None = None,
+    rule: SelectionRule = DEFAULT_RULE,
+    context: RoundContext = EQ4_ALONE,
+) -> tuple[int, int] | None:
+    """The (row, column) ``select_eq4`` chooses from bare tables (rows: ascending b; NaN:
+    not measured), None when no cell is feasible: the same feasibility, objective and
+    tie-break, without the axes and checks of a node's selection (a fit's planning asks
+    this many times; ``fl_client.lut_fit``). ``energy_w`` is the energy basis (average
+    power); ``limit`` the cap with its margin, or its ``limit_w``."""
+    t = np.asarray(time_s, dtype=np.float64)
+    e = np.asarray(energy_w, dtype=np.float64)
+    robust = robust_peak_w(peak_w, peak_sigma_w, rule.peak_sigma_k)
+    with np.errstate(invalid="ignore"):
+        feasible = np.isfinite(t) & np.isfinite(e) & (robust < _limit_w(limit))
+    chosen = _eq4(t, e, [float(x) for x in r], feasible, rule.tie_tolerance, context)
+    if chosen is None:
+        return None
+    flat, _, row = chosen
+    return row, flat[row] % t.shape[1]
 
 
 def _candidates_at_picks(
@@ -834,14 +1021,20 @@ def _candidates_at_picks(
 
 
 def _infeasible(
-    c: _Checked, robust: FloatArray, cap: float | None, margin: float, knob: Knob
+    c: _Checked, robust: FloatArray, limit: PowerLimit, knob: Knob
 ) -> InfeasibleCapError:
     """The error for a table without a feasible cell: it names the lowest robust peak."""
-    assert cap is not None  # without a cap every profiled cell is feasible
+    assert limit.capped  # without a cap every profiled cell is feasible
     i, j = np.unravel_index(int(np.nanargmin(robust)), robust.shape)
     lowest = float(robust[i, j])
     return InfeasibleCapError(
-        cap, lowest, c.b[i], c.f[j], margin, lowest - float(c.peak_w[i, j]), knob
+        limit.p_max_w,
+        lowest,
+        c.b[i],
+        c.f[j],
+        limit.cap_margin,
+        lowest - float(c.peak_w[i, j]),
+        knob,
     )
 
 
@@ -851,9 +1044,8 @@ def select_power_aware(
     batch_sizes: Sequence[int],
     freqs_mhz: Sequence[float],
     r: Sequence[float],
-    p_max_w: float | str | None,
+    p_max_w: PowerLimit | float | str | None,
     *,
-    cap_margin: float = 0.0,
     rule: SelectionRule = DEFAULT_RULE,
 ) -> Selection:
     """Eq. 4 with the proxy's r: ``select_eq4`` on LUT_time and LUT_power alone.
@@ -868,8 +1060,8 @@ def select_power_aware(
     lut_time_s, lut_power_w : array_like, shape (|B|, |F|)
         Time per training sample (s) and peak power (W); NaN (same cells) where not
         profiled.
-    batch_sizes, freqs_mhz, r, p_max_w, cap_margin, rule
-        As in ``select_eq4``.
+    batch_sizes, freqs_mhz, r, p_max_w, rule
+        As in ``select_eq4`` (``p_max_w``: the cap with its margin, or a bare cap).
 
     Returns
     -------
@@ -882,7 +1074,6 @@ def select_power_aware(
         freqs_mhz,
         r,
         p_max_w,
-        cap_margin=cap_margin,
         rule=rule,
     )
 
@@ -1044,7 +1235,7 @@ class MethodArgs(TypedDict, total=False):
 
     ``lut_time_s``, ``lut_power_w``, ``lut_avg_power_w``, ``lut_peak_sigma_w`` and ``knob``
     are the tables as separate arguments (the call callers made before ``Tables``); give
-    them or ``tables``, not both. ``cap_margin``: power-aware and oracle.
+    them or ``tables``, not both. ``context``: power-aware and oracle.
     ``b1_freq_cap_mhz``: b1, b2. ``fixed_batch_size`` and ``fixed_freq_mhz``: fixed.
     """
 
@@ -1053,7 +1244,7 @@ class MethodArgs(TypedDict, total=False):
     lut_avg_power_w: npt.ArrayLike | None
     lut_peak_sigma_w: npt.ArrayLike | None
     knob: Knob
-    cap_margin: float
+    context: RoundContext
     b1_freq_cap_mhz: float | None
     fixed_batch_size: int | None
     fixed_freq_mhz: float | None
@@ -1093,7 +1284,7 @@ def select(
     freqs_mhz: Sequence[float],
     tables: Tables | None = None,
     r: Sequence[float] | None = None,
-    p_max_w: float | str | None = None,
+    p_max_w: PowerLimit | float | str | None = None,
     rule: SelectionRule = DEFAULT_RULE,
     **method_args: Unpack[MethodArgs],
 ) -> Selection:
@@ -1103,8 +1294,9 @@ def select(
     ----------
     method : str
         ``power-aware`` and ``oracle`` need the tables, ``r`` (for the oracle: measured on
-        the client's data) and ``p_max_w`` (pass ``math.inf`` or ``"none"`` for no cap:
-        a forgotten cap is an error here, not "no cap"); ``b1`` needs ``b1_freq_cap_mhz``;
+        the client's data) and ``p_max_w`` (the cap with its margin, ``PowerLimit``, or a
+        bare cap; pass ``math.inf`` or ``"none"`` for no cap: a forgotten cap is an error
+        here, not "no cap"); ``b1`` needs ``b1_freq_cap_mhz``;
         ``b2`` needs ``r`` and ``b1_freq_cap_mhz``; ``fixed`` needs ``fixed_batch_size`` and
         ``fixed_freq_mhz``. The tables are optional for the baselines (predictions only).
     batch_sizes, freqs_mhz, r, p_max_w
@@ -1114,7 +1306,7 @@ def select(
     rule : SelectionRule
         ``peak-sigma-k`` and ``tie-tolerance`` of power-aware and oracle (``select_eq4``).
     **method_args
-        ``MethodArgs``: ``cap_margin``, ``b1_freq_cap_mhz``, ``fixed_batch_size``,
+        ``MethodArgs``: ``context`` (``RoundContext``), ``b1_freq_cap_mhz``, ``fixed_batch_size``,
         ``fixed_freq_mhz``, and ``lut_time_s``, ``lut_power_w``, ``lut_avg_power_w``,
         ``lut_peak_sigma_w``, ``knob`` instead of ``tables``.
 
@@ -1144,9 +1336,9 @@ def select(
             freqs_mhz,
             need("r", r),
             need("p-max-w", p_max_w),
-            cap_margin=method_args.get("cap_margin", 0.0),
             rule=rule,
             method=method,
+            context=method_args.get("context", EQ4_ALONE),
         )
     time_s, peak_w = (None, None) if t is None else (t.time_s, t.peak_w)
     if method == "b1":

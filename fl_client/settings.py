@@ -145,6 +145,27 @@ def _choice(cfg: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> str:
 #: predicted energy that still meets the round's deadline (``deadline-s``).
 PACING_MODES = ("off", "deadline")
 
+#: ``balance``: what a node that would finish before the round's planned deadline does with
+#: its slack (``strategies.round_plan``): ``off`` its own Eq. 4 choice (today's rule);
+#: ``samples`` the most sample-efficient cell (least r_b) that meets the deadline;
+#: ``steps`` its Eq. 4 cell with more local steps until the deadline; ``energy`` the cell of
+#: least energy to accuracy that meets it. The node that sets the pace takes its fastest
+#: cell whatever the mode but ``off``.
+BALANCE_MODES = ("off", "samples", "steps", "energy")
+
+
+def _share(cfg: Mapping[str, Any], key: str, default: float) -> float:
+    """An optional share in (0, 1]."""
+    raw = cfg.get(key, default)
+    try:
+        val = float(raw)
+    except (TypeError, ValueError):
+        raise SettingsError(f"{key}: expected a number in (0, 1], got {raw!r}") from None
+    if isinstance(raw, bool) or not (0.0 < val <= 1.0):
+        raise SettingsError(f"{key}: expected a number in (0, 1], got {raw!r}")
+    return val
+
+
 #: ``profile-grid``: ``efficient`` profiles the cells that matter under each node's cap
 #: (paper §4.1; without a cap, each b at the highest frequency); ``full`` every (b, f).
 PROFILE_GRIDS = ("efficient", "full")
@@ -219,6 +240,15 @@ def _bool(cfg: Mapping[str, Any], key: str, default: bool) -> bool:
     raise SettingsError(f"{key}: expected true or false, got {raw!r}")
 
 
+#: ``aggregation``: how the server combines the nodes' arrays each round: ``fedavg``
+#: (weighted by local samples) or ``fednova`` (FedNova's normalised averaging, by each
+#: node's local work: ``strategies.fednova``).
+AGGREGATIONS = ("fedavg", "fednova")
+#: ``idle-accounting``: whether the headline fleet energy counts each board's idle energy
+#: while it waits for the round's slowest node (``on``) or only training and profiling
+#: (``off``: the figure of runs before this setting).
+IDLE_ACCOUNTING = ("on", "off")
+
 #: ``schedule-profiling``: when a node with a ``p-max-schedule`` profiles its caps' LUTs.
 #: ``upfront``: every cap in round 1, when every node profiles anyway, so the fleet waits
 #: once; ``lazy``: each cap the first round it applies, so an unreached cap costs nothing
@@ -259,6 +289,12 @@ class RunSettings:
     pacing: str = "off"
     pacing_margin: float = 0.05
     pacing_deadline_s: float = 0.0
+    #: ``balance`` (see ``BALANCE_MODES``); ``straggler-work``: the share of its local work
+    #: the node that sets the pace runs (in (0, 1]); ``round-deadline-s``: a fixed round
+    #: deadline in seconds of local training time (0: the critical node's best round time).
+    balance: str = "off"
+    straggler_work: float = 1.0
+    round_deadline_s: float = 0.0
     #: ``cap-margin``: share of P_max kept free of profiled peak power (a node's own
     #: ``cap-margin`` overrides it). One profiled peak is a noisy sample and training runs
     #: many more steps than profiling, so a cell is feasible only when its profiled peak is
@@ -315,6 +351,12 @@ class RunSettings:
     #: partition-id i is the fleet's node i), so the server names a node that failed by its
     #: fleet entry; ``powerfl simulate --engine runtime`` sets it.
     simulated_fleet: bool = False
+    #: ``aggregation`` (``AGGREGATIONS``): FedAvg, or FedNova's normalised averaging where
+    #: nodes did different local work (steps × learning rate)
+    aggregation: str = "fedavg"
+    #: ``idle-accounting`` (``IDLE_ACCOUNTING``): ``on`` counts a board's idle power while it
+    #: waits for the round's slowest node in the headline fleet energy
+    idle_accounting: str = "on"
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -370,6 +412,9 @@ class RunSettings:
             pacing=_choice({"pacing": cfg.get("pacing", "off")}, "pacing", PACING_MODES),
             pacing_margin=_fraction(cfg, "pacing-margin", 0.05),
             pacing_deadline_s=_nonneg(cfg, "pacing-deadline-s", 0.0),
+            balance=_choice({"balance": cfg.get("balance", "off")}, "balance", BALANCE_MODES),
+            straggler_work=_share(cfg, "straggler-work", 1.0),
+            round_deadline_s=_nonneg(cfg, "round-deadline-s", 0.0),
             drift_check_every=_int(
                 {**cfg, "drift-check-every": cfg.get("drift-check-every", 0)},
                 "drift-check-every",
@@ -412,6 +457,14 @@ class RunSettings:
             allow_untrained_nodes=_bool(cfg, "allow-untrained-nodes", False),
             run_dir=_path_text(cfg, "run-dir"),
             simulated_fleet=_bool(cfg, "simulated-fleet", False),
+            aggregation=_choice(
+                {"aggregation": cfg.get("aggregation", "fedavg")}, "aggregation", AGGREGATIONS
+            ),
+            idle_accounting=_choice(
+                {"idle-accounting": cfg.get("idle-accounting", "on")},
+                "idle-accounting",
+                IDLE_ACCOUNTING,
+            ),
         )
 
 

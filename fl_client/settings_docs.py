@@ -118,6 +118,15 @@ RUN_HELP: dict[str, str] = {
     "frequency of least predicted energy that still meets the round's deadline "
     "([Pacing](method.md#pacing))",
     "pacing-margin": "share of the deadline a paced node keeps in reserve against noise",
+    "balance": "what a node that would finish before the round's planned deadline does with "
+    "its slack: `off` its own Eq. 4 choice; `samples` the most sample-efficient cell (least "
+    "r_b) that meets the deadline; `steps` more local steps until the deadline; `energy` "
+    "the cell of least energy to accuracy that meets it. The node that sets the pace takes "
+    "its fastest cell ([The round plan](method.md#the-round-plan))",
+    "straggler-work": "the share of its local work the node that sets the pace runs, with "
+    "`balance` on (1: all of it)",
+    "round-deadline-s": "a fixed round deadline in seconds of local training time, with "
+    "`balance` on; 0: the critical node's best predicted round time",
     "pacing-deadline-s": "a fixed deadline in seconds of local training time; 0: the largest "
     "time a node reported at its f\\* in the last round",
     "cap-margin": "share of P_max kept free: a (b, f) is feasible only if its profiled peak "
@@ -157,6 +166,16 @@ RUN_HELP: dict[str, str] = {
     "simulated-fleet": "the run's nodes are the fleet file's (Flower's partition *i* is fleet "
     "node *i*), so the server names a node that failed by its fleet entry; `powerfl simulate "
     "--engine runtime` sets it (the in-process engine hands the fleet to the server itself)",
+    "aggregation": "how the server combines the nodes' arrays each round: `fedavg` (weighted "
+    "by local samples) or `fednova` (FedNova's normalised averaging: each node's update "
+    "divided by its local work, `local-steps` × `local-lr`, then scaled by the fleet's "
+    "mean work; FedAvg exactly when every node did equal work) "
+    "([Aggregation](method.md#aggregation))",
+    "idle-accounting": "`on`: the headline fleet energy (`fleet-energy-j`, "
+    "`fleet-energy-to-target-j`, the console's *energy→target*) counts each board's idle "
+    "power while it waits for the round's slowest node; `off`: training and profiling "
+    "only, the figure of earlier runs. The records hold both parts either way "
+    "([Records](design.md#5-records))",
 }
 
 #: What each key of a fleet entry (``[[node]]`` in a fleet file) or ``--node-config`` means.

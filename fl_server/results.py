@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fl_client.contract import RECORD_VERSION, NodeRow, RoundRow, key_of, to_record
+from fl_client.settings import IDLE_ACCOUNTING
 from strategies.power_aware import RoundReport
 
 #: Set by the process that runs the simulation when a signal ended the run: a ServerApp
@@ -48,27 +49,46 @@ def write_json(path: Path, data: Any) -> None:
 
 
 @dataclass(frozen=True)
+class RoleEnergy:
+    """One role's energy in a round: ``busy_j`` training and profiling, ``idle_j`` waiting at
+    idle power for the rest of the round."""
+
+    busy_j: float = 0.0
+    idle_j: float = 0.0
+
+
+@dataclass(frozen=True)
 class RoundAccount:
     """The accounting of one synchronous round, done once: the round lasts as long as its
     slowest node's device time (training plus profiling); energy is the fleet's sum; a node
-    that finishes early waits at idle power for the rest of the round (unknown idle power
-    counts 0)."""
+    that finishes early waits at idle power for the rest of the round (its board is on; an
+    unknown idle power counts 0; a node without a report this round counts no idle energy:
+    its board may be off). The round's **critical** node is its slowest (it sets the round
+    time); the **slack** nodes are the others that reported."""
 
     round_time_s: float
     train_time_s: float
     profile_time_s: float
     train_energy_j: float
     profile_energy_j: float
-    wait_energy_j: float
+    idle_energy_j: float
     busy_s: dict[str, float]  # node -> training + profiling time
     deadline_misses: int
     predicted_energy_saved_j: float
     #: The round's length had profiling cost nothing: the slowest node's training alone
     free_profiling_round_s: float = 0.0
+    critical: RoleEnergy = RoleEnergy()
+    slack: RoleEnergy = RoleEnergy()
 
     @property
-    def energy_j(self) -> float:
+    def busy_energy_j(self) -> float:
+        """Training and profiling, summed over the fleet (no idle waiting)."""
         return self.train_energy_j + self.profile_energy_j
+
+    def energy_j(self, idle_accounting: str) -> float:
+        """The round's fleet energy as ``idle-accounting`` counts it: training and profiling,
+        plus idle waiting when ``on``."""
+        return self.busy_energy_j + (self.idle_energy_j if idle_accounting == "on" else 0.0)
 
     @property
     def slowest(self) -> str | None:
@@ -84,11 +104,13 @@ class RoundAccount:
         train_round_s = max((r.train_time_s + r.profile_time_s for _, r in ok), default=0.0)
         round_s = report.shared_round_s + train_round_s
         busy = {name: shared[name][0] + r.train_time_s + r.profile_time_s for name, r in ok}
-        wait_j = sum(
-            r.idle_power_w * (round_s - busy[name])
+        idle_j = {
+            name: r.idle_power_w * (round_s - busy[name]) if math.isfinite(r.idle_power_w) else 0.0
             for name, r in ok
-            if math.isfinite(r.idle_power_w)
-        )
+        }
+        busy_j = {name: shared[name][1] + r.train_energy_j + r.profile_energy_j for name, r in ok}
+        critical = max(busy, key=lambda k: busy[k]) if busy else None
+        slack = [name for name in busy if name != critical]
         return cls(
             round_time_s=round_s,
             train_time_s=sum(r.train_time_s for _, r in ok),
@@ -97,11 +119,13 @@ class RoundAccount:
             train_energy_j=sum(r.train_energy_j for _, r in ok),
             profile_energy_j=sum(r.profile_energy_j for _, r in ok)
             + sum(e for _, e in shared.values()),
-            wait_energy_j=wait_j,
+            idle_energy_j=sum(idle_j.values()),
             busy_s=busy,
             deadline_misses=sum(int(r.deadline_miss or 0) for _, r in ok),
             free_profiling_round_s=max((r.train_time_s for _, r in ok), default=0.0),
             predicted_energy_saved_j=sum(r.predicted_energy_saved_j or 0.0 for _, r in ok),
+            critical=(RoleEnergy(busy_j[critical], idle_j[critical]) if critical else RoleEnergy()),
+            slack=RoleEnergy(sum(busy_j[n] for n in slack), sum(idle_j[n] for n in slack)),
         )
 
 
@@ -120,7 +144,7 @@ class NodeTotals:
     train_energy_j: float = 0.0
     profile_energy_j: float = 0.0
     wait_s: float = 0.0
-    wait_energy_j: float = 0.0
+    idle_energy_j: float = 0.0  # at idle power while waiting for the round's slowest node
     slowest_rounds: int = 0
     slowest_time_s: float = 0.0
     over_cap_rounds: int = 0  # rounds whose peak power was above the cap
@@ -157,7 +181,7 @@ class NodeTotals:
         wait = account.round_time_s - account.busy_s[row.node_name]
         self.wait_s += wait
         if math.isfinite(r.idle_power_w):
-            self.wait_energy_j += r.idle_power_w * wait
+            self.idle_energy_j += r.idle_power_w * wait
         if account.slowest == row.node_name:
             self.slowest_rounds += 1
             self.slowest_time_s += account.round_time_s
@@ -195,7 +219,10 @@ class RunRecorder:
     ``summary.json``; all standard JSON, kebab-case (see ``fl_client.contract``). The
     recorder is the one place that accounts time and energy (``RoundAccount``, ``NodeTotals``);
     reports read its records and never re-derive them. Simulated time is device time: each
-    synchronous round lasts as long as its slowest node (training plus profiling).
+    synchronous round lasts as long as its slowest node (training plus profiling). The
+    headline fleet energy counts idle waiting when ``idle_accounting`` is ``on`` (a board
+    that waits for the round is switched on); the records hold training + profiling
+    (``busy``) and idle waiting (``idle``) apart either way.
     """
 
     def __init__(
@@ -206,10 +233,17 @@ class RunRecorder:
         target_accuracy: float,
         console: Console | None = None,
         pacing: str = "off",
+        idle_accounting: str = "on",
     ) -> None:
         RUN_STOPPED.clear()  # a new run: nothing has stopped it yet
+        if idle_accounting not in IDLE_ACCOUNTING:
+            raise ValueError(
+                f"idle-accounting: unknown value {idle_accounting!r}; "
+                f"allowed: {', '.join(IDLE_ACCOUNTING)}"
+            )
         self.run_dir = run_dir
         self.pacing = pacing
+        self.idle_accounting = idle_accounting
         self.method = method
         self.target_accuracy = target_accuracy
         self.console = console or make_console()
@@ -243,6 +277,17 @@ class RunRecorder:
         """Sum of one ``RoundAccount`` figure over the rounds (up to round index ``upto``)."""
         return float(sum(getattr(a, attr) for a in self.accounts[:upto]))
 
+    def _energy(self, upto: int | None = None) -> float:
+        """The fleet's energy over the rounds (up to round index ``upto``) as
+        ``idle-accounting`` counts it."""
+        return float(sum(a.energy_j(self.idle_accounting) for a in self.accounts[:upto]))
+
+    def _per_round(self, role: str, part: str) -> float | None:
+        """A role's (``critical``, ``slack``) mean energy per round, ``busy_j`` or ``idle_j``,
+        over the rounds in which some node reported."""
+        held = [getattr(getattr(a, role), part) for a in self.accounts if a.busy_s]
+        return sum(held) / len(held) if held else None
+
     def record_round(self, report: RoundReport, metrics: dict[str, float]) -> RoundRow:
         """Account one finished round, append its records and print its line."""
         account = RoundAccount.of(report)
@@ -254,10 +299,12 @@ class RunRecorder:
             loss=float(metrics["loss"]),
             round_time_s=account.round_time_s,
             sim_time_s=self.sim_time_s,
-            round_energy_j=account.energy_j,
-            fleet_energy_j=self._sum("energy_j"),
-            round_wait_energy_j=account.wait_energy_j,
-            fleet_wait_energy_j=self._sum("wait_energy_j"),
+            round_energy_j=account.energy_j(self.idle_accounting),
+            fleet_energy_j=self._energy(),
+            round_busy_energy_j=account.busy_energy_j,
+            fleet_busy_energy_j=self._sum("busy_energy_j"),
+            round_idle_energy_j=account.idle_energy_j,
+            fleet_idle_energy_j=self._sum("idle_energy_j"),
             nodes_ok=len(report.ok_nodes),
             nodes_failed=len(failed),
             failed=failed,
@@ -265,6 +312,11 @@ class RunRecorder:
             deadline_misses=account.deadline_misses,
             predicted_energy_saved_j=account.predicted_energy_saved_j,
             warnings=list(report.warnings),
+            critical_node=account.slowest,
+            critical_busy_energy_j=account.critical.busy_j,
+            critical_idle_energy_j=account.critical.idle_j,
+            slack_busy_energy_j=account.slack.busy_j,
+            slack_idle_energy_j=account.slack.idle_j,
         )
         self.rows.append(row)
         self._append("rounds.jsonl", row.to_record())
@@ -326,15 +378,26 @@ class RunRecorder:
             "sim-time-to-target-free-profiling-s": (
                 self._sum("free_profiling_round_s", upto) if reached else None
             ),
-            # Training and profiling, summed over nodes
-            "fleet-energy-to-target-j": self._sum("energy_j", upto) if reached else None,
+            # The headline: training, profiling and (idle-accounting = on) idle waiting
+            "idle-accounting": self.idle_accounting,
+            "fleet-energy-to-target-j": self._energy(upto) if reached else None,
+            # Its parts: training + profiling (busy), idle waiting for the slowest node
+            "fleet-busy-energy-to-target-j": (
+                self._sum("busy_energy_j", upto) if reached else None
+            ),
+            "fleet-idle-energy-to-target-j": self._sum("idle_energy_j", upto) if reached else None,
             "sim-time-s": self.sim_time_s,
-            "fleet-energy-j": self._sum("energy_j"),
+            "fleet-energy-j": self._energy(),
+            "fleet-busy-energy-j": self._sum("busy_energy_j"),
             "fleet-train-energy-j": self._sum("train_energy_j"),
             "fleet-profile-energy-j": self._sum("profile_energy_j"),
-            # Idle energy while waiting for the slowest node (not in fleet-energy-j)
-            "fleet-wait-energy-j": self._sum("wait_energy_j"),
-            "fleet-wait-energy-to-target-j": self._sum("wait_energy_j", upto) if reached else None,
+            "fleet-idle-energy-j": self._sum("idle_energy_j"),
+            # Energy per round by node role: the critical node (the round's slowest) and the
+            # slack nodes (the rest), training + profiling and idle waiting apart
+            "critical-busy-energy-per-round-j": self._per_round("critical", "busy_j"),
+            "critical-idle-energy-per-round-j": self._per_round("critical", "idle_j"),
+            "slack-busy-energy-per-round-j": self._per_round("slack", "busy_j"),
+            "slack-idle-energy-per-round-j": self._per_round("slack", "idle_j"),
             "device-train-time-s": train_s,
             "device-profile-time-s": profile_s,
             "profile-share": profile_s / device_time_s if device_time_s else 0.0,
@@ -391,6 +454,7 @@ class RunRecorder:
             "train s",
             "profile s",
             "energy J",
+            "idle J",
             "failed",
         ):
             table.add_column(col, justify="left" if col in ("node", "device") else "right")
@@ -405,6 +469,7 @@ class RunRecorder:
                 f"{t['train-time-s']:.1f}",
                 f"{t['profile-time-s']:.1f}",
                 f"{t['train-energy-j'] + t['profile-energy-j']:.1f}",
+                f"{t['idle-energy-j']:.1f}",
                 str(t["rounds-failed"]),
             )
         self.console.print(table)
@@ -416,7 +481,14 @@ class RunRecorder:
             + (
                 f"target {summ['target-accuracy']:.2f} reached in round "
                 f"{summ['round-to-target']} after {ttt:.1f} s simulated device time "
-                f"using {e2t:.1f} J fleet energy"
+                f"using {e2t:.1f} J fleet energy ("
+                f"{summ['fleet-busy-energy-to-target-j']:.1f} J training + profiling"
+                + (
+                    f", {summ['fleet-idle-energy-to-target-j']:.1f} J idle waiting)"
+                    if summ.get("idle-accounting") == "on"
+                    else f"; {summ['fleet-idle-energy-to-target-j']:.1f} J idle waiting "
+                    "not counted)"
+                )
                 if ttt is not None
                 else f"target {summ['target-accuracy']:.2f} not reached"
             )
@@ -426,10 +498,25 @@ class RunRecorder:
             f"{summ['device-profile-time-s'] + summ['device-train-time-s']:.1f} s device time "
             f"({100 * summ['profile-share']:.1f}%)"
         )
+        counted = summ.get("idle-accounting") == "on"
         self.console.print(
-            f"waiting for the slowest node at idle power: {summ['fleet-wait-energy-j']:.1f} J "
-            "(not in fleet energy)"
+            f"fleet energy {summ['fleet-energy-j']:.1f} J: training + profiling "
+            f"{summ['fleet-busy-energy-j']:.1f} J, waiting for the slowest node at idle power "
+            f"{summ['fleet-idle-energy-j']:.1f} J "
+            + (
+                "(counted: idle-accounting = on)"
+                if counted
+                else "(not counted: idle-accounting = off)"
+            )
         )
+        if summ.get("critical-busy-energy-per-round-j") is not None:
+            self.console.print(
+                "energy per round: critical node (the slowest) "
+                f"{summ['critical-busy-energy-per-round-j']:.2f} J busy + "
+                f"{summ['critical-idle-energy-per-round-j']:.2f} J idle; slack nodes "
+                f"{summ['slack-busy-energy-per-round-j']:.2f} J busy + "
+                f"{summ['slack-idle-energy-per-round-j']:.2f} J idle"
+            )
         if summ.get("pacing", "off") != "off":
             self.console.print(
                 f"pacing ({summ['pacing']}): {summ['fleet-predicted-energy-saved-j']:.1f} J "

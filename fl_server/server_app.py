@@ -25,8 +25,9 @@ from fl_client.settings import (
 )
 from fl_server.lut_library import LUTLibrary
 from fl_server.results import RunRecorder, new_run_dir, untrained_label
-from strategies.power_aware import PowerAwareFedAvg, SharedProfiling
-from strategies.shared_profiling import SharedOptions
+from strategies.power_aware import PowerAwareFedAvg
+from strategies.round_plan import PlanSettings
+from strategies.shared_profiling import SharedOptions, SharedProfiling
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,15 @@ def make_strategy(settings: RunSettings, r_est: Any, rec: RunRecorder) -> PowerA
         min_available_nodes=settings.min_train_nodes,
         pacing=settings.pacing,
         pacing_deadline_s=settings.pacing_deadline_s,
+        aggregation=settings.aggregation,
     )
+    if settings.balance != "off":
+        strategy.planning = PlanSettings(
+            settings.balance,
+            round_deadline_s=settings.round_deadline_s,
+            margin=settings.pacing_margin,
+            peak_sigma_k=settings.peak_sigma_k,
+        )
     if settings.shared_profiling == "fleet":
         strategy.shared = SharedProfiling(
             library=LUTLibrary(resolve_path(settings.cache_dir) / "library"),
@@ -172,6 +181,7 @@ def run_server(
         method=settings.method,
         target_accuracy=settings.target_accuracy,
         pacing=settings.pacing,
+        idle_accounting=settings.idle_accounting,
     )
     rec.console.print(
         f"[bold]powerfl[/bold] method={settings.method} model={settings.model} "
@@ -213,6 +223,7 @@ def run_server(
             "fleet-file": str(fleet_path(settings.fleet)),
             "num-fleet-nodes": len(load_fleet(settings.fleet)) if settings.fleet else None,
             "shared-profiling": strategy.shared_log,
+            **({"round-plan": strategy.plan_log} if strategy.planning is not None else {}),
             "query-failures": {str(k): v for k, v in strategy.query_failures.items()},
         }
     )

@@ -59,21 +59,29 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
 
 
 def print_comparison(summaries: list[dict[str, Any]]) -> None:
-    """Side-by-side table of methods run on the same fleet, data and seeds."""
+    """Side-by-side table of methods run on the same fleet, data and seeds: the headline
+    energy (idle waiting counted by ``idle-accounting``) and its two parts."""
     from rich.table import Table
 
     from fl_server.results import make_console
 
-    table = Table(title="Methods on the same fleet, data and seeds", title_justify="left")
+    counted = all(s.get("idle-accounting") == "on" for s in summaries)
+    title = "Methods on the same fleet, data and seeds" + (
+        " (energy counts idle waiting: idle-accounting = on)"
+        if counted
+        else " (energy: training + profiling; idle-accounting = off)"
+    )
+    table = Table(title=title, title_justify="left")
     for col in (
         "method",
         "final acc",
         "round→target",
         "time→target s",
         "energy→target J",
+        "train+profile→target J",
+        "idle→target J",
         "sim s",
         "energy J",
-        "idle wait J",
         "profiling",
     ):
         table.add_column(col, justify="left" if col == "method" else "right")
@@ -87,10 +95,11 @@ def print_comparison(summaries: list[dict[str, Any]]) -> None:
             f"{s['final-accuracy']:.3f}",
             str(s["round-to-target"] or "-"),
             fmt(s["sim-time-to-target-s"]),
-            fmt(s["fleet-energy-to-target-j"], 1, 1),
+            fmt(s["fleet-energy-to-target-j"]),
+            fmt(s.get("fleet-busy-energy-to-target-j")),
+            fmt(s.get("fleet-idle-energy-to-target-j")),
             fmt(s["sim-time-s"]),
-            fmt(s["fleet-energy-j"], 1, 1),
-            fmt(s.get("fleet-wait-energy-j"), 1, 1),
+            fmt(s["fleet-energy-j"]),
             f"{100 * s['profile-share']:.1f}%",
         )
     console = make_console()
@@ -100,9 +109,11 @@ def print_comparison(summaries: list[dict[str, Any]]) -> None:
         t0, t1 = base["sim-time-to-target-s"], other["sim-time-to-target-s"]
         e0, e1 = base["fleet-energy-to-target-j"], other["fleet-energy-to-target-j"]
         if t0 and t1 and e0 and e1:
+            b0, b1 = base["fleet-busy-energy-to-target-j"], other["fleet-busy-energy-to-target-j"]
             console.print(
                 f"{base['method']} vs {other['method']}: {t1 / t0:.2f}× less time to target, "
                 f"{e1 / e0:.2f}× less fleet energy to target"
+                + (f" ({b1 / b0:.2f}× without idle waiting)" if counted and b0 and b1 else "")
             )
         elif t0 and e0:
             console.print(

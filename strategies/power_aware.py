@@ -14,25 +14,19 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from fl_client.contract import (
-    Cap,
-    CellsReport,
-    NodeDescriptor,
-    NodeRow,
-    ProfileRequest,
-    TrainConfig,
-    TrainReport,
-)
+from fl_client.contract import Cap, NodeDescriptor, NodeRow, TrainConfig, TrainReport
 from fl_client.lut import LUT, KindKey
-from strategies.shared_profiling import (
-    Cell,
-    KindProfile,
-    SharedOptions,
-    exchanges,
-    kinds_of,
+from strategies.aggregation import aggregate_round, check_aggregation
+from strategies.round_plan import (
+    NodeForecast,
+    PlanSettings,
+    RoundPlan,
+    best_round_time_s,
+    missed,
+    plan_round,
 )
+from strategies.shared_profiling import FleetLUTs, SharedProfiling, run_phase
 
 log = logging.getLogger(__name__)
 
@@ -58,23 +52,6 @@ class RoundReport:
 
     def reports(self) -> list[TrainReport]:
         return [n.report for n in self.nodes if n.ok and n.report is not None]
-
-
-@dataclass(frozen=True)
-class SharedProfiling:
-    """Fleet-shared profiling as the strategy runs it (see ``strategies.shared_profiling``).
-
-    ``library`` gets and keeps one LUT per kind across runs (``fl_server.lut_library``:
-    anything with ``get(kind)`` and ``put(lut, source)``); ``input_shape`` is the model's
-    sample shape; ``steps_train`` keeps the profiled minibatches' updates.
-    """
-
-    library: Any
-    input_shape: tuple[int, ...]
-    options: SharedOptions = field(default_factory=SharedOptions)
-    steps_train: bool = False
-    warmup_steps: int = 1
-    steps: int = 3
 
 
 class PowerAwareFedAvg(FedAvg):
@@ -104,6 +81,8 @@ class PowerAwareFedAvg(FedAvg):
     pacing_deadline_s : float
         A fixed deadline in seconds (> 0), or 0: the largest ``fastest-time-s`` (a node's
         local time at its f*) the round's nodes reported last.
+    aggregation : str
+        ``fedavg`` or ``fednova`` (``strategies.aggregation``).
     """
 
     def __init__(
@@ -117,6 +96,7 @@ class PowerAwareFedAvg(FedAvg):
         min_available_nodes: int = 2,
         pacing: str = "off",
         pacing_deadline_s: float = 0.0,
+        aggregation: str = "fedavg",
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -140,12 +120,18 @@ class PowerAwareFedAvg(FedAvg):
         self.fastest_time_s: dict[int, float] = {}  # node -> last reported time at f*
         self.time_calibration: dict[int, float] = {}  # node -> measured / predicted time
         self._deadline_s: float | None = None
+        #: Fleet-shared profiling (``strategies.shared_profiling``; None: each node its own)
         self.shared: SharedProfiling | None = None
-        self.kind_luts: dict[KindKey, LUT] = {}
-        self.kind_of: dict[int, KindKey] = {}
-        self.shared_log: list[dict[str, Any]] = []  # per kind: how its LUT was made
-        self._shared_cost: dict[int, tuple[float, float]] = {}  # node -> (s, J) this round
-        self._shared_round_s = 0.0
+        self.luts = FleetLUTs()
+        #: The round plan (``strategies.round_plan``; None: ``balance = "off"``)
+        self.planning: PlanSettings | None = None
+        self.plan: RoundPlan | None = None
+        self.plan_log: list[dict[str, Any]] = []  # per planned round: deadline, pace, misses
+        self._last: dict[int, TrainReport] = {}  # node -> its last report
+        self._measured_s: dict[int, float] = {}  # node -> time of a missed deadline
+        # Aggregation (strategies/aggregation.py): the mode and the arrays the round sent
+        self.aggregation = check_aggregation(aggregation)
+        self._sent_arrays: ArrayRecord | None = None
 
     @property
     def batch_sizes(self) -> list[int]:
@@ -164,7 +150,7 @@ class PowerAwareFedAvg(FedAvg):
         known = [self.fastest_time_s[n] for n in node_ids if n in self.fastest_time_s]
         return max(known) if known else None
 
-    def _node_of(self, reply: Message) -> int:
+    def node_of(self, reply: Message) -> int:
         """The node a reply answers for.
 
         A reply the SuperLink makes itself (e.g. "Node Unavailable" once a node misses its
@@ -174,7 +160,7 @@ class PowerAwareFedAvg(FedAvg):
         src = reply.metadata.src_node_id
         return self._sent_to.get(reply.metadata.reply_to_message_id, src)
 
-    def _send_and_receive(
+    def send_and_receive(
         self, grid: Grid, messages: list[Message], timeout_s: float
     ) -> list[Message]:
         replies = list(grid.send_and_receive(messages, timeout=timeout_s))
@@ -187,7 +173,7 @@ class PowerAwareFedAvg(FedAvg):
         """A failed node's row, with its name, device and real cap where the QUERY gave them,
         and its shared-profiling slices of this round (measured even if its TRAIN failed)."""
         desc = self.fleet.get(node_id)
-        shared_s, shared_j = self._shared_cost.get(node_id, (0.0, 0.0))
+        shared_s, shared_j = self.luts.cost.get(node_id, (0.0, 0.0))
         if desc is None:
             name, device, cap = str(node_id), "?", Cap.NONE
         else:
@@ -254,8 +240,8 @@ class PowerAwareFedAvg(FedAvg):
             )
             for node_id in node_ids
         ]
-        for reply in self._send_and_receive(grid, messages, timeout_s):
-            node_id = self._node_of(reply)
+        for reply in self.send_and_receive(grid, messages, timeout_s):
+            node_id = self.node_of(reply)
             if reply.has_error():
                 self.query_failures[node_id] = str(reply.error.reason)
                 continue
@@ -288,13 +274,9 @@ class PowerAwareFedAvg(FedAvg):
             r=tuple(r_node),
             deadline_s=deadline,
             time_calibration=self.time_calibration.get(node_id, 1.0) if deadline else 1.0,
-            kind_lut=self._kind_lut_json(node_id),
+            kind_lut=self.luts.lut_json(node_id),
+            critical=self.plan is not None and node_id in self.plan.critical,
         )
-
-    def _kind_lut_json(self, node_id: int) -> str | None:
-        kind = self.kind_of.get(node_id)
-        lut = None if kind is None else self.kind_luts.get(kind)
-        return None if lut is None else lut.to_json()
 
     # ----------------------------------------------------------------------------- TRAIN
     def configure_train(
@@ -312,6 +294,12 @@ class PowerAwareFedAvg(FedAvg):
             else sorted(random.sample(available, sample_size))
         )
         self._deadline_s = self.deadline_for(node_ids) if server_round > 1 else None
+        self.plan = None
+        if self.planning is not None and server_round > 1:
+            self.plan = self.plan_round(server_round, node_ids)
+            finite = math.isfinite(self.plan.deadline_s)
+            self._deadline_s = self.plan.deadline_s if finite else None
+        self._sent_arrays = arrays  # FedNova's base (aggregate_train)
         messages = []
         for node_id in node_ids:
             node_cfg = ConfigRecord(self.node_config(server_round, node_id).to_config())
@@ -321,15 +309,17 @@ class PowerAwareFedAvg(FedAvg):
             )
         return messages
 
-    def _sort_key(self, reply: Message) -> tuple[str, int]:
-        node_id = self._node_of(reply)
+    def sort_key(self, reply: Message) -> tuple[str, int]:
+        """Replies in the fleet's order: node name, then id."""
+        node_id = self.node_of(reply)
         desc = self.fleet.get(node_id)
         return ("" if desc is None else desc.node_name, node_id)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """FedAvg of the arrays; every node's report kept in a ``RoundReport``.
+        """FedAvg (or FedNova, by ``aggregation``) of the arrays; every node's report kept in
+        a ``RoundReport``.
 
         Replies are taken in the fleet's order (node name, then id), not in arrival order, so
         the floating-point sums of FedAvg, and with them a whole run, repeat exactly for the
@@ -337,8 +327,8 @@ class PowerAwareFedAvg(FedAvg):
         """
         rows: list[NodeRow] = []
         good: list[RecordDict] = []
-        for msg in sorted(replies, key=self._sort_key):
-            node_id = self._node_of(msg)
+        for msg in sorted(replies, key=self.sort_key):
+            node_id = self.node_of(msg)
             if msg.has_error():
                 rows.append(self._row(server_round, node_id, str(msg.error.reason)))
                 continue
@@ -351,14 +341,22 @@ class PowerAwareFedAvg(FedAvg):
             rows.append(dataclasses.replace(row, ok=True, report=report, p_max=report.cap))
             good.append(msg.content)
             self._remember_pacing(node_id, report)
+            self._last[node_id] = report
         report_ = RoundReport(
-            server_round, rows, deadline_s=self._deadline_s, shared_round_s=self._shared_round_s
+            server_round, rows, deadline_s=self._deadline_s, shared_round_s=self.luts.round_s
         )
+        self._record_plan(report_)
         self._warn_all_missed(report_)
         self.rounds.append(report_)
         if not good:
             return None, None
-        arrays = aggregate_arrayrecords(good, self.weighted_by_key)
+        # FedAvg, or FedNova by each node's local work (strategies/aggregation.py)
+        arrays, warning = aggregate_round(
+            self.aggregation, self._sent_arrays, good, self.weighted_by_key, server_round
+        )
+        if warning:
+            log.warning(warning)
+            report_.warnings.append(warning)
         ok = report_.reports()
         agg = MetricRecord(
             {
@@ -373,6 +371,8 @@ class PowerAwareFedAvg(FedAvg):
         """A deadline every node missed is a setting to fix: say so in the round's record."""
         ok = report.reports()
         if self._deadline_s is None or not ok or not all(r.deadline_miss for r in ok):
+            return
+        if self.plan is not None:  # the round plan records its own misses (``_record_plan``)
             return
         key = "pacing-deadline-s" if self.pacing_deadline_s > 0 else "pacing"
         fastest = min(r.fastest_time_s or math.inf for r in ok)
@@ -389,6 +389,82 @@ class PowerAwareFedAvg(FedAvg):
         log.warning(warning)
         report.warnings.append(warning)
 
+    # ----------------------------------------------------------------------------- plan
+    def forecast(self, node_id: int, server_round: int) -> NodeForecast:
+        """A node's predicted best round time: its measured time after a missed deadline;
+        else its kind's LUT × its last local work × its calibration; else what it reported
+        (``fastest-time-s``); inf when nothing is known yet."""
+        assert self.planning is not None
+        if node_id in self._measured_s:
+            return NodeForecast(node_id, self._measured_s.pop(node_id), "measured")
+        last = self._last.get(node_id)
+        kind = self.luts.kind_of.get(node_id)
+        lut = None if kind is None else self.luts.kind_luts.get(kind)
+        desc = self.fleet.get(node_id)
+        if lut is not None and last is not None and desc is not None:
+            best = best_round_time_s(
+                lut.time_per_sample_s,
+                lut.peak_power_w,
+                lut.peak_sigma_w,
+                desc.cap_at(server_round).with_margin(desc.cap_margin),
+                self.template.local_epochs * last.num_examples,
+                calibration=self.time_calibration.get(node_id, 1.0),
+                peak_sigma_k=self.planning.peak_sigma_k,
+            )
+            if math.isfinite(best):
+                return NodeForecast(node_id, best, "lut")
+        reported = None if last is None else last.fastest_time_s
+        if reported is not None and math.isfinite(reported) and reported > 0:
+            return NodeForecast(node_id, reported, "reported")
+        return NodeForecast(node_id, math.inf, "none")
+
+    def plan_round(self, server_round: int, node_ids: list[int]) -> RoundPlan:
+        """This round's plan over ``node_ids`` (``strategies.round_plan.plan_round``)."""
+        assert self.planning is not None
+        forecasts = [self.forecast(n, server_round) for n in node_ids]
+        return plan_round(forecasts, self.planning.round_deadline_s)
+
+    def _name(self, node_id: int) -> str:
+        desc = self.fleet.get(node_id)
+        return str(node_id) if desc is None else desc.node_name
+
+    def _record_plan(self, report: RoundReport) -> None:
+        """The plan's record of the round: who set the pace, who could not meet a fixed
+        deadline (they ran at their fastest cell), who missed it beyond their margin (the
+        next plan uses their measured time)."""
+        plan, planning = self.plan, self.planning
+        if plan is None or planning is None or not math.isfinite(plan.deadline_s):
+            return
+        times = {n.node_id: n.report.train_time_s for n in report.nodes if n.report is not None}
+        late = missed(times, plan.deadline_s, planning.margin)
+        self._measured_s.update(late)
+        names = sorted(map(self._name, plan.unmeetable))
+        if names:
+            report.warnings.append(
+                f"round-deadline-s: {plan.deadline_s:.3g} s is under the best round time of "
+                f"{', '.join(names)}; they ran at their fastest cell"
+            )
+        if late:
+            report.warnings.append(
+                f"balance: {', '.join(sorted(map(self._name, late)))} missed round "
+                f"{report.server_round}'s deadline of {plan.deadline_s:.3g} s by more than "
+                f"{100 * planning.margin:g}%; the next plan uses their measured time"
+            )
+        self.plan_log.append(
+            {
+                "round": report.server_round,
+                "deadline-s": plan.deadline_s,
+                "fixed": plan.fixed,
+                "critical": sorted(map(self._name, plan.critical)),
+                "unmeetable": names,
+                "missed": sorted(map(self._name, late)),
+                "forecasts": {
+                    self._name(f.node_id): {"best-time-s": f.best_time_s, "source": f.source}
+                    for f in plan.forecasts
+                },
+            }
+        )
+
     def _remember_pacing(self, node_id: int, report: TrainReport) -> None:
         """Keep what the next round's deadline and the node's calibration come from."""
         fastest = report.fastest_time_s
@@ -399,111 +475,33 @@ class PowerAwareFedAvg(FedAvg):
             self.time_calibration[node_id] = report.train_time_s / predicted
 
     # ----------------------------------------------------------------------------- shared
+    @property
+    def kind_luts(self) -> dict[KindKey, LUT]:
+        return self.luts.kind_luts
+
+    @property
+    def shared_log(self) -> list[dict[str, Any]]:
+        return self.luts.log
+
     def shared_phase(
         self, grid: Grid, arrays: ArrayRecord, server_round: int, timeout_s: float
     ) -> ArrayRecord:
-        """Fleet-shared profiling before ``server_round``'s training, for every kind of the
-        fleet that has no LUT yet (none in the library either): the seed exchange, then the
-        confirm exchanges (``shared_profiling.exchanges``); returns the global arrays (moved
-        by the profiled steps when they train)."""
-        self._shared_cost, self._shared_round_s = {}, 0.0
+        """Fleet-shared profiling before ``server_round``'s training (methods that select
+        from a LUT; ``shared_profiling.run_phase``); returns the global arrays."""
         if self.shared is None or self.template.method not in ("power-aware", "oracle"):
             return arrays
-        kinds = kinds_of(
-            self.fleet,
-            {n: self.node_batch_sizes(n)[0] for n in self.fleet},
-            self.template.model,
-            self.shared.input_shape,
+        return run_phase(
+            self.shared,
+            self.luts,
+            self,
+            grid,
+            arrays,
+            fleet=self.fleet,
+            batch_sizes={n: self.node_batch_sizes(n)[0] for n in self.fleet},
+            template=self.template,
+            server_round=server_round,
+            timeout_s=timeout_s,
         )
-        self.kind_of = {n: k for k, prof in kinds.items() for n in prof.nodes}
-        todo = {k: p for k, p in kinds.items() if k not in self.kind_luts}
-        for kind in list(todo):
-            known = self.shared.library.get(kind)
-            if known is not None:
-                self.kind_luts[kind] = known
-                self.shared_log.append({"kind": kind.label, "source": "library"})
-                del todo[kind]
-        if not todo:
-            return arrays
-        r_of = {k: self._r_for(k) for k in todo}
-        for requests in exchanges(todo, r_of, self.shared.options):
-            arrays = self._exchange(grid, arrays, server_round, requests, todo, timeout_s)
-        self._store_kinds(todo)
-        return arrays
-
-    def _r_for(self, kind: KindKey) -> list[float]:
-        r_by_b = dict(zip(self.batch_sizes, self.r, strict=True))
-        return [r_by_b[b] for b in kind.batch_sizes]
-
-    def _exchange(
-        self,
-        grid: Grid,
-        arrays: ArrayRecord,
-        server_round: int,
-        requests: dict[int, list[Cell]],
-        kinds: dict[KindKey, KindProfile],
-        timeout_s: float,
-    ) -> ArrayRecord:
-        """One synchronous profiling exchange: send each node its cells, merge the replies
-        into their kinds, account the slowest node's time, FedAvg the trained arrays."""
-        if not requests:
-            return arrays
-        assert self.shared is not None
-        messages = []
-        for node_id, cells in sorted(requests.items()):
-            req = ProfileRequest(
-                server_round=server_round,
-                model=self.template.model,
-                batch_sizes=self.kind_of[node_id].batch_sizes,
-                cells_b=tuple(b for b, _ in cells),
-                cells_freq_mhz=tuple(f for _, f in cells),
-                lr_ref=self.template.lr_ref,
-                b_ref=self.template.b_ref,
-                steps_train=self.shared.steps_train,
-                warmup_steps=self.shared.warmup_steps,
-                steps=self.shared.steps,
-            )
-            content = RecordDict({"arrays": arrays, "config": ConfigRecord(req.to_config())})
-            messages.append(
-                Message(content=content, message_type="train.profile", dst_node_id=node_id)
-            )
-        slowest_s, trained = 0.0, []
-        replies = self._send_and_receive(grid, messages, timeout_s)
-        # by node name, as in aggregate_train: FedAvg's float sums then run in one order, so
-        # a run's weights do not depend on which reply came first
-        for reply in sorted(replies, key=self._sort_key):
-            node_id = self._node_of(reply)
-            if reply.has_error():
-                log.warning(
-                    "shared profiling: node %s failed its slice: %s", node_id, reply.error.reason
-                )
-                continue
-            report = CellsReport.from_metrics(dict(reply.content["metrics"]))
-            kinds[self.kind_of[node_id]].add(report)
-            t, e = self._shared_cost.get(node_id, (0.0, 0.0))
-            self._shared_cost[node_id] = (t + report.profile_time_s, e + report.profile_energy_j)
-            slowest_s = max(slowest_s, report.profile_time_s)
-            if report.num_examples > 0:
-                trained.append(reply.content)
-        self._shared_round_s += slowest_s
-        if not trained:
-            return arrays
-        return aggregate_arrayrecords(trained, self.weighted_by_key)
-
-    def _store_kinds(self, kinds: dict[KindKey, KindProfile]) -> None:
-        """Each kind's merged LUT: kept for the run and in the library."""
-        assert self.shared is not None
-        for kind, prof in kinds.items():
-            cost = [self._shared_cost.get(n, (0.0, 0.0)) for n in prof.nodes]
-            lut = prof.lut(sum(c[0] for c in cost), sum(c[1] for c in cost))
-            entry: dict[str, Any] = {"kind": kind.label, "nodes": len(prof.nodes)}
-            if lut is None:
-                entry["source"] = "none: no cell measured; its nodes profile their own"
-            else:
-                self.kind_luts[kind] = lut
-                self.shared.library.put(lut, "fleet-shared")
-                entry.update(source="fleet-shared", cells=lut.cells_profiled)
-            self.shared_log.append(entry)
 
     # ----------------------------------------------------------------------------- loop
     def run(
@@ -532,9 +530,9 @@ class PowerAwareFedAvg(FedAvg):
                 self.query_new_nodes(grid, timeout_s)
             arrays = self.shared_phase(grid, arrays, server_round, timeout_s)
             messages = list(self.configure_train(server_round, arrays, ConfigRecord(), grid))
-            replies = self._send_and_receive(grid, messages, timeout_s)
+            replies = self.send_and_receive(grid, messages, timeout_s)
             sent = {m.metadata.dst_node_id for m in messages}
-            got = {self._node_of(m) for m in replies}
+            got = {self.node_of(m) for m in replies}
             new_arrays, _ = self.aggregate_train(server_round, replies)
             self._name_the_silent(server_round, sent, got)
             if new_arrays is not None:

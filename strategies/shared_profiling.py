@@ -13,21 +13,32 @@ same LUT up to unit-to-unit spread, so they measure it together, in a few exchan
 The kind's LUT holds the measured cells only (the median where slices overlap): a fitted
 cell never decides anything, and every node then checks its own chosen cell on its own
 board (``shared-verify``: with its training steps, or before it trains; ``fl_client.node``).
-No Flower import: the strategy sends the requests and hands the replies in.
+
+The planning (``exchanges``) is plain Python over the fleet's descriptors; ``run_phase``
+runs the exchanges over Flower messages through the strategy's transport (``Transport``)
+and keeps the kinds' LUTs and what they cost (``FleetLUTs``).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from fl_client.contract import Cap, CellsReport, NodeDescriptor
+from fl_client.contract import Cap, CellsReport, NodeDescriptor, ProfileRequest, TrainConfig
 from fl_client.lut import LUT, KindKey, median_cell
 from fl_client.lut_fit import LUTFit, PlanOptions, fit_lut, next_cell, seed_cells
+from fl_client.selector import PowerLimit, robust_peak_w
+
+log = logging.getLogger(__name__)
 
 #: A cell to measure, as (batch size, GPU frequency in MHz).
 Cell = tuple[int, float]
@@ -57,9 +68,9 @@ class KindProfile:
     caps: dict[int, list[tuple[Cap, float]]]  # node -> every (cap, cap-margin) it runs under
     #: per cell, every measurement of it: (time per sample, peak, average power, σ)
     measured: dict[Cell, list[tuple[float, ...]]] = field(default_factory=dict)
-    spent: dict[float, int] = field(default_factory=dict)  # selection cap W -> confirm cells
-    #: selection cap W -> the (row, column) of the last confirm cell asked for it
-    last: dict[float, tuple[int, int]] = field(default_factory=dict)
+    spent: dict[PowerLimit, int] = field(default_factory=dict)  # cap with margin -> cells
+    #: cap with its margin -> the (row, column) of the last confirm cell asked for it
+    last: dict[PowerLimit, tuple[int, int]] = field(default_factory=dict)
     #: The lowest frequency the seeds go to: the lowest of its nodes' ``profile-floor-mhz``
     #: (0: a node without one, seeds over the whole grid)
     floor_mhz: float = 0.0
@@ -235,25 +246,25 @@ def confirm_requests(
     plan = PlanOptions(tie_tolerance=opts.tie_tolerance)
     for kind, prof in kinds.items():
         time_s, peak_w, avg_w, sigma_w = prof.tables()
-        robust_w = peak_w + opts.peak_sigma_k * np.nan_to_num(sigma_w)  # the selector's rule
+        robust_w = robust_peak_w(peak_w, sigma_w, opts.peak_sigma_k)  # the selector's rule
         if np.count_nonzero(~np.isnan(time_s)) < 2:
             continue  # too little to fit: the kind's nodes profile their own
         fit = fit_lut(kind.batch_sizes, kind.freqs_mhz, time_s, peak_w, avg_w)
-        by_limit: dict[float, list[int]] = defaultdict(list)
+        by_limit: dict[PowerLimit, list[int]] = defaultdict(list)
         for node_id, caps in prof.caps.items():
             for cap, margin in caps:
-                by_limit[cap.selection_w(margin)].append(node_id)
+                by_limit[cap.with_margin(margin)].append(node_id)
         tried = ~np.isnan(time_s)  # a cell whose measurement failed may be asked again
-        for limit_w, nodes in sorted(by_limit.items()):
+        for limit, nodes in sorted(by_limit.items(), key=lambda kv: kv[0].limit_w):
             if sum(prof.spent.values()) >= opts.cells_per_cap * len(by_limit):
                 break  # the kind's pool of confirm cells is spent
-            cell = _confirm_cell(prof, fit, (time_s, robust_w, avg_w), tried, limit_w, r_of, plan)
+            cell = _confirm_cell(prof, fit, (time_s, robust_w, avg_w), tried, limit, r_of, plan)
             if cell is None:
                 continue
             i, j = cell
             tried[i, j] = True
-            prof.last[limit_w] = cell
-            prof.spent[limit_w] = prof.spent.get(limit_w, 0) + 1
+            prof.last[limit] = cell
+            prof.spent[limit] = prof.spent.get(limit, 0) + 1
             todo = [(kind.batch_sizes[i], kind.freqs_mhz[j])]
             for node, assigned in deal(todo, nodes, load).items():
                 out[node].extend(assigned)
@@ -265,15 +276,187 @@ def _confirm_cell(
     fit: LUTFit,
     tables: tuple[np.ndarray, np.ndarray, np.ndarray],
     tried: np.ndarray,
-    limit_w: float,
+    limit: PowerLimit,
     r_of: Mapping[KindKey, Sequence[float]],
     plan: PlanOptions,
 ) -> tuple[int, int] | None:
-    """The (row, column) ``confirm_requests`` asks for next for one selection limit."""
+    """The (row, column) ``confirm_requests`` asks for next for one cap with its margin."""
     robust_w = tables[1]
-    prev = prof.last.get(limit_w)
-    if prev is not None and prev[1] > 0 and robust_w[prev] >= limit_w:
+    prev = prof.last.get(limit)
+    if prev is not None and prev[1] > 0 and robust_w[prev] >= limit.limit_w:
         below = (prev[0], prev[1] - 1)
         if not tried[below]:
             return below
-    return next_cell(fit, tables, tried, limit_w, r_of[prof.kind], 0.0, plan)
+    return next_cell(fit, tables, tried, limit, r_of[prof.kind], plan)
+
+
+# --------------------------------------------------------------------------- the exchanges
+
+
+@dataclass(frozen=True)
+class SharedProfiling:
+    """Fleet-shared profiling as the strategy runs it (``run_phase``).
+
+    ``library`` gets and keeps one LUT per kind across runs (``fl_server.lut_library``:
+    anything with ``get(kind)`` and ``put(lut, source)``); ``input_shape`` is the model's
+    sample shape; ``steps_train`` keeps the profiled minibatches' updates.
+    """
+
+    library: Any
+    input_shape: tuple[int, ...]
+    options: SharedOptions = field(default_factory=SharedOptions)
+    steps_train: bool = False
+    warmup_steps: int = 1
+    steps: int = 3
+
+
+@dataclass
+class FleetLUTs:
+    """The kinds' LUTs a run keeps, how each was made, and this round's profiling cost."""
+
+    kind_luts: dict[KindKey, LUT] = field(default_factory=dict)
+    kind_of: dict[int, KindKey] = field(default_factory=dict)
+    log: list[dict[str, Any]] = field(default_factory=list)  # per kind: how its LUT was made
+    #: node -> (s, J) of its slices this round
+    cost: dict[int, tuple[float, float]] = field(default_factory=dict)
+    #: this round's sum over its exchanges of the slowest node's time
+    round_s: float = 0.0
+
+    def lut_json(self, node_id: int) -> str | None:
+        """The LUT of ``node_id``'s kind as JSON (None: none yet)."""
+        kind = self.kind_of.get(node_id)
+        lut = None if kind is None else self.kind_luts.get(kind)
+        return None if lut is None else lut.to_json()
+
+
+class Transport(Protocol):
+    """How the strategy sends messages and orders replies (``PowerAwareFedAvg``)."""
+
+    weighted_by_key: str
+
+    def send_and_receive(
+        self, grid: Grid, messages: list[Message], timeout_s: float
+    ) -> list[Message]: ...
+
+    def node_of(self, reply: Message) -> int: ...
+
+    def sort_key(self, reply: Message) -> tuple[str, int]: ...
+
+
+@dataclass(frozen=True)
+class _Round:
+    """One shared phase's fixed inputs."""
+
+    setup: SharedProfiling
+    luts: FleetLUTs
+    transport: Transport
+    grid: Grid
+    template: TrainConfig
+    server_round: int
+    timeout_s: float
+
+
+def run_phase(
+    setup: SharedProfiling,
+    luts: FleetLUTs,
+    transport: Transport,
+    grid: Grid,
+    arrays: ArrayRecord,
+    *,
+    fleet: Mapping[int, NodeDescriptor],
+    batch_sizes: Mapping[int, Sequence[int]],
+    template: TrainConfig,
+    server_round: int,
+    timeout_s: float,
+) -> ArrayRecord:
+    """Fleet-shared profiling before ``server_round``'s training, for every kind of the
+    fleet that has no LUT yet (none in the library either): the seed exchange, then the
+    confirm exchanges (``exchanges``); returns the global arrays (moved by the profiled
+    steps when they train). ``batch_sizes``: each node's B (what fits its memory)."""
+    luts.cost, luts.round_s = {}, 0.0
+    kinds = kinds_of(fleet, batch_sizes, template.model, setup.input_shape)
+    luts.kind_of = {n: k for k, prof in kinds.items() for n in prof.nodes}
+    todo = {k: p for k, p in kinds.items() if k not in luts.kind_luts}
+    for kind in list(todo):
+        known = setup.library.get(kind)
+        if known is not None:
+            luts.kind_luts[kind] = known
+            luts.log.append({"kind": kind.label, "source": "library"})
+            del todo[kind]
+    if not todo:
+        return arrays
+    r_by_b = dict(zip(template.batch_sizes, template.r, strict=True))
+    r_of = {k: [r_by_b[b] for b in k.batch_sizes] for k in todo}
+    phase = _Round(setup, luts, transport, grid, template, server_round, timeout_s)
+    for requests in exchanges(todo, r_of, setup.options):
+        arrays = _exchange(phase, arrays, requests, todo)
+    _store_kinds(setup, luts, todo)
+    return arrays
+
+
+def _exchange(
+    phase: _Round,
+    arrays: ArrayRecord,
+    requests: dict[int, list[Cell]],
+    kinds: dict[KindKey, KindProfile],
+) -> ArrayRecord:
+    """One synchronous profiling exchange: send each node its cells, merge the replies
+    into their kinds, account the slowest node's time, FedAvg the trained arrays."""
+    if not requests:
+        return arrays
+    setup, luts, io = phase.setup, phase.luts, phase.transport
+    messages = []
+    for node_id, cells in sorted(requests.items()):
+        req = ProfileRequest(
+            server_round=phase.server_round,
+            model=phase.template.model,
+            batch_sizes=luts.kind_of[node_id].batch_sizes,
+            cells_b=tuple(b for b, _ in cells),
+            cells_freq_mhz=tuple(f for _, f in cells),
+            lr_ref=phase.template.lr_ref,
+            b_ref=phase.template.b_ref,
+            steps_train=setup.steps_train,
+            warmup_steps=setup.warmup_steps,
+            steps=setup.steps,
+        )
+        content = RecordDict({"arrays": arrays, "config": ConfigRecord(req.to_config())})
+        messages.append(Message(content=content, message_type="train.profile", dst_node_id=node_id))
+    slowest_s, trained = 0.0, []
+    replies = io.send_and_receive(phase.grid, messages, phase.timeout_s)
+    # by node name, as in aggregate_train: FedAvg's float sums then run in one order, so
+    # a run's weights do not depend on which reply came first
+    for reply in sorted(replies, key=io.sort_key):
+        node_id = io.node_of(reply)
+        if reply.has_error():
+            log.warning(
+                "shared profiling: node %s failed its slice: %s", node_id, reply.error.reason
+            )
+            continue
+        report = CellsReport.from_metrics(dict(reply.content["metrics"]))
+        kinds[luts.kind_of[node_id]].add(report)
+        t, e = luts.cost.get(node_id, (0.0, 0.0))
+        luts.cost[node_id] = (t + report.profile_time_s, e + report.profile_energy_j)
+        slowest_s = max(slowest_s, report.profile_time_s)
+        if report.num_examples > 0:
+            trained.append(reply.content)
+    luts.round_s += slowest_s
+    if not trained:
+        return arrays
+    return aggregate_arrayrecords(trained, io.weighted_by_key)
+
+
+def _store_kinds(
+    setup: SharedProfiling, luts: FleetLUTs, kinds: dict[KindKey, KindProfile]
+) -> None:
+    """Each kind's merged LUT: kept for the run and in the library."""
+    for kind, prof in kinds.items():
+        cost = [luts.cost.get(n, (0.0, 0.0)) for n in prof.nodes]
+        lut = prof.lut(sum(c[0] for c in cost), sum(c[1] for c in cost))
+        entry: dict[str, Any] = {"kind": kind.label, "nodes": len(prof.nodes)}
+        if lut is None:
+            entry["source"] = "none: no cell measured; its nodes profile their own"
+        else:
+            luts.kind_luts[kind] = lut
+            setup.library.put(lut, "fleet-shared")
+            entry.update(source="fleet-shared", cells=lut.cells_profiled)
+        luts.log.append(entry)

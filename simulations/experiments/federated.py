@@ -377,9 +377,10 @@ def record_path(out: Path, cell: Cell) -> Path:
 
 def _reach(s: Mapping[str, Any]) -> str:
     if s.get("round-to-target"):
+        energy_j = s["fleet-busy-energy-to-target-j"] + s["fleet-idle-energy-to-target-j"]
         return (
             f"target in round {s['round-to-target']} ({s['sim-time-to-target-s']:.1f} s, "
-            f"{s['fleet-energy-to-target-j']:.0f} J)"
+            f"{energy_j:.0f} J with idle waiting)"
         )
     return f"target not reached (final {s['final-accuracy']:.3f})"
 

@@ -34,8 +34,9 @@ SCENARIO_VARIANTS = {
 }
 #: Version of the cell records (part of their key). 2: the runs' records are version 2
 #: (kebab-case rounds.jsonl, per-node totals read from the run's summary), so cells of
-#: version 1 are run again rather than mixed with them.
-CELL_VERSION = 2
+#: version 1 are run again rather than mixed with them. 3: records version 3 (idle waiting
+#: as ``*-idle-energy-j``, training + profiling as ``*-busy-energy-j``, energy by node role).
+CELL_VERSION = 3
 
 #: Allowed keys and their defaults (None: required).
 DEFAULTS: dict[str, Any] = {

@@ -8,9 +8,11 @@ come from the digital twins:
 * *time to target*: simulated wall-clock time (sum of round times; a synchronous round lasts
   as long as its slowest node, profiling included) until the global model's accuracy first
   reaches ``target-accuracy``;
-* *fleet energy to target*: training + profiling energy of every node up to that round;
-  *idle waiting energy*: each node's idle power × the time it waits for the slowest node,
-  reported separately and summed with the former;
+* *fleet energy to target*: the energy of every node up to that round, idle waiting
+  included (a board that waits for the round is switched on), whatever the runs'
+  ``idle-accounting``: its parts as recorded, *training + profiling* (``busy``) and *idle
+  waiting* (each node's idle power × the time it waits for the slowest node), are shown
+  apart and summed here;
 * *straggler share*: the share of rounds in which a node was the slowest (it set the round
   time) and the share of the simulated time those rounds took; *wait*: round time − the
   node's own time, per round.
@@ -54,7 +56,7 @@ def _to_target(rec: Rec) -> dict[str, Any]:
     s = rec["summary"]
     r2t = s.get("round-to-target")
     upto = [r for r in rec["rounds"] if r2t is not None and r["server-round"] <= r2t]
-    e2t, w2t = s.get("fleet-energy-to-target-j"), s.get("fleet-wait-energy-to-target-j")
+    b2t, i2t = s.get("fleet-busy-energy-to-target-j"), s.get("fleet-idle-energy-to-target-j")
     first = rec["rounds"][0]["round-time-s"] if rec["rounds"] else None
     return {
         "reached": r2t is not None,
@@ -62,9 +64,9 @@ def _to_target(rec: Rec) -> dict[str, Any]:
         "time-to-target-s": s.get("sim-time-to-target-s"),
         # the same rounds with profiling counted as free (the limit of cheaper profiling)
         "time-to-target-free-profiling-s": s.get("sim-time-to-target-free-profiling-s"),
-        "energy-to-target-j": e2t,
-        "wait-energy-to-target-j": w2t,
-        "total-energy-to-target-j": _sum_or_none(e2t, w2t),
+        "energy-to-target-j": _sum_or_none(b2t, i2t),
+        "busy-energy-to-target-j": b2t,
+        "idle-energy-to-target-j": i2t,
         "saved-to-target-j": sum(r["predicted-energy-saved-j"] for r in upto) if upto else None,
         "misses-to-target": sum(r["deadline-misses"] for r in upto) if upto else None,
         # rounds 2…target: the part of the time to target after every node's first round
@@ -82,12 +84,19 @@ def _after_round_1(rec: Rec) -> dict[str, Any]:
     def per_round(key: str) -> float | None:
         return sum(float(r[key]) for r in later) / len(later) if later else None
 
-    steady_e, steady_w = per_round("round-energy-j"), per_round("round-wait-energy-j")
+    steady_b, steady_i = per_round("round-busy-energy-j"), per_round("round-idle-energy-j")
     return {
         "round-time-after-1-s": per_round("round-time-s"),
-        "energy-per-round-after-1-j": steady_e,
-        "wait-per-round-after-1-j": steady_w,
-        "sum-per-round-after-1-j": _sum_or_none(steady_e, steady_w),
+        "energy-per-round-after-1-j": _sum_or_none(steady_b, steady_i),
+        "busy-per-round-after-1-j": steady_b,
+        "idle-per-round-after-1-j": steady_i,
+        # by node role: the round's slowest node and the rest, idle waiting included
+        "critical-per-round-after-1-j": _sum_or_none(
+            per_round("critical-busy-energy-j"), per_round("critical-idle-energy-j")
+        ),
+        "slack-per-round-after-1-j": _sum_or_none(
+            per_round("slack-busy-energy-j"), per_round("slack-idle-energy-j")
+        ),
         "saved-per-round-after-1-j": per_round("predicted-energy-saved-j"),
     }
 
@@ -96,15 +105,15 @@ def cell_metrics(rec: Rec) -> dict[str, Any]:
     """The headline numbers of one run (to the target and over all rounds), read from its
     summary and rounds as the recorder wrote them."""
     s = rec["summary"]
-    energy, wait = s.get("fleet-energy-j"), s.get("fleet-wait-energy-j")
+    busy, idle = s.get("fleet-busy-energy-j"), s.get("fleet-idle-energy-j")
     return {
         **_to_target(rec),
         "rounds": len(rec["rounds"]),
         "final-accuracy": s.get("final-accuracy"),
         "sim-time-s": s.get("sim-time-s"),
-        "energy-j": energy,
-        "wait-energy-j": wait,
-        "total-energy-j": (energy or 0.0) + (wait or 0.0),
+        "energy-j": _sum_or_none(busy, idle),
+        "busy-energy-j": busy,
+        "idle-energy-j": idle,
         "energy-saved-j": s.get("fleet-predicted-energy-saved-j"),
         "deadline-misses": s.get("deadline-misses", 0),
         "drift-reprofiles": s.get("drift-reprofiles", 0),
@@ -122,15 +131,15 @@ QUANTS = (
     "time-to-target-s",
     "time-to-target-free-profiling-s",
     "energy-to-target-j",
-    "wait-energy-to-target-j",
-    "total-energy-to-target-j",
+    "busy-energy-to-target-j",
+    "idle-energy-to-target-j",
     "saved-to-target-j",
     "misses-to-target",
     "final-accuracy",
     "sim-time-s",
     "energy-j",
-    "wait-energy-j",
-    "total-energy-j",
+    "busy-energy-j",
+    "idle-energy-j",
     "energy-saved-j",
     "deadline-misses",
     "drift-reprofiles",
@@ -141,8 +150,10 @@ QUANTS = (
     "profile-energy-j",
     "round-time-after-1-s",
     "energy-per-round-after-1-j",
-    "wait-per-round-after-1-j",
-    "sum-per-round-after-1-j",
+    "busy-per-round-after-1-j",
+    "idle-per-round-after-1-j",
+    "critical-per-round-after-1-j",
+    "slack-per-round-after-1-j",
     "saved-per-round-after-1-j",
     "time-to-target-after-1-s",
 )
@@ -195,7 +206,7 @@ NODE_MEANS = (
     "profile-time-s",
     "energy-j",
     "wait-s",
-    "wait-energy-j",
+    "idle-energy-j",
     "slowest-share",
     "slowest-time-share",
     "mean-wait-s",
@@ -246,7 +257,8 @@ def _by_use(records: list[Rec], scenario: str, variant: str) -> list[Rec]:
 
 
 def _curve(rec: Rec) -> list[tuple[int, float, float, float, float]]:
-    """(round, sim time s, accuracy, fleet energy J, fleet wait energy J), round 0 first."""
+    """(round, sim time s, accuracy, fleet busy energy J, fleet idle energy J), round 0
+    first."""
     s = rec["summary"]
     pts = [(0, 0.0, float(s.get("initial-accuracy") or 0.0), 0.0, 0.0)]
     for r in rec["rounds"]:
@@ -255,8 +267,8 @@ def _curve(rec: Rec) -> list[tuple[int, float, float, float, float]]:
                 int(r["server-round"]),
                 float(r["sim-time-s"]),
                 float(r["accuracy"]),
-                float(r["fleet-energy-j"]),
-                float(r["fleet-wait-energy-j"]),
+                float(r["fleet-busy-energy-j"]),
+                float(r["fleet-idle-energy-j"]),
             )
         )
     return pts
@@ -268,7 +280,15 @@ def _fig_accuracy(
     plt = kit.pyplot()
     kit.write_csv(
         out / f"{name}.csv",
-        ["series", "seed", "round", "sim_time_s", "accuracy", "fleet_energy_j", "wait_energy_j"],
+        [
+            "series",
+            "seed",
+            "round",
+            "sim_time_s",
+            "accuracy",
+            "fleet_busy_energy_j",
+            "fleet_idle_energy_j",
+        ],
         [[label, rec["seed"], *pt] for label, rec in series for pt in _curve(rec)],
     )
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -292,12 +312,12 @@ def _fig_energy(out: Path, summary: dict[str, Any], methods: list[str]) -> str:
     plt = kit.pyplot()
     name = "fig-energy-to-target"
     cols = (
-        "energy-to-target-j-mean",
-        "energy-to-target-j-std",
-        "wait-energy-to-target-j-mean",
-        "wait-energy-to-target-j-std",
-        "energy-j-mean",
-        "wait-energy-j-mean",
+        "busy-energy-to-target-j-mean",
+        "busy-energy-to-target-j-std",
+        "idle-energy-to-target-j-mean",
+        "idle-energy-to-target-j-std",
+        "busy-energy-j-mean",
+        "idle-energy-j-mean",
     )
     rows = []
     for m in methods:
@@ -311,10 +331,10 @@ def _fig_energy(out: Path, summary: dict[str, Any], methods: list[str]) -> str:
             "seeds",
             "train_profile_energy_to_target_j_mean",
             "train_profile_energy_to_target_j_std",
-            "wait_energy_to_target_j_mean",
-            "wait_energy_to_target_j_std",
+            "idle_energy_to_target_j_mean",
+            "idle_energy_to_target_j_std",
             "train_profile_energy_all_rounds_j_mean",
-            "wait_energy_all_rounds_j_mean",
+            "idle_energy_all_rounds_j_mean",
         ],
         rows,
     )
@@ -466,11 +486,11 @@ TO_TARGET_COLUMNS = (
     "rounds",
     "sim time s",
     "energy J",
+    "train + profile J",
     "idle wait J",
-    "sum J",
     "profiling share",
     "time ÷ ours",
-    "sum energy ÷ ours",
+    "energy ÷ ours",
     "rounds 2…target s",
     "round time after round 1 s",
 )
@@ -479,8 +499,8 @@ WHOLE_RUN_COLUMNS = (
     "final accuracy",
     "sim time s",
     "energy J",
+    "train + profile J",
     "idle wait J",
-    "sum J",
     "node-rounds over cap",
     "node-rounds failed",
 )
@@ -538,8 +558,8 @@ def _methods_section(
             _mean(g, "final-accuracy", 3),
             _mean(g, "sim-time-s"),
             _mean(g, "energy-j"),
-            _mean(g, "wait-energy-j"),
-            _mean(g, "total-energy-j"),
+            _mean(g, "busy-energy-j"),
+            _mean(g, "idle-energy-j"),
             kit.fmt(g["over-cap-node-rounds-mean"], digits=1),
             kit.fmt(g["node-rounds-failed-mean"], digits=1),
         )
@@ -556,7 +576,11 @@ def _methods_section(
 
 
 def _to_target_table(doc: Doc, ms: dict[str, Any], methods: list[str]) -> None:
-    doc.add("**To the target accuracy** (energy: training + profiling | idle waiting | sum)", "")
+    doc.add(
+        "**To the target accuracy** (energy: idle waiting included = training + profiling "
+        "+ idle waiting)",
+        "",
+    )
     doc.table(TO_TARGET_COLUMNS)
     ours = ms.get("power-aware")
 
@@ -573,11 +597,11 @@ def _to_target_table(doc: Doc, ms: dict[str, Any], methods: list[str]) -> None:
             _reached(g, "round-to-target", 1),
             _reached(g, "time-to-target-s"),
             _reached(g, "energy-to-target-j"),
-            _reached(g, "wait-energy-to-target-j"),
-            _reached(g, "total-energy-to-target-j"),
+            _reached(g, "busy-energy-to-target-j"),
+            _reached(g, "idle-energy-to-target-j"),
             f"{kit.fmt(100 * (g['profile-share-mean'] or 0.0), digits=1)}%",
             versus_ours(g, "time-to-target-s"),
-            versus_ours(g, "total-energy-to-target-j"),
+            versus_ours(g, "energy-to-target-j"),
             _reached(g, "time-to-target-after-1-s"),
             _mean(g, "round-time-after-1-s"),
         )
@@ -680,7 +704,8 @@ def _versus_b1_section(doc: Doc, ms: dict[str, Any]) -> None:
         )
     doc.add("")
     doc.add(
-        "Energy is training + profiling to the target (idle waiting apart, as above). "
+        "Energy is to the target, idle waiting included (training + profiling alone in the "
+        "table above). "
         f"*Profiling overhead*: ours' time to target over the same rounds with profiling "
         f"counted as free, less 1 (goal ≤ {100 * FREE_PROFILING_GOAL:.0f}%). The ratio B1 ÷ "
         "ours splits exactly into *rounds* (B1's rounds to target ÷ ours: the batch size's "
@@ -754,7 +779,7 @@ def _node_table(doc: Doc, table: dict[str, dict[str, Any]], names: list[str]) ->
             kit.cap_span(t["caps"]),
             choices or NA,
             *(kit.fmt(t[q]) for q in ("train-time-s", "profile-time-s", "energy-j", "wait-s")),
-            kit.fmt(t["wait-energy-j"]),
+            kit.fmt(t["idle-energy-j"]),
             f"{100 * (t['slowest-share'] or 0.0):.0f}%",
             kit.fmt(t["peak-power-w"], digits=2),
             kit.fmt(t["over-cap-rounds"], digits=1),
@@ -796,17 +821,18 @@ SCENARIO_COLUMNS: list[tuple[str, str | None]] = [
     ("rounds to target", "round-to-target"),
     ("time to target s", "time-to-target-s"),
     ("energy to target J", "energy-to-target-j"),
-    ("idle wait to target J", "wait-energy-to-target-j"),
-    ("sum to target J", "total-energy-to-target-j"),
+    ("train + profile to target J", "busy-energy-to-target-j"),
+    ("idle wait to target J", "idle-energy-to-target-j"),
     ("final acc.", "final-accuracy"),
     ("run: time s", "sim-time-s"),
     ("run: energy J", "energy-j"),
-    ("run: sum J", "total-energy-j"),
+    ("run: idle wait J", "idle-energy-j"),
     ("profiling energy J", "profile-energy-j"),
     ("round time after round 1 s", "round-time-after-1-s"),
     ("energy / round after round 1 J", "energy-per-round-after-1-j"),
-    ("idle wait / round after round 1 J", "wait-per-round-after-1-j"),
-    ("sum / round after round 1 J", "sum-per-round-after-1-j"),
+    ("idle wait / round after round 1 J", "idle-per-round-after-1-j"),
+    ("critical node / round after round 1 J", "critical-per-round-after-1-j"),
+    ("slack nodes / round after round 1 J", "slack-per-round-after-1-j"),
 ]
 PACING_COLUMNS: list[tuple[str, str | None]] = [
     ("LUT-predicted saving / round J", "saved-per-round-after-1-j"),
@@ -822,14 +848,14 @@ CAP_COLUMNS: list[tuple[str, str | None]] = [
 #: Paired by seed: the other variant against the reference.
 PAIRED = (
     ("time-to-target-s", "time to target"),
-    ("total-energy-to-target-j", "energy to target incl. idle waiting"),
-    ("energy-to-target-j", "training + profiling energy to target"),
+    ("energy-to-target-j", "energy to target incl. idle waiting"),
+    ("busy-energy-to-target-j", "training + profiling energy to target"),
     ("profile-energy-j", "profiling energy"),
     ("round-time-after-1-s", "round time after round 1"),
-    ("energy-per-round-after-1-j", "measured training energy per round after round 1"),
-    ("sum-per-round-after-1-j", "training + idle waiting energy per round after round 1"),
+    ("busy-per-round-after-1-j", "measured training energy per round after round 1"),
+    ("energy-per-round-after-1-j", "training + idle waiting energy per round after round 1"),
     ("sim-time-s", "time, whole run"),
-    ("total-energy-j", "energy incl. idle waiting, whole run"),
+    ("energy-j", "energy incl. idle waiting, whole run"),
 )
 
 

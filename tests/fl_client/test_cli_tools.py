@@ -25,7 +25,7 @@ from fl_client.devices.replay import GPU_POWER_LIMIT_W, ReplayDevice
 from fl_client.devices.sampler import PowerMeasurement
 from fl_client.devices.simulated import load_device_spec
 from fl_client.lut import LUT
-from fl_client.selector import SelectionRule, Tables, select_eq4
+from fl_client.selector import PowerLimit, SelectionRule, Tables, select_eq4
 from fl_client.settings import RunSettings
 from simulations.cli import build_parser, main
 from tests.fl_client.devices.conftest import FakeGpu, make_fake_pynvml
@@ -150,7 +150,7 @@ def test_profile_on_the_twin_writes_and_prints_the_lut(
     assert json.loads(out)["gpu-freq-mhz"] == expected.freq_mhz
     # Eq. 4 under the default cap margin: the cap less 5%
     code, out, _ = run(select, capsys)
-    expected = select_eq4(tables, [4, 8], lut.freqs_mhz, [1, 0.6], 2.5, cap_margin=0.05)
+    expected = select_eq4(tables, [4, 8], lut.freqs_mhz, [1, 0.6], PowerLimit(2.5, 0.05))
     assert code == 0 and out.startswith(
         f"power-aware: b* = {expected.batch_size}, f* = {expected.freq_mhz:g} MHz under P_max "
         "2.5 W less cap-margin 5% (2.375 W)"

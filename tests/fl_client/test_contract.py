@@ -36,7 +36,7 @@ def test_no_cap_from_every_door_is_one_value(value: object) -> None:
     assert cap == Cap.NONE and not cap.capped and math.isinf(cap.watts)
     assert cap.label == "none" and cap.setting == "none" and str(cap) == "none"
     assert cap.to_wire() == math.inf and cap.to_record() is None
-    assert cap.selection_w(0.05) == math.inf
+    assert cap.with_margin(0.05).limit_w == math.inf
 
 
 @pytest.mark.parametrize("value", [4.5, "4.5", " 4.5 ", 4.5e0, np.float64(4.5), Cap(4.5)])
@@ -45,8 +45,8 @@ def test_a_cap_from_every_door_is_one_value(value: object) -> None:
     assert cap == Cap(4.5) and cap.capped and cap.watts == 4.5
     assert cap.label == "4.5 W" and cap.setting == "4.5" and str(cap) == "4.5 W"
     assert cap.to_wire() == 4.5 and cap.to_record() == 4.5
-    assert cap.selection_w(0.0) == 4.5
-    assert cap.selection_w(0.05) == pytest.approx(4.275)
+    assert cap.with_margin(0.0).limit_w == 4.5
+    assert cap.with_margin(0.05).limit_w == pytest.approx(4.275)
 
 
 def test_integral_caps_label_without_a_decimal_point() -> None:
@@ -83,9 +83,9 @@ def test_a_cap_cannot_be_built_broken_and_sorts_no_cap_last() -> None:
 
 
 @pytest.mark.parametrize("margin", [-0.1, 1.0, 1.5])
-def test_selection_cap_refuses_a_margin_outside_0_1(margin: float) -> None:
-    with pytest.raises(SettingsError, match=r"cap-margin: expected a number in \[0, 1\)"):
-        Cap(5.0).selection_w(margin)
+def test_the_cap_with_its_margin_refuses_a_margin_outside_0_1(margin: float) -> None:
+    with pytest.raises(SettingsError, match=r"cap-margin: must be a number in \[0, 1\)"):
+        Cap(5.0).with_margin(margin)
 
 
 def test_settings_schedules_and_fleets_parse_caps_through_cap(tmp_path: Any) -> None:
@@ -371,10 +371,12 @@ def test_round_rows_are_kebab_case_standard_json() -> None:
         loss=math.nan,
         round_time_s=3.0,
         sim_time_s=3.0,
-        round_energy_j=10.0,
-        fleet_energy_j=10.0,
-        round_wait_energy_j=1.0,
-        fleet_wait_energy_j=1.0,
+        round_energy_j=11.0,
+        fleet_energy_j=11.0,
+        round_busy_energy_j=10.0,
+        fleet_busy_energy_j=10.0,
+        round_idle_energy_j=1.0,
+        fleet_idle_energy_j=1.0,
         nodes_ok=2,
         nodes_failed=1,
         failed=["c: boom"],
@@ -383,8 +385,9 @@ def test_round_rows_are_kebab_case_standard_json() -> None:
     assert rec["server-round"] == 1 and rec["nodes-ok"] == 2 and rec["failed"] == ["c: boom"]
     assert rec["deadline-s"] is None and rec["loss"] is None
     assert all("_" not in key for key in rec)
+    assert rec["round-idle-energy-j"] == 1.0 and rec["critical-node"] is None
     json.dumps(rec, allow_nan=False)
-    assert RECORD_VERSION == 2
+    assert RECORD_VERSION == 3
 
 
 def test_to_record_leaves_no_inf_or_nan_anywhere() -> None:

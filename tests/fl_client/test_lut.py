@@ -186,7 +186,7 @@ def test_a_version_1_file_reads_as_its_cap_with_margin_0() -> None:
     _drop_cell_tables(rec)
     old = LUT.from_json(json.dumps(rec))
     assert (old.p_max_w, old.cap_margin, old.grid) == (4.75, 0.0, "efficient")
-    assert old.selection_cap_w == 4.75
+    assert old.limit.limit_w == 4.75
     # written again, it is a version 2 file saying the same
     again = json.loads(old.to_json())
     assert again["version"] == 2 and again["cap-margin"] == 0.0 and again["p-max-w"] == 4.75
@@ -235,9 +235,9 @@ def test_a_lut_keeps_its_bare_cap_and_margin_apart() -> None:
         cap_margin=0.05,
     )
     assert lut.p_max_w == 5.0 and lut.cap_margin == 0.05
-    assert lut.selection_cap_w == pytest.approx(4.75)
+    assert lut.limit.limit_w == pytest.approx(4.75)
     full = _row_lut([4.0, 2.0, 1.5, 1.0], [2, 3, 4, 5], [2, 3, 4, 5])
-    assert full.selection_cap_w is None and full.grid == "full"
+    assert not full.limit.capped and full.grid == "full"
     with pytest.raises(LUTFormatError, match="cap-margin: must be in"):
         _row_lut([4.0, 2.0, 1.5, 1.0], [2, 3, 4, 5], [2, 3, 4, 5], cap_margin=0.05)
     with pytest.raises(LUTFormatError, match="on-demand LUT is made without a cap"):

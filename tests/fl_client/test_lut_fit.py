@@ -19,7 +19,6 @@ from fl_client import lut_fit
 from fl_client.lut_fit import (
     FitOptions,
     PlanOptions,
-    eq4_choice,
     eq4_selector,
     fit_error,
     fit_lut,
@@ -28,10 +27,16 @@ from fl_client.lut_fit import (
     plan_cells,
     seed_cells,
 )
+from fl_client.selector import PowerLimit
 
 B6 = (4, 8, 16, 32, 64, 128)
 F12 = tuple(round(76.8 * k, 1) for k in range(1, 13))  # 76.8 … 921.6 MHz
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _limit_w(cap_w: float) -> float:
+    """A cap with the 5% margin the tests' plans are made with (``PowerLimit.limit_w``)."""
+    return PowerLimit(cap_w, 0.05).limit_w
 
 
 def synthetic(
@@ -247,12 +252,12 @@ def test_chosen_cell_is_measured_and_eq4_on_the_measured_cells(seed: int) -> Non
     plan = plan_cells(B6, F12, CAPS, r, grid_measure(truth), cap_margin=0.05)
     m_t, m_p, m_a = plan.measured_tables()
     assert np.array_equal(np.isnan(m_t), ~plan.measured)
-    select = eq4_selector(r, 0.05)
+    select = eq4_selector(r)
     for choice in plan.choices:
         assert choice.batch_size is not None and choice.freq_mhz is not None
         assert (choice.batch_size, choice.freq_mhz) in _measured_cells(plan)
         i, j = B6.index(choice.batch_size), F12.index(choice.freq_mhz)
-        assert select(m_t, m_p, m_a, choice.cap_w) == (i, j)
+        assert select(m_t, m_p, m_a, _limit_w(choice.cap_w)) == (i, j)
         # measured values are kept as measured in the LUT-shaped result
         assert plan.time_per_sample_s[i, j] == truth[0][i, j]
         if not math.isinf(choice.cap_w):
@@ -289,9 +294,9 @@ def test_plan_matches_the_full_grid_choice() -> None:
         for gamma in (0.0, 0.5, 0.8):
             r = [(b / 128) ** gamma for b in B6]
             plan = plan_cells(B6, F12, CAPS, r, grid_measure(truth), cap_margin=0.05)
-            select = eq4_selector(r, 0.05)
+            select = eq4_selector(r)
             for choice in plan.choices:
-                full = select(*truth, choice.cap_w)
+                full = select(*truth, _limit_w(choice.cap_w))
                 assert full is not None
                 cases += 1
                 got = (B6.index(choice.batch_size), F12.index(choice.freq_mhz))
@@ -314,12 +319,10 @@ def test_next_cell_names_the_cell_plan_cells_measures_next() -> None:
     tables = only(seeds, truth)
     tried = ~np.isnan(tables[0])
     fit = fit_lut(B6, F12, *tables)
-    cell = next_cell(fit, tables, tried, 3.0 * 0.95, r, 0.0, opts)
+    cell = next_cell(fit, tables, tried, PowerLimit(3.0, 0.05), r, opts)
     assert cell is not None and (B6[cell[0]], F12[cell[1]]) == log[-1]
-    # with the cap's limit given as the cap and a margin, the same cell
-    assert next_cell(fit, tables, tried, 3.0, r, 0.05, opts) == cell
     # nothing left untried: settled
-    assert next_cell(fit, tables, np.ones_like(tried), 3.0, r, 0.05, opts) is None
+    assert next_cell(fit, tables, np.ones_like(tried), PowerLimit(3.0, 0.05), r, opts) is None
 
 
 def test_plan_survives_failed_cells() -> None:
@@ -391,10 +394,10 @@ def test_plan_on_the_replay_table_matches_its_full_grid() -> None:
         plan = plan_cells(b_axis, f_axis, caps, r_vec, measure, cap_margin=0.05)
         assert len(plan.cells) <= 8 + 2 * len(caps)
         assert fit_error(plan.fit, t, p).time_mape_pct < 2.0
-        select = eq4_selector(r_vec, 0.05)
+        select = eq4_selector(r_vec)
         for choice in plan.choices:
             got = (b_axis.index(choice.batch_size), f_axis.index(choice.freq_mhz))
-            assert got == select(t, p, a, choice.cap_w)
+            assert got == select(t, p, a, _limit_w(choice.cap_w))
 
 
 def test_plan_input_errors() -> None:
@@ -416,28 +419,15 @@ def test_plan_input_errors() -> None:
     with pytest.raises(ValueError, match="min_chance"):
         PlanOptions(min_chance=1.5)
     with pytest.raises(ValueError, match="cap-margin"):
-        eq4_selector(R_SQRT, cap_margin=1.0)
+        plan_cells(B6, F12, CAPS, R_SQRT, measure, cap_margin=1.0)
 
 
-# --------------------------------------------------------------------------- Eq. 4 mirror
-
-
-def test_eq4_choice_rule() -> None:
-    time_s = np.array([[4.0, 2.0, 1.00], [3.0, 1.5, 1.01]])
-    peak = np.array([[1.0, 2.0, 3.0], [1.0, 2.5, 5.0]])
-    r = [1.0, 1.0]
-    assert eq4_choice(time_s, peak, peak, r, math.inf, tie_tolerance=0.0) == (0, 2)
-    # within the tie tolerance the lower energy wins: 1.01 × 5 > 1.00 × 3
-    assert eq4_choice(time_s, peak, peak, r, math.inf) == (0, 2)
-    assert eq4_choice(time_s, peak, peak, r, 4.0) == (0, 2)
-    assert eq4_choice(time_s, peak, peak, r, 2.9) == (1, 1)
-    assert eq4_choice(time_s, peak, peak, r, 0.5) is None
-    nan = np.where(peak > 2.0, np.nan, time_s)
-    assert eq4_choice(nan, np.where(np.isnan(nan), np.nan, peak), peak, r, math.inf) == (0, 1)
+# --------------------------------------------------------------------------- Eq. 4
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_eq4_choice_agrees_with_the_selector(seed: int) -> None:
+def test_the_plans_choice_is_the_selectors(seed: int) -> None:
+    """``eq4_selector`` (what planning picks by) is the node's ``selector.select``."""
     from fl_client import selector
 
     rng = np.random.default_rng(seed)
@@ -448,7 +438,7 @@ def test_eq4_choice_agrees_with_the_selector(seed: int) -> None:
     time_s, peak = np.where(keep, time_s, np.nan), np.where(keep, peak, np.nan)
     r = sorted(rng.uniform(0.2, 1.0, 6))
     for cap in (2.5, 3.5, 5.0, math.inf):
-        mine = eq4_choice(time_s, peak, peak, r, cap * 0.95 if math.isfinite(cap) else cap)
+        mine = eq4_selector(r)(time_s, peak, peak, _limit_w(cap))
         try:
             sel = selector.select(
                 "power-aware",
@@ -457,8 +447,7 @@ def test_eq4_choice_agrees_with_the_selector(seed: int) -> None:
                 lut_time_s=time_s,
                 lut_power_w=peak,
                 r=r,
-                p_max_w=cap,
-                cap_margin=0.05,
+                p_max_w=PowerLimit(cap, 0.05),
             )
         except selector.InfeasibleCapError:
             assert mine is None

@@ -222,8 +222,13 @@ def test_baselines_do_not_profile(tmp_path: Path) -> None:
     assert report.profile_time_s == 0.0 and report.predicted_time_s is None
     assert not list((tmp_path / "cache").rglob("lut_*.json"))
     fixed = train_config(method="fixed", fixed_batch_size=16, fixed_freq_mhz=460.8)
-    _, report = train_node(run_config(tmp_path), NODE, fixed, initial_state())
-    assert (report.batch_size, report.gpu_freq_mhz) == (16, 460.8)
+    _, small = train_node(run_config(tmp_path), NODE, fixed, initial_state())
+    assert (small.batch_size, small.gpu_freq_mhz) == (16, 460.8)
+    # the local work FedNova normalises by: one epoch's minibatches at lr-ref·sqrt(b/b-ref)
+    for rep, b in ((report, 64), (small, 16)):
+        assert rep.local_steps == math.ceil(rep.num_examples / b)
+        assert rep.local_lr == pytest.approx(TEMPLATE.lr_ref * math.sqrt(b / TEMPLATE.b_ref))
+        assert rep.to_metrics()["local-steps"] == rep.local_steps
 
 
 # --------------------------------------------------------------------------- cap margin
@@ -247,7 +252,7 @@ def test_cap_margin_keeps_the_profiled_peak_of_the_choice_below_the_reduced_cap(
     # less the margin, and the choice stays below it
     assert (lut0.p_max_w, lut0.cap_margin) == (4.0, 0.0)
     assert (lut1.p_max_w, lut1.cap_margin) == (4.0, 0.1)
-    assert lut1.selection_cap_w == pytest.approx(3.6)
+    assert lut1.limit.limit_w == pytest.approx(3.6)
     assert peak1_w < 3.6
     # without the margin the same node picks a point whose profiled peak is in [3.6, 4) W
     assert 3.6 <= peak0_w < 4.0
@@ -265,7 +270,7 @@ def test_a_nodes_own_cap_margin_wins_over_the_run_setting(tmp_path: Path) -> Non
     assert m.cap_margin == 0.1
     lut, peak_w = _profiled_peak_w(tmp_path / "cache", m)
     assert (lut.p_max_w, lut.cap_margin) == (5.0, 0.1)
-    assert lut.selection_cap_w == pytest.approx(4.5) and peak_w < 4.5
+    assert lut.limit.limit_w == pytest.approx(4.5) and peak_w < 4.5
 
 
 def test_a_cap_met_only_without_the_margin_is_refused_naming_the_margin(tmp_path: Path) -> None:
@@ -301,3 +306,41 @@ def test_a_trained_round_checks_its_peak_against_the_lut_and_sets_a_wrong_one_as
     _, third = train_node(run_config(tmp_path), node, train_config(3, r=R_FOR_B64), state)
     assert third.lut_from_cache == 0.0 and third.profile_time_s > 0  # profiled again
     assert third.lut_set_aside == 0.0
+
+
+# --------------------------------------------------------------------------- round plan
+
+
+def test_the_round_plan_on_the_node_by_balance_mode(tmp_path: Path) -> None:
+    node = {**NODE, "p-max-w": 7.0}
+    state = initial_state()
+
+    def run(rnd: int, balance: str, **cfg: Any) -> TrainReport:
+        settings = run_config(tmp_path, balance=balance, **{"straggler-work": 0.5})
+        return train_node(settings, node, train_config(rnd, **cfg), state)[1]
+
+    # round 1, no deadline yet: the node's own Eq. 4 choice and its best round time
+    first = run(1, "samples", r=R_FOR_B64)
+    assert first.deadline_s is None and first.batch_size == 64
+    best = first.fastest_time_s
+    assert best is not None and 0 < best <= first.train_time_s * 1.05
+    # the pace-setter: its fastest cell and straggler-work (half) of its local work
+    pace = run(2, "samples", r=R_FOR_B64, deadline_s=best, critical=True)
+    # half its samples in whole minibatches (2 of 64 of its 268), at its best cell
+    assert pace.predicted_time_s == pytest.approx(best * 128 / 268)
+    assert pace.train_time_s < 0.6 * best
+    # slack, samples: the least r_b (b = 8 with the template's r) that meets the deadline
+    roomy = 50 * best
+    samples = run(3, "samples", deadline_s=roomy)
+    assert samples.batch_size == 8 and samples.deadline_miss == 0.0
+    assert samples.slack_s == pytest.approx(roomy - samples.train_time_s)
+    # slack, steps: its Eq. 4 cell with more local steps, still within the deadline
+    steps = run(4, "steps", r=R_FOR_B64, deadline_s=3 * best)
+    assert steps.batch_size == 64 and steps.train_time_s > 1.8 * first.train_time_s
+    assert steps.deadline_miss == 0.0
+    # slack, energy: a cell that meets the deadline
+    energy = run(5, "energy", deadline_s=roomy)
+    assert energy.deadline_miss == 0.0
+    # a deadline no cell meets: the fastest cell, reported as a miss
+    late = run(6, "samples", r=R_FOR_B64, deadline_s=best / 10)
+    assert late.deadline_miss == 1.0 and late.train_time_s <= first.train_time_s * 1.05

@@ -23,6 +23,7 @@ from fl_client.pacing import (
     plan_pacing,
 )
 from fl_client.profiler import MeasureContext, profile
+from fl_client.selector import PowerLimit
 from fl_client.settings import RunSettings, SettingsError
 from tests.fl_client.test_node import (
     NODE,
@@ -81,7 +82,7 @@ def test_freq_index_is_the_nearest_table_frequency() -> None:
 
 def test_pacing_picks_least_energy_frequency_that_meets_the_deadline() -> None:
     lut = _lut(TIME, PEAK, AVG)
-    plan = plan_pacing(lut, 16, 400.0, math.inf, _work(100.0, margin=0.0))
+    plan = plan_pacing(lut, 16, 400.0, PowerLimit(math.inf), _work(100.0, margin=0.0))
     assert plan.freq_mhz == 200.0  # 20 s, 60 J; 100 MHz would be 80 J
     assert plan.meets_deadline
     assert plan.predicted_time_s == pytest.approx(20.0)
@@ -93,49 +94,58 @@ def test_pacing_picks_least_energy_frequency_that_meets_the_deadline() -> None:
 def test_pacing_keeps_deadline_margin_and_falls_back_to_f_star() -> None:
     lut = _lut(TIME, PEAK, AVG)
     # 20 s at 200 MHz does not fit 21 s minus a 10% margin: 300 MHz (15 s, 75 J) does
-    tight = plan_pacing(lut, 16, 400.0, math.inf, _work(21.0, margin=0.1))
+    tight = plan_pacing(lut, 16, 400.0, PowerLimit(math.inf), _work(21.0, margin=0.1))
     assert tight.freq_mhz == 300.0
     # nothing meets 5 s: run at f*, reported as not meeting
-    miss = plan_pacing(lut, 16, 400.0, math.inf, _work(5.0))
+    miss = plan_pacing(lut, 16, 400.0, PowerLimit(math.inf), _work(5.0))
     assert miss.freq_mhz == 400.0 and not miss.meets_deadline
     # no deadline (round 1): f*
-    free = plan_pacing(lut, 16, 400.0, math.inf, _work(None))
+    free = plan_pacing(lut, 16, 400.0, PowerLimit(math.inf), _work(None))
     assert free.freq_mhz == 400.0 and free.meets_deadline
 
 
 def test_pacing_never_goes_above_f_star_nor_over_the_cap() -> None:
     lut = _lut(TIME, PEAK, AVG, cap=6.0)
     # f* = 300 MHz under the 6 W cap; 400 MHz is faster but above f* and the cap
-    plan = plan_pacing(lut, 16, 300.0, 6.0, _work(1000.0))
+    plan = plan_pacing(lut, 16, 300.0, PowerLimit(6.0), _work(1000.0))
     assert plan.freq_mhz == 200.0
-    fast = plan_pacing(lut, 16, 300.0, 6.0, _work(16.0, margin=0.0))
+    fast = plan_pacing(lut, 16, 300.0, PowerLimit(6.0), _work(16.0, margin=0.0))
     assert fast.freq_mhz == 300.0
     # calibration scales the predicted times: 1.5 × 15 s = 22.5 s misses 20 s
-    slow = plan_pacing(lut, 16, 300.0, 6.0, _work(20.0, margin=0.0, time_calibration=1.5))
+    slow = plan_pacing(
+        lut, 16, 300.0, PowerLimit(6.0), _work(20.0, margin=0.0, time_calibration=1.5)
+    )
     assert slow.freq_mhz == 300.0 and not slow.meets_deadline
     assert slow.predicted_time_s == pytest.approx(22.5)
     # a cap below every cell below f*: only f* itself is left
-    assert plan_pacing(lut, 16, 300.0, 2.0, _work(1000.0)).freq_mhz == 300.0
+    assert plan_pacing(lut, 16, 300.0, PowerLimit(2.0), _work(1000.0)).freq_mhz == 300.0
 
 
 def test_pacing_judges_each_cell_below_f_star_as_the_selector_does() -> None:
     # 100 MHz reads above the 6 W cap (a noisy cell): it is left out, not the cells above
     # it (the old running-maximum rule left only f* itself).
     lut = _lut(TIME, [7.0, 3.5, 5.5, 8.5], AVG, cap=6.0)
-    plan = plan_pacing(lut, 16, 300.0, 6.0, _work(1000.0))
+    plan = plan_pacing(lut, 16, 300.0, PowerLimit(6.0), _work(1000.0))
     assert plan.freq_mhz == 200.0
     # σ of 200 MHz's per-step peaks of 1.3 W: 3.5 + 2 × 1.3 = 6.1 W is not below 6 W
     noisy = dataclasses.replace(lut, peak_sigma_w=np.array([[0.0, 1.3, 0.0, math.nan]]))
-    assert plan_pacing(noisy, 16, 300.0, 6.0, _work(1000.0)).freq_mhz == 300.0
+    assert plan_pacing(noisy, 16, 300.0, PowerLimit(6.0), _work(1000.0)).freq_mhz == 300.0
     lenient = selector.SelectionRule(peak_sigma_k=1.0)  # 4.8 W: feasible again
-    assert plan_pacing(noisy, 16, 300.0, 6.0, _work(1000.0), rule=lenient).freq_mhz == 200.0
+    assert (
+        plan_pacing(noisy, 16, 300.0, PowerLimit(6.0), _work(1000.0), rule=lenient).freq_mhz
+        == 200.0
+    )
 
 
 def test_time_spent_before_training_counts_against_the_deadline() -> None:
     lut = _lut(TIME, PEAK, AVG)
     # 20 s at 200 MHz fits 25 s, but not after 6 s spent measuring: 300 MHz (15 s) does
-    assert plan_pacing(lut, 16, 400.0, math.inf, _work(25.0, margin=0.0)).freq_mhz == 200.0
-    late = plan_pacing(lut, 16, 400.0, math.inf, _work(25.0, margin=0.0, reserved_s=6.0))
+    assert (
+        plan_pacing(lut, 16, 400.0, PowerLimit(math.inf), _work(25.0, margin=0.0)).freq_mhz == 200.0
+    )
+    late = plan_pacing(
+        lut, 16, 400.0, PowerLimit(math.inf), _work(25.0, margin=0.0, reserved_s=6.0)
+    )
     assert late.freq_mhz == 300.0 and late.meets_deadline
 
 
@@ -143,21 +153,25 @@ def test_pacing_needs_the_f_star_cell() -> None:
     nan = math.nan
     lut = _lut([4.0, 2.0, nan, nan], [2.5, 3.5, nan, nan], [2, 3, nan, nan], grid="on-demand")
     with pytest.raises(ValueError, match="gpu-freq-mhz: the LUT has no cell at b=16, f\\*=400"):
-        plan_pacing(lut, 16, 400.0, math.inf, _work(100.0))
+        plan_pacing(lut, 16, 400.0, PowerLimit(math.inf), _work(100.0))
 
 
 def test_pacing_counts_the_idle_wait_so_racing_to_idle_is_not_free() -> None:
     # Training energy per sample is least at the top frequency (race to idle) ...
     time_row, avg_row = [4.0, 2.0, 1.5, 1.25], [1.6, 2.6, 3.2, 3.6]  # 6.4, 5.2, 4.8, 4.5 J
     lut = _lut(time_row, [x + 0.5 for x in avg_row], avg_row)
-    plan = plan_pacing(lut, 16, 400.0, math.inf, _work(100.0, margin=0.0))
+    plan = plan_pacing(lut, 16, 400.0, PowerLimit(math.inf), _work(100.0, margin=0.0))
     assert plan.freq_mhz == 400.0
     # ... but a node that finishes early idles at 1.5 W until the round ends: above idle,
     # energy per sample is 0.4, 2.2, 2.55, 2.625 J, so the slowest frequency in time wins.
-    paced = plan_pacing(lut, 16, 400.0, math.inf, _work(100.0, margin=0.0, idle_power_w=1.5))
+    paced = plan_pacing(
+        lut, 16, 400.0, PowerLimit(math.inf), _work(100.0, margin=0.0, idle_power_w=1.5)
+    )
     assert paced.freq_mhz == 100.0 and paced.meets_deadline
     # the deadline still rules: 40 s at 100 MHz does not fit 25 s, 20 s at 200 MHz does
-    tight = plan_pacing(lut, 16, 400.0, math.inf, _work(25.0, margin=0.0, idle_power_w=1.5))
+    tight = plan_pacing(
+        lut, 16, 400.0, PowerLimit(math.inf), _work(25.0, margin=0.0, idle_power_w=1.5)
+    )
     assert tight.freq_mhz == 200.0
 
 
@@ -295,7 +309,7 @@ def test_pacing_cells_measure_b_star_row_lazily_and_cache_it(tmp_path: Path) -> 
     # still fits the budget after all the measuring, and pacing plans within it
     assert samples * row[measured[1]] + paced.time_s <= work.budget_s
     after = dataclasses.replace(work, reserved_s=paced.time_s)
-    plan = plan_pacing(paced.plan_lut, 32, 921.6, math.inf, after)
+    plan = plan_pacing(paced.plan_lut, 32, 921.6, PowerLimit(math.inf), after)
     assert plan.meets_deadline and plan.freq_mhz < 921.6
     # cached apart from the selection LUT
     cached = load_on_demand(tmp_path, device, WORKLOAD, lut.batch_sizes)

@@ -44,6 +44,7 @@ from fl_client.profiler import (
     profile,
 )
 from fl_client.selector import (
+    PowerLimit,
     Tables,
     feasible_cells,
     feasible_freq_index,
@@ -297,7 +298,7 @@ def test_efficient_walk_stops_below_the_cap_less_its_margin_and_stores_the_bare_
     dev = FakeDevice()
     lut = _profile(dev, p_max_w=3.5, cap_margin=0.05)
     assert lut.p_max_w == 3.5 and lut.cap_margin == 0.05  # the bare cap, and the margin
-    assert lut.selection_cap_w == pytest.approx(3.325)
+    assert lut.limit.limit_w == pytest.approx(3.325)
     i = B6.index(128)
     row = lut.time_per_sample_s[i]
     visited = [f for f, t in zip(NANO_FREQS_MHZ, row, strict=True) if not math.isnan(t)]
@@ -316,12 +317,9 @@ def test_efficient_walk_stops_below_the_cap_less_its_margin_and_stores_the_bare_
     # Eq. 4 under the cap less the margin picks the same from either table
     r = [0.3, 0.4, 0.5, 0.7, 0.9, 1.0]
     full = _profile(FakeDevice())
-    a = select_power_aware(
-        full.time_per_sample_s, full.peak_power_w, B6, NANO_FREQS_MHZ, r, 3.5, cap_margin=0.05
-    )
-    b = select_power_aware(
-        lut.time_per_sample_s, lut.peak_power_w, B6, NANO_FREQS_MHZ, r, 3.5, cap_margin=0.05
-    )
+    limit = PowerLimit(3.5, 0.05)
+    a = select_power_aware(full.time_per_sample_s, full.peak_power_w, B6, NANO_FREQS_MHZ, r, limit)
+    b = select_power_aware(lut.time_per_sample_s, lut.peak_power_w, B6, NANO_FREQS_MHZ, r, limit)
     assert (a.batch_size, a.freq_mhz) == (b.batch_size, b.freq_mhz)
     assert a.peak_power_w < 3.325
 
@@ -531,7 +529,7 @@ def test_bad_batch_sizes_name_the_key() -> None:
 def test_options_object_and_keywords_are_the_same_settings() -> None:
     opts = ProfileOptions(p_max_w="3.5", cap_margin=0.1, steps=2, progress=False)
     assert (opts.p_max_w, opts.cap_w, opts.grid) == (3.5, 3.5, "efficient")
-    assert opts.selection_cap_w == pytest.approx(3.15)
+    assert opts.limit.limit_w == pytest.approx(3.15)
     a = profile(FakeDevice(), WORKLOAD, B6, CountingSteps(), opts)
     b = profile(
         FakeDevice(),
@@ -548,7 +546,7 @@ def test_options_object_and_keywords_are_the_same_settings() -> None:
     for none in (None, "none", math.inf):
         uncapped = ProfileOptions(p_max_w=none, cap_margin=0.05)
         assert uncapped.cap_w is None and uncapped.cap_margin == 0.0
-        assert uncapped.selection_cap_w is None and uncapped.grid == "full"
+        assert not uncapped.limit.capped and uncapped.grid == "full"
     assert ProfileOptions(uncapped="highest").grid == "highest"
 
 

@@ -15,7 +15,9 @@ from fl_client import selector
 from fl_client.selector import (
     METHODS,
     InfeasibleCapError,
+    PowerLimit,
     SelectionRule,
+    choose_cell,
     feasible_freq_index,
     select,
     select_b1,
@@ -245,7 +247,7 @@ def test_cap_margin_keeps_profiled_peaks_below_the_reduced_cap():
     bare = select_power_aware(*args)
     assert (bare.batch_size, bare.freq_mhz) == (8, 300.0)
     # 5 % of 5 W leaves 4.75 W: 4.9 W no longer fits, 4.6 W does
-    kept = select_power_aware(*args, cap_margin=0.05)
+    kept = select_power_aware(*args[:-1], PowerLimit(5.0, 0.05))
     assert (kept.batch_size, kept.freq_mhz, kept.p_max_w) == (8, 200.0, 5.0)
     assert (
         select(
@@ -255,17 +257,16 @@ def test_cap_margin_keeps_profiled_peaks_below_the_reduced_cap():
             lut_time_s=time,
             lut_power_w=power,
             r=[1.0, 1.0],
-            p_max_w=5.0,
-            cap_margin=0.05,
+            p_max_w=PowerLimit(5.0, 0.05),
         )
         == kept
     )
     # without a cap the margin changes nothing
-    assert select_power_aware(*args[:-1], math.inf, cap_margin=0.5) == select_power_aware(
+    assert select_power_aware(*args[:-1], PowerLimit(math.inf, 0.5)) == select_power_aware(
         *args[:-1], math.inf
     )
     with pytest.raises(InfeasibleCapError) as info:
-        select_power_aware(*args[:-1], 3.1, cap_margin=0.05)
+        select_power_aware(*args[:-1], PowerLimit(3.1, 0.05))
     assert info.value.cap_margin == 0.05
     assert "less cap-margin 5% (2.945 W)" in str(info.value)
     assert "Raise p-max-w above 3.158 W, lower cap-margin" in str(info.value)
@@ -277,10 +278,17 @@ def test_bad_cap_margin_is_refused_with_the_key(value):
         selector.validate_cap_margin(value)
 
 
-def test_margin_cap_w():
-    assert selector.margin_cap_w(4.5, 0.05) == pytest.approx(4.275)
-    assert selector.margin_cap_w(4.5, 0.0) == 4.5
-    assert math.isinf(selector.margin_cap_w(math.inf, 0.05))
+def test_the_cap_with_its_margin_is_one_value():
+    assert selector.PowerLimit(4.5, 0.05).limit_w == pytest.approx(4.275)
+    assert selector.PowerLimit(4.5, 0.0).limit_w == 4.5
+    none = selector.PowerLimit(math.inf, 0.05)
+    assert math.isinf(none.limit_w) and none.cap_margin == 0.0 and none.cap_w is None
+    assert selector.PowerLimit.of("none") == selector.NO_LIMIT == selector.PowerLimit.of(None)
+    assert selector.PowerLimit.of(4.5) == selector.PowerLimit(4.5, 0.0)
+    with pytest.raises(ValueError, match="cap-margin"):
+        selector.PowerLimit(4.5, 1.0)
+    with pytest.raises(ValueError, match="p-max-w"):
+        selector.PowerLimit(-1.0)
 
 
 def test_oracle_is_eq4_with_its_own_r():
@@ -459,3 +467,88 @@ def test_table_errors_name_the_table():
 def test_vectorised_feasible_indices_equal_the_row_rule(power_w, p_max_w):
     rows = [feasible_freq_index(row, p_max_w) for row in power_w]
     assert selector.feasible_freq_indices(power_w, p_max_w) == rows
+
+
+# --------------------------------------------------------------------------- choose_cell
+
+
+def test_choose_cell_is_eq4_on_bare_tables() -> None:
+    time_s = np.array([[4.0, 2.0, 1.00], [3.0, 1.5, 1.01]])
+    peak = np.array([[1.0, 2.0, 3.0], [1.0, 2.5, 5.0]])
+    r = [1.0, 1.0]
+    exact = SelectionRule(tie_tolerance=0.0)
+    assert choose_cell(time_s, peak, peak, r, math.inf, rule=exact) == (0, 2)
+    # within the tie tolerance the lower energy wins: 1.01 × 5 > 1.00 × 3
+    assert choose_cell(time_s, peak, peak, r, math.inf) == (0, 2)
+    assert choose_cell(time_s, peak, peak, r, 4.0) == (0, 2)
+    assert choose_cell(time_s, peak, peak, r, 2.9) == (1, 1)
+    assert choose_cell(time_s, peak, peak, r, 0.5) is None
+    # the cap with its margin: 3.0 W less 5% leaves 2.85 W, which 3.0 W breaks
+    assert choose_cell(time_s, peak, peak, r, PowerLimit(3.0, 0.05)) == (1, 1)
+    nan = np.where(peak > 2.0, np.nan, time_s)
+    assert choose_cell(nan, np.where(np.isnan(nan), np.nan, peak), peak, r, math.inf) == (0, 1)
+    # σ of the per-step peaks: 3.0 + 2·0.6 W is over 4 W
+    sigma = np.full_like(peak, 0.6)
+    assert choose_cell(time_s, peak, peak, r, 4.0, peak_sigma_w=sigma) == (1, 1)
+
+
+# --------------------------------------------------------------------------- round context
+
+
+def _context_case() -> tuple[selector.Tables, list[int], list[float], list[float]]:
+    # b = 8 (r 0.3) is slow and sample-efficient; b = 32 (r 1.0) fast; avg power per cell
+    time = np.array([[0.04, 0.03, 0.025], [0.02, 0.012, 0.010]])
+    peak = np.array([[2.0, 3.0, 4.0], [3.0, 4.0, 5.0]])
+    avg = np.array([[1.0, 1.6, 2.5], [1.5, 2.4, 3.6]])
+    return selector.Tables(time, peak, avg), [8, 32], [300.0, 600.0, 900.0], [0.3, 1.0]
+
+
+def test_the_default_round_context_is_eq4() -> None:
+    tables, b, f, r = _context_case()
+    plain = selector.select_eq4(tables, b, f, r, 6.0)
+    assert selector.select_eq4(tables, b, f, r, 6.0, context=selector.EQ4_ALONE) == plain
+    assert (plain.batch_size, plain.freq_mhz) == (8, 900.0)  # 0.025 × 0.3 < 0.010 × 1.0
+
+
+def test_the_pace_setter_takes_its_fastest_cell_whatever_its_r() -> None:
+    tables, b, f, r = _context_case()
+    fastest = selector.select_eq4(tables, b, f, r, 6.0, context=selector.RoundContext(r_weight=0))
+    assert (fastest.batch_size, fastest.freq_mhz) == (32, 900.0)
+
+
+def test_samples_and_energy_modes_meet_the_deadline() -> None:
+    tables, b, f, r = _context_case()
+    # 100 samples within 3.1 s: only cells of ≤ 0.031 s per sample meet it
+    samples = selector.RoundContext(deadline_s=3.1, samples=100, time_weight=0.0)
+    pick = selector.select_eq4(tables, b, f, r, 6.0, context=samples)
+    # the least r that meets it (b = 8), at its least energy to accuracy among those
+    assert (pick.batch_size, pick.freq_mhz) == (8, 600.0)  # 1.6 × 0.03 < 2.5 × 0.025
+    energy = selector.RoundContext(deadline_s=1.3, samples=100, energy_weight=1.0)
+    pick = selector.select_eq4(tables, b, f, r, 6.0, context=energy)
+    # within 1.3 s only b = 32 at 600 / 900 MHz; 2.4 × 0.012 < 3.6 × 0.010
+    assert (pick.batch_size, pick.freq_mhz) == (32, 600.0)
+
+
+def test_a_deadline_no_cell_meets_gives_the_fastest_cell() -> None:
+    tables, b, f, r = _context_case()
+    tight = selector.RoundContext(deadline_s=0.1, samples=100, time_weight=0.0)
+    pick = selector.select_eq4(tables, b, f, r, 6.0, context=tight)
+    assert (pick.batch_size, pick.freq_mhz) == (32, 900.0)
+    # under a 4.5 W cap the fastest feasible cell is b = 32 at 600 MHz
+    pick = selector.select_eq4(tables, b, f, r, 4.5, context=tight)
+    assert (pick.batch_size, pick.freq_mhz) == (32, 600.0)
+
+
+@pytest.mark.parametrize(
+    ("kw", "key"),
+    [
+        ({"energy_weight": 1.5}, "energy-weight"),
+        ({"time_weight": -0.1}, "time-weight"),
+        ({"r_weight": True}, "r-weight"),
+        ({"deadline_s": 0.0, "samples": 10}, "deadline-s"),
+        ({"deadline_s": 1.0}, "samples"),
+    ],
+)
+def test_a_bad_round_context_is_refused_naming_the_key(kw: dict[str, Any], key: str) -> None:
+    with pytest.raises(ValueError, match=f"^{key}:"):
+        selector.RoundContext(**kw)

@@ -15,6 +15,7 @@ from hypothesis.extra import numpy as hnp
 from fl_client.devices.replay import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W
 from fl_client.selector import (
     InfeasibleCapError,
+    PowerLimit,
     SelectionRule,
     Tables,
     feasible_cells,
@@ -151,7 +152,7 @@ def run(tables, opts):
     time, power, b, f, r, cap = tables
     rule = SelectionRule(peak_sigma_k=opts.k, tie_tolerance=opts.tol)
     return select_eq4(
-        Tables(time, power, opts.avg, opts.sigma), b, f, r, cap, cap_margin=opts.margin, rule=rule
+        Tables(time, power, opts.avg, opts.sigma), b, f, r, PowerLimit(cap, opts.margin), rule=rule
     )
 
 

@@ -58,7 +58,7 @@ def test_r_estimation_knobs_are_run_settings() -> None:
         ("cap-margn", "(did you mean cap-margin?)"),
         ("num_rounds", "(did you mean num-rounds?)"),
         ("r-max-sample", "(did you mean r-max-samples?)"),
-        ("zzz", "; known keys: allow-untrained-nodes, b-ref, batch-sizes,"),
+        ("zzz", "; known keys: aggregation, allow-untrained-nodes, b-ref, balance, batch-sizes,"),
     ],
 )
 def test_unknown_run_settings_are_refused_with_a_hint(key: str, hint: str) -> None:

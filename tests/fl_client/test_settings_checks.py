@@ -182,6 +182,32 @@ def test_checking_settings_imports_neither_torch_nor_flower() -> None:
     assert out.stdout.strip() == "[]"
 
 
+# ----------------------------------------------------------------------- the round plan
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "allowed"),
+    [
+        ("straggler_work", 0, r"straggler-work: expected a number in \(0, 1\]"),
+        ("straggler_work", 1.5, r"straggler-work: expected a number in \(0, 1\]"),
+        ("straggler_work", "half", r"straggler-work: expected a number in \(0, 1\]"),
+        ("balance", "fastest", "balance: unknown value 'fastest'; allowed: off, samples, steps"),
+        ("round_deadline_s", -1.0, r"round-deadline-s: expected a finite number ≥ 0"),
+    ],
+)
+def test_bad_round_plan_settings_are_refused_naming_the_key(
+    tmp_path: Path, key: str, value: object, allowed: str
+) -> None:
+    with pytest.raises(SettingsError, match=allowed):
+        _check(tmp_path, _fleet(tmp_path, NANO, ORIN), **{key: value})
+
+
+def test_round_plan_settings_default_to_todays_rule(tmp_path: Path) -> None:
+    s = RunSettings.from_config({})
+    assert (s.balance, s.straggler_work, s.round_deadline_s) == ("off", 1.0, 0.0)
+    _check(tmp_path, _fleet(tmp_path, NANO, ORIN), balance="samples", straggler_work=0.5)
+
+
 # ------------------------------------------------------- the shape of every file given
 
 

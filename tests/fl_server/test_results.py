@@ -76,12 +76,20 @@ def test_round_account_is_synchronous_and_prices_the_wait() -> None:
     account = RoundAccount.of(rep)
     assert account.round_time_s == 4.0 and account.slowest == "slow"
     assert account.busy_s == {"slow": 4.0, "fast": 1.5, "unknown": 1.0}
-    assert account.wait_energy_j == pytest.approx(2.0 * 2.5)
+    assert account.idle_energy_j == pytest.approx(2.0 * 2.5)
     assert account.train_time_s == 5.0 and account.profile_time_s == 1.5
     assert account.train_energy_j == 10.0 and account.profile_energy_j == 3.0
-    assert account.energy_j == 13.0  # training and profiling, summed over the nodes that ran
+    assert account.busy_energy_j == 13.0  # training and profiling, over the nodes that ran
+    # the headline counts the idle waiting by idle-accounting
+    assert account.energy_j("on") == pytest.approx(13.0 + 2.0 * 2.5)
+    assert account.energy_j("off") == 13.0
+    # roles: the straggler is critical (its training and profiling: 6 + 2·1 J), the rest slack
+    assert (account.critical.busy_j, account.critical.idle_j) == (8.0, 0.0)
+    assert account.slack.busy_j == (2.0 + 1.0) + 2.0
+    assert account.slack.idle_j == pytest.approx(2.0 * 2.5)
+    assert account.critical.busy_j + account.slack.busy_j == account.busy_energy_j
     empty = RoundAccount.of(RoundReport(2, [_failed(2, "x")]))
-    assert empty.round_time_s == 0.0 and empty.energy_j == 0.0 and empty.slowest is None
+    assert empty.round_time_s == 0.0 and empty.busy_energy_j == 0.0 and empty.slowest is None
 
 
 def test_records_accumulate_and_time_to_target(tmp_path: Path) -> None:
@@ -98,10 +106,16 @@ def test_records_accumulate_and_time_to_target(tmp_path: Path) -> None:
     rec.record_round(RoundReport(3, [_node(3, "a", 5, 5)]), {"accuracy": 0.9, "loss": 0.4})
     summ = rec.finish()
 
-    assert summ["record-version"] == RECORD_VERSION == 2
+    assert summ["record-version"] == RECORD_VERSION == 3
     assert summ["sim-time-to-target-s"] == 30 + 20  # slowest node per round
-    assert summ["fleet-energy-to-target-j"] == (50 + 4 + 60) + (50 + 60)
-    assert summ["fleet-energy-j"] == (50 + 4 + 60) + (50 + 60) + 5
+    # a waits for b at 1 W: 30 − (10 + 2) s in round 1, 20 − 10 s in round 2
+    idle = (30 - 12) * 1.0 + (20 - 10) * 1.0
+    assert summ["idle-accounting"] == "on"
+    assert summ["fleet-busy-energy-to-target-j"] == (50 + 4 + 60) + (50 + 60)
+    assert summ["fleet-idle-energy-to-target-j"] == idle
+    assert summ["fleet-energy-to-target-j"] == (50 + 4 + 60) + (50 + 60) + idle
+    assert summ["fleet-energy-j"] == (50 + 4 + 60) + (50 + 60) + 5 + idle
+    assert summ["fleet-busy-energy-j"] == (50 + 4 + 60) + (50 + 60) + 5
     assert summ["fleet-train-energy-j"] == 50 + 60 + 50 + 60 + 5
     assert summ["fleet-profile-energy-j"] == 4
     assert summ["round-to-target"] == 2 and summ["rounds"] == 3
@@ -114,7 +128,15 @@ def test_records_accumulate_and_time_to_target(tmp_path: Path) -> None:
     assert rounds[0]["failed"] == ["c: boom"]
     assert rounds[0]["server-round"] == 1 and rounds[0]["nodes-ok"] == 2
     assert rounds[0]["round-time-s"] == 30 and rounds[1]["sim-time-s"] == 50
-    assert rounds[1]["fleet-energy-j"] == (50 + 4 + 60) + (50 + 60)
+    assert rounds[1]["fleet-energy-j"] == (50 + 4 + 60) + (50 + 60) + idle
+    assert rounds[1]["fleet-busy-energy-j"] == (50 + 4 + 60) + (50 + 60)
+    assert rounds[0]["round-idle-energy-j"] == 18 and rounds[1]["fleet-idle-energy-j"] == idle
+    # roles: b is critical in rounds 1 and 2; a alone is critical in round 3
+    assert [r["critical-node"] for r in rounds] == ["b", "b", "a"]
+    assert (rounds[0]["critical-busy-energy-j"], rounds[0]["slack-busy-energy-j"]) == (60, 54)
+    assert (rounds[0]["critical-idle-energy-j"], rounds[0]["slack-idle-energy-j"]) == (0, 18)
+    assert summ["critical-busy-energy-per-round-j"] == pytest.approx((60 + 60 + 5) / 3)
+    assert summ["slack-idle-energy-per-round-j"] == pytest.approx((18 + 10 + 0) / 3)
     assert all("_" not in key for row in rounds for key in row)  # kebab-case
     nodes = _lines(run_dir / "nodes.jsonl")
     assert len(nodes) == 3 + 2 + 1
@@ -134,8 +156,49 @@ def test_target_not_reached_leaves_to_target_figures_null(tmp_path: Path) -> Non
     summ = rec.finish()
     assert summ["round-to-target"] is None and summ["sim-time-to-target-s"] is None
     assert summ["fleet-energy-to-target-j"] is None
-    assert summ["fleet-wait-energy-to-target-j"] is None
+    assert summ["fleet-busy-energy-to-target-j"] is None
+    assert summ["fleet-idle-energy-to-target-j"] is None
     assert summ["sim-time-s"] == 10
+
+
+@pytest.mark.parametrize("idle_accounting", ["on", "off"])
+def test_idle_accounting_sets_the_headline_and_the_records_keep_both_parts(
+    tmp_path: Path, idle_accounting: str
+) -> None:
+    """A board waiting for the round is on: ``on`` counts its idle energy in the headline,
+    ``off`` gives training + profiling alone (the figure before the setting)."""
+    out = io.StringIO()
+    rec = _recorder(tmp_path, out, idle_accounting=idle_accounting)
+    rec.initial_eval({"accuracy": 0.1, "loss": 2.3})
+    slow, fast = (
+        _node(1, "slow", 8, 40, idle_power_w=1.5),
+        _node(1, "fast", 2, 10, idle_power_w=1.5),
+    )
+    row = rec.record_round(RoundReport(1, [slow, fast]), {"accuracy": 0.9, "loss": 0.2})
+    summ = rec.finish()
+    busy, idle = 40.0 + 10.0, 1.5 * (8 - 2)
+    headline = busy + idle if idle_accounting == "on" else busy
+    assert summ["idle-accounting"] == idle_accounting
+    assert summ["fleet-energy-to-target-j"] == summ["fleet-energy-j"] == headline
+    assert summ["fleet-busy-energy-to-target-j"] == summ["fleet-busy-energy-j"] == busy
+    assert summ["fleet-idle-energy-to-target-j"] == summ["fleet-idle-energy-j"] == idle
+    assert row.round_energy_j == row.fleet_energy_j == headline
+    assert (row.round_busy_energy_j, row.round_idle_energy_j) == (busy, idle)
+    assert row.critical_node == "slow" and row.slack_idle_energy_j == idle
+    assert (
+        summ["critical-busy-energy-per-round-j"] == 40
+        and summ["slack-busy-energy-per-round-j"] == 10
+    )
+    text = out.getvalue()
+    assert f"using {headline:.1f} J fleet energy ({busy:.1f} J training + profiling" in text
+    counted = "counted: idle-accounting = on" if idle_accounting == "on" else "not counted"
+    assert f"at idle power {idle:.1f} J ({counted}" in text
+    assert "energy per round: critical node (the slowest) 40.00 J busy + 0.00 J idle" in text
+
+
+def test_an_unknown_idle_accounting_is_refused_naming_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="idle-accounting: unknown value 'yes'; allowed: on, off"):
+        _recorder(tmp_path, io.StringIO(), idle_accounting="yes")
 
 
 def test_node_totals_are_written_once_with_waits_caps_and_choices(tmp_path: Path) -> None:
@@ -169,12 +232,12 @@ def test_node_totals_are_written_once_with_waits_caps_and_choices(tmp_path: Path
     assert slow["p-max-w"] is None  # its last round had no cap: null, never Infinity
     assert slow["drift-reprofiles"] == 1 and summ["drift-reprofiles"] == 1
     assert slow["choices"] == {"b16@460.8": 2}
-    assert fast["wait-s"] == 6 and fast["wait-energy-j"] == 12 and fast["mean-wait-s"] == 6
+    assert fast["wait-s"] == 6 and fast["idle-energy-j"] == 12 and fast["mean-wait-s"] == 6
     assert fast["over-cap-rounds"] == 1 and fast["violation-rounds"] == 1
     assert fast["peak-power-w"] == 4.6 and fast["rounds-failed"] == 1
     assert fast["p-max-w"] == 4.5 and fast["cap-label"] == "4.5 W"
     assert fast["errors"] == {"no configuration fits": 1}
-    assert summ["fleet-wait-energy-j"] == 12 and summ["over-cap-node-rounds"] == 1
+    assert summ["fleet-idle-energy-j"] == 12 and summ["over-cap-node-rounds"] == 1
     totals = NodeTotals("jetson-nano")
     assert totals.to_record(0.0)["mean-wait-s"] is None
 

@@ -70,11 +70,11 @@ def test_round_time_is_the_exchanges_slowest_plus_the_slowest_training() -> None
     assert account.profile_time_s == pytest.approx(0.5 + 2.0 + 1.5 + 1.0)
     assert account.profile_energy_j == pytest.approx(1.0 + 6.0 + 4.5 + 3.0)
     assert account.train_time_s == pytest.approx(13.0)
-    assert account.energy_j == pytest.approx(account.train_energy_j + account.profile_energy_j)
+    assert account.busy_energy_j == pytest.approx(account.train_energy_j + account.profile_energy_j)
     # busy: its slices, its training and its own profiling; the rest of the round it waits
     assert account.busy_s == pytest.approx({"a": 2.0 + 5.5, "b": 1.5 + 8.0})
     assert account.slowest == "b"
-    assert account.wait_energy_j == pytest.approx(IDLE_W * ((10.5 - 7.5) + (10.5 - 9.5)))
+    assert account.idle_energy_j == pytest.approx(IDLE_W * ((10.5 - 7.5) + (10.5 - 9.5)))
 
 
 def test_without_shared_profiling_the_round_is_its_slowest_training() -> None:

@@ -1,4 +1,4 @@
-"""The federated report reads the recorder's accounting (records version 2) and never
+"""The federated report reads the recorder's accounting (records version 3) and never
 re-derives it; cells run in a child process with their own log and timeout.
 
 The records here are synthetic, in the form ``fl_server.results`` writes them, so every
@@ -36,7 +36,7 @@ def node_totals(device: str, **over: Any) -> dict[str, Any]:
         "train-energy-j": 100.0,
         "profile-energy-j": 20.0,
         "wait-s": 3.0,
-        "wait-energy-j": 1.5,
+        "idle-energy-j": 1.5,
         "mean-wait-s": 1.0,
         "slowest-rounds": 1,
         "slowest-time-s": 14.0,
@@ -67,10 +67,12 @@ def round_row(rnd: int, **over: Any) -> dict[str, Any]:
         "loss": 1.0,
         "round-time-s": 10.0,
         "sim-time-s": 10.0 * rnd,
-        "round-energy-j": 40.0,
-        "fleet-energy-j": 40.0 * rnd,
-        "round-wait-energy-j": 2.0,
-        "fleet-wait-energy-j": 2.0 * rnd,
+        "round-energy-j": 42.0,
+        "fleet-energy-j": 42.0 * rnd,
+        "round-busy-energy-j": 40.0,
+        "fleet-busy-energy-j": 40.0 * rnd,
+        "round-idle-energy-j": 2.0,
+        "fleet-idle-energy-j": 2.0 * rnd,
         "nodes-ok": 2,
         "nodes-failed": 0,
         "failed": [],
@@ -78,13 +80,18 @@ def round_row(rnd: int, **over: Any) -> dict[str, Any]:
         "deadline-misses": 0,
         "predicted-energy-saved-j": 0.0,
         "warnings": [],
+        "critical-node": "nano",
+        "critical-busy-energy-j": 25.0,
+        "critical-idle-energy-j": 0.0,
+        "slack-busy-energy-j": 15.0,
+        "slack-idle-energy-j": 2.0,
     }
     r.update(over)
     return r
 
 
 def cell(method: str, seed: int, uses: list[list[str]], **summary: Any) -> dict[str, Any]:
-    """A version-2 cell record: a 3-round run of two nodes that reached the target in 2."""
+    """A version-3 cell record: a 3-round run of two nodes that reached the target in 2."""
     rounds = [
         round_row(1, **{"round-time-s": 14.0, "predicted-energy-saved-j": 0.0}),
         round_row(2, **{"round-time-s": 4.0, "predicted-energy-saved-j": 1.5}),
@@ -98,7 +105,7 @@ def cell(method: str, seed: int, uses: list[list[str]], **summary: Any) -> dict[
         ),
     }
     s: dict[str, Any] = {
-        "record-version": 2,
+        "record-version": 3,
         "method": method,
         "rounds": 3,
         "initial-accuracy": 0.1,
@@ -107,13 +114,16 @@ def cell(method: str, seed: int, uses: list[list[str]], **summary: Any) -> dict[
         "round-to-target": 2,
         "sim-time-to-target-s": 18.0,
         "sim-time-to-target-free-profiling-s": 16.0,
-        "fleet-energy-to-target-j": 80.0,
+        "idle-accounting": "on",
+        "fleet-energy-to-target-j": 84.0,
+        "fleet-busy-energy-to-target-j": 80.0,
+        "fleet-idle-energy-to-target-j": 4.0,
         "sim-time-s": 24.0,
-        "fleet-energy-j": 120.0,
+        "fleet-energy-j": 126.0,
+        "fleet-busy-energy-j": 120.0,
         "fleet-train-energy-j": 100.0,
         "fleet-profile-energy-j": 20.0,
-        "fleet-wait-energy-j": 6.0,
-        "fleet-wait-energy-to-target-j": 4.0,
+        "fleet-idle-energy-j": 6.0,
         "device-train-time-s": 60.0,
         "device-profile-time-s": 12.0,
         "profile-share": 12.0 / 72.0,
@@ -151,13 +161,29 @@ def cell(method: str, seed: int, uses: list[list[str]], **summary: Any) -> dict[
 def test_cell_metrics_read_the_recorders_totals():
     m = cell_metrics(cell("power-aware", 0, [["methods", "power-aware"]]))
     assert (m["round-to-target"], m["time-to-target-s"]) == (2, 18.0)
-    assert m["total-energy-to-target-j"] == 84.0 and m["total-energy-j"] == 126.0
+    # energy: training + profiling + idle waiting, from the recorded parts
+    assert m["energy-to-target-j"] == 84.0 and m["energy-j"] == 126.0
+    assert m["busy-energy-to-target-j"] == 80.0 and m["idle-energy-to-target-j"] == 4.0
     assert m["node-rounds-failed"] == 1 and m["over-cap-node-rounds"] == 3  # from the summary
     assert m["profile-energy-j"] == 20.0 and m["energy-saved-j"] == 4.0
     assert m["time-over-cap-s"] == pytest.approx(0.75)  # the nodes' totals
     assert m["saved-to-target-j"] == 1.5 and m["saved-per-round-after-1-j"] == 2.0
     assert m["round-time-after-1-s"] == 5.0 and m["time-to-target-after-1-s"] == 4.0
-    assert m["energy-per-round-after-1-j"] == 40.0 and m["sum-per-round-after-1-j"] == 42.0
+    assert m["busy-per-round-after-1-j"] == 40.0 and m["energy-per-round-after-1-j"] == 42.0
+    assert m["critical-per-round-after-1-j"] == 25.0 and m["slack-per-round-after-1-j"] == 17.0
+
+
+def test_cell_metrics_count_idle_waiting_whatever_the_runs_idle_accounting():
+    """A run recorded with idle-accounting = off has a headline without idle waiting; the
+    study sums the recorded parts, so its energy is comparable with an "on" run's."""
+    off = cell(
+        "b1",
+        0,
+        [["methods", "b1"]],
+        **{"idle-accounting": "off", "fleet-energy-to-target-j": 80.0, "fleet-energy-j": 120.0},
+    )
+    m = cell_metrics(off)
+    assert m["energy-to-target-j"] == 84.0 and m["energy-j"] == 126.0
 
 
 def _output(tmp_path: Path, records: list[dict[str, Any]]) -> Path:
@@ -196,7 +222,9 @@ def test_report_shows_the_recorded_node_totals(tmp_path):
     assert "| orin | jetson-orin-nano | none |" in report
     assert "| nano | jetson-nano | 33% / 50% / 1.00 | 33% / 50% / 1.00 |" in report
     assert "- b1 seed 0: nano round 2: cap too low" in report  # reasons from nodes.jsonl
-    assert "| Ours | 1/1 | 2.0 ± 0.0 | 18.0 ± 0.0 | 80.0 ± 0.0 | 4.00 ± 0.00 |" in report
+    assert (
+        "| Ours | 1/1 | 2.0 ± 0.0 | 18.0 ± 0.0 | 84.0 ± 0.0 | 80.0 ± 0.0 | 4.00 ± 0.00 |" in report
+    )
     assert "## Deadline-aware pacing: off vs deadline" in report
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["methods"]["b1"]["over-cap-node-rounds-mean"] == 3
@@ -224,17 +252,19 @@ def test_b1_over_ours_splits_exactly_into_rounds_per_round_and_profiling():
 
 
 def test_report_checks_ours_against_b1_seed_by_seed(tmp_path):
+    # seed 0: B1 spends less on training + profiling (78 J < 80 J) but waits more (10 J)
+    b1_waits = {"fleet-busy-energy-to-target-j": 78.0, "fleet-idle-energy-to-target-j": 10.0}
     recs = [
-        cell("b1", 0, [["methods", "b1"]], **{"sim-time-to-target-s": 20.0}),
+        cell("b1", 0, [["methods", "b1"]], **{"sim-time-to-target-s": 20.0, **b1_waits}),
         cell("power-aware", 0, [["methods", "power-aware"]]),
         cell("b1", 1, [["methods", "b1"]], **{"sim-time-to-target-s": 17.0}),
         cell("power-aware", 1, [["methods", "power-aware"]]),
     ]
     report = render(_output(tmp_path, recs)).read_text()
     assert "### Ours against B1, seed by seed (profiling counted)" in report
-    # seed 0: 18 s ≤ 20 s with equal energy; seed 1: 18 s > 17 s
-    assert "| 0 | 18.0 | 20.0 | 80.0 | 80.0 | yes | 16.0 | 12.5% | 1.11× |" in report
-    assert "| 1 | 18.0 | 17.0 | 80.0 | 80.0 | no | 16.0 | 12.5% | 0.94× |" in report
+    # seed 0: 18 s ≤ 20 s and, idle waiting counted, 84 J ≤ 88 J; seed 1: 18 s > 17 s
+    assert "| 0 | 18.0 | 20.0 | 84.0 | 88.0 | yes | 16.0 | 12.5% | 1.11× |" in report
+    assert "| 1 | 18.0 | 17.0 | 84.0 | 84.0 | no | 16.0 | 12.5% | 0.94× |" in report
 
 
 def test_cells_of_an_older_record_version_are_not_mixed_in(tmp_path):

@@ -174,19 +174,24 @@ def test_tiny_federated_study_runs_reports_and_resumes(tiny_file, tmp_path):
     for r in recs:
         s = r["summary"]
         k = len(r["rounds"])  # a run stops at the round that reaches the target
-        assert s["record-version"] == 2 and r["cell-version"] == CELL_VERSION
+        assert s["record-version"] == 3 and r["cell-version"] == CELL_VERSION
         assert [x["server-round"] for x in r["rounds"]] == list(range(1, k + 1))
         assert k == 2 or s["round-to-target"] == k
         assert len(r["nodes"]) == 2 * k and all(n["ok"] for n in r["nodes"])
         assert s["method"] == r["method"] and s["rounds"] == k
-        # the recorder's accounting, as the report reads it: fleet energy = training +
-        # profiling = the sum of the nodes' totals; training = the sum of nodes.jsonl
+        # the recorder's accounting, as the report reads it: fleet busy energy = training +
+        # profiling = the sum of the nodes' totals; idle waiting = the nodes' idle energy;
+        # the headline (idle-accounting = on, the default) is their sum; training = the sum
+        # of nodes.jsonl
         totals = s["nodes"].values()
         e = sum(t["train-energy-j"] + t["profile-energy-j"] for t in totals)
-        assert s["fleet-energy-j"] == pytest.approx(e)
-        assert s["fleet-energy-j"] == pytest.approx(
+        assert s["fleet-busy-energy-j"] == pytest.approx(e)
+        assert s["fleet-busy-energy-j"] == pytest.approx(
             s["fleet-train-energy-j"] + s["fleet-profile-energy-j"]
         )
+        assert s["fleet-idle-energy-j"] == pytest.approx(sum(t["idle-energy-j"] for t in totals))
+        assert s["idle-accounting"] == "on"
+        assert s["fleet-energy-j"] == pytest.approx(e + s["fleet-idle-energy-j"])
         train = sum(n["train-energy-j"] for n in r["nodes"])
         assert s["fleet-train-energy-j"] == pytest.approx(train)
         assert Path(r["run-dir"]) == Path(s["run-dir"]) and Path(r["log"]).is_file()
@@ -209,7 +214,7 @@ def test_tiny_federated_study_runs_reports_and_resumes(tiny_file, tmp_path):
         g = summary["methods"][m]
         per = summary["per-seed"]["methods"][m]["0"]
         assert g["seeds"] == 1
-        assert per["total-energy-j"] == pytest.approx(per["energy-j"] + per["wait-energy-j"])
+        assert per["energy-j"] == pytest.approx(per["busy-energy-j"] + per["idle-energy-j"])
         assert math.isclose(g["sim-time-s-mean"], by[m]["summary"]["sim-time-s"])
     # resume: nothing re-runs, the records are untouched
     stamps = {p: p.stat().st_mtime_ns for p in (out / "records" / "cells").glob("*.json")}

@@ -67,7 +67,8 @@ def _powerfl(tmp_path: Path, *argv: str) -> subprocess.Popen[str]:
     [
         (
             ["-c", "frobnicate=1"],
-            "run settings: unknown key 'frobnicate'; known keys: allow-untrained-nodes, b-ref",
+            "run settings: unknown key 'frobnicate'; known keys: aggregation, "
+            "allow-untrained-nodes, b-ref",
         ),
         (["-c", "cap-margn=0.5"], "run settings: unknown key 'cap-margn' (did you mean cap-"),
         (
@@ -82,6 +83,11 @@ def _powerfl(tmp_path: Path, *argv: str) -> subprocess.Popen[str]:
         (["-c", "round-timeout-s=5"], "round-timeout-s: 5 s is too short to be meant"),
         (["-c", "seed=1", "-c", "seed=2"], "seed: given twice (-c seed=1, -c seed=2)"),
         (["--rounds", "3", "-c", "num-rounds=5"], "num-rounds: --rounds 3 and -c num-rounds=5"),
+        (
+            ["-c", "aggregation=fednva"],
+            "aggregation: unknown value 'fednva'; allowed: fedavg, fednova",
+        ),
+        (["-c", "idle-accounting=yes"], "idle-accounting: unknown value 'yes'; allowed: on, off"),
     ],
 )
 def test_bad_settings_are_refused_before_anything_starts(

@@ -281,7 +281,7 @@ def test_aggregation_is_fedavg_and_every_node_has_its_row() -> None:
     # the recorder's accounting of it: synchronous, the slowest node incl. profiling
     account = RoundAccount.of(rep)
     assert account.round_time_s == pytest.approx(13.0 + 0.5)
-    assert account.energy_j == pytest.approx(2 * (11 + 12 + 13) + 3 * 1.0)
+    assert account.busy_energy_j == pytest.approx(2 * (11 + 12 + 13) + 3 * 1.0)
 
 
 def test_failed_node_costs_only_its_update_and_is_recorded_with_its_real_cap() -> None:

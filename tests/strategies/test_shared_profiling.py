@@ -27,15 +27,16 @@ from fl_client.contract import Cap, CellsReport, NodeDescriptor, ProfileRequest,
 from fl_client.devices.simulated import DeviceSpec, avg_power_w, load_device_spec, power_w
 from fl_client.devices.simulated import time_per_sample_s as twin_time_per_sample_s
 from fl_client.lut import LUT, KindKey, lut_checksum
-from fl_client.lut_fit import eq4_choice
 from fl_client.node import workload_for
+from fl_client.selector import SelectionRule, choose_cell
 from fl_server.lut_library import LUTLibrary
-from strategies import power_aware
-from strategies.power_aware import PowerAwareFedAvg, SharedProfiling
+from strategies import shared_profiling
+from strategies.power_aware import PowerAwareFedAvg
 from strategies.shared_profiling import (
     Cell,
     KindProfile,
     SharedOptions,
+    SharedProfiling,
     cell_cost,
     cheap_seeds,
     confirm_requests,
@@ -247,7 +248,7 @@ def test_confirm_cells_stay_within_the_budget_per_distinct_cap_and_go_to_its_nod
     opts = SharedOptions(cells_per_cap=cells_per_cap)
     _measure(kinds, seed_requests(kinds, opts))
     r_of = {k: list(R) for k in kinds}
-    limit_of = {n: d.p_max.selection_w(d.cap_margin) for n, d in fleet.items()}
+    limit_of = {n: d.p_max.with_margin(d.cap_margin).limit_w for n, d in fleet.items()}
     spent: dict[tuple[KindKey, float], int] = {}
     for _ in range(4):  # more exchanges than the budget allows
         before = {k: set(p.measured) for k, p in kinds.items()}
@@ -317,17 +318,18 @@ def test_a_confirm_cell_measured_over_the_cap_has_the_cell_below_it_confirmed() 
     whole.add(_cells_report(NANO, [(b, ff) for b in B for ff in f]))
     t, p, a, _ = whole.tables()
     cap = Cap(5.0)
-    limit_w = cap.selection_w(0.05)
-    pick = eq4_choice(t, p, a, list(R), limit_w, 0.02)  # the noiseless twin's choice
+    limit = cap.with_margin(0.05)
+    rule = SelectionRule(peak_sigma_k=0.0, tie_tolerance=0.02)
+    pick = choose_cell(t, p, a, list(R), limit, rule=rule)  # the noiseless twin's choice
     assert pick is not None and pick[1] > 0
     over = (B[pick[0]], f[pick[1]])
     prof = KindProfile(NANO_KIND, [11, 12], {11: [(cap, 0.05)], 12: [(cap, 0.05)]})
     prof.add(_cells_report(NANO, [c for c in cheap_seeds(B, f, 8) if c != over]))
     prof.add(_cells_report(NANO, [over], peak_sigma_w=(1.0,)))  # over the cap with 2σ
-    prof.last[limit_w], prof.spent[limit_w] = pick, 1
+    prof.last[limit], prof.spent[limit] = pick, 1
     requests = confirm_requests({NANO_KIND: prof}, {NANO_KIND: list(R)}, SharedOptions())
     assert [c for cells in requests.values() for c in cells] == [(over[0], f[pick[1] - 1])]
-    assert prof.last[limit_w] == (pick[0], pick[1] - 1) and prof.spent[limit_w] == 2
+    assert prof.last[limit] == (pick[0], pick[1] - 1) and prof.spent[limit] == 2
 
 
 def test_the_kinds_caps_share_one_pool_of_confirm_cells() -> None:
@@ -338,7 +340,7 @@ def test_the_kinds_caps_share_one_pool_of_confirm_cells() -> None:
     prof = KindProfile(NANO_KIND, [11, 12], caps)
     prof.add(_cells_report(NANO, cheap_seeds(B, f, 8)))
     opts = SharedOptions(cells_per_cap=2)
-    low = Cap(4.5).selection_w(0.05)
+    low = Cap(4.5).with_margin(0.05)
     prof.spent = {low: 3}  # the 4.5 W cap took 3 of the 4 (the other cap was settled)
     requests = confirm_requests({NANO_KIND: prof}, {NANO_KIND: list(R)}, opts)
     assert sum(len(c) for c in requests.values()) == 1  # the last cell of the pool
@@ -622,7 +624,7 @@ def test_profiled_steps_are_fedavged_in_node_name_order_whatever_arrives_first(
     """FedAvg's float sums run in one order (the nodes' names, as for TRAIN replies), so a
     run's weights do not depend on which reply came first."""
     orders: list[list[str]] = []
-    real = power_aware.aggregate_arrayrecords
+    real = shared_profiling.aggregate_arrayrecords
 
     def spy(records: list[RecordDict], key: str) -> ArrayRecord:
         # the handler weighs node n's reply 10·n: the weight names the node
@@ -630,7 +632,7 @@ def test_profiled_steps_are_fedavged_in_node_name_order_whatever_arrives_first(
         orders.append([FLEET[n].node_name for n in nodes])
         return real(records, key)
 
-    monkeypatch.setattr(power_aware, "aggregate_arrayrecords", spy)
+    monkeypatch.setattr(shared_profiling, "aggregate_arrayrecords", spy)
     outs = []
     for grid_type in (BatchGrid, ReversedGrid):
         grid = grid_type(list(FLEET), _handler())

@@ -1,0 +1,123 @@
+"""The round plan: each node's predicted round time, the round's deadline and its pace-setter.
+
+A synchronous round lasts as long as its slowest node. From what the nodes reported (their
+kind's LUT, their last round's local work and how its measured time compared with the LUT's
+prediction), the plan predicts each node's **best round time**: its local work at the
+feasible cell of least time per sample under its cap with its margin (``NodeForecast``).
+The node with the largest best time sets the pace (the **critical** node; nodes of equal
+pace are planned together: every node within ``EQUAL_PACE`` of it is critical too), and the
+round's deadline is its best time, or ``round-deadline-s`` when that is set. A node whose
+best time is over a fixed deadline cannot meet it: it runs at its fastest cell and the
+plan says so (``RoundPlan.unmeetable``). No Flower import; the strategy sends each node its
+deadline and role with the round's TRAIN config.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from fl_client.selector import PEAK_SIGMA_K, PowerLimit, feasible_cells
+
+#: Nodes whose best round time is within this share of the critical node's set the pace
+#: together (noise of a LUT cell is a few percent).
+EQUAL_PACE = 0.02
+
+
+@dataclass(frozen=True)
+class NodeForecast:
+    """One node's predicted best round time and where it came from.
+
+    ``source`` is ``lut`` (its kind's LUT × its local work × its calibration), ``reported``
+    (the node's own prediction, ``fastest-time-s``) or ``measured`` (its last round's
+    measured time, after it missed its deadline by more than its margin).
+    """
+
+    node_id: int
+    best_time_s: float
+    source: str
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """The round's deadline (s of local training time) and who sets the pace.
+
+    ``critical`` are the pace-setting nodes; ``unmeetable`` the nodes whose best round time
+    is over a fixed deadline (they run at their fastest cell); ``fixed`` whether
+    ``round-deadline-s`` set the deadline.
+    """
+
+    deadline_s: float
+    critical: frozenset[int]
+    unmeetable: frozenset[int]
+    fixed: bool
+    forecasts: tuple[NodeForecast, ...]
+
+    def role_of(self, node_id: int) -> str:
+        """``critical`` or ``slack``."""
+        return "critical" if node_id in self.critical else "slack"
+
+
+def best_round_time_s(
+    time_s: npt.ArrayLike,
+    peak_w: npt.ArrayLike,
+    peak_sigma_w: npt.ArrayLike | None,
+    limit: PowerLimit,
+    samples: float,
+    *,
+    calibration: float = 1.0,
+    peak_sigma_k: float = PEAK_SIGMA_K,
+) -> float:
+    """A node's predicted round time at its fastest feasible cell: the least time per sample
+    over the cells feasible under ``limit`` (the selector's rule, ``feasible_cells``) ×
+    ``samples`` (its round's local training samples) × ``calibration`` (its measured /
+    predicted time of an earlier round). inf when no cell is feasible."""
+    t = np.asarray(time_s, dtype=np.float64)
+    ok = feasible_cells(peak_w, limit, peak_sigma_w=peak_sigma_w, peak_sigma_k=peak_sigma_k)
+    ok &= np.isfinite(t)
+    if not ok.any():
+        return math.inf
+    return float(t[ok].min()) * float(samples) * float(calibration)
+
+
+def plan_round(forecasts: Sequence[NodeForecast], round_deadline_s: float = 0.0) -> RoundPlan:
+    """The round's plan from each node's forecast (``round_deadline_s`` > 0 fixes the
+    deadline). Nodes without a finite forecast are left out of the pace; with none at all
+    the deadline is inf (no node is held back)."""
+    if not (round_deadline_s >= 0 and math.isfinite(round_deadline_s)):
+        raise ValueError(f"round-deadline-s: must be a number ≥ 0; got {round_deadline_s!r}")
+    known = [f for f in forecasts if math.isfinite(f.best_time_s) and f.best_time_s > 0]
+    pace = max((f.best_time_s for f in known), default=math.inf)
+    critical = frozenset(f.node_id for f in known if f.best_time_s >= pace * (1.0 - EQUAL_PACE))
+    fixed = round_deadline_s > 0
+    deadline = round_deadline_s if fixed else pace
+    unmeetable = frozenset(f.node_id for f in known if fixed and f.best_time_s > deadline)
+    return RoundPlan(deadline, critical, unmeetable, fixed, tuple(forecasts))
+
+
+def missed(
+    measured_time_s: Mapping[int, float], deadline_s: float, margin: float
+) -> dict[int, float]:
+    """Nodes that missed ``deadline_s`` by more than their ``margin`` (a share of it):
+    node → its measured local time."""
+    limit = deadline_s * (1.0 + margin)
+    return {n: t for n, t in measured_time_s.items() if math.isfinite(t) and t > limit}
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """The run settings the server's round plan reads (``balance`` not ``off``).
+
+    ``margin`` is a node's reserve (``pacing-margin``): a node whose measured local time is
+    over the deadline by more than this share of it has missed it (recorded; the next plan
+    uses its measured time). ``peak_sigma_k`` judges feasibility as the nodes do.
+    """
+
+    balance: str
+    round_deadline_s: float = 0.0
+    margin: float = 0.05
+    peak_sigma_k: float = PEAK_SIGMA_K

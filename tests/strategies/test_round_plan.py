@@ -1,0 +1,162 @@
+"""The round plan: predicted best round times, the deadline, the pace-setter, misses; and
+the strategy sending each node its deadline and role."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from fl_client.contract import TrainConfig
+from fl_client.selector import PowerLimit
+from strategies.power_aware import PowerAwareFedAvg
+from strategies.round_plan import (
+    NodeForecast,
+    PlanSettings,
+    best_round_time_s,
+    missed,
+    plan_round,
+)
+from tests.strategies.test_power_aware import FLEET, FakeGrid, _handler, _strategy, _train_round
+
+pytestmark = pytest.mark.usefixtures("flower_task_identity")
+
+TIME = np.array([[4.0, 2.0, 1.0], [3.0, 1.5, 0.8]])  # s per sample: rows b, columns f
+PEAK = np.array([[1.0, 2.0, 3.0], [1.5, 2.5, 5.0]])
+
+
+# --------------------------------------------------------------------------- pure plan
+
+
+def test_best_round_time_is_the_fastest_feasible_cell_times_the_work() -> None:
+    assert best_round_time_s(TIME, PEAK, None, PowerLimit(), 10) == pytest.approx(8.0)
+    # 5 W less 5%: the 5 W cell is out, the 3 W one is the fastest left
+    assert best_round_time_s(TIME, PEAK, None, PowerLimit(5.0, 0.05), 10) == pytest.approx(10.0)
+    # σ of the per-step peaks counts as the selector counts it (peak + 2σ)
+    sigma = np.full_like(PEAK, 0.6)
+    limit = PowerLimit(4.0)
+    assert best_round_time_s(TIME, PEAK, sigma, limit, 10) == pytest.approx(15.0)
+    assert best_round_time_s(TIME, PEAK, sigma, limit, 10, calibration=1.2) == pytest.approx(18.0)
+    assert math.isinf(best_round_time_s(TIME, PEAK, None, PowerLimit(0.9), 10))
+
+
+def test_the_deadline_is_the_critical_nodes_best_time_and_equal_paces_plan_together() -> None:
+    plan = plan_round(
+        [
+            NodeForecast(1, 2.0, "lut"),
+            NodeForecast(2, 10.0, "lut"),
+            NodeForecast(3, 9.9, "reported"),  # within 2%: sets the pace too
+            NodeForecast(4, math.inf, "none"),  # nothing known: not held back, not pacing
+        ]
+    )
+    assert plan.deadline_s == 10.0 and not plan.fixed
+    assert plan.critical == {2, 3} and plan.unmeetable == set()
+    assert plan.role_of(1) == "slack" and plan.role_of(3) == "critical"
+
+
+def test_a_fixed_deadline_no_node_meets_is_said_so() -> None:
+    plan = plan_round([NodeForecast(1, 2.0, "lut"), NodeForecast(2, 10.0, "lut")], 1.0)
+    assert plan.fixed and plan.deadline_s == 1.0 and plan.unmeetable == {1, 2}
+    looser = plan_round([NodeForecast(1, 2.0, "lut"), NodeForecast(2, 10.0, "lut")], 5.0)
+    assert looser.unmeetable == {2}
+    with pytest.raises(ValueError, match="round-deadline-s"):
+        plan_round([], -1.0)
+    assert math.isinf(plan_round([NodeForecast(1, math.inf, "none")]).deadline_s)
+
+
+def test_a_miss_counts_beyond_the_margin_only() -> None:
+    assert missed({1: 10.4, 2: 10.6, 3: math.nan}, 10.0, 0.05) == {2: 10.6}
+
+
+# --------------------------------------------------------------------------- the strategy
+
+
+def _planned(**planning: Any) -> tuple[PowerAwareFedAvg, FakeGrid]:
+    strategy = _strategy()
+    strategy.planning = PlanSettings(**{"balance": "samples", **planning})
+    grid = FakeGrid(list(FLEET), _handler())
+    strategy.query_fleet(grid, timeout_s=5)
+    return strategy, grid
+
+
+def _configs(strategy: PowerAwareFedAvg, grid: FakeGrid, rnd: int) -> dict[int, TrainConfig]:
+    msgs = strategy.configure_train(rnd, ArrayRecord([np.zeros(3)]), ConfigRecord(), grid)
+    return {
+        m.metadata.dst_node_id: TrainConfig.from_config(dict(m.content["config"])) for m in msgs
+    }
+
+
+def _reply(handler: Any, times: dict[int, float]) -> Any:
+    """The fake nodes' replies with each node's ``fastest-time-s`` and measured time."""
+
+    def handle(msg: Message) -> Message | None:
+        reply = handler(msg)
+        if reply is None or reply.has_error() or "metrics" not in reply.content:
+            return reply
+        node = msg.metadata.dst_node_id
+        metrics = dict(reply.content["metrics"])
+        metrics.update({"fastest-time-s": times[node], "train-time-s": times[node]})
+        content = RecordDict({"arrays": reply.content["arrays"], "metrics": MetricRecord(metrics)})
+        return Message(content, reply_to=msg)
+
+    return handle
+
+
+def test_round_one_has_no_plan_and_round_two_sends_the_deadline_and_the_roles() -> None:
+    strategy, grid = _planned()
+    grid.handler = _reply(grid.handler, {11: 2.0, 12: 6.0, 13: 1.0})
+    first = _configs(strategy, grid, 1)
+    assert all(c.deadline_s is None and not c.critical for c in first.values())
+    _train_round(strategy, grid, 1)
+    second = _configs(strategy, grid, 2)
+    assert {n: c.deadline_s for n, c in second.items()} == {11: 6.0, 12: 6.0, 13: 6.0}
+    assert {n for n, c in second.items() if c.critical} == {12}
+    assert strategy.plan is not None
+    assert {f.source for f in strategy.plan.forecasts} == {"reported"}  # no kind LUT here
+
+
+def test_a_node_late_beyond_its_margin_is_recorded_and_planned_by_its_measured_time() -> None:
+    strategy, grid = _planned(margin=0.05)
+    handler = grid.handler
+    grid.handler = _reply(handler, {11: 2.0, 12: 6.0, 13: 1.0})
+    _train_round(strategy, grid, 1)
+    grid.handler = _reply(handler, {11: 9.0, 12: 6.0, 13: 1.0})  # nano-a: 9 s for a 6 s plan
+    _train_round(strategy, grid, 2)
+    (warning,) = strategy.rounds[-1].warnings
+    assert warning.startswith("balance: nano-a missed round 2's deadline of 6 s by more than 5%")
+    assert strategy.plan_log[-1]["missed"] == ["nano-a"]
+    third = _configs(strategy, grid, 3)
+    assert third[11].deadline_s == 9.0 and third[11].critical
+    assert strategy.plan is not None
+    assert {f.node_id: f.source for f in strategy.plan.forecasts}[11] == "measured"
+
+
+def test_a_deadline_no_node_can_meet_is_in_the_rounds_record() -> None:
+    strategy, grid = _planned(round_deadline_s=0.5)
+    grid.handler = _reply(grid.handler, {11: 2.0, 12: 6.0, 13: 1.0})
+    _train_round(strategy, grid, 1)
+    second = _configs(strategy, grid, 2)
+    assert all(c.deadline_s == 0.5 for c in second.values())
+    _train_round(strategy, grid, 2)
+    assert any(
+        w.startswith("round-deadline-s: 0.5 s is under the best round time of nano-a, nano-b, orin")
+        for w in strategy.rounds[-1].warnings
+    )
+    assert strategy.plan_log[-1]["unmeetable"] == ["nano-a", "nano-b", "orin"]
+
+
+def test_a_node_failing_mid_round_does_not_stall_the_plan() -> None:
+    strategy, grid = _planned()
+    handler = grid.handler
+    grid.handler = _reply(handler, {11: 2.0, 12: 6.0, 13: 1.0})
+    _train_round(strategy, grid, 1)
+    grid.handler = _reply(_handler(fail=[12]), {11: 2.0, 12: 6.0, 13: 1.0})
+    arrays, _ = _train_round(strategy, grid, 2)  # the pace-setter crashed
+    assert arrays is not None and [n.ok for n in strategy.rounds[-1].nodes] == [True, False, True]
+    assert strategy.plan_log[-1]["missed"] == []
+    # the next plan goes on from what it knows (the crashed node's last report still counts)
+    third = _configs(strategy, grid, 3)
+    assert set(third) == {11, 12, 13} and third[12].critical
