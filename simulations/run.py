@@ -1,10 +1,11 @@
 """Run one Flower simulation of a fleet as a function: the ``simulate`` command and the
 studies call it the same way, and get back that run's own summary.
 
-Two engines: ``in-process`` (the default) runs Flower's ``run_simulation`` in this process;
-``runtime`` goes through Flower's Simulation Runtime, the path behind ``flwr run``
-(``simulations.runtime``: a SuperLink of its own in simulation mode, on a private Ray or on
-an existing Ray cluster).
+Two engines (``default_engine()`` picks): ``runtime``, the default on Flower ≥ 1.41, goes
+through Flower's Simulation Runtime, the path behind ``flwr run`` (``simulations.runtime``: a
+SuperLink of its own in simulation mode, on a private Ray or on an existing Ray cluster);
+``in-process``, the default on an older Flower, runs Flower's ``run_simulation`` in this
+process (deprecated from flwr 1.41).
 
 Also what ends a run cleanly: ``interruptible()`` turns SIGINT, SIGTERM and SIGHUP into a
 ``RunInterrupted`` exception in the main thread, and ``stop_engine()`` ends the simulation
