@@ -158,7 +158,7 @@ def _path_text(cfg: Mapping[str, Any], key: str) -> str:
     """An optional path setting: a string, empty when unset."""
     raw = cfg.get(key) or ""
     if not isinstance(raw, str):
-        raise SettingsError(f"{key}: expected a folder path (a string), got {raw!r}")
+        raise SettingsError(f"{key}: expected a path (a string), got {raw!r}")
     return raw.strip()
 
 
@@ -267,6 +267,14 @@ class RunSettings:
     #: partition-id i is the fleet's node i), so the server names a node that failed by its
     #: fleet entry; ``powerfl simulate --engine runtime`` sets it.
     simulated_fleet: bool = False
+    #: ``initial-weights``: a checkpoint the run starts from (empty: the model's seeded
+    #: random initialisation): a safetensors file or a PyTorch state dict
+    #: (``fl_client.checkpoint``). The server reads it, sends it as the round-0 global model
+    #: and starts r estimation from it; its sha256 is recorded and keys the r cache.
+    initial_weights: str = ""
+    #: ``proxy-dataset``: where the server's proxy set for r comes from (empty: the run's
+    #: ``dataset``), checked before any engine starts like ``dataset``.
+    proxy_dataset: str = ""
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -364,6 +372,8 @@ class RunSettings:
             allow_untrained_nodes=_bool(cfg, "allow-untrained-nodes", False),
             run_dir=_path_text(cfg, "run-dir"),
             simulated_fleet=_bool(cfg, "simulated-fleet", False),
+            initial_weights=_path_text(cfg, "initial-weights"),
+            proxy_dataset=_optional_dataset(cfg.get("proxy-dataset", "")),
         )
 
 
@@ -372,6 +382,15 @@ def _dataset_name(value: object) -> str:
     ``task.check_dataset``'s to say (before any engine starts)."""
     if not isinstance(value, str) or not value.strip():
         raise SettingsError(f"dataset: must be a dataset name, got {value!r}")
+    return value.strip()
+
+
+def _optional_dataset(value: object) -> str:
+    """``proxy-dataset``: empty (the run's dataset) or a dataset name."""
+    if value in (None, ""):
+        return ""
+    if not isinstance(value, str) or not value.strip():
+        raise SettingsError(f"proxy-dataset: must be a dataset name or empty, got {value!r}")
     return value.strip()
 
 
@@ -384,7 +403,7 @@ def resolve_path(path: str, base: Path | None = None) -> Path:
 #: Run settings that are paths. Their app defaults (pyproject.toml) are relative to the app
 #: folder; what a user types is made absolute against the current directory first
 #: (``simulations.cli``), so every process of a run sees the same absolute paths.
-PATH_SETTINGS = ("fleet", "cache-dir", "output-dir", "run-dir")
+PATH_SETTINGS = ("fleet", "cache-dir", "output-dir", "run-dir", "initial-weights")
 
 
 def with_app_paths(overrides: Mapping[str, Any]) -> dict[str, Any]:
