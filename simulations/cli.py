@@ -474,9 +474,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_simulate)
     from fl_client.cli_tools import add_device_commands  # devices, profile, select
     from fl_server.lut_cli import add_lut_commands  # lut list / export / import
+    from simulations.pretrain_cli import add_pretrain_command  # pretrain
 
     add_device_commands(sub)
     add_lut_commands(sub)
+    add_pretrain_command(sub)
     if _command_of(sys.argv[1:] if argv is None else argv) == "experiment":
         from simulations.experiments.cli import add_experiment_commands  # experiment run/report
 
