@@ -138,7 +138,7 @@ def test_profile_on_the_twin_writes_and_prints_the_lut(
     assert code == 0 and "(from the cache)" in out
     # ≥ 2 measured steps per cell (the step time's standard error needs them): σ recorded
     assert "σ of the per-step peak power (W" in out
-    assert np.isnan(lut.peak_sigma_w).all()
+    assert np.isfinite(lut.peak_sigma_w).all()
     # and `select` on the written LUT is Eq. 4 on its tables (with average power and σ)
     tables = Tables(lut.time_per_sample_s, lut.peak_power_w, lut.avg_power_w, lut.peak_sigma_w)
     select = ["select", "--lut", str(out_path), "--r", "1,0.6", "--p-max-w", "2.5"]
