@@ -44,7 +44,7 @@ DEFAULT_CAP_MARGIN: float = RunSettings.cap_margin
 
 def add_device_commands(subparsers: Any) -> None:
     """Add ``devices``, ``profile`` and ``select`` to an argparse sub-parser set."""
-    add_devices_parser(subparsers)
+    add_devices_parser(subparsers, check_load=check_load)
     add_profile_parser(subparsers)
     add_select_parser(subparsers)
 
@@ -253,6 +253,18 @@ class RecordingDevice:
 
     def close(self) -> None:
         self.device.close()
+
+
+def check_load(model: str, batch_size: int) -> tuple[Workload, Callable[[], object]]:
+    """The known load of ``powerfl devices --check``: one training step of ``model`` at
+    ``batch_size`` on synthetic data (CUDA when available)."""
+    if model not in MODEL_NAMES:
+        raise ValueError(f"check-model: unknown model {model!r}; allowed: {', '.join(MODEL_NAMES)}")
+    from fl_client import task  # torch: only when the check runs
+    from fl_client.node import workload_for
+
+    workload = workload_for(model)
+    return workload, task.make_train_step(model, workload.input_shape, batch_size)
 
 
 def energy_check(measurements: Sequence[Measurement]) -> dict[str, float] | None:

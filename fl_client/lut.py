@@ -62,6 +62,16 @@ CELL_TABLES = {
     "window_s": "window-s",
     "settled": "settled",
     "needed_window_s": "needed-window-s",
+    "time_rse": "time-rse",
+    "clock_mhz": "clock-mhz",
+    "clock_moved": "clock-moved",
+    "energy_from_counter": "energy-from-counter",
+}
+#: Cell tables that hold 1 or 0.
+_FLAG_TABLES = {
+    "settled": "1 (settled), 0 (stopped at the cap)",
+    "clock-moved": "1 (the sampled clock moved by more than one step), 0",
+    "energy-from-counter": "1 (the device's energy counter), 0 (sampled power)",
 }
 
 
@@ -162,6 +172,11 @@ class LUT:
     window_s: FloatArray = field(default_factory=lambda: np.empty((0, 0)))
     settled: FloatArray = field(default_factory=lambda: np.empty((0, 0)))
     needed_window_s: FloatArray = field(default_factory=lambda: np.empty((0, 0)))
+    time_rse: FloatArray = field(default_factory=lambda: np.empty((0, 0)))
+    clock_mhz: FloatArray = field(default_factory=lambda: np.empty((0, 0)))
+    clock_moved: FloatArray = field(default_factory=lambda: np.empty((0, 0)))
+    energy_from_counter: FloatArray = field(default_factory=lambda: np.empty((0, 0)))
+    clocks_locked: bool | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -288,7 +303,9 @@ class LUT:
             for name, key in CELL_TABLES.items()
             if np.isfinite(getattr(self, name)).any()
         }
-        new_keys = has_sigma or self.knob != GPU_FREQ_MHZ or bool(cells)
+        new_keys = (
+            has_sigma or self.knob != GPU_FREQ_MHZ or bool(cells) or self.clocks_locked is not None
+        )
         record = {
             "format": LUT_FORMAT,
             "version": LUT_VERSION if new_keys else 2,
@@ -317,6 +334,8 @@ class LUT:
             record["knob"] = self.knob.key.replace("_", "-")
         for key, values in cells.items():
             record[key] = table(values)
+        if self.clocks_locked is not None:
+            record["clocks-locked"] = self.clocks_locked
         return json.dumps(record, indent=1, allow_nan=False)
 
     @classmethod
@@ -367,6 +386,7 @@ class LUT:
             cap_margin=rec.get("cap-margin", 0.0),
             peak_sigma_w=sigma_w,
             knob=knob,
+            clocks_locked=rec.get("clocks-locked"),
             **cells,
         )
         if lut.workload_key != rec["workload-key"]:
@@ -445,8 +465,8 @@ def _cell_table(
         raise LUTFormatError(f"{key}: measured cells must be finite and ≥ 0, or null")
     if key == "power-samples" and (known != np.round(known)).any():
         raise LUTFormatError(f"{key}: counts must be whole numbers")
-    if key == "settled" and not np.isin(known, (0.0, 1.0)).all():
-        raise LUTFormatError(f"{key}: must be 1 (settled), 0 (stopped at the cap) or null")
+    if key in _FLAG_TABLES and not np.isin(known, (0.0, 1.0)).all():
+        raise LUTFormatError(f"{key}: must be {_FLAG_TABLES[key]} or null")
     return out
 
 
@@ -484,7 +504,9 @@ def _checked_record(text: str) -> dict[str, Any]:
     optional = {"grid": str, "cap-margin": (int, float), "peak-sigma-w": list, "knob": str}
     optional.update({key: list for key in CELL_TABLES.values()})
     missing = sorted(set(expected) - set(rec))
-    unknown = sorted(set(rec) - set(expected) - set(optional))
+    unknown = sorted(set(rec) - set(expected) - set(optional) - {"clocks-locked"})
+    if not isinstance(rec.get("clocks-locked", False), bool):
+        raise LUTFormatError("clocks-locked: must be true or false")
     expected.update({k: v for k, v in optional.items() if k in rec})
     if missing or unknown:
         raise LUTFormatError(f"keys: missing {missing}, unknown {unknown}")
@@ -495,7 +517,7 @@ def _checked_record(text: str) -> dict[str, Any]:
         raise LUTFormatError(
             f"format: expected {LUT_FORMAT} v{LUT_VERSION}, got {rec['format']} v{rec['version']}"
         )
-    since_3 = {"peak-sigma-w", "knob", *CELL_TABLES.values()}
+    since_3 = {"peak-sigma-w", "knob", "clocks-locked", *CELL_TABLES.values()}
     too_new = sorted(since_3 & set(rec)) if rec["version"] < 3 else []
     if too_new:
         raise LUTFormatError(f"keys: {too_new} are not keys of a version {rec['version']} file")

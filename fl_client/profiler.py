@@ -25,7 +25,14 @@ from typing import IO, Any, NamedTuple
 
 import numpy as np
 
-from fl_client.devices.base import EXACT_SENSOR, Device, Measurement, SensorSpec, Workload
+from fl_client.devices.base import (
+    EXACT_SENSOR,
+    Device,
+    DeviceError,
+    Measurement,
+    SensorSpec,
+    Workload,
+)
 from fl_client.devices.replay import GPU_FREQ_MHZ, Knob
 from fl_client.lut import LUT, FloatArray, LUTKey, load_cached, merge_cells
 from fl_client.selector import (
@@ -89,10 +96,14 @@ class _Progress:
         m = cell.measurement
         tps_ms = 1e3 * m.time_s / max(m.samples, 1)
         unsettled = "" if cell.settled else ", unsettled"
+        clock_mhz = getattr(m, "clock_mhz", math.nan)
+        ran_at = f", clock {clock_mhz:g} MHz" if math.isfinite(clock_mhz) else ""
+        moved = " (moved)" if ran_at and getattr(m, "clock_moved", False) else ""
         what = (
             f"b={b} f={freq_mhz:g} {self._knob.unit}: {tps_ms:.3f} ms/sample, "
-            f"peak {m.peak_power_w:.2f} W ({m.steps} steps, {cell.window_s:.3g} s, "
-            f"{cell.power_samples} samples{unsettled})"
+            f"peak {m.peak_power_w:.2f} W, avg {m.avg_power_w:.2f} W{ran_at}{moved} "
+            f"({m.steps} steps, {cell.window_s:.3g} s, {cell.power_samples} samples"
+            f"{unsettled})"
         )
         if self._bar is not None:
             self._bar.update(self._task, advance=1, description=f"{self._title} {what}")
@@ -121,6 +132,73 @@ def _run_steps(
     return meter.measurement, step_peaks_w
 
 
+#: Warm-up: after the asked-for steps, on until the mean step time of the last
+#: ``WARMUP_BLOCK`` steps is within ``WARMUP_TOLERANCE`` of the block before (the first
+#: steps of a model carry allocation and kernel selection), up to ``WARMUP_MAX_STEPS``
+#: steps or ``WARMUP_MAX_S`` of device time.
+WARMUP_BLOCK = 3
+WARMUP_TOLERANCE = 0.1
+WARMUP_MAX_STEPS = 200
+WARMUP_MAX_S = 10.0
+
+
+def warmup_stable(step_times_s: Sequence[float], block: int = WARMUP_BLOCK) -> bool:
+    """Whether the last ``block`` step times average within ``WARMUP_TOLERANCE`` of the
+    ``block`` before them."""
+    if len(step_times_s) < 2 * block:
+        return False
+    last = sum(step_times_s[-block:]) / block
+    before = sum(step_times_s[-2 * block : -block]) / block
+    return abs(last - before) <= WARMUP_TOLERANCE * max(last, before)
+
+
+def _on_emulated_clock(device: Device) -> bool:
+    """Whether ``device`` reports modelled steps on an emulated clock (twin, replay table:
+    a sensor that updates with every step), which model no warm-up transient."""
+    sensor = getattr(device.info, "sensor", None)
+    return not isinstance(sensor, SensorSpec) or sensor.update_period_s == 0
+
+
+def _warm_up(
+    device: Device, workload: Workload, batch_size: int, step: Callable[[], object], n: int
+) -> tuple[Measurement, int]:
+    """At least ``n`` steps (none when ``n`` is 0), then on a real device until the step
+    time is stable (``warmup_stable``; an emulated clock models no warm-up, so its ``n``
+    steps are all); the measurement and the number of steps run."""
+    times_s: list[float] = []
+    exact = _on_emulated_clock(device)
+    with device.measure(workload) as meter:
+        while n > 0:
+            t0_s = meter.measurement.time_s
+            meter.step(batch_size, step)
+            m = meter.measurement
+            times_s.append(m.time_s - t0_s)
+            if len(times_s) >= n and (exact or warmup_stable(times_s)):
+                break
+            if len(times_s) >= n and (len(times_s) >= WARMUP_MAX_STEPS or m.time_s >= WARMUP_MAX_S):
+                break
+    return meter.measurement, len(times_s)
+
+
+def step_time_rse(step_times_s: Sequence[float]) -> float:
+    """Relative standard error of the mean step time, by batch means: the steps split
+    into batches of ⌊√n⌋ (successive host-timed steps are not independent: a queue of
+    GPU work makes them bursty), the standard error of the batch means over the mean.
+    inf with fewer than 2 batches; 0 for equal steps."""
+    n = len(step_times_s)
+    size = max(1, math.isqrt(n))
+    k = n // size
+    if k < 2:
+        return math.inf
+    arr = np.asarray(step_times_s[n - k * size :], dtype=np.float64)
+    means = arr.reshape(k, size).mean(axis=1)
+    mean = float(arr.mean())
+    if mean <= 0:
+        return math.inf
+    spread = float(np.std(means - means[0], ddof=1))
+    return spread / math.sqrt(k) / mean
+
+
 #: Hard caps of one cell: it stops at whichever comes first, marked unsettled (LUT
 #: ``settled`` 0) unless its window, sample minimum and settling were all met. 30 s is 6×
 #: the longest default sensor window (5 s: jtop at 1 s, NVML's 1 s average); 5000 steps
@@ -133,6 +211,9 @@ MAX_WINDOW_S = 30.0
 #: value. 2% is the selector's tie tolerance: a cell still moving by more is not settled.
 SETTLE_TOLERANCE = 0.02
 SETTLE_SHARE = 0.25
+#: ... and the relative standard error of the mean step time (``step_time_rse``) is at most
+#: this: a cell long enough for its sensor may still be too short for its time.
+MAX_TIME_RSE = 0.01
 #: How cells are sized: by the device's sensor (``sensor``, the default), or exactly
 #: ``steps`` steps each as before sensors were considered (``fixed``).
 SIZINGS = ("sensor", "fixed")
@@ -158,7 +239,9 @@ class CellWindow:
     the lower bound), ``min_window_s`` of measured device time, ``min_power_samples``
     power samples in the measurement, and time and power settled (``settled``); or until
     ``max_steps`` steps or ``max_window_s`` of measured time, which marks the cell
-    unsettled. ``board``: the real board's sensor of an emulated device (twin, replay),
+    unsettled. Settled also needs the mean step time's relative standard error
+    (``step_time_rse``) at most ``max_time_rse``. ``board``: the real board's sensor of an
+    emulated device (twin, replay),
     whose window is reported per cell (``needed_window_s``), never charged.
     """
 
@@ -169,6 +252,7 @@ class CellWindow:
     max_steps: int = MAX_STEPS_PER_CELL
     max_window_s: float = MAX_WINDOW_S
     board: SensorSpec | None = None
+    max_time_rse: float = MAX_TIME_RSE
 
     def __post_init__(self) -> None:
         _check_positive("steps", self.min_steps, integer=True)
@@ -194,7 +278,7 @@ class CellWindow:
     @classmethod
     def fixed(cls, steps: int) -> CellWindow:
         """Exactly ``steps`` steps, nothing else judged (cells count as settled)."""
-        return cls(steps, 0.0, 0, math.inf, steps, math.inf)
+        return cls(steps, 0.0, 0, math.inf, steps, math.inf, max_time_rse=math.inf)
 
     @classmethod
     def of(
@@ -250,9 +334,10 @@ def _run_cell(
     batch_size: int,
     step: Callable[[], object],
     window: CellWindow,
-) -> tuple[Measurement, list[float], bool]:
+) -> tuple[Measurement, list[float], bool, float]:
     """Measure steps as ``window`` says in one measurement; it, each step's peak power (as
-    ``_run_steps``) and whether the cell settled (False: it stopped at a hard cap)."""
+    ``_run_steps``), whether the cell settled (False: it stopped at a hard cap) and the
+    relative standard error of its mean step time."""
     step_peaks_w: list[float] = []
     time_sums: list[float] = []  # running sums of the step times
     peak_sums: list[float] = []  # ... and of the step peaks
@@ -277,12 +362,19 @@ def _run_cell(
                 and len(m.power_samples_w) >= window.min_power_samples
                 and _settled(time_sums, tol)
                 and _settled(peak_sums, tol)
+                and _time_rse(time_sums) <= window.max_time_rse
             ):
                 settled = True
                 break
             if n >= window.max_steps or m.time_s >= window.max_window_s:
                 break
-    return meter.measurement, step_peaks_w, settled
+    return meter.measurement, step_peaks_w, settled, _time_rse(time_sums)
+
+
+def _time_rse(time_sums: Sequence[float]) -> float:
+    """``step_time_rse`` of the steps whose running sums are ``time_sums``."""
+    sums = np.asarray(time_sums, dtype=np.float64)
+    return step_time_rse(np.diff(sums, prepend=0.0).tolist()) if len(sums) else math.inf
 
 
 def peak_sigma_w(step_peaks_w: Sequence[float]) -> float:
@@ -317,6 +409,10 @@ _TABLES = {
     "window": "window_s",
     "settled": "settled",
     "needed": "needed_window_s",
+    "rse": "time_rse",
+    "clock": "clock_mhz",
+    "moved": "clock_moved",
+    "counter": "energy_from_counter",
 }
 
 
@@ -338,6 +434,14 @@ def _record(
     tables["window"][i, j] = cell.window_s
     tables["settled"][i, j] = 1.0 if cell.settled else 0.0
     tables["needed"][i, j] = cell.needed_window_s
+    tables["rse"][i, j] = cell.time_rse if math.isfinite(cell.time_rse) else math.nan
+    clock_mhz = getattr(m, "clock_mhz", math.nan)
+    if math.isfinite(clock_mhz):  # a real sensor's cell: the clock sampled while it ran
+        tables["clock"][i, j] = clock_mhz
+        tables["moved"][i, j] = 1.0 if getattr(m, "clock_moved", False) else 0.0
+    source = getattr(m, "energy_source", "")
+    if source:
+        tables["counter"][i, j] = 1.0 if source == "counter" else 0.0
 
 
 def _lut_of(
@@ -350,6 +454,7 @@ def _lut_of(
     """The LUT of ``tables`` measured on ``device`` (its frequency table as columns)."""
     info = device.info
     by_field: dict[str, Any] = {field: tables[name] for name, field in _TABLES.items()}
+    locked = getattr(device, "clocks_locked", None)
     return LUT(
         device_kind=info.kind,
         backend=info.backend,
@@ -358,6 +463,7 @@ def _lut_of(
         batch_sizes=tuple(batch_sizes),
         freqs_mhz=tuple(float(f) for f in device.gpu_freqs_mhz),
         knob=device_knob(device),
+        clocks_locked=locked if isinstance(locked, bool) else None,
         **by_field,
         **fields,
     )
@@ -739,6 +845,7 @@ class CellMeasurement(_Cell):
 
     settled: bool
     needed_window_s: float
+    time_rse: float
 
     def __new__(
         cls,
@@ -748,10 +855,12 @@ class CellMeasurement(_Cell):
         peak_sigma_w: float,
         settled: bool = True,
         needed_window_s: float = math.nan,
+        time_rse: float = math.nan,
     ) -> CellMeasurement:
         self = super().__new__(cls, measurement, time_s, energy_j, peak_sigma_w)
         object.__setattr__(self, "settled", bool(settled))
         object.__setattr__(self, "needed_window_s", float(needed_window_s))
+        object.__setattr__(self, "time_rse", float(time_rse))
         return self
 
     @property
@@ -765,6 +874,29 @@ class CellMeasurement(_Cell):
         return len(self.measurement.power_samples_w)
 
 
+#: A power reading unchanged for this long (or ``STUCK_UPDATES`` sensor updates, if
+#: longer) in a cell is a stuck sensor: the cell is measured again, then refused.
+STUCK_MIN_S = 1.0
+STUCK_UPDATES = 10
+
+
+def _cell_problem(device: Device, m: Measurement) -> str | None:
+    """Why a measured cell cannot be used (a failed sensor read, a stuck reading), or None."""
+    errors = getattr(m, "read_errors", 0)
+    if errors:
+        return f"{errors} sensor read(s) failed: {getattr(m, 'read_error', '')}"
+    stuck_s = getattr(m, "stuck_s", 0.0)
+    sensor = getattr(device.info, "sensor", None)
+    update_s = sensor.update_period_s if isinstance(sensor, SensorSpec) else 0.0
+    limit_s = max(STUCK_MIN_S, STUCK_UPDATES * update_s)
+    if stuck_s >= limit_s:
+        return (
+            f"the power reading did not change for {stuck_s:.2f} s "
+            f"(a stuck sensor: its readings change every {update_s:g} s)"
+        )
+    return None
+
+
 def _measure_locked(
     device: Device,
     workload: Workload,
@@ -773,14 +905,27 @@ def _measure_locked(
     warmup_steps: int,
     window: CellWindow,
 ) -> CellMeasurement:
-    """Warm-up, then the cell's steps as ``window`` says, at the frequency set now; the
-    time and energy are those of both (no frequency change, no restore)."""
+    """Warm-up (``_warm_up``), then the cell's steps as ``window`` says, at the frequency
+    set now; the time and energy are those of both (no frequency change, no restore).
+
+    A cell with a failed sensor read or a stuck reading (``_cell_problem``) is measured
+    again; a second one in a row stops profiling (DeviceError naming what failed)."""
     start_s = device.now_s()
     energy_j = 0.0
     if warmup_steps:
-        energy_j += _run_steps(device, workload, batch_size, step, warmup_steps)[0].energy_j
-    m, step_peaks_w, settled = _run_cell(device, workload, batch_size, step, window)
-    energy_j += m.energy_j
+        energy_j += _warm_up(device, workload, batch_size, step, warmup_steps)[0].energy_j
+    for attempt in (1, 2):
+        m, step_peaks_w, settled, rse = _run_cell(device, workload, batch_size, step, window)
+        energy_j += m.energy_j
+        problem = _cell_problem(device, m)
+        if problem is None:
+            break
+        if attempt == 2:
+            raise DeviceError(
+                f"profiling stopped at b={batch_size} on {device.info.kind}: twice in a row "
+                f"{problem}"
+            )
+        log.warning("profile b=%d: %s; measuring the cell again", batch_size, problem)
     return CellMeasurement(
         m,
         max(device.now_s() - start_s, 0.0),
@@ -788,6 +933,7 @@ def _measure_locked(
         peak_sigma_w(step_peaks_w),
         settled,
         window.needed_window_s(m),
+        rse,
     )
 
 
@@ -823,6 +969,7 @@ def measure_cell_with_sigma(
         cell.peak_sigma_w,
         cell.settled,
         cell.needed_window_s,
+        cell.time_rse,
     )
 
 

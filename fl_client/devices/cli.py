@@ -1,4 +1,9 @@
-"""``powerfl devices [--restore]``: what is detected, frequencies, settings, power rails.
+"""``powerfl devices [--restore | --check]``: what is detected, frequencies, settings, rails.
+
+``--check`` runs the power-sensor self-test (``fl_client.devices.check``) on a few seconds
+of a known load, measure only. The load (a training step) comes from the caller that adds
+the sub-command (``add_devices_parser(subparsers, check_load=...)``): this package knows no
+models.
 
 The top-level CLI adds the sub-command with ``add_devices_parser(subparsers)``; its handler
 ``cmd_devices(args)`` returns the exit status: 0 ok, 1 a device or restore failed, 2 bad
@@ -8,9 +13,11 @@ input (e.g. a ``--state-dir`` that does not exist).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from fl_client.devices import (
@@ -19,16 +26,28 @@ from fl_client.devices import (
     DeviceError,
     DeviceInfo,
     DeviceOptions,
+    Workload,
     detect_backends,
     open_device,
 )
+from fl_client.devices.check import SensorCheckError, check_sensor, check_text
 from fl_client.devices.safety import STATE_DIR_ENV, resolve_state_dir, restore_leftovers
 
 EXIT_BAD_INPUT = 2
 
 
-def add_devices_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``devices`` to an ``argparse`` sub-parser set (``parser.add_subparsers()``)."""
+#: ``check_load(model, batch_size)`` → (workload, one training step): the known load.
+CheckLoad = Callable[[str, int], tuple[Workload, Callable[[], object]]]
+CHECK_MODEL = "resnet18"
+CHECK_BATCH_SIZE = 128
+CHECK_SECONDS = 5.0
+
+
+def add_devices_parser(
+    subparsers: Any, check_load: CheckLoad | None = None
+) -> argparse.ArgumentParser:
+    """Add ``devices`` to an ``argparse`` sub-parser set (``parser.add_subparsers()``);
+    ``check_load`` builds the known load of ``--check`` (without it ``--check`` says so)."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "devices",
         help="show the GPU backends found here, frequencies, settings and power rails",
@@ -73,9 +92,76 @@ def add_devices_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="with --restore: also restore files whose writing process still seems alive",
     )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="power-sensor self-test: a few seconds of a known load, measure only (no clock "
+        "or power limit is changed); reports the sensor's update period, sampled vs counter "
+        "energy, peak/average, the clock during the load and whether it can enforce a cap. "
+        "Exits 1 without usable power readings",
+    )
+    p.add_argument(
+        "--check-seconds",
+        type=float,
+        default=CHECK_SECONDS,
+        help=f"with --check: seconds of load measured (default: {CHECK_SECONDS:g})",
+    )
+    p.add_argument(
+        "--check-model",
+        default=CHECK_MODEL,
+        help=f"with --check: the model trained as the load (default: {CHECK_MODEL})",
+    )
+    p.add_argument(
+        "--check-batch-size",
+        type=int,
+        default=CHECK_BATCH_SIZE,
+        help=f"with --check: its batch size (default: {CHECK_BATCH_SIZE})",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    p.set_defaults(func=cmd_devices)
+    p.set_defaults(func=cmd_devices, check_load=check_load)
     return p
+
+
+def check_command(
+    args: argparse.Namespace, options: DeviceOptions, out: TextIO, err: TextIO
+) -> int:
+    """``powerfl devices --check``: 0 with a usable sensor, 1 without power readings (or a
+    device that cannot be opened), 2 bad input."""
+    load: CheckLoad | None = getattr(args, "check_load", None)
+    if load is None:
+        print("devices: --check needs the training load of the powerfl command", file=err)
+        return EXIT_BAD_INPUT
+    if not (args.check_seconds > 0) or args.check_batch_size < 1:
+        print(
+            "devices: --check-seconds must be > 0 and --check-batch-size ≥ 1, got "
+            f"{args.check_seconds!r} and {args.check_batch_size!r}",
+            file=err,
+        )
+        return EXIT_BAD_INPUT
+    measure_only = dataclasses.replace(options, lock_clocks=False)
+    try:
+        device = open_device(args.kind, args.backend, options=measure_only)
+    except (DeviceError, ValueError, ImportError, FileNotFoundError) as e:
+        print(f"devices: {type(e).__name__}: {e}", file=err)
+        return 1
+    try:
+        workload, step = load(args.check_model, args.check_batch_size)
+        result = check_sensor(
+            device, workload, args.check_batch_size, step, seconds=args.check_seconds
+        )
+    except SensorCheckError as e:
+        print(f"devices: sensor check failed: {e}", file=err)
+        return 1
+    except (DeviceError, ValueError) as e:
+        print(f"devices: {type(e).__name__}: {e}", file=err)
+        return 1
+    finally:
+        device.close()
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, default=str), file=out)
+    else:
+        print("\n".join(check_text(result)), file=out)
+    return 0
 
 
 def restore_command(
@@ -195,6 +281,8 @@ def cmd_devices(
         power_source=args.power_source,
         power_rails=rails,
     )
+    if getattr(args, "check", False):
+        return check_command(args, options, out, err or sys.stderr)
     report = devices_report(args.kind, args.backend, options)
     if args.json:
         print(json.dumps(report, indent=2, default=str), file=out)

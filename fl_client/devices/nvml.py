@@ -8,8 +8,10 @@ which). Energy comes from the total energy counter (mJ → J, Volta and newer) w
 has one, else from the sampled power.
 
 Locked graphics clocks need root; without them the device runs *measure-only*: its frequency
-list is the single clock it runs at, asking for any other is a clear error, and it never
-touches the clocks (not even to reset them). The state file is written only once a lock
+list is one column, the unlocked clock, labelled with the highest clock the GPU may run at
+(never the clock read at open, which on an idle GPU is its idle clock); each profiled cell
+records the clock sampled while it ran. Asking for any other frequency is a clear error,
+and it never touches the clocks (not even to reset them). The state file is written only once a lock
 has succeeded, so a refused lock leaves nothing behind. Restoring resets the locked clocks
 (NVML cannot read back an earlier lock, so none is assumed).
 
@@ -38,7 +40,12 @@ from fl_client.devices.base import (
     InvalidFrequencyError,
     level_below,
 )
-from fl_client.devices.sampler import DEFAULT_CAP_WINDOW_S, DEFAULT_SAMPLE_RATE_HZ, SampledDevice
+from fl_client.devices.sampler import (
+    DEFAULT_CAP_WINDOW_S,
+    DEFAULT_SAMPLE_RATE_HZ,
+    SampledDevice,
+    SensorReadError,
+)
 from fl_client.devices.sensors import nvml_sensor
 
 log = logging.getLogger(__name__)
@@ -175,13 +182,15 @@ class NvmlDevice(SampledDevice):
             total_bytes = int(nv.nvmlDeviceGetMemoryInfo(self._handle).total)
             self._supported_mhz = self._supported_clocks_mhz()
             self._has_energy_counter = self._probe_energy_counter()
+            self._probed = False
             self.power_reading = self._probe_power_reading()
+            self._probed = True
             self._init_sampling(sample_rate_hz, cap_window_s)
             self._locked_mhz: float | None = None
             self._record = safety.GpuStateRecord(state_dir, BACKEND, self.uuid)
             self.measure_only = self._decide_measure_only(lock_clocks)
             self._handle_leftover()
-            freqs = (self.current_gpu_freq_mhz(),) if self.measure_only else self._supported_mhz
+            freqs = (self._unlocked_label_mhz(),) if self.measure_only else self._supported_mhz
         except Exception:
             nv.nvmlShutdown()
             raise
@@ -193,6 +202,48 @@ class NvmlDevice(SampledDevice):
             power_rail=POWER_RAIL,
             sensor=nvml_sensor(self.power_reading, self.sample_rate_hz),
         )
+
+    def _unlocked_label_mhz(self) -> float:
+        """The column label of a measure-only GPU: the highest clock it may run at (the
+        clock an NVIDIA GPU boosts to under load), never the clock read at open, which on
+        an idle GPU is its idle clock. Each profiled cell records the clock sampled while it
+        ran (the median, ``clock-mhz`` in the LUT)."""
+        if self._supported_mhz:
+            return max(self._supported_mhz)
+        nv = self._nvml
+        get_max = getattr(nv, "nvmlDeviceGetMaxClockInfo", None)
+        if get_max is not None:
+            try:
+                return float(get_max(self._handle, nv.NVML_CLOCK_GRAPHICS))
+            except Exception as err:
+                if _code(nv, err) is None:
+                    raise
+        log.warning(
+            "nvml: %s reports neither its clocks nor its highest clock; its LUT column is the "
+            "clock read now (cells still record the clock sampled while they ran)",
+            self.name,
+        )
+        return self.current_gpu_freq_mhz()
+
+    def _call(self, name: str, *args: Any) -> Any:
+        """``pynvml.<name>(handle, *args)``; an NVML failure is a SensorReadError naming the
+        call and the GPU."""
+        try:
+            return getattr(self._nvml, name)(self._handle, *args)
+        except Exception as err:
+            if _code(self._nvml, err) is None and not isinstance(err, OSError):
+                raise
+            raise SensorReadError(
+                f"nvml: {name} failed on {self.name} ({self.uuid}): {err}"
+            ) from None
+
+    @property
+    def clock_table_mhz(self) -> tuple[float, ...]:
+        return self._supported_mhz
+
+    @property
+    def clocks_locked(self) -> bool:
+        return not self.measure_only
 
     def _nvml_index(self, cuda_index: int) -> int:
         nv = self._nvml
@@ -281,8 +332,11 @@ class NvmlDevice(SampledDevice):
         try:
             value = get_values(self._handle, [field_id])[0]
         except Exception as err:
-            if _code(nv, err) is None:
+            code = _code(nv, err)
+            if code is None:
                 raise
+            if code != _NOT_SUPPORTED and self._probed:
+                raise  # a failure mid-run, not a GPU without the field
             raise _NoInstantPowerError(str(err)) from None
         if value.nvmlReturn != 0:
             raise _NoInstantPowerError(f"NVML error {value.nvmlReturn}")
@@ -295,8 +349,7 @@ class NvmlDevice(SampledDevice):
         return self._has_energy_counter
 
     def current_gpu_freq_mhz(self) -> float:
-        nv = self._nvml
-        return float(nv.nvmlDeviceGetClockInfo(self._handle, nv.NVML_CLOCK_GRAPHICS))
+        return float(self._call("nvmlDeviceGetClockInfo", self._nvml.NVML_CLOCK_GRAPHICS))
 
     def set_gpu_freq_mhz(self, freq_mhz: float) -> None:
         match = next((f for f in self.gpu_freqs_mhz if abs(f - freq_mhz) < 1e-3), None)
@@ -304,15 +357,15 @@ class NvmlDevice(SampledDevice):
             if self.measure_only:
                 raise InvalidFrequencyError(
                     f"gpu-freq-mhz: {self.name} is measure-only (locking clocks needs root "
-                    f"and lock-clocks not false); its only frequency is the clock it runs at, "
-                    f"{self.gpu_freqs_mhz[0]:g} MHz, not {freq_mhz:g} MHz"
+                    f"and lock-clocks not false); its only column is its unlocked clock, "
+                    f"labelled {self.gpu_freqs_mhz[0]:g} MHz (its highest), not {freq_mhz:g} MHz"
                 )
             raise InvalidFrequencyError(
                 f"gpu-freq-mhz: {freq_mhz:g} MHz is not a supported clock of {self.name}; "
                 f"allowed: {', '.join(f'{f:g}' for f in self.gpu_freqs_mhz)}"
             )
         if self.measure_only:
-            return  # the clock it runs at: nothing to change
+            return  # the unlocked clock: nothing to change
         with self._lock:
             self._lock_mhz(match)
 
@@ -399,11 +452,17 @@ class NvmlDevice(SampledDevice):
                 return self._read_instant_power_mw() / 1000.0
             except _NoInstantPowerError:
                 pass  # a transient refusal: this one sample is the average
-        return float(self._nvml.nvmlDeviceGetPowerUsage(self._handle)) / 1000.0
+            except Exception as err:
+                if _code(self._nvml, err) is None:
+                    raise
+                raise SensorReadError(
+                    f"nvml: nvmlDeviceGetFieldValues failed on {self.name} ({self.uuid}): {err}"
+                ) from None
+        return float(self._call("nvmlDeviceGetPowerUsage")) / 1000.0
 
     def read_energy_j(self) -> float:
         """The GPU's total energy counter since driver load, in joules."""
-        return float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)) / 1000.0
+        return float(self._call("nvmlDeviceGetTotalEnergyConsumption")) / 1000.0
 
     def energy_counter_j(self) -> Callable[[], float] | None:
         return self.read_energy_j if self._has_energy_counter else None

@@ -1,15 +1,18 @@
 """Power sampling on real hardware: a sampler thread, energy by integration, the cap guard.
 
 The hardware backends (``jetson``, ``nvml``) share one wall-clock Meter and one base class
-(``SampledDevice``) built here: every training step is bracketed by two synchronous power
-samples, a background thread samples in between (default 20 Hz; the paper's 1 Hz missed
-short peaks), and a step's energy is the trapezoidal integral of the piecewise-linear power
-trace over the step's time window.
+(``SampledDevice``) built here. A measurement is one window over steps run back to back, as
+training runs them: a background thread samples power (default 20 Hz; the paper's 1 Hz
+missed short peaks), the energy counter where the device has one, and the clock; the
+training thread reads no sensor and adds no synchronize. Energy is the counter's over the
+window where there is one (its updates placed in time, ``counter_energy_j``), else the
+trapezoidal integral of the sampled power over exactly the window's time.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import math
 import sys
@@ -17,10 +20,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
+
+import numpy as np
 
 from fl_client.devices.base import DeviceInfo, Measurement, Workload
 
@@ -62,11 +67,31 @@ class WindowStats:
     powers_w: tuple[float, ...]
 
 
+class SensorReadError(RuntimeError):
+    """A power, energy or clock read failed; the message names the call and the device."""
+
+
+@dataclass(frozen=True)
+class SampleSeries:
+    """What the sampler read, in time order: power (W) at every sample, the energy counter
+    (J, NaN without one) and the clock (MHz, NaN where not read) at the samples that read
+    them."""
+
+    times_s: tuple[float, ...]
+    powers_w: tuple[float, ...]
+    energies_j: tuple[float, ...]
+    clocks_mhz: tuple[float, ...]
+
+
 class PowerSampler:
     """Samples ``read_power_w`` at ``rate_hz`` in a daemon thread, keeping (time, power) pairs.
 
-    ``clock`` and ``read_power_w`` are injectable so tests run on a synthetic trace;
-    ``on_sample(t_s, power_w)`` (e.g. the cap guard) is called after each sample.
+    ``read_energy_j`` (a device's energy counter) is read with every sample and
+    ``read_clock_mhz`` with every ``clock_every``-th, both in the same thread, so the
+    training thread never reads a sensor. ``clock`` and the readers are injectable so tests
+    run on a synthetic trace; ``on_sample(t_s, power_w)`` (e.g. the cap guard) is called
+    after each sample. A failed read is counted (``read_errors``), the first failure's
+    message kept (``first_error``), and the sample skipped: the thread lives on.
     """
 
     def __init__(
@@ -76,17 +101,26 @@ class PowerSampler:
         rate_hz: float = DEFAULT_SAMPLE_RATE_HZ,
         clock: Clock = time.monotonic,
         on_sample: Callable[[float, float], None] | None = None,
+        read_energy_j: Callable[[], float] | None = None,
+        read_clock_mhz: Callable[[], float] | None = None,
+        clock_every: int = 4,
     ) -> None:
         self.rate_hz = validate_rate_hz(rate_hz)
         self._read = read_power_w
+        self._read_energy = read_energy_j
+        self._read_clock = read_clock_mhz
+        self._clock_every = max(int(clock_every), 1)
         self._clock = clock
         self._on_sample = on_sample
         self._lock = threading.Lock()
         self._times_s: list[float] = []
         self._powers_w: list[float] = []
+        self._energies_j: list[float] = []
+        self._clocks_mhz: list[float] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.read_errors = 0
+        self.first_error = ""
 
     # -- sampling
     def sample(self) -> tuple[float, float]:
@@ -94,19 +128,26 @@ class PowerSampler:
         with self._lock:
             t_s = self._clock()
             power_w = float(self._read())
+            energy_j = float(self._read_energy()) if self._read_energy is not None else math.nan
+            clock_mhz = math.nan
+            if self._read_clock is not None and len(self._times_s) % self._clock_every == 0:
+                clock_mhz = float(self._read_clock())
             self._times_s.append(t_s)
             self._powers_w.append(power_w)
+            self._energies_j.append(energy_j)
+            self._clocks_mhz.append(clock_mhz)
         if self._on_sample is not None:
             self._on_sample(t_s, power_w)
         return t_s, power_w
 
     def try_sample(self) -> tuple[float, float] | None:
-        """``sample()``, but a sensor read error is logged (once) and skipped."""
+        """``sample()``, but a failed read is counted, logged (once) and skipped."""
         try:
             return self.sample()
-        except (OSError, ValueError) as err:
+        except Exception as err:  # the sampler thread must live on; the meter reports it
             self.read_errors += 1
             if self.read_errors == 1:
+                self.first_error = str(err) or type(err).__name__
                 log.warning("power sensor read failed (%s); skipping samples", err)
             return None
 
@@ -114,6 +155,9 @@ class PowerSampler:
         """Sample now and return the time stamp (the clock's time if the read failed)."""
         taken = self.try_sample()
         return taken[0] if taken is not None else self._clock()
+
+    def now_s(self) -> float:
+        return self._clock()
 
     def _run(self) -> None:
         interval_s = 1.0 / self.rate_hz
@@ -156,6 +200,17 @@ class PowerSampler:
             return tuple(self._times_s), tuple(self._powers_w)
 
     @property
+    def series(self) -> SampleSeries:
+        """Everything read so far (``SampleSeries``)."""
+        with self._lock:
+            return SampleSeries(
+                tuple(self._times_s),
+                tuple(self._powers_w),
+                tuple(self._energies_j),
+                tuple(self._clocks_mhz),
+            )
+
+    @property
     def energy_j(self) -> float:
         times_s, powers_w = self.trace
         return integrate_energy_j(times_s, powers_w)
@@ -177,17 +232,7 @@ class PowerSampler:
     def window(self, t0_s: float, t1_s: float) -> WindowStats:
         """Power over ``[t0_s, t1_s]``, interpolating linearly at the window's edges."""
         times_s, powers_w = self.trace
-        if not times_s or t1_s <= t0_s:
-            return WindowStats(0.0, 0.0, ())
-        inner = [i for i, t in enumerate(times_s) if t0_s < t < t1_s]
-        ts = [t0_s, *(times_s[i] for i in inner), t1_s]
-        ps = [
-            _interpolate(times_s, powers_w, t0_s),
-            *(powers_w[i] for i in inner),
-            _interpolate(times_s, powers_w, t1_s),
-        ]
-        exact = tuple(p for t, p in zip(times_s, powers_w, strict=True) if t0_s <= t <= t1_s)
-        return WindowStats(integrate_energy_j(ts, ps), max(ps), exact)
+        return window_stats(times_s, powers_w, t0_s, t1_s)
 
     def discard_before(self, t_s: float) -> None:
         """Forget samples older than ``t_s`` but keep the last one before it (for edges)."""
@@ -197,6 +242,27 @@ class PowerSampler:
             keep_from = first if exact else max(first - 1, 0)
             del self._times_s[:keep_from]
             del self._powers_w[:keep_from]
+            del self._energies_j[:keep_from]
+            del self._clocks_mhz[:keep_from]
+
+
+def window_stats(
+    times_s: Sequence[float], powers_w: Sequence[float], t0_s: float, t1_s: float
+) -> WindowStats:
+    """Power over ``[t0_s, t1_s]`` of a sampled trace, interpolating linearly at the edges."""
+    if not times_s or t1_s <= t0_s:
+        return WindowStats(0.0, 0.0, ())
+    lo = bisect.bisect_right(times_s, t0_s)
+    hi = bisect.bisect_left(times_s, t1_s)
+    ts = [t0_s, *times_s[lo:hi], t1_s]
+    ps = [
+        _interpolate(times_s, powers_w, t0_s),
+        *powers_w[lo:hi],
+        _interpolate(times_s, powers_w, t1_s),
+    ]
+    a = bisect.bisect_left(times_s, t0_s)
+    b = bisect.bisect_right(times_s, t1_s)
+    return WindowStats(integrate_energy_j(ts, ps), max(ps), tuple(powers_w[a:b]))
 
 
 def _interpolate(times_s: Sequence[float], powers_w: Sequence[float], t_s: float) -> float:
@@ -205,14 +271,12 @@ def _interpolate(times_s: Sequence[float], powers_w: Sequence[float], t_s: float
         return powers_w[0]
     if t_s >= times_s[-1]:
         return powers_w[-1]
-    for i in range(1, len(times_s)):
-        if times_s[i] >= t_s:
-            t_a, t_b = times_s[i - 1], times_s[i]
-            p_a, p_b = powers_w[i - 1], powers_w[i]
-            if t_b == t_a:
-                return p_b
-            return p_a + (p_b - p_a) * (t_s - t_a) / (t_b - t_a)
-    return powers_w[-1]  # pragma: no cover - unreachable
+    i = bisect.bisect_left(times_s, t_s)  # times_s[i - 1] < t_s <= times_s[i]
+    t_a, t_b = times_s[i - 1], times_s[i]
+    p_a, p_b = powers_w[i - 1], powers_w[i]
+    if t_b == t_a:
+        return p_b
+    return p_a + (p_b - p_a) * (t_s - t_a) / (t_b - t_a)
 
 
 class CapGuard:
@@ -290,13 +354,32 @@ class CapGuard:
 class PowerMeasurement(Measurement):
     """A Measurement from a real power sensor, with the cap guard's figures.
 
-    ``energy_j`` comes from the device's own energy counter where it has one (NVML), else it
-    is ``sampled_energy_j``, the integral of the sampled power.
+    ``energy_j`` comes from the device's own energy counter where it has one and it moved
+    often enough inside the window to be placed in time (``energy_source`` "counter", see
+    ``counter_energy_j``), else it is ``sampled_energy_j``, the integral of the sampled power
+    (``energy_source`` "sampled"). ``clock_mhz`` is the median of the GPU clock sampled in
+    the window (NaN: not read), ``clock_moved`` whether it moved by more than one step of
+    the clock table. ``window_start_s`` / ``window_end_s``: the window on the device clock;
+    ``power_times_s``: when each of ``power_samples_w`` was read. ``read_errors`` counts
+    failed sensor reads in the window
+    (``read_error``: the first one's message), ``stuck_s`` the longest stretch over which the
+    power reading did not change at all.
     """
 
     sampled_energy_j: float = 0.0
     counter_energy_j: float | None = None
     power_rail: str = ""
+    energy_source: str = "sampled"
+    clock_mhz: float = math.nan
+    clock_min_mhz: float = math.nan
+    clock_max_mhz: float = math.nan
+    clock_moved: bool = False
+    read_errors: int = 0
+    read_error: str = ""
+    stuck_s: float = 0.0
+    window_start_s: float = math.nan
+    window_end_s: float = math.nan
+    power_times_s: list[float] = field(default_factory=list)
 
 
 def cuda_synchronize() -> None:
@@ -309,8 +392,84 @@ def cuda_synchronize() -> None:
         cuda.synchronize()
 
 
+#: A counter is placed in time only from this many observed updates inside a window.
+MIN_COUNTER_UPDATES = 3
+
+
+def counter_energy_j(series: SampleSeries, t0_s: float, t1_s: float) -> float | None:
+    """Energy over ``[t0_s, t1_s]`` from an energy counter read with each sample.
+
+    A counter such as NVML's changes in steps (every ~100 ms on an H100): read at the
+    window's two ends it is off by up to one step at each. So its updates are placed in
+    time: an update lies between the sample before and the sample that first shows it;
+    updates come at a regular period, so a straight line through their mid-points (update
+    number → time) places each one, within those bounds. The counter at the window's ends
+    is interpolated between the placed updates around each end (extrapolated over less
+    than one update, at the counter's own rate, where the window begins or ends the
+    reads). None when fewer than ``MIN_COUNTER_UPDATES`` updates fall in the window (the
+    caller uses sampled power).
+    """
+    t = np.asarray(series.times_s, dtype=np.float64)
+    e = np.asarray(series.energies_j, dtype=np.float64)
+    ok = np.isfinite(e)
+    if ok.sum() < 2:
+        return None
+    t_ok, e_ok = t[ok], e[ok]
+    changed = np.flatnonzero(np.diff(e_ok) != 0) + 1
+    if len(changed) < MIN_COUNTER_UPDATES:
+        return None
+    lows, highs, values = t_ok[changed - 1], t_ok[changed], e_ok[changed]
+    mids = 0.5 * (lows + highs)
+    period_s = float(mids[-1] - mids[0]) / (len(mids) - 1)
+    if not period_s > 0:
+        return None
+    if float(np.max(np.diff(t_ok))) < period_s:
+        # Every gap between reads is shorter than the period: each update was seen on its
+        # own, so the n-th change is the n-th update. A line places them all.
+        k = np.arange(len(mids), dtype=np.float64)
+        period_s, offset = np.polyfit(k, mids, 1)
+        placed = np.clip(offset + period_s * k, lows, highs)
+        spacing = np.full(len(mids) - 1, period_s)
+    else:  # reads too far apart to number the updates: each one mid-way
+        placed = mids
+        spacing = np.maximum(np.diff(mids), 1e-9)
+    inside = np.flatnonzero((placed >= t0_s) & (placed <= t1_s))
+    if len(inside) < MIN_COUNTER_UPDATES:
+        return None
+    a, b = int(inside[0]), int(inside[-1])
+    if a > 0:  # an update before the window: interpolate
+        a -= 1
+    if b < len(placed) - 1:  # ... and after it
+        b += 1
+    ua, ub = float(placed[a]), float(placed[b])
+    slope_a = (values[a + 1] - values[a]) / spacing[a]  # the counter's rate (W) there
+    slope_b = (values[b] - values[b - 1]) / spacing[b - 1]
+    e0 = values[a] + slope_a * (t0_s - ua)  # back from the first update after t0, or on
+    e1 = values[b] + slope_b * (t1_s - ub)  # from the one before
+    return float(e1 - e0)
+
+
+def longest_unchanged_s(times_s: Sequence[float], powers_w: Sequence[float]) -> float:
+    """The longest stretch of time over which consecutive readings were all equal."""
+    longest, start = 0.0, 0
+    for i in range(1, len(powers_w)):
+        if powers_w[i] != powers_w[start]:
+            start = i
+        longest = max(longest, times_s[i] - times_s[start])
+    return longest
+
+
 class SampledMeter:
-    """Wall-clock Meter: times each step, integrates sampled power over it, runs the guard."""
+    """Wall-clock Meter over one window: the steps run back to back, the sampler samples.
+
+    The window opens when the meter is made (``begin``: a synchronize, then the clock) and
+    closes in ``finish`` (a synchronize, the clock, then the sampler's last sample): time,
+    sampled power and the energy counter all cover exactly that window. A step only runs
+    ``fn`` and reads the clock: no synchronize and no sensor read on the training path, so
+    the measured loop is the training loop (its own synchronisation, e.g. ``train_step``'s,
+    is all there is). Until ``finish``, ``measurement`` is a running view (time up to the
+    end of the last step, the samples so far, sampled energy).
+    """
 
     def __init__(
         self,
@@ -318,43 +477,84 @@ class SampledMeter:
         *,
         power_rail: str,
         guard: CapGuard | None = None,
-        energy_counter_j: Callable[[], float] | None = None,
         synchronize: Callable[[], None] = cuda_synchronize,
+        clock_step_mhz: float = 0.0,
     ) -> None:
         self._sampler = sampler
         self._guard = guard
-        self._counter = energy_counter_j
         self._sync = synchronize
-        self._m = PowerMeasurement(power_rail=power_rail)
-        if energy_counter_j is not None:
-            self._m.counter_energy_j = 0.0
+        self._clock_step_mhz = clock_step_mhz
+        self._rail = power_rail
+        self._steps = 0
+        self._samples = 0
+        self._errors_before = sampler.read_errors
+        self._final: PowerMeasurement | None = None
+        self._sync()
+        self._t0_s = sampler.now_s()
+        self._last_s = self._t0_s
 
     def step(self, batch_size: int, fn: Callable[[], object]) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size: must be > 0, got {batch_size}")
-        self._sync()
-        e0_j = self._counter() if self._counter is not None else 0.0
-        t0_s = self._sampler.stamp()
+        if self._final is not None:
+            raise RuntimeError("this meter's window is closed")
         fn()
-        self._sync()
-        t1_s = self._sampler.stamp()
-        e1_j = self._counter() if self._counter is not None else 0.0
-        window = self._sampler.window(t0_s, t1_s)
-        m = self._m
-        m.time_s += t1_s - t0_s
-        m.sampled_energy_j += window.energy_j
-        if m.counter_energy_j is not None:
-            m.counter_energy_j += max(0.0, e1_j - e0_j)
-        m.energy_j = m.counter_energy_j if m.counter_energy_j is not None else m.sampled_energy_j
-        m.peak_power_w = max(m.peak_power_w, window.peak_power_w)
-        m.power_samples_w.extend(window.powers_w)
-        m.steps += 1
-        m.samples += batch_size
-        self._sampler.discard_before(t1_s)
+        self._last_s = self._sampler.now_s()
+        self._steps += 1
+        self._samples += batch_size
+
+    def finish(self) -> PowerMeasurement:
+        """Close the window (idempotent): synchronize, stamp, last sample, the figures."""
+        if self._final is None:
+            try:
+                self._sync()
+            finally:
+                t1_s = self._sampler.now_s()
+                self._sampler.stop()
+                self._final = self._figures(t1_s, final=True)
+        return self._final
+
+    def _figures(self, t1_s: float, *, final: bool) -> PowerMeasurement:
+        t0_s = self._t0_s
+        series = self._sampler.series
+        times_s, powers_w = series.times_s, series.powers_w
+        m = PowerMeasurement(power_rail=self._rail, steps=self._steps, samples=self._samples)
+        m.time_s = max(t1_s - t0_s, 0.0)
+        m.window_start_s, m.window_end_s = t0_s, t1_s
+        m.read_errors = self._sampler.read_errors - self._errors_before
+        m.read_error = self._sampler.first_error if m.read_errors else ""
+        if not times_s:
+            return with_guard_figures(m, self._guard)
+        window = window_stats(times_s, powers_w, t0_s, t1_s)
+        m.sampled_energy_j = window.energy_j
+        a = bisect.bisect_left(times_s, t0_s)
+        b = bisect.bisect_right(times_s, t1_s)
+        m.power_samples_w = list(powers_w[a:b])
+        m.power_times_s = list(times_s[a:b])
+        # The reading the sensor held at t0 (the last one before), those inside, and on
+        # closing the first one after t1, which the sensor may have shown before t1.
+        held = [powers_w[max(a - 1, 0)], *m.power_samples_w]
+        if final and b < len(powers_w):
+            held.append(powers_w[b])
+        m.peak_power_w = max(held)
+        lo = max(a - 1, 0)
+        m.stuck_s = longest_unchanged_s(times_s[lo:b], powers_w[lo:b])
+        counter = counter_energy_j(series, t0_s, t1_s) if final else None
+        m.counter_energy_j = counter
+        m.energy_j = counter if counter is not None else m.sampled_energy_j
+        m.energy_source = "counter" if counter is not None else "sampled"
+        clocks = [c for c in series.clocks_mhz[max(a - 1, 0) : b] if math.isfinite(c)]
+        if clocks:
+            m.clock_mhz = float(np.median(clocks))
+            m.clock_min_mhz, m.clock_max_mhz = min(clocks), max(clocks)
+            m.clock_moved = m.clock_max_mhz - m.clock_min_mhz > max(self._clock_step_mhz, 1.0)
+        return with_guard_figures(m, self._guard)
 
     @property
     def measurement(self) -> PowerMeasurement:
-        return with_guard_figures(self._m, self._guard)
+        if self._final is not None:
+            return self._final
+        return self._figures(self._last_s, final=False)
 
 
 @contextmanager
@@ -366,18 +566,36 @@ def sampled_measurement(
     clock: Clock = time.monotonic,
     guard: CapGuard | None = None,
     energy_counter_j: Callable[[], float] | None = None,
+    read_clock_mhz: Callable[[], float] | None = None,
+    clock_step_mhz: float = 0.0,
+    synchronize: Callable[[], None] = cuda_synchronize,
 ) -> Iterator[SampledMeter]:
-    """A running sampler and the Meter on top of it; the thread stops on the way out."""
+    """A running sampler and the Meter of one window on top of it (``SampledMeter``); the
+    window closes and the thread stops on the way out."""
     sampler = PowerSampler(
         read_power_w,
         rate_hz=rate_hz,
         clock=clock,
         on_sample=guard.update if guard is not None else None,
+        read_energy_j=energy_counter_j,
+        read_clock_mhz=read_clock_mhz,
     )
-    with sampler:
-        yield SampledMeter(
-            sampler, power_rail=power_rail, guard=guard, energy_counter_j=energy_counter_j
+    sampler.start()
+    try:
+        meter = SampledMeter(
+            sampler,
+            power_rail=power_rail,
+            guard=guard,
+            synchronize=synchronize,
+            clock_step_mhz=clock_step_mhz,
         )
+    except BaseException:
+        sampler.stop()
+        raise
+    try:
+        yield meter
+    finally:
+        meter.finish()
 
 
 _D = TypeVar("_D", bound="SampledDevice")
@@ -509,6 +727,27 @@ class SampledDevice(CapGuarded):
         """The device's own energy counter in J, if it has one (else power is integrated)."""
         return None
 
+    def current_gpu_freq_mhz(self) -> float:
+        raise NotImplementedError
+
+    @property
+    def clock_step_mhz(self) -> float:
+        """The smallest step of the device's clock table (0: unknown): a cell whose sampled
+        clock moves by more is flagged (``PowerMeasurement.clock_moved``)."""
+        freqs = sorted(set(self.clock_table_mhz))
+        steps = [b - a for a, b in itertools.pairwise(freqs)]
+        return min(steps, default=0.0)
+
+    @property
+    def clock_table_mhz(self) -> tuple[float, ...]:
+        """Every clock the GPU may run at (the locked-frequency table by default)."""
+        return self.gpu_freqs_mhz
+
+    @property
+    def clocks_locked(self) -> bool:
+        """Whether profiling locks the clock of each column (False: measure-only)."""
+        return True
+
     def restore(self) -> None:
         raise NotImplementedError
 
@@ -525,6 +764,8 @@ class SampledDevice(CapGuarded):
             clock=self.now_s,
             guard=self._new_guard(),
             energy_counter_j=self.energy_counter_j(),
+            read_clock_mhz=self.current_gpu_freq_mhz,
+            clock_step_mhz=self.clock_step_mhz,
         ) as meter:
             yield meter
 

@@ -48,15 +48,21 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
 
 @pytest.fixture
 def no_settling(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Cells sized by the sensor's window and samples but not by settling: wall-clock step
-    times on a busy test machine can keep a cell going up to its cap (settling is tested on
-    scripted traces in tests/fl_client/test_profiler.py)."""
+    """Cells sized by the sensor's window and samples but not by settling nor by the step
+    time's standard error: wall-clock step times on a busy test machine can keep a cell
+    going up to its cap (both are tested on scripted traces in
+    tests/fl_client/test_profiler.py and on the replayed H100 trace in
+    tests/fl_client/devices/test_trace_replay.py). The fake sensors here read one constant
+    power, which would be refused as a stuck sensor (tested on the replayed trace too)."""
     window = profiler.ProfileOptions.cell_window
     monkeypatch.setattr(
         profiler.ProfileOptions,
         "cell_window",
-        lambda self, device: replace(window(self, device), settle_tolerance=math.inf),
+        lambda self, device: replace(
+            window(self, device), settle_tolerance=math.inf, max_time_rse=math.inf
+        ),
     )
+    monkeypatch.setattr(profiler, "STUCK_MIN_S", math.inf)
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -110,7 +116,10 @@ def test_profile_on_the_twin_writes_and_prints_the_lut(
     # how each cell was measured, and the window the real board would have needed (a report)
     assert "power samples per cell" in out and "measured window per cell (s)" in out
     assert "window the real board's power sensor would need per cell (s)" in out
-    assert (lut.power_samples == 1).all() and (lut.needed_window_s >= 0.5).all()
+    # one exact reading per step; a cell runs on until its mean step time's relative
+    # standard error is ≤ 1% (the twin's steps are noisy), so at least 2 steps
+    assert (lut.power_samples >= 2).all() and (lut.time_rse <= 0.01).all()
+    assert (lut.needed_window_s >= 0.5).all()
     board_s = lut.board_profile_time_s
     assert board_s is not None and board_s > lut.profile_time_s
     assert f"profiling these cells would take about {board_s:.1f} s" in out
@@ -127,9 +136,9 @@ def test_profile_on_the_twin_writes_and_prints_the_lut(
     # the second time the cache answers, with the same tables
     code, out, _ = run(argv, capsys)
     assert code == 0 and "(from the cache)" in out
-    # one measured step per cell: no σ of the per-step peaks (not recorded, counts as 0)
-    assert "σ of the per-step peak power" not in out
-    assert np.isnan(lut.peak_sigma_w).all()
+    # ≥ 2 measured steps per cell (the step time's standard error needs them): σ recorded
+    assert "σ of the per-step peak power (W" in out
+    assert np.isfinite(lut.peak_sigma_w).all()
     # and `select` on the written LUT is Eq. 4 on its tables (with average power and σ)
     tables = Tables(lut.time_per_sample_s, lut.peak_power_w, lut.avg_power_w, lut.peak_sigma_w)
     select = ["select", "--lut", str(out_path), "--r", "1,0.6", "--p-max-w", "2.5"]
@@ -188,7 +197,8 @@ def test_profile_efficient_mode_marks_the_cap(
     code, out, err = run([*argv, "--cache-dir", str(tmp_path), *FAST], capsys)
     assert code == 0, err
     assert title in out
-    assert f"* = not below P_max 3 W{title.split('P_max 3 W')[1].rstrip(',')}" in out
+    # cells of ≥ 2 steps (the step time's standard error needs them) record σ: judged by it
+    assert f"* = peak + 2·σ not below P_max 3 W{title.split('P_max 3 W')[1].rstrip(',')}" in out
     peak_block = out.split("peak power (W)")[1].split("average power")[0]
     row64 = next(line for line in peak_block.splitlines() if line.split()[:1] == ["64"])
     cells = row64.split()[1:]
@@ -301,7 +311,7 @@ def test_profile_nvml_measure_only_compares_energy_counter_and_samples(
                      r"\d+\.\d\d J, difference [+-]\d+\.\d\d%", out)  # fmt: skip
     [path] = list(tmp_path.glob("lut_*.json"))
     lut = LUT.load(path)
-    assert lut.freqs_mhz == (1755.0,)  # the one clock it runs at
+    assert lut.freqs_mhz == (1980.0,)  # the unlocked clock, labelled with its highest
     assert np.allclose(lut.peak_power_w, 123.456)
     assert (lut.window_s >= 1.0).all() and (lut.power_samples >= 10).all()
     assert not any(name == "nvmlDeviceSetGpuLockedClocks" for name, _ in gpu.calls)

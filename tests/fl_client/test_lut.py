@@ -153,8 +153,8 @@ def test_json_round_trip_keeps_nan_cells_and_metadata(p_max_w: float | None, mar
         (lambda r: r.update({"knob": "voltage"}), "knob: unknown value"),
         (
             lambda r: r.update({"version": 2}),
-            r"\['peak-sigma-w', 'power-samples', 'settled', 'window-s'\] are not keys of a "
-            "version 2",
+            r"\['peak-sigma-w', 'power-samples', 'settled', 'time-rse', 'window-s'\] are not keys "
+            "of a version 2",
         ),
     ],
 )

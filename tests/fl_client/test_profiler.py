@@ -42,6 +42,8 @@ from fl_client.profiler import (
     measure_cell,
     measure_cell_with_sigma,
     profile,
+    step_time_rse,
+    warmup_stable,
 )
 from fl_client.selector import (
     PowerLimit,
@@ -52,6 +54,7 @@ from fl_client.selector import (
     select_power_aware,
 )
 
+REAL_SENSOR = SensorSpec("real", 0.0, 1, 0.1)
 NANO_FREQS_MHZ = tuple(round(76.8 * k, 1) for k in range(1, 13))  # 76.8 … 921.6
 B6 = [4, 8, 16, 32, 64, 128]
 WORKLOAD = Workload("cnn", (1, 8, 8), flops_per_sample=1e6)
@@ -406,7 +409,7 @@ def test_sigma_of_the_per_step_peaks_is_recorded_for_every_measured_cell() -> No
     np.testing.assert_array_equal(back.peak_sigma_w, eff.peak_sigma_w)
     # a steady device: σ 0; a single measured step: σ not recorded (NaN, counts as 0)
     assert (_profile(FakeDevice()).peak_sigma_w == 0).all()
-    assert np.isnan(_profile(FakeDevice(), steps=1).peak_sigma_w).all()
+    assert np.isnan(_profile(FakeDevice(), steps=1, sizing="fixed").peak_sigma_w).all()
     # a cell measured on its own gets its σ too
     m = measure_cell_with_sigma(
         FakeDevice(jitter_w=jitter), WORKLOAD, 8, lambda: None, 76.8, window=CellWindow.fixed(3)
@@ -951,3 +954,39 @@ def test_an_emulated_device_reports_the_window_its_real_board_needs() -> None:
     assert lut.board_profile_time_s == pytest.approx(0.5)
     # a step longer than the window: the measured steps are what the board needs
     assert _cell(TraceDevice(lambda k: 0.4, board=board)).needed_window_s == pytest.approx(1.2)
+
+
+def test_step_time_rse_by_batch_means() -> None:
+    assert step_time_rse([0.01] * 9) == 0.0
+    assert step_time_rse([0.01]) == math.inf  # one batch: nothing to judge
+    rng = np.random.default_rng(1)
+    # independent steps (20% noise): on average σ/√n, as the plain formula says
+    rses = [
+        step_time_rse((0.01 * (1 + 0.2 * rng.standard_normal(400))).tolist()) for _ in range(50)
+    ]
+    assert float(np.mean(rses)) == pytest.approx(0.2 / math.sqrt(400), rel=0.1)
+    # blocks of 10 equal steps (as a queue that drains every 10 steps): the batches see
+    # the blocks, so the error is larger than 10 independent steps' would suggest
+    blocky = np.repeat(0.01 * (1 + 0.2 * rng.standard_normal(40)), 10).tolist()
+    assert step_time_rse(blocky) > 2 * 0.2 / math.sqrt(400)
+
+
+def test_warmup_runs_until_the_step_time_is_stable() -> None:
+    assert not warmup_stable([1.0, 0.01, 0.01, 0.01, 0.01, 0.01])
+    assert warmup_stable([1.0, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01])
+    assert not warmup_stable([0.01] * 5)  # two full blocks needed
+
+
+def test_a_real_sensor_warms_up_until_the_step_time_is_stable() -> None:
+    # a device with a real sensor (readings every 0.1 s): 5 slow first steps, then 0.1 s
+    slow_start = TraceDevice(lambda k: 1.0 if k < 5 else 0.1, sensor=REAL_SENSOR)
+    cell = measure_cell_with_sigma(
+        slow_start, WORKLOAD, 4, lambda: None, 100.0, warmup_steps=1, window=CellWindow(3)
+    )
+    assert cell.measurement.time_s / cell.measurement.steps == pytest.approx(0.1)
+    # an emulated clock (twin, replay table) models no warm-up: its asked-for steps only
+    emulated = TraceDevice(lambda k: 1.0 if k < 5 else 0.1)
+    cell = measure_cell_with_sigma(
+        emulated, WORKLOAD, 4, lambda: None, 100.0, warmup_steps=1, window=CellWindow(3)
+    )
+    assert cell.measurement.time_s / cell.measurement.steps > 0.1

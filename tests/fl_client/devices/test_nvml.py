@@ -78,9 +78,10 @@ def test_root_locks_supported_clocks_and_restores(
 def test_not_root_is_measure_only(fake_pynvml: types.ModuleType, fake_gpu: FakeGpu, not_root: None):
     dev = NvmlDevice()
     assert dev.measure_only
-    assert dev.gpu_freqs_mhz == (1755.0,)
-    dev.set_gpu_freq_mhz(1755.0)  # the clock it runs at: accepted, nothing changes
-    with pytest.raises(InvalidFrequencyError, match=r"measure-only.*1755 MHz, not 1410 MHz"):
+    assert dev.gpu_freqs_mhz == (1980.0,)  # its highest clock, not the 1755 MHz read at open
+    assert not dev.clocks_locked
+    dev.set_gpu_freq_mhz(1980.0)  # the unlocked clock's label: accepted, nothing changes
+    with pytest.raises(InvalidFrequencyError, match=r"measure-only.*1980 MHz .*, not 1410 MHz"):
         dev.set_gpu_freq_mhz(1410.0)
     dev.close()
     assert lock_calls(fake_gpu) == []
@@ -90,8 +91,8 @@ def test_lock_clocks_false_never_touches_clocks_even_as_root(
     fake_pynvml: types.ModuleType, fake_gpu: FakeGpu, as_root: None
 ):
     dev = NvmlDevice(lock_clocks=False)
-    assert dev.measure_only and dev.gpu_freqs_mhz == (1755.0,)
-    with locked(dev, 1755.0):
+    assert dev.measure_only and dev.gpu_freqs_mhz == (1980.0,)
+    with locked(dev, 1980.0):
         pass
     dev.close()
     assert lock_calls(fake_gpu) == []
@@ -129,13 +130,17 @@ def test_meter_uses_energy_counter_when_supported(
 ):
     dev = NvmlDevice(sample_rate_hz=100.0)
     assert dev.has_energy_counter
+    before_mj = fake_gpu.energy_mj
     with dev.measure(WORKLOAD) as meter:
-        meter.step(32, lambda: time.sleep(0.02))
+        meter.step(32, lambda: time.sleep(0.2))
     m = meter.measurement
     assert isinstance(m, PowerMeasurement)
-    # the fake counter goes up 250 mJ per read: one read before and one after the step
-    assert m.counter_energy_j == pytest.approx(0.25)
-    assert m.energy_j == pytest.approx(0.25)
+    # the sampler reads the counter with every sample (the fake's rises 250 mJ a read)
+    reads = (fake_gpu.energy_mj - before_mj) // fake_gpu.energy_step_mj
+    assert reads >= len(m.power_samples_w) >= 5
+    assert m.energy_source == "counter"
+    assert m.counter_energy_j is not None and m.counter_energy_j > 0
+    assert m.energy_j == m.counter_energy_j
     assert m.sampled_energy_j == pytest.approx(123.456 * m.time_s)
     assert m.peak_power_w == pytest.approx(123.456)
 
@@ -278,7 +283,7 @@ def test_measure_only_open_never_resets_a_leftover_lock(
     fake_gpu.locked = (345, 345)
     fake_gpu.reset_error = 4
     dev = NvmlDevice()
-    assert dev.measure_only and dev.gpu_freqs_mhz == (345.0,)
+    assert dev.measure_only and dev.gpu_freqs_mhz == (1980.0,)  # cells record the 345 MHz
     dev.close()
     assert resets(fake_gpu) == 0 and fake_gpu.locked == (345, 345)
     assert path.exists() and "powerfl devices --restore" in caplog.text

@@ -187,11 +187,14 @@ def test_cap_guard_needs_a_finite_cap(p_max_w: float):
         CapGuard(p_max_w)
 
 
-def test_meter_integrates_each_step_window():
+def test_meter_integrates_one_window_over_the_steps():
     clock = FakeClock(tick_s=0.0, start_s=10.0)
     power = {"w": 4.0}
     sampler = PowerSampler(lambda: power["w"], clock=clock)
-    meter = SampledMeter(sampler, power_rail="VDD_IN", synchronize=lambda: None)
+    sampler.sample()
+    synced: list[float] = []
+    meter = SampledMeter(sampler, power_rail="VDD_IN", synchronize=lambda: synced.append(1))
+    assert synced == [1]  # the window opens after a synchronize
 
     def work() -> None:  # 2 s of work while power ramps to 8 W, sampled mid-way
         clock.advance(1.0)
@@ -199,33 +202,95 @@ def test_meter_integrates_each_step_window():
         sampler.sample()
         clock.advance(1.0)
         power["w"] = 8.0
+        sampler.sample()
 
     meter.step(32, work)
-    clock.advance(5.0)  # idle between steps is not accounted
+    clock.advance(0.5)  # time between steps is the loop's: it is in the window
     power["w"] = 2.0
+    sampler.sample()
     meter.step(32, lambda: clock.advance(0.5))
-    m = meter.measurement
+    assert synced == [1]  # no synchronize per step
+    running = meter.measurement
+    assert running.time_s == pytest.approx(3.0) and running.steps == 2
+    m = meter.finish()
+    assert synced == [1, 1]
     assert m.steps == 2 and m.samples == 64
-    assert m.time_s == pytest.approx(2.5)
-    assert m.energy_j == pytest.approx((5.0 + 7.0) + 2.0 * 0.5)
-    assert m.sampled_energy_j == m.energy_j
+    assert m.time_s == pytest.approx(3.0)
+    # 4→6→8 W over 2 s (12 J), 8→2 W over 0.5 s (2.5 J), 2 W for 0.5 s (1 J)
+    assert m.sampled_energy_j == pytest.approx(15.5)
+    assert m.energy_j == m.sampled_energy_j and m.energy_source == "sampled"
     assert m.peak_power_w == 8.0
     assert m.counter_energy_j is None
-    assert m.avg_power_w == pytest.approx(13.0 / 2.5)
+    assert m.avg_power_w == pytest.approx(15.5 / 3.0)
+    assert (m.window_start_s, m.window_end_s) == (10.0, 13.0)
+    assert meter.finish() is m
+    with pytest.raises(RuntimeError, match="closed"):
+        meter.step(1, lambda: None)
 
 
-def test_meter_prefers_the_energy_counter():
-    clock = FakeClock(tick_s=0.0)
-    counter = iter([100.0, 112.5])
-    sampler = PowerSampler(lambda: 5.0, clock=clock)
-    meter = SampledMeter(
-        sampler, power_rail="nvml", energy_counter_j=lambda: next(counter), synchronize=lambda: None
-    )
-    meter.step(8, lambda: clock.advance(2.0))
+def test_meter_takes_energy_from_the_counter_over_the_same_window():
+    """A counter stepping every 0.1 s, read with each 0.03 s sample: its updates are placed
+    in time, so the window's energy is right to a fraction of a read interval at each end
+    (read only at the ends it could be off by a whole update: ±8% of 1.2 s)."""
+    clock = FakeClock(tick_s=0.0, start_s=0.0)
+    watts = 50.0
+
+    def counter_j() -> float:  # latched every 0.1 s at phase 0.04
+        return 1000.0 + watts * (math.floor((clock.now - 0.04) / 0.1) * 0.1 + 0.04)
+
+    sampler = PowerSampler(lambda: watts, clock=clock, read_energy_j=counter_j)
+    sampler.sample()
+    meter = SampledMeter(sampler, power_rail="nvml", synchronize=lambda: None)
+    for _ in range(40):
+        clock.advance(0.03)
+        sampler.sample()
+    meter.step(8, lambda: None)
+    m = meter.finish()
+    assert m.energy_source == "counter"
+    assert m.counter_energy_j == pytest.approx(watts * 1.2, rel=0.02)
+    assert m.energy_j == m.counter_energy_j
+    assert m.sampled_energy_j == pytest.approx(watts * 1.2)
+
+
+def test_counter_with_too_few_updates_leaves_energy_to_the_samples():
+    clock = FakeClock(tick_s=0.0, start_s=0.0)
+    sampler = PowerSampler(lambda: 5.0, clock=clock, read_energy_j=lambda: 7.0)
+    sampler.sample()
+    meter = SampledMeter(sampler, power_rail="nvml", synchronize=lambda: None)
+    clock.advance(2.0)
+    sampler.sample()
+    meter.step(8, lambda: None)
+    m = meter.finish()
+    assert m.energy_source == "sampled" and m.counter_energy_j is None
+    assert m.energy_j == pytest.approx(10.0)
+    assert m.stuck_s == pytest.approx(2.0)  # an unchanging reading is reported
+
+
+def test_meter_reports_the_sampled_clock_and_whether_it_moved():
+    clock = FakeClock(tick_s=0.0, start_s=0.0)
+    clocks = iter([1980.0, 1980.0, 1965.0, 1410.0])
+    sampler = PowerSampler(lambda: 5.0, clock=clock, read_clock_mhz=lambda: next(clocks),
+                           clock_every=1)  # fmt: skip
+    sampler.sample()
+    meter = SampledMeter(sampler, power_rail="nvml", synchronize=lambda: None, clock_step_mhz=15)
+    for _ in range(2):
+        clock.advance(0.1)
+        sampler.sample()
     m = meter.measurement
-    assert m.counter_energy_j == pytest.approx(12.5)
-    assert m.energy_j == pytest.approx(12.5)
-    assert m.sampled_energy_j == pytest.approx(10.0)
+    assert m.clock_mhz == 1980.0 and not m.clock_moved  # 1980, 1980, 1965: one step
+    clock.advance(0.1)
+    sampler.sample()
+    m = meter.finish()
+    assert m.clock_min_mhz == 1410.0 and m.clock_moved
+
+
+def test_a_failed_read_is_counted_and_named():
+    def broken() -> float:
+        raise RuntimeError("nvml: nvmlDeviceGetPowerUsage failed on GPU-x")
+
+    sampler = PowerSampler(broken, clock=FakeClock(tick_s=0.0))
+    assert sampler.try_sample() is None
+    assert sampler.read_errors == 1 and "nvmlDeviceGetPowerUsage" in sampler.first_error
 
 
 def test_meter_rejects_bad_batch_size():
@@ -237,7 +302,9 @@ def test_meter_rejects_bad_batch_size():
 def test_sampled_measurement_reports_guard_figures():
     clock = FakeClock(tick_s=0.0)
     guard = CapGuard(5.0, window_s=0.5)
-    with sampled_measurement(lambda: 7.0, power_rail="VDD_IN", clock=clock, guard=guard) as meter:
+    with sampled_measurement(
+        lambda: 7.0, power_rail="VDD_IN", clock=clock, guard=guard, synchronize=lambda: None
+    ) as meter:
         meter.step(4, lambda: clock.advance(1.2))
     m = meter.measurement
     assert m.cap_violations >= 1
