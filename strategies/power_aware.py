@@ -23,8 +23,8 @@ from strategies.round_plan import (
     PlanSettings,
     RoundPlan,
     best_round_time_s,
-    missed,
     plan_round,
+    round_record,
 )
 from strategies.shared_profiling import FleetLUTs, SharedProfiling, run_phase
 
@@ -424,46 +424,18 @@ class PowerAwareFedAvg(FedAvg):
         forecasts = [self.forecast(n, server_round) for n in node_ids]
         return plan_round(forecasts, self.planning.round_deadline_s)
 
-    def _name(self, node_id: int) -> str:
-        desc = self.fleet.get(node_id)
-        return str(node_id) if desc is None else desc.node_name
-
     def _record_plan(self, report: RoundReport) -> None:
-        """The plan's record of the round: who set the pace, who could not meet a fixed
-        deadline (they ran at their fastest cell), who missed it beyond their margin (the
-        next plan uses their measured time)."""
+        """The plan's record of the round (``round_plan.round_record``): warnings in the
+        round's record, the late nodes' measured times for the next plan, the run's log."""
         plan, planning = self.plan, self.planning
         if plan is None or planning is None or not math.isfinite(plan.deadline_s):
             return
         times = {n.node_id: n.report.train_time_s for n in report.nodes if n.report is not None}
-        late = missed(times, plan.deadline_s, planning.margin)
+        names = {n: d.node_name for n, d in self.fleet.items()}
+        warnings, late, entry = round_record(plan, planning, report.server_round, times, names)
+        report.warnings.extend(warnings)
         self._measured_s.update(late)
-        names = sorted(map(self._name, plan.unmeetable))
-        if names:
-            report.warnings.append(
-                f"round-deadline-s: {plan.deadline_s:.3g} s is under the best round time of "
-                f"{', '.join(names)}; they ran at their fastest cell"
-            )
-        if late:
-            report.warnings.append(
-                f"balance: {', '.join(sorted(map(self._name, late)))} missed round "
-                f"{report.server_round}'s deadline of {plan.deadline_s:.3g} s by more than "
-                f"{100 * planning.margin:g}%; the next plan uses their measured time"
-            )
-        self.plan_log.append(
-            {
-                "round": report.server_round,
-                "deadline-s": plan.deadline_s,
-                "fixed": plan.fixed,
-                "critical": sorted(map(self._name, plan.critical)),
-                "unmeetable": names,
-                "missed": sorted(map(self._name, late)),
-                "forecasts": {
-                    self._name(f.node_id): {"best-time-s": f.best_time_s, "source": f.source}
-                    for f in plan.forecasts
-                },
-            }
-        )
+        self.plan_log.append(entry)
 
     def _remember_pacing(self, node_id: int, report: TrainReport) -> None:
         """Keep what the next round's deadline and the node's calibration come from."""

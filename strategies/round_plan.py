@@ -15,8 +15,9 @@ deadline and role with the round's TRAIN config.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -121,3 +122,49 @@ class PlanSettings:
     round_deadline_s: float = 0.0
     margin: float = 0.05
     peak_sigma_k: float = PEAK_SIGMA_K
+
+
+def round_record(
+    plan: RoundPlan,
+    settings: PlanSettings,
+    server_round: int,
+    measured_time_s: Mapping[int, float],
+    names: Mapping[int, str],
+) -> tuple[list[str], dict[int, float], dict[str, Any]]:
+    """What a planned round's record says: its warnings (the nodes that could not meet a
+    fixed deadline and ran at their fastest cell; the nodes late beyond their margin), the
+    late nodes with their measured time (the next plan forecasts them by it), and the
+    plan's entry for ``summary.json`` (``round-plan``). ``names``: node id → node name."""
+
+    def named(ids: Iterable[int]) -> list[str]:
+        return sorted(names.get(n, str(n)) for n in ids)
+
+    late = missed(measured_time_s, plan.deadline_s, settings.margin)
+    warnings = []
+    if plan.unmeetable:
+        warnings.append(
+            f"round-deadline-s: {plan.deadline_s:.3g} s is under the best round time of "
+            f"{', '.join(named(plan.unmeetable))}; they ran at their fastest cell"
+        )
+    if late:
+        warnings.append(
+            f"balance: {', '.join(named(late))} missed round {server_round}'s deadline of "
+            f"{plan.deadline_s:.3g} s by more than {100 * settings.margin:g}%; the next plan "
+            "uses their measured time"
+        )
+    entry = {
+        "round": server_round,
+        "deadline-s": plan.deadline_s,
+        "fixed": plan.fixed,
+        "critical": named(plan.critical),
+        "unmeetable": named(plan.unmeetable),
+        "missed": named(late),
+        "forecasts": {
+            names.get(f.node_id, str(f.node_id)): {
+                "best-time-s": f.best_time_s,
+                "source": f.source,
+            }
+            for f in plan.forecasts
+        },
+    }
+    return warnings, late, entry
