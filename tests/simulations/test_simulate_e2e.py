@@ -66,8 +66,16 @@ def test_small_fleet_trains_under_caps_with_rising_accuracy(tmp_path):
     rounds = _read_jsonl(run_dir / "rounds.jsonl")
     nodes = _read_jsonl(run_dir / "nodes.jsonl")
 
-    assert summary["record-version"] == 2
+    assert summary["record-version"] == 3
     assert [r["server-round"] for r in rounds] == [1, 2, 3]
+    # the headline counts idle waiting (idle-accounting = on): its parts, round by round
+    assert summary["fleet-energy-j"] == pytest.approx(
+        summary["fleet-busy-energy-j"] + summary["fleet-idle-energy-j"]
+    )
+    assert summary["fleet-idle-energy-j"] == pytest.approx(
+        sum(r["round-idle-energy-j"] for r in rounds)
+    )
+    assert all(r["critical-node"] is not None for r in rounds)
     assert all(r["nodes-ok"] == 3 and r["nodes-failed"] == 0 for r in rounds)
     # accuracy rises well above the untrained model's
     assert summary["final-accuracy"] > summary["initial-accuracy"] + 0.2
