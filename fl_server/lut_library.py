@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -124,8 +125,10 @@ class LUTLibrary:
                 bad.append(str(err))
         return good, bad
 
-    def import_file(self, src: Path, expected: KindKey | None = None) -> Path:
-        """Add a library file or a plain LUT file (``powerfl profile`` output) to the library.
+    def import_file(self, src: Path, expected: KindKey | None = None) -> tuple[Path, Path | None]:
+        """Add a library file or a plain LUT file (``powerfl profile`` output) to the library;
+        returns the entry and, when it replaced one, where the old entry is kept
+        (``<name>.replaced-<UTC time>``, never deleted).
 
         With ``expected``, a LUT of another kind is refused, naming what differs.
         """
@@ -142,7 +145,13 @@ class LUTLibrary:
             diff = expected.differences(KindKey.of_lut(lut))
             if diff:
                 raise LibraryError(f"{src}: a LUT for another kind: {'; '.join(diff)}")
-        return self.put(lut, f"import {src.name}")
+        path = self.path_for(KindKey.of_lut(lut))
+        backup = None
+        if path.exists():
+            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+            backup = path.with_name(f"{path.name}.replaced-{stamp}")
+            shutil.copy2(path, backup)
+        return self.put(lut, f"import {src.name}"), backup
 
     def _set_aside(self, path: Path, reason: str) -> None:
         kept = set_aside(path)

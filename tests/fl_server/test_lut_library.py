@@ -175,14 +175,28 @@ def test_import_of_a_plain_lut_file_or_an_entry_of_the_expected_kind(tmp_path: P
     kind = KindKey.of_lut(lut)
     plain = lut.save(tmp_path / "board.json")
     library = LUTLibrary(tmp_path / "library")
-    path = library.import_file(plain, expected=kind)
-    assert read_entry(path).source == "import board.json"
+    path, backup = library.import_file(plain, expected=kind)
+    assert read_entry(path).source == "import board.json" and backup is None
     got = library.get(kind)
     assert got is not None and lut_checksum(got) == lut_checksum(lut)
     # a library file exported elsewhere imports as well
     other = LUTLibrary(tmp_path / "other")
-    assert other.import_file(path, expected=kind) == other.path_for(kind)
+    assert other.import_file(path, expected=kind) == (other.path_for(kind), None)
     assert other.get(kind) is not None
+
+
+def test_an_import_that_replaces_an_entry_keeps_the_old_one(tmp_path: Path) -> None:
+    lut = make_lut()
+    kind = KindKey.of_lut(lut)
+    library = LUTLibrary(tmp_path / "library")
+    path, _ = library.import_file(lut.save(tmp_path / "first.json"), expected=kind)
+    old_text = path.read_text()
+    again, backup = library.import_file(lut.save(tmp_path / "second.json"), expected=kind)
+    assert again == path and backup is not None
+    assert backup.name.startswith(f"{path.name}.replaced-")
+    assert backup.read_text() == old_text  # the replaced entry, byte for byte
+    assert read_entry(path).source == "import second.json"
+    assert [e.path for e in library.entries()[0]] == [path]  # the backup is not an entry
 
 
 @pytest.mark.parametrize(

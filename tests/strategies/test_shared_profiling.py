@@ -713,3 +713,21 @@ def test_a_late_node_that_never_answers_its_query_is_asked_once(tmp_path: Path) 
     assert [m.metadata.message_type for m in asked] == [MessageType.QUERY]
     assert strategy.query_failures == {15: "no reply to the QUERY (timeout)"}
     assert [len(rep.ok_nodes) for rep in strategy.rounds] == [2, 2, 2]
+
+
+def test_a_read_only_library_keeps_the_finished_profiling_for_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refuse(self: LUTLibrary, lut: LUT, source: str) -> Path:
+        raise PermissionError(13, "Permission denied", str(self.root))
+
+    monkeypatch.setattr(LUTLibrary, "put", refuse)  # root writes anywhere: the refusal, faked
+    grid = BatchGrid(list(FLEET), _handler())
+    strategy = _strategy(tmp_path / "library")
+    with caplog.at_level(logging.WARNING):
+        strategy.shared_phase(grid, _zeros(), 1, timeout_s=5)
+    assert set(strategy.kind_luts) == {NANO_KIND, ORIN_KIND}  # the run uses what it measured
+    for node in (11, 21):
+        assert _kind_lut(strategy, node) is not None
+    assert all(e["library"].startswith("not saved: ") for e in strategy.shared_log)
+    assert "LUT library: could not save the LUT of" in caplog.text
