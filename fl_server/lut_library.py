@@ -153,6 +153,17 @@ class LUTLibrary:
             shutil.copy2(path, backup)
         return self.put(lut, f"import {src.name}"), backup
 
+    def set_aside(self, kind: KindKey, reason: str) -> str:
+        """Set aside ``kind``'s entry (a node's round disagreed with it): renamed, never
+        read again, so the kind is profiled again and its new LUT replaces it; returns
+        what happened."""
+        path = self.path_for(kind)
+        if not path.is_file():
+            return "no entry"
+        kept = set_aside(path)
+        log.warning("LUT library: %s: %s; %s; the kind is profiled again", path.name, reason, kept)
+        return kept
+
     def _set_aside(self, path: Path, reason: str) -> None:
         kept = set_aside(path)
         log.warning("LUT library: %s; %s; the kind is profiled again", reason, kept)
