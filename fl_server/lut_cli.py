@@ -56,6 +56,12 @@ def add_lut_commands(sub: Any) -> None:
         "input shape and batch sizes; anything else is refused, naming what differs.",
     )
     i.add_argument("file", type=Path)
+    i.add_argument(
+        "--replace",
+        action="store_true",
+        help="replace the kind's entry even when the file's cells disagree with its "
+        "measured ones by more than 15%% (the old entry is kept as a backup)",
+    )
     i.add_argument("--device", required=True, help="device kind, e.g. jetson-nano")
     i.add_argument("--backend", default="jetson", help="backend (default: jetson)")
     i.add_argument("--model", help="model (default: the run setting)")
@@ -138,7 +144,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_import(args: argparse.Namespace) -> int:
     library = _library(args.library, write=True)
     try:
-        path, backup = library.import_file(args.file, expected=_expected_kind(args))
+        path, backup = library.import_file(
+            args.file, expected=_expected_kind(args), replace=args.replace
+        )
     except LibraryError as err:
         raise SettingsError(f"lut import: {err}") from None
     print(f"imported {args.file} as {path}")

@@ -238,3 +238,26 @@ def test_import_of_something_that_is_no_lut_says_both_reasons(tmp_path: Path) ->
     _edit_json(entry, _faster)
     with pytest.raises(LibraryError, match="checksum mismatch"):
         LUTLibrary(tmp_path / "library").import_file(entry)
+
+
+def test_an_import_whose_numbers_disagree_with_the_kinds_entry_is_refused(
+    tmp_path: Path,
+) -> None:
+    import dataclasses
+
+    lut = make_lut()
+    kind = KindKey.of_lut(lut)
+    library = LUTLibrary(tmp_path / "library")
+    path, _ = library.import_file(lut.save(tmp_path / "measured.json"), expected=kind)
+    wrong = dataclasses.replace(lut, peak_power_w=lut.peak_power_w * 0.5)  # peaks halved
+    src = wrong.save(tmp_path / "wrong.json")
+    with pytest.raises(LibraryError) as err:
+        library.import_file(src, expected=kind)
+    msg = str(err.value)
+    assert "peak power" in msg and "(-50%), beyond 15%" in msg
+    assert f"disagree with the kind's measurements in {path.name}" in msg
+    assert read_entry(path).source == "import measured.json"  # the entry is untouched
+    close = dataclasses.replace(lut, peak_power_w=lut.peak_power_w * 1.05)  # within 15%
+    assert library.import_file(close.save(tmp_path / "close.json"), expected=kind)[1]
+    again, backup = library.import_file(src, expected=kind, replace=True)
+    assert again == path and backup is not None  # replaced on purpose, the old one kept
