@@ -877,8 +877,20 @@ def check_device_files(fleet: list[NodeSettings]) -> None:
     file and the key, instead of one error per node once the run is going."""
     from fl_client.devices.base import DeviceError
     from fl_client.devices.replay import load_replay_tables
-    from fl_client.devices.simulated import available_device_kinds, load_device_spec
+    from fl_client.devices.simulated import (
+        CONFIG_DIR_ENV,
+        available_device_kinds,
+        device_config_dir,
+        load_device_spec,
+    )
 
+    folder = device_config_dir()
+    if os.environ.get(CONFIG_DIR_ENV, "").strip() and not folder.is_dir():
+        what = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise SettingsError(
+            f"{CONFIG_DIR_ENV}: {folder} {what}; give the folder of <kind>.toml device "
+            f"descriptors, or unset {CONFIG_DIR_ENV} for the shipped ones"
+        )
     kinds = available_device_kinds()
     seen: set[str] = set()
     for node in fleet:
@@ -959,6 +971,8 @@ def check_before_start(settings: RunSettings, fleet: list[NodeSettings]) -> None
         )
     check_writable_dir(settings.output_dir, "output-dir")
     check_writable_dir(settings.cache_dir, "cache-dir")
+    if settings.run_dir:
+        check_writable_dir(settings.run_dir, "run-dir")
     check_device_files(fleet)
     check_method_serves_nodes(settings, fleet)
     if settings.method == "fixed":
