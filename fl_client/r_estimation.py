@@ -377,6 +377,7 @@ def estimate_r(
     batch_sizes: Sequence[int],
     options: ROptions | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    weights_sha256: str = "",
     **settings: Any,
 ) -> REstimate:
     """Estimate r (Eq. 3) on the proxy set, reading and writing an on-disk cache.
@@ -400,6 +401,10 @@ def estimate_r(
         when False.
     cache_dir : path, optional
         Where estimates are cached (keyed by ``cache_key``); no caching if ``None``.
+    weights_sha256 : str, optional
+        sha256 of the checkpoint ``initial_state_dict`` was read from (the
+        ``initial-weights`` run setting); part of the cache key when given, so an estimate
+        from other weights is never reused (the weights' own hash is in the key as well).
     **settings
         ``ROptions`` fields as keywords, instead of ``options``.
 
@@ -435,6 +440,8 @@ def estimate_r(
         "proxy_train_size": len(task.as_tensors(proxy_train)[0]),
         "proxy_eval_size": len(task.as_tensors(proxy_eval)[0]),
     }
+    if weights_sha256:
+        record["initial_weights_sha256"] = weights_sha256
     inputs = cache_inputs(model_name, initial_state_dict, proxy_train, proxy_eval, sizes, record)
     key = cache_key(inputs)
     path = None

@@ -183,7 +183,7 @@ def _path_text(cfg: Mapping[str, Any], key: str) -> str:
     """An optional path setting: a string, empty when unset."""
     raw = cfg.get(key) or ""
     if not isinstance(raw, str):
-        raise SettingsError(f"{key}: expected a folder path (a string), got {raw!r}")
+        raise SettingsError(f"{key}: expected a path (a string), got {raw!r}")
     return raw.strip()
 
 
@@ -357,6 +357,14 @@ class RunSettings:
     #: ``idle-accounting`` (``IDLE_ACCOUNTING``): ``on`` counts a board's idle power while it
     #: waits for the round's slowest node in the headline fleet energy
     idle_accounting: str = "on"
+    #: ``initial-weights``: a checkpoint the run starts from (empty: the model's seeded
+    #: random initialisation): a safetensors file or a PyTorch state dict
+    #: (``fl_client.checkpoint``). The server reads it, sends it as the round-0 global model
+    #: and starts r estimation from it; its sha256 is recorded and keys the r cache.
+    initial_weights: str = ""
+    #: ``proxy-dataset``: where the server's proxy set for r comes from (empty: the run's
+    #: ``dataset``), checked before any engine starts like ``dataset``.
+    proxy_dataset: str = ""
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -465,6 +473,8 @@ class RunSettings:
                 "idle-accounting",
                 IDLE_ACCOUNTING,
             ),
+            initial_weights=_path_text(cfg, "initial-weights"),
+            proxy_dataset=_optional_dataset(cfg.get("proxy-dataset", "")),
         )
 
 
@@ -473,6 +483,15 @@ def _dataset_name(value: object) -> str:
     ``task.check_dataset``'s to say (before any engine starts)."""
     if not isinstance(value, str) or not value.strip():
         raise SettingsError(f"dataset: must be a dataset name, got {value!r}")
+    return value.strip()
+
+
+def _optional_dataset(value: object) -> str:
+    """``proxy-dataset``: empty (the run's dataset) or a dataset name."""
+    if value in (None, ""):
+        return ""
+    if not isinstance(value, str) or not value.strip():
+        raise SettingsError(f"proxy-dataset: must be a dataset name or empty, got {value!r}")
     return value.strip()
 
 
@@ -487,7 +506,7 @@ def resolve_path(path: str, base: Path | None = None) -> Path:
 #: Run settings that are paths. A relative one, typed or an app default (pyproject.toml),
 #: is relative to the current directory of the command that starts the run; ``powerfl``
 #: makes them absolute before anything else reads them (``with_app_paths``).
-PATH_SETTINGS = ("fleet", "cache-dir", "output-dir", "run-dir")
+PATH_SETTINGS = ("fleet", "cache-dir", "output-dir", "run-dir", "initial-weights")
 
 
 def fleet_path(value: str, base: Path | None = None) -> Path:
@@ -517,7 +536,7 @@ def dataset_setting(value: object, base: Path | None = None) -> object:
 def with_app_paths(overrides: Mapping[str, Any], base: Path | None = None) -> dict[str, Any]:
     """``overrides`` with every path setting absolute, typed or an app default: relative to
     ``base``, else the current directory (``resolve_path``); ``fleet`` may name a shipped
-    fleet (``fleet_path``), ``dataset`` a path (``dataset_setting``)."""
+    fleet (``fleet_path``), ``dataset`` and ``proxy-dataset`` a path (``dataset_setting``)."""
     defaults = app_defaults()
     out = dict(overrides)
     for key in PATH_SETTINGS:
@@ -527,8 +546,9 @@ def with_app_paths(overrides: Mapping[str, Any], base: Path | None = None) -> di
                 out[key] = str(fleet_path(str(value), base))
             else:
                 out[key] = str(resolve_path(str(value), base))
-    if "dataset" in out:
-        out["dataset"] = dataset_setting(out["dataset"], base)
+    for key in ("dataset", "proxy-dataset"):
+        if key in out:
+            out[key] = dataset_setting(out[key], base)
     return out
 
 

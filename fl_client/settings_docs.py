@@ -447,9 +447,51 @@ folder, from any current directory.
 """
 
 
+FINE_TUNING = """
+
+## Fine-tuning from pre-trained weights
+
+A run starts from the model's seeded random weights unless `initial-weights` names a
+checkpoint: a safetensors file (what `powerfl pretrain` writes) or a PyTorch state dict
+saved with `torch.save(model.state_dict(), path)`. The server reads it, sends it to every
+node as the round-0 global model (the nodes get the weights in their first message, never
+the path: in a deployment the file lives on the server only) and starts r estimation from
+it for every batch size, as the paper does. `proxy-dataset` takes r from a second dataset
+(the paper's proxy) while the nodes fine-tune on `dataset`.
+
+```bash
+# pre-train the default CNN on the data kit's CIFAR-10 subset (server side; GPU if any)
+.venv/bin/powerfl pretrain --model cnn --dataset cifar10-subset --epochs 10 \\
+    --out checkpoints/cnn-cifar10.safetensors
+# fine-tune on the digits, r from the MNIST subset
+.venv/bin/powerfl simulate -c initial-weights=checkpoints/cnn-cifar10.safetensors \\
+    -c proxy-dataset=mnist-subset
+```
+
+`powerfl pretrain` writes `FILE.json` beside the checkpoint (model, dataset, test accuracy,
+seed, epochs, the command, the file's sha256); an interrupted pre-training goes on from its
+last epoch when the same command is run again (`FILE.resume.pt`).
+
+Checked before any engine starts (exit 2, nothing started): a missing or unreadable file, a
+truncated one, a pickle that would need to run code to load (refused, never executed), and
+a checkpoint whose tensor names or shapes are not the model's (the first mismatched key is
+named with both shapes). One difference is allowed: a classifier head (the model's last
+linear layer: `head` of `cnn`, `fc` of `resnet18`, `classifier.1` of `mobilenetv2`) for
+another number of classes is replaced by the model's own seeded initialisation, and its keys
+are recorded as new layers. The checkpoint's sha256 and new layers are in the run's
+`settings.json` (`initial_weights_sha256`, `initial_weights_new_layers`) and `summary.json`
+(`initial-weights-sha256`, `initial-weights-new-layers`), and the sha256 is part of the r
+cache key: r from other weights, or from a checkpoint changed since, is never reused. The
+study comparing fine-tuning with training from scratch is in
+[experiments.md](experiments.md).
+"""
+
+
 def render() -> str:
     """The whole of docs/configuration.md, from the schema as it is now."""
-    return HEADER + _table(run_settings_rows()) + NODE_INTRO + _table(node_rows()) + "\n"
+    return (
+        HEADER + _table(run_settings_rows()) + NODE_INTRO + _table(node_rows()) + "\n" + FINE_TUNING
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

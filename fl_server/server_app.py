@@ -12,7 +12,7 @@ import torch
 from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
-from fl_client import task
+from fl_client import checkpoint, task
 from fl_client.contract import TrainConfig
 from fl_client.files import check_run_records
 from fl_client.r_estimation import estimate_r
@@ -32,9 +32,16 @@ from strategies.shared_profiling import SharedOptions, SharedProfiling
 log = logging.getLogger(__name__)
 
 
-def estimate_proxy_r(settings: RunSettings, rec: RunRecorder, state: dict[str, Any]) -> Any:
-    """Eq. 3's r on the server's proxy set (cached), written to ``r.json`` and printed."""
-    splits = task.load_splits(settings.dataset, seed=settings.seed)
+def estimate_proxy_r(
+    settings: RunSettings,
+    rec: RunRecorder,
+    state: dict[str, Any],
+    weights: checkpoint.InitialWeights | None = None,
+) -> Any:
+    """Eq. 3's r on the server's proxy set (``proxy-dataset``, else the run's ``dataset``)
+    from the round-0 weights ``state`` (cached; a checkpoint's sha256 keys the cache),
+    written to ``r.json`` and printed."""
+    splits = task.load_splits(settings.proxy_dataset or settings.dataset, seed=settings.seed)
     t0 = time.perf_counter()
     r_est = estimate_r(
         settings.model,
@@ -49,6 +56,7 @@ def estimate_proxy_r(settings: RunSettings, rec: RunRecorder, state: dict[str, A
         max_samples=settings.r_max_samples,
         seeds=tuple(range(settings.r_seeds)),
         cache_dir=resolve_path(settings.cache_dir) / "r",
+        weights_sha256=weights.sha256 if weights else "",
         progress=True,
     )
     rec.write("r.json", r_est.to_json())
@@ -189,9 +197,18 @@ def run_server(
         + (f"pacing={settings.pacing} " if settings.pacing != "off" else "")
         + f"→ {run_dir}"
     )
-    rec.write("settings.json", dict(vars(settings)))
     model = task.build_model(settings.model)
-    r_est = estimate_proxy_r(settings, rec, {k: v.clone() for k, v in model.state_dict().items()})
+    weights = initial_weights(settings, model, rec)
+    rec.write(
+        "settings.json",
+        {
+            **vars(settings),
+            "initial_weights_sha256": weights.sha256 if weights else None,
+            "initial_weights_new_layers": list(weights.new_layers) if weights else [],
+        },
+    )
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    r_est = estimate_proxy_r(settings, rec, state, weights)
     test_set = task.load_splits(settings.dataset, seed=settings.seed).test
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> dict[str, float]:
@@ -225,8 +242,23 @@ def run_server(
             "shared-profiling": strategy.shared_log,
             **({"round-plan": strategy.plan_log} if strategy.planning is not None else {}),
             "query-failures": {str(k): v for k, v in strategy.query_failures.items()},
+            **(weights.to_record() if weights else {}),
         }
     )
+
+
+def initial_weights(
+    settings: RunSettings, model: torch.nn.Module, rec: RunRecorder
+) -> checkpoint.InitialWeights | None:
+    """Load ``initial-weights`` (when set) into ``model``: the round-0 global model the
+    clients get in their first message and r's starting point. Printed with its sha256
+    and any new layers (a head replaced for another number of classes)."""
+    if not settings.initial_weights:
+        return None
+    weights = checkpoint.load_into(model, resolve_path(settings.initial_weights))
+    new = f"; new layers: {', '.join(weights.new_layers)}" if weights.new_layers else ""
+    rec.console.print(f"initial weights: {weights.path} (sha256 {weights.sha256[:12]}…{new})")
+    return weights
 
 
 def claim_run_dir(path: str) -> Path:

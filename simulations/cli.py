@@ -66,10 +66,10 @@ def print_comparison(summaries: list[dict[str, Any]]) -> None:
     from fl_server.results import make_console
 
     counted = all(s.get("idle-accounting") == "on" for s in summaries)
-    title = "Methods on the same fleet, data and seeds" + (
-        " (energy counts idle waiting: idle-accounting = on)"
+    title = "Methods on the same fleet, data and seeds; energy " + (
+        "= w/o idle + idle waiting (idle-accounting = on)"
         if counted
-        else " (energy: training + profiling; idle-accounting = off)"
+        else "= w/o idle (idle-accounting = off)"
     )
     table = Table(title=title, title_justify="left")
     for col in (
@@ -78,13 +78,11 @@ def print_comparison(summaries: list[dict[str, Any]]) -> None:
         "round→target",
         "time→target s",
         "energy→target J",
-        "train+profile→target J",
-        "idle→target J",
-        "sim s",
-        "energy J",
+        "w/o idle J",
+        "idle J",
         "profiling",
     ):
-        table.add_column(col, justify="left" if col == "method" else "right")
+        table.add_column(col, justify="left" if col == "method" else "right", no_wrap=True)
 
     def fmt(x: float | None, scale: float = 1.0, digits: int = 1) -> str:
         return "-" if x is None else f"{x / scale:.{digits}f}"
@@ -98,8 +96,6 @@ def print_comparison(summaries: list[dict[str, Any]]) -> None:
             fmt(s["fleet-energy-to-target-j"]),
             fmt(s.get("fleet-busy-energy-to-target-j")),
             fmt(s.get("fleet-idle-energy-to-target-j")),
-            fmt(s["sim-time-s"]),
-            fmt(s["fleet-energy-j"]),
             f"{100 * s['profile-share']:.1f}%",
         )
     console = make_console()
@@ -503,9 +499,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_simulate)
     from fl_client.cli_tools import add_device_commands  # devices, profile, select
     from fl_server.lut_cli import add_lut_commands  # lut list / export / import
+    from simulations.pretrain_cli import add_pretrain_command  # pretrain
 
     add_device_commands(sub)
     add_lut_commands(sub)
+    add_pretrain_command(sub)
     if _command_of(sys.argv[1:] if argv is None else argv) == "experiment":
         from simulations.experiments.cli import add_experiment_commands  # experiment run/report
 

@@ -89,6 +89,11 @@ def check_partitions(
     from fl_client import task
 
     task.check_dataset(settings.dataset)
+    if getattr(settings, "proxy_dataset", ""):
+        try:
+            task.check_dataset(settings.proxy_dataset)
+        except SettingsError as err:  # its message names ``dataset``: say which one
+            raise SettingsError(f"proxy-{err}") from None
     try:
         return task.split_report(num_nodes, spec=task.PartitionSpec.of(settings), names=names)
     except ValueError as err:  # SettingsError too: the split's own checks name their key
@@ -97,6 +102,16 @@ def check_partitions(
             f"fleet: the {pool} training images of {settings.dataset} cannot be split over "
             f"{num_nodes} nodes: {err}"
         ) from None
+
+
+def check_initial_weights(settings: RunSettings) -> None:
+    """Refuse an ``initial-weights`` checkpoint that cannot be read or does not fit the
+    model (``fl_client.checkpoint.check``: the first mismatched key with both shapes),
+    before any engine starts."""
+    if settings.initial_weights:
+        from fl_client import checkpoint
+
+        checkpoint.check(resolve_path(settings.initial_weights), settings.model)
 
 
 def default_engine() -> str:
@@ -135,6 +150,7 @@ def simulate(
     overrides = with_app_paths(overrides)
     settings, fleet = preflight(overrides)
     split = check_partitions(settings, len(fleet), [n.name for n in fleet])
+    check_initial_weights(settings)
     if settings.run_dir:  # a run owns its folder: a second run given it is refused
         claim_run_folder(resolve_path(settings.run_dir))
     try:

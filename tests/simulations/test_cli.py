@@ -311,3 +311,43 @@ def test_path_settings_that_name_a_file_or_nowhere_are_refused(tmp_path, capsys,
     err = capsys.readouterr().err
     assert f"POWERFL_CONFIG_DIR: {tmp_path / 'nowhere'} does not exist" in err
     assert not (tmp_path / "runs").exists()
+
+
+def _summary(method: str, busy_j: float, idle_j: float, accounting: str) -> dict[str, Any]:
+    """The keys of a run's summary.json that the comparison reads."""
+    headline = busy_j + (idle_j if accounting == "on" else 0.0)
+    return {
+        "method": method,
+        "final-accuracy": 0.86,
+        "round-to-target": 10,
+        "rounds": 10,
+        "sim-time-to-target-s": 5.0 if method == "ours" else 6.0,
+        "sim-time-s": 5.0,
+        "idle-accounting": accounting,
+        "fleet-energy-to-target-j": headline,
+        "fleet-busy-energy-to-target-j": busy_j,
+        "fleet-idle-energy-to-target-j": idle_j,
+        "fleet-energy-j": headline,
+        "profile-share": 0.1,
+    }
+
+
+@pytest.mark.parametrize("accounting", ["on", "off"])
+def test_the_comparison_shows_energy_with_and_without_idle_waiting(capsys, accounting):
+    from simulations.cli import print_comparison
+
+    print_comparison(
+        [_summary("ours", 80.0, 60.0, accounting), _summary("b1", 77.0, 77.0, accounting)]
+    )
+    out = capsys.readouterr().out
+    rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("│")}
+    if accounting == "on":
+        assert "idle-accounting = on" in out
+        assert all(x in rows["ours"] for x in ("140.0", "80.0", "60.0"))
+        assert f"{154 / 140:.2f}× less fleet energy to target" in out
+        assert f"({77 / 80:.2f}× without idle waiting)" in out
+    else:
+        assert "idle-accounting = off" in out
+        assert all(x in rows["ours"] for x in ("80.0", "60.0")) and "140.0" not in out
+        assert f"{77 / 80:.2f}× less fleet energy to target" in out
+        assert "without idle waiting" not in out

@@ -1,0 +1,123 @@
+"""``powerfl pretrain``: the checkpoint and its record, resuming, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fl_client import checkpoint, task
+from simulations import pretrain
+from simulations.cli import main
+
+
+def _settings(**kw: object) -> pretrain.PretrainSettings:
+    base: dict[str, object] = {
+        "model": "cnn",
+        "dataset": "digits",
+        "epochs": 2,
+        "target_accuracy": None,
+        "max_epochs": 100,
+        "batch_size": 64,
+        "lr": 1e-3,
+        "seed": 0,
+    }
+    return pretrain.PretrainSettings(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_pretrain_writes_a_checkpoint_that_a_run_can_start_from(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "cnn.safetensors"
+    rc = main(
+        ["pretrain", "--model", "cnn", "--dataset", "digits", "--epochs", "2", "--out",
+         str(out), "--torch-device", "cpu", "--quiet"]
+    )  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    record = json.loads(pretrain.sidecar(out).read_text())
+    assert record["model"] == "cnn" and record["dataset"] == "digits" and record["seed"] == 0
+    assert record["epochs"] == 2 and len(record["history"]) == 2
+    assert record["command"].startswith("powerfl ") and "--epochs 2" in record["command"]
+    assert record["sha256"] == checkpoint.file_sha256(out)
+    assert not pretrain.resume_path(out).exists()
+    model = task.build_model("cnn")
+    checkpoint.load_into(model, out)
+    _, acc = task.evaluate(model, task.load_splits("digits", 0).test)
+    assert acc == pytest.approx(record["accuracy"])
+    assert acc > 0.5  # two epochs on 1,497 digits: far above chance (0.1)
+    assert checkpoint.read_metadata(out)["accuracy"] == record["accuracy"]
+
+
+def test_an_interrupted_pretraining_resumes_where_it_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cpu = torch.device("cpu")
+    whole = pretrain.pretrain(_settings(), tmp_path / "a.safetensors", cpu, ["x"], False)
+    calls = {"n": 0}
+    real = task.evaluate
+
+    def crash_on_second_epoch(*args: object, **kw: object) -> tuple[float, float]:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    out = tmp_path / "b.safetensors"
+    monkeypatch.setattr(task, "evaluate", crash_on_second_epoch)
+    with pytest.raises(KeyboardInterrupt):
+        pretrain.pretrain(_settings(), out, cpu, ["x"], False)
+    assert pretrain.resume_path(out).is_file() and not out.exists()
+    monkeypatch.setattr(task, "evaluate", real)
+    resumed = pretrain.pretrain(_settings(), out, cpu, ["x"], False)
+    assert resumed["epochs"] == 2
+    assert resumed["history"][0] == whole["history"][0]
+    a = checkpoint.read_state(tmp_path / "a.safetensors")
+    b = checkpoint.read_state(out)
+    assert all(torch.allclose(a[k].float(), b[k].float(), atol=1e-6) for k in a)
+    # an unfinished run with other settings is not mixed with this command's
+    monkeypatch.setattr(task, "evaluate", crash_on_second_epoch)
+    calls["n"] = 0
+    with pytest.raises(KeyboardInterrupt):
+        pretrain.pretrain(_settings(), tmp_path / "c.safetensors", cpu, ["x"], False)
+    monkeypatch.setattr(task, "evaluate", real)
+    with pytest.raises(pretrain.SettingsError, match="unfinished pre-training with other"):
+        pretrain.pretrain(_settings(lr=2e-3), tmp_path / "c.safetensors", cpu, ["x"], False)
+
+
+def test_a_target_accuracy_stops_early_or_fails_with_exit_1(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "t.safetensors"
+    argv = ["pretrain", "--model", "cnn", "--dataset", "digits", "--out", str(out), "--quiet"]
+    assert main([*argv, "--target-accuracy", "0.3"]) == 0
+    record = json.loads(pretrain.sidecar(out).read_text())
+    assert record["target-reached"] is True and record["accuracy"] >= 0.3
+    assert record["epochs"] == 1
+    assert main([*argv, "--target-accuracy", "1.0", "--max-epochs", "1"]) == 1
+    assert "did not reach --target-accuracy 1.0 in 1 epochs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--epochs", "1", "--target-accuracy", "0.5"], "not allowed with argument"),
+        (["--epochs", "0"], "expected an integer >= 1"),
+        (["--target-accuracy", "1.5"], "expected an accuracy in (0, 1]"),
+        (["--epochs", "1", "--model", "vgg"], "invalid choice: 'vgg'"),
+    ],
+)
+def test_a_bad_pretrain_command_is_refused(
+    tmp_path: Path, capsys, argv: list[str], message: str
+) -> None:
+    base = ["pretrain", "--model", "cnn", "--dataset", "digits", "--out", str(tmp_path / "x")]
+    with pytest.raises(SystemExit) as exc:
+        main([*base, *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_an_unknown_dataset_is_refused_with_exit_2(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "x.safetensors"
+    argv = ["pretrain", "--model", "cnn", "--epochs", "1", "--out", str(out)]
+    assert main([*argv, "--dataset", str(tmp_path / "none.npz")]) == 2
+    assert "dataset:" in capsys.readouterr().err
+    assert not out.exists()
