@@ -182,6 +182,28 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}"
 
 
+#: File types a dataset folder is read from: images in class subfolders (``imagefolder``)
+#: or data files; a folder with none of them holds no dataset.
+DATA_FILE_SUFFIXES = (
+    ".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp",
+    ".parquet", ".arrow", ".csv", ".json", ".jsonl",
+)  # fmt: skip
+
+
+def check_data_folder(path: Path, key: str = "dataset") -> None:
+    """A folder given as a dataset holds images or data files (``DATA_FILE_SUFFIXES``);
+    else an ImageDataError naming the folder and what it may hold (the loader itself only
+    says "Instruction 'train' corresponds to no data")."""
+    files = [p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")]
+    if not any(p.suffix.lower() in DATA_FILE_SUFFIXES for p in files):
+        found = f"{len(files)} other file(s)" if files else "no files"
+        raise ImageDataError(
+            f"{key}: the folder {path} holds no images and no data files ({found}); give a "
+            "folder of images in one subfolder per class, of data files "
+            f"({', '.join(DATA_FILE_SUFFIXES[8:])}), a save_to_disk folder or an npz"
+        )
+
+
 def _open_hf(name: str, key: str) -> Mapping[str, Any]:
     try:
         import datasets
@@ -191,8 +213,11 @@ def _open_hf(name: str, key: str) -> Mapping[str, Any]:
             "(pip install flwr-datasets)"
         ) from None
     path = Path(name).expanduser()
+    saved = ("dataset_dict.json", "state.json")
+    if path.is_dir() and not any((path / f).is_file() for f in saved):
+        check_data_folder(path, key)
     try:
-        if path.is_dir() and any((path / f).is_file() for f in ("dataset_dict.json", "state.json")):
+        if path.is_dir() and any((path / f).is_file() for f in saved):
             loaded = datasets.load_from_disk(str(path))
         else:
             loaded = datasets.load_dataset(name)

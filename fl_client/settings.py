@@ -536,7 +536,7 @@ def dataset_setting(value: object, base: Path | None = None) -> object:
 def with_app_paths(overrides: Mapping[str, Any], base: Path | None = None) -> dict[str, Any]:
     """``overrides`` with every path setting absolute, typed or an app default: relative to
     ``base``, else the current directory (``resolve_path``); ``fleet`` may name a shipped
-    fleet (``fleet_path``), ``dataset`` a path (``dataset_setting``)."""
+    fleet (``fleet_path``), ``dataset`` and ``proxy-dataset`` a path (``dataset_setting``)."""
     defaults = app_defaults()
     out = dict(overrides)
     for key in PATH_SETTINGS:
@@ -546,8 +546,9 @@ def with_app_paths(overrides: Mapping[str, Any], base: Path | None = None) -> di
                 out[key] = str(fleet_path(str(value), base))
             else:
                 out[key] = str(resolve_path(str(value), base))
-    if "dataset" in out:
-        out["dataset"] = dataset_setting(out["dataset"], base)
+    for key in ("dataset", "proxy-dataset"):
+        if key in out:
+            out[key] = dataset_setting(out[key], base)
     return out
 
 
@@ -896,8 +897,20 @@ def check_device_files(fleet: list[NodeSettings]) -> None:
     file and the key, instead of one error per node once the run is going."""
     from fl_client.devices.base import DeviceError
     from fl_client.devices.replay import load_replay_tables
-    from fl_client.devices.simulated import available_device_kinds, load_device_spec
+    from fl_client.devices.simulated import (
+        CONFIG_DIR_ENV,
+        available_device_kinds,
+        device_config_dir,
+        load_device_spec,
+    )
 
+    folder = device_config_dir()
+    if os.environ.get(CONFIG_DIR_ENV, "").strip() and not folder.is_dir():
+        what = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise SettingsError(
+            f"{CONFIG_DIR_ENV}: {folder} {what}; give the folder of <kind>.toml device "
+            f"descriptors, or unset {CONFIG_DIR_ENV} for the shipped ones"
+        )
     kinds = available_device_kinds()
     seen: set[str] = set()
     for node in fleet:
@@ -978,6 +991,8 @@ def check_before_start(settings: RunSettings, fleet: list[NodeSettings]) -> None
         )
     check_writable_dir(settings.output_dir, "output-dir")
     check_writable_dir(settings.cache_dir, "cache-dir")
+    if settings.run_dir:
+        check_writable_dir(settings.run_dir, "run-dir")
     check_device_files(fleet)
     check_method_serves_nodes(settings, fleet)
     if settings.method == "fixed":

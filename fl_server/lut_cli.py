@@ -15,7 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from fl_client.lut import KindKey
-from fl_client.settings import SettingsError, app_defaults, parse_batch_sizes, resolve_path
+from fl_client.settings import (
+    SettingsError,
+    app_defaults,
+    check_writable_dir,
+    parse_batch_sizes,
+    resolve_path,
+)
 from fl_server.lut_library import LibraryError, LUTLibrary, read_entry
 
 DEFAULT_LIBRARY = ".powerfl-cache/library"
@@ -50,6 +56,12 @@ def add_lut_commands(sub: Any) -> None:
         "input shape and batch sizes; anything else is refused, naming what differs.",
     )
     i.add_argument("file", type=Path)
+    i.add_argument(
+        "--replace",
+        action="store_true",
+        help="replace the kind's entry even when the file's cells disagree with its "
+        "measured ones by more than 15%% (the old entry is kept as a backup)",
+    )
     i.add_argument("--device", required=True, help="device kind, e.g. jetson-nano")
     i.add_argument("--backend", default="jetson", help="backend (default: jetson)")
     i.add_argument("--model", help="model (default: the run setting)")
@@ -85,8 +97,19 @@ def library_dir(typed: str | None) -> Path:
     return resolve_path(str(app_defaults().get("cache-dir", ".powerfl-cache"))) / "library"
 
 
+def _library(typed: str | None, *, write: bool) -> LUTLibrary:
+    """The library of ``--library`` (or the default); a path that is a file, or a folder
+    this process cannot write into when ``write``, is a SettingsError naming ``--library``."""
+    root = library_dir(typed)
+    if root.exists() and not root.is_dir():
+        raise SettingsError(f"--library: {root} is a file, not a folder; give the library folder")
+    if write:
+        check_writable_dir(root, "--library")
+    return LUTLibrary(root)
+
+
 def cmd_list(args: argparse.Namespace) -> int:
-    library = LUTLibrary(library_dir(args.library))
+    library = _library(args.library, write=False)
     good, bad = library.entries()
     if not good and not bad:
         print(f"the LUT library {library.root} is empty")
@@ -101,24 +124,32 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    library = LUTLibrary(library_dir(args.library))
+    library = _library(args.library, write=False)
+    out = Path(args.out).expanduser().absolute()
+    if out.is_dir():
+        raise SettingsError(f"out: {out} is a folder; give the file to write")
+    check_writable_dir(out.parent, "out")
     good, _ = library.entries()
     hits = [e for e in good if args.kind == e.path.name or args.kind in e.kind.label]
     if len(hits) != 1:
         names = ", ".join(e.kind.label for e in hits) or "none"
         raise SettingsError(f"kind: {args.kind!r} matches {len(hits)} entries ({names})")
     read_entry(hits[0].path)  # verified once more: never ship a changed file
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(hits[0].path, args.out)
-    print(f"exported {hits[0].kind.label} to {args.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(hits[0].path, out)
+    print(f"exported {hits[0].kind.label} to {out}")
     return 0
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    library = LUTLibrary(library_dir(args.library))
+    library = _library(args.library, write=True)
     try:
-        path = library.import_file(args.file, expected=_expected_kind(args))
+        path, backup = library.import_file(
+            args.file, expected=_expected_kind(args), replace=args.replace
+        )
     except LibraryError as err:
         raise SettingsError(f"lut import: {err}") from None
     print(f"imported {args.file} as {path}")
+    if backup is not None:
+        print(f"it replaced an entry of the same kind, kept as {backup}")
     return 0

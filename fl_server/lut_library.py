@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import shutil
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -84,6 +86,28 @@ def read_entry(path: Path) -> LibraryEntry:
     return LibraryEntry(path, kind, lut, str(rec.get("source", "")), str(rec.get("saved-utc")))
 
 
+#: How far (relative) an imported cell may differ from the library's measured one.
+IMPORT_TOLERANCE = 0.15
+
+
+def cells_disagree(new: LUT, known: LUT, tolerance: float) -> str:
+    """The first cell both LUTs measured whose time per sample or peak power differs by
+    more than ``tolerance`` (relative to ``known``), in words; "" when none does."""
+    for i, b in enumerate(known.batch_sizes):
+        for j, f in enumerate(known.freqs_mhz):
+            for what, table_new, table_old, unit in (
+                ("peak power", new.peak_power_w, known.peak_power_w, "W"),
+                ("time per sample", new.time_per_sample_s, known.time_per_sample_s, "s"),
+            ):
+                a, o = float(table_new[i, j]), float(table_old[i, j])
+                if math.isfinite(a) and math.isfinite(o) and o > 0 and abs(a / o - 1) > tolerance:
+                    return (
+                        f"cell (b={b}, f={f:g} MHz) {what} {a:.4g} {unit} against the library's "
+                        f"measured {o:.4g} {unit} ({100 * (a / o - 1):+.0f}%)"
+                    )
+    return ""
+
+
 class LUTLibrary:
     """The LUT library in ``root`` (the server's ``<cache-dir>/library``)."""
 
@@ -124,10 +148,22 @@ class LUTLibrary:
                 bad.append(str(err))
         return good, bad
 
-    def import_file(self, src: Path, expected: KindKey | None = None) -> Path:
-        """Add a library file or a plain LUT file (``powerfl profile`` output) to the library.
+    def import_file(
+        self,
+        src: Path,
+        expected: KindKey | None = None,
+        *,
+        replace: bool = False,
+        tolerance: float = IMPORT_TOLERANCE,
+    ) -> tuple[Path, Path | None]:
+        """Add a library file or a plain LUT file (``powerfl profile`` output) to the library;
+        returns the entry and, when it replaced one, where the old entry is kept
+        (``<name>.replaced-<UTC time>``, never deleted).
 
-        With ``expected``, a LUT of another kind is refused, naming what differs.
+        With ``expected``, a LUT of another kind is refused, naming what differs. A LUT
+        whose cells disagree with the kind's entry by more than ``tolerance`` (relative, in
+        time per sample or peak power, on cells both measured) is refused unless ``replace``:
+        one of the two is wrong, and a wrong peak lets nodes run over their cap.
         """
         try:
             lut = read_entry(src).lut
@@ -142,7 +178,38 @@ class LUTLibrary:
             diff = expected.differences(KindKey.of_lut(lut))
             if diff:
                 raise LibraryError(f"{src}: a LUT for another kind: {'; '.join(diff)}")
-        return self.put(lut, f"import {src.name}")
+        path = self.path_for(KindKey.of_lut(lut))
+        if path.is_file() and not replace:
+            try:
+                known = read_entry(path).lut
+            except LibraryError:
+                known = None  # a bad entry is no measurement to compare with
+            if known is not None:
+                disagreement = cells_disagree(lut, known, tolerance)
+                if disagreement:
+                    raise LibraryError(
+                        f"{src}: {disagreement}, beyond {100 * tolerance:.0f}%: its numbers "
+                        f"disagree with the kind's measurements in {path.name}; check the "
+                        "file, or give --replace to replace the entry anyway (the old one "
+                        "is kept)"
+                    )
+        backup = None
+        if path.exists():
+            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+            backup = path.with_name(f"{path.name}.replaced-{stamp}")
+            shutil.copy2(path, backup)
+        return self.put(lut, f"import {src.name}"), backup
+
+    def set_aside(self, kind: KindKey, reason: str) -> str:
+        """Set aside ``kind``'s entry (a node's round disagreed with it): renamed, never
+        read again, so the kind is profiled again and its new LUT replaces it; returns
+        what happened."""
+        path = self.path_for(kind)
+        if not path.is_file():
+            return "no entry"
+        kept = set_aside(path)
+        log.warning("LUT library: %s: %s; %s; the kind is profiled again", path.name, reason, kept)
+        return kept
 
     def _set_aside(self, path: Path, reason: str) -> None:
         kept = set_aside(path)

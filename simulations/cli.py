@@ -208,6 +208,25 @@ def _folders(path: Path) -> set[str]:
 _progress: SimulateProgress | None = None
 
 
+class Once(argparse.Action):
+    """An option that takes one value: given twice, an error (argparse keeps the last one
+    without a word), unless both give the same value."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        seen: set[str] = namespace.__dict__.setdefault("_once_seen", set())
+        before = getattr(namespace, self.dest, None)
+        if self.dest in seen and before != values:
+            parser.error(f"{option_string}: given twice ({before} and {values}); give it once")
+        seen.add(self.dest)
+        setattr(namespace, self.dest, values)
+
+
 def ray_address_arg(text: str) -> str:
     """``--ray-address``: ``HOST:PORT`` of a Ray cluster's head (port 1 … 65535)."""
     host, sep, port = text.strip().rpartition(":")
@@ -418,18 +437,20 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--methods",
+        action=Once,
         help="comma-separated methods to run in turn: power-aware, b1, b2, oracle, fixed "
         f"(default: -c method=M if given, else {','.join(DEFAULT_METHODS)}); giving both "
         "--methods and a different -c method is an error",
     )
     p.add_argument(
         "--fleet",
+        action=Once,
         help="fleet file, or a shipped fleet's name: default (the default), drift, "
         "nano-only, varying-cap",
     )
-    p.add_argument("--model", help="cnn | resnet18 | mobilenetv2 (default: cnn)")
-    p.add_argument("--rounds", type=int, help="round budget (num-rounds)")
-    p.add_argument("--output-dir", help="where run folders go (default: runs)")
+    p.add_argument("--model", action=Once, help="cnn | resnet18 | mobilenetv2 (default: cnn)")
+    p.add_argument("--rounds", action=Once, type=int, help="round budget (num-rounds)")
+    p.add_argument("--output-dir", action=Once, help="where run folders go (default: runs)")
     p.add_argument(
         "--run-config",
         "-c",
@@ -440,6 +461,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--engine",
+        action=Once,
         choices=ENGINES,
         help="runtime (default with flwr >= 1.41): Flower's Simulation Runtime, the path "
         "behind `flwr run` (a SuperLink of its own in simulation mode); in-process (the "
@@ -448,6 +470,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--ray-address",
+        action=Once,
         type=ray_address_arg,
         metavar="HOST:PORT",
         help="join the existing Ray cluster whose head is at HOST:PORT instead of starting "
@@ -456,6 +479,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--num-cpus",
+        action=Once,
         type=_share_arg(zero_ok=False),
         default=1.0,
         metavar="N",
@@ -464,6 +488,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--num-gpus",
+        action=Once,
         type=_share_arg(zero_ok=True),
         default=0.0,
         metavar="N",

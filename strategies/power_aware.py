@@ -341,6 +341,7 @@ class PowerAwareFedAvg(FedAvg):
             rows.append(dataclasses.replace(row, ok=True, report=report, p_max=report.cap))
             good.append(msg.content)
             self._remember_pacing(node_id, report)
+            self._distrust_library_lut(server_round, node_id, report)
             self._last[node_id] = report
         report_ = RoundReport(
             server_round, rows, deadline_s=self._deadline_s, shared_round_s=self.luts.round_s
@@ -366,6 +367,27 @@ class PowerAwareFedAvg(FedAvg):
             }
         )
         return arrays, agg
+
+    def _distrust_library_lut(self, server_round: int, node_id: int, report: TrainReport) -> None:
+        """A node whose round disagreed with its kind's LUT (its peak beyond the promise,
+        its LUT set aside, or its check of the kind's cell re-profiled) while that LUT came
+        from the library: the library copy is set aside and the run drops it, so the next
+        round profiles the kind again (and its new LUT replaces the library's), and no
+        fresh node of the kind, in this run or a later one, trusts the wrong numbers."""
+        if self.shared is None or not (report.lut_set_aside or report.kind_reprofiled):
+            return
+        kind = self.luts.kind_of.get(node_id)
+        entry = next(
+            (e for e in self.luts.log if kind is not None and e.get("kind") == kind.label), None
+        )
+        if kind is None or entry is None or entry.get("source") != "library":
+            return
+        what = "peaked over its LUT's promise" if report.lut_set_aside else "re-profiled"
+        reason = f"node {node_id} {what} in round {server_round}"
+        setter = getattr(self.shared.library, "set_aside", None)
+        kept = setter(kind, reason) if setter is not None else "library cannot set aside"
+        entry.update(source="library, set aside", **{"set-aside": f"{reason}; {kept}"})
+        self.luts.kind_luts.pop(kind, None)
 
     def _warn_all_missed(self, report: RoundReport) -> None:
         """A deadline every node missed is a setting to fix: say so in the round's record."""

@@ -457,6 +457,16 @@ def _store_kinds(
             entry["source"] = "none: no cell measured; its nodes profile their own"
         else:
             luts.kind_luts[kind] = lut
-            setup.library.put(lut, "fleet-shared")
             entry.update(source="fleet-shared", cells=lut.cells_profiled)
+            try:
+                setup.library.put(lut, "fleet-shared")
+            except OSError as err:  # a read-only library: the run keeps its LUT all the same
+                entry["library"] = f"not saved: {err}"
+                log.warning(
+                    "LUT library: could not save the LUT of %s (%s); this run uses it, a "
+                    "later run profiles the kind again; make the library folder writable "
+                    "to keep it",
+                    kind.label,
+                    err,
+                )
         luts.log.append(entry)

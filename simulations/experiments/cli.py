@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from fl_client.settings import tomllib
+from fl_client.settings import SettingsError, check_writable_dir, tomllib
 from simulations.experiments.config import (
     SCALES,
     ExperimentConfigError,
@@ -124,6 +124,10 @@ def run_experiment(
         )
     pre = study.preflight(cfg, where)
     out_dir = Path(out).expanduser().absolute() if out is not None else default_out(cfg)
+    try:
+        check_writable_dir(out_dir, "--out")
+    except SettingsError as err:
+        raise ExperimentConfigError(str(err)) from None
     manifest = _start(cfg, path, out_dir, command, pre)
     t0 = time.perf_counter()
     outcome = study.run(cfg, out_dir, run)

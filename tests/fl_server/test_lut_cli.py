@@ -149,3 +149,44 @@ def test_the_library_defaults_to_simulates_cache_and_typed_paths_follow_the_cwd(
     monkeypatch.chdir(tmp_path)
     assert library_dir(None) == tmp_path / ".powerfl-cache" / "library"
     assert library_dir("lib") == tmp_path / "lib"
+
+
+def test_import_and_export_refuse_a_library_that_is_a_file_or_read_only_places(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = make_lut(NANO_FREQS).save(tmp_path / "board.json")
+    a_file = tmp_path / "lib.json"
+    a_file.write_text("{}")
+    with pytest.raises(SettingsError, match=r"--library: .*lib\.json is a file, not a folder"):
+        lut_cmd(*_import_args(a_file, src))
+    with pytest.raises(SettingsError, match=r"--library: .*lib\.json is a file, not a folder"):
+        lut_cmd("--library", str(a_file), "export", "jetson-nano", str(tmp_path / "x.json"))
+    library = tmp_path / "library"
+    assert lut_cmd(*_import_args(library, src)) == 0
+    with pytest.raises(SettingsError, match=r"out: .* is a folder; give the file to write"):
+        lut_cmd("--library", str(library), "export", "jetson-nano", str(tmp_path))
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = __import__("os").access
+    # root may write anywhere: the check's answer comes from os.access, faked for `locked`
+    monkeypatch.setattr(
+        "fl_client.settings.os.access",
+        lambda path, mode: False if Path(path) == locked else real_access(path, mode),
+    )
+    with pytest.raises(SettingsError, match=r"out: cannot write into .*locked.*not writable"):
+        lut_cmd("--library", str(library), "export", "jetson-nano", str(locked / "x.json"))
+    with pytest.raises(SettingsError, match=r"--library: cannot write into .*locked"):
+        lut_cmd(*_import_args(locked, src))
+
+
+def test_an_import_over_an_entry_says_where_the_old_one_is_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = make_lut(NANO_FREQS).save(tmp_path / "board.json")
+    library = tmp_path / "library"
+    assert lut_cmd(*_import_args(library, src)) == 0
+    assert "replaced" not in capsys.readouterr().out
+    assert lut_cmd(*_import_args(library, src)) == 0
+    out = capsys.readouterr().out
+    assert "it replaced an entry of the same kind, kept as " in out
+    assert len(list(library.glob("*.replaced-*"))) == 1

@@ -175,14 +175,28 @@ def test_import_of_a_plain_lut_file_or_an_entry_of_the_expected_kind(tmp_path: P
     kind = KindKey.of_lut(lut)
     plain = lut.save(tmp_path / "board.json")
     library = LUTLibrary(tmp_path / "library")
-    path = library.import_file(plain, expected=kind)
-    assert read_entry(path).source == "import board.json"
+    path, backup = library.import_file(plain, expected=kind)
+    assert read_entry(path).source == "import board.json" and backup is None
     got = library.get(kind)
     assert got is not None and lut_checksum(got) == lut_checksum(lut)
     # a library file exported elsewhere imports as well
     other = LUTLibrary(tmp_path / "other")
-    assert other.import_file(path, expected=kind) == other.path_for(kind)
+    assert other.import_file(path, expected=kind) == (other.path_for(kind), None)
     assert other.get(kind) is not None
+
+
+def test_an_import_that_replaces_an_entry_keeps_the_old_one(tmp_path: Path) -> None:
+    lut = make_lut()
+    kind = KindKey.of_lut(lut)
+    library = LUTLibrary(tmp_path / "library")
+    path, _ = library.import_file(lut.save(tmp_path / "first.json"), expected=kind)
+    old_text = path.read_text()
+    again, backup = library.import_file(lut.save(tmp_path / "second.json"), expected=kind)
+    assert again == path and backup is not None
+    assert backup.name.startswith(f"{path.name}.replaced-")
+    assert backup.read_text() == old_text  # the replaced entry, byte for byte
+    assert read_entry(path).source == "import second.json"
+    assert [e.path for e in library.entries()[0]] == [path]  # the backup is not an entry
 
 
 @pytest.mark.parametrize(
@@ -224,3 +238,26 @@ def test_import_of_something_that_is_no_lut_says_both_reasons(tmp_path: Path) ->
     _edit_json(entry, _faster)
     with pytest.raises(LibraryError, match="checksum mismatch"):
         LUTLibrary(tmp_path / "library").import_file(entry)
+
+
+def test_an_import_whose_numbers_disagree_with_the_kinds_entry_is_refused(
+    tmp_path: Path,
+) -> None:
+    import dataclasses
+
+    lut = make_lut()
+    kind = KindKey.of_lut(lut)
+    library = LUTLibrary(tmp_path / "library")
+    path, _ = library.import_file(lut.save(tmp_path / "measured.json"), expected=kind)
+    wrong = dataclasses.replace(lut, peak_power_w=lut.peak_power_w * 0.5)  # peaks halved
+    src = wrong.save(tmp_path / "wrong.json")
+    with pytest.raises(LibraryError) as err:
+        library.import_file(src, expected=kind)
+    msg = str(err.value)
+    assert "peak power" in msg and "(-50%), beyond 15%" in msg
+    assert f"disagree with the kind's measurements in {path.name}" in msg
+    assert read_entry(path).source == "import measured.json"  # the entry is untouched
+    close = dataclasses.replace(lut, peak_power_w=lut.peak_power_w * 1.05)  # within 15%
+    assert library.import_file(close.save(tmp_path / "close.json"), expected=kind)[1]
+    again, backup = library.import_file(src, expected=kind, replace=True)
+    assert again == path and backup is not None  # replaced on purpose, the old one kept

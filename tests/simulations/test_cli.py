@@ -285,6 +285,34 @@ def test_a_ray_address_with_nothing_listening_fails_in_seconds_naming_it(
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--fleet", "a.toml", "--fleet", "b.toml"], "--fleet: given twice (a.toml and b.toml)"),
+        (["--rounds", "3", "--rounds", "5"], "--rounds: given twice (3 and 5)"),
+        (["--methods", "b1", "--methods", "b2"], "--methods: given twice (b1 and b2)"),
+        (["--output-dir", "x", "--output-dir", "y"], "--output-dir: given twice (x and y)"),
+    ],
+)
+def test_an_option_given_twice_with_two_values_is_refused(argv, needle, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["simulate", *argv])
+    assert stop.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_path_settings_that_name_a_file_or_nowhere_are_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("x")
+    assert main(["simulate", "--methods", "b1", "-c", "run-dir=a-file"]) == 2
+    assert f"run-dir: {tmp_path / 'a-file'} is a file, not a folder" in capsys.readouterr().err
+    monkeypatch.setenv("POWERFL_CONFIG_DIR", str(tmp_path / "nowhere"))
+    assert main(["simulate", "--methods", "b1"]) == 2
+    err = capsys.readouterr().err
+    assert f"POWERFL_CONFIG_DIR: {tmp_path / 'nowhere'} does not exist" in err
+    assert not (tmp_path / "runs").exists()
+
+
 def _summary(method: str, busy_j: float, idle_j: float, accounting: str) -> dict[str, Any]:
     """The keys of a run's summary.json that the comparison reads."""
     headline = busy_j + (idle_j if accounting == "on" else 0.0)

@@ -445,3 +445,27 @@ def test_the_shipped_cifar_study_reads_the_data_kit():
     assert (cfg.target, cfg.proxy) == ("cifar10-subset", "mnist-subset")
     sizes = study_data(cfg.data_settings(), 0).sizes()
     assert sizes["target-train"] + sizes["target-test"] == cfg.image_subset_size
+
+
+def test_an_out_folder_that_cannot_be_written_is_refused_before_anything_runs(
+    tmp_path, capsys, monkeypatch
+):
+    import os
+
+    exp = _write(tmp_path, TINY)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    assert main(["experiment", "run", str(exp), "--out", str(a_file)]) == 2
+    assert f"--out: {a_file} is a file, not a folder" in capsys.readouterr().err
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    # root may write anywhere: the check's answer comes from os.access, faked for `locked`
+    monkeypatch.setattr(
+        "fl_client.settings.os.access",
+        lambda path, mode: False if Path(path) == locked else real_access(path, mode),
+    )
+    assert main(["experiment", "run", str(exp), "--out", str(locked / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"--out: cannot write into {locked / 'out'}" in err and "not writable" in err
+    assert not (locked / "out").exists()

@@ -565,3 +565,19 @@ def test_typed_settings_nothing_would_read_or_of_the_wrong_type_exit_2(
     monkeypatch.chdir(tmp_path)
     assert main(["simulate", *args]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_a_dataset_folder_with_no_images_is_named_before_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "empty").mkdir(parents=True)
+    (tmp_path / "data" / "notes").mkdir()
+    (tmp_path / "data" / "notes" / "README.md").write_text("no images here")
+    for folder, found in (("empty", "no files"), ("notes", "1 other file(s)")):
+        rc = main(["simulate", "--methods", "b1", "-c", f"dataset=data/{folder}"])
+        err = capsys.readouterr().err
+        assert rc == 2
+        assert f"dataset: the folder {tmp_path / 'data' / folder} holds no images and no " in err
+        assert f"({found}); give a folder of images in one subfolder per class" in err
+    assert not (tmp_path / "runs").exists()

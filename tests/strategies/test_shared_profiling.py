@@ -713,3 +713,58 @@ def test_a_late_node_that_never_answers_its_query_is_asked_once(tmp_path: Path) 
     assert [m.metadata.message_type for m in asked] == [MessageType.QUERY]
     assert strategy.query_failures == {15: "no reply to the QUERY (timeout)"}
     assert [len(rep.ok_nodes) for rep in strategy.rounds] == [2, 2, 2]
+
+
+def test_a_read_only_library_keeps_the_finished_profiling_for_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refuse(self: LUTLibrary, lut: LUT, source: str) -> Path:
+        raise PermissionError(13, "Permission denied", str(self.root))
+
+    monkeypatch.setattr(LUTLibrary, "put", refuse)  # root writes anywhere: the refusal, faked
+    grid = BatchGrid(list(FLEET), _handler())
+    strategy = _strategy(tmp_path / "library")
+    with caplog.at_level(logging.WARNING):
+        strategy.shared_phase(grid, _zeros(), 1, timeout_s=5)
+    assert set(strategy.kind_luts) == {NANO_KIND, ORIN_KIND}  # the run uses what it measured
+    for node in (11, 21):
+        assert _kind_lut(strategy, node) is not None
+    assert all(e["library"].startswith("not saved: ") for e in strategy.shared_log)
+    assert "LUT library: could not save the LUT of" in caplog.text
+
+
+def test_a_library_lut_a_nodes_round_disagrees_with_is_set_aside_and_profiled_again(
+    tmp_path: Path,
+) -> None:
+    """A library LUT whose numbers are wrong (here: a node's round peaked over its promise
+    and set its LUT aside): the library copy is set aside, the run drops it, and the next
+    round profiles the kind again, so no fresh node trusts the wrong numbers."""
+    first = _strategy(tmp_path / "library")
+    first.shared_phase(BatchGrid(list(FLEET), _handler()), _zeros(), 1, timeout_s=5)
+    plain = _handler()
+
+    def handle(msg: Message) -> Message | None:
+        reply = plain(msg)
+        if msg.metadata.message_type == MessageType.TRAIN and msg.metadata.dst_node_id == 13:
+            assert reply is not None
+            metrics = report(13, num_examples=130.0, lut_set_aside=1.0).to_metrics()
+            reply.content["metrics"] = MetricRecord(dict(metrics))
+        return reply
+
+    grid = BatchGrid(list(FLEET), handle)
+    second = _strategy(tmp_path / "library")  # a later run: the library's LUTs, no profiling
+    arrays = second.shared_phase(grid, _zeros(), 1, timeout_s=5)
+    assert grid.sent == [] and {e["source"] for e in second.shared_log} == {"library"}
+    messages = list(second.configure_train(1, arrays, ConfigRecord(), grid))
+    second.aggregate_train(1, grid.send_and_receive(messages, timeout=5))
+    nano = next(e for e in second.shared_log if e["kind"] == NANO_KIND.label)
+    assert nano["source"] == "library, set aside"
+    assert nano["set-aside"].startswith("node 13 peaked over its LUT's promise in round 1")
+    library = tmp_path / "library"
+    assert LUTLibrary(library).get(NANO_KIND) is None  # set aside, kept for a look
+    assert len(list(library.glob("*.corrupt-*"))) == 1
+    assert LUTLibrary(library).get(ORIN_KIND) is not None  # the other kind is untouched
+    grid.batches.clear()
+    second.shared_phase(grid, arrays, 2, timeout_s=5)  # round 2 profiles the nano kind again
+    assert {m.metadata.dst_node_id for b in grid.profile_batches() for m in b} == {11, 12, 13}
+    assert LUTLibrary(library).get(NANO_KIND) is not None  # the new LUT replaces it
