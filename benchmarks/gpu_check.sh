@@ -24,7 +24,8 @@ PY=${PYTHON:-python3}
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export POWERFL_STATE_DIR="$OUT/state"
-powerfl() { "$PY" -c 'import sys; from simulations.cli import main; sys.exit(main())' "$@"; }
+# `powerfl` from this checkout, as an array so that `timeout` can run it
+powerfl=("$PY" -c 'import sys; from simulations.cli import main; sys.exit(main())')
 
 {
     date -u
@@ -50,13 +51,13 @@ else
 fi
 
 echo "== powerfl devices --backend nvml --check"
-timeout 120 powerfl devices --backend nvml --check --json > "$OUT/check.json" 2> "$OUT/check.err" ||
+timeout 120 "${powerfl[@]}" devices --backend nvml --check --json > "$OUT/check.json" 2> "$OUT/check.err" ||
     { echo "devices --check failed (see check.err)"; status=1; }
-timeout 120 powerfl devices --backend nvml --check --check-seconds 3 > "$OUT/check.txt" 2>&1 ||
+timeout 120 "${powerfl[@]}" devices --backend nvml --check --check-seconds 3 > "$OUT/check.txt" 2>&1 ||
     status=1
 
 echo "== powerfl profile --backend nvml --lock-clocks false (cells up to 30 s each)"
-timeout 330 powerfl profile --backend nvml --lock-clocks false --model resnet18 \
+timeout 330 "${powerfl[@]}" profile --backend nvml --lock-clocks false --model resnet18 \
     --batch-sizes 4,32,128,256 --no-cache --cache-dir "$OUT/cache" --out "$OUT/lut.json" \
     > "$OUT/profile.log" 2>&1 || { echo "profile failed (see profile.log)"; status=1; }
 
