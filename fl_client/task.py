@@ -618,18 +618,20 @@ def model_device(model: nn.Module) -> torch.device:
 
 def train_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
-) -> float:
-    """One minibatch: forward, cross-entropy, backward, optimizer step; returns the loss.
+) -> torch.Tensor:
+    """One minibatch: forward, cross-entropy, backward, optimizer step; returns the loss as
+    a detached tensor on the model's device.
 
-    On CUDA the call waits for the GPU, so a caller timing it measures the real step.
+    On a GPU the call only queues the work: it neither synchronizes nor reads the loss back,
+    so the next step is queued while this one runs and the GPU never idles between steps.
+    Whoever times steps brackets a whole window with synchronizes (the device meters do), and
+    whoever needs the loss as a number reads it once, at the end.
     """
     optimizer.zero_grad(set_to_none=True)
     loss = F.cross_entropy(model(x), y)
     loss.backward()
     optimizer.step()
-    if x.is_cuda:
-        torch.cuda.synchronize(x.device)
-    return float(loss.detach())
+    return loss.detach()
 
 
 def _run_step(step_runner: StepRunner | None, batch_size: int, fn: Callable[[], object]) -> None:
@@ -692,7 +694,7 @@ def train(
     optimizer = make_optimizer(model, lr)
     gen = torch.Generator().manual_seed(seed)
     model.train()
-    losses: list[float] = []
+    losses: list[torch.Tensor] = []  # read back once, after the last step
     samples = 0
     for _ in range(epochs):
         order = torch.randperm(n, generator=gen)
@@ -700,7 +702,7 @@ def train(
             ids = order[start : start + batch_size]
             xb, yb = x_all[ids].to(device), y_all[ids].to(device)
 
-            def fn(xb: torch.Tensor = xb, yb: torch.Tensor = yb) -> float:
+            def fn(xb: torch.Tensor = xb, yb: torch.Tensor = yb) -> torch.Tensor:
                 loss = train_step(model, optimizer, xb, yb)
                 losses.append(loss)
                 return loss
@@ -711,7 +713,7 @@ def train(
                 break
         if max_samples is not None and samples >= max_samples:
             break
-    mean_loss = float(np.mean(losses)) if losses else math.nan
+    mean_loss = float(torch.stack(losses).double().mean()) if losses else math.nan
     return TrainResult(num_examples=n, steps=len(losses), samples=samples, mean_loss=mean_loss)
 
 
