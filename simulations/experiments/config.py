@@ -36,7 +36,7 @@ TORCH_DEVICES = ("cpu", "cuda", "auto")
 #: Keys of the studies that are paths. Given with ``--set`` (typed by a user) a relative one
 #: is made absolute against the current directory, as on every command line; written in
 #: an experiment file it is left as the study reads it (a fleet: from the app folder).
-PATH_KEYS = ("fleet", "varying-cap-fleet", "drift-fleet", "data-root")
+PATH_KEYS = ("fleet", "varying-cap-fleet", "drift-fleet", "data-root", "initial-weights")
 
 
 class ExperimentConfigError(ValueError):
