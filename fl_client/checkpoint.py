@@ -233,4 +233,5 @@ def save(
     tensors = {k: v.detach().cpu().clone().contiguous() for k, v in state.items()}
     meta = {METADATA_KEY: json.dumps(dict(metadata or {}), sort_keys=True)}
     save_file(tensors, str(tmp), metadata=meta)
+    tmp.chmod(0o644)  # safetensors writes 0600; a checkpoint is data others may read
     tmp.replace(p)

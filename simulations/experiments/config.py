@@ -38,7 +38,7 @@ TORCH_DEVICES = ("cpu", "cuda", "auto")
 #: is made absolute against the current directory, as on every command line; a fleet
 #: written in an experiment file is relative to the file's folder, or a shipped fleet's
 #: name (``fl_client.settings.fleet_path``).
-PATH_KEYS = ("fleet", "varying-cap-fleet", "drift-fleet", "data-root")
+PATH_KEYS = ("fleet", "varying-cap-fleet", "drift-fleet", "data-root", "initial-weights")
 FLEET_KEYS = ("fleet", "varying-cap-fleet", "drift-fleet")
 
 

@@ -385,9 +385,9 @@ def _reach(s: Mapping[str, Any]) -> str:
     return f"target not reached (final {s['final-accuracy']:.3f})"
 
 
-def run_study(cfg: FederatedConfig, out: Path, *, progress: bool = True) -> dict[str, Any]:
-    """Run every missing cell of ``cfg`` under ``out``; return counts and the plan."""
-    cells = plan(cfg, out)
+def pending(cells: list[Cell], out: Path) -> tuple[list[Cell], dict[str, Any]]:
+    """The cells (validated first) without a finished record under ``out``, and the run's
+    counts: cells, done, reused, failed."""
     check_plan(cells)
     todo = [c for c in cells if read_record(record_path(out, c), c.key()) is None]
     counts: dict[str, Any] = {
@@ -396,6 +396,13 @@ def run_study(cfg: FederatedConfig, out: Path, *, progress: bool = True) -> dict
         "cells-reused": len(cells) - len(todo),
         "cells-failed": 0,
     }
+    return todo, counts
+
+
+def run_study(cfg: FederatedConfig, out: Path, *, progress: bool = True) -> dict[str, Any]:
+    """Run every missing cell of ``cfg`` under ``out``; return counts and the plan."""
+    cells = plan(cfg, out)
+    todo, counts = pending(cells, out)
     failures: list[str] = []
     bar = Progress(len(todo), enabled=progress)
 

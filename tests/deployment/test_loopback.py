@@ -7,6 +7,9 @@ its own registered key; ``flwr run <app> <connection>`` with the connection writ
 ``deploy.connection``. Checked:
 
 * a node whose key is not registered is refused;
+* the run starts from pre-trained weights (``initial-weights``), a checkpoint that only the
+  server reads: round 0's accuracy is the checkpoint's, its sha256 is recorded, and the
+  file is removed while the run goes on (the nodes got the weights in their messages);
 * one 3-round run (one run, not two, to stay within about 5 minutes on two busy cores): after
   round 2 ``flwr ls`` says it is running and the records show every node trained under
   its own cap; then one SuperNode is killed while it trains round 3, and the run still
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from deploy.connection import write_connection
 from deploy.credentials import Credentials, make_credentials
@@ -341,6 +345,21 @@ class FaultRun:
     nodes_after_round_2: list[dict[str, Any]]
     status: str
     run_dir: Path
+    weights_sha256: str
+    weights_accuracy: float
+
+
+def _pretrained(path: Path) -> tuple[str, float]:
+    """A checkpoint trained a little on the proxy set (seed 7, the run's): its sha256 and
+    its accuracy on the server's test set."""
+    from fl_client import checkpoint, task
+
+    splits = task.load_splits("digits", seed=7)
+    torch.manual_seed(123)
+    model = task.build_model("cnn")
+    task.train(model, splits.proxy_train, batch_size=32, lr=3e-3, epochs=3)
+    checkpoint.save(model.state_dict(), path)
+    return checkpoint.file_sha256(path), task.evaluate(model, splits.test)[1]
 
 
 @pytest.fixture(scope="module")
@@ -352,7 +371,13 @@ def fault_run(federation: Federation) -> FaultRun:
     """
     out = federation.root / "out"
     victim = federation.procs[VICTIM]
-    run_id = federation.run(out, **{"num-rounds": "3", "round-timeout-s": "90.0"})
+    weights = federation.root / "server-only" / "pretrained.safetensors"
+    weights.parent.mkdir()
+    sha, accuracy = _pretrained(weights)
+    run_id = federation.run(
+        out,
+        **{"num-rounds": "3", "round-timeout-s": "90.0", "initial-weights": f'"{weights}"'},
+    )
     # Before round 2 ends: the server's start and r estimation, the QUERY round, round 1
     # (the fleet-shared profiling exchange, then training) and round 2, each message a
     # fresh ClientApp process that imports PyTorch (about 30 s apiece on busy cores).
@@ -368,6 +393,7 @@ def fault_run(federation: Federation) -> FaultRun:
         raise AssertionError(
             "round 2 did not finish in time:\n" + federation.log("superlink")[-3000:]
         )
+    weights.unlink()  # the server read it before round 1: nothing reads it again
     seen = {pid for pid in _descendants(victim.pid) if "flwr-clientapp" in _cmdline(pid)}
     status_after_round_2 = federation.run_status(run_id)
     nodes_after_round_2 = [json.loads(line) for line in (rounds.parent / "nodes.jsonl").open()]
@@ -376,7 +402,7 @@ def fault_run(federation: Federation) -> FaultRun:
     _kill_tree(victim, signal.SIGKILL)
     assert victim.poll() is not None
     status, run_dir = federation.wait_finished(run_id, out, timeout=240)
-    return FaultRun(status_after_round_2, nodes_after_round_2, status, run_dir)
+    return FaultRun(status_after_round_2, nodes_after_round_2, status, run_dir, sha, accuracy)
 
 
 def test_two_rounds_every_node_trains_under_its_cap(
@@ -419,3 +445,12 @@ def test_node_killed_in_round_3_costs_only_that_round(fault_run: FaultRun) -> No
     assert [r["server-round"] for r in rows] == [1, 2, 3]
     assert [r["nodes-ok"] for r in rows] == [3, 3, 2]
     assert rows[2]["nodes-failed"] == 1 and rows[2]["failed"][0].startswith(f"{VICTIM}: ")
+
+
+def test_the_run_starts_from_the_servers_checkpoint(fault_run: FaultRun) -> None:
+    summary, _ = _records(fault_run.run_dir)
+    settings = json.loads((fault_run.run_dir / "settings.json").read_text())
+    assert settings["initial_weights_sha256"] == fault_run.weights_sha256
+    assert summary["initial-weights-sha256"] == fault_run.weights_sha256
+    assert summary["initial-accuracy"] == pytest.approx(fault_run.weights_accuracy, abs=1e-9)
+    assert fault_run.weights_accuracy > 0.5  # not a random start (chance is 0.1)

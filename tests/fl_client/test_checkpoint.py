@@ -29,6 +29,7 @@ def test_a_safetensors_checkpoint_loads_the_exact_weights(tmp_path: Path) -> Non
     assert weights.sha256 == checkpoint.file_sha256(path)
     assert weights.new_layers == ()
     assert checkpoint.read_metadata(path) == {"model": "cnn"}
+    assert path.stat().st_mode & 0o777 == 0o644  # readable by the server's other users
 
 
 def test_a_torch_state_dict_loads_with_weights_only(tmp_path: Path) -> None:

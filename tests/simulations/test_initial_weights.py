@@ -142,3 +142,18 @@ def test_a_run_starts_from_the_checkpoint_and_a_changed_one_recomputes_r(
     assert second["settings"]["initial_weights_sha256"] == checkpoint.file_sha256(weights) != sha
     assert len(sorted((tmp_path / "cache" / "r").glob("r-*.json"))) == 2
     assert second["r"]["cache_key"] != first["r"]["cache_key"]
+
+
+def test_a_proxy_dataset_that_cannot_be_read_is_refused_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "two.toml").write_text(TWO)
+    out = tmp_path / "runs"
+    missing = json.dumps(str(tmp_path / "none.npz"))
+    rc = main(
+        ["simulate", "--fleet", str(tmp_path / "two.toml"), "--output-dir", str(out),
+         "-c", f"proxy-dataset={missing}"]
+    )  # fmt: skip
+    assert rc == 2
+    assert "proxy-dataset: " in capsys.readouterr().err
+    assert not out.exists()

@@ -1,0 +1,148 @@
+"""The fine-tuning study: its file, the plan (fine-tuning and from-scratch cells), the
+samples-to-target count, and a tiny study end to end from a given checkpoint (no data kit)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fl_client import checkpoint, task
+from simulations.cli import main
+from simulations.experiments.config import ExperimentConfigError, FileOptions
+from simulations.experiments.finetune import FinetuneConfig, plan, samples_to_target
+from simulations.experiments.records import load_all
+from simulations.experiments.registry import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_FLEET = (
+    '[[node]]\nname = "nano-4.5w"\ndevice = "jetson-nano"\np-max-w = 4.5\n\n'
+    '[[node]]\nname = "orin-free"\ndevice = "jetson-orin-nano"\np-max-w = "none"\n'
+)
+
+
+def _tiny(fleet: Path, weights: Path) -> str:
+    return f"""
+[experiment]
+name = "tiny-ft"
+study = "finetune"
+fleet = {json.dumps(str(fleet))}
+methods = ["b1", "power-aware"]
+dataset = "digits"
+initial-weights = {json.dumps(str(weights))}
+partitioning = "iid"
+num-rounds = 2
+target-accuracy = 0.6
+local-epochs = 1
+batch-sizes = [16, 64]
+proxy-target-accuracy = 0.5
+r-max-samples = 2048
+seeds = 1
+"""
+
+
+def _load(path: Path, **options: object) -> FinetuneConfig:
+    cfg = load_config(path, FileOptions(**options))  # type: ignore[arg-type]
+    assert isinstance(cfg, FinetuneConfig)
+    return cfg
+
+
+def test_shipped_finetune_file_parses_at_both_scales() -> None:
+    path = REPO / "fl_client" / "configs" / "experiments" / "finetune.toml"
+    mini = _load(path, scale="mini")
+    paper = _load(path, scale="paper")
+    assert (mini.model, mini.seeds, mini.pretrain_dataset) == ("cnn", 1, "mnist-subset")
+    assert mini.proxy_dataset == "" and mini.dataset == "digits"
+    assert paper.model == "resnet18" and paper.pretrain_epochs == 10
+    assert mini.methods == ("b1", "b2", "power-aware", "oracle")
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        ('scenarios = ["pacing"]', "unknown key"),
+        ("pretrain-epochs = 0", "pretrain-epochs"),
+        ('torch-device = "tpu"', "torch-device: unknown value 'tpu'"),
+        ('proxy-dataset = "  "', "proxy-dataset"),
+    ],
+)
+def test_bad_finetune_files_name_the_key(tmp_path: Path, line: str, needle: str) -> None:
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(TINY_FLEET)
+    path = tmp_path / "ft.toml"
+    path.write_text(_tiny(fleet, tmp_path / "w.safetensors") + line + "\n")
+    with pytest.raises(ExperimentConfigError, match=needle):
+        _load(path)
+
+
+def test_the_plan_runs_every_method_from_both_starts(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(TINY_FLEET)
+    path = tmp_path / "ft.toml"
+    path.write_text(_tiny(fleet, tmp_path / "w.safetensors"))
+    cfg = _load(path)
+    weights = tmp_path / "abc.safetensors"
+    cells = plan(cfg, weights, fleet)
+    assert [c.uses for c in cells] == [
+        (("fine-tuning", "b1"),),
+        (("fine-tuning", "power-aware"),),
+        (("from-scratch", "b1"),),
+        (("from-scratch", "power-aware"),),
+    ]
+    assert [c.settings.get("initial-weights") for c in cells] == [str(weights)] * 2 + [None] * 2
+    assert len({c.key() for c in cells}) == 4
+    # another checkpoint (another sha256-named copy) never reuses a fine-tuning cell
+    other = plan(cfg, tmp_path / "def.safetensors", fleet)
+    assert other[0].key() != cells[0].key() and other[2].key() == cells[2].key()
+
+
+def test_samples_to_target_counts_the_rounds_up_to_the_target() -> None:
+    rec = {
+        "summary": {"round-to-target": 2},
+        "settings": {"local-epochs": 3},
+        "nodes": [
+            {"server-round": 1, "ok": True, "num-examples": 100},
+            {"server-round": 1, "ok": False, "num-examples": 50},
+            {"server-round": 2, "ok": True, "num-examples": 100},
+            {"server-round": 3, "ok": True, "num-examples": 100},
+        ],
+    }
+    assert samples_to_target(rec) == 600
+    assert samples_to_target({**rec, "summary": {"round-to-target": None}}) is None
+
+
+@pytest.mark.slow
+def test_tiny_finetune_study_runs_and_reports(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(TINY_FLEET)
+    splits = task.load_splits("digits", 0)
+    torch.manual_seed(0)
+    model = task.build_model("cnn")
+    task.train(model, splits.proxy_train, batch_size=32, lr=3e-3, epochs=3)
+    weights = tmp_path / "w.safetensors"
+    checkpoint.save(model.state_dict(), weights)
+    path = tmp_path / "ft.toml"
+    path.write_text(_tiny(fleet, weights))
+    out = tmp_path / "out"
+    assert main(["experiment", "run", str(path), "--out", str(out), "--no-progress"]) == 0
+    records = load_all(out / "records" / "cells")
+    assert sorted((r["start"], r["method"]) for r in records) == [
+        ("fine-tuning", "b1"),
+        ("fine-tuning", "power-aware"),
+        ("from-scratch", "b1"),
+        ("from-scratch", "power-aware"),
+    ]
+    sha = checkpoint.file_sha256(weights)
+    for r in records:
+        got = r["summary"].get("initial-weights-sha256")
+        assert got == (sha if r["start"] == "fine-tuning" else None)
+    ft = [r for r in records if r["start"] == "fine-tuning"]
+    scratch = [r for r in records if r["start"] == "from-scratch"]
+    # round 0 is the checkpoint's accuracy, far above the random start's
+    assert min(r["summary"]["initial-accuracy"] for r in ft) > 0.5
+    assert max(r["summary"]["initial-accuracy"] for r in scratch) < 0.3
+    report = (out / "report.md").read_text()
+    assert "| fine-tuning | power-aware | 1 |" in report
+    assert "## r on the proxy set" in report
