@@ -131,7 +131,9 @@ def test_profile_cells_measures_exactly_the_requested_cells(
     assert CellsReport.from_metrics(report.to_metrics()) == report  # survives the wire
     changed = [k for k in state if not torch.equal(new_state[k], state[k])]
     if steps_train:  # warm-up and measured steps are real minibatches whose updates stay
-        assert changed and report.num_examples == (1 + 3) * (64 + 8 + 16)
+        # a cell runs 1 warm-up and at least 3 measured steps, more until its mean step
+        # time settles (relative standard error <= 1%); every one is a real minibatch
+        assert changed and report.num_examples >= (1 + 3) * (64 + 8 + 16)
     else:
         assert changed == [] and report.num_examples == 0
 

@@ -432,11 +432,10 @@ def test_the_untrained_line_names_each_node_once_with_its_methods() -> None:
     assert cli.untrained_line([_summary("b1", Path("r"), [])]) is None
 
 
-@pytest.mark.slow
-def test_a_node_whose_device_cannot_be_opened_is_named_and_fails_the_run(
-    tmp_path: Path,
-) -> None:
-    """The real engine: one node of three has a replay table that does not exist."""
+def test_a_node_whose_replay_table_is_missing_is_refused_before_start(tmp_path: Path) -> None:
+    """One node of three names a replay table that does not exist: the pre-start check reads
+    every node's table, so the run is refused (exit 2) before any engine starts, naming the
+    node and the file; nothing is written."""
     (tmp_path / "ghost.toml").write_text(GHOST)
     out = subprocess.run(
         [sys.executable, "-c", CLI, "simulate", "--methods", "b1", "--fleet", "ghost.toml",
@@ -444,27 +443,12 @@ def test_a_node_whose_device_cannot_be_opened_is_named_and_fails_the_run(
          "-c", "batch-sizes='32,64'", "-c", "proxy-target-accuracy=0.3"],
         cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=540,
     )  # fmt: skip
-    assert out.returncode == 1, out.stderr[-3000:]
-    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert out.returncode == 2, out.stderr[-3000:]
     missing = tmp_path / "no-such-table.json"  # relative to the fleet file's folder
     assert out.stderr.strip().splitlines()[-1] == (
-        "powerfl: error: 1 node never trained: ghost in b1 (QUERY failed: ReplayFormatError: "
-        f"replay-table: file not found: {missing}); the run's summary.json lists "
-        "them under untrained-nodes; -c allow-untrained-nodes=true accepts such a run"
+        f"powerfl: error: replay-table: node ghost: replay-table: file not found: {missing}"
     )
-    console = " ".join(out.stdout.split())  # rich wraps long lines
-    assert "fleet: left out ghost (jetson-nano, cap 4.5 W): it could not describe" in console
-    _records_are_valid(run_dir)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    (ghost,) = summary["untrained-nodes"]
-    assert {k: ghost[k] for k in ("node", "device", "p-max-w", "stage")} == {
-        "node": "ghost",
-        "device": "jetson-nano",
-        "p-max-w": 4.5,  # its real cap
-        "stage": "query",
-    }
-    assert ghost["reason"].endswith(f"file not found: {missing}")
-    assert sorted(summary["nodes"]) == ["a", "b"]  # the two others trained
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
 
 
 # -------------------------------------------------------------- §7: small and visible
