@@ -68,17 +68,24 @@ def _field_value(gpu: FakeGpu, field_id: int) -> types.SimpleNamespace:
     )
 
 
-def make_fake_pynvml(*gpus: FakeGpu) -> types.ModuleType:
-    """A fake ``pynvml`` over ``gpus`` in NVML order; a handle is the FakeGpu itself.
-
-    Module-level calls (init, shutdown) are recorded on the first GPU.
-    """
+def pynvml_module() -> types.ModuleType:
+    """An empty fake ``pynvml`` with the error type and the constants ``NvmlDevice`` reads;
+    the fakes add their device calls to it."""
     nv = types.ModuleType("pynvml")
     nv.NVMLError = NVMLError  # type: ignore[attr-defined]
     nv.NVML_ERROR_NOT_SUPPORTED = 3  # type: ignore[attr-defined]
     nv.NVML_ERROR_NO_PERMISSION = 4  # type: ignore[attr-defined]
     nv.NVML_CLOCK_GRAPHICS = 0  # type: ignore[attr-defined]
     nv.NVML_FI_DEV_POWER_INSTANT = FI_DEV_POWER_INSTANT  # type: ignore[attr-defined]
+    return nv
+
+
+def make_fake_pynvml(*gpus: FakeGpu) -> types.ModuleType:
+    """A fake ``pynvml`` over ``gpus`` in NVML order; a handle is the FakeGpu itself.
+
+    Module-level calls (init, shutdown) are recorded on the first GPU.
+    """
+    nv = pynvml_module()
     first = gpus[0]
 
     def handle_by_index(i: int) -> FakeGpu:

@@ -49,7 +49,7 @@ from unittest import mock
 
 import numpy as np
 
-from tests.fl_client.devices.conftest import NVMLError
+from tests.fl_client.devices.conftest import FI_DEV_POWER_INSTANT, NVMLError, pynvml_module
 
 TRACE_PATH = Path(__file__).parents[2] / "fixtures" / "hardware" / "h100-resnet18-nvml-trace.json"
 #: The energy counter's re-latch period on the virtual clock (the trace's counter changes
@@ -404,7 +404,6 @@ class ReplaySteps:
 # ------------------------------------------------------------------------------ fake pynvml
 
 
-FI_DEV_POWER_INSTANT = 186
 GRAPHICS_CLOCKS_MHZ = (1980, 1965, 1410, 1005, 345)
 
 
@@ -427,12 +426,7 @@ def make_trace_pynvml(
     ``call_cost_s`` of virtual time and may fail as ``faults`` says."""
     vt = gpu.vt
     faults = faults if faults is not None else Faults()
-    nv = types.ModuleType("pynvml")
-    nv.NVMLError = NVMLError  # type: ignore[attr-defined]
-    nv.NVML_ERROR_NOT_SUPPORTED = 3  # type: ignore[attr-defined]
-    nv.NVML_ERROR_NO_PERMISSION = 4  # type: ignore[attr-defined]
-    nv.NVML_CLOCK_GRAPHICS = 0  # type: ignore[attr-defined]
-    nv.NVML_FI_DEV_POWER_INSTANT = FI_DEV_POWER_INSTANT  # type: ignore[attr-defined]
+    nv = pynvml_module()
     nv.calls = []  # type: ignore[attr-defined]
     nv.power_limit_mw = 700_000  # type: ignore[attr-defined]
     nv.power_limit_range_mw = (200_000, 700_000)  # type: ignore[attr-defined]
