@@ -269,7 +269,16 @@ class Meter(Protocol):
 
     @property
     def measurement(self) -> Measurement:
-        """Accounting so far."""
+        """Accounting so far (all figures: may cost time in the number of samples)."""
+
+    @property
+    def time_s(self) -> float:
+        """Measured time so far; cheap enough to read after every step."""
+
+    def power_samples_since(self, index: int) -> list[float]:
+        """This window's power samples from the ``index``-th on (``measurement``'s
+        ``power_samples_w[index:]`` while it runs); cheap enough to call after every step:
+        its cost is in the samples returned, not in those before ``index``."""
 
 
 @runtime_checkable
