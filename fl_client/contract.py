@@ -430,6 +430,10 @@ class TrainReport:
     # (FedNova's normalisation, ``strategies.fednova``; absent from older nodes)
     local_steps: float | None = None
     local_lr: float | None = None
+    # The knob when it is the GPU power limit (an NVML GPU with knob = power-limit, a replay
+    # table of power limits): the limit that ran, in W; ``gpu_freq_mhz`` is then the clock
+    # sampled during training (NaN where none was read), never a W value
+    gpu_power_limit_w: float | None = None
 
     @property
     def cap(self) -> Cap:

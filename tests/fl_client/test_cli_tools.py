@@ -20,8 +20,9 @@ from fl_client import cli_tools, profiler, task
 from fl_client.contract import Cap
 from fl_client.devices import jetson as jetson_mod
 from fl_client.devices import safety
+from fl_client.devices.base import GPU_POWER_LIMIT_W
 from fl_client.devices.cli import cmd_devices
-from fl_client.devices.replay import GPU_POWER_LIMIT_W, ReplayDevice
+from fl_client.devices.replay import ReplayDevice
 from fl_client.devices.sampler import PowerMeasurement
 from fl_client.devices.simulated import load_device_spec
 from fl_client.lut import LUT
