@@ -107,6 +107,7 @@ def describe_node(
         max_batch_size=max_batch_size(model_name, batch_sizes, info.memory_bytes),
         cap_margin=ctx.cap_margin,
         profile_floor_mhz=info.profile_floor_mhz(cap.watts for cap in caps),
+        knob=device_knob(device).setting,
     )
 
 

@@ -365,6 +365,10 @@ def test_a_power_limit_node_reports_its_limit_in_watts(tmp_path: Path) -> None:
     )
     node = {**NODE, "device": "test-gpu", "backend": "replay", "replay-table": str(table),
             "knob": "power-limit", "p-max-w": 150.0}  # fmt: skip
+    query = {"model": "cnn", "batch-sizes": list(TEMPLATE.batch_sizes)}
+    desc = describe_node(run_config(tmp_path), node, query)  # the QUERY reply: W, not MHz
+    assert (desc.knob, desc.gpu_freqs_mhz) == ("power-limit", (100.0, 150.0, 200.0))
+    assert desc.to_config()["gpu-power-limits-w"] == [100.0, 150.0, 200.0]
     _, report = train_node(run_config(tmp_path), node, train_config(), initial_state())
     assert report.gpu_power_limit_w in (100.0, 150.0)  # under 150 W less its 5% margin
     assert math.isnan(report.gpu_freq_mhz)  # no clock read, and never the W value
