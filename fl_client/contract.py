@@ -458,6 +458,10 @@ class TrainReport:
     # table of power limits): the limit that ran, in W; ``gpu_freq_mhz`` is then the clock
     # sampled during training (NaN where none was read), never a W value
     gpu_power_limit_w: float | None = None
+    # ... and pacing's f* and the drift check's re-selection at a power limit, in W (instead
+    # of ``f_star_mhz`` and ``drift_freq_mhz``)
+    f_star_power_limit_w: float | None = None
+    drift_power_limit_w: float | None = None
 
     @property
     def cap(self) -> Cap:

@@ -657,6 +657,13 @@ def _report(
             again = select_for(plan, plan.drift.lut, device, ctx.selection_rule)
             extra["drift_batch_size"] = float(again.batch_size)
             extra["drift_freq_mhz"] = float(again.freq_mhz)
+    if limit_w is not None:  # the knob's values in W, under their own keys
+        for mhz_key, w_key in (
+            ("f_star_mhz", "f_star_power_limit_w"),
+            ("drift_freq_mhz", "drift_power_limit_w"),
+        ):
+            if mhz_key in extra:
+                extra[w_key] = extra.pop(mhz_key)
     return TrainReport(
         num_examples=float(result.num_examples),
         train_time_s=m.time_s,

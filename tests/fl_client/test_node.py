@@ -369,9 +369,12 @@ def test_a_power_limit_node_reports_its_limit_in_watts(tmp_path: Path) -> None:
     desc = describe_node(run_config(tmp_path), node, query)  # the QUERY reply: W, not MHz
     assert (desc.knob, desc.gpu_freqs_mhz) == ("power-limit", (100.0, 150.0, 200.0))
     assert desc.to_config()["gpu-power-limits-w"] == [100.0, 150.0, 200.0]
-    _, report = train_node(run_config(tmp_path), node, train_config(), initial_state())
+    run = run_config(tmp_path, pacing="deadline")  # pacing's f* is a power limit too
+    _, report = train_node(run, node, train_config(), initial_state())
     assert report.gpu_power_limit_w in (100.0, 150.0)  # under 150 W less its 5% margin
     assert math.isnan(report.gpu_freq_mhz)  # no clock read, and never the W value
+    assert report.f_star_power_limit_w == report.gpu_power_limit_w
+    assert report.f_star_mhz is None and "f-star-mhz" not in report.to_metrics()
     metrics = report.to_metrics()
     assert metrics["gpu-power-limit-w"] == report.gpu_power_limit_w
     assert report.to_record()["gpu-freq-mhz"] is None
