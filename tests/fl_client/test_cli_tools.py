@@ -348,6 +348,9 @@ def test_energy_check_sums_the_measurements_with_a_counter() -> None:
         (["--sample-rate-hz", "0"], "sample-rate-hz: must be > 0"),
         (["--power-source", "jtop", "--lock-clocks", "maybe"], "lock-clocks: expected true"),
         (["--replay-out", "x.txt"], "replay-out: must end in .csv or .json"),
+        (["--knob", "volts"], "knob: unknown value 'volts'; allowed: frequency, power-limit"),
+        (["--knob", "power-limit"], "knob: power-limit needs a GPU whose power limit can be set"),
+        (["--knob", "power-limit", "--power-limit-step-w", "0"], "power-limit-step-w: must be > 0"),
         (["--device", "jetson-nanoo"], "jetson-nanoo"),
     ],
 )
