@@ -28,13 +28,15 @@ import numpy as np
 
 from fl_client.devices.base import (
     EXACT_SENSOR,
+    GPU_FREQ_MHZ,
     Device,
     DeviceError,
+    Knob,
     Measurement,
     SensorSpec,
     Workload,
+    device_knob,
 )
-from fl_client.devices.replay import GPU_FREQ_MHZ, Knob
 from fl_client.lut import LUT, FloatArray, LUTKey, load_cached, merge_cells
 from fl_client.selector import (
     PEAK_SIGMA_K,
@@ -391,13 +393,6 @@ def peak_sigma_w(step_peaks_w: Sequence[float]) -> float:
         return math.nan
     peaks = np.asarray(step_peaks_w, dtype=np.float64)
     return float(np.std(peaks - peaks[0], ddof=1))  # shifted: equal peaks give exactly 0
-
-
-def device_knob(device: Device) -> Knob:
-    """The knob a device's ``gpu_freqs_mhz`` are values of: the GPU frequency unless the
-    device names another (a replay table of a power limit)."""
-    knob = getattr(device, "knob", GPU_FREQ_MHZ)
-    return knob if isinstance(knob, Knob) else GPU_FREQ_MHZ
 
 
 def time_per_sample_s(m: Measurement, batch_size: int, steps: int) -> float:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from fl_client.devices.base import DeviceInfo, Measurement, Workload
+from fl_client.devices.base import GPU_FREQ_MHZ, DeviceInfo, Measurement, Workload
 
 if TYPE_CHECKING:
     from fl_client.devices.safety import GpuStateRecord
@@ -697,25 +697,30 @@ class CapGuarded:
         backend = self._info.backend
         stuck_told = False
 
+        knob = getattr(self, "knob", GPU_FREQ_MHZ)
+
         def step_down() -> None:
             nonlocal stuck_told
-            new_mhz = self.step_down_gpu_freq_mhz()
-            if new_mhz is not None:
+            new_value = self.step_down_gpu_freq_mhz()
+            if new_value is not None:
                 log.warning(
-                    "%s: power above P_max %.2f W for %.1f s: GPU frequency stepped down to %g MHz",
+                    "%s: power above P_max %.2f W for %.1f s: %s stepped down to %g %s",
                     backend,
                     p_max_w,
                     window_s,
-                    new_mhz,
+                    knob.label,
+                    new_value,
+                    knob.unit,
                 )
             elif not stuck_told:  # said once; the violations keep being counted
                 stuck_told = True
                 log.warning(
-                    "%s: power above P_max %.2f W for %.1f s and the GPU frequency cannot go "
-                    "lower (lowest level, or not locked): the cap is not met",
+                    "%s: power above P_max %.2f W for %.1f s and the %s cannot go "
+                    "lower (lowest level, or not set): the cap is not met",
                     backend,
                     p_max_w,
                     window_s,
+                    knob.label,
                 )
 
         return CapGuard(p_max_w, window_s=window_s, on_violation=step_down)

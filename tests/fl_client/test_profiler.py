@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 
 from fl_client.devices.base import (
     EXACT_SENSOR,
+    GPU_FREQ_MHZ,
+    GPU_POWER_LIMIT_W,
     Device,
     DeviceInfo,
     InvalidFrequencyError,
@@ -28,7 +30,6 @@ from fl_client.devices.base import (
     SensorSpec,
     Workload,
 )
-from fl_client.devices.replay import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W
 from fl_client.lut import LUT, LUTKey, load_on_demand, on_demand_key
 from fl_client.profiler import (
     MAX_WINDOW_S,
