@@ -7,7 +7,7 @@ import itertools
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -216,6 +216,29 @@ def _optional_float(cfg: Mapping[str, Any], key: str, allowed: str) -> float | N
 
 
 #: Settings that only one partitioner reads: given for another, they would be ignored.
+def key_values(items: Sequence[str], option: str) -> dict[str, Any]:
+    """``KEY=VALUE`` items of a repeatable option (``-c``, ``--set``) as a mapping; VALUE
+    parsed as a TOML value when it parses (``4``, ``"cuda"``, ``["cnn"]``), else kept as a
+    string. A key given twice with different values is a SettingsError naming it: one of
+    them would be dropped without a word (the same value twice is accepted)."""
+    out: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    for item in items:
+        key, eq, raw = (part.strip() for part in item.partition("="))
+        if not eq or not key:
+            raise SettingsError(f"{option}: expected KEY=VALUE, got {item!r}")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        if key in out and out[key] != value:
+            raise SettingsError(
+                f"{key}: given twice ({option} {given[key]}, {option} {item.strip()}); give it once"
+            )
+        out[key], given[key] = value, item.strip()
+    return out
+
+
 PARTITIONER_KEYS = {"dirichlet-alpha": "dirichlet", "classes-per-node": "pathological"}
 
 
