@@ -409,7 +409,7 @@ class RunSettings:
             raise SettingsError(
                 "method: 'fixed' needs fixed-batch-size and fixed-freq-mhz run settings"
             )
-        return cls(
+        settings = cls(
             method=method,
             fleet=str(_get(cfg, "fleet")),
             model=_choice(cfg, "model", MODEL_NAMES),
@@ -499,6 +499,13 @@ class RunSettings:
             initial_weights=_path_text(cfg, "initial-weights"),
             proxy_dataset=_optional_dataset(cfg.get("proxy-dataset", "")),
         )
+        if settings.r_max_samples < settings.r_eval_every_samples:
+            raise SettingsError(
+                f"r-max-samples: {settings.r_max_samples} is below r-eval-every-samples "
+                f"({settings.r_eval_every_samples}): r estimation would train each batch size "
+                "less than one evaluation period; give r-max-samples ≥ r-eval-every-samples"
+            )
+        return settings
 
 
 def _dataset_name(value: object) -> str:

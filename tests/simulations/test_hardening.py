@@ -565,3 +565,66 @@ def test_a_dataset_folder_with_no_images_is_named_before_start(
         assert f"dataset: the folder {tmp_path / 'data' / folder} holds no images and no " in err
         assert f"({found}); give a folder of images in one subfolder per class" in err
     assert not (tmp_path / "runs").exists()
+
+
+# ------------------------------------------------- r estimation: before any engine starts
+
+
+def test_a_proxy_target_r_max_samples_cannot_reach_exits_2_before_any_engine(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    engine_starts: list[str],
+) -> None:
+    """It used to end the run inside the engine: a server traceback, Flower's exit code
+    700, and the wrong key (``max-samples``) in the message."""
+    monkeypatch.chdir(tmp_path)
+    rc = main(
+        ["simulate", "--methods", "power-aware", "-c", "batch-sizes='32,64'",
+         "-c", "r-max-samples=256", "-c", "r-eval-every-samples=128",
+         "-c", "proxy-target-accuracy=0.99"]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith(
+        "powerfl: error: r-max-samples: no batch size of 32,64 reached proxy-target-accuracy "
+        "0.99 on the proxy set within r-max-samples 256 samples (best proxy accuracy 0."
+    )
+    assert "raise r-max-samples (e.g. -c r-max-samples=1024), lower proxy-target-accuracy" in err
+    assert "Traceback" not in err
+    assert engine_starts == [] and not (tmp_path / "runs").exists()
+
+
+def test_r_max_samples_below_one_evaluation_period_is_refused_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["simulate", "-c", "r-max-samples=100"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "powerfl: error: r-max-samples: 100 is below r-eval-every-samples (256)"
+    )
+
+
+def test_the_server_reads_the_r_estimated_before_start_from_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One round-0 model recipe (``round0_model``): the server's estimate is a cache hit
+    of the one made before start, never a second estimation."""
+    from fl_client import r_estimation
+    from fl_client.settings import RunSettings
+
+    settings = RunSettings.from_config(
+        {"cache-dir": str(tmp_path / "cache"), "batch-sizes": "32,64",
+         "proxy-target-accuracy": 0.3, "r-eval-every-samples": 128}
+    )  # fmt: skip
+    run.estimate_r_before_start(settings)
+    assert len(list((tmp_path / "cache" / "r").glob("r-*.json"))) == 1
+
+    def never(*args: Any, **kw: Any) -> None:
+        pytest.fail("the server estimated r again instead of reading the cache")
+
+    monkeypatch.setattr(r_estimation, "_compute", never)
+    model, weights = r_estimation.round0_model(settings)
+    assert weights is None
+    est = r_estimation.estimate_run_r(settings, model.state_dict(), progress=False)
+    assert est.batch_sizes and len(est.r) == len(est.batch_sizes)
