@@ -640,7 +640,8 @@ def parse_p_max_schedule(
     if per_round:
         path = resolve_path(text, base)
         if not path.is_file():
-            raise SettingsError(f"{key}: schedule file not found: {path}")
+            what = "is a folder, not a file" if path.is_dir() else "schedule file not found"
+            raise SettingsError(f"{key}: {what}: {path}")
         lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
         head = [h.strip() for h in lines[0].split(",")] if lines else []
         if head != ["round", "p-max-w"]:
@@ -888,6 +889,27 @@ def check_writable_dir(path: str | Path, key: str) -> Path:
     return p
 
 
+def check_writable_file(path: str | Path, key: str) -> Path:
+    """``path`` as a file this process can write (created, or replaced): not a folder, and
+    its folder one it can write into or create (``check_writable_dir``); else a
+    SettingsError naming ``key``, before any work whose result it would hold is done."""
+    p = resolve_path(str(path))
+    if p.is_dir():
+        raise SettingsError(f"{key}: {p} is a folder; give the file to write")
+    check_writable_dir(p.parent, key)
+    return p
+
+
+def check_input_file(path: str | Path, key: str, allowed: str) -> Path:
+    """``path`` as a file that exists (not a folder); else a SettingsError naming ``key``
+    and what is ``allowed``."""
+    p = resolve_path(str(path))
+    if not p.is_file():
+        what = "is a folder, not a file" if p.is_dir() else "no such file"
+        raise SettingsError(f"{key}: {p}: {what}; give {allowed}")
+    return p
+
+
 def device_table_mhz(node: NodeSettings) -> tuple[float, ...] | None:
     """The GPU frequency table of a twin node, from its descriptor; None for hardware and
     replay nodes, whose table is known only once the device is opened."""
@@ -956,6 +978,26 @@ def check_device_files(fleet: list[NodeSettings]) -> None:
                 load_replay_tables(table)
             except (DeviceError, ValueError, OSError) as err:
                 raise SettingsError(f"replay-table: node {node.name}: {err}") from None
+        check_node_folders(node)
+
+
+def check_node_folders(node: NodeSettings) -> None:
+    """A node's ``sysfs-root`` is a folder that exists (its board's sysfs tree, read), and
+    its ``state-dir`` a folder it can write (where a GPU's settings are kept until they
+    are restored): a SettingsError naming the node and the key, before any engine starts,
+    instead of a node left out at its first QUERY."""
+    root = node.options.get("sysfs-root")
+    if isinstance(root, str) and root.strip():
+        path = resolve_path(root.strip())
+        if not path.is_dir():
+            what = "is a file, not a folder" if path.exists() else "does not exist"
+            raise SettingsError(
+                f"sysfs-root: node {node.name}: {path} {what}; give the folder that holds the "
+                "board's sys/ tree (default: /)"
+            )
+    state = node.options.get("state-dir")
+    if isinstance(state, str) and state.strip():
+        check_writable_dir(state.strip(), f"state-dir: node {node.name}")
 
 
 #: Methods whose fixed GPU frequency comes from the kind's B1 bands (``b1-freq-caps``).

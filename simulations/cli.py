@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 from fl_client.settings import (
     SettingsError,
     check_partitioner_keys,
+    check_writable_dir,
     key_values,
     with_app_paths,
 )
@@ -329,6 +330,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     check_partitioner_keys(overrides)
     overrides = with_app_paths(overrides)
     engine = choose_engine(args)
+    if engine == "in-process":  # its Flower writes there; the runtime has a private one
+        check_writable_dir(os.environ["FLWR_HOME"], "FLWR_HOME")
     methods = choose_methods(args.methods, overrides)
     check_fixed_keys(methods, overrides)
     if overrides.get("run-dir") and len(methods) > 1:
