@@ -628,3 +628,97 @@ def test_the_server_reads_the_r_estimated_before_start_from_the_cache(
     assert weights is None
     est = r_estimation.estimate_run_r(settings, model.state_dict(), progress=False)
     assert est.batch_sizes and len(est.r) == len(est.batch_sizes)
+
+
+# ------------------------------------------- signals at other moments of a run (issue 25)
+
+SIGNAL_AT = """
+import os, signal, sys
+from simulations import cli
+{patch}
+sys.exit(cli.main(sys.argv[1:]))
+"""
+#: SIGTERM sent from inside the pre-start checks.
+DURING_CHECKS = """
+real = cli.preflight
+def preflight(overrides):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return real(overrides)
+cli.preflight = preflight
+"""
+#: SIGINT sent from inside r estimation (before any engine: ``estimate_r_before_start``),
+#: as its second (seed, batch size) run starts.
+DURING_R = """
+from fl_client import r_estimation
+real = r_estimation.samples_to_target
+calls = []
+def samples_to_target(*args, **kw):
+    calls.append(1)
+    if len(calls) == 2:
+        os.kill(os.getpid(), signal.SIGINT)
+    return real(*args, **kw)
+r_estimation.samples_to_target = samples_to_target
+"""
+
+
+def _signalled(tmp_path: Path, patch: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", SIGNAL_AT.format(patch=patch), *argv],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        timeout=300,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def test_a_signal_during_the_pre_start_checks_ends_in_one_line_with_nothing_written(
+    tmp_path: Path,
+) -> None:
+    done = _signalled(tmp_path, DURING_CHECKS, "simulate", "--methods", "b1")
+    assert done.returncode == 143, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "powerfl simulate: interrupted by SIGTERM before a run started; no records"
+    )
+    assert "Traceback" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no runs/, no cache
+
+
+def test_a_signal_during_r_estimation_keeps_the_cache_whole_and_names_what_next(
+    tmp_path: Path,
+) -> None:
+    done = _signalled(
+        tmp_path, DURING_R, "simulate", "--methods", "power-aware", "--output-dir", "runs",
+        "-c", "cache-dir='cache'", "-c", "batch-sizes='32,64'",
+    )  # fmt: skip
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "powerfl simulate: interrupted by SIGINT during power-aware (method 1 of 1); it had "
+        "written no records yet; a simulation does not resume mid-run: run the same command "
+        f"again, it reuses the LUTs and r cached in {tmp_path / 'cache'}"
+    )
+    assert "Traceback" not in done.stderr
+    r_cache = tmp_path / "cache" / "r"
+    assert not r_cache.exists() or list(r_cache.iterdir()) == []  # no half estimate
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_signal_while_a_record_is_written_leaves_the_old_file_or_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records are written through a temporary file and a rename (``write_atomic``): an
+    interruption in the middle leaves the file as it was, and no temporary file."""
+    from fl_client import files
+
+    target = tmp_path / "summary.json"
+    target.write_text('{"round": 1}')
+
+    def interrupted(fd: int) -> None:
+        raise run.RunInterrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(files.os, "fsync", interrupted)
+    with pytest.raises(run.RunInterrupted):
+        files.write_atomic(target, '{"round": 2}')
+    assert json.loads(target.read_text()) == {"round": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
