@@ -644,5 +644,8 @@ def test_profile_output_that_cannot_be_written_is_a_clear_error(
     argv = ["profile", "--backend", "simulated", "--device", "jetson-nano", "--model", "cnn"]
     argv += ["--batch-sizes", "4", "--cache-dir", str(tmp_path), *FAST]
     code, _, err = run([*argv, "--out", str(blocker / "lut.json")], capsys)
-    assert code == 2 and err.startswith("powerfl profile: error: cannot write ")
+    assert code == 2 and err.startswith(
+        f"powerfl profile: error: --out: {blocker} is a file, not a folder; give a folder"
+    )
     assert "Traceback" not in err
+    assert not list(tmp_path.rglob("*.json"))  # refused before profiling: no LUT cached
