@@ -72,7 +72,8 @@ def read_state(path: str | Path, key: str = KEY) -> dict[str, torch.Tensor]:
     """
     p = Path(path).expanduser()
     if not p.is_file():
-        raise CheckpointError(f"{key}: {p}: no such file; expected {ALLOWED}")
+        what = "is a folder, not a file" if p.is_dir() else "no such file"
+        raise CheckpointError(f"{key}: {p}: {what}; expected {ALLOWED}")
     try:
         with p.open("rb") as fh:
             head = fh.read(16)

@@ -476,7 +476,12 @@ def cmd_profile(
     from fl_client.devices import open_device
     from fl_client.lut import LUTFormatError
     from fl_client.profiler import ProfileOptions, load_or_profile, profile
-    from fl_client.settings import SettingsError, parse_batch_sizes
+    from fl_client.settings import (
+        SettingsError,
+        check_writable_dir,
+        check_writable_file,
+        parse_batch_sizes,
+    )
 
     try:
         if args.model not in MODEL_NAMES:
@@ -499,6 +504,10 @@ def cmd_profile(
         options = device_options(args)
         if args.replay_out and Path(args.replay_out).suffix.lower() not in (".csv", ".json"):
             raise ValueError(f"replay-out: must end in .csv or .json, got {args.replay_out!r}")
+        for key, given in (("--out", args.out), ("--replay-out", args.replay_out)):
+            if given:  # checked before profiling, whose result they would hold
+                check_writable_file(given, key)
+        check_writable_dir(args.cache_dir, "--cache-dir")
     except (SettingsError, ValueError) as e:
         _error("profile", e, err)
         return 2
@@ -668,6 +677,7 @@ def cmd_select(
     out, err = out or sys.stdout, err or sys.stderr
     from fl_client.lut import LUT, LUTFormatError
     from fl_client.selector import InfeasibleCapError, Tables, select
+    from fl_client.settings import check_input_file
 
     try:
         cap = Cap.parse(args.p_max_w)
@@ -677,9 +687,7 @@ def cmd_select(
             tie_tolerance=parse_tie_tolerance(args.tie_tolerance),
         )
         r = parse_r(args.r)
-        path = Path(args.lut).expanduser()
-        if not path.is_file():
-            raise ValueError(f"lut: file not found: {path}")
+        path = check_input_file(args.lut, "lut", "a LUT file (JSON) written by `powerfl profile`")
         try:
             lut = LUT.load(path)
         except (LUTFormatError, OSError) as e:

@@ -35,10 +35,11 @@ from typing import Any
 
 import torch
 
-from fl_client import task
+from fl_client import checkpoint, task
+from fl_client.checkpoint import InitialWeights
 from fl_client.files import set_aside, write_atomic
 from fl_client.progress import ProgressBar
-from fl_client.settings import parse_batch_sizes
+from fl_client.settings import RunSettings, SettingsError, parse_batch_sizes, resolve_path
 
 log = logging.getLogger(__name__)
 
@@ -590,6 +591,67 @@ def _compute(job: _Job, progress: bool) -> REstimate:
             max_samples,
         )
     return est
+
+
+def round0_model(settings: RunSettings) -> tuple[torch.nn.Module, InitialWeights | None]:
+    """A run's round-0 global model: ``model`` built after ``torch.manual_seed(seed)``, with
+    ``initial-weights`` loaded when set. The one recipe of the server and of the check
+    before start, so both hash the same weights and share one r cache entry."""
+    torch.manual_seed(settings.seed)
+    model = task.build_model(settings.model)
+    weights = None
+    if settings.initial_weights:
+        weights = checkpoint.load_into(model, resolve_path(settings.initial_weights))
+    return model, weights
+
+
+def estimate_run_r(
+    settings: RunSettings,
+    state: Mapping[str, torch.Tensor],
+    weights_sha256: str = "",
+    *,
+    progress: bool = True,
+) -> REstimate:
+    """Eq. 3's r of a federated run on its server's proxy set (``proxy-dataset``, else
+    ``dataset``), from the round-0 weights ``state``, with the run's settings and its cache
+    (``cache-dir``/r). ``powerfl simulate`` calls it before any engine starts, and the
+    server again (then a cache hit).
+
+    Raises
+    ------
+    SettingsError
+        No batch size reached ``proxy-target-accuracy`` within ``r-max-samples``: the
+        message names the run settings to change and the best accuracy reached.
+    """
+    splits = task.load_splits(settings.proxy_dataset or settings.dataset, seed=settings.seed)
+    try:
+        return estimate_r(
+            settings.model,
+            state,
+            splits.proxy_train,
+            splits.proxy_eval,
+            settings.batch_sizes,
+            target_accuracy=settings.proxy_target_accuracy,
+            lr_ref=settings.lr_ref,
+            b_ref=settings.b_ref,
+            eval_every_samples=settings.r_eval_every_samples,
+            max_samples=settings.r_max_samples,
+            seeds=tuple(range(settings.r_seeds)),
+            cache_dir=resolve_path(settings.cache_dir) / "r",
+            weights_sha256=weights_sha256,
+            progress=progress,
+        )
+    except TargetNotReachedError as err:
+        best = _best_accuracy(err.estimate)
+        sizes = ",".join(map(str, err.estimate.all_batch_sizes))
+        raise SettingsError(
+            f"r-max-samples: no batch size of {sizes} reached proxy-target-accuracy "
+            f"{settings.proxy_target_accuracy:g} on the proxy set within r-max-samples "
+            f"{settings.r_max_samples} samples (best proxy accuracy {best:.3f}), so r "
+            f"(Eq. 3) is unknown and no round can be planned; raise r-max-samples (e.g. -c "
+            f"r-max-samples={4 * settings.r_max_samples}), lower proxy-target-accuracy, or "
+            "raise lr-ref"
+        ) from None
 
 
 def _best_accuracy(est: REstimate) -> float:

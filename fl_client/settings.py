@@ -7,7 +7,7 @@ import itertools
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -216,6 +216,29 @@ def _optional_float(cfg: Mapping[str, Any], key: str, allowed: str) -> float | N
 
 
 #: Settings that only one partitioner reads: given for another, they would be ignored.
+def key_values(items: Sequence[str], option: str) -> dict[str, Any]:
+    """``KEY=VALUE`` items of a repeatable option (``-c``, ``--set``) as a mapping; VALUE
+    parsed as a TOML value when it parses (``4``, ``"cuda"``, ``["cnn"]``), else kept as a
+    string. A key given twice with different values is a SettingsError naming it: one of
+    them would be dropped without a word (the same value twice is accepted)."""
+    out: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    for item in items:
+        key, eq, raw = (part.strip() for part in item.partition("="))
+        if not eq or not key:
+            raise SettingsError(f"{option}: expected KEY=VALUE, got {item!r}")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        if key in out and out[key] != value:
+            raise SettingsError(
+                f"{key}: given twice ({option} {given[key]}, {option} {item.strip()}); give it once"
+            )
+        out[key], given[key] = value, item.strip()
+    return out
+
+
 PARTITIONER_KEYS = {"dirichlet-alpha": "dirichlet", "classes-per-node": "pathological"}
 
 
@@ -386,7 +409,7 @@ class RunSettings:
             raise SettingsError(
                 "method: 'fixed' needs fixed-batch-size and fixed-freq-mhz run settings"
             )
-        return cls(
+        settings = cls(
             method=method,
             fleet=str(_get(cfg, "fleet")),
             model=_choice(cfg, "model", MODEL_NAMES),
@@ -476,6 +499,13 @@ class RunSettings:
             initial_weights=_path_text(cfg, "initial-weights"),
             proxy_dataset=_optional_dataset(cfg.get("proxy-dataset", "")),
         )
+        if settings.r_max_samples < settings.r_eval_every_samples:
+            raise SettingsError(
+                f"r-max-samples: {settings.r_max_samples} is below r-eval-every-samples "
+                f"({settings.r_eval_every_samples}): r estimation would train each batch size "
+                "less than one evaluation period; give r-max-samples ≥ r-eval-every-samples"
+            )
+        return settings
 
 
 def _dataset_name(value: object) -> str:
@@ -610,7 +640,8 @@ def parse_p_max_schedule(
     if per_round:
         path = resolve_path(text, base)
         if not path.is_file():
-            raise SettingsError(f"{key}: schedule file not found: {path}")
+            what = "is a folder, not a file" if path.is_dir() else "schedule file not found"
+            raise SettingsError(f"{key}: {what}: {path}")
         lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
         head = [h.strip() for h in lines[0].split(",")] if lines else []
         if head != ["round", "p-max-w"]:
@@ -863,6 +894,27 @@ def check_writable_dir(path: str | Path, key: str) -> Path:
     return p
 
 
+def check_writable_file(path: str | Path, key: str) -> Path:
+    """``path`` as a file this process can write (created, or replaced): not a folder, and
+    its folder one it can write into or create (``check_writable_dir``); else a
+    SettingsError naming ``key``, before any work whose result it would hold is done."""
+    p = resolve_path(str(path))
+    if p.is_dir():
+        raise SettingsError(f"{key}: {p} is a folder; give the file to write")
+    check_writable_dir(p.parent, key)
+    return p
+
+
+def check_input_file(path: str | Path, key: str, allowed: str) -> Path:
+    """``path`` as a file that exists (not a folder); else a SettingsError naming ``key``
+    and what is ``allowed``."""
+    p = resolve_path(str(path))
+    if not p.is_file():
+        what = "is a folder, not a file" if p.is_dir() else "no such file"
+        raise SettingsError(f"{key}: {p}: {what}; give {allowed}")
+    return p
+
+
 def device_table_mhz(node: NodeSettings) -> tuple[float, ...] | None:
     """The GPU frequency table of a twin node, from its descriptor; None for hardware and
     replay nodes, whose table is known only once the device is opened."""
@@ -931,6 +983,26 @@ def check_device_files(fleet: list[NodeSettings]) -> None:
                 load_replay_tables(table)
             except (DeviceError, ValueError, OSError) as err:
                 raise SettingsError(f"replay-table: node {node.name}: {err}") from None
+        check_node_folders(node)
+
+
+def check_node_folders(node: NodeSettings) -> None:
+    """A node's ``sysfs-root`` is a folder that exists (its board's sysfs tree, read), and
+    its ``state-dir`` a folder it can write (where a GPU's settings are kept until they
+    are restored): a SettingsError naming the node and the key, before any engine starts,
+    instead of a node left out at its first QUERY."""
+    root = node.options.get("sysfs-root")
+    if isinstance(root, str) and root.strip():
+        path = resolve_path(root.strip())
+        if not path.is_dir():
+            what = "is a file, not a folder" if path.exists() else "does not exist"
+            raise SettingsError(
+                f"sysfs-root: node {node.name}: {path} {what}; give the folder that holds the "
+                "board's sys/ tree (default: /)"
+            )
+    state = node.options.get("state-dir")
+    if isinstance(state, str) and state.strip():
+        check_writable_dir(state.strip(), f"state-dir: node {node.name}")
 
 
 #: Methods whose fixed GPU frequency comes from the kind's B1 bands (``b1-freq-caps``).

@@ -18,11 +18,13 @@ from fl_client.lut import KindKey
 from fl_client.settings import (
     SettingsError,
     app_defaults,
+    check_input_file,
     check_writable_dir,
+    check_writable_file,
     parse_batch_sizes,
     resolve_path,
 )
-from fl_server.lut_library import LibraryError, LUTLibrary, read_entry
+from fl_server.lut_library import LibraryError, LUTLibrary, TwinModel, read_entry
 
 DEFAULT_LIBRARY = ".powerfl-cache/library"
 
@@ -59,14 +61,26 @@ def add_lut_commands(sub: Any) -> None:
     i.add_argument(
         "--replace",
         action="store_true",
-        help="replace the kind's entry even when the file's cells disagree with its "
-        "measured ones by more than 15%% (the old entry is kept as a backup)",
+        help="import it even when its cells disagree with the kind's measured entry by "
+        "more than 15%%, or with the kind's twin by more than 2x in peak power or 4x in "
+        "time per sample (an old entry is kept as a backup)",
     )
     i.add_argument("--device", required=True, help="device kind, e.g. jetson-nano")
     i.add_argument("--backend", default="jetson", help="backend (default: jetson)")
     i.add_argument("--model", help="model (default: the run setting)")
     i.add_argument("--batch-sizes", help="B, e.g. 4,8,16 (default: the run setting)")
     i.set_defaults(func=cmd_import)
+
+
+def _twin(kind: KindKey) -> TwinModel | None:
+    """The kind's twin (its device descriptor, when one exists) with the model's FLOPs."""
+    from fl_client import task
+    from fl_client.devices.simulated import available_device_kinds, load_device_spec
+
+    if kind.device_kind not in available_device_kinds():
+        return None
+    flops = task.train_flops_per_sample(kind.model_name, tuple(kind.input_shape))
+    return TwinModel(load_device_spec(kind.device_kind), flops)
 
 
 def _expected_kind(args: argparse.Namespace) -> KindKey:
@@ -125,10 +139,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     library = _library(args.library, write=False)
-    out = Path(args.out).expanduser().absolute()
-    if out.is_dir():
-        raise SettingsError(f"out: {out} is a folder; give the file to write")
-    check_writable_dir(out.parent, "out")
+    out = check_writable_file(Path(args.out).expanduser().absolute(), "out")
     good, _ = library.entries()
     hits = [e for e in good if args.kind == e.path.name or args.kind in e.kind.label]
     if len(hits) != 1:
@@ -142,10 +153,14 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    check_input_file(
+        args.file, "file", "a LUT file (JSON): a library entry or `powerfl profile --out`"
+    )
     library = _library(args.library, write=True)
+    expected = _expected_kind(args)
     try:
         path, backup = library.import_file(
-            args.file, expected=_expected_kind(args), replace=args.replace
+            args.file, expected=expected, replace=args.replace, twin=_twin(expected)
         )
     except LibraryError as err:
         raise SettingsError(f"lut import: {err}") from None

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from fl_client.devices.simulated import DeviceSpec, power_w, time_per_sample_s
 from fl_client.files import set_aside, write_atomic
 from fl_client.lut import LUT, KindKey, LUTFormatError, lut_checksum
 
@@ -108,6 +109,60 @@ def cells_disagree(new: LUT, known: LUT, tolerance: float) -> str:
     return ""
 
 
+#: How far an imported cell may be from the kind's twin (the noiseless model of the board
+#: in its device descriptor) before it is refused: a factor either way, in peak power and in
+#: time per sample. Wide on purpose: it catches gross errors (mW or ms for W or s, a table of
+#: another board or model), not a calibration gap between a twin and a real board, which
+#: the first round's check of every node catches (``drift-threshold``).
+TWIN_POWER_FACTOR = 2.0
+TWIN_TIME_FACTOR = 4.0
+
+
+@dataclass(frozen=True)
+class TwinModel:
+    """The kind's twin, for checking imported numbers: its descriptor and the model's
+    training FLOPs per sample."""
+
+    spec: DeviceSpec
+    flops_per_sample: float
+
+
+def cells_off_twin(new: LUT, twin: TwinModel) -> str:
+    """The first profiled cell whose peak power is below the board's idle power or more
+    than ``TWIN_POWER_FACTOR`` from the twin's, or whose time per sample is more than
+    ``TWIN_TIME_FACTOR`` from the twin's, in words; "" when every cell is in range."""
+    spec, flops = twin.spec, twin.flops_per_sample
+    for i, b in enumerate(new.batch_sizes):
+        for j, f in enumerate(new.freqs_mhz):
+            peak, tps = float(new.peak_power_w[i, j]), float(new.time_per_sample_s[i, j])
+            if not (math.isfinite(peak) and math.isfinite(tps)):
+                continue  # not profiled
+            cell = f"cell (b={b}, f={f:g} MHz)"
+            if peak < spec.idle_power_w:
+                return (
+                    f"{cell} peak power {peak:.4g} W is below the board's idle power "
+                    f"{spec.idle_power_w:g} W ({spec.kind} descriptor: power.idle-w)"
+                )
+            for what, value, model, factor, unit in (
+                ("peak power", peak, power_w(spec, b, f, flops), TWIN_POWER_FACTOR, "W"),
+                (
+                    "time per sample",
+                    tps,
+                    time_per_sample_s(spec, b, f, flops),
+                    TWIN_TIME_FACTOR,
+                    "s",
+                ),
+            ):
+                if not model / factor <= value <= model * factor:
+                    return (
+                        f"{cell} {what} {value:.4g} {unit} against the {spec.kind} twin's "
+                        f"{model:.4g} {unit} ({value / model:.2g}×), beyond the {factor:g}× "
+                        "either way an imported cell may differ from it (a unit, another "
+                        "board or model?)"
+                    )
+    return ""
+
+
 class LUTLibrary:
     """The LUT library in ``root`` (the server's ``<cache-dir>/library``)."""
 
@@ -155,6 +210,7 @@ class LUTLibrary:
         *,
         replace: bool = False,
         tolerance: float = IMPORT_TOLERANCE,
+        twin: TwinModel | None = None,
     ) -> tuple[Path, Path | None]:
         """Add a library file or a plain LUT file (``powerfl profile`` output) to the library;
         returns the entry and, when it replaced one, where the old entry is kept
@@ -163,7 +219,10 @@ class LUTLibrary:
         With ``expected``, a LUT of another kind is refused, naming what differs. A LUT
         whose cells disagree with the kind's entry by more than ``tolerance`` (relative, in
         time per sample or peak power, on cells both measured) is refused unless ``replace``:
-        one of the two is wrong, and a wrong peak lets nodes run over their cap.
+        one of the two is wrong, and a wrong peak lets nodes run over their cap. With
+        ``twin`` (the kind's descriptor), a LUT with a cell out of the twin's range
+        (``cells_off_twin``) is refused too unless ``replace``, whether or not the library
+        has an entry of the kind to compare with.
         """
         try:
             lut = read_entry(src).lut
@@ -178,6 +237,12 @@ class LUTLibrary:
             diff = expected.differences(KindKey.of_lut(lut))
             if diff:
                 raise LibraryError(f"{src}: a LUT for another kind: {'; '.join(diff)}")
+        if twin is not None and not replace:
+            off = cells_off_twin(lut, twin)
+            if off:
+                raise LibraryError(
+                    f"{src}: {off}; check the file, or give --replace to import it anyway"
+                )
         path = self.path_for(KindKey.of_lut(lut))
         if path.is_file() and not replace:
             try:

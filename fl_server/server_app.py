@@ -15,7 +15,7 @@ from flwr.serverapp import Grid, ServerApp
 from fl_client import checkpoint, task
 from fl_client.contract import TrainConfig
 from fl_client.files import check_run_records
-from fl_client.r_estimation import estimate_r
+from fl_client.r_estimation import estimate_run_r, round0_model
 from fl_client.settings import (
     NodeSettings,
     RunSettings,
@@ -39,26 +39,12 @@ def estimate_proxy_r(
     weights: checkpoint.InitialWeights | None = None,
 ) -> Any:
     """Eq. 3's r on the server's proxy set (``proxy-dataset``, else the run's ``dataset``)
-    from the round-0 weights ``state`` (cached; a checkpoint's sha256 keys the cache),
-    written to ``r.json`` and printed."""
-    splits = task.load_splits(settings.proxy_dataset or settings.dataset, seed=settings.seed)
+    from the round-0 weights ``state`` (``estimate_run_r``: cached; a checkpoint's sha256
+    keys the cache), written to ``r.json`` and printed. A target not reached within
+    ``r-max-samples`` is a SettingsError naming the key (``powerfl simulate`` finds it
+    before the engine starts)."""
     t0 = time.perf_counter()
-    r_est = estimate_r(
-        settings.model,
-        state,
-        splits.proxy_train,
-        splits.proxy_eval,
-        settings.batch_sizes,
-        target_accuracy=settings.proxy_target_accuracy,
-        lr_ref=settings.lr_ref,
-        b_ref=settings.b_ref,
-        eval_every_samples=settings.r_eval_every_samples,
-        max_samples=settings.r_max_samples,
-        seeds=tuple(range(settings.r_seeds)),
-        cache_dir=resolve_path(settings.cache_dir) / "r",
-        weights_sha256=weights.sha256 if weights else "",
-        progress=True,
-    )
+    r_est = estimate_run_r(settings, state, weights.sha256 if weights else "", progress=True)
     rec.write("r.json", r_est.to_json())
     rec.console.print(
         "r on the proxy set: "
@@ -176,7 +162,6 @@ def run_server(
     """The whole server side of a run; returns the summary that was written. ``fleet``:
     the nodes the run has (a simulation's fleet file), to name a node that fails."""
     settings = RunSettings.from_config(run_config)
-    torch.manual_seed(settings.seed)
     if fleet is None and settings.simulated_fleet:
         fleet = load_fleet(settings.fleet)
     run_dir = (
@@ -197,8 +182,10 @@ def run_server(
         + (f"pacing={settings.pacing} " if settings.pacing != "off" else "")
         + f"→ {run_dir}"
     )
-    model = task.build_model(settings.model)
-    weights = initial_weights(settings, model, rec)
+    model, weights = round0_model(settings)
+    if weights is not None:
+        new = f"; new layers: {', '.join(weights.new_layers)}" if weights.new_layers else ""
+        rec.console.print(f"initial weights: {weights.path} (sha256 {weights.sha256[:12]}…{new})")
     rec.write(
         "settings.json",
         {
@@ -245,20 +232,6 @@ def run_server(
             **(weights.to_record() if weights else {}),
         }
     )
-
-
-def initial_weights(
-    settings: RunSettings, model: torch.nn.Module, rec: RunRecorder
-) -> checkpoint.InitialWeights | None:
-    """Load ``initial-weights`` (when set) into ``model``: the round-0 global model the
-    clients get in their first message and r's starting point. Printed with its sha256
-    and any new layers (a head replaced for another number of classes)."""
-    if not settings.initial_weights:
-        return None
-    weights = checkpoint.load_into(model, resolve_path(settings.initial_weights))
-    new = f"; new layers: {', '.join(weights.new_layers)}" if weights.new_layers else ""
-    rec.console.print(f"initial weights: {weights.path} (sha256 {weights.sha256[:12]}…{new})")
-    return weights
 
 
 def claim_run_dir(path: str) -> Path:

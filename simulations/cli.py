@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fl_client.settings import SettingsError, check_partitioner_keys, tomllib, with_app_paths
+from fl_client.settings import (
+    SettingsError,
+    check_partitioner_keys,
+    check_writable_dir,
+    key_values,
+    with_app_paths,
+)
 from simulations.run import (
     ENGINES,
     RunInterrupted,
@@ -38,24 +44,9 @@ def package_version() -> str:
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
-    """``key=value`` pairs; values parsed as TOML scalars when they parse, else strings.
-
-    A key given twice with different values is an error: one of them would be dropped."""
-    out: dict[str, Any] = {}
-    for item in items:
-        if "=" not in item:
-            raise SettingsError(f"--run-config: expected key=value, got {item!r}")
-        key, raw = (part.strip() for part in item.split("=", 1))
-        try:
-            value = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = raw
-        if key in out and out[key] != value:
-            raise SettingsError(
-                f"{key}: given twice (-c {key}={out[key]!r}, -c {item}); give it once"
-            )
-        out[key] = value
-    return out
+    """``-c key=value`` pairs (``settings.key_values``): values parsed as TOML scalars when
+    they parse, else strings; a key given twice with different values is an error."""
+    return key_values(items, "-c")
 
 
 def print_comparison(summaries: list[dict[str, Any]]) -> None:
@@ -210,7 +201,8 @@ _progress: SimulateProgress | None = None
 
 class Once(argparse.Action):
     """An option that takes one value: given twice, an error (argparse keeps the last one
-    without a word), unless both give the same value."""
+    without a word), unless both give the same value. ``OnceParser`` makes it the default
+    action of every ``powerfl`` command."""
 
     def __call__(
         self,
@@ -225,6 +217,19 @@ class Once(argparse.Action):
             parser.error(f"{option_string}: given twice ({before} and {values}); give it once")
         seen.add(self.dest)
         setattr(namespace, self.dest, values)
+
+
+class OnceParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose options that take one value are ``Once``: given twice
+    with different values, an error naming the option, in every command (its sub-commands'
+    parsers are of this class too: ``add_subparsers`` makes them of the parent's class).
+    Options meant to repeat (``-c``, ``--set``) append, and their own parsers refuse one key
+    given twice."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, Once)
+        self.register("action", "store", Once)
 
 
 def ray_address_arg(text: str) -> str:
@@ -325,6 +330,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     check_partitioner_keys(overrides)
     overrides = with_app_paths(overrides)
     engine = choose_engine(args)
+    if engine == "in-process":  # its Flower writes there; the runtime has a private one
+        check_writable_dir(os.environ["FLWR_HOME"], "FLWR_HOME")
     methods = choose_methods(args.methods, overrides)
     check_fixed_keys(methods, overrides)
     if overrides.get("run-dir") and len(methods) > 1:
@@ -417,7 +424,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The ``powerfl`` parser. The experiment commands are loaded only when ``argv`` asks
     for them: their module imports PyTorch, and a command must be checked, and fail when
     it is wrong, in well under a second."""
-    parser = argparse.ArgumentParser(
+    parser = OnceParser(
         prog="powerfl",
         description="Power-aware federated training for NVIDIA Jetson fleets, on Flower.",
         epilog=PATHS_NOTE,
@@ -437,20 +444,18 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--methods",
-        action=Once,
         help="comma-separated methods to run in turn: power-aware, b1, b2, oracle, fixed "
         f"(default: -c method=M if given, else {','.join(DEFAULT_METHODS)}); giving both "
         "--methods and a different -c method is an error",
     )
     p.add_argument(
         "--fleet",
-        action=Once,
         help="fleet file, or a shipped fleet's name: default (the default), drift, "
         "nano-only, varying-cap",
     )
-    p.add_argument("--model", action=Once, help="cnn | resnet18 | mobilenetv2 (default: cnn)")
-    p.add_argument("--rounds", action=Once, type=int, help="round budget (num-rounds)")
-    p.add_argument("--output-dir", action=Once, help="where run folders go (default: runs)")
+    p.add_argument("--model", help="cnn | resnet18 | mobilenetv2 (default: cnn)")
+    p.add_argument("--rounds", type=int, help="round budget (num-rounds)")
+    p.add_argument("--output-dir", help="where run folders go (default: runs)")
     p.add_argument(
         "--run-config",
         "-c",
@@ -461,7 +466,6 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--engine",
-        action=Once,
         choices=ENGINES,
         help="runtime (default with flwr >= 1.41): Flower's Simulation Runtime, the path "
         "behind `flwr run` (a SuperLink of its own in simulation mode); in-process (the "
@@ -470,7 +474,6 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--ray-address",
-        action=Once,
         type=ray_address_arg,
         metavar="HOST:PORT",
         help="join the existing Ray cluster whose head is at HOST:PORT instead of starting "
@@ -479,7 +482,6 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--num-cpus",
-        action=Once,
         type=_share_arg(zero_ok=False),
         default=1.0,
         metavar="N",
@@ -488,7 +490,6 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--num-gpus",
-        action=Once,
         type=_share_arg(zero_ok=True),
         default=0.0,
         metavar="N",

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fl_client.settings import MODEL_NAMES, SettingsError
+from fl_client.settings import MODEL_NAMES, SettingsError, check_writable_file
 
 TORCH_DEVICES = ("auto", "cuda", "cpu")
 
@@ -95,9 +95,7 @@ def command_of(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
-    out = Path(args.out).expanduser().absolute()
-    if out.is_dir():
-        raise SettingsError(f"--out: {out} is a folder; give the checkpoint's file name")
+    out = check_writable_file(Path(args.out).expanduser().absolute(), "--out")
     from simulations import pretrain
     from simulations.experiments.units import resolve_torch_device
 

@@ -114,6 +114,18 @@ def check_initial_weights(settings: RunSettings) -> None:
         checkpoint.check(resolve_path(settings.initial_weights), settings.model)
 
 
+def estimate_r_before_start(settings: RunSettings) -> None:
+    """Eq. 3's r, estimated here before any engine starts, into the run's r cache, where
+    the server finds it (the same round-0 weights: ``r_estimation.round0_model``). A
+    proxy target no batch size reaches within ``r-max-samples`` is then a SettingsError
+    naming the key, exit 2 (it used to end the run inside the engine, with a server
+    traceback and Flower's exit code 700)."""
+    from fl_client.r_estimation import estimate_run_r, round0_model
+
+    model, weights = round0_model(settings)
+    estimate_run_r(settings, model.state_dict(), weights.sha256 if weights else "")
+
+
 def default_engine() -> str:
     """``runtime`` where the installed Flower has the Simulation Runtime path this app
     uses (``simulations.runtime.MIN_FLOWER``), else ``in-process``."""
@@ -132,7 +144,8 @@ def simulate(
     """Run one Flower simulation of the fleet with these run settings; return its summary.
 
     Everything that can be checked is checked before the engine starts (``preflight``,
-    then the data split, whose lines are printed and saved in the run's folder).
+    then the data split, whose lines are printed and saved in the run's folder, the
+    initial weights, and r, estimated here into the cache the server reads).
     ``engine``: ``runtime`` goes through Flower's Simulation Runtime
     (``simulations.runtime.run_in_runtime``), as does any ``ray_address``;
     ``in-process`` runs Flower's ``run_simulation`` here; None: ``default_engine()``. With
@@ -151,6 +164,7 @@ def simulate(
     settings, fleet = preflight(overrides)
     split = check_partitions(settings, len(fleet), [n.name for n in fleet])
     check_initial_weights(settings)
+    estimate_r_before_start(settings)
     if settings.run_dir:  # a run owns its folder: a second run given it is refused
         claim_run_folder(resolve_path(settings.run_dir))
     try:

@@ -25,3 +25,20 @@ def flower_task_identity() -> Iterator[None]:
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
     yield
     TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+
+
+@pytest.fixture
+def engine_starts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """``simulations.run``'s engines replaced by a fake that only records that it was
+    started: a test of what is refused before start asserts the list stays empty."""
+    from simulations import run
+
+    started: list[str] = []
+
+    def engine(*args: object, **kw: object) -> dict[str, object]:
+        started.append("engine")
+        return {}
+
+    monkeypatch.setattr(run, "_simulate_in_runtime", engine)
+    monkeypatch.setattr(run, "_simulate_in_process", engine)
+    return started

@@ -368,7 +368,8 @@ def load_replay_tables(path: str | os.PathLike[str]) -> list[ReplayTable]:
     """Every table in a ``.json`` or ``.csv`` replay file."""
     p = Path(path).expanduser()
     if not p.is_file():
-        raise ReplayFormatError(f"replay-table: file not found: {p}")
+        what = "is a folder, not a file" if p.is_dir() else "file not found"
+        raise ReplayFormatError(f"replay-table: {what}: {p}")
     if p.suffix.lower() == ".json":
         return _from_json(p)
     if p.suffix.lower() == ".csv":
@@ -377,8 +378,10 @@ def load_replay_tables(path: str | os.PathLike[str]) -> list[ReplayTable]:
 
 
 def save_replay_table(table: ReplayTable, path: str | os.PathLike[str]) -> Path:
-    """Write one table as JSON (or CSV with ``# key: value`` metadata lines) by suffix."""
+    """Write one table as JSON (or CSV with ``# key: value`` metadata lines) by suffix; its
+    folder is created when missing."""
     p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
     if p.suffix.lower() == ".csv":
         data = table.to_json()
         head = [f"# {k}: {data[k]}" for k in ("device", "model", *META_KEYS) if data[k]]

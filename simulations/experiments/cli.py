@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from fl_client.settings import SettingsError, check_writable_dir, tomllib
+from fl_client.settings import SettingsError, check_writable_dir, key_values
 from simulations.experiments.config import (
     SCALES,
     ExperimentConfigError,
@@ -148,19 +148,13 @@ def render_report(out: str | Path) -> Path:
 
 
 def parse_sets(items: Sequence[str]) -> dict[str, Any]:
-    """``--set KEY=VALUE`` items → a mapping; VALUE is TOML (``4``, ``"cuda"``,
-    ``["resnet18"]``), or a bare string when it is not valid TOML."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        key = key.strip()
-        if not eq or not key:
-            raise ExperimentConfigError(f"--set: expected KEY=VALUE, got {item!r}")
-        try:
-            out[key] = tomllib.loads(f"v = {value}")["v"]
-        except tomllib.TOMLDecodeError:
-            out[key] = value.strip()
-    return out
+    """``--set KEY=VALUE`` items → a mapping (``settings.key_values``); VALUE is TOML
+    (``4``, ``"cuda"``, ``["resnet18"]``), or a bare string when it is not valid TOML. A
+    key given twice with different values is an error."""
+    try:
+        return key_values(items, "--set")
+    except SettingsError as err:
+        raise ExperimentConfigError(str(err)) from None
 
 
 def cmd_run(args: argparse.Namespace) -> int:

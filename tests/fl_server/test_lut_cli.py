@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -190,3 +191,44 @@ def test_an_import_over_an_entry_says_where_the_old_one_is_kept(
     out = capsys.readouterr().out
     assert "it replaced an entry of the same kind, kept as " in out
     assert len(list(library.glob("*.replaced-*"))) == 1
+
+
+@pytest.mark.parametrize(
+    ("scale", "table", "message"),
+    [
+        (1e3, "peak_power_w", "cell (b=8, f=76.8 MHz) peak power {v} W against the jetson-nano "
+         "twin's {m} W (1e+03×), beyond the 2× either way"),  # mW written as W
+        (0.3, "peak_power_w", "cell (b=8, f=76.8 MHz) peak power {v} W is below the board's "
+         "idle power 1.25 W"),
+        (1e-3, "time_per_sample_s", "cell (b=8, f=76.8 MHz) time per sample {v} s against the "
+         "jetson-nano twin's {m} s (0.001×), beyond the 4× either way"),  # ms read as s
+    ],
+)  # fmt: skip
+def test_import_without_a_library_entry_checks_the_numbers_against_the_kinds_twin(
+    tmp_path: Path, scale: float, table: str, message: str
+) -> None:
+    """No entry of the kind to compare with: the kind's twin bounds each cell, so a table
+    whose numbers are grossly wrong is refused at import, not after a round over the cap."""
+    good = make_lut(NANO_FREQS)
+    values = getattr(good, table)
+    bad = dataclasses.replace(good, **{table: values * scale})
+    src = bad.save(tmp_path / "board.json")
+    library = tmp_path / "library"
+    with pytest.raises(SettingsError) as err:
+        lut_cmd(*_import_args(library, src))
+    v, m = float(values[0, 0]) * scale, float(values[0, 0])
+    assert str(err.value).startswith(f"lut import: {src}: ")
+    assert message.format(v=f"{v:.4g}", m=f"{m:.4g}") in str(err.value)
+    assert "give --replace to import it anyway" in str(err.value)
+    assert not library.exists() or not list(library.glob("*.json"))
+    assert lut_cmd(*_import_args(library, src), "--replace") == 0  # the operator's call
+    assert len(list(library.glob("*.json"))) == 1
+
+
+def test_a_kind_without_a_twin_has_no_numbers_to_check_against(tmp_path: Path) -> None:
+    """A device kind with no descriptor (no twin): only the kind itself is checked."""
+    from fl_server.lut_cli import _twin
+
+    kind = KindKey.of_lut(make_lut(NANO_FREQS))
+    assert _twin(kind) is not None
+    assert _twin(dataclasses.replace(kind, device_kind="jetson-thor")) is None

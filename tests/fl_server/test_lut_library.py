@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fl_client.devices.simulated import load_device_spec, power_w, time_per_sample_s
 from fl_client.lut import LUT, KindKey, lut_checksum
+from fl_client.task import train_flops_per_sample
 from fl_server.lut_library import LibraryError, LUTLibrary, read_entry
 
 FREQS = (307.2, 614.4, 921.6)
@@ -21,18 +23,22 @@ FREQS = (307.2, 614.4, 921.6)
 
 def make_lut(freqs_mhz: tuple[float, ...] = FREQS, **over: Any) -> LUT:
     """A shared LUT of the Nano twin's kind (rows 8…64 over ``freqs_mhz``), with every
-    other cell measured: time ∝ 1/(b·f) plus a host share, power rising with b and f."""
-    b = np.array([8.0, 16.0, 32.0, 64.0])[:, None]
-    f = np.asarray(freqs_mhz)[None, :]
+    other cell measured: the Nano twin's noiseless numbers for the cnn, so an import checks
+    out against the twin (``lut import``); time falls and power rises with b and f."""
+    spec = load_device_spec("jetson-nano")
+    flops = train_flops_per_sample("cnn", (3, 32, 32))
+    sizes = (8, 16, 32, 64)
     measured = (np.arange(4)[:, None] + np.arange(len(freqs_mhz))[None, :]) % 2 == 0
-    time_s = np.where(measured, 0.05 / (b * f) + 1e-4, np.nan)
-    peak_w = np.where(measured, 2.0 + 0.02 * b + f / 400.0, np.nan)
+    twin_time = [[time_per_sample_s(spec, b, f, flops) for f in freqs_mhz] for b in sizes]
+    twin_peak = [[power_w(spec, b, f, flops) for f in freqs_mhz] for b in sizes]
+    time_s = np.where(measured, np.array(twin_time), np.nan)
+    peak_w = np.where(measured, np.array(twin_peak), np.nan)
     fields: dict[str, Any] = {
         "device_kind": "jetson-nano",
         "backend": "simulated",
         "model_name": "cnn",
         "input_shape": (3, 32, 32),
-        "batch_sizes": (8, 16, 32, 64),
+        "batch_sizes": sizes,
         "freqs_mhz": freqs_mhz,
         "time_per_sample_s": time_s,
         "peak_power_w": peak_w,

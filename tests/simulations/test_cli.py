@@ -292,6 +292,7 @@ def test_a_ray_address_with_nothing_listening_fails_in_seconds_naming_it(
         (["--rounds", "3", "--rounds", "5"], "--rounds: given twice (3 and 5)"),
         (["--methods", "b1", "--methods", "b2"], "--methods: given twice (b1 and b2)"),
         (["--output-dir", "x", "--output-dir", "y"], "--output-dir: given twice (x and y)"),
+        (["--engine", "runtime", "--engine", "in-process"], "--engine: given twice"),
     ],
 )
 def test_an_option_given_twice_with_two_values_is_refused(argv, needle, capsys):
@@ -299,6 +300,49 @@ def test_an_option_given_twice_with_two_values_is_refused(argv, needle, capsys):
         main(["simulate", *argv])
     assert stop.value.code == 2
     assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["lut", "--library", "a", "--library", "b", "list"], "--library: given twice (a and b)"),
+        (
+            ["lut", "import", "f.json", "--device", "jetson-nano", "--device", "jetson-tx2-nx"],
+            "--device: given twice (jetson-nano and jetson-tx2-nx)",
+        ),
+        (["pretrain", "--out", "a.st", "--out", "b.st"], "--out: given twice (a.st and b.st)"),
+        (["profile", "--model", "cnn", "--model", "resnet18"], "--model: given twice"),
+        (["select", "--lut", "a.json", "--lut", "b.json"], "--lut: given twice"),
+        (
+            ["experiment", "run", "single-device", "--out", "a", "--out", "b"],
+            "--out: given twice (a and b)",
+        ),
+        (
+            ["experiment", "run", "single-device", "--scale", "mini", "--scale", "paper"],
+            "--scale: given twice (mini and paper)",
+        ),
+    ],
+)
+def test_every_command_refuses_an_option_given_twice(argv, needle, capsys):
+    """One rule for all of powerfl's commands: an option that takes one value, given twice
+    with two values, is an error naming it (argparse kept the last without a word)."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_the_same_value_twice_is_accepted_and_a_repeated_set_key_is_refused(tmp_path, capsys):
+    from simulations.cli import build_parser
+
+    args = build_parser(["lut"]).parse_args(["lut", "--library", "a", "--library", "a", "list"])
+    assert args.library == "a"
+    out = tmp_path / "exp"
+    argv = ["experiment", "run", "single-device", "--out", str(out)]
+    assert main([*argv, "--set", "seeds=1", "--set", "seeds=2"]) == 2
+    err = capsys.readouterr().err
+    assert "experiment: error: seeds: given twice (--set seeds=1, --set seeds=2); give it" in err
+    assert not out.exists()
 
 
 def test_path_settings_that_name_a_file_or_nowhere_are_refused(tmp_path, capsys, monkeypatch):

@@ -565,3 +565,160 @@ def test_a_dataset_folder_with_no_images_is_named_before_start(
         assert f"dataset: the folder {tmp_path / 'data' / folder} holds no images and no " in err
         assert f"({found}); give a folder of images in one subfolder per class" in err
     assert not (tmp_path / "runs").exists()
+
+
+# ------------------------------------------------- r estimation: before any engine starts
+
+
+def test_a_proxy_target_r_max_samples_cannot_reach_exits_2_before_any_engine(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    engine_starts: list[str],
+) -> None:
+    """It used to end the run inside the engine: a server traceback, Flower's exit code
+    700, and the wrong key (``max-samples``) in the message."""
+    monkeypatch.chdir(tmp_path)
+    rc = main(
+        ["simulate", "--methods", "power-aware", "-c", "batch-sizes='32,64'",
+         "-c", "r-max-samples=256", "-c", "r-eval-every-samples=128",
+         "-c", "proxy-target-accuracy=0.99"]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith(
+        "powerfl: error: r-max-samples: no batch size of 32,64 reached proxy-target-accuracy "
+        "0.99 on the proxy set within r-max-samples 256 samples (best proxy accuracy 0."
+    )
+    assert "raise r-max-samples (e.g. -c r-max-samples=1024), lower proxy-target-accuracy" in err
+    assert "Traceback" not in err
+    assert engine_starts == [] and not (tmp_path / "runs").exists()
+
+
+def test_r_max_samples_below_one_evaluation_period_is_refused_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["simulate", "-c", "r-max-samples=100"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "powerfl: error: r-max-samples: 100 is below r-eval-every-samples (256)"
+    )
+
+
+def test_the_server_reads_the_r_estimated_before_start_from_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One round-0 model recipe (``round0_model``): the server's estimate is a cache hit
+    of the one made before start, never a second estimation."""
+    from fl_client import r_estimation
+    from fl_client.settings import RunSettings
+
+    settings = RunSettings.from_config(
+        {"cache-dir": str(tmp_path / "cache"), "batch-sizes": "32,64",
+         "proxy-target-accuracy": 0.3, "r-eval-every-samples": 128}
+    )  # fmt: skip
+    run.estimate_r_before_start(settings)
+    assert len(list((tmp_path / "cache" / "r").glob("r-*.json"))) == 1
+
+    def never(*args: Any, **kw: Any) -> None:
+        pytest.fail("the server estimated r again instead of reading the cache")
+
+    monkeypatch.setattr(r_estimation, "_compute", never)
+    model, weights = r_estimation.round0_model(settings)
+    assert weights is None
+    est = r_estimation.estimate_run_r(settings, model.state_dict(), progress=False)
+    assert est.batch_sizes and len(est.r) == len(est.batch_sizes)
+
+
+# ------------------------------------------- signals at other moments of a run (issue 25)
+
+SIGNAL_AT = """
+import os, signal, sys
+from simulations import cli
+{patch}
+sys.exit(cli.main(sys.argv[1:]))
+"""
+#: SIGTERM sent from inside the pre-start checks.
+DURING_CHECKS = """
+real = cli.preflight
+def preflight(overrides):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return real(overrides)
+cli.preflight = preflight
+"""
+#: SIGINT sent from inside r estimation (before any engine: ``estimate_r_before_start``),
+#: as its second (seed, batch size) run starts.
+DURING_R = """
+from fl_client import r_estimation
+real = r_estimation.samples_to_target
+calls = []
+def samples_to_target(*args, **kw):
+    calls.append(1)
+    if len(calls) == 2:
+        os.kill(os.getpid(), signal.SIGINT)
+    return real(*args, **kw)
+r_estimation.samples_to_target = samples_to_target
+"""
+
+
+def _signalled(tmp_path: Path, patch: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", SIGNAL_AT.format(patch=patch), *argv],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        timeout=300,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def test_a_signal_during_the_pre_start_checks_ends_in_one_line_with_nothing_written(
+    tmp_path: Path,
+) -> None:
+    done = _signalled(tmp_path, DURING_CHECKS, "simulate", "--methods", "b1")
+    assert done.returncode == 143, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "powerfl simulate: interrupted by SIGTERM before a run started; no records"
+    )
+    assert "Traceback" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no runs/, no cache
+
+
+def test_a_signal_during_r_estimation_keeps_the_cache_whole_and_names_what_next(
+    tmp_path: Path,
+) -> None:
+    done = _signalled(
+        tmp_path, DURING_R, "simulate", "--methods", "power-aware", "--output-dir", "runs",
+        "-c", "cache-dir='cache'", "-c", "batch-sizes='32,64'",
+    )  # fmt: skip
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "powerfl simulate: interrupted by SIGINT during power-aware (method 1 of 1); it had "
+        "written no records yet; a simulation does not resume mid-run: run the same command "
+        f"again, it reuses the LUTs and r cached in {tmp_path / 'cache'}"
+    )
+    assert "Traceback" not in done.stderr
+    r_cache = tmp_path / "cache" / "r"
+    assert not r_cache.exists() or list(r_cache.iterdir()) == []  # no half estimate
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_signal_while_a_record_is_written_leaves_the_old_file_or_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records are written through a temporary file and a rename (``write_atomic``): an
+    interruption in the middle leaves the file as it was, and no temporary file."""
+    from fl_client import files
+
+    target = tmp_path / "summary.json"
+    target.write_text('{"round": 1}')
+
+    def interrupted(fd: int) -> None:
+        raise run.RunInterrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(files.os, "fsync", interrupted)
+    with pytest.raises(run.RunInterrupted):
+        files.write_atomic(target, '{"round": 2}')
+    assert json.loads(target.read_text()) == {"round": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from fl_client import checkpoint, task
-from simulations import run
 from simulations.cli import main
 
 TWO = (
@@ -66,18 +65,10 @@ def _bad_checkpoint(tmp_path: Path, kind: str) -> Path:
 def test_a_bad_checkpoint_is_refused_before_any_engine_starts(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    engine_starts: list[str],
     kind: str,
     message: str,
 ) -> None:
-    started: list[str] = []
-
-    def engine(*args: Any, **kw: Any) -> dict[str, Any]:
-        started.append("engine")
-        return {}
-
-    monkeypatch.setattr(run, "_simulate_in_runtime", engine)
-    monkeypatch.setattr(run, "_simulate_in_process", engine)
     (tmp_path / "two.toml").write_text(TWO)
     path = _bad_checkpoint(tmp_path, kind)
     out = tmp_path / "runs"
@@ -90,7 +81,7 @@ def test_a_bad_checkpoint_is_refused_before_any_engine_starts(
     assert rc == 2
     assert message.format(p=path) in err.err
     assert "this must never run" not in err.out
-    assert started == [] and not out.exists()
+    assert engine_starts == [] and not out.exists()
 
 
 def _simulate(tmp_path: Path, weights: Path, out: Path) -> dict[str, Any]:

@@ -302,7 +302,8 @@ def test_a_run_through_the_runtime_returns_its_own_summary(tmp_path: Path, cache
 @pytest.mark.slow
 def test_a_failed_run_is_an_error_with_the_logs_tail(tmp_path: Path) -> None:
     """The ServerApp fails early (r estimation cannot reach its target within its sample
-    budget); ``flwr run`` would exit 0, the runtime reads Flower's status and raises with
+    budget, which ``powerfl simulate`` refuses before start, but ``flwr run`` does not
+    check); ``flwr run`` would exit 0, the runtime reads Flower's status and raises with
     the tail of the run's log, and keeps the SuperLink's log."""
     before = _own_processes()
     failing = {"proxy-target-accuracy": 0.99, "r-max-samples": 256, "r-eval-every-samples": 128}
@@ -312,7 +313,7 @@ def test_a_failed_run_is_an_error_with_the_logs_tail(tmp_path: Path) -> None:
     err = info.value
     assert err.status == "finished:failed", str(err)
     assert "reached proxy-target-accuracy 0.99" in str(err)  # Flower's details
-    assert "TargetNotReachedError" in err.log_tail  # the run's own traceback
+    assert "SettingsError: r-max-samples: no batch size" in err.log_tail  # the run's own
     assert err.kept is not None and (err.kept / "superlink.log").is_file()
     assert _own_processes() <= before
     assert not list((tmp_path / "runs").rglob("summary.json"))
