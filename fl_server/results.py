@@ -520,7 +520,7 @@ class RunRecorder:
         if summ.get("balance", "off") != "off":
             saving = (
                 f"{summ['fleet-predicted-energy-saved-j']:.1f} J predicted saving against "
-                "running every node at its fastest cell (from the LUTs, not measured), "
+                "every node at its fastest cell (from the LUTs), "
                 if summ["balance"] == "energy"
                 else ""
             )

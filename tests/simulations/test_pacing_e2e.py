@@ -77,7 +77,11 @@ def test_paced_run_with_cap_schedule_and_drift_check(tmp_path):
         n["deadline-s"] == pytest.approx(plan[n["server-round"]]["deadline-s"]) for n in planned
     )
     # the energy mode's predicted saving, per node and in the summary
-    saved = [n["predicted-energy-saved-j"] or 0.0 for n in planned]
+    # (a node with slack reports it; the pace-setter runs its fastest cell and does not)
+    critical = {(name, rnd) for rnd, e in plan.items() for name in e["critical"]}
+    slack = [n for key, n in nodes.items() if key[1] > 1 and key not in critical]
+    assert slack and all("predicted-energy-saved-j" in n for n in slack)
+    saved = [n.get("predicted-energy-saved-j") or 0.0 for n in planned]
     assert summary["fleet-predicted-energy-saved-j"] == pytest.approx(sum(saved))
     assert summary["deadline-misses"] == sum(int(n["deadline-miss"]) for n in planned)
     # cap schedule: 7 W, then 4.5 W from round 3; both caps profiled up front in round 1
@@ -95,4 +99,4 @@ def test_paced_run_with_cap_schedule_and_drift_check(tmp_path):
     for n in nodes.values():
         cap = math.inf if n["p-max-w"] is None else float(n["p-max-w"])  # null: no cap
         assert n["peak-power-w"] < cap, n
-    assert "J predicted saving against running every node at its fastest cell" in proc.stdout
+    assert "J predicted saving against every node" in proc.stdout
