@@ -6,6 +6,10 @@
 #
 # Writes under $OUT:
 #   env.txt                  GPU, driver, Python, torch (nvidia-smi, versions)
+#   devices.json/.txt        `powerfl devices --backend nvml`: clocks, power limit now, its
+#                            range and default (read-only NVML calls; a fresh state folder,
+#                            so no leftover is restored). Alone, in seconds:
+#                            ONLY_DEVICES=1 OUT=/some/folder benchmarks/gpu_check.sh
 #   nvml-trace.json/.log     a raw NVML trace of ResNet18 training (../shared/tools/gpu/
 #                            nvml_trace.py, when found: $NVML_TRACE, ../shared or shared/)
 #   check.json / check.txt   `powerfl devices --backend nvml --check`
@@ -37,6 +41,15 @@ torch.version.cuda, torch.cuda.get_device_name(0))'
 } > "$OUT/env.txt" 2>&1
 
 status=0
+echo "== powerfl devices --backend nvml (read only: clocks, power limit and its range)"
+timeout 60 "${powerfl[@]}" devices --backend nvml --json > "$OUT/devices.json" 2> "$OUT/devices.err" ||
+    { echo "devices failed (see devices.err)"; status=1; }
+timeout 60 "${powerfl[@]}" devices --backend nvml > "$OUT/devices.txt" 2>&1 || status=1
+grep -E "mode|knob|power-limit" "$OUT/devices.txt"
+if [ -n "${ONLY_DEVICES:-}" ]; then
+    exit $status
+fi
+
 trace=""
 for candidate in "${NVML_TRACE:-}" ../shared/tools/gpu/nvml_trace.py shared/tools/gpu/nvml_trace.py; do
     if [ -n "$candidate" ] && [ -f "$candidate" ]; then trace=$candidate; break; fi

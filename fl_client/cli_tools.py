@@ -30,9 +30,8 @@ from typing import Any, TextIO
 
 from fl_client.contract import Cap
 from fl_client.devices import BACKENDS, POWER_SOURCES, Device, DeviceError, DeviceOptions
-from fl_client.devices.base import DeviceInfo, Measurement, Meter, Workload
+from fl_client.devices.base import GPU_FREQ_MHZ, DeviceInfo, Knob, Measurement, Meter, Workload
 from fl_client.devices.cli import add_devices_parser
-from fl_client.devices.replay import GPU_FREQ_MHZ, Knob
 from fl_client.selector import METHODS, PEAK_SIGMA_K, TIE_TOLERANCE, SelectionRule
 from fl_client.settings import RunSettings
 
@@ -172,6 +171,16 @@ def add_profile_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--lock-clocks",
         help="nvml: true | false | auto (default auto: lock when root, else measure-only)",
     )
+    p.add_argument(
+        "--knob",
+        help="what the grid's second axis sets: frequency (default) | power-limit (nvml, "
+        "root) | auto (frequency where clocks can be locked, else the power limit)",
+    )
+    p.add_argument(
+        "--power-limit-step-w",
+        help="nvml with --knob power-limit: the grid's step in W from the GPU's highest "
+        "limit down (default: 25)",
+    )
     p.add_argument("--warmup-steps", type=int, default=1, help="discarded steps per cell")
     p.add_argument("--steps", type=int, default=3, help="measured steps per cell")
     p.add_argument(
@@ -207,6 +216,8 @@ def device_options(args: argparse.Namespace) -> DeviceOptions:
         "replay-table",
         "nvml-index",
         "lock-clocks",
+        "knob",
+        "power-limit-step-w",
     ):
         value = getattr(args, key.replace("-", "_"), None)
         if value is not None:

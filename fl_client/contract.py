@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from fl_client.devices.base import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W
 from fl_client.selector import PowerLimit
 
 #: The selection rules a round can run (``fl_client.selector.select`` implements each).
@@ -307,6 +308,12 @@ def format_schedule(schedule: Sequence[tuple[int, Cap]]) -> str:
     return ",".join(f"{r}:{cap.setting}" for r, cap in schedule)
 
 
+#: The knob's names in the QUERY reply (``Knob.setting``) and the key of a power limit's
+#: values there.
+KNOB_FREQUENCY, KNOB_POWER_LIMIT = GPU_FREQ_MHZ.setting, GPU_POWER_LIMIT_W.setting
+POWER_LIMITS_KEY = "gpu-power-limits-w"
+
+
 @dataclass(frozen=True)
 class NodeDescriptor:
     """The QUERY reply: who the node is, its device, its cap, the largest b that fits."""
@@ -327,6 +334,11 @@ class NodeDescriptor:
     #: b, so for every b the fastest feasible frequency is at or above it); 0: no floor
     #: known (a device without bands, or a cap below its lowest band)
     profile_floor_mhz: float = 0.0
+    #: What ``gpu_freqs_mhz`` holds: the GPU frequency (``frequency``, MHz) or the GPU power
+    #: limit (``power-limit``, W). On the wire a power limit's values go under
+    #: ``gpu-power-limits-w`` with ``knob``, never under ``gpu-freqs-mhz``; the frequency
+    #: path sends neither key, as before.
+    knob: str = "frequency"
 
     def to_config(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -338,11 +350,22 @@ class NodeDescriptor:
                 if isinstance(value, Cap)
                 else (list(value) if isinstance(value, tuple) else value)
             )
+        if self.knob == KNOB_FREQUENCY:
+            del out["knob"]
+        else:
+            out[POWER_LIMITS_KEY] = out.pop("gpu-freqs-mhz")
         return out
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> NodeDescriptor:
         where = "QUERY reply"
+        knob = str(cfg.get("knob", KNOB_FREQUENCY))
+        if knob not in (KNOB_FREQUENCY, KNOB_POWER_LIMIT):
+            raise ValueError(
+                f"{where}: knob: unknown value {knob!r}; allowed: {KNOB_FREQUENCY}, "
+                f"{KNOB_POWER_LIMIT}"
+            )
+        values_key = POWER_LIMITS_KEY if knob == KNOB_POWER_LIMIT else "gpu-freqs-mhz"
         return cls(
             node_name=str(_required(cfg, "node-name", where)),
             partition_id=_required(cfg, "partition-id", where, int),
@@ -350,12 +373,13 @@ class NodeDescriptor:
             backend=str(_required(cfg, "backend", where)),
             p_max=Cap.parse(_required(cfg, "p-max-w", where)),
             p_max_schedule=str(cfg.get("p-max-schedule", "")),
-            gpu_freqs_mhz=_required(cfg, "gpu-freqs-mhz", where, _floats),
+            gpu_freqs_mhz=_required(cfg, values_key, where, _floats),
             memory_bytes=_required(cfg, "memory-bytes", where, int),
             power_rail=str(cfg.get("power-rail", "")),
             max_batch_size=_required(cfg, "max-batch-size", where, int),
             cap_margin=_as(cfg.get("cap-margin", 0.0), float, "cap-margin"),
             profile_floor_mhz=_as(cfg.get("profile-floor-mhz", 0.0), float, "profile-floor-mhz"),
+            knob=knob,
         )
 
     def to_record(self) -> dict[str, Any]:
@@ -429,6 +453,13 @@ class TrainReport:
     # (FedNova's normalisation, ``strategies.fednova``; absent from older nodes)
     local_steps: float | None = None
     local_lr: float | None = None
+    # The knob when it is the GPU power limit (an NVML GPU with knob = power-limit, a replay
+    # table of power limits): the limit that ran, in W; ``gpu_freq_mhz`` is then the clock
+    # sampled during training (NaN where none was read), never a W value
+    gpu_power_limit_w: float | None = None
+    # ... and the drift check's re-selection at a power limit, in W (instead of
+    # ``drift_freq_mhz``)
+    drift_power_limit_w: float | None = None
 
     @property
     def cap(self) -> Cap:

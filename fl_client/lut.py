@@ -22,8 +22,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from fl_client.devices.base import Device, Workload
-from fl_client.devices.replay import GPU_FREQ_MHZ, Knob, knob_for
+from fl_client.devices.base import (
+    GPU_FREQ_MHZ,
+    GPU_POWER_LIMIT_W,
+    Device,
+    Knob,
+    Workload,
+    device_knob,
+    knob_for,
+)
 from fl_client.files import set_aside, write_atomic
 from fl_client.selector import (
     PowerLimit,
@@ -315,7 +322,7 @@ class LUT:
             "input-shape": list(self.input_shape),
             "workload-key": self.workload_key,
             "batch-sizes": list(self.batch_sizes),
-            "freqs-mhz": list(self.freqs_mhz),
+            self.knob.values_key: list(self.freqs_mhz),  # freqs-mhz, or power-limits-w
             "p-max-w": self.p_max_w,
             "cap-margin": self.cap_margin,
             "time-per-sample-s": table(self.time_per_sample_s),
@@ -479,6 +486,15 @@ def _checked_record(text: str) -> dict[str, Any]:
         raise LUTFormatError(f"not valid JSON: {err}") from None
     if not isinstance(rec, dict):
         raise LUTFormatError("a LUT file holds one JSON object")
+    values_key = "freqs-mhz"
+    if GPU_POWER_LIMIT_W.values_key in rec:  # the columns of a power-limit LUT, in W
+        values_key = GPU_POWER_LIMIT_W.values_key
+        if rec.get("knob") != GPU_POWER_LIMIT_W.key.replace("_", "-") or "freqs-mhz" in rec:
+            raise LUTFormatError(
+                f"{values_key}: the columns of a LUT whose knob is power-limit-w, instead of "
+                "freqs-mhz"
+            )
+        rec["freqs-mhz"] = rec.pop(values_key)  # read as the knob's values
     expected = {
         "format": str,
         "version": int,
@@ -525,7 +541,7 @@ def _checked_record(text: str) -> dict[str, Any]:
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in rec[key]):
             raise LUTFormatError(f"{key}: must be a list of integers")
     if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in rec["freqs-mhz"]):
-        raise LUTFormatError("freqs-mhz: must be a list of numbers")
+        raise LUTFormatError(f"{values_key}: must be a list of numbers")
     return rec
 
 
@@ -571,6 +587,7 @@ class LUTKey:
     p_max_w: float | None = None
     cap_margin: float = 0.0
     grid: str = "full"
+    knob: Knob = GPU_FREQ_MHZ  # what the columns are (a LUT of another knob is another file)
 
     @classmethod
     def of(
@@ -593,6 +610,7 @@ class LUTKey:
             p_max_w,
             cap_margin if p_max_w is not None else 0.0,
             grid,
+            device_knob(device),
         )
 
     def path(self, cache_dir: str | os.PathLike[str]) -> Path:
@@ -608,18 +626,20 @@ class LUTKey:
         else:
             cap = f"pmax{float(self.p_max_w)!r}w-margin{self.cap_margin!r}"
         parts = [self.device_kind, self.backend, w.key, "b" + "-".join(map(str, self.batch_sizes))]
-        exact = json.dumps(
-            [
-                self.device_kind,
-                self.backend,
-                w.model_name,
-                list(w.input_shape),
-                list(self.batch_sizes),
-                self.p_max_w,
-                self.cap_margin,
-                self.grid,
-            ]
-        )
+        fields: list[Any] = [
+            self.device_kind,
+            self.backend,
+            w.model_name,
+            list(w.input_shape),
+            list(self.batch_sizes),
+            self.p_max_w,
+            self.cap_margin,
+            self.grid,
+        ]
+        if self.knob != GPU_FREQ_MHZ:  # frequency LUTs keep the names they always had
+            parts.append(self.knob.setting)
+            fields.append(self.knob.key)
+        exact = json.dumps(fields)
         digest = hashlib.sha256(exact.encode()).hexdigest()[:10]
         readable = "_".join(re.sub(r"[^A-Za-z0-9.+-]+", "-", p) for p in [*parts, cap])
         return Path(cache_dir) / f"lut_{readable}_{digest}.json"
@@ -632,7 +652,8 @@ class LUTKey:
             "model-name": (lut.model_name, self.workload.model_name),
             "input-shape": (lut.input_shape, tuple(self.workload.input_shape)),
             "batch-sizes": (lut.batch_sizes, self.batch_sizes),
-            "freqs-mhz": (lut.freqs_mhz, self.freqs_mhz),
+            "knob": (lut.knob.key, self.knob.key),
+            self.knob.values_key: (lut.freqs_mhz, self.freqs_mhz),
             "p-max-w": (lut.p_max_w, self.p_max_w),
             "cap-margin": (lut.cap_margin, self.cap_margin),
             "grid": (lut.grid, self.grid),

@@ -30,7 +30,8 @@ from fl_client.contract import (
     TrainReport,
     format_schedule,
 )
-from fl_client.devices import Device, cap_guard, locked
+from fl_client.devices import GPU_POWER_LIMIT_W, Device, cap_guard, locked
+from fl_client.devices.base import device_knob
 from fl_client.drift import DriftCheck, check_drift, trained_time_deviation
 from fl_client.files import set_aside
 from fl_client.lut import LUT
@@ -104,6 +105,7 @@ def describe_node(
         max_batch_size=max_batch_size(model_name, batch_sizes, info.memory_bytes),
         cap_margin=ctx.cap_margin,
         profile_floor_mhz=info.profile_floor_mhz(cap.watts for cap in caps),
+        knob=device_knob(device).setting,
     )
 
 
@@ -600,6 +602,12 @@ def _report(
     assert plan.choice is not None
     choice, idle_w = plan.choice, idle_power_w(device)
     extra: dict[str, float] = {}
+    # The knob in its own unit: a power limit goes under gpu-power-limit-w, and
+    # gpu-freq-mhz then holds the clock sampled during training (NaN: not read)
+    limit_w = float(plan.run_freq_mhz) if device_knob(device) == GPU_POWER_LIMIT_W else None
+    sampled_mhz = float(getattr(m, "clock_mhz", math.nan))
+    if limit_w is not None:
+        extra["gpu_power_limit_w"] = limit_w
     if plan.lut is not None:  # what the LUT predicted for this local work
         extra["predicted_time_s"] = choice.time_per_sample_s * result.samples
     if plan.fastest_time_s is not None:  # the round plan: the node's best round time
@@ -623,6 +631,8 @@ def _report(
             again = select_for(plan, plan.drift.lut, device, ctx.selection_rule)
             extra["drift_batch_size"] = float(again.batch_size)
             extra["drift_freq_mhz"] = float(again.freq_mhz)
+    if limit_w is not None and "drift_freq_mhz" in extra:  # the knob's value in W, its own key
+        extra["drift_power_limit_w"] = extra.pop("drift_freq_mhz")
     return TrainReport(
         num_examples=float(result.num_examples),
         train_time_s=m.time_s,
@@ -633,7 +643,7 @@ def _report(
         p_max_w=plan.cap.to_wire(),
         cap_margin=ctx.cap_margin,
         batch_size=float(choice.batch_size),
-        gpu_freq_mhz=float(plan.run_freq_mhz),
+        gpu_freq_mhz=float(plan.run_freq_mhz) if limit_w is None else sampled_mhz,
         profile_time_s=plan.cost.time_s,
         profile_energy_j=plan.cost.energy_j,
         cap_violations=float(m.cap_violations),

@@ -14,6 +14,7 @@ least number of power samples and time and power have settled, up to a hard cap.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import os
@@ -27,13 +28,15 @@ import numpy as np
 
 from fl_client.devices.base import (
     EXACT_SENSOR,
+    GPU_FREQ_MHZ,
     Device,
     DeviceError,
+    Knob,
     Measurement,
     SensorSpec,
     Workload,
+    device_knob,
 )
-from fl_client.devices.replay import GPU_FREQ_MHZ, Knob
 from fl_client.lut import LUT, FloatArray, LUTKey, load_cached, merge_cells
 from fl_client.selector import (
     PEAK_SIGMA_K,
@@ -124,10 +127,11 @@ def _run_steps(
     sample the step added; a step that added none has no peak)."""
     step_peaks_w: list[float] = []
     with device.measure(workload) as meter:
+        seen = 0
         for _ in range(n):
-            before = len(meter.measurement.power_samples_w)
             meter.step(batch_size, step)
-            added = meter.measurement.power_samples_w[before:]
+            added = meter.power_samples_since(seen)
+            seen += len(added)
             if added:
                 step_peaks_w.append(max(added))
     return meter.measurement, step_peaks_w
@@ -170,13 +174,13 @@ def _warm_up(
     exact = _on_emulated_clock(device)
     with device.measure(workload) as meter:
         while n > 0:
-            t0_s = meter.measurement.time_s
+            t0_s = meter.time_s
             meter.step(batch_size, step)
-            m = meter.measurement
-            times_s.append(m.time_s - t0_s)
+            t1_s = meter.time_s
+            times_s.append(t1_s - t0_s)
             if len(times_s) >= n and (exact or warmup_stable(times_s)):
                 break
-            if len(times_s) >= n and (len(times_s) >= WARMUP_MAX_STEPS or m.time_s >= WARMUP_MAX_S):
+            if len(times_s) >= n and (len(times_s) >= WARMUP_MAX_STEPS or t1_s >= WARMUP_MAX_S):
                 break
     return meter.measurement, len(times_s)
 
@@ -185,15 +189,24 @@ def step_time_rse(step_times_s: Sequence[float]) -> float:
     """Relative standard error of the mean step time, by batch means: the steps split
     into batches of ⌊√n⌋ (successive host-timed steps are not independent: a queue of
     GPU work makes them bursty), the standard error of the batch means over the mean.
-    inf with fewer than 2 batches; 0 for equal steps."""
-    n = len(step_times_s)
+    inf with fewer than 2 batches; 0 (to rounding) for equal steps."""
+    return time_sums_rse(list(itertools.accumulate(step_times_s)))
+
+
+def time_sums_rse(time_sums: Sequence[float]) -> float:
+    """``step_time_rse`` of the steps whose running sums are ``time_sums``, from ⌊√n⌋ + 1 of
+    the sums: its cost grows with √n, so a cell judges it after every step without slowing
+    the steps it measures."""
+    n = len(time_sums)
     size = max(1, math.isqrt(n))
     k = n // size
     if k < 2:
         return math.inf
-    arr = np.asarray(step_times_s[n - k * size :], dtype=np.float64)
-    means = arr.reshape(k, size).mean(axis=1)
-    mean = float(arr.mean())
+    start = n - k * size  # the first step of the first batch
+    ends = [time_sums[start - 1] if start else 0.0]
+    ends += [time_sums[start + (j + 1) * size - 1] for j in range(k)]
+    means = np.diff(np.asarray(ends, dtype=np.float64)) / size
+    mean = float(means.mean())
     if mean <= 0:
         return math.inf
     spread = float(np.std(means - means[0], ddof=1))
@@ -343,39 +356,35 @@ def _run_cell(
     time_sums: list[float] = []  # running sums of the step times
     peak_sums: list[float] = []  # ... and of the step peaks
     settled = False
+    seen = 0  # power samples in the window so far
     with device.measure(workload) as meter:
+        t1_s = meter.time_s
         while True:
-            m = meter.measurement
-            before, t0_s = len(m.power_samples_w), m.time_s
+            t0_s = t1_s
             meter.step(batch_size, step)
-            m = meter.measurement
-            added = m.power_samples_w[before:]
+            t1_s = meter.time_s
+            added = meter.power_samples_since(seen)
+            seen += len(added)
             if added:
                 step_peaks_w.append(max(added))
                 peak_sums.append((peak_sums[-1] if peak_sums else 0.0) + step_peaks_w[-1])
-            time_sums.append((time_sums[-1] if time_sums else 0.0) + (m.time_s - t0_s))
+            time_sums.append((time_sums[-1] if time_sums else 0.0) + (t1_s - t0_s))
             n = len(time_sums)
             if n < window.min_steps:
                 continue
             tol = window.settle_tolerance
             if (
-                m.time_s >= window.min_window_s * (1 - 1e-9)  # a sum of steps may round below
-                and len(m.power_samples_w) >= window.min_power_samples
+                t1_s >= window.min_window_s * (1 - 1e-9)  # a sum of steps may round below
+                and seen >= window.min_power_samples
                 and _settled(time_sums, tol)
                 and _settled(peak_sums, tol)
-                and _time_rse(time_sums) <= window.max_time_rse
+                and time_sums_rse(time_sums) <= window.max_time_rse
             ):
                 settled = True
                 break
-            if n >= window.max_steps or m.time_s >= window.max_window_s:
+            if n >= window.max_steps or t1_s >= window.max_window_s:
                 break
-    return meter.measurement, step_peaks_w, settled, _time_rse(time_sums)
-
-
-def _time_rse(time_sums: Sequence[float]) -> float:
-    """``step_time_rse`` of the steps whose running sums are ``time_sums``."""
-    sums = np.asarray(time_sums, dtype=np.float64)
-    return step_time_rse(np.diff(sums, prepend=0.0).tolist()) if len(sums) else math.inf
+    return meter.measurement, step_peaks_w, settled, time_sums_rse(time_sums)
 
 
 def peak_sigma_w(step_peaks_w: Sequence[float]) -> float:
@@ -385,13 +394,6 @@ def peak_sigma_w(step_peaks_w: Sequence[float]) -> float:
         return math.nan
     peaks = np.asarray(step_peaks_w, dtype=np.float64)
     return float(np.std(peaks - peaks[0], ddof=1))  # shifted: equal peaks give exactly 0
-
-
-def device_knob(device: Device) -> Knob:
-    """The knob a device's ``gpu_freqs_mhz`` are values of: the GPU frequency unless the
-    device names another (a replay table of a power limit)."""
-    knob = getattr(device, "knob", GPU_FREQ_MHZ)
-    return knob if isinstance(knob, Knob) else GPU_FREQ_MHZ
 
 
 def time_per_sample_s(m: Measurement, batch_size: int, steps: int) -> float:

@@ -35,8 +35,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 import numpy as np
 import numpy.typing as npt
 
-from fl_client.devices.base import FREQ_TOLERANCE_MHZ
-from fl_client.devices.replay import GPU_FREQ_MHZ, Knob  # the knob a table is indexed by
+from fl_client.devices.base import (  # the knob a table is indexed by
+    FREQ_TOLERANCE_MHZ,
+    GPU_FREQ_MHZ,
+    Knob,
+)
 
 if TYPE_CHECKING:  # typing.Unpack is 3.11+; only the type checker needs it
     from typing_extensions import Unpack

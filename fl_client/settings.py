@@ -733,7 +733,7 @@ def node_entry_keys() -> tuple[str, ...]:
 
 
 def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) -> NodeSettings:
-    from fl_client.devices import BACKENDS
+    from fl_client.devices import BACKENDS, check_knob_backend, check_knob_setting
 
     if "device" not in entry:
         raise SettingsError(f'{where}: device: missing (e.g. device = "jetson-nano")')
@@ -781,6 +781,11 @@ def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) 
         except SettingsError as err:
             raise SettingsError(f"{where} ({name}): {err}") from None
     options = {k: v for k, v in entry.items() if k not in (*NODE_KEYS, *FLOWER_NODE_KEYS)}
+    if "knob" in options:  # a power limit on a backend that sets none: refused before start
+        try:
+            check_knob_backend(backend, check_knob_setting(options["knob"]))
+        except ValueError as err:
+            raise SettingsError(f"{where} ({name}): {err}") from None
     return NodeSettings(
         name=name,
         device=device,

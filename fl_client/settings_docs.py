@@ -208,6 +208,12 @@ NODE_HELP: dict[str, str] = {
     "[fl_client/configs/replay/README.md](../fl_client/configs/replay/README.md))",
     "nvml-index": "`nvml`: the GPU as CUDA numbers it (`cuda:N`), via `CUDA_VISIBLE_DEVICES`",
     "lock-clocks": "`nvml`: `auto` (unset) locks clocks when root, `false` only measures",
+    "knob": "what the grid's second axis sets: the GPU `frequency` (MHz), the GPU "
+    "`power-limit` (W; `nvml` as root, from the GPU's range; a replay table of "
+    "`power_limit_w`), or `auto` (the clocks where they can be locked, else the power limit). "
+    "The original limit is restored on every exit ([gpu.md](gpu.md#the-power-limit-as-the-knob))",
+    "power-limit-step-w": '`nvml` with `knob = "power-limit"`: the step of the grid of '
+    "power limits, from the GPU's highest limit down to its lowest",
     "twin-slowdown": "`simulated`: from `twin-drift-from-round` on, every step takes this "
     "many times longer (simulated drift such as thermal throttling)",
     "twin-extra-power-w": "`simulated`: from `twin-drift-from-round` on, every step draws "

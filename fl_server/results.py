@@ -15,7 +15,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from fl_client.contract import RECORD_VERSION, NodeRow, RoundRow, key_of, to_record
+from fl_client.contract import (
+    RECORD_VERSION,
+    NodeRow,
+    RoundRow,
+    TrainReport,
+    key_of,
+    to_record,
+)
 from fl_client.settings import IDLE_ACCOUNTING
 from strategies.power_aware import RoundReport
 
@@ -156,6 +163,7 @@ class NodeTotals:
     deadline_misses: int = 0
     batch_size: int | None = None
     gpu_freq_mhz: float | None = None
+    gpu_power_limit_w: float | None = None  # the knob, when it is the GPU power limit
     caps: list[str] = field(default_factory=list)
     choices: dict[str, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
@@ -193,15 +201,33 @@ class NodeTotals:
         self.predicted_energy_saved_j += r.predicted_energy_saved_j or 0.0
         self.deadline_misses += int(r.deadline_miss or 0)
         self.batch_size, self.gpu_freq_mhz = int(r.batch_size), r.gpu_freq_mhz
-        choice = f"b{int(r.batch_size)}@{r.gpu_freq_mhz:g}"
+        self.gpu_power_limit_w = r.gpu_power_limit_w
+        choice = choice_label(r)
         self.choices[choice] = self.choices.get(choice, 0) + 1
 
     def to_record(self, sim_time_s: float) -> dict[str, Any]:
         out = {key_of(f.name): getattr(self, f.name) for f in fields(self)}
+        if self.gpu_power_limit_w is None:  # the GPU frequency was the knob
+            del out["gpu-power-limit-w"]
         out["mean-wait-s"] = self.wait_s / self.rounds_ok if self.rounds_ok else None
         out["slowest-share"] = self.slowest_rounds / self.rounds if self.rounds else 0.0
         out["slowest-time-share"] = self.slowest_time_s / sim_time_s if sim_time_s else 0.0
         return dict(to_record(out))
+
+
+def choice_label(r: TrainReport) -> str:
+    """A node's choice: ``b32@921.6`` (b at the GPU frequency in MHz) or ``b32@300W`` (at
+    a GPU power limit)."""
+    if r.gpu_power_limit_w is not None:
+        return f"b{int(r.batch_size)}@{r.gpu_power_limit_w:g}W"
+    return f"b{int(r.batch_size)}@{r.gpu_freq_mhz:g}"
+
+
+def knob_label(totals: dict[str, Any]) -> str:
+    """The ``f*`` column of a node's summary: MHz, or ``300 W`` for a power limit."""
+    if totals.get("gpu-power-limit-w") is not None:
+        return f"{totals['gpu-power-limit-w']:g} W"
+    return f"{totals['gpu-freq-mhz']:g}" if totals["gpu-freq-mhz"] is not None else "-"
 
 
 def make_console() -> Console:
@@ -332,7 +358,7 @@ class RunRecorder:
 
     def _print_round(self, report: RoundReport, row: RoundRow) -> None:
         reports = report.reports()
-        choices = sorted({f"b{int(r.batch_size)}@{r.gpu_freq_mhz:g}" for r in reports})
+        choices = sorted({choice_label(r) for r in reports})
         over = sum(1 for r in reports if r.peak_power_w > r.p_max_w)
         line = (
             f"round {row.server_round:3d}  accuracy {row.accuracy:.3f}  "
@@ -464,7 +490,7 @@ class RunRecorder:
                 t["device"],
                 t["cap-label"],
                 str(t["batch-size"]),
-                f"{t['gpu-freq-mhz']:g}" if t["gpu-freq-mhz"] is not None else "-",
+                knob_label(t),
                 f"{t['peak-power-w']:.2f}",
                 f"{t['train-time-s']:.1f}",
                 f"{t['profile-time-s']:.1f}",

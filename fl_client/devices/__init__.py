@@ -17,6 +17,9 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, TypedDict
 
 from fl_client.devices.base import (
+    GPU_FREQ_MHZ,
+    GPU_POWER_LIMIT_W,
+    KNOB_SETTINGS,
     B1Band,
     Device,
     DeviceError,
@@ -24,9 +27,11 @@ from fl_client.devices.base import (
     DevicePermissionError,
     DeviceUnavailableError,
     InvalidFrequencyError,
+    Knob,
     Measurement,
     Meter,
     Workload,
+    check_knob_setting,
     locked,
 )
 from fl_client.devices.sampler import DEFAULT_CAP_WINDOW_S, DEFAULT_SAMPLE_RATE_HZ
@@ -72,6 +77,12 @@ class DeviceOptions:
     replay_table: str | None = None
     nvml_index: int = 0  # nvml: the GPU as CUDA numbers it here (cuda:N), via CUDA_VISIBLE_DEVICES
     lock_clocks: bool | None = None  # nvml: None = when root, False = measure-only
+    #: What the grid's second axis sets (``KNOB_SETTINGS``): the GPU frequency, the GPU
+    #: power limit (nvml only), or auto (frequency where clocks can be locked, else the
+    #: power limit); a replay table's knob is its own, and must agree when named.
+    knob: str = GPU_FREQ_MHZ.setting
+    #: nvml with the power-limit knob: the grid's step, from the GPU's highest limit down.
+    power_limit_step_w: float = 25.0
     #: Simulated drift of the twin (off by default), e.g. thermal throttling or a busy
     #: neighbour process: from round ``twin_drift_from_round`` on, every step takes
     #: ``twin_slowdown`` times longer and draws ``twin_extra_power_w`` more.
@@ -160,7 +171,15 @@ class DeviceOptions:
             from_round = 0
         if isinstance(from_raw, bool) or from_round < 1:
             raise ValueError(f"twin-drift-from-round: expected an integer ≥ 1, got {from_raw!r}")
+        knob = check_knob_setting(config.get("knob"))
+        if knob == GPU_POWER_LIMIT_W.setting and lock_clocks is False:
+            raise ValueError(
+                "knob: power-limit sets the GPU's power limit, and lock-clocks = false means "
+                "change nothing on the GPU (measure only); use one of the two"
+            )
         return cls(
+            knob=knob,
+            power_limit_step_w=number("power-limit-step-w", 25.0),
             twin_slowdown=slowdown,
             twin_extra_power_w=extra_w,
             twin_drift_from_round=from_round,
@@ -201,7 +220,33 @@ def _sampled(options: DeviceOptions) -> _SampledOptions:
     )
 
 
+#: Backends that set the GPU power limit (the ``power-limit`` knob).
+POWER_LIMIT_BACKENDS = ("nvml",)
+
+
+def check_knob_backend(backend: str, knob: str) -> None:
+    """Refuse the ``power-limit`` knob on a backend that cannot set a power limit (the
+    Jetson boards and their twins set the GPU frequency; a replay table has its own knob,
+    checked when it is read). ValueError naming ``knob`` and the backends that can."""
+    if knob == GPU_POWER_LIMIT_W.setting and backend in ("simulated", "jetson"):
+        raise ValueError(
+            f"knob: power-limit needs a GPU whose power limit can be set (backend "
+            f"{', '.join(POWER_LIMIT_BACKENDS)}, or a replay table indexed by power_limit_w); "
+            f"the {backend} backend sets the GPU frequency: use knob = frequency or auto"
+        )
+
+
+def _check_replay_knob(device: Device, knob: str) -> None:
+    have = getattr(device, "knob", GPU_FREQ_MHZ)
+    if knob != "auto" and knob != have.setting:
+        raise ValueError(
+            f"knob: {knob} was asked, but the replay table of {device.info.kind} is indexed "
+            f"by its {have.label} ({have.key}); set knob = {have.setting} or auto"
+        )
+
+
 def _open_backend(kind: str, backend: str, seed: int, options: DeviceOptions) -> Device:
+    check_knob_backend(backend, options.knob)
     if backend == "simulated":
         from fl_client.devices.simulated import SimulatedDevice, load_device_spec
 
@@ -225,7 +270,12 @@ def _open_backend(kind: str, backend: str, seed: int, options: DeviceOptions) ->
         from fl_client.devices.nvml import NvmlDevice
 
         return NvmlDevice(
-            kind, index=options.nvml_index, lock_clocks=options.lock_clocks, **_sampled(options)
+            kind,
+            index=options.nvml_index,
+            lock_clocks=options.lock_clocks,
+            knob=options.knob,
+            power_limit_step_w=options.power_limit_step_w,
+            **_sampled(options),
         )
     if backend == "replay":
         from fl_client.devices.replay import ReplayDevice
@@ -235,7 +285,9 @@ def _open_backend(kind: str, backend: str, seed: int, options: DeviceOptions) ->
                 "replay-table: the replay backend needs a measured table (CSV or JSON; "
                 "see fl_client/configs/replay/README.md)"
             )
-        return ReplayDevice.from_file(options.replay_table, kind)
+        device = ReplayDevice.from_file(options.replay_table, kind)
+        _check_replay_knob(device, options.knob)
+        return device
     raise ValueError(f"backend: unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
 
 
@@ -330,6 +382,11 @@ def open_device(
             reasons.append("replay: no replay-table given")
             continue
         try:
+            check_knob_backend(candidate, opts.knob)
+        except ValueError:
+            reasons.append(f"{candidate}: sets no power limit (knob = power-limit)")
+            continue
+        try:
             device = _open_backend(kind, candidate, seed, opts)
         except DeviceUnavailableError as err:
             reasons.append(f"{candidate}: {err}")
@@ -349,6 +406,10 @@ def open_device(
 __all__ = [
     "AUTO_ORDER",
     "BACKENDS",
+    "GPU_FREQ_MHZ",
+    "GPU_POWER_LIMIT_W",
+    "KNOB_SETTINGS",
+    "POWER_LIMIT_BACKENDS",
     "POWER_SOURCES",
     "B1Band",
     "BackendStatus",
@@ -359,10 +420,13 @@ __all__ = [
     "DevicePermissionError",
     "DeviceUnavailableError",
     "InvalidFrequencyError",
+    "Knob",
     "Measurement",
     "Meter",
     "Workload",
     "cap_guard",
+    "check_knob_backend",
+    "check_knob_setting",
     "detect_backends",
     "key_hint",
     "locked",

@@ -48,6 +48,80 @@ class InvalidFrequencyError(DeviceError, ValueError):
 
 
 @dataclass(frozen=True)
+class Knob:
+    """The system knob a device sets and a LUT's columns are (Eq. 4's f), with its unit.
+
+    A device sets one knob: the GPU frequency (Jetson devfreq, NVML locked clocks) or a GPU
+    power limit (NVML ``nvmlDeviceSetPowerManagementLimit``, as Zeus does, and the Zeus
+    traces). The selector reads tables of either. The Device protocol's ``gpu_freqs_mhz``
+    and ``set_gpu_freq_mhz`` carry the values of the device's knob (``device.knob``);
+    every record names the knob and writes its values under the knob's own key and unit.
+
+    Attributes
+    ----------
+    key : str
+        Column name in replay tables and Python (``freq_mhz``, ``power_limit_w``).
+    label : str
+        Name in prose and messages.
+    unit : str
+        Unit of the column's values.
+    setting : str
+        The value of the node setting ``knob`` that asks for it (``frequency``,
+        ``power-limit``).
+    """
+
+    key: str
+    label: str
+    unit: str
+    setting: str
+
+    @property
+    def config_key(self) -> str:
+        """Kebab-case key of a chosen value in reports (``gpu-freq-mhz``, ...)."""
+        return "gpu-" + self.key.replace("_", "-")
+
+    @property
+    def values_key(self) -> str:
+        """Kebab-case key of the knob's grid in records (``freqs-mhz``, ``power-limits-w``)."""
+        return {"freq_mhz": "freqs-mhz", "power_limit_w": "power-limits-w"}[self.key]
+
+
+GPU_FREQ_MHZ = Knob("freq_mhz", "GPU frequency", "MHz", "frequency")
+GPU_POWER_LIMIT_W = Knob("power_limit_w", "GPU power limit", "W", "power-limit")
+#: Knobs a table may be indexed by, by column name; frequency is the default.
+KNOBS: dict[str, Knob] = {k.key: k for k in (GPU_FREQ_MHZ, GPU_POWER_LIMIT_W)}
+#: Values of the node setting ``knob``: one of the knobs, or ``auto`` (the GPU frequency
+#: where the backend can lock it, else the GPU power limit where it can set one).
+KNOB_SETTINGS = (GPU_FREQ_MHZ.setting, GPU_POWER_LIMIT_W.setting, "auto")
+
+
+def knob_for(key: str) -> Knob:
+    """The ``Knob`` of a column name (``freq_mhz`` or ``power_limit_w``); ValueError otherwise."""
+    found = KNOBS.get(str(key).strip().lower().replace("-", "_"))
+    if found is None:
+        raise ValueError(f"knob: unknown value {key!r}; allowed: {', '.join(KNOBS)}")
+    return found
+
+
+def device_knob(device: object) -> Knob:
+    """The knob a device's ``gpu_freqs_mhz`` are values of: the GPU frequency unless the
+    device names another (``device.knob``: an NVML GPU selecting over power limits, a
+    replay table of a power limit)."""
+    knob = getattr(device, "knob", GPU_FREQ_MHZ)
+    return knob if isinstance(knob, Knob) else GPU_FREQ_MHZ
+
+
+def check_knob_setting(value: object) -> str:
+    """The node setting ``knob`` (unset: ``frequency``); ValueError naming the allowed values."""
+    text = GPU_FREQ_MHZ.setting if value is None else str(value).strip().lower()
+    if text == "":
+        text = GPU_FREQ_MHZ.setting
+    if text not in KNOB_SETTINGS:
+        raise ValueError(f"knob: unknown value {value!r}; allowed: {', '.join(KNOB_SETTINGS)}")
+    return text
+
+
+@dataclass(frozen=True)
 class Workload:
     """What a device is asked to run: one model at one input shape.
 
@@ -269,7 +343,16 @@ class Meter(Protocol):
 
     @property
     def measurement(self) -> Measurement:
-        """Accounting so far."""
+        """Accounting so far (all figures: may cost time in the number of samples)."""
+
+    @property
+    def time_s(self) -> float:
+        """Measured time so far; cheap enough to read after every step."""
+
+    def power_samples_since(self, index: int) -> list[float]:
+        """This window's power samples from the ``index``-th on (``measurement``'s
+        ``power_samples_w[index:]`` while it runs); cheap enough to call after every step:
+        its cost is in the samples returned, not in those before ``index``."""
 
 
 @runtime_checkable

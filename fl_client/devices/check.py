@@ -165,10 +165,10 @@ def check_sensor(
         device.sample_rate_hz = CHECK_SAMPLE_RATE_HZ  # type: ignore[attr-defined]
     try:
         with device.measure(workload) as meter:
-            while meter.measurement.time_s < warmup_s:
+            while meter.time_s < warmup_s:
                 meter.step(batch_size, step)
         with device.measure(workload) as meter:
-            while meter.measurement.time_s < seconds:
+            while meter.time_s < seconds:
                 meter.step(batch_size, step)
     finally:
         if isinstance(rate, float):

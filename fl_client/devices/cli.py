@@ -22,6 +22,7 @@ from typing import Any, TextIO
 
 from fl_client.devices import (
     BACKENDS,
+    GPU_FREQ_MHZ,
     POWER_SOURCES,
     DeviceError,
     DeviceInfo,
@@ -138,7 +139,7 @@ def check_command(
             file=err,
         )
         return EXIT_BAD_INPUT
-    measure_only = dataclasses.replace(options, lock_clocks=False)
+    measure_only = dataclasses.replace(options, lock_clocks=False, knob=GPU_FREQ_MHZ.setting)
     try:
         device = open_device(args.kind, args.backend, options=measure_only)
     except (DeviceError, ValueError, ImportError, FileNotFoundError) as e:
@@ -251,8 +252,12 @@ def _print_text(report: dict[str, Any], out: TextIO) -> None:
     if "device" in report:
         print("device:", file=out)
         for key, value in report["device"].items():
-            if key == "gpu-freqs-mhz" or key == "supported-clocks-mhz":
+            if key in ("gpu-freqs-mhz", "supported-clocks-mhz", "power-limits-w"):
                 value = ", ".join(f"{f:g}" for f in value)
+            elif key == "power-limit-range-w":
+                value = f"{value[0]:g}–{value[1]:g} W  (the GPU's allowed range)"
+            elif key in ("power-limit-w", "power-limit-default-w"):
+                value = f"{value:g} W"
             elif key == "rails-w" and isinstance(value, dict):
                 value = ", ".join(f"{name} {w:.2f} W" for name, w in value.items())
             elif key == "unreadable-rails":

@@ -69,3 +69,10 @@ class EmulatedMeter:
     @property
     def measurement(self) -> Measurement:
         return with_guard_figures(self._m, self._guard)
+
+    @property
+    def time_s(self) -> float:
+        return self._m.time_s
+
+    def power_samples_since(self, index: int) -> list[float]:
+        return self._m.power_samples_w[index:]

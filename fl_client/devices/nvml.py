@@ -15,6 +15,18 @@ and it never touches the clocks (not even to reset them). The state file is writ
 has succeeded, so a refused lock leaves nothing behind. Restoring resets the locked clocks
 (NVML cannot read back an earlier lock, so none is assumed).
 
+**The power-limit knob** (``knob = "power-limit"``, or ``auto`` on a GPU whose clocks cannot
+be locked): the grid's columns are GPU power limits in W instead of clocks, as Zeus selects
+them: from the GPU's highest allowed limit down in steps of ``power-limit-step-w`` to its
+lowest (``nvmlDeviceGetPowerManagementLimitConstraints``), each set with
+``nvmlDeviceSetPowerManagementLimit`` (root). A limit outside that range is refused before
+anything changes, naming the range. The limit in force before the first change
+(``nvmlDeviceGetPowerManagementLimit``) is written to the state file *before* the change, and
+put back on every exit path (``restore``, ``close``, exceptions, SIGTERM/SIGINT/SIGHUP, and
+after SIGKILL at the next open or ``powerfl devices --restore``). A restore that fails is an
+error and leaves the state file. The clocks are never locked in this mode: each cell records
+the clock sampled while it ran.
+
 ``index`` is the GPU as CUDA numbers it in this process (``cuda:index``): through
 ``CUDA_VISIBLE_DEVICES`` (indices or ``GPU-`` UUIDs, abbreviated or not) it is mapped to
 the NVML index. Integer entries assume CUDA's order matches NVML's (PCI bus order): set
@@ -23,8 +35,10 @@ the NVML index. Integer entries assume CUDA's order matches NVML's (PCI bus orde
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
+import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -33,11 +47,15 @@ from typing import Any
 
 from fl_client.devices import safety
 from fl_client.devices.base import (
+    GPU_FREQ_MHZ,
+    GPU_POWER_LIMIT_W,
     DeviceError,
     DeviceInfo,
     DevicePermissionError,
     DeviceUnavailableError,
     InvalidFrequencyError,
+    Knob,
+    check_knob_setting,
     level_below,
 )
 from fl_client.devices.sampler import (
@@ -60,6 +78,61 @@ NVML_FI_DEV_POWER_INSTANT = 186
 #: ``c_nvmlValue_t`` member per ``NVML_VALUE_TYPE_*`` (0 double, 1 unsigned int, ...).
 _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 PERMISSION_HINT = "run the SuperNode as root (or set lock-clocks = false to measure only)"
+#: The power-limit grid's default step in W (Zeus's power-limit optimizer steps by 25 W).
+DEFAULT_POWER_LIMIT_STEP_W = 25.0
+#: The state file's key of the power limit found before the first change (mW, as NVML).
+SAVED_LIMIT_KEY = "power-limit-mw"
+
+
+def power_limit_grid_w(min_w: float, max_w: float, step_w: float) -> tuple[float, ...]:
+    """The power limits profiled, ascending: from ``max_w`` down by ``step_w`` to ``min_w``
+    (both ends included; the lowest step may be shorter). ValueError naming
+    ``power-limit-step-w`` for a step that is not a positive number of W."""
+    ok = isinstance(step_w, int | float) and not isinstance(step_w, bool)
+    if not (ok and math.isfinite(step_w) and step_w > 0):
+        raise ValueError(f"power-limit-step-w: must be a number of W > 0, got {step_w!r}")
+    if not (0 < min_w <= max_w):
+        raise ValueError(f"power limit range: expected 0 < min ≤ max, got {min_w:g}–{max_w:g} W")
+    values = []
+    w = max_w
+    while w > min_w + 1e-6:
+        values.append(round(w, 3))
+        w -= step_w
+    values.append(round(min_w, 3))
+    return tuple(sorted(set(values)))
+
+
+def _w(mw: object) -> float:
+    return float(mw) / 1000.0  # type: ignore[arg-type]
+
+
+def _put_back(nv: ModuleType, handle: Any, settings: Mapping[str, Any], name: str) -> None:
+    """Put back what a state file saved: the power limit it holds, else reset the clocks
+    (NVML cannot read back an earlier lock). DeviceError (permission: DevicePermissionError)
+    naming the GPU and what failed."""
+    if SAVED_LIMIT_KEY in settings:
+        mw = int(settings[SAVED_LIMIT_KEY])
+        what = f"restore the power limit of {name} to {mw / 1000:g} W"
+
+        def call() -> None:
+            nv.nvmlDeviceSetPowerManagementLimit(handle, mw)
+    else:
+        what = f"reset the locked clocks of {name}"
+
+        def call() -> None:
+            nv.nvmlDeviceResetGpuLockedClocks(handle)
+
+    try:
+        call()
+    except Exception as err:
+        code = _code(nv, err)
+        if code is None:
+            raise
+        if code == _NO_PERMISSION:
+            raise DevicePermissionError(
+                f"nvml: no permission to {what}: {PERMISSION_HINT}"
+            ) from None
+        raise DeviceError(f"nvml: could not {what}: {err}") from None
 
 
 def import_pynvml() -> ModuleType:
@@ -147,12 +220,16 @@ def cuda_to_nvml_index(index: int, visible: str | None, uuids: Sequence[str]) ->
 
 
 class NvmlDevice(SampledDevice):
-    """One NVIDIA GPU through NVML: locked clocks when permitted, else measure-only.
+    """One NVIDIA GPU through NVML: locked clocks or power limits when permitted, else
+    measure-only.
 
     ``index`` is the CUDA device index in this process (mapped through
-    ``CUDA_VISIBLE_DEVICES``). ``lock_clocks``: None locks when running as root (else
-    measure-only), False is always measure-only (never touches the clocks), True requires
-    locking and fails without root.
+    ``CUDA_VISIBLE_DEVICES``). ``lock_clocks``: None changes the GPU's settings when running
+    as root (else measure-only), False is always measure-only (never touches the clocks or
+    the power limit), True requires root and fails without it. ``knob``: ``frequency``
+    (locked clocks), ``power-limit`` (power limits from the GPU's range in steps of
+    ``power_limit_step_w``; needs root) or ``auto`` (locked clocks where the GPU lists its
+    clocks, else power limits, when root).
     """
 
     def __init__(
@@ -165,7 +242,12 @@ class NvmlDevice(SampledDevice):
         sample_rate_hz: float = DEFAULT_SAMPLE_RATE_HZ,
         cap_window_s: float = DEFAULT_CAP_WINDOW_S,
         nvml: ModuleType | None = None,
+        knob: str = GPU_FREQ_MHZ.setting,
+        power_limit_step_w: float = DEFAULT_POWER_LIMIT_STEP_W,
     ) -> None:
+        knob = check_knob_setting(knob)
+        if knob != GPU_FREQ_MHZ.setting:
+            power_limit_grid_w(1.0, 1.0, power_limit_step_w)  # the step, checked before NVML
         self._nvml = nv = nvml if nvml is not None else import_pynvml()
         try:
             nv.nvmlInit()
@@ -186,11 +268,19 @@ class NvmlDevice(SampledDevice):
             self.power_reading = self._probe_power_reading()
             self._probed = True
             self._init_sampling(sample_rate_hz, cap_window_s)
-            self._locked_mhz: float | None = None
+            self._locked_mhz: float | None = None  # the knob's value set now (MHz or W)
+            self._original_limit_mw: int | None = None
+            self.power_limit_range_w = self._read_power_limit_range_w()
             self._record = safety.GpuStateRecord(state_dir, BACKEND, self.uuid)
-            self.measure_only = self._decide_measure_only(lock_clocks)
+            self.measure_only, self._knob = self._decide_mode(lock_clocks, knob)
             self._handle_leftover()
-            freqs = (self._unlocked_label_mhz(),) if self.measure_only else self._supported_mhz
+            if self._knob is GPU_POWER_LIMIT_W:
+                assert self.power_limit_range_w is not None  # _decide_mode checked it
+                freqs = power_limit_grid_w(*self.power_limit_range_w, power_limit_step_w)
+            elif self.measure_only:
+                freqs = (self._unlocked_label_mhz(),)
+            else:
+                freqs = self._supported_mhz
         except Exception:
             nv.nvmlShutdown()
             raise
@@ -243,7 +333,65 @@ class NvmlDevice(SampledDevice):
 
     @property
     def clocks_locked(self) -> bool:
-        return not self.measure_only
+        return not self.measure_only and self._knob is GPU_FREQ_MHZ
+
+    @property
+    def knob(self) -> Knob:
+        """What ``gpu_freqs_mhz`` and ``set_gpu_freq_mhz`` carry: the GPU frequency (MHz) or
+        the GPU power limit (W)."""
+        return self._knob
+
+    def _read_power_limit_range_w(self) -> tuple[float, float] | None:
+        """(lowest, highest) power limit the GPU allows, in W; None where NVML does not say."""
+        nv = self._nvml
+        get = getattr(nv, "nvmlDeviceGetPowerManagementLimitConstraints", None)
+        if get is None:
+            return None
+        try:
+            lo_mw, hi_mw = get(self._handle)
+        except Exception as err:
+            if _code(nv, err) is None:
+                raise
+            log.info("nvml: power-limit range not reported (%s)", err)
+            return None
+        return (_w(lo_mw), _w(hi_mw)) if 0 < lo_mw <= hi_mw else None
+
+    def power_limit_w(self) -> float:
+        """The power limit in force now, in W (read only)."""
+        return _w(self._call("nvmlDeviceGetPowerManagementLimit"))
+
+    def _decide_mode(self, lock_clocks: bool | None, knob: str) -> tuple[bool, Knob]:
+        """(measure-only, knob) for the ``lock_clocks`` and ``knob`` settings."""
+        is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+        limits = self.power_limit_range_w
+        if knob == GPU_POWER_LIMIT_W.setting:
+            if lock_clocks is False:
+                raise ValueError(
+                    "knob: power-limit sets the GPU's power limit, and lock-clocks = false "
+                    "means change nothing on the GPU (measure only); use one of the two"
+                )
+            if limits is None:
+                raise DeviceUnavailableError(
+                    f"knob: power-limit: {self.name} reports no power-limit range "
+                    "(nvmlDeviceGetPowerManagementLimitConstraints); use knob = frequency"
+                )
+            if not is_root:
+                raise DevicePermissionError(
+                    f"nvml: setting the power limit of {self.name} needs root; run the "
+                    "SuperNode as root, or set knob = frequency and lock-clocks = false to "
+                    "measure only"
+                )
+            return False, GPU_POWER_LIMIT_W
+        clocks_lock = is_root and lock_clocks is not False and bool(self._supported_mhz)
+        if knob == "auto" and is_root and lock_clocks is not False and not clocks_lock and limits:
+            log.info(
+                "nvml: %s lists no clocks to lock: knob auto selects over its power limits "
+                "(%g–%g W)",
+                self.name,
+                *limits,
+            )
+            return False, GPU_POWER_LIMIT_W
+        return self._decide_measure_only(lock_clocks), GPU_FREQ_MHZ
 
     def _nvml_index(self, cuda_index: int) -> int:
         nv = self._nvml
@@ -271,7 +419,8 @@ class NvmlDevice(SampledDevice):
         return True
 
     def _handle_leftover(self) -> None:
-        """Reset clocks a killed run left locked; measure-only mode never touches them."""
+        """Put back what a killed run left changed (its state file: a power limit, or locked
+        clocks); measure-only mode never touches them."""
         try:
             state = self._record.leftover()
         except DeviceError as err:  # a live process holds the GPU's clocks
@@ -281,17 +430,19 @@ class NvmlDevice(SampledDevice):
             return
         if state is None or state.pid == os.getpid():  # none, or held by this process
             return
+        what = "power limit" if SAVED_LIMIT_KEY in state.settings else "clocks"
         if self.measure_only:
             log.warning(
-                "nvml: a killed run may have left the clocks of %s locked (state file %s); "
+                "nvml: a killed run may have left the %s of %s changed (state file %s); "
                 "measure-only leaves them as they are: as root, run `powerfl devices --restore`",
+                what,
                 self.name,
                 self._record.path,
             )
             return
-        self._reset_clocks()
+        _put_back(self._nvml, self._handle, state.settings, self.name)
         safety.clear_state(self._record.path)
-        log.warning("nvml: reset the locked clocks a killed run left on %s", self.name)
+        log.warning("nvml: put back the %s a killed run left changed on %s", what, self.name)
 
     def _supported_clocks_mhz(self) -> tuple[float, ...]:
         nv, h = self._nvml, self._handle
@@ -352,6 +503,13 @@ class NvmlDevice(SampledDevice):
         return float(self._call("nvmlDeviceGetClockInfo", self._nvml.NVML_CLOCK_GRAPHICS))
 
     def set_gpu_freq_mhz(self, freq_mhz: float) -> None:
+        """Lock the clock at ``freq_mhz``, or with the power-limit knob set the power limit
+        to that many W (a value of ``gpu_freqs_mhz`` either way)."""
+        if self._knob is GPU_POWER_LIMIT_W:
+            limit_w = self._grid_limit_w(freq_mhz)
+            with self._lock:
+                self._set_limit_w(limit_w)
+            return
         match = next((f for f in self.gpu_freqs_mhz if abs(f - freq_mhz) < 1e-3), None)
         if match is None:
             if self.measure_only:
@@ -368,6 +526,58 @@ class NvmlDevice(SampledDevice):
             return  # the unlocked clock: nothing to change
         with self._lock:
             self._lock_mhz(match)
+
+    def _grid_limit_w(self, limit_w: float) -> float:
+        """``limit_w`` as a value of the grid; InvalidFrequencyError naming the key and the
+        GPU's range (outside it) or the grid's values, before anything changes."""
+        key = GPU_POWER_LIMIT_W.config_key
+        assert self.power_limit_range_w is not None
+        lo, hi = self.power_limit_range_w
+        if not (math.isfinite(limit_w) and lo - 1e-3 <= limit_w <= hi + 1e-3):
+            raise InvalidFrequencyError(
+                f"{key}: {limit_w:g} W is outside the power-limit range of {self.name}, "
+                f"{lo:g}–{hi:g} W (nvmlDeviceGetPowerManagementLimitConstraints); nothing "
+                "was changed"
+            )
+        match = next((w for w in self.gpu_freqs_mhz if abs(w - limit_w) < 1e-3), None)
+        if match is None:
+            raise InvalidFrequencyError(
+                f"{key}: {limit_w:g} W is not on the power-limit grid of {self.name} "
+                f"(power-limit-step-w); allowed: {', '.join(f'{w:g}' for w in self.gpu_freqs_mhz)}"
+            )
+        return match
+
+    def _set_limit_w(self, limit_w: float) -> None:
+        """Save the limit in force (first change only: state file before the change), then
+        set ``limit_w``. A refused first change leaves no state file; a refused later one
+        puts the original limit back."""
+        nv = self._nvml
+        first = not self._record.active
+        if first:
+            original_mw = int(self._call("nvmlDeviceGetPowerManagementLimit"))
+            settings = {"uuid": self.uuid, "index": self.index, SAVED_LIMIT_KEY: original_mw}
+            self._record.begin(settings, self.restore)
+            self._original_limit_mw = original_mw
+        try:
+            nv.nvmlDeviceSetPowerManagementLimit(self._handle, round(limit_w * 1000))
+        except Exception as err:
+            code = _code(nv, err)
+            if code is None:
+                raise
+            if first:  # nothing was changed: no state to keep
+                self._record.end()
+                self._original_limit_mw = None
+            else:
+                self._restore_after_failed_lock()
+            if code == _NO_PERMISSION:
+                raise DevicePermissionError(
+                    f"nvml: no permission to set the power limit of {self.name}: "
+                    "run the SuperNode as root"
+                ) from None
+            raise DeviceError(
+                f"nvml: setting the power limit of {self.name} to {limit_w:g} W failed: {err}"
+            ) from None
+        self._locked_mhz = limit_w
 
     def _lock_mhz(self, freq_mhz: float) -> None:
         """Lock, then (first lock only) save the state: a refused lock leaves no file."""
@@ -415,10 +625,15 @@ class NvmlDevice(SampledDevice):
             log.error("nvml: %s: %s", why, err)
 
     def step_down_gpu_freq_mhz(self) -> float | None:
+        """One level of the knob lower (the next lower clock, or power limit); None when
+        nothing is set or it is the lowest already."""
         with self._lock:
             lower = level_below(self.gpu_freqs_mhz, self._locked_mhz)
             if lower is not None:
-                self._lock_mhz(lower)
+                if self._knob is GPU_POWER_LIMIT_W:
+                    self._set_limit_w(lower)
+                else:
+                    self._lock_mhz(lower)
             return lower
 
     def _reset_clocks(self) -> None:
@@ -438,10 +653,26 @@ class NvmlDevice(SampledDevice):
             ) from None
 
     def restore(self) -> None:
+        """Put back what was changed: the original power limit, or reset the locked clocks.
+        A failure is logged as an error and raised; the state file then stays, so the next
+        open (or ``powerfl devices --restore``) tries again."""
         with self._lock:
             if not self._record.active:
                 return
-            self._reset_clocks()
+            if self._original_limit_mw is not None:
+                saved = {SAVED_LIMIT_KEY: self._original_limit_mw}
+                try:
+                    _put_back(self._nvml, self._handle, saved, self.name)
+                except DeviceError as err:
+                    log.error(
+                        "%s; the state file %s stays: as root, run `powerfl devices --restore`",
+                        err,
+                        self._record.path,
+                    )
+                    raise
+                self._original_limit_mw = None
+            else:
+                self._reset_clocks()
             self._record.end()
             self._locked_mhz = None
 
@@ -468,6 +699,12 @@ class NvmlDevice(SampledDevice):
         return self.read_energy_j if self._has_energy_counter else None
 
     def describe(self) -> dict[str, Any]:
+        """What ``powerfl devices`` shows (read-only calls: nothing is changed)."""
+        if self._knob is GPU_POWER_LIMIT_W:
+            mode, grid = "power limit", {GPU_POWER_LIMIT_W.values_key: list(self.gpu_freqs_mhz)}
+        else:
+            mode = "measure-only" if self.measure_only else "locked clocks"
+            grid = {"gpu-freqs-mhz": list(self.gpu_freqs_mhz)}
         return {
             "kind": self._info.kind,
             "backend": BACKEND,
@@ -475,8 +712,9 @@ class NvmlDevice(SampledDevice):
             "uuid": self.uuid,
             "index": self.index,
             "cuda-index": self.cuda_index,
-            "mode": "measure-only" if self.measure_only else "locked clocks",
-            "gpu-freqs-mhz": list(self.gpu_freqs_mhz),
+            "mode": mode,
+            "knob": self._knob.setting,
+            **grid,
             "supported-clocks-mhz": list(self._supported_mhz),
             "cur-freq-mhz": self.current_gpu_freq_mhz(),
             "memory-bytes": self._info.memory_bytes,
@@ -485,26 +723,44 @@ class NvmlDevice(SampledDevice):
             "power-sensor": self._info.sensor.label,
             "power-w": self.read_power_w(),
             "energy-counter": self._has_energy_counter,
+            **self._power_limit_report(),
             "state-file": str(self._record.path),
         }
+
+    def _power_limit_report(self) -> dict[str, Any]:
+        """The power limit now, the GPU's range and default (read only); what NVML does not
+        report is left out."""
+        out: dict[str, Any] = {}
+        with contextlib.suppress(SensorReadError, AttributeError):
+            out["power-limit-w"] = self.power_limit_w()
+        if self.power_limit_range_w is not None:
+            out["power-limit-range-w"] = list(self.power_limit_range_w)
+        get_default = getattr(self._nvml, "nvmlDeviceGetPowerManagementDefaultLimit", None)
+        if get_default is not None:
+            try:
+                out["power-limit-default-w"] = _w(get_default(self._handle))
+            except Exception as err:
+                if _code(self._nvml, err) is None:
+                    raise
+        return out
 
     def _release(self) -> None:
         self._nvml.nvmlShutdown()
 
 
 def restore_saved_settings(settings: Mapping[str, Any], nvml: ModuleType | None = None) -> None:
-    """Reset the locked clocks of the GPU named in a state file (``--restore``)."""
+    """Put back what a state file saved for its GPU (``--restore``): the power limit it
+    holds, else reset the locked clocks."""
     nv = nvml if nvml is not None else import_pynvml()
     nv.nvmlInit()
     try:
-        handle = nv.nvmlDeviceGetHandleByUUID(str(settings["uuid"]))
-        nv.nvmlDeviceResetGpuLockedClocks(handle)
-    except Exception as err:
-        if _code(nv, err) is None:
-            raise
-        raise DeviceError(
-            f"nvml: resetting clocks of GPU {settings['uuid']} failed: {err}"
-        ) from None
+        try:
+            handle = nv.nvmlDeviceGetHandleByUUID(str(settings["uuid"]))
+        except Exception as err:
+            if _code(nv, err) is None:
+                raise
+            raise DeviceError(f"nvml: GPU {settings['uuid']} not found: {err}") from None
+        _put_back(nv, handle, settings, f"GPU {settings['uuid']}")
     finally:
         nv.nvmlShutdown()
 

@@ -25,10 +25,14 @@ import numpy as np
 import numpy.typing as npt
 
 from fl_client.devices.base import (
+    GPU_FREQ_MHZ,
+    KNOBS,
     DeviceError,
     DeviceInfo,
     InvalidFrequencyError,
+    Knob,
     Workload,
+    knob_for,
     level_below,
 )
 from fl_client.devices.emulated import EmulatedDevice, EmulatedMeter
@@ -46,47 +50,6 @@ ROW_KEYS = ("batch_size", "freq_mhz", "time_per_step_s", "peak_power_w", "avg_po
 SIGMA_KEY = "peak_power_sigma_w"
 GROUP_KEYS = ("device", "model", "input_shape")
 META_KEYS = ("power_rail", "memory_bytes", "source", "knob")
-
-
-@dataclass(frozen=True)
-class Knob:
-    """The system knob a table's columns are (Eq. 4's f), with its unit.
-
-    A device sets one knob: the GPU frequency (Jetson devfreq, NVML locked clocks) or a GPU
-    power limit (NVML, and the Zeus traces). The selector reads tables of either.
-
-    Attributes
-    ----------
-    key : str
-        Column name in replay tables and Python (``freq_mhz``, ``power_limit_w``).
-    label : str
-        Name in prose and messages.
-    unit : str
-        Unit of the column's values.
-    """
-
-    key: str
-    label: str
-    unit: str
-
-    @property
-    def config_key(self) -> str:
-        """Kebab-case key of a chosen value in reports (``gpu-freq-mhz``, ...)."""
-        return "gpu-" + self.key.replace("_", "-")
-
-
-GPU_FREQ_MHZ = Knob("freq_mhz", "GPU frequency", "MHz")
-GPU_POWER_LIMIT_W = Knob("power_limit_w", "GPU power limit", "W")
-#: Knobs a table may be indexed by, by column name; frequency is the default.
-KNOBS: dict[str, Knob] = {k.key: k for k in (GPU_FREQ_MHZ, GPU_POWER_LIMIT_W)}
-
-
-def knob_for(key: str) -> Knob:
-    """The ``Knob`` of a column name (``freq_mhz`` or ``power_limit_w``); ValueError otherwise."""
-    found = KNOBS.get(str(key).strip().lower().replace("-", "_"))
-    if found is None:
-        raise ValueError(f"knob: unknown value {key!r}; allowed: {', '.join(KNOBS)}")
-    return found
 
 
 class ReplayFormatError(DeviceError, ValueError):

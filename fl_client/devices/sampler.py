@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from fl_client.devices.base import DeviceInfo, Measurement, Workload
+from fl_client.devices.base import GPU_FREQ_MHZ, DeviceInfo, Measurement, Workload
 
 if TYPE_CHECKING:
     from fl_client.devices.safety import GpuStateRecord
@@ -124,14 +124,20 @@ class PowerSampler:
 
     # -- sampling
     def sample(self) -> tuple[float, float]:
-        """Take one sample now (any thread) and return ``(t_s, power_w)``."""
+        """Take one sample now (any thread) and return ``(t_s, power_w)``.
+
+        The sensor is read outside the lock, so a thread reading the samples (the training
+        loop, after each step) never waits for a sensor read (an NVML call may take a
+        millisecond); the lock only guards the appends, and times never go back."""
+        t_s = self._clock()
+        power_w = float(self._read())
+        energy_j = float(self._read_energy()) if self._read_energy is not None else math.nan
+        clock_mhz = math.nan
+        if self._read_clock is not None and len(self._times_s) % self._clock_every == 0:
+            clock_mhz = float(self._read_clock())
         with self._lock:
-            t_s = self._clock()
-            power_w = float(self._read())
-            energy_j = float(self._read_energy()) if self._read_energy is not None else math.nan
-            clock_mhz = math.nan
-            if self._read_clock is not None and len(self._times_s) % self._clock_every == 0:
-                clock_mhz = float(self._read_clock())
+            if self._times_s and t_s < self._times_s[-1]:  # two threads sampled at once
+                t_s = self._times_s[-1]
             self._times_s.append(t_s)
             self._powers_w.append(power_w)
             self._energies_j.append(energy_j)
@@ -193,6 +199,15 @@ class PowerSampler:
         self.stop()
 
     # -- results
+    def powers_between(self, t0_s: float, t1_s: float, start: int = 0) -> list[float]:
+        """The powers read at times in ``[t0_s, t1_s]``, from the ``start``-th of them on. The
+        times only grow, so the cost is two binary searches and the slice returned."""
+        with self._lock:
+            times_s = self._times_s
+            a = bisect.bisect_left(times_s, t0_s)
+            b = bisect.bisect_right(times_s, t1_s, lo=a)
+            return self._powers_w[a + start : b]
+
     @property
     def trace(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Time stamps (s) and powers (W) kept so far."""
@@ -556,6 +571,17 @@ class SampledMeter:
             return self._final
         return self._figures(self._last_s, final=False)
 
+    @property
+    def time_s(self) -> float:
+        if self._final is not None:
+            return self._final.time_s
+        return max(self._last_s - self._t0_s, 0.0)
+
+    def power_samples_since(self, index: int) -> list[float]:
+        if self._final is not None:
+            return self._final.power_samples_w[index:]
+        return self._sampler.powers_between(self._t0_s, self._last_s, index)
+
 
 @contextmanager
 def sampled_measurement(
@@ -671,25 +697,30 @@ class CapGuarded:
         backend = self._info.backend
         stuck_told = False
 
+        knob = getattr(self, "knob", GPU_FREQ_MHZ)
+
         def step_down() -> None:
             nonlocal stuck_told
-            new_mhz = self.step_down_gpu_freq_mhz()
-            if new_mhz is not None:
+            new_value = self.step_down_gpu_freq_mhz()
+            if new_value is not None:
                 log.warning(
-                    "%s: power above P_max %.2f W for %.1f s: GPU frequency stepped down to %g MHz",
+                    "%s: power above P_max %.2f W for %.1f s: %s stepped down to %g %s",
                     backend,
                     p_max_w,
                     window_s,
-                    new_mhz,
+                    knob.label,
+                    new_value,
+                    knob.unit,
                 )
             elif not stuck_told:  # said once; the violations keep being counted
                 stuck_told = True
                 log.warning(
-                    "%s: power above P_max %.2f W for %.1f s and the GPU frequency cannot go "
-                    "lower (lowest level, or not locked): the cap is not met",
+                    "%s: power above P_max %.2f W for %.1f s and the %s cannot go "
+                    "lower (lowest level, or not set): the cap is not met",
                     backend,
                     p_max_w,
                     window_s,
+                    knob.label,
                 )
 
         return CapGuard(p_max_w, window_s=window_s, on_violation=step_down)

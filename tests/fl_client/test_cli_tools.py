@@ -20,8 +20,9 @@ from fl_client import cli_tools, profiler, task
 from fl_client.contract import Cap
 from fl_client.devices import jetson as jetson_mod
 from fl_client.devices import safety
+from fl_client.devices.base import GPU_POWER_LIMIT_W
 from fl_client.devices.cli import cmd_devices
-from fl_client.devices.replay import GPU_POWER_LIMIT_W, ReplayDevice
+from fl_client.devices.replay import ReplayDevice
 from fl_client.devices.sampler import PowerMeasurement
 from fl_client.devices.simulated import load_device_spec
 from fl_client.lut import LUT
@@ -347,6 +348,9 @@ def test_energy_check_sums_the_measurements_with_a_counter() -> None:
         (["--sample-rate-hz", "0"], "sample-rate-hz: must be > 0"),
         (["--power-source", "jtop", "--lock-clocks", "maybe"], "lock-clocks: expected true"),
         (["--replay-out", "x.txt"], "replay-out: must end in .csv or .json"),
+        (["--knob", "volts"], "knob: unknown value 'volts'; allowed: frequency, power-limit"),
+        (["--knob", "power-limit"], "knob: power-limit needs a GPU whose power limit can be set"),
+        (["--knob", "power-limit", "--power-limit-step-w", "0"], "power-limit-step-w: must be > 0"),
         (["--device", "jetson-nanoo"], "jetson-nanoo"),
     ],
 )

@@ -316,6 +316,22 @@ def test_node_descriptor_round_trips_and_records_no_cap_as_null(over: dict[str, 
     json.dumps(record, allow_nan=False)
 
 
+def test_a_power_limit_descriptor_sends_its_values_in_watts() -> None:
+    """A node whose knob is the GPU power limit sends its grid as gpu-power-limits-w with
+    knob, never as gpu-freqs-mhz; the frequency path sends neither key, as before."""
+    desc = _descriptor(gpu_freqs_mhz=(200.0, 450.0, 700.0), knob="power-limit")
+    config = desc.to_config()
+    assert config["gpu-power-limits-w"] == [200.0, 450.0, 700.0] and config["knob"] == "power-limit"
+    assert "gpu-freqs-mhz" not in config
+    assert NodeDescriptor.from_config(config) == desc
+    plain = _descriptor().to_config()
+    assert "knob" not in plain and "gpu-power-limits-w" not in plain
+    with pytest.raises(ValueError, match="knob: unknown value 'volts'; allowed: frequency, power"):
+        NodeDescriptor.from_config({**config, "knob": "volts"})
+    with pytest.raises(ValueError, match="gpu-power-limits-w"):
+        NodeDescriptor.from_config({**plain, "knob": "power-limit"})
+
+
 def test_node_descriptor_cap_follows_its_schedule() -> None:
     desc = _descriptor(p_max=Cap(7.0), p_max_schedule="1:7,3:4.5,5:none")
     assert [desc.cap_at(r) for r in (1, 2, 3, 4, 5, 9)] == [

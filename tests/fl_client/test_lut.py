@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fl_client.devices.base import Workload
-from fl_client.devices.replay import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W
+from fl_client.devices.base import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W, Workload
 from fl_client.lut import (
     CELL_TABLES,
     LUT,
@@ -221,7 +220,17 @@ def test_a_power_limit_knob_is_kept_in_the_file() -> None:
                  "knob": GPU_POWER_LIMIT_W})  # fmt: skip
     rec = json.loads(lut.to_json())
     assert (rec["version"], rec["knob"]) == (3, "power-limit-w") and "peak-sigma-w" not in rec
-    assert LUT.from_json(lut.to_json()).knob == GPU_POWER_LIMIT_W
+    # the columns are W: written under the knob's own key, never as freqs-mhz
+    assert rec["power-limits-w"] == list(lut.freqs_mhz) and "freqs-mhz" not in rec
+    again = LUT.from_json(lut.to_json())
+    assert again.knob == GPU_POWER_LIMIT_W and again.freqs_mhz == lut.freqs_mhz
+    older = {k: v for k, v in rec.items() if k != "power-limits-w"}  # written before: read
+    legacy = LUT.from_json(json.dumps({**older, "freqs-mhz": rec["power-limits-w"]}))
+    assert legacy.to_json() == lut.to_json()
+    for bad in ({**older, "power-limits-w": rec["power-limits-w"], "knob": "freq-mhz"},
+                {**rec, "freqs-mhz": rec["power-limits-w"]}):  # fmt: skip
+        with pytest.raises(LUTFormatError, match="power-limits-w: the columns of a LUT whose"):
+            LUT.from_json(json.dumps(bad))
     with pytest.raises(LUTFormatError, match="knob"):
         merge_cells(lut, _row_lut([4.0, 2.0, 1.5, 1.0], [2, 3, 4, 5], [2, 3, 4, 5]), overwrite=True)
 
@@ -274,8 +283,10 @@ def test_cache_keys_differ_by_device_backend_workload_batch_sizes_cap_margin_and
         path(p_max_w=4.75, grid="efficient"),
         path(grid="highest"),
         path(grid="on-demand"),
+        path(knob=GPU_POWER_LIMIT_W),  # an NVML GPU's LUT over power limits: another file
     ]
     assert len({base, *others}) == 1 + len(others)
+    assert "_power-limit_" in others[-1].name and path(knob=GPU_FREQ_MHZ) == base
     assert base.parent == tmp_path
     assert base.name.startswith("lut_jetson-nano_simulated_cnn-1x8x8_b4-8-16-32-64-128_full_")
     assert "pmax5.0w-margin0.05" in others[5].name

@@ -367,3 +367,39 @@ def test_energy_saved_counts_the_idle_wait_the_fastest_cell_would_have_had() -> 
     assert energy_saved_j(fastest, slow, 1000, 2.0) == pytest.approx(1.0)
     # an unknown idle power counts 0: the slower cell then costs 1 J more
     assert energy_saved_j(fastest, slow, 1000, math.nan) == pytest.approx(-1.0)
+
+
+def test_a_power_limit_node_reports_its_limit_in_watts(tmp_path: Path) -> None:
+    """A node whose device's knob is the GPU power limit (a replay table of power limits):
+    the LUT's columns, the choice and the reply carry W under their own keys, and
+    gpu-freq-mhz is the clock sampled during training (none on a replay table: NaN)."""
+    rows = [
+        f"{b},{w},{0.001 * b * (1.5 - w / 400):.5f},{w * 0.8 + b * 0.1:.2f},{w * 0.7:.2f}"
+        for b in range(1, max(TEMPLATE.batch_sizes) + 1)  # an epoch's last batch is smaller
+        for w in (100, 150, 200)
+    ]
+    table = tmp_path / "limits.csv"
+    table.write_text(
+        "# device: test-gpu\n# model: cnn\n# input_shape: 3x32x32\n# memory_bytes: 17179869184\n"
+        "# knob: power_limit_w\n"
+        "batch_size,power_limit_w,time_per_step_s,peak_power_w,avg_power_w\n"
+        + "\n".join(rows)
+        + "\n"
+    )
+    node = {**NODE, "device": "test-gpu", "backend": "replay", "replay-table": str(table),
+            "knob": "power-limit", "p-max-w": 150.0}  # fmt: skip
+    query = {"model": "cnn", "batch-sizes": list(TEMPLATE.batch_sizes)}
+    desc = describe_node(run_config(tmp_path), node, query)  # the QUERY reply: W, not MHz
+    assert (desc.knob, desc.gpu_freqs_mhz) == ("power-limit", (100.0, 150.0, 200.0))
+    assert desc.to_config()["gpu-power-limits-w"] == [100.0, 150.0, 200.0]
+    _, report = train_node(run_config(tmp_path), node, train_config(), initial_state())
+    assert report.gpu_power_limit_w in (100.0, 150.0)  # under 150 W less its 5% margin
+    assert math.isnan(report.gpu_freq_mhz)  # no clock read, and never the W value
+    metrics = report.to_metrics()
+    assert metrics["gpu-power-limit-w"] == report.gpu_power_limit_w
+    assert report.to_record()["gpu-freq-mhz"] is None
+    assert TrainReport.from_metrics(metrics).gpu_power_limit_w == report.gpu_power_limit_w
+    [lut_file] = (tmp_path / "cache").rglob("lut_*power-limit*.json")
+    saved = json.loads(lut_file.read_text())
+    assert saved["knob"] == "power-limit-w" and saved["power-limits-w"] == [100, 150, 200]
+    assert "freqs-mhz" not in saved

@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 
 from fl_client.devices.base import (
     EXACT_SENSOR,
+    GPU_FREQ_MHZ,
+    GPU_POWER_LIMIT_W,
     Device,
     DeviceInfo,
     InvalidFrequencyError,
@@ -28,7 +30,6 @@ from fl_client.devices.base import (
     SensorSpec,
     Workload,
 )
-from fl_client.devices.replay import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W
 from fl_client.lut import LUT, LUTKey, load_on_demand, on_demand_key
 from fl_client.profiler import (
     MAX_WINDOW_S,
@@ -43,6 +44,7 @@ from fl_client.profiler import (
     measure_cell_with_sigma,
     profile,
     step_time_rse,
+    time_sums_rse,
     warmup_stable,
 )
 from fl_client.selector import (
@@ -61,7 +63,24 @@ WORKLOAD = Workload("cnn", (1, 8, 8), flops_per_sample=1e6)
 SWITCH_S = 0.01  # device time a frequency change costs on the fake
 
 
-class FakeMeter:
+class AccountingMeter:
+    """What the fake meters share: the accounting ``_m`` and the Meter's views of it."""
+
+    _m: Measurement
+
+    @property
+    def measurement(self) -> Measurement:
+        return self._m
+
+    @property
+    def time_s(self) -> float:
+        return self._m.time_s
+
+    def power_samples_since(self, index: int) -> list[float]:
+        return self._m.power_samples_w[index:]
+
+
+class FakeMeter(AccountingMeter):
     def __init__(self, device: FakeDevice) -> None:
         self._device = device
         self._m = Measurement()
@@ -83,10 +102,6 @@ class FakeMeter:
         self._m.steps += 1
         self._m.samples += batch_size
         self._m.power_samples_w.append(power_w)
-
-    @property
-    def measurement(self) -> Measurement:
-        return self._m
 
 
 class FakeDevice:
@@ -773,7 +788,7 @@ def test_cells_measured_on_demand_accumulate_and_are_cached_apart(tmp_path: Path
 # --------------------------------------------------------------------------- cell windows
 
 
-class TraceMeter:
+class TraceMeter(AccountingMeter):
     """Steps from ``TraceDevice``'s script: step k takes ``time_of(k)`` and reads
     ``power_of(k)`` (None: the sensor gave no sample in that step)."""
 
@@ -797,10 +812,6 @@ class TraceMeter:
             m.peak_power_w = max(m.peak_power_w, power_w)
         m.steps += 1
         m.samples += batch_size
-
-    @property
-    def measurement(self) -> Measurement:
-        return self._m
 
 
 class TraceDevice:
@@ -957,7 +968,7 @@ def test_an_emulated_device_reports_the_window_its_real_board_needs() -> None:
 
 
 def test_step_time_rse_by_batch_means() -> None:
-    assert step_time_rse([0.01] * 9) == 0.0
+    assert step_time_rse([0.01] * 9) == pytest.approx(0.0, abs=1e-12)  # equal steps
     assert step_time_rse([0.01]) == math.inf  # one batch: nothing to judge
     rng = np.random.default_rng(1)
     # independent steps (20% noise): on average σ/√n, as the plain formula says
@@ -990,3 +1001,52 @@ def test_a_real_sensor_warms_up_until_the_step_time_is_stable() -> None:
         emulated, WORKLOAD, 4, lambda: None, 100.0, warmup_steps=1, window=CellWindow(3)
     )
     assert cell.measurement.time_s / cell.measurement.steps > 0.1
+
+
+def test_the_cell_loop_reads_only_the_cheap_views_after_each_step() -> None:
+    built: list[int] = []
+
+    class Counting(AccountingMeter):
+        def __init__(self, inner: AccountingMeter) -> None:
+            self._inner = inner
+            self._m = inner._m
+
+        def step(self, batch_size: int, fn: Callable[[], object]) -> None:
+            self._inner.step(batch_size, fn)  # type: ignore[attr-defined]
+
+        @property
+        def measurement(self) -> Measurement:
+            built.append(self._m.steps)
+            return self._m
+
+    class Device(TraceDevice):
+        @contextmanager
+        def measure(self, workload: Workload) -> Iterator[Counting]:  # type: ignore[override]
+            with super().measure(workload) as meter:
+                yield Counting(meter)
+
+    # 0.01 s steps with 10% noise, a 1 s window: hundreds of steps
+    rng = np.random.default_rng(3)
+    noise = 0.01 * (1 + 0.1 * rng.standard_normal(5000))
+    window = CellWindow(3, min_window_s=1.0)
+    cell = measure_cell_with_sigma(Device(lambda k: float(noise[k])), WORKLOAD, 4, lambda: None,
+                                   100.0, warmup_steps=5, window=window)  # fmt: skip
+    assert cell.measurement.steps >= 100 and cell.settled
+    assert len(built) <= 4  # once per measured stretch (warm-up, cell), never per step
+
+
+def test_the_time_error_from_running_sums_is_the_batch_means_error() -> None:
+    """``time_sums_rse`` (judged after every step from ⌊√n⌋ + 1 running sums) is the
+    batch-means error computed from the step times themselves."""
+    rng = np.random.default_rng(5)
+    for n in (2, 3, 4, 9, 10, 17, 100, 101, 999, 5000):
+        steps = 0.01 * (1 + 0.3 * rng.standard_normal(n))
+        size = max(1, math.isqrt(n))
+        k = n // size
+        if k < 2:
+            assert time_sums_rse(np.cumsum(steps).tolist()) == math.inf
+            continue
+        means = steps[n - k * size :].reshape(k, size).mean(axis=1)
+        direct = float(np.std(means, ddof=1)) / math.sqrt(k) / float(means.mean())
+        assert time_sums_rse(np.cumsum(steps).tolist()) == pytest.approx(direct, rel=1e-9)
+        assert step_time_rse(steps.tolist()) == pytest.approx(direct, rel=1e-9)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from fl_client.devices.replay import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W
+from fl_client.devices.base import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W
 from fl_client.selector import (
     InfeasibleCapError,
     PowerLimit,

@@ -151,6 +151,14 @@ def test_fleet_errors(tmp_path: Path) -> None:
     bad.write_text('[[node]]\ndevice = "jetson-nano"\ncount = 0\n')
     with pytest.raises(SettingsError, match="count: expected an integer ≥ 1"):
         load_fleet(bad)
+    bad.write_text('[[node]]\nname = "n"\ndevice = "jetson-nano"\nknob = "power-limit"\n')
+    with pytest.raises(SettingsError, match=r"node #1 \(n\): knob: power-limit needs .* the "
+                       "simulated backend sets the GPU frequency"):  # fmt: skip
+        load_fleet(bad)
+    bad.write_text('[[node]]\nname = "n"\ndevice = "jetson-nano"\nknob = "volts"\n')
+    with pytest.raises(SettingsError, match=r"knob: unknown value 'volts'; allowed: frequency, "
+                       "power-limit, auto"):  # fmt: skip
+        load_fleet(bad)
 
 
 @pytest.mark.parametrize(

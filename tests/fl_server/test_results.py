@@ -242,6 +242,30 @@ def test_node_totals_are_written_once_with_waits_caps_and_choices(tmp_path: Path
     assert totals.to_record(0.0)["mean-wait-s"] is None
 
 
+def test_a_power_limit_node_is_recorded_in_watts(tmp_path: Path) -> None:
+    """A node whose knob is the GPU power limit: its choice, summary and console carry W,
+    and gpu-freq-mhz is the clock sampled during training, never the W value."""
+    out = io.StringIO()
+    rec = _recorder(tmp_path, out, target_accuracy=1.0)
+    rec.initial_eval({"accuracy": 0.1, "loss": 2.3})
+    limit = {"gpu_power_limit_w": 300.0, "gpu_freq_mhz": 1755.0}
+    rec.record_round(
+        RoundReport(1, [_node(1, "gpu", 10, 50, **limit), _node(1, "nano", 10, 50)]),
+        {"accuracy": 0.3, "loss": 1.0},
+    )
+    summ = rec.finish()
+    gpu, nano = summ["nodes"]["gpu"], summ["nodes"]["nano"]
+    assert gpu["choices"] == {"b16@300W": 1} and gpu["gpu-power-limit-w"] == 300.0
+    assert gpu["gpu-freq-mhz"] == 1755.0
+    assert nano["choices"] == {"b16@460.8": 1} and "gpu-power-limit-w" not in nano
+    [row] = [r for r in _lines(tmp_path / "nodes.jsonl") if r["node-name"] == "gpu"]
+    assert row["gpu-power-limit-w"] == 300.0 and row["gpu-freq-mhz"] == 1755.0
+    [other] = [r for r in _lines(tmp_path / "nodes.jsonl") if r["node-name"] == "nano"]
+    assert "gpu-power-limit-w" not in other  # the frequency path's records are unchanged
+    text = out.getvalue()
+    assert "b16@300W" in text and "300 W" in text
+
+
 def test_round_plan_totals_in_rounds_and_summary(tmp_path: Path) -> None:
     run_dir = new_run_dir(tmp_path, "power-aware")
     out = io.StringIO()

@@ -50,6 +50,10 @@ class FakeGpu:
     lock_error: int | None = None
     reset_error: int | None = None  # e.g. 4: the driver refuses the reset too
     locked: tuple[int, int] | None = None
+    power_limit_mw: int = 700_000  # the limit in force (an H100 SXM's default: 700 W)
+    power_limit_range_mw: tuple[int, int] | None = (200_000, 700_000)  # None: not supported
+    power_limit_default_mw: int = 700_000
+    limit_error: int | None = None  # e.g. 4: setting the limit is refused
     calls: list[tuple[str, Any]] = field(default_factory=list)
 
 
@@ -133,6 +137,21 @@ def make_fake_pynvml(*gpus: FakeGpu) -> types.ModuleType:
             raise NVMLError(h.reset_error)
         h.locked = None
 
+    def limit_range(h: FakeGpu) -> tuple[int, int]:
+        if h.power_limit_range_mw is None:
+            raise NVMLError(3)
+        return h.power_limit_range_mw
+
+    def set_limit(h: FakeGpu, mw: int) -> None:
+        """As the driver: NO_PERMISSION when refused, INVALID_ARGUMENT (2) out of range."""
+        h.calls.append(("nvmlDeviceSetPowerManagementLimit", mw))
+        if h.limit_error is not None:
+            raise NVMLError(h.limit_error)
+        lo, hi = h.power_limit_range_mw or (0, 0)
+        if not lo <= mw <= hi:
+            raise NVMLError(2)
+        h.power_limit_mw = int(mw)
+
     for name, fn in {
         "nvmlInit": lambda: first.calls.append(("nvmlInit", ())),
         "nvmlShutdown": lambda: first.calls.append(("nvmlShutdown", ())),
@@ -150,6 +169,10 @@ def make_fake_pynvml(*gpus: FakeGpu) -> types.ModuleType:
         "nvmlDeviceGetTotalEnergyConsumption": energy,
         "nvmlDeviceSetGpuLockedClocks": set_locked,
         "nvmlDeviceResetGpuLockedClocks": reset_locked,
+        "nvmlDeviceGetPowerManagementLimit": lambda h: h.power_limit_mw,
+        "nvmlDeviceGetPowerManagementLimitConstraints": limit_range,
+        "nvmlDeviceGetPowerManagementDefaultLimit": lambda h: h.power_limit_default_mw,
+        "nvmlDeviceSetPowerManagementLimit": set_limit,
     }.items():
         setattr(nv, name, fn)
     return nv

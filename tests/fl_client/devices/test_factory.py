@@ -192,7 +192,7 @@ def test_options_from_node_config():
         ({"cap-windw-s": 0.5}, "unknown key 'cap-windw-s' (did you mean cap-window-s?)"),
         ({"sysfs_root": "/"}, "unknown key 'sysfs_root' (did you mean sysfs-root?)"),
         # a node's own settings are not device options: the caller passes only the options
-        ({"p-max-w": 4.5}, "unknown key 'p-max-w'; known keys: cap-window-s, lock-clocks"),
+        ({"p-max-w": 4.5}, "unknown key 'p-max-w'; known keys: cap-window-s, knob, lock-clocks"),
     ],
 )
 def test_unknown_options_are_refused_naming_the_nearest_key(

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 
 from fl_client.devices import DeviceError, InvalidFrequencyError, Workload, locked
+from fl_client.devices.base import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W
 from fl_client.devices.replay import (
-    GPU_FREQ_MHZ,
-    GPU_POWER_LIMIT_W,
     ReplayDevice,
     ReplayFormatError,
     load_replay_tables,

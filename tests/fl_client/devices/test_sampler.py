@@ -326,3 +326,35 @@ def test_cuda_synchronize_only_when_cuda_is_in_use(monkeypatch: pytest.MonkeyPat
     assert synced == [1]
     monkeypatch.setitem(sys.modules, "torch", None)
     cuda_synchronize()  # torch not imported: nothing to do
+
+
+def test_the_meters_cheap_views_equal_the_full_figures_while_it_runs():
+    """``time_s`` and ``power_samples_since`` (read after every step by the profiler) say
+    what ``measurement`` says, from binary searches and a slice of the new samples only."""
+    clock = FakeClock(tick_s=0.0, start_s=5.0)
+    sampler = PowerSampler(lambda: 10.0 + clock.now, clock=clock)
+    sampler.sample()  # before the window: never one of its samples
+    clock.advance(0.01)
+    meter = SampledMeter(sampler, power_rail="nvml", synchronize=lambda: None)
+    seen: list[float] = []
+    for k in range(30):
+
+        def work(k: int = k) -> None:
+            for _ in range(k % 3):  # 0, 1 or 2 samples inside the step
+                clock.advance(0.02)
+                sampler.sample()
+            clock.advance(0.01)
+
+        meter.step(4, work)
+        added = meter.power_samples_since(len(seen))
+        seen += added
+        running = meter.measurement
+        assert meter.time_s == pytest.approx(running.time_s)
+        assert seen == running.power_samples_w
+        assert meter.power_samples_since(3) == running.power_samples_w[3:]
+    assert len(seen) == 30
+    clock.advance(0.01)
+    sampler.sample()  # a sample after the last step
+    assert meter.power_samples_since(len(seen)) == []  # ... is not the window's yet
+    m = meter.finish()
+    assert meter.time_s == m.time_s and meter.power_samples_since(0) == m.power_samples_w

@@ -117,6 +117,30 @@ def test_measure_only_cells_carry_the_sampled_clock_not_the_clock_at_open(vt: Vi
     assert np.isfinite(lut.time_rse).all()
 
 
+def test_a_profile_over_power_limits_sets_each_and_restores_the_original(
+    vt: VirtualTime, as_root: None
+):
+    """The power-limit knob on the replayed H100: each column's limit is set before its
+    cell, the LUT's columns are W (with the clock sampled in each cell), and the limit in
+    force before profiling is back afterwards. (The recorded trace does not respond to
+    the limit: this proves the path, not the GPU's response.)"""
+    gpu = TraceGpu(vt, TRACE)
+    nv = make_trace_pynvml(gpu, call_cost_s=0.01)
+    nv.power_limit_mw = 650_000  # type: ignore[attr-defined]
+    dev = NvmlDevice(knob="power-limit", power_limit_step_w=250.0, nvml=nv)
+    assert dev.gpu_freqs_mhz == (200.0, 450.0, 700.0)
+    lut = profile(dev, WORKLOAD, (128,), ReplaySteps(gpu), progress=False, max_window_s=3.0,
+                  uncapped="full")  # fmt: skip
+    sets = [c for c in nv.calls if c[0] == "nvmlDeviceSetPowerManagementLimit"]
+    assert len(sets) == 4  # one per column, then the original back
+    assert nv.power_limit_mw == 650_000
+    assert lut.knob.key == "power_limit_w" and lut.freqs_mhz == (200.0, 450.0, 700.0)
+    assert lut.clocks_locked is False and lut.clock_mhz.tolist() == [[1980.0] * 3]
+    record = json.loads(lut.to_json())
+    assert record["power-limits-w"] == [200.0, 450.0, 700.0] and "freqs-mhz" not in record
+    dev.close()
+
+
 def test_a_clock_that_moves_during_a_cell_is_flagged(vt: VirtualTime):
     gpu, dev = open_gpu(vt)
     step = ReplaySteps(gpu)(32)
