@@ -217,9 +217,9 @@ class TrainConfig:
     """The TRAIN config one node gets for one round (server → node).
 
     ``batch_sizes`` is B restricted to what fits the node's memory and ``r`` is aligned
-    with it (Eq. 3). ``deadline_s`` and ``time_calibration`` come with deadline pacing or
-    the round plan (``balance``) from round 2, and with the plan ``critical``: whether this
-    node sets the round's pace; ``fixed_*`` only with ``method = "fixed"``.
+    with it (Eq. 3). ``deadline_s``, ``time_calibration`` and ``critical`` (whether this
+    node sets the round's pace) come with the round plan (``balance``) from round 2;
+    ``fixed_*`` only with ``method = "fixed"``.
     """
 
     server_round: int
@@ -407,8 +407,8 @@ class TrainReport:
     """The TRAIN reply's metrics (node → server): one field, one key, one meaning.
 
     Device time and energy are apart for training (the round's local epochs at the chosen
-    (b, f)) and profiling (every measurement that is not training: LUT profiling, cells
-    measured for pacing, drift checks). ``idle_power_w`` is NaN where the backend does not
+    (b, f)) and profiling (every measurement that is not training: LUT profiling, shared
+    cells checked, drift checks). ``idle_power_w`` is NaN where the backend does not
     know it. The optional fields are sent only when the round had them.
     """
 
@@ -431,14 +431,13 @@ class TrainReport:
     lut_shared: float = 0.0  # 1: selected from the kind's fleet-shared LUT
     # What the LUT predicted for this local work (methods that select from a LUT)
     predicted_time_s: float | None = None
-    # Deadline pacing
-    f_star_mhz: float | None = None
+    # The round plan (``balance``): the node's best round time, its deadline and slack, and
+    # with ``balance = "energy"`` what its cell is predicted to save
     fastest_time_s: float | None = None
     predicted_energy_saved_j: float | None = None
     deadline_s: float | None = None
     slack_s: float | None = None
     deadline_miss: float | None = None
-    pacing_cells_measured: float | None = None
     # Fleet-shared profiling: the chosen cell measured against the kind's LUT
     kind_verify_deviation: float | None = None
     kind_reprofiled: float | None = None
@@ -458,9 +457,8 @@ class TrainReport:
     # table of power limits): the limit that ran, in W; ``gpu_freq_mhz`` is then the clock
     # sampled during training (NaN where none was read), never a W value
     gpu_power_limit_w: float | None = None
-    # ... and pacing's f* and the drift check's re-selection at a power limit, in W (instead
-    # of ``f_star_mhz`` and ``drift_freq_mhz``)
-    f_star_power_limit_w: float | None = None
+    # ... and the drift check's re-selection at a power limit, in W (instead of
+    # ``drift_freq_mhz``)
     drift_power_limit_w: float | None = None
 
     @property
@@ -679,7 +677,7 @@ class RoundRow:
     nodes_ok: int
     nodes_failed: int
     failed: list[str] = field(default_factory=list)
-    # Pacing (null / 0 without a deadline this round)
+    # The round plan (null / 0 without a deadline this round)
     deadline_s: float | None = None
     deadline_misses: int = 0
     predicted_energy_saved_j: float = 0.0

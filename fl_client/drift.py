@@ -13,12 +13,16 @@ import numpy as np
 
 from fl_client.devices import Measurement
 from fl_client.lut import LUT, merge_cells, on_demand_key, replace_rows, save_quietly, scale_cells
-from fl_client.pacing import freq_index
 from fl_client.profiler import MeasureContext, ProfileOptions, measure_cell, profile
 from fl_client.profiler import time_per_sample_s as measured_time_per_sample_s
 from fl_client.selector import PEAK_SIGMA_K
 
 log = logging.getLogger(__name__)
+
+
+def freq_index(freqs_mhz: tuple[float, ...], freq_mhz: float) -> int:
+    """The index of the table frequency nearest ``freq_mhz``."""
+    return min(range(len(freqs_mhz)), key=lambda j: abs(freqs_mhz[j] - freq_mhz))
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """What one node does for the server: describe itself, and run one TRAIN round.
 
 A round follows the paper: parse the TRAIN config → the LUT for this round's cap (profiled
-once, cached) → select (b*, f*) → pace (optional) → train with the GPU locked → check
-drift (optional) → report. Pacing lives in ``pacing``, drift checks in ``drift``, the LUT
-file and cache in ``lut``, measuring in ``profiler``, the selection rules in ``selector``.
+once, cached) → select (b*, f*) → the round plan's choice (``balance``, optional) → train
+with the GPU locked → check drift (optional) → report. Drift checks live in ``drift``, the
+LUT file and cache in ``lut``, measuring in ``profiler``, the selection rules in
+``selector``.
 
 No Flower import: ``client_app.py`` unpacks messages and calls ``describe_node`` and
 ``train_node``, so they are tested directly and run the same in simulation and on a Jetson.
@@ -11,7 +12,6 @@ No Flower import: ``client_app.py`` unpacks messages and calls ``describe_node``
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -43,8 +43,6 @@ from fl_client.node_context import (
     node_context,
     workload_for,
 )
-from fl_client.pacing import PacePlan, PacingCells, PacingWork, pacing_cells, pacing_metrics
-from fl_client.pacing import plan_pacing as plan_pacing
 from fl_client.profiler import (
     MeasureContext,
     ProfileOptions,
@@ -120,15 +118,13 @@ class RoundPlan:
 
     cfg: TrainConfig
     #: The round's cap with the node's ``cap-margin``: the one value the node's choice,
-    #: profiling and pacing judge peaks by
+    #: profiling and drift checks judge peaks by
     limit: selector.PowerLimit
     lut: LUT | None = None
     lut_from_cache: bool = False
     r_true: list[float] | None = None
     choice: selector.Selection | None = None
     run_freq_mhz: float = 0.0
-    pace: PacePlan | None = None
-    paced: PacingCells | None = None
     drift: DriftCheck | None = None
     cost: RoundCost = field(default_factory=RoundCost)
     #: Fleet-shared profiling: the check of the chosen cell against the kind's LUT
@@ -142,6 +138,9 @@ class RoundPlan:
     #: predicted local time at its fastest feasible cell
     work_share: float = 1.0
     fastest_time_s: float | None = None
+    #: ``balance = "energy"``: the energy its LUT predicts the chosen cell saves against the
+    #: node's fastest cell over the round (idle waiting counted)
+    predicted_energy_saved_j: float | None = None
 
     @property
     def cap(self) -> Cap:
@@ -391,12 +390,13 @@ def _settle_shared(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, m
 def _balance(ctx: NodeContext, device: Device, plan: RoundPlan, samples: int) -> None:
     """The round plan on the node (``balance`` not ``off``, methods that select from a LUT):
     the same objective as Eq. 4 (``selector.cell_scores``) with the round's context.
+    (``balance = "energy"`` is what deadline pacing was, ``pacing = "deadline"``.)
 
     The node's fastest feasible cell (time alone, ``r_weight`` 0) gives the best round
     time it reports (``fastest-time-s``, what the server plans the next deadline from).
     With a deadline (from round 2): the node that sets the pace (``critical``) runs that
     fastest cell with ``straggler-work`` of its local work; a node with slack keeps
-    ``pacing-margin`` of the deadline in reserve and spends the rest by its mode —
+    ``deadline-margin`` of the deadline in reserve and spends the rest by its mode —
     ``samples``: the least r_b that meets it; ``energy``: the least energy to accuracy that
     meets it; ``steps``: its Eq. 4 cell with more local steps (work ≤ the budget). When no
     cell meets the deadline the choice is the fastest cell (the selector's fallback)."""
@@ -415,15 +415,34 @@ def _balance(ctx: NodeContext, device: Device, plan: RoundPlan, samples: int) ->
     if cfg.critical:
         plan.choice, plan.work_share = fastest, s.straggler_work
     else:
-        budget_s = cfg.deadline_s * (1.0 - s.pacing_margin)
+        budget_s = cfg.deadline_s * (1.0 - s.deadline_margin)
         weights = {"samples": {"time_weight": 0.0}, "energy": {"energy_weight": 1.0}}
         if s.balance in weights:
             context = selector.RoundContext(budget_s, work, **weights[s.balance])
             plan.choice = select_for(plan, plan.lut, device, ctx.selection_rule, context)
+            if s.balance == "energy":
+                plan.predicted_energy_saved_j = energy_saved_j(
+                    fastest, plan.choice, work, idle_power_w(device)
+                )
         else:  # steps: whole extra work that still fits the budget
             at_choice = plan.choice.time_per_sample_s * work
             plan.work_share = max(1.0, budget_s / at_choice) if at_choice > 0 else 1.0
     plan.run_freq_mhz = plan.choice.freq_mhz
+
+
+def energy_saved_j(
+    fastest: selector.Selection, chosen: selector.Selection, samples: float, idle_w: float
+) -> float:
+    """What ``chosen`` saves against ``fastest`` over a round of ``samples`` (× the node's
+    calibration), by the LUT: a node that finishes sooner waits at its idle power until
+    the round ends, so the saving is ``E(fastest) − E(chosen) + P_idle · (t(chosen) −
+    t(fastest))`` (``idle_w`` NaN, unknown: 0). A prediction, not a measurement: the node
+    never runs its fastest cell in that round."""
+    idle = 0.0 if math.isnan(idle_w) else idle_w
+    t_fast, t_chosen = fastest.time_per_sample_s * samples, chosen.time_per_sample_s * samples
+    e_fast = fastest.energy_per_sample_j * samples
+    e_chosen = chosen.energy_per_sample_j * samples
+    return float(e_fast - e_chosen + idle * (t_chosen - t_fast))
 
 
 def _local_work(cfg: TrainConfig, plan: RoundPlan, n_samples: int) -> tuple[int, int | None]:
@@ -438,35 +457,6 @@ def _local_work(cfg: TrainConfig, plan: RoundPlan, n_samples: int) -> tuple[int,
     return max(1, math.ceil(total / max(n_samples, 1))), total
 
 
-def _pace(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, samples: int) -> None:
-    """Deadline pacing (``pacing = "deadline"``): the frequency to run at, from b*'s row.
-    With the round plan on (``balance``), its ``energy`` mode does this instead."""
-    if ctx.settings.pacing != "deadline" or plan.lut is None or plan.choice is None:
-        return
-    if ctx.settings.balance != "off":
-        return
-    idle_w = idle_power_w(measure.device)
-    work = PacingWork(
-        samples=samples,
-        deadline_s=plan.cfg.deadline_s,
-        margin=ctx.settings.pacing_margin,
-        time_calibration=plan.cfg.time_calibration,
-        idle_power_w=0.0 if math.isnan(idle_w) else idle_w,
-    )
-    plan.paced = pacing_cells(measure, plan.lut, plan.choice, work)
-    plan.cost.add(plan.paced.time_s, plan.paced.energy_j)
-    work = dataclasses.replace(work, reserved_s=plan.paced.time_s)
-    plan.pace = plan_pacing(
-        plan.paced.plan_lut,
-        plan.choice.batch_size,
-        plan.choice.freq_mhz,
-        plan.limit,
-        work,
-        rule=ctx.selection_rule,
-    )
-    plan.run_freq_mhz = plan.pace.freq_mhz
-
-
 def _check_drift(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan) -> None:
     """Every ``drift-check-every`` rounds, compare the operating point with a cached LUT."""
     k = ctx.settings.drift_check_every
@@ -474,12 +464,11 @@ def _check_drift(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan) -> 
         return
     if k <= 0 or plan.cfg.server_round % k != 0:
         return
-    cells = None if plan.paced is None else plan.paced.cells
     point = (plan.choice.batch_size, plan.run_freq_mhz)
     plan.drift = check_drift(
         measure,
         plan.lut,
-        cells,
+        None,
         point,
         ctx.settings.drift_threshold,
         peak_sigma_k=ctx.settings.peak_sigma_k,
@@ -543,13 +532,13 @@ def train_node(
     *,
     step_hook: Callable[[], None] | None = None,
 ) -> tuple[dict[str, torch.Tensor], TrainReport]:
-    """One TRAIN round on this node: parse → LUT for the cap → select → pace → run locked →
-    drift → report.
+    """One TRAIN round on this node: parse → LUT for the cap → select → the round plan's
+    choice → run locked → drift → report.
 
     The cap is this round's step of the node's ``p-max-schedule`` if it has one (a step
     whose cap no configuration meets is skipped with the reason). The GPU is locked at f*
-    (or, with ``pacing = "deadline"`` and a ``deadline-s`` in the config, at the frequency
-    ``plan_pacing`` picks) and restored whatever happens. Returns the new weights and the
+    (or, with ``balance`` and a ``deadline-s`` in the config, at the frequency of the round
+    plan's cell) and restored whatever happens. Returns the new weights and the
     round's ``TrainReport``.
     """
     ctx = node_context(run_config, node_config)
@@ -569,7 +558,6 @@ def train_node(
     try:
         _choose(ctx, measure, plan, state, data)
         _balance(ctx, device, plan, cfg.local_epochs * len(data[0]))
-        _pace(ctx, measure, plan, cfg.local_epochs * len(data[0]))
         epochs, max_samples = _local_work(cfg, plan, len(data[0]))
         model = task.build_model(cfg.model)
         model.load_state_dict(dict(state))
@@ -609,8 +597,8 @@ def _report(
     result: task.TrainResult,
     lr: float,
 ) -> TrainReport:
-    """The round's ``TrainReport``: the measurement, the choice, pacing and drift, and the
-    local work (``local-steps`` optimizer steps at learning rate ``lr``)."""
+    """The round's ``TrainReport``: the measurement, the choice, the round plan and drift,
+    and the local work (``local-steps`` optimizer steps at learning rate ``lr``)."""
     assert plan.choice is not None
     choice, idle_w = plan.choice, idle_power_w(device)
     extra: dict[str, float] = {}
@@ -621,29 +609,15 @@ def _report(
     if limit_w is not None:
         extra["gpu_power_limit_w"] = limit_w
     if plan.lut is not None:  # what the LUT predicted for this local work
-        extra["predicted_time_s"] = (
-            plan.pace.predicted_time_s / plan.cfg.time_calibration
-            if plan.pace is not None
-            else choice.time_per_sample_s * result.samples
-        )
-    if plan.pace is not None:
-        paced = pacing_metrics(
-            plan.pace,
-            choice.freq_mhz,
-            m.time_s,
-            m.energy_j,
-            plan.cfg.deadline_s,
-            idle_power_w=0.0 if math.isnan(idle_w) else idle_w,
-        )
-        extra.update({k.replace("-", "_"): v for k, v in paced.items()})
+        extra["predicted_time_s"] = choice.time_per_sample_s * result.samples
     if plan.fastest_time_s is not None:  # the round plan: the node's best round time
         extra["fastest_time_s"] = plan.fastest_time_s
         if plan.cfg.deadline_s is not None:
             extra["deadline_s"] = plan.cfg.deadline_s
             extra["slack_s"] = plan.cfg.deadline_s - m.time_s
             extra["deadline_miss"] = float(m.time_s > plan.cfg.deadline_s)
-    if plan.paced is not None:  # cells of b*'s row measured for pacing this round
-        extra["pacing_cells_measured"] = float(plan.paced.measured)
+    if plan.predicted_energy_saved_j is not None:
+        extra["predicted_energy_saved_j"] = plan.predicted_energy_saved_j
     if plan.shared is not None:
         extra["kind_verify_deviation"] = plan.shared.deviation
         extra["kind_reprofiled"] = float(plan.shared.reprofiled)
@@ -657,13 +631,8 @@ def _report(
             again = select_for(plan, plan.drift.lut, device, ctx.selection_rule)
             extra["drift_batch_size"] = float(again.batch_size)
             extra["drift_freq_mhz"] = float(again.freq_mhz)
-    if limit_w is not None:  # the knob's values in W, under their own keys
-        for mhz_key, w_key in (
-            ("f_star_mhz", "f_star_power_limit_w"),
-            ("drift_freq_mhz", "drift_power_limit_w"),
-        ):
-            if mhz_key in extra:
-                extra[w_key] = extra.pop(mhz_key)
+    if limit_w is not None and "drift_freq_mhz" in extra:  # the knob's value in W, its own key
+        extra["drift_power_limit_w"] = extra.pop("drift_freq_mhz")
     return TrainReport(
         num_examples=float(result.num_examples),
         train_time_s=m.time_s,
@@ -699,7 +668,6 @@ __all__ = [
     "max_batch_size",
     "node_context",
     "oracle_r",
-    "plan_pacing",
     "profile_cells",
     "select_for",
     "train_node",

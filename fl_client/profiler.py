@@ -53,8 +53,9 @@ StepFactory = Callable[[int], Callable[[], object]]
 
 @dataclass(frozen=True)
 class MeasureContext:
-    """Where a node measures cells outside profiling (pacing, drift checks): its device, the
-    workload, the factory of its training step per batch size, and its LUT cache."""
+    """Where a node measures cells outside profiling (shared cells checked, drift checks):
+    its device, the workload, the factory of its training step per batch size, and its LUT
+    cache."""
 
     device: Device
     workload: Workload

@@ -704,8 +704,8 @@ def feasible_freq_index(power_row_w: npt.ArrayLike, p_max_w: float | None) -> in
     """The highest index j such that every measured cell at or below j is below P_max.
 
     This is the paper's Eq. 4 j_i on rows whose power rises with f, kept for code that
-    needs a *prefix* of safe frequencies (deadline pacing walks down from f* and may take
-    any measured cell at or below j). The selection itself no longer uses it: it judges
+    needs a *prefix* of safe frequencies (the single-device study's report of the paper's
+    rule). The selection itself no longer uses it: it judges
     each cell on its own (``feasible_cells``), so one noisy low-f cell above the cap costs
     that cell, not the row.
 

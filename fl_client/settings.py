@@ -140,11 +140,6 @@ def _choice(cfg: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> str:
     return val
 
 
-#: ``pacing``: ``off`` runs every node at its (b*, f*); ``deadline`` keeps b* and, from
-#: round 2, lets a node that would wait for the slowest one run at the frequency of least
-#: predicted energy that still meets the round's deadline (``deadline-s``).
-PACING_MODES = ("off", "deadline")
-
 #: ``balance``: what a node that would finish before the round's planned deadline does with
 #: its slack (``strategies.round_plan``): ``off`` its own Eq. 4 choice (today's rule);
 #: ``samples`` the most sample-efficient cell (least r_b) that meets the deadline;
@@ -152,6 +147,58 @@ PACING_MODES = ("off", "deadline")
 #: least energy to accuracy that meets it. The node that sets the pace takes its fastest
 #: cell whatever the mode but ``off``.
 BALANCE_MODES = ("off", "samples", "steps", "energy")
+
+#: The keys of deadline pacing, which ``balance = "energy"`` replaced (issue 22): each old
+#: key and the key to write instead. ``pacing = "deadline"`` is ``balance = "energy"``;
+#: ``pacing = "off"`` changes nothing. A config that uses them still runs
+#: (``translate_deprecated``), and the server prints what to write instead.
+DEPRECATED_KEYS = {
+    "pacing": "balance",
+    "pacing-margin": "deadline-margin",
+    "pacing-deadline-s": "round-deadline-s",
+}
+
+
+def translate_deprecated(
+    cfg: Mapping[str, Any], defaults: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """``cfg`` with the deprecated pacing keys (``DEPRECATED_KEYS``) written as their
+    replacements, and one note per key saying what to write instead.
+
+    ``defaults``: the app defaults merged into ``cfg`` (Flower merges them into every run
+    config): a replacement still at its default takes the old key's value; one set to
+    another value beside its old key is refused, naming both. An unknown ``pacing`` value,
+    or ``pacing = "deadline"`` beside another ``balance`` mode, is refused the same way."""
+    out, notes, defaults = dict(cfg), [], defaults or {}
+    for old, new in DEPRECATED_KEYS.items():
+        if old not in out:
+            continue
+        value = out.pop(old)
+        if old == "pacing":
+            if value == "off":
+                notes.append('pacing: deprecated; "off" changes nothing: leave it out')
+                continue
+            if value != "deadline":
+                raise SettingsError(
+                    f"pacing: unknown value {value!r}; pacing is deprecated: write "
+                    'balance = "energy" for what pacing = "deadline" did, or leave it out'
+                )
+            value = "energy"
+            if out.get(new, "off") not in ("off", "energy"):
+                raise SettingsError(
+                    f'pacing: "deadline" is balance = "energy" now, which conflicts with '
+                    f"balance = {out[new]!r}; remove pacing"
+                )
+        elif new in out and out[new] != defaults.get(new, value) and out[new] != value:
+            raise SettingsError(
+                f"{old}: the deprecated name of {new}, and both are set ({value!r} and "
+                f"{out[new]!r}); keep {new} alone"
+            )
+        out[new] = value
+        shown = f'"{value}"' if isinstance(value, str) else f"{value!r}"
+        what = 'pacing = "deadline"' if old == "pacing" else old
+        notes.append(f"{what}: deprecated; it runs as {new} = {shown} (write that instead)")
+    return out, notes
 
 
 def _share(cfg: Mapping[str, Any], key: str, default: float) -> float:
@@ -306,18 +353,16 @@ class RunSettings:
     schedule_profiling: str = "upfront"
     fixed_batch_size: int | None = None
     fixed_freq_mhz: float | None = None
-    #: ``pacing`` (see ``PACING_MODES``); ``pacing-margin``: share of the deadline a paced
-    #: node keeps in reserve against noise; ``pacing-deadline-s``: a fixed deadline in
-    #: seconds of local training time (0: from the slowest node's time at f*).
-    pacing: str = "off"
-    pacing_margin: float = 0.05
-    pacing_deadline_s: float = 0.0
     #: ``balance`` (see ``BALANCE_MODES``); ``straggler-work``: the share of its local work
     #: the node that sets the pace runs (in (0, 1]); ``round-deadline-s``: a fixed round
     #: deadline in seconds of local training time (0: the critical node's best round time).
     balance: str = "off"
     straggler_work: float = 1.0
     round_deadline_s: float = 0.0
+    #: ``deadline-margin``: the share of the round's deadline a node with slack keeps in
+    #: reserve against noise (``balance``); a node whose local time is over the deadline by
+    #: more than this share has missed it.
+    deadline_margin: float = 0.05
     #: ``cap-margin``: share of P_max kept free of profiled peak power (a node's own
     #: ``cap-margin`` overrides it). One profiled peak is a noisy sample and training runs
     #: many more steps than profiling, so a cell is feasible only when its profiled peak is
@@ -397,7 +442,8 @@ class RunSettings:
     @classmethod
     def from_config(cls, run_config: Mapping[str, Any]) -> RunSettings:
         """Merge ``run_config`` over the app defaults and validate every key."""
-        cfg: dict[str, Any] = {**app_defaults(), **dict(run_config)}
+        defaults = app_defaults()
+        cfg, _ = translate_deprecated({**defaults, **dict(run_config)}, defaults)
         known = cls.keys()
         for key in cfg:
             if key not in known:
@@ -440,9 +486,7 @@ class RunSettings:
             cap_margin=_fraction(cfg, "cap-margin", 0.05),
             peak_sigma_k=_nonneg(cfg, "peak-sigma-k", PEAK_SIGMA_K),
             tie_tolerance=_fraction(cfg, "tie-tolerance", TIE_TOLERANCE),
-            pacing=_choice({"pacing": cfg.get("pacing", "off")}, "pacing", PACING_MODES),
-            pacing_margin=_fraction(cfg, "pacing-margin", 0.05),
-            pacing_deadline_s=_nonneg(cfg, "pacing-deadline-s", 0.0),
+            deadline_margin=_fraction(cfg, "deadline-margin", 0.05),
             balance=_choice({"balance": cfg.get("balance", "off")}, "balance", BALANCE_MODES),
             straggler_work=_share(cfg, "straggler-work", 1.0),
             round_deadline_s=_nonneg(cfg, "round-deadline-s", 0.0),

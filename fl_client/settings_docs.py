@@ -113,22 +113,20 @@ RUN_HELP: dict[str, str] = {
     "tie-tolerance": "cells whose time × r_b is within this share of the least (the noise "
     "level of LUT cells) are ties, broken by the least energy to accuracy (average power × "
     "time × r_b)",
-    "pacing": "deadline-aware pacing: `off` runs every node at its (b\\*, f\\*); `deadline` "
-    "keeps b\\* and, from round 2, runs a node that would wait for the slowest one at the "
-    "frequency of least predicted energy that still meets the round's deadline "
-    "([Pacing](method.md#pacing))",
-    "pacing-margin": "share of the deadline a paced node keeps in reserve against noise",
     "balance": "what a node that would finish before the round's planned deadline does with "
     "its slack: `off` its own Eq. 4 choice; `samples` the most sample-efficient cell (least "
     "r_b) that meets the deadline; `steps` more local steps until the deadline; `energy` "
-    "the cell of least energy to accuracy that meets it. The node that sets the pace takes "
-    "its fastest cell ([The round plan](method.md#the-round-plan))",
+    'the cell of least energy to accuracy that meets it (what `pacing = "deadline"` did; '
+    "`pacing` is deprecated). The node that sets the pace takes its fastest cell "
+    "([The round plan](method.md#the-round-plan))",
     "straggler-work": "the share of its local work the node that sets the pace runs, with "
     "`balance` on (1: all of it)",
     "round-deadline-s": "a fixed round deadline in seconds of local training time, with "
-    "`balance` on; 0: the critical node's best predicted round time",
-    "pacing-deadline-s": "a fixed deadline in seconds of local training time; 0: the largest "
-    "time a node reported at its f\\* in the last round",
+    "`balance` on; 0: the critical node's best predicted round time (`pacing-deadline-s` "
+    "is its deprecated name)",
+    "deadline-margin": "share of the round's deadline a node with slack keeps in reserve "
+    "against noise, with `balance` on; a node later than the deadline by more than this "
+    "share has missed it (`pacing-margin` is its deprecated name)",
     "cap-margin": "share of P_max kept free: a (b, f) is feasible only if its profiled peak "
     "is below P_max·(1 − cap-margin); a node's own `cap-margin` overrides it; 0 is the "
     "paper's rule ([The cap margin](method.md#the-cap-margin))",
@@ -417,7 +415,7 @@ or a key given twice is refused before anything starts, naming the key
 ([bad-input.md](bad-input.md), which also gives the rule for relative paths).
 
 ```bash
-.venv/bin/powerfl simulate -c local-epochs=2 -c cap-margin=0 -c pacing=deadline
+.venv/bin/powerfl simulate -c local-epochs=2 -c cap-margin=0 -c balance=energy
 ```
 
 A fleet file (`fl_client/configs/fleets/*.toml`) has one `[[node]]` table per node, e.g.

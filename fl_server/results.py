@@ -258,7 +258,7 @@ class RunRecorder:
         method: str,
         target_accuracy: float,
         console: Console | None = None,
-        pacing: str = "off",
+        balance: str = "off",
         idle_accounting: str = "on",
     ) -> None:
         RUN_STOPPED.clear()  # a new run: nothing has stopped it yet
@@ -268,7 +268,7 @@ class RunRecorder:
                 f"allowed: {', '.join(IDLE_ACCOUNTING)}"
             )
         self.run_dir = run_dir
-        self.pacing = pacing
+        self.balance = balance
         self.idle_accounting = idle_accounting
         self.method = method
         self.target_accuracy = target_accuracy
@@ -427,7 +427,7 @@ class RunRecorder:
             "device-train-time-s": train_s,
             "device-profile-time-s": profile_s,
             "profile-share": profile_s / device_time_s if device_time_s else 0.0,
-            "pacing": self.pacing,
+            "balance": self.balance,
             "fleet-predicted-energy-saved-j": self._sum("predicted_energy_saved_j"),
             "deadline-misses": int(self._sum("deadline_misses")),
             "drift-reprofiles": sum(t.drift_reprofiles for t in totals),
@@ -543,11 +543,16 @@ class RunRecorder:
                 f"{summ['slack-busy-energy-per-round-j']:.2f} J busy + "
                 f"{summ['slack-idle-energy-per-round-j']:.2f} J idle"
             )
-        if summ.get("pacing", "off") != "off":
+        if summ.get("balance", "off") != "off":
+            saving = (
+                f"{summ['fleet-predicted-energy-saved-j']:.1f} J predicted saving against "
+                "every node at its fastest cell (from the LUTs), "
+                if summ["balance"] == "energy"
+                else ""
+            )
             self.console.print(
-                f"pacing ({summ['pacing']}): {summ['fleet-predicted-energy-saved-j']:.1f} J "
-                "predicted saving against running every node at f* (from the LUTs, not "
-                f"measured), {summ['deadline-misses']} deadline misses"
+                f"round plan (balance = {summ['balance']}): {saving}"
+                f"{summ['deadline-misses']} deadline misses"
             )
         if summ.get("drift-reprofiles"):
             self.console.print(f"drift checks re-profiled {summ['drift-reprofiles']} time(s)")

@@ -19,9 +19,11 @@ from fl_client.r_estimation import estimate_run_r, round0_model
 from fl_client.settings import (
     NodeSettings,
     RunSettings,
+    app_defaults,
     fleet_path,
     load_fleet,
     resolve_path,
+    translate_deprecated,
 )
 from fl_server.lut_library import LUTLibrary
 from fl_server.results import RunRecorder, new_run_dir, untrained_label
@@ -55,7 +57,7 @@ def estimate_proxy_r(
 
 
 def make_strategy(settings: RunSettings, r_est: Any, rec: RunRecorder) -> PowerAwareFedAvg:
-    """The run's strategy: its TRAIN config template, QUERY config and pacing."""
+    """The run's strategy: its TRAIN config template, QUERY config and round plan."""
     fixed = settings.method == "fixed"
     template = TrainConfig(
         server_round=0,
@@ -76,15 +78,13 @@ def make_strategy(settings: RunSettings, r_est: Any, rec: RunRecorder) -> PowerA
         fraction_train=settings.fraction_train,
         min_train_nodes=settings.min_train_nodes,
         min_available_nodes=settings.min_train_nodes,
-        pacing=settings.pacing,
-        pacing_deadline_s=settings.pacing_deadline_s,
         aggregation=settings.aggregation,
     )
     if settings.balance != "off":
         strategy.planning = PlanSettings(
             settings.balance,
             round_deadline_s=settings.round_deadline_s,
-            margin=settings.pacing_margin,
+            margin=settings.deadline_margin,
             peak_sigma_k=settings.peak_sigma_k,
         )
     if settings.shared_profiling == "fleet":
@@ -173,15 +173,18 @@ def run_server(
         run_dir,
         method=settings.method,
         target_accuracy=settings.target_accuracy,
-        pacing=settings.pacing,
+        balance=settings.balance,
         idle_accounting=settings.idle_accounting,
     )
     rec.console.print(
         f"[bold]powerfl[/bold] method={settings.method} model={settings.model} "
         f"rounds≤{settings.num_rounds} target={settings.target_accuracy:.2f} "
-        + (f"pacing={settings.pacing} " if settings.pacing != "off" else "")
+        + (f"balance={settings.balance} " if settings.balance != "off" else "")
         + f"→ {run_dir}"
     )
+    for note in translate_deprecated(run_config, app_defaults())[1]:
+        log.warning(note)
+        rec.console.print(f"[yellow]settings:[/yellow] {note}")
     model, weights = round0_model(settings)
     if weights is not None:
         new = f"; new layers: {', '.join(weights.new_layers)}" if weights.new_layers else ""

@@ -34,8 +34,9 @@ log = logging.getLogger(__name__)
 @dataclass
 class RoundReport:
     """One synchronous round as the strategy saw it: every node's row (its report, or why it
-    has none), the deadline sent (pacing; None without one) and warnings. Accounting (round
-    time, fleet energy, waiting) is done once, by the run recorder (``fl_server.results``).
+    has none), the deadline sent (the round plan's; None without one) and warnings.
+    Accounting (round time, fleet energy, waiting) is done once, by the run recorder
+    (``fl_server.results``).
     """
 
     server_round: int
@@ -75,12 +76,6 @@ class PowerAwareFedAvg(FedAvg):
         Called with each ``RoundReport`` and the server-side evaluation of the new global
         model (the results writer).
     fraction_train, min_train_nodes, min_available_nodes : see ``FedAvg``.
-    pacing : str
-        ``off`` or ``deadline``: from round 2 each node gets a ``deadline-s`` (and its own
-        ``time-calibration``, measured / LUT-predicted time of its last round).
-    pacing_deadline_s : float
-        A fixed deadline in seconds (> 0), or 0: the largest ``fastest-time-s`` (a node's
-        local time at its f*) the round's nodes reported last.
     aggregation : str
         ``fedavg`` or ``fednova`` (``strategies.aggregation``).
     """
@@ -94,8 +89,6 @@ class PowerAwareFedAvg(FedAvg):
         fraction_train: float = 1.0,
         min_train_nodes: int = 2,
         min_available_nodes: int = 2,
-        pacing: str = "off",
-        pacing_deadline_s: float = 0.0,
         aggregation: str = "fedavg",
     ) -> None:
         super().__init__(
@@ -111,13 +104,6 @@ class PowerAwareFedAvg(FedAvg):
         self.query_failures: dict[int, str] = {}
         self.rounds: list[RoundReport] = []
         self._sent_to: dict[str, int] = {}  # message id -> node it was sent to
-        if pacing not in ("off", "deadline"):
-            raise ValueError(f"pacing: unknown value {pacing!r}; allowed: off, deadline")
-        if not (pacing_deadline_s >= 0 and math.isfinite(pacing_deadline_s)):
-            raise ValueError(f"pacing-deadline-s: must be a number ≥ 0, got {pacing_deadline_s}")
-        self.pacing = pacing
-        self.pacing_deadline_s = float(pacing_deadline_s)
-        self.fastest_time_s: dict[int, float] = {}  # node -> last reported time at f*
         self.time_calibration: dict[int, float] = {}  # node -> measured / predicted time
         self._deadline_s: float | None = None
         #: Fleet-shared profiling (``strategies.shared_profiling``; None: each node its own)
@@ -140,15 +126,6 @@ class PowerAwareFedAvg(FedAvg):
     @property
     def r(self) -> list[float]:
         return list(self.template.r)
-
-    def deadline_for(self, node_ids: list[int]) -> float | None:
-        """This round's deadline for ``node_ids`` (None: pacing off or nothing reported yet)."""
-        if self.pacing != "deadline":
-            return None
-        if self.pacing_deadline_s > 0:
-            return self.pacing_deadline_s
-        known = [self.fastest_time_s[n] for n in node_ids if n in self.fastest_time_s]
-        return max(known) if known else None
 
     def node_of(self, reply: Message) -> int:
         """The node a reply answers for.
@@ -293,7 +270,7 @@ class PowerAwareFedAvg(FedAvg):
             if sample_size == len(available)
             else sorted(random.sample(available, sample_size))
         )
-        self._deadline_s = self.deadline_for(node_ids) if server_round > 1 else None
+        self._deadline_s = None
         self.plan = None
         if self.planning is not None and server_round > 1:
             self.plan = self.plan_round(server_round, node_ids)
@@ -340,14 +317,13 @@ class PowerAwareFedAvg(FedAvg):
             row = self._row(server_round, node_id, "")
             rows.append(dataclasses.replace(row, ok=True, report=report, p_max=report.cap))
             good.append(msg.content)
-            self._remember_pacing(node_id, report)
+            self._remember_calibration(node_id, report)
             self._distrust_library_lut(server_round, node_id, report)
             self._last[node_id] = report
         report_ = RoundReport(
             server_round, rows, deadline_s=self._deadline_s, shared_round_s=self.luts.round_s
         )
         self._record_plan(report_)
-        self._warn_all_missed(report_)
         self.rounds.append(report_)
         if not good:
             return None, None
@@ -388,28 +364,6 @@ class PowerAwareFedAvg(FedAvg):
         kept = setter(kind, reason) if setter is not None else "library cannot set aside"
         entry.update(source="library, set aside", **{"set-aside": f"{reason}; {kept}"})
         self.luts.kind_luts.pop(kind, None)
-
-    def _warn_all_missed(self, report: RoundReport) -> None:
-        """A deadline every node missed is a setting to fix: say so in the round's record."""
-        ok = report.reports()
-        if self._deadline_s is None or not ok or not all(r.deadline_miss for r in ok):
-            return
-        if self.plan is not None:  # the round plan records its own misses (``_record_plan``)
-            return
-        key = "pacing-deadline-s" if self.pacing_deadline_s > 0 else "pacing"
-        fastest = min(r.fastest_time_s or math.inf for r in ok)
-        warning = (
-            f"{key}: every node missed round {report.server_round}'s deadline of "
-            f"{self._deadline_s:.1f} s (the fastest node needs {fastest:.1f} s at f*); "
-            "they ran at f*"
-            + (
-                "; raise pacing-deadline-s or set it to 0 (from the slowest node)"
-                if self.pacing_deadline_s > 0
-                else ""
-            )
-        )
-        log.warning(warning)
-        report.warnings.append(warning)
 
     # ----------------------------------------------------------------------------- plan
     def forecast(self, node_id: int, server_round: int) -> NodeForecast:
@@ -459,11 +413,8 @@ class PowerAwareFedAvg(FedAvg):
         self._measured_s.update(late)
         self.plan_log.append(entry)
 
-    def _remember_pacing(self, node_id: int, report: TrainReport) -> None:
-        """Keep what the next round's deadline and the node's calibration come from."""
-        fastest = report.fastest_time_s
-        if fastest is not None and math.isfinite(fastest) and fastest > 0:
-            self.fastest_time_s[node_id] = fastest
+    def _remember_calibration(self, node_id: int, report: TrainReport) -> None:
+        """Keep the node's calibration (measured / LUT-predicted time of its last round)."""
         predicted = report.predicted_time_s
         if predicted is not None and predicted > 0 and report.train_time_s > 0:
             self.time_calibration[node_id] = report.train_time_s / predicted

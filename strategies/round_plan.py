@@ -113,7 +113,7 @@ def missed(
 class PlanSettings:
     """The run settings the server's round plan reads (``balance`` not ``off``).
 
-    ``margin`` is a node's reserve (``pacing-margin``): a node whose measured local time is
+    ``margin`` is a node's reserve (``deadline-margin``): a node whose measured local time is
     over the deadline by more than this share of it has missed it (recorded; the next plan
     uses its measured time). ``peak_sigma_k`` judges feasibility as the nodes do.
     """

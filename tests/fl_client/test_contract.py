@@ -249,7 +249,7 @@ def test_train_report_keys_are_its_fields_and_energy_is_split() -> None:
     [
         {},
         {"p_max_w": math.inf, "idle_power_w": math.nan},
-        {"deadline_s": 9.0, "slack_s": -1.0, "deadline_miss": 1.0, "f_star_mhz": 921.6},
+        {"deadline_s": 9.0, "slack_s": -1.0, "deadline_miss": 1.0, "fastest_time_s": 8.0},
         {"drift_deviation": 0.3, "drift_reprofiled": 1.0, "drift_batch_size": 16.0},
     ],
 )

@@ -207,27 +207,6 @@ def test_drift_check_reprofiles_only_when_the_twin_drifts(tmp_path: Path) -> Non
     assert (m4.batch_size, m4.gpu_freq_mhz) == reselected and m4.peak_power_w < 7.0
 
 
-def test_drift_check_at_a_paced_frequency_rescales_the_on_demand_cells(tmp_path: Path) -> None:
-    run = run_config(tmp_path, pacing="deadline", **{"drift-check-every": 3})
-    node = {**NODE, "p-max-w": "none", "twin-drift-from-round": 3, "twin-slowdown": 1.5}
-    state = initial_state()
-    _, m1 = train_node(run, node, train_config(1), state)
-    assert m1.fastest_time_s is not None
-    deadline = 8 * m1.fastest_time_s
-    train_node(run, node, train_config(2, deadline_s=deadline), state)
-    (cells_file,) = (tmp_path / "cache").rglob("lut_*_on-demand_*.json")
-    before = LUT.load(cells_file)
-    # round 3: 1.5× slower; the paced frequency's prediction comes from the on-demand cells
-    _, m3 = train_node(run, node, train_config(3, deadline_s=1.5 * deadline), state)
-    assert m3.f_star_mhz is not None and m3.gpu_freq_mhz < m3.f_star_mhz
-    assert m3.drift_reprofiled == 1.0
-    assert m3.drift_deviation is not None and m3.drift_deviation > 0.3
-    after = LUT.load(cells_file)
-    measured = ~np.isnan(before.time_per_sample_s)
-    ratio = after.time_per_sample_s[measured] / before.time_per_sample_s[measured]
-    assert np.allclose(ratio, ratio[0]) and 1.3 < ratio[0] < 1.7
-
-
 @pytest.mark.parametrize(
     ("time_s", "deviation"),
     [

@@ -1,9 +1,8 @@
 """fl_client.node: the QUERY descriptor, settings parsed once, the full TRAIN config, and what
 one node selects and runs under its cap less its cap margin.
 
-Pacing, cap schedules and drift checks on the node are in ``test_pacing``,
-``test_schedule`` and ``test_drift``; ``NODE``, ``train_config`` and ``run_config`` here are
-shared with them.
+Cap schedules and drift checks on the node are in ``test_schedule`` and ``test_drift``;
+``NODE``, ``train_config`` and ``run_config`` here are shared with them.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import torch
 from fl_client import selector
 from fl_client.contract import Cap, NodeDescriptor, SettingsError, TrainConfig, TrainReport
 from fl_client.lut import LUT
-from fl_client.node import describe_node, node_context, train_node
+from fl_client.node import describe_node, energy_saved_j, node_context, train_node
 from fl_client.settings import RunSettings
 from fl_client.task import build_model
 
@@ -44,7 +43,7 @@ TEMPLATE = TrainConfig(
 )
 #: r that makes b = 64 the clear b* (B = 8…64 under 7 W or 4.5 W on the Nano twin), whatever
 #: breaks near-ties of Eq. 4: the largest b's row is profiled from the lowest frequency up,
-#: so pacing has cells below f*, and a tighter cap moves b = 64 down in frequency.
+#: so it has cells below f*, and a tighter cap moves b = 64 down in frequency.
 R_FOR_B64 = (1.0, 1.0, 1.0, 0.5)
 
 
@@ -338,12 +337,36 @@ def test_the_round_plan_on_the_node_by_balance_mode(tmp_path: Path) -> None:
     steps = run(4, "steps", r=R_FOR_B64, deadline_s=3 * best)
     assert steps.batch_size == 64 and steps.train_time_s > 1.8 * first.train_time_s
     assert steps.deadline_miss == 0.0
-    # slack, energy: a cell that meets the deadline
+    # slack, energy: a cell that meets the deadline, and what its LUT says it saves against
+    # the node's fastest cell (idle waiting counted); the other modes predict no saving
     energy = run(5, "energy", deadline_s=roomy)
     assert energy.deadline_miss == 0.0
+    assert energy.predicted_energy_saved_j is not None
+    assert samples.predicted_energy_saved_j is None and steps.predicted_energy_saved_j is None
     # a deadline no cell meets: the fastest cell, reported as a miss
     late = run(6, "samples", r=R_FOR_B64, deadline_s=best / 10)
     assert late.deadline_miss == 1.0 and late.train_time_s <= first.train_time_s * 1.05
+
+
+def test_energy_saved_counts_the_idle_wait_the_fastest_cell_would_have_had() -> None:
+    def cell(time_ms: float, energy_mj: float) -> selector.Selection:
+        return selector.Selection(
+            method="power-aware",
+            batch_size=32,
+            freq_mhz=460.8,
+            time_per_sample_s=time_ms / 1e3,
+            peak_power_w=4.0,
+            score=math.nan,
+            p_max_w=None,
+            candidates=(),
+            energy_per_sample_j=energy_mj / 1e3,
+        )
+
+    fastest, slow = cell(1.0, 5.0), cell(2.0, 6.0)
+    # 1000 samples: 5 J in 1 s then 1 s idle at 2 W, against 6 J in 2 s: 1 J saved
+    assert energy_saved_j(fastest, slow, 1000, 2.0) == pytest.approx(1.0)
+    # an unknown idle power counts 0: the slower cell then costs 1 J more
+    assert energy_saved_j(fastest, slow, 1000, math.nan) == pytest.approx(-1.0)
 
 
 def test_a_power_limit_node_reports_its_limit_in_watts(tmp_path: Path) -> None:
@@ -369,12 +392,9 @@ def test_a_power_limit_node_reports_its_limit_in_watts(tmp_path: Path) -> None:
     desc = describe_node(run_config(tmp_path), node, query)  # the QUERY reply: W, not MHz
     assert (desc.knob, desc.gpu_freqs_mhz) == ("power-limit", (100.0, 150.0, 200.0))
     assert desc.to_config()["gpu-power-limits-w"] == [100.0, 150.0, 200.0]
-    run = run_config(tmp_path, pacing="deadline")  # pacing's f* is a power limit too
-    _, report = train_node(run, node, train_config(), initial_state())
+    _, report = train_node(run_config(tmp_path), node, train_config(), initial_state())
     assert report.gpu_power_limit_w in (100.0, 150.0)  # under 150 W less its 5% margin
     assert math.isnan(report.gpu_freq_mhz)  # no clock read, and never the W value
-    assert report.f_star_power_limit_w == report.gpu_power_limit_w
-    assert report.f_star_mhz is None and "f-star-mhz" not in report.to_metrics()
     metrics = report.to_metrics()
     assert metrics["gpu-power-limit-w"] == report.gpu_power_limit_w
     assert report.to_record()["gpu-freq-mhz"] is None

@@ -23,6 +23,7 @@ from fl_client.settings import (
     check_writable_dir,
     load_fleet,
     node_settings,
+    translate_deprecated,
 )
 from fl_client.shipped import shipped_dir
 
@@ -206,6 +207,51 @@ def test_round_plan_settings_default_to_todays_rule(tmp_path: Path) -> None:
     s = RunSettings.from_config({})
     assert (s.balance, s.straggler_work, s.round_deadline_s) == ("off", 1.0, 0.0)
     _check(tmp_path, _fleet(tmp_path, NANO, ORIN), balance="samples", straggler_work=0.5)
+
+
+def test_deadline_pacing_settings_run_as_the_round_plans_energy_mode() -> None:
+    """``pacing = "deadline"`` was deadline pacing; ``balance = "energy"`` replaced it. An old
+    config runs as the new one, and each old key comes with a note saying what to write."""
+    old = {"pacing": "deadline", "pacing-margin": 0.1, "pacing-deadline-s": 3.0}
+    s = RunSettings.from_config(old)
+    assert (s.balance, s.deadline_margin, s.round_deadline_s) == ("energy", 0.1, 3.0)
+    _, notes = translate_deprecated(old)
+    assert notes == [
+        'pacing = "deadline": deprecated; it runs as balance = "energy" (write that instead)',
+        "pacing-margin: deprecated; it runs as deadline-margin = 0.1 (write that instead)",
+        "pacing-deadline-s: deprecated; it runs as round-deadline-s = 3.0 (write that instead)",
+    ]
+    assert RunSettings.from_config({"pacing": "off"}).balance == "off"
+    # with the app defaults merged in (as Flower merges them), a new key at its default
+    # takes the old key's value
+    merged = RunSettings.from_config({"pacing-margin": 0.2, "deadline-margin": 0.05})
+    assert merged.deadline_margin == 0.2
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"pacing": "fast"}, "pacing: unknown value 'fast'; pacing is deprecated: write balance"),
+        (
+            {"pacing": "deadline", "balance": "steps"},
+            'pacing: "deadline" is balance = "energy" now, which conflicts with balance',
+        ),
+        (
+            {"pacing-margin": 0.1, "deadline-margin": 0.2},
+            "pacing-margin: the deprecated name of deadline-margin, and both are set",
+        ),
+        (
+            {"pacing-deadline-s": 2.0, "round-deadline-s": 3.0},
+            "pacing-deadline-s: the deprecated name of round-deadline-s, and both are set",
+        ),
+    ],
+)
+def test_deprecated_pacing_settings_that_contradict_the_new_ones_are_refused(
+    config: dict[str, object], message: str
+) -> None:
+    with pytest.raises(SettingsError) as err:
+        RunSettings.from_config(config)
+    assert message in str(err.value)
 
 
 # ------------------------------------------------------- the shape of every file given

@@ -266,28 +266,29 @@ def test_a_power_limit_node_is_recorded_in_watts(tmp_path: Path) -> None:
     assert "b16@300W" in text and "300 W" in text
 
 
-def test_pacing_totals_in_rounds_and_summary(tmp_path: Path) -> None:
+def test_round_plan_totals_in_rounds_and_summary(tmp_path: Path) -> None:
     run_dir = new_run_dir(tmp_path, "power-aware")
     out = io.StringIO()
-    rec = _recorder(run_dir, out, target_accuracy=0.9, pacing="deadline")
+    rec = _recorder(run_dir, out, target_accuracy=0.9, balance="energy")
     rec.initial_eval({"accuracy": 0.1, "loss": 2.3})
     rec.record_round(RoundReport(1, [_node(1, "a", 10, 50)]), {"accuracy": 0.5, "loss": 1.0})
     a = _node(2, "a", 10, 40, deadline_miss=0.0, predicted_energy_saved_j=7.5, deadline_s=11.0)
     b = _node(2, "b", 12, 60, deadline_miss=1.0, predicted_energy_saved_j=0.0, deadline_s=11.0)
-    report = RoundReport(2, [a, b], deadline_s=11.0, warnings=["pacing: w"])
+    report = RoundReport(2, [a, b], deadline_s=11.0, warnings=["balance: w"])
     row = rec.record_round(report, {"accuracy": 0.6, "loss": 0.9})
     assert (
         row.deadline_s == 11.0 and row.deadline_misses == 1 and row.predicted_energy_saved_j == 7.5
     )
     summ = rec.finish()
-    assert summ["pacing"] == "deadline" and summ["fleet-predicted-energy-saved-j"] == 7.5
+    assert summ["balance"] == "energy" and summ["fleet-predicted-energy-saved-j"] == 7.5
     assert summ["deadline-misses"] == 1 and summ["nodes"]["a"]["predicted-energy-saved-j"] == 7.5
     assert summ["nodes"]["b"]["deadline-misses"] == 1
     rounds = _lines(run_dir / "rounds.jsonl")
     assert rounds[0]["deadline-s"] is None and rounds[0]["deadline-misses"] == 0
-    assert rounds[1]["deadline-s"] == 11.0 and rounds[1]["warnings"] == ["pacing: w"]
+    assert rounds[1]["deadline-s"] == 11.0 and rounds[1]["warnings"] == ["balance: w"]
     assert rounds[1]["predicted-energy-saved-j"] == 7.5
     assert "7.5 J predicted saving" in out.getvalue() and "warning" in out.getvalue()
+    assert "round plan (balance = energy)" in out.getvalue()
 
 
 def test_records_are_standard_json_without_inf_or_nan(tmp_path: Path) -> None:

@@ -235,7 +235,7 @@ def test_each_node_gets_its_own_record_with_r_aligned_to_what_fits() -> None:
     assert cfg_a["r"] == [0.4, 0.5, 0.8]
     assert cfg_b["batch-sizes"] == [16, 32, 64, 128]
     assert cfg_a["server-round"] == 4 and cfg_a["method"] == "b2" and cfg_a["lr-ref"] == 0.003
-    # the whole TRAIN config, as the node parses it: no deadline without pacing
+    # the whole TRAIN config, as the node parses it: no deadline without the round plan
     parsed = TrainConfig.from_config(dict(cfg_a))
     assert parsed == dataclasses.replace(
         TEMPLATE, server_round=4, method="b2", batch_sizes=(16, 32, 64), r=(0.4, 0.5, 0.8)
