@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
@@ -239,6 +240,10 @@ class TrainConfig:
     kind_lut: str | None = None
     #: The round plan: this node sets the round's pace (it takes its fastest cell)
     critical: bool = False
+    #: sha256 of the checkpoint the run started from (``initial-weights``); None: the
+    #: model's seeded random weights. Keys the oracle's r cache, so an r from other weights
+    #: is never reused (the node never sees the checkpoint's file).
+    initial_weights_sha256: str | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -261,6 +266,9 @@ class TrainConfig:
             "time_calibration",
             calibration if calibration > 0 and math.isfinite(calibration) else 1.0,
         )
+        sha = self.initial_weights_sha256
+        if sha is not None and not re.fullmatch(r"[0-9a-f]{64}", sha):
+            raise SettingsError(f"initial-weights-sha256: expected 64 hex digits, got {sha!r}")
         object.__setattr__(self, "batch_sizes", b)
         object.__setattr__(self, "r", r)
 
@@ -300,6 +308,7 @@ class TrainConfig:
             time_calibration=_as(cfg.get("time-calibration", 1.0), float, "time-calibration"),
             kind_lut=opt("kind-lut", str),
             critical=_as(cfg.get("critical", False), _flag, "critical"),
+            initial_weights_sha256=opt("initial-weights-sha256", str),
         )
 
 

@@ -13,6 +13,7 @@ No Flower import: ``client_app.py`` unpacks messages and calls ``describe_node``
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import math
@@ -187,16 +188,41 @@ def lut_for_cap(
     return this[0], this[1] and cost.time_s == 0.0, cost
 
 
+def oracle_r_key(ctx: NodeContext, cfg: TrainConfig, data: tuple[Any, Any]) -> str:
+    """sha256 (hex) of what the oracle's r depends on: the run's starting weights (the
+    checkpoint's sha256 from the TRAIN config, or the seed of the model's random ones), this
+    node's data, and r's settings, so an r from other weights or data is never reused."""
+    s = ctx.settings
+    inputs = {
+        "model": cfg.model,
+        "batch-sizes": list(cfg.batch_sizes),
+        "initial-weights-sha256": cfg.initial_weights_sha256,
+        "seed": s.seed,
+        "proxy-target-accuracy": s.proxy_target_accuracy,
+        "lr-ref": cfg.lr_ref,
+        "b-ref": cfg.b_ref,
+        "r-eval-every-samples": s.r_eval_every_samples,
+        "r-max-samples": s.r_max_samples,
+        "train-data": task.data_hash(data[0]),
+        "eval-data": task.data_hash(data[1]),
+    }
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
 def oracle_r(
     ctx: NodeContext, cfg: TrainConfig, state: Mapping[str, torch.Tensor], data: tuple[Any, Any]
 ) -> list[float]:
-    """r measured on this node's own data (the oracle): computed once, kept on disk."""
+    """r measured on this node's own data (the oracle): computed once per ``oracle_r_key``,
+    kept on disk."""
     batch_sizes = list(cfg.batch_sizes)
-    key = f"oracle-r-{cfg.model}-{'-'.join(map(str, batch_sizes))}.json"
-    path = ctx.cache_dir / key
+    key = oracle_r_key(ctx, cfg, data)
+    path = ctx.cache_dir / f"oracle-r-{cfg.model}-{key[:24]}.json"
     if path.is_file():
         try:
-            return [float(x) for x in json.loads(path.read_text())["r"]]
+            cached = json.loads(path.read_text())
+            if cached["key"] == key:
+                return [float(x) for x in cached["r"]]
+            log.warning("oracle r cache %s has another key: recomputing", path)
         except (ValueError, KeyError, TypeError):
             log.warning("corrupt oracle r cache %s: recomputing", path)
     s = ctx.settings
@@ -213,13 +239,14 @@ def oracle_r(
         max_samples=s.r_max_samples,
         seeds=(s.seed,),
         cache_dir=ctx.cache_dir / "r",
+        weights_sha256=cfg.initial_weights_sha256 or "",
         progress=False,
     )
     # Batch sizes that never reach the target on this node's data get r = 1 (the worst).
     r_by_b = dict(zip(est.batch_sizes, est.r, strict=True))
     r = [float(r_by_b.get(b, 1.0)) for b in batch_sizes]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"batch-sizes": batch_sizes, "r": r}))
+    path.write_text(json.dumps({"key": key, "batch-sizes": batch_sizes, "r": r}))
     return r
 
 

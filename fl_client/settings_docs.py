@@ -491,7 +491,9 @@ another number of classes is replaced by the model's own seeded initialisation, 
 are recorded as new layers. The checkpoint's sha256 and new layers are in the run's
 `settings.json` (`initial_weights_sha256`, `initial_weights_new_layers`) and `summary.json`
 (`initial-weights-sha256`, `initial-weights-new-layers`), and the sha256 is part of the r
-cache key: r from other weights, or from a checkpoint changed since, is never reused. The
+cache key: r from other weights, or from a checkpoint changed since, is never reused. That
+holds for the server's proxy r and for the oracle's r on each node, which gets the sha256
+in its TRAIN config (`initial-weights-sha256`; the nodes never see the file). The
 study comparing fine-tuning with training from scratch is in
 [experiments.md](experiments.md).
 """

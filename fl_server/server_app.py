@@ -56,8 +56,14 @@ def estimate_proxy_r(
     return r_est
 
 
-def make_strategy(settings: RunSettings, r_est: Any, rec: RunRecorder) -> PowerAwareFedAvg:
-    """The run's strategy: its TRAIN config template, QUERY config and round plan."""
+def make_strategy(
+    settings: RunSettings,
+    r_est: Any,
+    rec: RunRecorder,
+    weights: checkpoint.InitialWeights | None = None,
+) -> PowerAwareFedAvg:
+    """The run's strategy: its TRAIN config template (with the checkpoint's sha256 when the
+    run starts from ``weights``), QUERY config and round plan."""
     fixed = settings.method == "fixed"
     template = TrainConfig(
         server_round=0,
@@ -70,6 +76,7 @@ def make_strategy(settings: RunSettings, r_est: Any, rec: RunRecorder) -> PowerA
         local_epochs=settings.local_epochs,
         fixed_batch_size=settings.fixed_batch_size if fixed else None,
         fixed_freq_mhz=settings.fixed_freq_mhz if fixed else None,
+        initial_weights_sha256=weights.sha256 if weights else None,
     )
     strategy = PowerAwareFedAvg(
         template=template,
@@ -209,7 +216,7 @@ def run_server(
             rec.initial_eval(metrics)
         return metrics
 
-    strategy = make_strategy(settings, r_est, rec)
+    strategy = make_strategy(settings, r_est, rec, weights)
     strategy.query_fleet(grid, settings.round_timeout_s)
     record_fleet(strategy, rec, fleet)
     final = strategy.run(

@@ -291,6 +291,9 @@ def rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "round-to-target": _mean([x.get("round-to-target") for x in s]),
                 "time-to-target-s": _mean([x.get("sim-time-to-target-s") for x in s]),
                 "energy-to-target-j": _mean([x.get("fleet-energy-to-target-j") for x in s]),
+                "busy-energy-to-target-j": _mean(
+                    [x.get("fleet-busy-energy-to-target-j") for x in s]
+                ),
                 "samples-to-target": _mean([samples_to_target(r) for r in recs]),
                 "profile-share": _mean(
                     [
@@ -303,6 +306,16 @@ def rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def proxy_r_by_start(table: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """Per start, the row whose server r (the proxy's, the same for every method of a start
+    and seed) the report shows: ours' cell, else the first cell of that start that has r."""
+    out: dict[str, Mapping[str, Any]] = {}
+    for r in sorted(table, key=lambda r: r["method"] != "power-aware"):
+        if r["r"] and r["start"] not in out:
+            out[r["start"]] = r
+    return {start: out[start] for start in STARTS if start in out}
 
 
 def _fmt(x: float | None, digits: int = 1) -> str:
@@ -319,13 +332,15 @@ def render(out: Path) -> Path:
         NOTE,
         "",
         "Means over seeds; time and energy to target count profiling (device time: training "
-        "+ profiling; energy: the fleet's training and profiling energy); samples to target: "
-        "training samples the fleet processed until the target round; '–': a seed did not "
-        "reach the target.",
+        "+ profiling). Energy→target is the run's headline fleet energy (with "
+        "`idle-accounting = on`, the default, it counts the idle power of nodes waiting for "
+        "the round's slowest); busy energy is the fleet's training and profiling energy "
+        "alone. Samples to target: training samples the fleet processed until the target "
+        "round; '–': a seed did not reach the target.",
         "",
         "| start | method | seeds | round-0 acc | final acc | rounds→target | time→target s "
-        "| energy→target J | samples→target | profiling share |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| energy→target J | busy energy→target J | samples→target | profiling share |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table:
         samples = r["samples-to-target"]
@@ -333,18 +348,26 @@ def render(out: Path) -> Path:
             f"| {r['start']} | {r['method']} | {r['seeds']} | {_fmt(r['initial-accuracy'], 3)} "
             f"| {_fmt(r['final-accuracy'], 3)} | {_fmt(r['round-to-target'])} "
             f"| {_fmt(r['time-to-target-s'])} | {_fmt(r['energy-to-target-j'])} "
+            f"| {_fmt(r['busy-energy-to-target-j'])} "
             f"| {'–' if samples is None else f'{samples:,.0f}'} "
             f"| {_fmt(None if r['profile-share'] is None else 100 * r['profile-share'])}% |"
         )
     lines += ["", "## r on the proxy set (Eq. 3), by start", ""]
-    by_start = {r["start"]: r for r in table if r["method"] == "power-aware"}
-    sizes = sorted({int(b) for r in by_start.values() for b in r["r"]})
+    by_start = proxy_r_by_start(table)
+    sizes = sorted({int(b) for row in by_start.values() for b in row["r"]})
     if sizes:
-        lines.append("| start | " + " | ".join(f"b={b}" for b in sizes) + " | host s |")
-        lines.append("|---|" + "---|" * (len(sizes) + 1))
-        for start, r in by_start.items():
-            cells = [_fmt(r["r"].get(str(b)), 2) for b in sizes]
-            lines.append(f"| {start} | " + " | ".join(cells) + f" | {_fmt(r['r-cost-s'])} |")
+        lines += [
+            "Host s: the estimate's host time in the cell that computed it (the start's other "
+            "cells read it from the study's r cache).",
+            "",
+            "| start | " + " | ".join(f"b={b}" for b in sizes) + " | host s |",
+            "|---|" + "---|" * (len(sizes) + 1),
+        ]
+        for start, row in by_start.items():
+            cells = [_fmt(row["r"].get(str(b)), 2) for b in sizes]
+            costs = [x["r-cost-s"] for x in table if x["start"] == start and x["r-cost-s"]]
+            cost = _fmt(max(costs) if costs else None)
+            lines.append(f"| {start} | " + " | ".join(cells) + f" | {cost} |")
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path

@@ -140,6 +140,7 @@ REQUIRED_TRAIN_KEYS = (
         {},
         {"deadline_s": 12.5, "time_calibration": 1.25},
         {"method": "fixed", "fixed_batch_size": 16, "fixed_freq_mhz": 460.8},
+        {"method": "oracle", "initial_weights_sha256": "0123456789abcdef" * 4},
     ],
 )
 def test_train_config_round_trips_through_its_config_record(over: dict[str, Any]) -> None:
@@ -158,6 +159,14 @@ def test_train_config_optional_keys_may_be_absent() -> None:
     assert cfg.deadline_s is None and cfg.time_calibration == 1.0
     assert cfg.fixed_batch_size is None and cfg.fixed_freq_mhz is None
     assert cfg.batch_sizes == (8, 16, 32) and cfg.r == (0.4, 0.7, 1.0)
+    assert cfg.initial_weights_sha256 is None  # the run starts from random weights
+
+
+@pytest.mark.parametrize("sha", ["abc", "A" * 64, "g" * 64, "a" * 65])
+def test_a_malformed_checkpoint_sha256_in_the_train_config_is_refused(sha: str) -> None:
+    record = {**_train_config().to_config(), "initial-weights-sha256": sha}
+    with pytest.raises(SettingsError, match=r"^initial-weights-sha256: expected 64 hex digits"):
+        TrainConfig.from_config(record)
 
 
 @pytest.mark.parametrize("key", REQUIRED_TRAIN_KEYS)

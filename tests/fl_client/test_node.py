@@ -230,6 +230,68 @@ def test_baselines_do_not_profile(tmp_path: Path) -> None:
         assert rep.to_metrics()["local-steps"] == rep.local_steps
 
 
+# --------------------------------------------------------------------------- oracle r
+
+#: r's settings small enough for a test: the digits to 0.3 within 640 samples per b.
+ORACLE_R_SETTINGS = {
+    "proxy-target-accuracy": 0.3,
+    "r-max-samples": 640,
+    "r-eval-every-samples": 64,
+}
+
+
+def test_the_oracles_r_is_keyed_by_the_checkpoints_sha256(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint changed after the oracle's r was cached (another sha256 in the TRAIN
+    config) recomputes r; the same checkpoint reuses it; random weights have their own."""
+    from fl_client import node
+
+    calls: list[str] = []
+    real = node.estimate_r
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs["weights_sha256"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(node, "estimate_r", counted)
+    ctx = node_context(run_config(tmp_path, **ORACLE_R_SETTINGS), NODE)
+    data = ctx.local_data()
+    base = dataclasses.replace(TEMPLATE, method="oracle", batch_sizes=(32, 64), r=(1.0, 1.0))
+    first = dataclasses.replace(base, initial_weights_sha256="a" * 64)
+    changed = dataclasses.replace(base, initial_weights_sha256="b" * 64)
+    state = initial_state()
+
+    r_first = node.oracle_r(ctx, first, state, data)
+    assert node.oracle_r(ctx, first, state, data) == r_first  # the same checkpoint: cached
+    assert calls == ["a" * 64]
+    node.oracle_r(ctx, changed, state, data)  # the checkpoint changed: r is recomputed
+    assert calls == ["a" * 64, "b" * 64]
+    node.oracle_r(ctx, base, state, data)  # random weights: neither checkpoint's r
+    assert calls == ["a" * 64, "b" * 64, ""]
+    keys = {node.oracle_r_key(ctx, c, data) for c in (first, changed, base)}
+    assert len(keys) == 3
+    assert len(list(ctx.cache_dir.glob("oracle-r-cnn-*.json"))) == 3
+    assert all(0.0 < x <= 1.0 for x in r_first) and max(r_first) == 1.0
+
+
+def test_the_oracles_r_is_keyed_by_the_nodes_data_and_rs_settings(tmp_path: Path) -> None:
+    from fl_client import node
+
+    run = run_config(tmp_path, **ORACLE_R_SETTINGS)
+    ctx = node_context(run, NODE)
+    data = ctx.local_data()
+    cfg = dataclasses.replace(TEMPLATE, method="oracle", initial_weights_sha256="a" * 64)
+    key = node.oracle_r_key(ctx, cfg, data)
+    assert node.oracle_r_key(node_context(dict(run), dict(NODE)), cfg, data) == key
+    other_node = node_context(run, {**NODE, "partition-id": 1})
+    assert node.oracle_r_key(other_node, cfg, other_node.local_data()) != key
+    other_target = node_context({**run, "proxy-target-accuracy": 0.4}, NODE)
+    assert node.oracle_r_key(other_target, cfg, data) != key
+    other_seed = node_context({**run, "seed": 8}, NODE)
+    assert node.oracle_r_key(other_seed, cfg, data) != key
+
+
 # --------------------------------------------------------------------------- cap margin
 
 

@@ -113,6 +113,60 @@ def test_samples_to_target_counts_the_rounds_up_to_the_target() -> None:
     assert samples_to_target({**rec, "summary": {"round-to-target": None}}) is None
 
 
+def _record(start: str, method: str, r: dict[str, float], r_cost_s: float) -> dict[str, object]:
+    """A finished cell's record as the report reads it (2 rounds, both nodes in both)."""
+    return {
+        "start": start,
+        "method": method,
+        "settings": {"local-epochs": 1},
+        "nodes": [{"server-round": k, "ok": True, "num-examples": 50} for k in (1, 1, 2, 2)],
+        "summary": {
+            "initial-accuracy": 0.4,
+            "final-accuracy": 0.8,
+            "round-to-target": 2,
+            "sim-time-to-target-s": 3.0,
+            "fleet-energy-to-target-j": 70.0,
+            "fleet-busy-energy-to-target-j": 40.0,
+            "device-train-time-s": 9.0,
+            "device-profile-time-s": 1.0 if method == "power-aware" else 0.0,
+            "r": r,
+            "r-cost-s": r_cost_s,
+        },
+    }
+
+
+def test_the_report_shows_busy_energy_and_r_from_any_cell_of_a_start(tmp_path: Path) -> None:
+    """Idle-counted and busy energy side by side; a start whose ours cell is missing still
+    has its proxy r (every cell of a start gets the same), with the host time of the cell
+    that computed it, not of one that read it from the cache."""
+    from simulations.experiments.finetune import proxy_r_by_start, render, rows
+    from simulations.experiments.records import write_json
+
+    ft_r, scratch_r = {"16": 0.5, "64": 1.0}, {"16": 0.8, "64": 1.0}
+    records = [
+        _record("fine-tuning", "b1", ft_r, 120.0),  # computed it
+        _record("fine-tuning", "power-aware", ft_r, 0.3),  # read it from the cache
+        _record("from-scratch", "b1", scratch_r, 400.0),  # no power-aware cell
+    ]
+    table = rows(records)
+    ours = next(r for r in table if (r["start"], r["method"]) == ("fine-tuning", "power-aware"))
+    assert (ours["energy-to-target-j"], ours["busy-energy-to-target-j"]) == (70.0, 40.0)
+    assert ours["profile-share"] == pytest.approx(0.1) and ours["samples-to-target"] == 200
+    by_start = proxy_r_by_start(table)
+    assert list(by_start) == ["fine-tuning", "from-scratch"]
+    assert by_start["fine-tuning"]["method"] == "power-aware"
+    assert by_start["from-scratch"]["r"] == scratch_r
+    for i, rec in enumerate(records):
+        write_json(tmp_path / "records" / "cells" / f"{i}.json", rec)
+    report = render(tmp_path).read_text()
+    assert (
+        "| fine-tuning | power-aware | 1 | 0.400 | 0.800 | 2.0 | 3.0 | 70.0 | 40.0 | 200 |"
+        in report
+    )
+    assert "| fine-tuning | 0.50 | 1.00 | 120.0 |" in report
+    assert "| from-scratch | 0.80 | 1.00 | 400.0 |" in report
+
+
 @pytest.mark.slow
 def test_tiny_finetune_study_runs_and_reports(tmp_path: Path) -> None:
     fleet = tmp_path / "fleet.toml"
