@@ -57,8 +57,11 @@ def run_config(tmp_path: Path, **over: Any) -> dict[str, Any]:
     return {"cache-dir": str(tmp_path / "cache"), "output-dir": str(tmp_path / "runs"), **over}
 
 
-def initial_state() -> dict[str, torch.Tensor]:
-    return dict(build_model("cnn").state_dict())
+def initial_state(seed: int = 0) -> dict[str, torch.Tensor]:
+    """The default CNN's weights from ``seed`` (whatever other tests did to torch's RNG)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return dict(build_model("cnn").state_dict())
 
 
 def _profiled_peak_w(cache: Path, report: TrainReport) -> tuple[LUT, float]:
