@@ -192,16 +192,51 @@ def _variants(
     return out
 
 
+def balance_arm_settings(base: dict[str, Any], arm: str) -> dict[str, Any]:
+    """The run settings of one arm of the balance scenario (``BALANCE_ARMS``): B1, or
+    power-aware with ``balance = arm`` (``off``, the run's default, is left unset so that it
+    is the same cell as the methods' power-aware)."""
+    if arm == "b1":
+        return {**base, "method": "b1"}
+    return {**base, "method": "power-aware", **({} if arm == "off" else {"balance": arm})}
+
+
+def _balance_cells(cfg: FederatedConfig) -> list[tuple[str, str, dict[str, Any]]]:
+    """(scenario, variant, run settings) of the balance scenario, fleet by fleet in the
+    order of ``balance-fleets``, seed by seed; the variant is ``FLEET/ARM``."""
+    out = []
+    for name in cfg.balance_fleets:
+        path = str(fleet_path(name))
+        for seed in cfg.seed_list():
+            base = {**cfg.base_overrides(), "seed": seed, "fleet": path}
+            for arm in ("b1", *cfg.balance_modes):
+                out.append(("balance", f"{name}/{arm}", balance_arm_settings(base, arm)))
+    return out
+
+
 def plan(cfg: FederatedConfig, out: Path) -> list[Cell]:
-    """Every cell of the study (deduplicated; cells with identical settings share one run)."""
+    """Every cell of the study (deduplicated; cells with identical settings share one run).
+
+    With the balance scenario, cells run fleet by fleet (the main fleet first, then
+    ``balance-fleets`` in their order) and seed by seed within a fleet, so that a study cut
+    short has whole fleets and seeds."""
     fleets = _fleets(cfg, out)
     cells: dict[tuple[tuple[str, Any], ...], list[tuple[str, str]]] = {}
     for seed in cfg.seed_list():
         base = {**cfg.base_overrides(), "seed": seed, "fleet": str(fleets["main"])}
         for scenario, variant, ov in _variants(cfg, base, fleets):
             cells.setdefault(tuple(sorted(ov.items())), []).append((scenario, variant))
-    fleet_texts = {str(p): p.read_text(encoding="utf-8") for p in fleets.values()}
-    return [Cell(ov, fleet_texts[dict(ov)["fleet"]], tuple(uses)) for ov, uses in cells.items()]
+    paths = list(fleets.values())
+    if "balance" in cfg.scenarios:
+        for scenario, variant, ov in _balance_cells(cfg):
+            cells.setdefault(tuple(sorted(ov.items())), []).append((scenario, variant))
+        paths += [fleet_path(name) for name in cfg.balance_fleets]
+    fleet_texts = {str(p): p.read_text(encoding="utf-8") for p in paths}
+    planned = [Cell(ov, fleet_texts[dict(ov)["fleet"]], tuple(uses)) for ov, uses in cells.items()]
+    if "balance" in cfg.scenarios:
+        order = list(dict.fromkeys([str(fleets["main"]), *(str(p) for p in paths)]))
+        planned.sort(key=lambda c: (order.index(str(c.settings["fleet"])), c.seed))
+    return planned
 
 
 def check_plan(cells: list[Cell]) -> None:

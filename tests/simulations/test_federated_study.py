@@ -99,6 +99,14 @@ def test_shipped_federated_file_parses_at_both_scales():
             "fl_client/configs/fleets/default.toml: no node has twin-slowdown",
         ),
         ("drift-check-every = 0\n", "drift-check-every: must be an integer ≥ 1"),
+        ('balance-modes = ["off", "fast"]\n', "balance-modes: unknown value 'fast'"),
+        ("balance-modes = []\n", "balance-modes: must be a non-empty list"),
+        ("balance-fleets = []\n", "balance-fleets: must be a non-empty list of fleet names"),
+        ('balance-fleets = ["default", "default"]\n', "balance-fleets: duplicate values"),
+        (
+            'scenarios = ["balance"]\nbalance-fleets = ["no/such/fleet.toml"]\n',
+            "balance-fleets: fleet: fleet file not found",
+        ),
     ],
 )
 def test_bad_federated_files_name_the_key(tiny_file, patch, needle):
@@ -119,6 +127,28 @@ def test_cli_rejects_bad_federated_file_before_any_run(tiny_file, tmp_path, caps
     assert rc == 2
     assert "methods: unknown value 'ours'" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_balance_study_plans_every_arm_per_fleet_and_seed_fleet_by_fleet(tmp_path):
+    path = REPO / "fl_client" / "configs" / "experiments" / "federated-balance.toml"
+    cfg = load_federated(path, scale="mini")
+    assert cfg.seeds >= 5 and cfg.scenarios == ("balance",)
+    cells = plan(cfg, tmp_path)
+    fleets = ["default", "straggler-2x", "straggler-5x", "straggler-1.2x"]
+    assert list(cfg.balance_fleets) == fleets
+    assert len(cells) == len(fleets) * cfg.seeds * 5  # B1, off, samples, steps, energy
+    # fleet by fleet, seed by seed: a study cut short has whole fleets and seeds
+    order = [(Path(str(c.settings["fleet"])).stem, c.seed) for c in cells]
+    assert order == sorted(order, key=lambda fs: (fleets.index(fs[0]), fs[1]))
+    first = cells[:5]
+    assert [dict(c.uses).get("balance") for c in first] == [
+        f"default/{arm}" for arm in ("b1", "off", "samples", "steps", "energy")
+    ]
+    # off is the methods' power-aware cell (the run's default balance, left unset)
+    assert ["methods", "power-aware"] in [list(u) for u in first[1].uses]
+    assert "balance" not in first[1].settings
+    assert [c.settings.get("balance") for c in first[2:]] == ["samples", "steps", "energy"]
+    assert first[0].method == "b1" and "balance" not in first[0].settings
 
 
 def test_plan_shares_identical_cells_and_derives_the_fixed_minimum_fleet(tmp_path):
