@@ -54,12 +54,12 @@ MODES = ("samples", "steps", "energy")
 
 
 def deadline_node_rounds(rec: Rec) -> tuple[int, int]:
-    """(node-rounds with a deadline, of which met it) from the run's nodes.jsonl rows: a
-    node-round met its deadline when its measured local time was not over it
-    (``deadline-miss`` 0)."""
-    with_deadline = [n for n in rec["nodes"] if n.get("deadline-s") is not None]
-    met = sum(1 for n in with_deadline if not n.get("deadline-miss"))
-    return len(with_deadline), met
+    """(node-rounds with a deadline, of which met it) from the run's rounds.jsonl rows: in a
+    round with a deadline (``deadline-s``) every node that reported had it, and
+    ``deadline-misses`` of them took longer (their measured local time over it)."""
+    with_deadline = [r for r in rec["rounds"] if r.get("deadline-s") is not None]
+    total = sum(int(r["nodes-ok"]) for r in with_deadline)
+    return total, total - sum(int(r["deadline-misses"]) for r in with_deadline)
 
 
 def measured_straggler_ratio(rec: Rec) -> float | None:

@@ -17,7 +17,7 @@ from simulations.experiments.balance_report import (
     time_attribution,
 )
 from simulations.experiments.federated_report import aggregate, cell_metrics, render
-from tests.simulations.test_federated_report import _output, cell
+from tests.simulations.test_federated_report import _output, cell, round_row
 
 
 def arm(fleet: str, name: str, seed: int, time_s: float, energy_j: float, **over: Any) -> dict:
@@ -122,14 +122,13 @@ def test_other_fleets_must_not_be_later_than_b1():
 
 def test_deadline_share_counts_node_rounds_with_a_deadline():
     rec = arm("default", "steps", 0, 9.0, 80.0)
-    rec["nodes"] = [
-        {"server-round": r, "node-name": f"n{i}", "ok": True, "deadline-s": 1.0, "deadline-miss": 0}
-        for r in range(1, 6)
-        for i in range(4)
+    rec["rounds"] = [
+        round_row(1, **{"deadline-s": None, "nodes-ok": 8}),  # round 1: no plan yet
+        *(round_row(r, **{"deadline-s": 0.2, "nodes-ok": 8}) for r in range(2, 5)),
+        round_row(5, **{"deadline-s": 0.2, "nodes-ok": 6, "deadline-misses": 2}),
     ]
-    rec["nodes"][3]["deadline-miss"] = 1
-    rec["nodes"].append({"server-round": 1, "node-name": "x", "ok": True, "deadline-s": None})
-    assert deadline_node_rounds(rec) == (20, 19)
+    assert deadline_node_rounds(rec) == (30, 28)
+    assert deadline_node_rounds(arm("default", "off", 0, 9.0, 80.0)) == (0, 0)
 
 
 def test_the_measured_straggler_ratio_is_slowest_over_median_busy_time_per_round():
