@@ -63,10 +63,11 @@ def deadline_node_rounds(rec: Rec) -> tuple[int, int]:
 
 
 def measured_straggler_ratio(rec: Rec) -> float | None:
-    """The run's slowest node ÷ its median node by mean busy time per round (training +
-    profiling over the rounds it trained), as recorded in the summary's node totals."""
+    """The run's slowest node ÷ its median node by mean training time per round (over the
+    rounds it trained; profiling, a round-1 cost, left out), from the summary's node
+    totals."""
     per_round = [
-        (t["train-time-s"] + t["profile-time-s"]) / t["rounds-ok"]
+        t["train-time-s"] / t["rounds-ok"]
         for t in rec["summary"]["nodes"].values()
         if t.get("rounds-ok")
     ]
@@ -292,7 +293,7 @@ def section(
         "reached the target): mean (min–max, seeds paired / seeds run). *Deadline met*: "
         "node-rounds whose local time was within the round plan's deadline (only runs with "
         "a plan have one; goal ≥ 95%). *Straggler ratio*: the slowest node's round time ÷ the "
-        "median node's (`python -m simulations.experiments.fleet_pace`; as run: mean busy "
+        "median node's (`python -m simulations.experiments.fleet_pace`; as run: mean training "
         "time per round, with the seed's data split and the chosen cells).",
         "",
     )

@@ -131,13 +131,13 @@ def test_deadline_share_counts_node_rounds_with_a_deadline():
     assert deadline_node_rounds(arm("default", "off", 0, 9.0, 80.0)) == (0, 0)
 
 
-def test_the_measured_straggler_ratio_is_slowest_over_median_busy_time_per_round():
+def test_the_measured_straggler_ratio_is_slowest_over_median_training_time_per_round():
     rec = arm("default", "off", 0, 9.0, 80.0)
     nodes = rec["summary"]["nodes"]
-    nodes["nano"].update({"train-time-s": 30.0, "profile-time-s": 6.0, "rounds-ok": 3})  # 12
-    nodes["orin"].update({"train-time-s": 5.0, "profile-time-s": 1.0, "rounds-ok": 3})  # 2
-    nodes["tx2"] = {**nodes["orin"], "train-time-s": 11.0}  # 4 s per round
-    assert measured_straggler_ratio(rec) == pytest.approx(12.0 / 4.0)
+    nodes["nano"].update({"train-time-s": 30.0, "profile-time-s": 6.0, "rounds-ok": 3})  # 10
+    nodes["orin"].update({"train-time-s": 3.0, "profile-time-s": 9.0, "rounds-ok": 3})  # 1
+    nodes["tx2"] = {**nodes["orin"], "train-time-s": 12.0, "rounds-ok": 2}  # 6 s per round
+    assert measured_straggler_ratio(rec) == pytest.approx(10.0 / 6.0)
 
 
 def test_the_report_has_a_table_per_fleet_and_the_goals(tmp_path):
