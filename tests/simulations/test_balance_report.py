@@ -121,14 +121,35 @@ def test_other_fleets_must_not_be_later_than_b1():
 
 
 def test_deadline_share_counts_node_rounds_with_a_deadline():
+    """Late: training time over the round's deadline (beyond a 1e-9 share: a pace-setter
+    that matched its own forecast to one ulp over is on time, though its flag says late)."""
     rec = arm("default", "steps", 0, 9.0, 80.0)
     rec["rounds"] = [
-        round_row(1, **{"deadline-s": None, "nodes-ok": 8}),  # round 1: no plan yet
-        *(round_row(r, **{"deadline-s": 0.2, "nodes-ok": 8}) for r in range(2, 5)),
-        round_row(5, **{"deadline-s": 0.2, "nodes-ok": 6, "deadline-misses": 2}),
+        round_row(1, **{"deadline-s": None}),  # round 1: no plan yet
+        round_row(2, **{"deadline-s": 0.2, "deadline-misses": 1}),
+        round_row(3, **{"deadline-s": 0.2, "deadline-misses": 2}),
     ]
-    assert deadline_node_rounds(rec) == (30, 28)
-    assert deadline_node_rounds(arm("default", "off", 0, 9.0, 80.0)) == (0, 0)
+    rec["summary"]["round-plan"] = [
+        {"round": 2, "critical": ["nano"]},
+        {"round": 3, "critical": ["nano"]},
+    ]
+
+    def row(rnd: int, name: str, t: float, ok: bool = True) -> dict:
+        return {"server-round": rnd, "node-name": name, "ok": ok, "train-time-s": t}
+
+    rec["nodes"] = [
+        row(1, "nano", 5.0),  # no deadline in round 1
+        row(1, "orin", 1.0),
+        row(2, "nano", 0.2 * (1 + 1e-12)),  # a hair over its own forecast: on time
+        row(2, "orin", 0.1),
+        row(3, "nano", 0.25),  # the pace-setter, late
+        row(3, "orin", 0.21),  # a slack node, late
+        row(3, "tx2", 0.0, ok=False),  # failed: not a node-round that had to keep it
+    ]
+    c = deadline_node_rounds(rec)
+    assert (c.node_rounds, c.met, c.late, c.late_pace_setters) == (4, 2, 2, 1)
+    assert c.recorded_misses == 3
+    assert deadline_node_rounds(arm("default", "off", 0, 9.0, 80.0)).node_rounds == 0
 
 
 def test_the_measured_straggler_ratio_is_slowest_over_median_training_time_per_round():
