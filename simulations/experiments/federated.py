@@ -75,7 +75,7 @@ NOTE = (
     "paper's Nano points; the other twins' coefficients are assumptions, see their TOML)."
 )
 #: A round's console line (``fl_server.results``), for the progress display.
-ROUND_LINE = re.compile(r"^round\s+(\d+)\s+accuracy\s+([0-9.]+)")
+ROUND_LINE = re.compile(r"^round\s+(\d+)\s+accuracy\s+([0-9.]+)", re.MULTILINE)
 
 
 # --------------------------------------------------------------------------- the plan
@@ -348,6 +348,21 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
 
 
+#: Ray gives its raylet a fixed 30 s to register when the engine starts; on a loaded host
+#: it can miss that, and the run ends before round 1 (nothing of the cell ran). Such a
+#: cell is started again, this many times, before it counts as failed.
+ENGINE_START_RETRIES = 2
+ENGINE_START_FAILURE = "The current node timed out during startup"
+
+
+def engine_did_not_start(log_path: Path) -> bool:
+    """The cell's log says Ray's node timed out during startup (before any round ran)."""
+    if not log_path.is_file():
+        return False
+    text = log_path.read_text(encoding="utf-8", errors="replace")
+    return ENGINE_START_FAILURE in text and ROUND_LINE.search(text) is None
+
+
 def run_cell(
     cell: Cell, out: Path, *, timeout_s: float, on_line: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
@@ -372,7 +387,16 @@ def run_cell(
     from simulations.run import simulate
 
     t0 = time.perf_counter()
-    summary, why = run_in_child(simulate, overrides, work, timeout_s, on_line)
+    for attempt in range(1 + ENGINE_START_RETRIES):
+        summary, why = run_in_child(simulate, overrides, work, timeout_s, on_line)
+        if summary is not None or not engine_did_not_start(work / "simulate.log"):
+            break
+        log.warning(
+            "cell %s: the simulation engine did not start (attempt %d of %d); trying again",
+            cell.record_name(),
+            attempt + 1,
+            1 + ENGINE_START_RETRIES,
+        )
     wall = time.perf_counter() - t0
     if summary is not None and not any(
         n.get("rounds-ok", 0) > 0 for n in summary["nodes"].values()

@@ -256,3 +256,65 @@ def test_tiny_federated_study_runs_reports_and_resumes(tiny_file, tmp_path):
     (out / "report.md").unlink()
     assert main(["experiment", "report", str(out)]) == 0
     assert "Straggler share" in (out / "report.md").read_text()
+
+
+# --------------------------------------------------------------------------- engine start
+
+
+def _fake_child(outcomes: list[str]):
+    """A stand-in for ``run_in_child`` whose attempts end as ``outcomes`` says: ``start``
+    (Ray's node timed out during startup, nothing ran), ``crash`` (it failed after round
+    1) or ``ok``; it records the attempts."""
+    calls: list[str] = []
+
+    def child(simulate, overrides, work, timeout_s, on_line=None):
+        outcome = outcomes[len(calls)]
+        calls.append(outcome)
+        log = {
+            "start": "Exception: The current node timed out during startup. This could …\n",
+            "crash": "round   1  accuracy 0.300  round 0.2 s\nTraceback: boom\n",
+            "ok": "round   1  accuracy 0.900\n",
+        }[outcome]
+        (work / "simulate.log").write_text(log, encoding="utf-8")
+        if outcome != "ok":
+            return None, "exit status 1"
+        run = work / "run"
+        run.mkdir(exist_ok=True)
+        return {"nodes": {"n": {"rounds-ok": 1}}, "run-dir": str(run)}, ""
+
+    return child, calls
+
+
+def _one_cell(tmp_path: Path, tiny_file: Path):
+    return plan(load_federated(tiny_file), tmp_path)[0]
+
+
+def test_a_cell_whose_engine_did_not_start_is_started_again(tmp_path, tiny_file, monkeypatch):
+    from simulations.experiments import federated
+
+    child, calls = _fake_child(["start", "start", "ok"])
+    monkeypatch.setattr(federated, "run_in_child", child)
+    rec = federated.run_cell(_one_cell(tmp_path, tiny_file), tmp_path, timeout_s=10)
+    assert calls == ["start", "start", "ok"] and rec["summary"]["nodes"]["n"]["rounds-ok"] == 1
+
+
+def test_an_engine_that_never_starts_fails_the_cell_after_the_retries(
+    tmp_path, tiny_file, monkeypatch
+):
+    from simulations.experiments import federated
+
+    child, calls = _fake_child(["start"] * (1 + federated.ENGINE_START_RETRIES))
+    monkeypatch.setattr(federated, "run_in_child", child)
+    with pytest.raises(RuntimeError, match="failed"):
+        federated.run_cell(_one_cell(tmp_path, tiny_file), tmp_path, timeout_s=10)
+    assert len(calls) == 1 + federated.ENGINE_START_RETRIES
+
+
+def test_a_run_that_failed_after_starting_is_not_run_again(tmp_path, tiny_file, monkeypatch):
+    from simulations.experiments import federated
+
+    child, calls = _fake_child(["crash", "ok"])
+    monkeypatch.setattr(federated, "run_in_child", child)
+    with pytest.raises(RuntimeError, match="failed"):
+        federated.run_cell(_one_cell(tmp_path, tiny_file), tmp_path, timeout_s=10)
+    assert calls == ["crash"]
