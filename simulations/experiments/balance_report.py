@@ -23,6 +23,7 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from simulations.experiments import report_kit as kit
@@ -345,7 +346,8 @@ def section(
     )
     for fleet, arms in groups.items():
         _fleet_table(doc, fleet, arms, records)
-    _goal_table(doc, groups, str(config.get("fleet", "default")))
+    main = Path(str(config.get("fleet", "default"))).stem  # the study's fleet: a path or name
+    _goal_table(doc, groups, next((f for f in groups if Path(f).stem == main), main))
 
 
 def _fleet_table(doc: Doc, fleet: str, arms: dict[str, Group], records: list[Rec]) -> None:

@@ -4,6 +4,7 @@ deadline share and the goals' verdicts."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -163,11 +164,17 @@ def test_the_measured_straggler_ratio_is_slowest_over_median_training_time_per_r
 
 def test_the_report_has_a_table_per_fleet_and_the_goals(tmp_path):
     recs = study("default") + study("straggler-2x")
-    report = render(_output(tmp_path, recs)).read_text()
+    out = _output(tmp_path, recs)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["config"]["fleet"] = "/somewhere/fl_client/configs/fleets/default.toml"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    report = render(out).read_text()
     assert "## Balance modes across fleets (issue 22)" in report
     assert "### Fleet `default`" in report and "### Fleet `straggler-2x`" in report
     row = next(ln for ln in report.splitlines() if ln.startswith("| balance = samples | 2/3 |"))
     assert "0.65× (0.60–0.70, 2/3)" in row  # time ÷ off, seed 2 left out
     assert row.rstrip(" |").endswith("seed 2 (0.710)")  # the missed run, named
     assert "| `straggler-2x` | samples | time ≤ 1× B1 | met |" in report
+    # the study's own fleet (a resolved path in the settings) is held to 0.5× B1
+    assert "| `default` | off | time ≤ 0.5× B1 | met |" in report
     assert "Straggler ratio: twins (equal data shares) " in report
