@@ -203,14 +203,15 @@ def balance_arm_settings(base: dict[str, Any], arm: str) -> dict[str, Any]:
 
 def _balance_cells(cfg: FederatedConfig) -> list[tuple[str, str, dict[str, Any]]]:
     """(scenario, variant, run settings) of the balance scenario, fleet by fleet in the
-    order of ``balance-fleets``, seed by seed; the variant is ``FLEET/ARM``."""
+    order of ``balance-fleets``, seed by seed; the variant is ``FLEET/ARM`` (FLEET: the
+    fleet file's name without .toml)."""
     out = []
     for name in cfg.balance_fleets:
-        path = str(fleet_path(name))
+        path = fleet_path(name)
         for seed in cfg.seed_list():
-            base = {**cfg.base_overrides(), "seed": seed, "fleet": path}
+            base = {**cfg.base_overrides(), "seed": seed, "fleet": str(path)}
             for arm in ("b1", *cfg.balance_modes):
-                out.append(("balance", f"{name}/{arm}", balance_arm_settings(base, arm)))
+                out.append(("balance", f"{path.stem}/{arm}", balance_arm_settings(base, arm)))
     return out
 
 

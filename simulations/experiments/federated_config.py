@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fl_client.settings import (
@@ -186,8 +187,9 @@ def _fleet_list(f: Fields, key: str) -> tuple[str, ...]:
     for x in v:
         if not isinstance(x, str) or not x.strip():
             raise f.err(key, f"each entry must be a fleet name or file (a string); got {x!r}")
-    if len(set(v)) != len(v):
-        raise f.err(key, f"duplicate values in {v!r}")
+    names = [Path(x).name for x in v]  # the report names a fleet by its file's name
+    if len(set(names)) != len(names):
+        raise f.err(key, f"two fleets of the same file name in {v!r}")
     return tuple(v)
 
 

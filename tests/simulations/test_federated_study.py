@@ -102,7 +102,7 @@ def test_shipped_federated_file_parses_at_both_scales():
         ('balance-modes = ["off", "fast"]\n', "balance-modes: unknown value 'fast'"),
         ("balance-modes = []\n", "balance-modes: must be a non-empty list"),
         ("balance-fleets = []\n", "balance-fleets: must be a non-empty list of fleet names"),
-        ('balance-fleets = ["default", "default"]\n', "balance-fleets: duplicate values"),
+        ('balance-fleets = ["default", "default"]\n', "balance-fleets: two fleets of the same"),
         (
             'scenarios = ["balance"]\nbalance-fleets = ["no/such/fleet.toml"]\n',
             "balance-fleets: fleet: fleet file not found",
@@ -135,7 +135,7 @@ def test_balance_study_plans_every_arm_per_fleet_and_seed_fleet_by_fleet(tmp_pat
     assert cfg.seeds >= 5 and cfg.scenarios == ("balance",)
     cells = plan(cfg, tmp_path)
     fleets = ["default", "straggler-2x", "straggler-5x", "straggler-1.2x"]
-    assert list(cfg.balance_fleets) == fleets
+    assert [Path(f).stem for f in cfg.balance_fleets] == fleets  # resolved: shipped names
     assert len(cells) == len(fleets) * cfg.seeds * 5  # B1, off, samples, steps, energy
     # fleet by fleet, seed by seed: a study cut short has whole fleets and seeds
     order = [(Path(str(c.settings["fleet"])).stem, c.seed) for c in cells]
@@ -318,3 +318,16 @@ def test_a_run_that_failed_after_starting_is_not_run_again(tmp_path, tiny_file, 
     with pytest.raises(RuntimeError, match="failed"):
         federated.run_cell(_one_cell(tmp_path, tiny_file), tmp_path, timeout_s=10)
     assert calls == ["crash"]
+
+
+def test_balance_fleets_in_a_file_are_relative_to_its_folder(tmp_path, tiny_file, monkeypatch):
+    text = tiny_file.read_text().replace("scenarios = []", 'scenarios = ["balance"]')
+    tiny_file.write_text(text + 'balance-fleets = ["fleet.toml", "default"]\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = load_federated(tiny_file)
+    assert cfg.balance_fleets[0] == str(tmp_path / "fleet.toml")
+    assert Path(cfg.balance_fleets[1]).name == "default.toml"  # a shipped fleet's name
+    variants = {dict(c.uses).get("balance", "") for c in plan(cfg, tmp_path / "out")}
+    assert {"fleet/b1", "fleet/energy", "default/off"} <= variants
