@@ -40,6 +40,8 @@ TORCH_DEVICES = ("cpu", "cuda", "auto")
 #: name (``fl_client.settings.fleet_path``).
 PATH_KEYS = ("fleet", "varying-cap-fleet", "drift-fleet", "data-root", "initial-weights")
 FLEET_KEYS = ("fleet", "varying-cap-fleet", "drift-fleet")
+#: Keys that are lists of fleets, each resolved as a fleet key is.
+FLEET_LIST_KEYS = ("balance-fleets",)
 
 
 class ExperimentConfigError(ValueError):
@@ -249,11 +251,16 @@ def merge_scale(
         value = {**base, **override}.get(key)
         if isinstance(value, str) and value.strip():
             merged[key] = str(fleet_path(value.strip(), file_dir))
+    for key in FLEET_LIST_KEYS:
+        merged[key] = _fleet_list_paths({**base, **override}.get(key, merged.get(key)), file_dir)
     if options.sets:
         unknown = sorted(set(options.sets) - set(defaults))
         if unknown:
             raise unknown_keys_error(unknown, defaults, "--set:")
         merged.update(options.sets)
+        for key in FLEET_LIST_KEYS:
+            if key in options.sets:
+                merged[key] = _fleet_list_paths(options.sets[key], None)
         for key in PATH_KEYS:
             value = options.sets.get(key)
             if isinstance(value, str) and value.strip() and key in FLEET_KEYS:
@@ -263,6 +270,17 @@ def merge_scale(
     if options.seeds is not None:
         merged["seeds"] = options.seeds
     return merged
+
+
+def _fleet_list_paths(value: Any, base: Path | None) -> Any:
+    """A list of fleets with each name or relative path resolved (``fleet_path``: against
+    ``base``, the file's folder, or the current directory); anything else as it is, for
+    the study's check to refuse."""
+    if not isinstance(value, list):
+        return value
+    return [
+        str(fleet_path(v.strip(), base)) if isinstance(v, str) and v.strip() else v for v in value
+    ]
 
 
 def read_experiment_file(path: str | Path) -> tuple[dict[str, Any], str]:

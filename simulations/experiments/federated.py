@@ -75,7 +75,7 @@ NOTE = (
     "paper's Nano points; the other twins' coefficients are assumptions, see their TOML)."
 )
 #: A round's console line (``fl_server.results``), for the progress display.
-ROUND_LINE = re.compile(r"^round\s+(\d+)\s+accuracy\s+([0-9.]+)")
+ROUND_LINE = re.compile(r"^round\s+(\d+)\s+accuracy\s+([0-9.]+)", re.MULTILINE)
 
 
 # --------------------------------------------------------------------------- the plan
@@ -192,16 +192,52 @@ def _variants(
     return out
 
 
+def balance_arm_settings(base: dict[str, Any], arm: str) -> dict[str, Any]:
+    """The run settings of one arm of the balance scenario (``BALANCE_ARMS``): B1, or
+    power-aware with ``balance = arm`` (``off``, the run's default, is left unset so that it
+    is the same cell as the methods' power-aware)."""
+    if arm == "b1":
+        return {**base, "method": "b1"}
+    return {**base, "method": "power-aware", **({} if arm == "off" else {"balance": arm})}
+
+
+def _balance_cells(cfg: FederatedConfig) -> list[tuple[str, str, dict[str, Any]]]:
+    """(scenario, variant, run settings) of the balance scenario, fleet by fleet in the
+    order of ``balance-fleets``, seed by seed; the variant is ``FLEET/ARM`` (FLEET: the
+    fleet file's name without .toml)."""
+    out = []
+    for name in cfg.balance_fleets:
+        path = fleet_path(name)
+        for seed in cfg.seed_list():
+            base = {**cfg.base_overrides(), "seed": seed, "fleet": str(path)}
+            for arm in ("b1", *cfg.balance_modes):
+                out.append(("balance", f"{path.stem}/{arm}", balance_arm_settings(base, arm)))
+    return out
+
+
 def plan(cfg: FederatedConfig, out: Path) -> list[Cell]:
-    """Every cell of the study (deduplicated; cells with identical settings share one run)."""
+    """Every cell of the study (deduplicated; cells with identical settings share one run).
+
+    With the balance scenario, cells run fleet by fleet (the main fleet first, then
+    ``balance-fleets`` in their order) and seed by seed within a fleet, so that a study cut
+    short has whole fleets and seeds."""
     fleets = _fleets(cfg, out)
     cells: dict[tuple[tuple[str, Any], ...], list[tuple[str, str]]] = {}
     for seed in cfg.seed_list():
         base = {**cfg.base_overrides(), "seed": seed, "fleet": str(fleets["main"])}
         for scenario, variant, ov in _variants(cfg, base, fleets):
             cells.setdefault(tuple(sorted(ov.items())), []).append((scenario, variant))
-    fleet_texts = {str(p): p.read_text(encoding="utf-8") for p in fleets.values()}
-    return [Cell(ov, fleet_texts[dict(ov)["fleet"]], tuple(uses)) for ov, uses in cells.items()]
+    paths = list(fleets.values())
+    if "balance" in cfg.scenarios:
+        for scenario, variant, ov in _balance_cells(cfg):
+            cells.setdefault(tuple(sorted(ov.items())), []).append((scenario, variant))
+        paths += [fleet_path(name) for name in cfg.balance_fleets]
+    fleet_texts = {str(p): p.read_text(encoding="utf-8") for p in paths}
+    planned = [Cell(ov, fleet_texts[dict(ov)["fleet"]], tuple(uses)) for ov, uses in cells.items()]
+    if "balance" in cfg.scenarios:
+        order = list(dict.fromkeys([str(fleets["main"]), *(str(p) for p in paths)]))
+        planned.sort(key=lambda c: (order.index(str(c.settings["fleet"])), c.seed))
+    return planned
 
 
 def check_plan(cells: list[Cell]) -> None:
@@ -313,6 +349,21 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
 
 
+#: Ray gives its raylet a fixed 30 s to register when the engine starts; on a loaded host
+#: it can miss that, and the run ends before round 1 (nothing of the cell ran). Such a
+#: cell is started again, this many times, before it counts as failed.
+ENGINE_START_RETRIES = 2
+ENGINE_START_FAILURE = "The current node timed out during startup"
+
+
+def engine_did_not_start(log_path: Path) -> bool:
+    """The cell's log says Ray's node timed out during startup (before any round ran)."""
+    if not log_path.is_file():
+        return False
+    text = log_path.read_text(encoding="utf-8", errors="replace")
+    return ENGINE_START_FAILURE in text and ROUND_LINE.search(text) is None
+
+
 def run_cell(
     cell: Cell, out: Path, *, timeout_s: float, on_line: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
@@ -337,7 +388,16 @@ def run_cell(
     from simulations.run import simulate
 
     t0 = time.perf_counter()
-    summary, why = run_in_child(simulate, overrides, work, timeout_s, on_line)
+    for attempt in range(1 + ENGINE_START_RETRIES):
+        summary, why = run_in_child(simulate, overrides, work, timeout_s, on_line)
+        if summary is not None or not engine_did_not_start(work / "simulate.log"):
+            break
+        log.warning(
+            "cell %s: the simulation engine did not start (attempt %d of %d); trying again",
+            cell.record_name(),
+            attempt + 1,
+            1 + ENGINE_START_RETRIES,
+        )
     wall = time.perf_counter() - t0
     if summary is not None and not any(
         n.get("rounds-ok", 0) > 0 for n in summary["nodes"].values()

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fl_client.settings import (
+    BALANCE_MODES,
     PARTITIONINGS,
     PROFILE_GRIDS,
     RunSettings,
@@ -25,13 +27,16 @@ from simulations.experiments.config import (
 )
 
 NAME = "federated"
-SCENARIOS = ("pacing", "varying-cap", "drift")
+SCENARIOS = ("pacing", "varying-cap", "drift", "balance")
 #: Variants of each scenario, in report order (the first is the reference).
 SCENARIO_VARIANTS = {
     "pacing": ("off", "deadline"),
     "varying-cap": ("fixed-at-minimum", "schedule"),
     "drift": ("off", "check"),
 }
+#: The balance study's arms on each of its fleets (``balance``): B1, then power-aware with
+#: each ``balance`` mode (``off`` is the per-device rule, the reference of the paired ratios).
+BALANCE_ARMS = ("b1", *BALANCE_MODES)
 #: Version of the cell records (part of their key). 2: the runs' records are version 2
 #: (kebab-case rounds.jsonl, per-node totals read from the run's summary), so cells of
 #: version 1 are run again rather than mixed with them. 3: records version 3 (idle waiting
@@ -59,7 +64,7 @@ DEFAULTS: dict[str, Any] = {
     "r-max-samples": 40_000,
     "r-eval-every-samples": 256,
     "profile-grid": "efficient",
-    "scenarios": list(SCENARIOS),
+    "scenarios": ["pacing", "varying-cap", "drift"],  # balance: only when asked for
     "scenario-method": "power-aware",
     "pacing-margin": 0.05,
     "varying-cap-fleet": "varying-cap",
@@ -67,6 +72,9 @@ DEFAULTS: dict[str, Any] = {
     "drift-check-every": 2,
     "drift-threshold": 0.15,
     "cell-timeout-s": 1800,
+    # the balance scenario (issue 22): fleets (in run order) and power-aware's balance modes
+    "balance-fleets": ["default"],
+    "balance-modes": list(BALANCE_MODES),
 }
 
 
@@ -102,6 +110,8 @@ class FederatedConfig(StudyConfig):
     drift_check_every: int
     drift_threshold: float
     cell_timeout_s: int
+    balance_fleets: tuple[str, ...]
+    balance_modes: tuple[str, ...]
 
     def base_overrides(self) -> dict[str, Any]:
         """The run settings every cell shares (before its own fleet/method/scenario)."""
@@ -162,9 +172,25 @@ def parse_federated(data: Mapping[str, Any], where: str, options: FileOptions) -
         drift_check_every=integer("drift-check-every", 1),
         drift_threshold=number("drift-threshold", 0.0),
         cell_timeout_s=integer("cell-timeout-s", 1),
+        balance_fleets=_fleet_list(f, "balance-fleets"),
+        balance_modes=str_list("balance-modes", BALANCE_MODES),
     )
     _check_fleets(cfg, where)
     return cfg
+
+
+def _fleet_list(f: Fields, key: str) -> tuple[str, ...]:
+    """A non-empty list of distinct fleet names or files (each is loaded by ``_check_fleets``)."""
+    v = f.m[key]
+    if not isinstance(v, list) or not v:
+        raise f.err(key, f"must be a non-empty list of fleet names or files; got {v!r}")
+    for x in v:
+        if not isinstance(x, str) or not x.strip():
+            raise f.err(key, f"each entry must be a fleet name or file (a string); got {x!r}")
+    names = [Path(x).name for x in v]  # the report names a fleet by its file's name
+    if len(set(names)) != len(names):
+        raise f.err(key, f"two fleets of the same file name in {v!r}")
+    return tuple(v)
 
 
 def _fleet_nodes(path: str, where: str, key: str) -> list[Any]:
@@ -192,7 +218,10 @@ def _check_fleets(cfg: FederatedConfig, where: str) -> None:
         fleets["varying-cap-fleet"] = cfg.varying_cap_fleet
     if "drift" in cfg.scenarios:
         fleets["drift-fleet"] = cfg.drift_fleet
-    for key, path in fleets.items():
+    checks = list(fleets.items())
+    if "balance" in cfg.scenarios:
+        checks += [("balance-fleets", path) for path in cfg.balance_fleets]
+    for key, path in checks:
         nodes = _fleet_nodes(path, where, key)
         if key == "varying-cap-fleet" and not any(n.p_max_schedule for n in nodes):
             raise config_error(where, key, f"{path}: no node has a p-max-schedule (nothing varies)")

@@ -377,7 +377,7 @@ def _figures(
         figures.append((name, "accuracy against simulated time per method"))
         figures.append((_fig_energy(out, summary, methods), "fleet energy per method"))
     for scenario in SCENARIOS:
-        if scenario not in summary["scenarios"]:
+        if scenario not in summary["scenarios"] or scenario == "balance":
             continue
         series = [
             (f"{scenario}: {v}", rec)
@@ -433,8 +433,12 @@ def render(out: Path) -> Path:
     if methods:
         _methods_section(doc, summary, methods, records, config)
     for scenario in SCENARIOS:
-        if scenario in summary["scenarios"]:
+        if scenario in summary["scenarios"] and scenario != "balance":
             _scenario_section(doc, summary, scenario, records, config)
+    if "balance" in summary["scenarios"]:
+        from simulations.experiments import balance_report  # the balance study's section
+
+        balance_report.section(doc, summary, records, config)
     kit.figures_section(doc, figures)
     kit.settings_section(doc, config)
     doc.add(

@@ -52,6 +52,8 @@ _SCENARIO_KEYS = (
     "drift-fleet",
     "drift-check-every",
     "drift-threshold",
+    "balance-fleets",
+    "balance-modes",
 )
 #: The federated study's keys but its scenarios, and the fine-tuning keys.
 DEFAULTS: dict[str, Any] = {

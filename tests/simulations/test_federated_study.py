@@ -99,6 +99,14 @@ def test_shipped_federated_file_parses_at_both_scales():
             "fl_client/configs/fleets/default.toml: no node has twin-slowdown",
         ),
         ("drift-check-every = 0\n", "drift-check-every: must be an integer ≥ 1"),
+        ('balance-modes = ["off", "fast"]\n', "balance-modes: unknown value 'fast'"),
+        ("balance-modes = []\n", "balance-modes: must be a non-empty list"),
+        ("balance-fleets = []\n", "balance-fleets: must be a non-empty list of fleet names"),
+        ('balance-fleets = ["default", "default"]\n', "balance-fleets: two fleets of the same"),
+        (
+            'scenarios = ["balance"]\nbalance-fleets = ["no/such/fleet.toml"]\n',
+            "balance-fleets: fleet: fleet file not found",
+        ),
     ],
 )
 def test_bad_federated_files_name_the_key(tiny_file, patch, needle):
@@ -119,6 +127,28 @@ def test_cli_rejects_bad_federated_file_before_any_run(tiny_file, tmp_path, caps
     assert rc == 2
     assert "methods: unknown value 'ours'" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_balance_study_plans_every_arm_per_fleet_and_seed_fleet_by_fleet(tmp_path):
+    path = REPO / "fl_client" / "configs" / "experiments" / "federated-balance.toml"
+    cfg = load_federated(path, scale="mini")
+    assert cfg.seeds >= 5 and cfg.scenarios == ("balance",)
+    cells = plan(cfg, tmp_path)
+    fleets = ["default", "straggler-2x", "straggler-5x", "straggler-1.2x"]
+    assert [Path(f).stem for f in cfg.balance_fleets] == fleets  # resolved: shipped names
+    assert len(cells) == len(fleets) * cfg.seeds * 5  # B1, off, samples, steps, energy
+    # fleet by fleet, seed by seed: a study cut short has whole fleets and seeds
+    order = [(Path(str(c.settings["fleet"])).stem, c.seed) for c in cells]
+    assert order == sorted(order, key=lambda fs: (fleets.index(fs[0]), fs[1]))
+    first = cells[:5]
+    assert [dict(c.uses).get("balance") for c in first] == [
+        f"default/{arm}" for arm in ("b1", "off", "samples", "steps", "energy")
+    ]
+    # off is the methods' power-aware cell (the run's default balance, left unset)
+    assert ["methods", "power-aware"] in [list(u) for u in first[1].uses]
+    assert "balance" not in first[1].settings
+    assert [c.settings.get("balance") for c in first[2:]] == ["samples", "steps", "energy"]
+    assert first[0].method == "b1" and "balance" not in first[0].settings
 
 
 def test_plan_shares_identical_cells_and_derives_the_fixed_minimum_fleet(tmp_path):
@@ -226,3 +256,78 @@ def test_tiny_federated_study_runs_reports_and_resumes(tiny_file, tmp_path):
     (out / "report.md").unlink()
     assert main(["experiment", "report", str(out)]) == 0
     assert "Straggler share" in (out / "report.md").read_text()
+
+
+# --------------------------------------------------------------------------- engine start
+
+
+def _fake_child(outcomes: list[str]):
+    """A stand-in for ``run_in_child`` whose attempts end as ``outcomes`` says: ``start``
+    (Ray's node timed out during startup, nothing ran), ``crash`` (it failed after round
+    1) or ``ok``; it records the attempts."""
+    calls: list[str] = []
+
+    def child(simulate, overrides, work, timeout_s, on_line=None):
+        outcome = outcomes[len(calls)]
+        calls.append(outcome)
+        log = {
+            "start": "Exception: The current node timed out during startup. This could …\n",
+            "crash": "round   1  accuracy 0.300  round 0.2 s\nTraceback: boom\n",
+            "ok": "round   1  accuracy 0.900\n",
+        }[outcome]
+        (work / "simulate.log").write_text(log, encoding="utf-8")
+        if outcome != "ok":
+            return None, "exit status 1"
+        run = work / "run"
+        run.mkdir(exist_ok=True)
+        return {"nodes": {"n": {"rounds-ok": 1}}, "run-dir": str(run)}, ""
+
+    return child, calls
+
+
+def _one_cell(tmp_path: Path, tiny_file: Path):
+    return plan(load_federated(tiny_file), tmp_path)[0]
+
+
+def test_a_cell_whose_engine_did_not_start_is_started_again(tmp_path, tiny_file, monkeypatch):
+    from simulations.experiments import federated
+
+    child, calls = _fake_child(["start", "start", "ok"])
+    monkeypatch.setattr(federated, "run_in_child", child)
+    rec = federated.run_cell(_one_cell(tmp_path, tiny_file), tmp_path, timeout_s=10)
+    assert calls == ["start", "start", "ok"] and rec["summary"]["nodes"]["n"]["rounds-ok"] == 1
+
+
+def test_an_engine_that_never_starts_fails_the_cell_after_the_retries(
+    tmp_path, tiny_file, monkeypatch
+):
+    from simulations.experiments import federated
+
+    child, calls = _fake_child(["start"] * (1 + federated.ENGINE_START_RETRIES))
+    monkeypatch.setattr(federated, "run_in_child", child)
+    with pytest.raises(RuntimeError, match="failed"):
+        federated.run_cell(_one_cell(tmp_path, tiny_file), tmp_path, timeout_s=10)
+    assert len(calls) == 1 + federated.ENGINE_START_RETRIES
+
+
+def test_a_run_that_failed_after_starting_is_not_run_again(tmp_path, tiny_file, monkeypatch):
+    from simulations.experiments import federated
+
+    child, calls = _fake_child(["crash", "ok"])
+    monkeypatch.setattr(federated, "run_in_child", child)
+    with pytest.raises(RuntimeError, match="failed"):
+        federated.run_cell(_one_cell(tmp_path, tiny_file), tmp_path, timeout_s=10)
+    assert calls == ["crash"]
+
+
+def test_balance_fleets_in_a_file_are_relative_to_its_folder(tmp_path, tiny_file, monkeypatch):
+    text = tiny_file.read_text().replace("scenarios = []", 'scenarios = ["balance"]')
+    tiny_file.write_text(text + 'balance-fleets = ["fleet.toml", "default"]\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = load_federated(tiny_file)
+    assert cfg.balance_fleets[0] == str(tmp_path / "fleet.toml")
+    assert Path(cfg.balance_fleets[1]).name == "default.toml"  # a shipped fleet's name
+    variants = {dict(c.uses).get("balance", "") for c in plan(cfg, tmp_path / "out")}
+    assert {"fleet/b1", "fleet/energy", "default/off"} <= variants
