@@ -113,6 +113,17 @@ def describe_node(
 # --------------------------------------------------------------------------- TRAIN steps
 
 
+#: A node's time counts as over its deadline only beyond this share of it (float rounding:
+#: the pace-setter's deadline is its own predicted time, summed in another order).
+DEADLINE_RTOL = 1e-9
+
+
+def missed_deadline(time_s: float, deadline_s: float) -> bool:
+    """Whether a round's local time is over its deadline: a pace-setter that runs exactly
+    its forecast (the deadline) is on time, not late by the last bit of a float sum."""
+    return time_s > deadline_s * (1.0 + DEADLINE_RTOL)
+
+
 @dataclass
 class RoundPlan:
     """What a round decided before training, and what it measured on the way."""
@@ -586,7 +597,7 @@ def train_node(
         _choose(ctx, measure, plan, state, data)
         _balance(ctx, device, plan, cfg.local_epochs * len(data[0]))
         epochs, max_samples = _local_work(cfg, plan, len(data[0]))
-        model = task.build_model(cfg.model)
+        model = task.build_model(cfg.model).to(task.compute_device())  # where it was profiled
         model.load_state_dict(dict(state))
         assert plan.choice is not None
         lr = task.scaled_lr(cfg.lr_ref, cfg.b_ref, plan.choice.batch_size)
@@ -613,7 +624,7 @@ def train_node(
         report = _report(ctx, plan, device, meter.measurement, result, lr)
     finally:
         device.close()
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}, report
+    return task.cpu_state(model), report
 
 
 def _report(
@@ -642,7 +653,7 @@ def _report(
         if plan.cfg.deadline_s is not None:
             extra["deadline_s"] = plan.cfg.deadline_s
             extra["slack_s"] = plan.cfg.deadline_s - m.time_s
-            extra["deadline_miss"] = float(m.time_s > plan.cfg.deadline_s)
+            extra["deadline_miss"] = float(missed_deadline(m.time_s, plan.cfg.deadline_s))
     if plan.predicted_energy_saved_j is not None:
         extra["predicted_energy_saved_j"] = plan.predicted_energy_saved_j
     if plan.shared is not None:

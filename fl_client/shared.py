@@ -157,7 +157,7 @@ def profile_cells(
     req = ProfileRequest.from_config(config)
     s = ctx.settings
     torch.set_num_threads(1)
-    model = task.build_model(req.model)
+    model = task.build_model(req.model).to(task.compute_device())  # as profiling's steps
     model.load_state_dict(dict(state))
     workload = workload_for(req.model)
     steps = None
@@ -209,4 +209,4 @@ def profile_cells(
         num_examples=float(steps.samples if steps is not None else 0),
         peak_sigma_w=tuple(r[3] for r in rows),
     )
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}, report
+    return task.cpu_state(model), report

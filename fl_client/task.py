@@ -755,6 +755,18 @@ def evaluate(model: nn.Module, data: Data, batch_size: int = 256) -> tuple[float
     return loss_sum / n, correct / n
 
 
+def compute_device() -> torch.device:
+    """Where a node's training runs: CUDA when this host has it, else the CPU. Profiling
+    (``make_train_step``), a round's training and fleet-shared profiling all run here, so
+    the measured loop and the trained loop run on one processor."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights as CPU tensors of their own (what a node sends back)."""
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
 def make_train_step(
     model_name: str,
     input_shape: tuple[int, ...],
@@ -786,7 +798,7 @@ def make_train_step(
     """
     if batch_size < 1:
         raise ValueError(f"batch-size: must be ≥ 1, got {batch_size!r}")
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = torch.device(device) if device else compute_device()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = build_model(model_name, num_classes).to(dev)

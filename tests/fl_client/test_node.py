@@ -468,3 +468,42 @@ def test_a_power_limit_node_reports_its_limit_in_watts(tmp_path: Path) -> None:
     saved = json.loads(lut_file.read_text())
     assert saved["knob"] == "power-limit-w" and saved["power-limits-w"] == [100, 150, 200]
     assert "freqs-mhz" not in saved
+
+
+def test_a_round_trains_where_profiling_measured_and_sends_cpu_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The round's model goes to ``task.compute_device()`` (the processor profiling's steps
+    run on: CUDA on a GPU host; here a stand-in, ``cpu:0``), and the weights come back as
+    CPU tensors either way."""
+    from fl_client import task
+
+    where = torch.device("cpu", 0)  # a device string no other code path uses
+    placed: list[tuple[int, str]] = []
+    trained: list[int] = []
+    real_to, real_train = torch.nn.Module.to, task.train
+
+    def spy_to(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        placed.extend((id(self), str(a)) for a in args if isinstance(a, torch.device))
+        return real_to(self, *args, **kwargs)
+
+    def spy_train(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        trained.append(id(model))
+        return real_train(model, *args, **kwargs)
+
+    monkeypatch.setattr(task, "compute_device", lambda: where)
+    monkeypatch.setattr(torch.nn.Module, "to", spy_to)
+    monkeypatch.setattr(task, "train", spy_train)
+    state, _ = train_node(run_config(tmp_path), NODE, train_config(), initial_state())
+    assert len(trained) == 1 and (trained[0], "cpu:0") in placed
+    assert all(t.device.type == "cpu" for t in state.values())
+
+
+def test_a_node_on_its_own_forecast_is_on_time_not_late_by_rounding() -> None:
+    from fl_client.node import missed_deadline
+
+    forecast_s = sum([0.1] * 10)  # 0.9999999999999999: the deadline, summed one way
+    measured_s = 0.1 * 10  # 1.0: the same time, summed another way
+    assert measured_s > forecast_s and not missed_deadline(measured_s, forecast_s)
+    assert missed_deadline(forecast_s * 1.001, forecast_s)
+    assert not missed_deadline(forecast_s * 0.5, forecast_s)
