@@ -474,7 +474,7 @@ it for every batch size, as the paper does. `proxy-dataset` takes r from a secon
 
 From these weights the default run reaches its target in 5 rounds with ours (16 from random
 weights) and 9 with B1 (15); the figures, and why MNIST and not CIFAR-10, are in
-[experiments.md](experiments.md#fine-tuning-from-pre-trained-weights-issue-24). The default
+[experiments.md](experiments.md#fine-tuning-from-pre-trained-weights). The default
 run itself stays a from-scratch run: it needs nothing outside the repository, and the
 checkpoint is pre-trained on the data kit (`../shared/data`).
 

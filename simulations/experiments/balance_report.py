@@ -1,4 +1,4 @@
-"""The balance study's section of the federated report (issue 22): per fleet and arm (B1,
+"""The balance study's section of the federated report: per fleet and arm (B1,
 power-aware with ``balance`` off, samples, steps, energy), from the runs' records only.
 
 * mean ± sd over seeds of rounds, time and energy to target (idle waiting included,
@@ -329,7 +329,7 @@ def section(
     if not groups:
         return
     doc.add(
-        "## Balance modes across fleets (issue 22)",
+        "## Balance modes across fleets",
         "",
         "Each fleet runs B1 and power-aware with each `balance` mode on the same seeds (the "
         "same data split and initial weights). Time and energy are to the target, profiling "

@@ -169,7 +169,7 @@ def test_the_report_has_a_table_per_fleet_and_the_goals(tmp_path):
     manifest["config"]["fleet"] = "/somewhere/fl_client/configs/fleets/default.toml"
     (out / "manifest.json").write_text(json.dumps(manifest))
     report = render(out).read_text()
-    assert "## Balance modes across fleets (issue 22)" in report
+    assert "## Balance modes across fleets" in report
     assert "### Fleet `default`" in report and "### Fleet `straggler-2x`" in report
     row = next(ln for ln in report.splitlines() if ln.startswith("| balance = samples | 2/3 |"))
     assert "0.65× (0.60–0.70, 2/3)" in row  # time ÷ off, seed 2 left out
