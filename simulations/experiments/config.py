@@ -252,7 +252,9 @@ def merge_scale(
         if isinstance(value, str) and value.strip():
             merged[key] = str(fleet_path(value.strip(), file_dir))
     for key in FLEET_LIST_KEYS:
-        merged[key] = _fleet_list_paths({**base, **override}.get(key, merged.get(key)), file_dir)
+        if key in defaults:  # a study without the key (the fine-tuning one) never has it
+            value = {**base, **override}.get(key, merged.get(key))
+            merged[key] = _fleet_list_paths(value, file_dir)
     if options.sets:
         unknown = sorted(set(options.sets) - set(defaults))
         if unknown:
