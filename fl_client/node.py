@@ -435,9 +435,10 @@ def _balance(ctx: NodeContext, device: Device, plan: RoundPlan, samples: int) ->
     With a deadline (from round 2): the node that sets the pace (``critical``) runs that
     fastest cell with ``straggler-work`` of its local work; a node with slack keeps
     ``deadline-margin`` of the deadline in reserve and spends the rest by its mode —
-    ``samples``: the least r_b that meets it; ``energy``: the least energy to accuracy that
-    meets it; ``steps``: its Eq. 4 cell with more local steps (work ≤ the budget). When no
-    cell meets the deadline the choice is the fastest cell (the selector's fallback)."""
+    ``samples``: the least r_b that meets it; ``energy``: the least energy above idle power
+    to accuracy that meets it (the node waits at idle power for the rest of the round);
+    ``steps``: its Eq. 4 cell with more local steps (work ≤ the budget). When no cell meets
+    the deadline the choice is the fastest cell (the selector's fallback)."""
     s, cfg = ctx.settings, plan.cfg
     if s.balance == "off" or plan.lut is None or plan.choice is None:
         return
@@ -454,14 +455,16 @@ def _balance(ctx: NodeContext, device: Device, plan: RoundPlan, samples: int) ->
         plan.choice, plan.work_share = fastest, s.straggler_work
     else:
         budget_s = cfg.deadline_s * (1.0 - s.deadline_margin)
-        weights = {"samples": {"time_weight": 0.0}, "energy": {"energy_weight": 1.0}}
+        idle_w = idle_power_w(device)
+        weights = {
+            "samples": {"time_weight": 0.0},
+            "energy": {"energy_weight": 1.0, "idle_power_w": 0.0 if math.isnan(idle_w) else idle_w},
+        }
         if s.balance in weights:
             context = selector.RoundContext(budget_s, work, **weights[s.balance])
             plan.choice = select_for(plan, plan.lut, device, ctx.selection_rule, context)
             if s.balance == "energy":
-                plan.predicted_energy_saved_j = energy_saved_j(
-                    fastest, plan.choice, work, idle_power_w(device)
-                )
+                plan.predicted_energy_saved_j = energy_saved_j(fastest, plan.choice, work, idle_w)
         else:  # steps: whole extra work that still fits the budget
             at_choice = plan.choice.time_per_sample_s * work
             plan.work_share = max(1.0, budget_s / at_choice) if at_choice > 0 else 1.0

@@ -343,6 +343,11 @@ class RoundContext:
         The exponents of time per sample and of r_b, each in [0, 1] (default 1): time 0
         and energy 0 choose the most sample-efficient cell (least r_b) that meets the
         deadline; r 0 the fastest cell, whatever its r (the node that sets the pace).
+    idle_power_w : float
+        The board's idle power (default 0), taken off each cell's power under an energy
+        weight: a node that finishes early waits at idle power until the round ends, so
+        over a round of fixed length its cell changes only the energy above idle,
+        (P − P_idle)·t (docs/method.md, "The round plan").
     """
 
     deadline_s: float | None = None
@@ -350,6 +355,7 @@ class RoundContext:
     energy_weight: float = 0.0
     time_weight: float = 1.0
     r_weight: float = 1.0
+    idle_power_w: float = 0.0
 
     def __post_init__(self) -> None:
         for key, w in (
@@ -367,6 +373,9 @@ class RoundContext:
             raise ValueError(f"samples: must be a finite number ≥ 0; got {n!r}")
         if d is not None and n <= 0:
             raise ValueError("samples: a deadline needs the round's samples (> 0)")
+        p = self.idle_power_w
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p < math.inf:
+            raise ValueError(f"idle-power-w: must be a finite number of watts ≥ 0; got {p!r}")
 
 
 #: Eq. 4 alone: no deadline, no energy weight.
@@ -917,7 +926,8 @@ def cell_scores(
     """The selection's objective per cell, lower is better: time per sample × r_b (∝ the
     time to accuracy, Eq. 2 with Eq. 3), each with the context's exponent (``time_weight``,
     ``r_weight``), × P^w with its energy weight w > 0 (``power_w``: the cells' energy
-    basis, average power where known). The default context is Eq. 4's time × r_b."""
+    basis, average power where known; P is the power above the context's
+    ``idle_power_w``, at least 0). The default context is Eq. 4's time × r_b."""
     r_col = np.asarray(r, dtype=np.float64)[:, None]
     c = context
     if c.time_weight == 1.0 and c.r_weight == 1.0:
@@ -927,7 +937,8 @@ def cell_scores(
     if c.energy_weight > 0:
         if power_w is None:
             raise ValueError("energy-weight: needs the cells' power")
-        score = score * power_w**c.energy_weight
+        above_idle = np.maximum(power_w - c.idle_power_w, 0.0)
+        score = score * above_idle**c.energy_weight
     return score
 
 

@@ -529,6 +529,24 @@ def test_samples_and_energy_modes_meet_the_deadline() -> None:
     assert (pick.batch_size, pick.freq_mhz) == (32, 600.0)
 
 
+def test_the_energy_mode_scores_the_energy_above_idle() -> None:
+    tables, b, f, r = _context_case()
+    # within 2.1 s only b = 32 meets it, at 300, 600 and 900 MHz (2.0, 1.2 and 1.0 s)
+    total = selector.RoundContext(deadline_s=2.1, samples=100, energy_weight=1.0)
+    pick = selector.select_eq4(tables, b, f, r, 6.0, context=total)
+    # total energy per sample: 1.5 × 0.02 = 0.030, 2.4 × 0.012 = 0.0288, 3.6 × 0.010 = 0.036
+    assert (pick.batch_size, pick.freq_mhz) == (32, 600.0)
+    above = selector.RoundContext(deadline_s=2.1, samples=100, energy_weight=1.0, idle_power_w=1.2)
+    pick = selector.select_eq4(tables, b, f, r, 6.0, context=above)
+    # above 1.2 W idle: 0.3 × 0.02 = 0.006, 1.2 × 0.012 = 0.0144, 2.4 × 0.010 = 0.024
+    assert (pick.batch_size, pick.freq_mhz) == (32, 300.0)
+    # idle power alone does nothing without an energy weight
+    plain = selector.RoundContext(deadline_s=2.1, samples=100, idle_power_w=1.2)
+    assert selector.select_eq4(tables, b, f, r, 6.0, context=plain) == selector.select_eq4(
+        tables, b, f, r, 6.0, context=selector.RoundContext(deadline_s=2.1, samples=100)
+    )
+
+
 def test_a_deadline_no_cell_meets_gives_the_fastest_cell() -> None:
     tables, b, f, r = _context_case()
     tight = selector.RoundContext(deadline_s=0.1, samples=100, time_weight=0.0)
@@ -547,6 +565,8 @@ def test_a_deadline_no_cell_meets_gives_the_fastest_cell() -> None:
         ({"r_weight": True}, "r-weight"),
         ({"deadline_s": 0.0, "samples": 10}, "deadline-s"),
         ({"deadline_s": 1.0}, "samples"),
+        ({"idle_power_w": -1.0}, "idle-power-w"),
+        ({"idle_power_w": math.nan}, "idle-power-w"),
     ],
 )
 def test_a_bad_round_context_is_refused_naming_the_key(kw: dict[str, Any], key: str) -> None:
