@@ -433,7 +433,8 @@ def _balance(ctx: NodeContext, device: Device, plan: RoundPlan, samples: int) ->
     The node's fastest feasible cell (time alone, ``r_weight`` 0) gives the best round
     time it reports (``fastest-time-s``, what the server plans the next deadline from).
     With a deadline (from round 2): the node that sets the pace (``critical``) runs that
-    fastest cell with ``straggler-work`` of its local work; a node with slack keeps
+    fastest cell (with ``critical-r-weight`` w > 0 its least time × r_b^w) with
+    ``straggler-work`` of its local work; a node with slack keeps
     ``deadline-margin`` of the deadline in reserve and spends the rest by its mode —
     ``samples``: the least r_b that meets it; ``energy``: the least energy above idle power
     to accuracy that meets it (the node waits at idle power for the rest of the round);
@@ -452,7 +453,11 @@ def _balance(ctx: NodeContext, device: Device, plan: RoundPlan, samples: int) ->
     if cfg.deadline_s is None:
         return
     if cfg.critical:
-        plan.choice, plan.work_share = fastest, s.straggler_work
+        pace = fastest
+        if s.critical_r_weight > 0:  # r still weighs: the cell the server planned it with
+            context = selector.RoundContext(r_weight=s.critical_r_weight)
+            pace = select_for(plan, plan.lut, device, ctx.selection_rule, context)
+        plan.choice, plan.work_share = pace, s.straggler_work
     else:
         budget_s = cfg.deadline_s * (1.0 - s.deadline_margin)
         idle_w = idle_power_w(device)

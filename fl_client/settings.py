@@ -128,6 +128,18 @@ def _fraction(cfg: Mapping[str, Any], key: str, default: float) -> float:
     return _number_below(cfg, key, default, 1.0, "a number in [0, 1)")
 
 
+def _weight(cfg: Mapping[str, Any], key: str, default: float) -> float:
+    """An optional weight in [0, 1]."""
+    raw = cfg.get(key, default)
+    try:
+        val = float(raw)
+    except (TypeError, ValueError):
+        raise SettingsError(f"{key}: expected a number in [0, 1], got {raw!r}") from None
+    if isinstance(raw, bool) or not (0.0 <= val <= 1.0):
+        raise SettingsError(f"{key}: expected a number in [0, 1], got {raw!r}")
+    return val
+
+
 def _nonneg(cfg: Mapping[str, Any], key: str, default: float) -> float:
     """An optional finite setting ≥ 0."""
     return _number_below(cfg, key, default, math.inf, "a finite number ≥ 0")
@@ -359,6 +371,10 @@ class RunSettings:
     balance: str = "off"
     straggler_work: float = 1.0
     round_deadline_s: float = 0.0
+    #: ``critical-r-weight``: how much r_b still weighs in the choice of the node that sets
+    #: the pace, in [0, 1] (the exponent of r_b in its score): 0 its fastest cell (least round
+    #: time), 1 its own Eq. 4 cell; the server plans the deadline from the same cell.
+    critical_r_weight: float = 0.0
     #: ``deadline-margin``: the share of the round's deadline a node with slack keeps in
     #: reserve against noise (``balance``); a node whose local time is over the deadline by
     #: more than this share has missed it.
@@ -490,6 +506,7 @@ class RunSettings:
             balance=_choice({"balance": cfg.get("balance", "off")}, "balance", BALANCE_MODES),
             straggler_work=_share(cfg, "straggler-work", 1.0),
             round_deadline_s=_nonneg(cfg, "round-deadline-s", 0.0),
+            critical_r_weight=_weight(cfg, "critical-r-weight", 0.0),
             drift_check_every=_int(
                 {**cfg, "drift-check-every": cfg.get("drift-check-every", 0)},
                 "drift-check-every",

@@ -116,9 +116,14 @@ RUN_HELP: dict[str, str] = {
     "balance": "what a node that would finish before the round's planned deadline does with "
     "its slack: `off` its own Eq. 4 choice; `samples` the most sample-efficient cell (least "
     "r_b) that meets the deadline; `steps` more local steps until the deadline; `energy` "
-    'the cell of least energy to accuracy that meets it (what `pacing = "deadline"` did; '
-    "`pacing` is deprecated). The node that sets the pace takes its fastest cell "
-    "([The round plan](method.md#the-round-plan))",
+    "the cell of least energy above idle power to accuracy that meets it (a node that "
+    'finishes early waits at idle power; what `pacing = "deadline"` did; `pacing` is '
+    "deprecated). The node that sets the pace takes its fastest cell, or with "
+    "`critical-r-weight` > 0 its least time × r_b^w ([The round plan](method.md#the-round-plan))",
+    "critical-r-weight": "how much r_b still weighs in the choice of the node that sets the "
+    "pace, with `balance` on: its cell of least time × r_b^w (0: its fastest cell, the least "
+    "round time; 1: its own Eq. 4 cell); the server plans the round's deadline from the same "
+    "cell",
     "straggler-work": "the share of its local work the node that sets the pace runs, with "
     "`balance` on (1: all of it)",
     "round-deadline-s": "a fixed round deadline in seconds of local training time, with "

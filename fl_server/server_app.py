@@ -93,6 +93,7 @@ def make_strategy(
             round_deadline_s=settings.round_deadline_s,
             margin=settings.deadline_margin,
             peak_sigma_k=settings.peak_sigma_k,
+            critical_r_weight=settings.critical_r_weight,
         )
     if settings.shared_profiling == "fleet":
         strategy.shared = SharedProfiling(

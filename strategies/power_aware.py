@@ -7,7 +7,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -240,6 +240,11 @@ class PowerAwareFedAvg(FedAvg):
             pairs = [(self.batch_sizes[0], self.r[0])]
         return [b for b, _ in pairs], [r for _, r in pairs]
 
+    def r_rows(self, batch_sizes: Sequence[int]) -> list[float]:
+        """r_b for each of ``batch_sizes`` (a LUT's rows); NaN for a b without an r."""
+        by_b = dict(zip(self.batch_sizes, self.r, strict=True))
+        return [by_b.get(b, math.nan) for b in batch_sizes]
+
     def node_config(self, server_round: int, node_id: int) -> TrainConfig:
         """The TRAIN config of ``node_id`` in ``server_round``."""
         b_node, r_node = self.node_batch_sizes(node_id)
@@ -386,6 +391,8 @@ class PowerAwareFedAvg(FedAvg):
                 self.template.local_epochs * last.num_examples,
                 calibration=self.time_calibration.get(node_id, 1.0),
                 peak_sigma_k=self.planning.peak_sigma_k,
+                r=self.r_rows(lut.batch_sizes),
+                r_weight=self.planning.critical_r_weight,
             )
             if math.isfinite(best):
                 return NodeForecast(node_id, best, "lut")

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from fl_client.selector import PEAK_SIGMA_K, PowerLimit, feasible_cells
+from fl_client.selector import PEAK_SIGMA_K, PowerLimit, RoundContext, cell_scores, feasible_cells
 
 #: Nodes whose best round time is within this share of the critical node's set the pace
 #: together (noise of a LUT cell is a few percent).
@@ -72,16 +72,28 @@ def best_round_time_s(
     *,
     calibration: float = 1.0,
     peak_sigma_k: float = PEAK_SIGMA_K,
+    r: Sequence[float] | None = None,
+    r_weight: float = 0.0,
 ) -> float:
-    """A node's predicted round time at its fastest feasible cell: the least time per sample
-    over the cells feasible under ``limit`` (the selector's rule, ``feasible_cells``) ×
-    ``samples`` (its round's local training samples) × ``calibration`` (its measured /
-    predicted time of an earlier round). inf when no cell is feasible."""
+    """A node's predicted round time at the cell it would set the pace with: by default its
+    fastest feasible cell, the least time per sample over the cells feasible under ``limit``
+    (the selector's rule, ``feasible_cells``); with ``r_weight`` w > 0 (``critical-r-weight``)
+    and ``r`` (r_b per row) the feasible cell of least time × r_b^w (``cell_scores``, what
+    the node then runs). × ``samples`` (its round's local training samples) ×
+    ``calibration`` (its measured / predicted time of an earlier round). inf when no cell is
+    feasible."""
     t = np.asarray(time_s, dtype=np.float64)
     ok = feasible_cells(peak_w, limit, peak_sigma_w=peak_sigma_w, peak_sigma_k=peak_sigma_k)
     ok &= np.isfinite(t)
     if not ok.any():
         return math.inf
+    if r_weight > 0 and r is not None:
+        score = cell_scores(t, r, context=RoundContext(r_weight=r_weight))
+        ok &= np.isfinite(score)
+        if not ok.any():
+            return math.inf
+        pick = np.flatnonzero(ok.ravel())[int(np.argmin(score.ravel()[ok.ravel()]))]
+        return float(t.ravel()[pick]) * float(samples) * float(calibration)
     return float(t[ok].min()) * float(samples) * float(calibration)
 
 
@@ -115,13 +127,16 @@ class PlanSettings:
 
     ``margin`` is a node's reserve (``deadline-margin``): a node whose measured local time is
     over the deadline by more than this share of it has missed it (recorded; the next plan
-    uses its measured time). ``peak_sigma_k`` judges feasibility as the nodes do.
+    uses its measured time). ``peak_sigma_k`` judges feasibility as the nodes do;
+    ``critical_r_weight`` is how much r_b weighs in the pace-setter's cell
+    (``best_round_time_s``).
     """
 
     balance: str
     round_deadline_s: float = 0.0
     margin: float = 0.05
     peak_sigma_k: float = PEAK_SIGMA_K
+    critical_r_weight: float = 0.0
 
 
 def round_record(

@@ -223,16 +223,16 @@ def goals(groups: Mapping[str, Mapping[str, Group]], default_fleet: str) -> list
     out: list[Goal] = []
     for fleet, arms in groups.items():
         off, b1 = arms.get("off"), arms.get("b1")
-        for mode in MODES:
-            arm = arms.get(mode)
-            if arm is None:
+        for name, arm in arms.items():
+            mode = name.partition("@")[0]
+            if mode not in MODES:
                 continue
             t, e = paired(arm, off, "time-to-target-s"), paired(arm, off, "energy-to-target-j")
             e_txt = f"energy {e.mean:.2f}× off" if e.mean is not None else "energy n/a"
             out.append(
                 Goal(
                     fleet,
-                    mode,
+                    name,
                     f"time ≤ {TIME_GOAL}× off, energy ≤ {ENERGY_NO_HIGHER:g}×",
                     t.mean,
                     TIME_GOAL,
@@ -245,7 +245,7 @@ def goals(groups: Mapping[str, Mapping[str, Group]], default_fleet: str) -> list
                 out.append(
                     Goal(
                         fleet,
-                        mode,
+                        name,
                         f"energy ≤ {ENERGY_MODE_GOAL}× off at time ≤ {ENERGY_MODE_TIME}×",
                         e.mean,
                         ENERGY_MODE_GOAL,
@@ -253,9 +253,8 @@ def goals(groups: Mapping[str, Mapping[str, Group]], default_fleet: str) -> list
                         t.mean is not None and t.mean <= ENERGY_MODE_TIME,
                     )
                 )
-        for arm_name in ("off", *MODES):
-            arm = arms.get(arm_name)
-            if arm is None:
+        for arm_name, arm in arms.items():
+            if arm_name == "b1":
                 continue
             t_b1 = paired(arm, b1, "time-to-target-s")
             limit = B1_DEFAULT_GOAL if fleet == default_fleet else B1_ANY_GOAL
@@ -267,12 +266,28 @@ def goals(groups: Mapping[str, Mapping[str, Group]], default_fleet: str) -> list
 
 
 def _fleet_groups(summary: Mapping[str, Any]) -> dict[str, dict[str, Group]]:
-    """fleet → arm → group, fleets in run order, arms in ``BALANCE_ARMS`` order."""
+    """fleet → arm → group, fleets in run order, arms in ``BALANCE_ARMS`` order, then the
+    weighted arms (``critical-r-arms``, ``MODE@W``) by mode and weight."""
     out: dict[str, dict[str, Group]] = {}
     for variant, g in summary["scenarios"].get("balance", {}).items():
         fleet, _, arm = variant.rpartition("/")
         out.setdefault(fleet, {})[arm] = g
-    return {f: {a: arms[a] for a in BALANCE_ARMS if a in arms} for f, arms in out.items()}
+
+    def order(arm: str) -> tuple[int, int, float]:
+        mode, _, w = arm.partition("@")
+        return (0 if not w else 1, BALANCE_ARMS.index(mode), float(w or 0))
+
+    return {
+        f: {a: arms[a] for a in sorted(arms, key=order) if a.partition("@")[0] in BALANCE_ARMS}
+        for f, arms in out.items()
+    }
+
+
+def arm_label(arm: str) -> str:
+    """``balance = steps`` or, for a weighted arm ``steps@0.5``, ``balance = steps,
+    critical-r-weight 0.5``."""
+    mode, _, w = arm.partition("@")
+    return ARM_LABELS[mode] + (f", critical-r-weight {w}" if w else "")
 
 
 def _reached(g: Group, q: str, digits: int | None = None) -> str:
@@ -372,7 +387,7 @@ def _fleet_table(doc: Doc, fleet: str, arms: dict[str, Group], records: list[Rec
     )
     for arm, g in arms.items():
         doc.row(
-            ARM_LABELS[arm],
+            arm_label(arm),
             f"{g['seeds-reached']}/{g['seeds']}",
             _reached(g, "round-to-target", 1),
             _reached(g, "time-to-target-s", 2),
@@ -391,7 +406,7 @@ def _fleet_table(doc: Doc, fleet: str, arms: dict[str, Group], records: list[Rec
     doc.table(("arm", "÷ off", "÷ B1"))
     for arm, g in arms.items():
         doc.row(
-            ARM_LABELS[arm],
+            arm_label(arm),
             _attribution_text(mean_attribution(g, off)) if arm != "off" else "—",
             _attribution_text(mean_attribution(g, b1)) if arm != "b1" else "—",
         )

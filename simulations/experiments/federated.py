@@ -59,6 +59,7 @@ from simulations.experiments.federated_config import (
     NAME,
     FederatedConfig,
     parse_federated,
+    weighted_arm_name,
 )
 from simulations.experiments.progress import Progress
 from simulations.experiments.records import digest, read_record, write_json
@@ -212,6 +213,9 @@ def _balance_cells(cfg: FederatedConfig) -> list[tuple[str, str, dict[str, Any]]
             base = {**cfg.base_overrides(), "seed": seed, "fleet": str(path)}
             for arm in ("b1", *cfg.balance_modes):
                 out.append(("balance", f"{path.stem}/{arm}", balance_arm_settings(base, arm)))
+            for mode, weight in cfg.critical_r_arms:
+                ov = {**balance_arm_settings(base, mode), "critical-r-weight": weight}
+                out.append(("balance", f"{path.stem}/{weighted_arm_name(mode, weight)}", ov))
     return out
 
 

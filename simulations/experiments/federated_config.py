@@ -3,6 +3,7 @@ and validation, fleet files included."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,9 @@ SCENARIO_VARIANTS = {
 #: The balance study's arms on each of its fleets (``balance``): B1, then power-aware with
 #: each ``balance`` mode (``off`` is the per-device rule, the reference of the paired ratios).
 BALANCE_ARMS = ("b1", *BALANCE_MODES)
+#: ``critical-r-arms``: extra arms ``MODE@W`` of the balance study, ``balance = MODE`` with
+#: ``critical-r-weight = W`` (how much r_b weighs in the pace-setter's choice), W in (0, 1].
+WEIGHTED_MODES = tuple(m for m in BALANCE_MODES if m != "off")
 #: Version of the cell records (part of their key). 2: the runs' records are version 2
 #: (kebab-case rounds.jsonl, per-node totals read from the run's summary), so cells of
 #: version 1 are run again rather than mixed with them. 3: records version 3 (idle waiting
@@ -75,6 +79,7 @@ DEFAULTS: dict[str, Any] = {
     # the balance scenario (issue 22): fleets (in run order) and power-aware's balance modes
     "balance-fleets": ["default"],
     "balance-modes": list(BALANCE_MODES),
+    "critical-r-arms": [],
 }
 
 
@@ -112,6 +117,7 @@ class FederatedConfig(StudyConfig):
     cell_timeout_s: int
     balance_fleets: tuple[str, ...]
     balance_modes: tuple[str, ...]
+    critical_r_arms: tuple[tuple[str, float], ...]
 
     def base_overrides(self) -> dict[str, Any]:
         """The run settings every cell shares (before its own fleet/method/scenario)."""
@@ -174,9 +180,40 @@ def parse_federated(data: Mapping[str, Any], where: str, options: FileOptions) -
         cell_timeout_s=integer("cell-timeout-s", 1),
         balance_fleets=_fleet_list(f, "balance-fleets"),
         balance_modes=str_list("balance-modes", BALANCE_MODES),
+        critical_r_arms=_weighted_arms(f, "critical-r-arms"),
     )
     _check_fleets(cfg, where)
     return cfg
+
+
+def weighted_arm_name(mode: str, weight: float) -> str:
+    """``steps@0.5``: the arm ``balance = steps`` with ``critical-r-weight = 0.5``."""
+    return f"{mode}@{weight:g}"
+
+
+def _weighted_arms(f: Fields, key: str) -> tuple[tuple[str, float], ...]:
+    """``critical-r-arms``: a list of ``MODE@W`` (MODE a ``balance`` mode other than off, W
+    a number in (0, 1]), each a (mode, weight) pair; empty by default."""
+    v = f.m[key]
+    if not isinstance(v, list):
+        raise f.err(key, f'must be a list of "MODE@W" strings; got {v!r}')
+    out: list[tuple[str, float]] = []
+    for x in v:
+        mode, at, w = str(x).partition("@") if isinstance(x, str) else ("", "", "")
+        try:
+            weight = float(w)
+        except ValueError:
+            weight = math.nan
+        if not at or mode not in WEIGHTED_MODES or not 0.0 < weight <= 1.0:
+            raise f.err(
+                key,
+                f"each entry must be MODE@W, MODE one of {', '.join(WEIGHTED_MODES)} and W "
+                f'a number in (0, 1] (e.g. "steps@0.5"); got {x!r}',
+            )
+        out.append((mode, weight))
+    if len(set(out)) != len(out):
+        raise f.err(key, f"duplicate arms in {v!r}")
+    return tuple(out)
 
 
 def _fleet_list(f: Fields, key: str) -> tuple[str, ...]:

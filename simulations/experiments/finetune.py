@@ -54,6 +54,7 @@ _SCENARIO_KEYS = (
     "drift-threshold",
     "balance-fleets",
     "balance-modes",
+    "critical-r-arms",
 )
 #: The federated study's keys but its scenarios, and the fine-tuning keys.
 DEFAULTS: dict[str, Any] = {

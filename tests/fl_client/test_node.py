@@ -393,6 +393,20 @@ def test_the_round_plan_on_the_node_by_balance_mode(tmp_path: Path) -> None:
     # half its samples in whole minibatches (2 of 64 of its 268), at its best cell
     assert pace.predicted_time_s == pytest.approx(best * 128 / 268)
     assert pace.train_time_s < 0.6 * best
+    # the pace-setter with critical-r-weight = 1: its own Eq. 4 cell, not its fastest (an r
+    # that makes b = 8 worth its slower steps)
+    r_b8 = (0.05, 1.0, 1.0, 1.0)
+    eq4 = run(1, "off", r=r_b8)
+    weighted = train_node(
+        run_config(tmp_path, balance="samples", **{"critical-r-weight": 1.0}),
+        node,
+        train_config(2, r=r_b8, deadline_s=best, critical=True),
+        state,
+    )[1]
+    assert (weighted.batch_size, weighted.gpu_freq_mhz) == (eq4.batch_size, eq4.gpu_freq_mhz)
+    assert weighted.batch_size == 8
+    unweighted = run(2, "samples", r=r_b8, deadline_s=best, critical=True)
+    assert unweighted.batch_size == pace.batch_size == 64
     # slack, samples: the least r_b (b = 8 with the template's r) that meets the deadline
     roomy = 50 * best
     samples = run(3, "samples", deadline_s=roomy)

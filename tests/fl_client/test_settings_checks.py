@@ -194,6 +194,9 @@ def test_checking_settings_imports_neither_torch_nor_flower() -> None:
         ("straggler_work", "half", r"straggler-work: expected a number in \(0, 1\]"),
         ("balance", "fastest", "balance: unknown value 'fastest'; allowed: off, samples, steps"),
         ("round_deadline_s", -1.0, r"round-deadline-s: expected a finite number ≥ 0"),
+        ("critical_r_weight", -0.1, r"critical-r-weight: expected a number in \[0, 1\]"),
+        ("critical_r_weight", 1.5, r"critical-r-weight: expected a number in \[0, 1\]"),
+        ("critical_r_weight", True, r"critical-r-weight: expected a number in \[0, 1\]"),
     ],
 )
 def test_bad_round_plan_settings_are_refused_naming_the_key(

@@ -162,6 +162,23 @@ def test_the_measured_straggler_ratio_is_slowest_over_median_training_time_per_r
     assert measured_straggler_ratio(rec) == pytest.approx(10.0 / 6.0)
 
 
+def test_a_weighted_arm_is_reported_and_checked_after_its_mode(tmp_path):
+    recs = study("default")
+    recs += [arm("default", "steps@0.5", s, 7.5, 88.0) for s in range(3)]
+    g = groups_of(recs)["default"]
+    checks = {(c.arm, c.goal): c for c in goals(groups_of(recs), "default")}
+    assert checks[("steps@0.5", "time ≤ 0.77× off, energy ≤ 1×")].verdict() == "met"
+    assert checks[("steps@0.5", "time ≤ 0.5× B1")].value == pytest.approx(0.375)
+    assert paired(g["steps@0.5"], g["off"], "time-to-target-s").mean == pytest.approx(0.75)
+    report = render(_output(tmp_path, recs)).read_text()
+    rows = [ln for ln in report.splitlines() if ln.startswith("| balance = ")]
+    assert [ln.split(" | ")[0] for ln in rows[:3]] == [
+        "| balance = samples",
+        "| balance = energy",
+        "| balance = steps, critical-r-weight 0.5",
+    ]
+
+
 def test_the_report_has_a_table_per_fleet_and_the_goals(tmp_path):
     recs = study("default") + study("straggler-2x")
     out = _output(tmp_path, recs)

@@ -103,6 +103,13 @@ def test_shipped_federated_file_parses_at_both_scales():
         ("balance-modes = []\n", "balance-modes: must be a non-empty list"),
         ("balance-fleets = []\n", "balance-fleets: must be a non-empty list of fleet names"),
         ('balance-fleets = ["default", "default"]\n', "balance-fleets: two fleets of the same"),
+        ('critical-r-arms = ["steps"]\n', "critical-r-arms: each entry must be MODE@W"),
+        ('critical-r-arms = ["off@0.5"]\n', "critical-r-arms: each entry must be MODE@W"),
+        ('critical-r-arms = ["steps@0"]\n', "critical-r-arms: each entry must be MODE@W"),
+        ('critical-r-arms = ["steps@1.5"]\n', "critical-r-arms: each entry must be MODE@W"),
+        ('critical-r-arms = ["steps@x"]\n', "critical-r-arms: each entry must be MODE@W"),
+        ('critical-r-arms = ["steps@1", "steps@1.0"]\n', "critical-r-arms: duplicate arms"),
+        ('critical-r-arms = "steps@1"\n', "critical-r-arms: must be a list"),
         (
             'scenarios = ["balance"]\nbalance-fleets = ["no/such/fleet.toml"]\n',
             "balance-fleets: fleet: fleet file not found",
@@ -136,19 +143,25 @@ def test_balance_study_plans_every_arm_per_fleet_and_seed_fleet_by_fleet(tmp_pat
     cells = plan(cfg, tmp_path)
     fleets = ["default", "straggler-2x", "straggler-5x", "straggler-1.2x"]
     assert [Path(f).stem for f in cfg.balance_fleets] == fleets  # resolved: shipped names
-    assert len(cells) == len(fleets) * cfg.seeds * 5  # B1, off, samples, steps, energy
+    weighted = ("steps@0.5", "steps@1")  # critical-r-arms: the pace-setter's r weight
+    arms = ("b1", "off", "samples", "steps", "energy", *weighted)
+    assert len(cells) == len(fleets) * cfg.seeds * len(arms)
     # fleet by fleet, seed by seed: a study cut short has whole fleets and seeds
     order = [(Path(str(c.settings["fleet"])).stem, c.seed) for c in cells]
     assert order == sorted(order, key=lambda fs: (fleets.index(fs[0]), fs[1]))
-    first = cells[:5]
-    assert [dict(c.uses).get("balance") for c in first] == [
-        f"default/{arm}" for arm in ("b1", "off", "samples", "steps", "energy")
-    ]
+    first = cells[: len(arms)]
+    assert [dict(c.uses).get("balance") for c in first] == [f"default/{arm}" for arm in arms]
     # off is the methods' power-aware cell (the run's default balance, left unset)
     assert ["methods", "power-aware"] in [list(u) for u in first[1].uses]
     assert "balance" not in first[1].settings
-    assert [c.settings.get("balance") for c in first[2:]] == ["samples", "steps", "energy"]
+    assert [c.settings.get("balance") for c in first[2:5]] == ["samples", "steps", "energy"]
     assert first[0].method == "b1" and "balance" not in first[0].settings
+    # the weighted arms: steps with the pace-setter's r weighed; no other cell sets it
+    assert [(c.settings["balance"], c.settings["critical-r-weight"]) for c in first[5:]] == [
+        ("steps", 0.5),
+        ("steps", 1.0),
+    ]
+    assert all("critical-r-weight" not in c.settings for c in first[:5])
 
 
 def test_plan_shares_identical_cells_and_derives_the_fixed_minimum_fleet(tmp_path):

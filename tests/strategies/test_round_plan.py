@@ -43,6 +43,25 @@ def test_best_round_time_is_the_fastest_feasible_cell_times_the_work() -> None:
     assert math.isinf(best_round_time_s(TIME, PEAK, None, PowerLimit(0.9), 10))
 
 
+def test_with_an_r_weight_the_pace_cell_is_the_least_time_times_r_to_that_weight() -> None:
+    no_cap = PowerLimit()
+    # r 0.5 for the first row: time × r is 2, 1, 0.5 there against 3, 1.5, 0.8 (w = 1)
+    r = [0.5, 1.0]
+    assert best_round_time_s(TIME, PEAK, None, no_cap, 10, r=r) == pytest.approx(8.0)  # w = 0
+    assert best_round_time_s(TIME, PEAK, None, no_cap, 10, r=r, r_weight=1.0) == pytest.approx(10.0)
+    # w = 0.5: 1 × 0.5^0.5 = 0.71 still beats 0.8
+    assert best_round_time_s(TIME, PEAK, None, no_cap, 10, r=r, r_weight=0.5) == pytest.approx(10.0)
+    # r 0.9: 0.9 > 0.8, the fastest cell again; a b without r (NaN) is left out
+    assert best_round_time_s(TIME, PEAK, None, no_cap, 10, r=[0.9, 1.0], r_weight=1.0) == 8.0
+    nan_r = [0.9, math.nan]
+    assert best_round_time_s(TIME, PEAK, None, no_cap, 10, r=nan_r, r_weight=1.0) == 10.0
+    # the cap still decides what is feasible: under 2.6 W each row's last cell is out, and
+    # 2 s × 0.5 = 1 beats 1.5 s × 1 (without r the 1.5 s cell is the fastest)
+    capped = best_round_time_s(TIME, PEAK, None, PowerLimit(2.6), 10, r=r, r_weight=1.0)
+    assert capped == pytest.approx(20.0)
+    assert best_round_time_s(TIME, PEAK, None, PowerLimit(2.6), 10, r=r) == pytest.approx(15.0)
+
+
 def test_the_deadline_is_the_critical_nodes_best_time_and_equal_paces_plan_together() -> None:
     plan = plan_round(
         [
@@ -160,3 +179,12 @@ def test_a_node_failing_mid_round_does_not_stall_the_plan() -> None:
     # the next plan goes on from what it knows (the crashed node's last report still counts)
     third = _configs(strategy, grid, 3)
     assert set(third) == {11, 12, 13} and third[12].critical
+
+
+def test_the_strategy_gives_r_by_a_luts_rows() -> None:
+    strategy = _strategy()
+    by_b = dict(zip(strategy.batch_sizes, strategy.r, strict=True))
+    b_first, b_last = strategy.batch_sizes[0], strategy.batch_sizes[-1]
+    rows = strategy.r_rows([b_last, 3, b_first])
+    assert rows[0] == by_b[b_last] and rows[2] == by_b[b_first]
+    assert math.isnan(rows[1])  # a b the server has no r for
