@@ -436,8 +436,9 @@ def _balance(ctx: NodeContext, device: Device, plan: RoundPlan, samples: int) ->
     fastest cell (with ``critical-r-weight`` w > 0 its least time × r_b^w) with
     ``straggler-work`` of its local work; a node with slack keeps
     ``deadline-margin`` of the deadline in reserve and spends the rest by its mode —
-    ``samples``: the least r_b that meets it; ``energy``: the least energy above idle power
-    to accuracy that meets it (the node waits at idle power for the rest of the round);
+    ``samples``: the least r_b that meets it; ``energy``: at its own b* (so its updates are
+    those of ``off``), the frequency of least energy above idle power that meets it (the
+    node waits at idle power for the rest of the round);
     ``steps``: its Eq. 4 cell with more local steps (work ≤ the budget). When no cell meets
     the deadline the choice is the fastest cell (the selector's fallback)."""
     s, cfg = ctx.settings, plan.cfg
@@ -461,10 +462,12 @@ def _balance(ctx: NodeContext, device: Device, plan: RoundPlan, samples: int) ->
     else:
         budget_s = cfg.deadline_s * (1.0 - s.deadline_margin)
         idle_w = idle_power_w(device)
-        weights = {
-            "samples": {"time_weight": 0.0},
-            "energy": {"energy_weight": 1.0, "idle_power_w": 0.0 if math.isnan(idle_w) else idle_w},
+        energy = {
+            "energy_weight": 1.0,
+            "idle_power_w": 0.0 if math.isnan(idle_w) else idle_w,
+            "batch_size": plan.choice.batch_size,  # its own b*: the same updates as off
         }
+        weights: dict[str, dict[str, Any]] = {"samples": {"time_weight": 0.0}, "energy": energy}
         if s.balance in weights:
             context = selector.RoundContext(budget_s, work, **weights[s.balance])
             plan.choice = select_for(plan, plan.lut, device, ctx.selection_rule, context)

@@ -348,6 +348,10 @@ class RoundContext:
         weight: a node that finishes early waits at idle power until the round ends, so
         over a round of fixed length its cell changes only the energy above idle,
         (P − P_idle)·t (docs/method.md, "The round plan").
+    batch_size : int or None
+        Only this b's row (None: every b): the energy mode keeps the node's own b*, so
+        its updates, and with them the run's rounds to target, are those of its Eq. 4
+        choice; only the frequency changes.
     """
 
     deadline_s: float | None = None
@@ -356,6 +360,7 @@ class RoundContext:
     time_weight: float = 1.0
     r_weight: float = 1.0
     idle_power_w: float = 0.0
+    batch_size: int | None = None
 
     def __post_init__(self) -> None:
         for key, w in (
@@ -376,6 +381,9 @@ class RoundContext:
         p = self.idle_power_w
         if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p < math.inf:
             raise ValueError(f"idle-power-w: must be a finite number of watts ≥ 0; got {p!r}")
+        b = self.batch_size
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+            raise ValueError(f"batch-size: must be a batch size ≥ 1 or None; got {b!r}")
 
 
 #: Eq. 4 alone: no deadline, no energy weight.
@@ -909,6 +917,10 @@ def select_eq4(
     limit = PowerLimit.of(p_max_w)
     robust = robust_peak_w(c.peak_w, c.sigma_w, rule.peak_sigma_k)
     feasible = robust < limit.limit_w  # NaN < limit is False
+    if context.batch_size is not None:
+        if context.batch_size not in c.b:
+            raise ValueError(f"batch-size: {context.batch_size} is not one of {c.b}")
+        feasible &= (np.asarray(c.b) == context.batch_size)[:, None]
     chosen = _eq4(c.time_s, c.energy_w, c.r, feasible, rule.tie_tolerance, context)
     if chosen is None:
         raise _infeasible(c, robust, limit, tables.knob)

@@ -116,7 +116,7 @@ RUN_HELP: dict[str, str] = {
     "balance": "what a node that would finish before the round's planned deadline does with "
     "its slack: `off` its own Eq. 4 choice; `samples` the most sample-efficient cell (least "
     "r_b) that meets the deadline; `steps` more local steps until the deadline; `energy` "
-    "the cell of least energy above idle power to accuracy that meets it (a node that "
+    "at its own b* the frequency of least energy above idle power that meets it (a node that "
     'finishes early waits at idle power; what `pacing = "deadline"` did; `pacing` is '
     "deprecated). The node that sets the pace takes its fastest cell, or with "
     "`critical-r-weight` > 0 its least time × r_b^w ([The round plan](method.md#the-round-plan))",

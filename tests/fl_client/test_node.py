@@ -420,6 +420,8 @@ def test_the_round_plan_on_the_node_by_balance_mode(tmp_path: Path) -> None:
     # the node's fastest cell (idle waiting counted); the other modes predict no saving
     energy = run(5, "energy", deadline_s=roomy)
     assert energy.deadline_miss == 0.0
+    # it keeps its own b* (the updates of off): only its frequency may change
+    assert energy.batch_size == run(5, "off").batch_size
     assert energy.predicted_energy_saved_j is not None
     assert samples.predicted_energy_saved_j is None and steps.predicted_energy_saved_j is None
     # a deadline no cell meets: the fastest cell, reported as a miss

@@ -540,6 +540,21 @@ def test_the_energy_mode_scores_the_energy_above_idle() -> None:
     pick = selector.select_eq4(tables, b, f, r, 6.0, context=above)
     # above 1.2 W idle: 0.3 × 0.02 = 0.006, 1.2 × 0.012 = 0.0144, 2.4 × 0.010 = 0.024
     assert (pick.batch_size, pick.freq_mhz) == (32, 300.0)
+    # batch_size keeps one b's row: the energy mode at the node's own b* (here b = 8, whose
+    # cells all miss 2.1 s: the fallback is that row's fastest cell, not b = 32's)
+    keep = selector.RoundContext(
+        deadline_s=2.1, samples=100, energy_weight=1.0, idle_power_w=1.2, batch_size=8
+    )
+    pick = selector.select_eq4(tables, b, f, r, 6.0, context=keep)
+    assert (pick.batch_size, pick.freq_mhz) == (8, 900.0)
+    roomy = selector.RoundContext(
+        deadline_s=5.0, samples=100, energy_weight=1.0, idle_power_w=0.9, batch_size=8
+    )
+    pick = selector.select_eq4(tables, b, f, r, 6.0, context=roomy)
+    # b = 8 above 0.9 W idle: 0.04 × 0.1 = 0.004, 0.03 × 0.7 = 0.021, 0.025 × 1.6 = 0.04
+    assert (pick.batch_size, pick.freq_mhz) == (8, 300.0)
+    with pytest.raises(ValueError, match=r"^batch-size: 16 is not one of"):
+        selector.select_eq4(tables, b, f, r, 6.0, context=selector.RoundContext(batch_size=16))
     # idle power alone does nothing without an energy weight
     plain = selector.RoundContext(deadline_s=2.1, samples=100, idle_power_w=1.2)
     assert selector.select_eq4(tables, b, f, r, 6.0, context=plain) == selector.select_eq4(
@@ -567,6 +582,8 @@ def test_a_deadline_no_cell_meets_gives_the_fastest_cell() -> None:
         ({"deadline_s": 1.0}, "samples"),
         ({"idle_power_w": -1.0}, "idle-power-w"),
         ({"idle_power_w": math.nan}, "idle-power-w"),
+        ({"batch_size": 0}, "batch-size"),
+        ({"batch_size": 8.0}, "batch-size"),
     ],
 )
 def test_a_bad_round_context_is_refused_naming_the_key(kw: dict[str, Any], key: str) -> None:
