@@ -385,6 +385,14 @@ OTHER: list[Case] = [
         lambda p: f"powerfl experiment: error: {p.nowhere}: no manifest.json",
     ),
     (
+        "experiment-report-file",
+        lambda p: ["experiment", "report", str(p.file)],
+        lambda p: (
+            f"powerfl experiment: error: {p.file} is a file, not a folder; a report takes "
+            "the study's output folder"
+        ),
+    ),
+    (
         "devices-restore-state-dir-file",
         lambda p: ["devices", "--restore", "--state-dir", str(p.file)],
         lambda p: f"devices --restore: state directory {p.file} (--state-dir) is not a directory",
