@@ -17,7 +17,6 @@ It uses only public calls, so it runs against another checkout too
 
 from __future__ import annotations
 
-import argparse
 import math
 import random
 import sys
@@ -30,6 +29,11 @@ from results_file import write_results
 from fl_client.devices import Workload
 from fl_client.devices.nvml import NvmlDevice
 from fl_client.profiler import CellWindow, measure_cell_with_sigma
+
+try:
+    from fl_client.argparse_once import OnceParser
+except ImportError:  # another checkout from before it (PYTHONPATH=<other checkout>:.)
+    from argparse import ArgumentParser as OnceParser  # type: ignore[assignment]
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # the fake pynvml lives with the tests
@@ -85,7 +89,7 @@ def _cell(step_ms: float, window_s: float) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OnceParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--windows", default="5,20", help="cell windows in s (comma-separated)")
     ap.add_argument("--steps-ms", default="2,10", help="host step times in ms")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/cell_overhead.json"))

@@ -51,6 +51,7 @@ import numpy as np
 from results_file import write_results
 
 from fl_client import lut_fit
+from fl_client.argparse_once import OnceParser
 from fl_client.lut_fit import Cell, FloatArray
 
 REPO = Path(__file__).resolve().parents[1]
@@ -569,7 +570,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OnceParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=2, help="twin seeds per kind and model")
     parser.add_argument(
         "--models", type=lambda s: s.split(","), default=["cnn", "resnet18", "mobilenetv2"]

@@ -26,6 +26,7 @@ import torch
 from results_file import write_results
 
 from fl_client import task
+from fl_client.argparse_once import OnceParser
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -65,7 +66,7 @@ def _ints(text: str) -> list[int]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OnceParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="cnn,resnet18", help="comma-separated model names")
     p.add_argument("--batch-sizes", type=_ints, default=[32, 128], help="e.g. 32,128")
     p.add_argument("--steps", type=int, default=5, help="timed steps per cell")

@@ -15,7 +15,6 @@ Prints a table and writes JSON (default: benchmarks/results/runs.json).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -31,6 +30,8 @@ from typing import Any
 
 import psutil
 from results_file import write_results
+
+from fl_client.argparse_once import OnceParser
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -162,7 +163,7 @@ def fleet_case(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OnceParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("default", "fleet100", "fleet1000"))
     parser.add_argument("--json", type=Path, default=REPO / "benchmarks/results/runs.json")
     args = parser.parse_args()

@@ -11,7 +11,6 @@ a change) on the same tables, for before/after numbers from one machine and sess
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import platform
 import statistics
@@ -26,6 +25,7 @@ import numpy as np
 from results_file import write_results
 
 from fl_client import selector as current_selector
+from fl_client.argparse_once import OnceParser
 
 
 def make_tables(
@@ -100,7 +100,7 @@ def load_selector(path: Path) -> ModuleType:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OnceParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2_000)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/selector.json"))

@@ -62,6 +62,7 @@ from bench_lut_fit import (
 from bench_lut_fit import twin_grids as measured_grids
 from results_file import write_results
 
+from fl_client.argparse_once import OnceParser
 from fl_client.contract import Cap, CellsReport, NodeDescriptor
 from fl_client.devices import open_device
 from strategies.shared_profiling import (
@@ -300,7 +301,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OnceParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=2, help="twin seeds per kind and model")
     parser.add_argument(
         "--models", type=lambda s: s.split(","), default=["cnn", "resnet18", "mobilenetv2"]

@@ -14,7 +14,6 @@ It only uses the profiler's public calls, so it runs against another checkout to
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,11 @@ from results_file import write_results
 from fl_client.devices import Workload
 from fl_client.devices.nvml import NvmlDevice
 from fl_client.profiler import profile
+
+try:
+    from fl_client.argparse_once import OnceParser
+except ImportError:  # another checkout from before it (PYTHONPATH=<other checkout>:.)
+    from argparse import ArgumentParser as OnceParser  # type: ignore[assignment]
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # the replay lives with the tests
@@ -83,7 +87,7 @@ def _row(lut: Any, i: int, b: int, n: int, trace: Trace) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = OnceParser(description=__doc__.split("\n")[0])
     ap.add_argument("--call-cost-ms", type=float, default=10.0)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results/trace_replay.json")

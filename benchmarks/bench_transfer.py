@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from fl_client import checkpoint, task
+from fl_client.argparse_once import OnceParser
 from fl_client.r_estimation import samples_to_target
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OnceParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", action="append", default=[])
     p.add_argument("--model", default="cnn")
     p.add_argument("--dataset", default="digits")

@@ -15,7 +15,6 @@ figure for the same point, with its section. Writes JSON (default
 
 from __future__ import annotations
 
-import argparse
 import math
 import platform
 import sys
@@ -25,6 +24,7 @@ from typing import Any
 from results_file import write_results
 
 from fl_client import task
+from fl_client.argparse_once import OnceParser
 from fl_client.devices.simulated import (
     DEVICE_KINDS,
     DeviceSpec,
@@ -200,7 +200,7 @@ def published(flops_cifar_r18: float) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OnceParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="cnn,resnet18", help="comma-separated model names")
     ap.add_argument(
         "--json",

@@ -19,7 +19,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
@@ -28,6 +27,8 @@ from typing import Any
 
 import tomli
 import tomli_w
+
+from fl_client.argparse_once import OnceParser
 
 INSECURE_WARNING = (
     "WARNING: connection {name!r} is INSECURE: no TLS, traffic to {address} is plain text "
@@ -84,7 +85,7 @@ def write_connection(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OnceParser(
         prog="python -m deploy.connection",
         description="Add a SuperLink connection to $FLWR_HOME/config.toml for `flwr run`.",
     )

@@ -29,7 +29,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import ipaddress
 import os
@@ -42,6 +41,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from fl_client.argparse_once import OnceParser
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "credentials"
 # Names the SuperLink certificate always carries, so the one-machine setup needs no --host.
@@ -240,7 +241,7 @@ def make_credentials(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OnceParser(
         prog="python -m deploy.credentials",
         description="Make a CA, the SuperLink's TLS certificate and SuperNode auth keys.",
     )

@@ -54,6 +54,11 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
+#: How a file ``torch.save`` wrote begins: a zip archive (the default since PyTorch 1.6) or
+#: a pickle's protocol opcode (the legacy format, protocol ≥ 2).
+_TORCH_SAVE_HEADS = (b"PK\x03\x04", b"\x80")
+
+
 def _is_safetensors(path: Path, head: bytes) -> bool:
     """By name, else by content: an 8-byte little-endian header length, then ``{``."""
     if path.suffix == ".safetensors":
@@ -67,8 +72,9 @@ def read_state(path: str | Path, key: str = KEY) -> dict[str, torch.Tensor]:
     Raises
     ------
     CheckpointError
-        Missing or unreadable file, a truncated or corrupt file, a pickle that needs code
-        execution, or content that is not a flat mapping of names to tensors.
+        Missing or unreadable file, a file that is no checkpoint at all (text, an empty
+        file), a truncated or corrupt file, a pickle that needs code execution, or content
+        that is not a flat mapping of names to tensors.
     """
     p = Path(path).expanduser()
     if not p.is_file():
@@ -79,7 +85,13 @@ def read_state(path: str | Path, key: str = KEY) -> dict[str, torch.Tensor]:
             head = fh.read(16)
     except OSError as err:
         raise CheckpointError(f"{key}: {p}: cannot be read ({err.strerror or err})") from None
-    if _is_safetensors(p, head):
+    safetensors = _is_safetensors(p, head)
+    if not safetensors and not head.startswith(_TORCH_SAVE_HEADS):
+        # text, JSON, an empty file: torch.load would call it a pickle needing code, or fail
+        # with a bare KeyError
+        what = "an empty file" if not head else "neither a safetensors nor a torch.save file"
+        raise CheckpointError(f"{key}: {p}: not a checkpoint ({what}); expected {ALLOWED}")
+    if safetensors:
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 

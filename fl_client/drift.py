@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fl_client.devices import Measurement
-from fl_client.lut import LUT, merge_cells, on_demand_key, replace_rows, save_quietly, scale_cells
+from fl_client.lut import LUT, replace_rows, save_quietly, scale_cells
 from fl_client.profiler import MeasureContext, ProfileOptions, measure_cell, profile
 from fl_client.profiler import time_per_sample_s as measured_time_per_sample_s
 from fl_client.selector import PEAK_SIGMA_K
@@ -32,7 +32,6 @@ class DriftCheck:
     deviation: float  # largest relative deviation of time, peak and average power
     reprofiled: bool
     lut: LUT  # the selection LUT after the check (updated if re-profiled)
-    cells: LUT | None  # the on-demand cells after the check (scaled if re-profiled)
     time_s: float  # device time of the check and any re-profiling
     energy_j: float
 
@@ -40,7 +39,6 @@ class DriftCheck:
 def check_drift(
     ctx: MeasureContext,
     lut: LUT,
-    cells: LUT | None,
     point: tuple[int, float],
     threshold: float,
     reprofile: ProfileOptions | None = None,
@@ -50,24 +48,20 @@ def check_drift(
     """Measure ``point`` = (b, f) as the profiler did and compare with the LUT; re-profile
     b's row if off.
 
-    The prediction is the selection LUT's cell, or the on-demand ``cells``' where the LUT
-    has none (a paced frequency). Beyond ``threshold`` (relative, on time per sample, peak
-    or average power), b's row is profiled again from the lowest frequency up to the LUT's
-    cap less its margin, and replaces that row of the LUT whole (``lut.replace_rows``: a
-    cell the walk did not reach is beyond the cap on this board); the other rows, and the
-    on-demand cells (paced frequencies, below the chosen one), are scaled by the change
-    measured on this row (or at ``point`` where the row and the LUT share no cell), and
-    both are written to the cache, so the node re-selects from them. ``reprofile``
-    overrides how the row is profiled again (a shared LUT has no cap of its own: the
-    node's cap is given here); otherwise the row's walk judges cells with
-    ``peak_sigma_k`` (``peak-sigma-k``). The
-    re-profiled cells bring their own σ of per-step peaks; the other rows' σ scale with
-    their peaks (``lut.scale_cells``).
+    The prediction is the selection LUT's cell. Beyond ``threshold`` (relative, on time per
+    sample, peak or average power), b's row is profiled again from the lowest frequency up
+    to the LUT's cap less its margin, and replaces that row of the LUT whole
+    (``lut.replace_rows``: a cell the walk did not reach is beyond the cap on this board);
+    the other rows are scaled by the change measured on this row (or at ``point`` where the
+    row and the LUT share no cell), and the LUT is written to the cache, so the node
+    re-selects from it. ``reprofile`` overrides how the row is profiled again (a shared LUT
+    has no cap of its own: the node's cap is given here); otherwise the row's walk judges
+    cells with ``peak_sigma_k`` (``peak-sigma-k``). The re-profiled cells bring their own σ
+    of per-step peaks; the other rows' σ scale with their peaks (``lut.scale_cells``).
     """
     batch_size, freq_mhz = point
-    known = lut if cells is None else merge_cells(lut, cells, overwrite=False)
-    i = known.batch_sizes.index(batch_size)
-    j = freq_index(known.freqs_mhz, freq_mhz)
+    i = lut.batch_sizes.index(batch_size)
+    j = freq_index(lut.freqs_mhz, freq_mhz)
     m, time_s, energy_j = measure_cell(
         ctx.device,
         ctx.workload,
@@ -83,13 +77,13 @@ def check_drift(
         m.avg_power_w,
     )
     predicted = (
-        known.time_per_sample_s[i, j],
-        known.peak_power_w[i, j],
-        known.avg_power_w[i, j],
+        lut.time_per_sample_s[i, j],
+        lut.peak_power_w[i, j],
+        lut.avg_power_w[i, j],
     )
     deviation = max(abs(x / float(p) - 1.0) for x, p in zip(measured, predicted, strict=True))
     if not deviation > threshold:
-        return DriftCheck(deviation, False, lut, cells, time_s, energy_j)
+        return DriftCheck(deviation, False, lut, time_s, energy_j)
     row = profile(
         ctx.device,
         ctx.workload,
@@ -107,13 +101,9 @@ def check_drift(
     )
     ratios = [x / float(p) for x, p in zip(measured, predicted, strict=True)]
     at_point = dict(zip(_FACTORS, ratios, strict=True))
-    factors = _drift_factors(known, row, i, at_point)
+    factors = _drift_factors(lut, row, i, at_point)
     new_lut = replace_rows(scale_cells(lut, **factors), row)
     save_quietly(new_lut, new_lut.key.path(ctx.cache_dir))
-    new_cells = None if cells is None else scale_cells(cells, **factors)
-    if new_cells is not None:
-        key = on_demand_key(ctx.device, ctx.workload, lut.batch_sizes)
-        save_quietly(new_cells, key.path(ctx.cache_dir))
     log.info(
         "drift check: b=%d f=%g MHz off by %.0f%% (> %.0f%%): re-profiled that row",
         batch_size,
@@ -125,7 +115,6 @@ def check_drift(
         deviation,
         True,
         new_lut,
-        new_cells,
         time_s + row.profile_time_s,
         energy_j + row.profile_energy_j,
     )

@@ -138,8 +138,9 @@ class LUT:
         ``full`` (every cell; serves any cap), ``efficient`` (paper §4.1 under
         ``p_max_w``) or ``highest`` (no cap: each b at the highest frequency only, the
         cell Eq. 4 picks per b when nothing is infeasible) or ``on-demand`` (no cap: single
-        cells measured when something needed them, e.g. pacing below f*; never selected
-        from on its own). Default: ``full`` without a cap, ``efficient`` with one.
+        cells that earlier versions' deadline pacing measured below f*; nothing writes
+        them now; the value is kept so such cache files still load; never selected from).
+        Default: ``full`` without a cap, ``efficient`` with one.
     peak_sigma_w : ndarray, shape (|B|, |F|)
         Standard deviation of the per-step peak powers of each measured cell in W (the
         selector's feasibility margin, ``peak-sigma-k``·σ); NaN where not profiled or not
@@ -787,26 +788,6 @@ def median_cell(
     nearest = rows[gap <= gap.min(), 3]
     sigma_w = float(np.nanmax(nearest)) if np.isfinite(nearest).any() else math.nan
     return time_s, peak_w, avg_w, sigma_w
-
-
-# --------------------------------------------------------------------------- cells on demand
-
-
-def on_demand_key(device: Device, workload: Workload, batch_sizes: Sequence[int]) -> LUTKey:
-    """The key of a device's cells measured on demand (``grid="on-demand"``)."""
-    return LUTKey.of(device, workload, validate_batch_sizes(batch_sizes), grid="on-demand")
-
-
-def load_on_demand(
-    cache_dir: str | os.PathLike[str],
-    device: Device,
-    workload: Workload,
-    batch_sizes: Sequence[int],
-) -> LUT | None:
-    """The cached on-demand cells of this device and workload, or None (a bad file is set
-    aside as ``load_or_profile`` does)."""
-    key = on_demand_key(device, workload, batch_sizes)
-    return load_cached(key.path(cache_dir), key)
 
 
 def save_quietly(lut: LUT, path: Path) -> None:

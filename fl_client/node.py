@@ -385,7 +385,7 @@ def _verify_shared(
             progress=False,
             peak_sigma_k=ctx.settings.peak_sigma_k,
         )
-        check = check_drift(measure, plan.lut, None, point, ctx.settings.drift_threshold, options)
+        check = check_drift(measure, plan.lut, point, ctx.settings.drift_threshold, options)
     plan.shared, plan.lut = check, check.lut
     plan.cost.add(check.time_s, check.energy_j)
     if check.reprofiled:
@@ -406,7 +406,7 @@ def _settle_shared(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, m
     parts = [d for d in (time_dev, plan.power_check and plan.power_check[0]) if d is not None]
     deviation = max(parts, default=math.nan)
     ok = bool(parts) and deviation <= ctx.settings.drift_threshold and m.cap_violations == 0
-    plan.shared = DriftCheck(deviation, False, plan.lut, None, 0.0, 0.0)
+    plan.shared = DriftCheck(deviation, False, plan.lut, 0.0, 0.0)
     if ok:
         keep_verified(measure, plan.lut, plan.cfg.kind_lut)
         return
@@ -517,7 +517,6 @@ def _check_drift(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan) -> 
     plan.drift = check_drift(
         measure,
         plan.lut,
-        None,
         point,
         ctx.settings.drift_threshold,
         peak_sigma_k=ctx.settings.peak_sigma_k,

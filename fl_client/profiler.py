@@ -13,7 +13,6 @@ least number of power samples and time and power have settled, up to a hard cap.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import math
@@ -37,7 +36,7 @@ from fl_client.devices.base import (
     Workload,
     device_knob,
 )
-from fl_client.lut import LUT, FloatArray, LUTKey, load_cached, merge_cells
+from fl_client.lut import LUT, FloatArray, LUTKey, load_cached
 from fl_client.selector import (
     PEAK_SIGMA_K,
     PowerLimit,
@@ -981,51 +980,3 @@ def measure_cell(*args: Any, **kwargs: Any) -> tuple[Measurement, float, float]:
     time and energy."""
     cell = measure_cell_with_sigma(*args, **kwargs)
     return cell.measurement, cell.time_s, cell.energy_j
-
-
-def add_measured_cell(
-    cells: LUT | None,
-    like: LUT,
-    device: Device,
-    workload: Workload,
-    cell: tuple[int, float],
-    step: Callable[[], object],
-) -> tuple[LUT, float, float]:
-    """``cells`` (an on-demand LUT, or None for a new one) with ``cell`` = (b, f) measured now.
-
-    Measured as ``profile`` measures a cell (``measure_cell``), with the batch sizes and
-    steps per cell of ``like`` (the selection LUT); the cell replaces any value ``cells``
-    had, and its device time and energy are added to ``cells``' profiling cost. Returns the
-    new cells and the device time and energy of this measurement.
-    """
-    batch_size, freq_mhz = cell
-    warmup_steps, steps = like.warmup_steps, like.steps
-    b_list = validate_batch_sizes(like.batch_sizes)
-    freqs = tuple(float(f) for f in device.gpu_freqs_mhz)
-    if batch_size not in b_list or freq_mhz not in freqs:
-        raise ValueError(f"batch-size / gpu-freq-mhz: ({batch_size}, {freq_mhz:g}) is not a cell")
-    cell_m = measure_cell_with_sigma(
-        device, workload, batch_size, step, freq_mhz, warmup_steps=warmup_steps, steps=steps
-    )
-    time_s, energy_j = cell_m.time_s, cell_m.energy_j
-    tables = _new_tables((len(b_list), len(freqs)))
-    i, j = b_list.index(batch_size), freqs.index(freq_mhz)
-    _record(tables, i, j, cell_m, batch_size)
-    one = _lut_of(
-        device,
-        workload,
-        b_list,
-        tables,
-        profile_time_s=time_s,
-        profile_energy_j=energy_j,
-        warmup_steps=warmup_steps,
-        steps=steps,
-        grid="on-demand",
-    )
-    if cells is not None:
-        one = dataclasses.replace(
-            merge_cells(cells, one, overwrite=True),
-            profile_time_s=cells.profile_time_s + time_s,
-            profile_energy_j=cells.profile_energy_j + energy_j,
-        )
-    return one, time_s, energy_j

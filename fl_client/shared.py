@@ -124,7 +124,7 @@ def own_cell_check(
     deviation = max(abs(float(x) / float(p) - 1.0) for x, p in zip(own, predicted, strict=True))
     if deviation > threshold:
         return None  # measure again, and re-profile the row if it is still off
-    return DriftCheck(deviation, False, lut, None, 0.0, 0.0)
+    return DriftCheck(deviation, False, lut, 0.0, 0.0)
 
 
 def keep_own_cells(

@@ -112,11 +112,18 @@ def library_dir(typed: str | None) -> Path:
 
 
 def _library(typed: str | None, *, write: bool) -> LUTLibrary:
-    """The library of ``--library`` (or the default); a path that is a file, or a folder
-    this process cannot write into when ``write``, is a SettingsError naming ``--library``."""
+    """The library of ``--library`` (or the default); a path that is a file, a typed folder
+    that does not exist when only reading (a typo would list an empty library), or a folder
+    this process cannot write into when ``write``, is a SettingsError naming ``--library``.
+    The default library may be missing: no run has made it yet."""
     root = library_dir(typed)
     if root.exists() and not root.is_dir():
         raise SettingsError(f"--library: {root} is a file, not a folder; give the library folder")
+    if typed is not None and not write and not root.exists():
+        raise SettingsError(
+            f"--library: {root} does not exist; give the library folder (`powerfl lut import` "
+            "makes it)"
+        )
     if write:
         check_writable_dir(root, "--library")
     return LUTLibrary(root)

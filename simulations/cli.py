@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from fl_client.argparse_once import OnceParser
 from fl_client.settings import (
     SettingsError,
     check_partitioner_keys,
@@ -197,39 +198,6 @@ def _folders(path: Path) -> set[str]:
 
 
 _progress: SimulateProgress | None = None
-
-
-class Once(argparse.Action):
-    """An option that takes one value: given twice, an error (argparse keeps the last one
-    without a word), unless both give the same value. ``OnceParser`` makes it the default
-    action of every ``powerfl`` command."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        seen: set[str] = namespace.__dict__.setdefault("_once_seen", set())
-        before = getattr(namespace, self.dest, None)
-        if self.dest in seen and before != values:
-            parser.error(f"{option_string}: given twice ({before} and {values}); give it once")
-        seen.add(self.dest)
-        setattr(namespace, self.dest, values)
-
-
-class OnceParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose options that take one value are ``Once``: given twice
-    with different values, an error naming the option, in every command (its sub-commands'
-    parsers are of this class too: ``add_subparsers`` makes them of the parent's class).
-    Options meant to repeat (``-c``, ``--set``) append, and their own parsers refuse one key
-    given twice."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.register("action", None, Once)
-        self.register("action", "store", Once)
 
 
 def ray_address_arg(text: str) -> str:

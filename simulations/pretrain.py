@@ -7,8 +7,11 @@ split) in seeded minibatches, one epoch at a time, and is evaluated on the test 
 each epoch. It stops after ``--epochs`` epochs, or at the first epoch whose test accuracy
 reaches ``--target-accuracy`` (at most ``--max-epochs``).
 
-Files: ``--out`` (safetensors, with the record below as its metadata) and ``--out`` + ``.json``
-beside it: model, dataset, accuracy, seed, epochs, the command, the file's sha256. While it
+Files: ``--out`` (safetensors, with the record below as its metadata, less what differs
+between two runs of the same settings: the command, which names ``--out``, and the training
+time; so the same settings and seed give the same bytes and sha256, and the oracle's r cache,
+keyed by that sha256, is reused) and ``--out`` + ``.json`` beside it: model, dataset,
+accuracy, seed, epochs, the command, the training time, the file's sha256. While it
 runs, ``--out`` + ``.resume.pt`` holds the last finished epoch (weights, optimizer, history,
 the settings); the same command run again goes on from there, another command is refused.
 """
@@ -33,6 +36,9 @@ from fl_client.settings import SettingsError
 
 #: The record's format (in the JSON and the checkpoint's metadata).
 RECORD_VERSION = "powerfl-pretrain/1"
+#: Record keys kept out of the checkpoint's metadata (in the JSON only): the per-epoch
+#: history, and what would make the same tensors hash differently (the path, the time).
+NOT_IN_CHECKPOINT = ("history", "command", "train-time-s")
 
 
 @dataclass(frozen=True)
@@ -186,7 +192,7 @@ def pretrain(
         "command": shlex.join(command),
     }
     model.cpu()
-    meta = {k: v for k, v in record.items() if k != "history"}
+    meta = {k: v for k, v in record.items() if k not in NOT_IN_CHECKPOINT}
     checkpoint.save(model.state_dict(), out, meta)
     record["sha256"] = checkpoint.file_sha256(out)
     sidecar(out).write_text(json.dumps(record, indent=2) + "\n")

@@ -157,11 +157,6 @@ class PowerSampler:
                 log.warning("power sensor read failed (%s); skipping samples", err)
             return None
 
-    def stamp(self) -> float:
-        """Sample now and return the time stamp (the clock's time if the read failed)."""
-        taken = self.try_sample()
-        return taken[0] if taken is not None else self._clock()
-
     def now_s(self) -> float:
         return self._clock()
 

@@ -139,7 +139,13 @@ class Output:
 
 
 def load_output(out: Path) -> Output:
-    """The output folder ``out``; a folder without a manifest is a ``ReportError``."""
+    """The output folder ``out``; a file, or a folder without a manifest, is a
+    ``ReportError``."""
+    if out.is_file():
+        raise ReportError(
+            f"{out} is a file, not a folder; a report takes the study's output folder (the "
+            "--out of `powerfl experiment run`, which holds manifest.json)"
+        )
     manifest_path = out / "manifest.json"
     if not manifest_path.is_file():
         raise ReportError(

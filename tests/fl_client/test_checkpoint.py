@@ -84,6 +84,29 @@ def test_a_missing_or_unreadable_file_is_refused(tmp_path: Path) -> None:
         checkpoint.read_state(junk)
 
 
+@pytest.mark.parametrize(
+    ("name", "content", "what"),
+    [
+        ("hello.pt", b"hello", "neither a safetensors nor a torch.save file"),
+        ("hello.txt", b"hello\n", "neither a safetensors nor a torch.save file"),
+        ("w.json", b'{"features.0.weight": [1, 2]}', "neither a safetensors nor a torch.save file"),
+        ("empty.pt", b"", "an empty file"),
+    ],
+)
+def test_a_file_that_is_no_checkpoint_at_all_is_named_as_such(
+    tmp_path: Path, name: str, content: bytes, what: str
+) -> None:
+    """Text given as ``initial-weights`` is not a checkpoint: not a pickle needing code (what
+    torch.load says of ``{``), nor a bare KeyError (what it raises for ``hello``)."""
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError) as info:
+        checkpoint.read_state(path)
+    message = str(info.value)
+    assert message.startswith(f"initial-weights: {path}: not a checkpoint ({what}); expected ")
+    assert "safetensors" in message and "state dict" in message and "pickle" not in message
+
+
 def test_a_non_tensor_entry_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "w.pt"
     torch.save({"head.weight": torch.zeros(2), "epoch": 3}, path)

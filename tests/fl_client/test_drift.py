@@ -13,12 +13,11 @@ import pytest
 
 from fl_client.devices import Measurement
 from fl_client.drift import check_drift, trained_time_deviation
-from fl_client.lut import LUT, cell_tables, load_cached, load_on_demand, on_demand_key
+from fl_client.lut import LUT, cell_tables, load_cached
 from fl_client.node import train_node
 from fl_client.profiler import (
     MeasureContext,
     ProfileOptions,
-    add_measured_cell,
     load_or_profile,
     profile,
 )
@@ -32,13 +31,6 @@ from tests.fl_client.test_node import (
 from tests.fl_client.test_profiler import B6, WORKLOAD, CountingSteps, FakeDevice
 
 CAP_W, MARGIN = 6.0, 0.05
-
-
-class SlowDevice(FakeDevice):
-    """The fake, throttled: every step takes 1.5× as long at the same power."""
-
-    def time_per_sample_s(self, b: int, freq_mhz: float) -> float:
-        return 1.5 * super().time_per_sample_s(b, freq_mhz)
 
 
 def _cached_lut(cache: Path) -> LUT:
@@ -66,9 +58,9 @@ def test_no_drift_is_measured_as_such_and_changes_nothing(tmp_path: Path) -> Non
     lut = _cached_lut(tmp_path)
     device, steps = FakeDevice(), CountingSteps()
     f = _measured_freqs(lut, 32)[-1]
-    check = check_drift(MeasureContext(device, WORKLOAD, steps, tmp_path), lut, None, (32, f), 0.15)
+    check = check_drift(MeasureContext(device, WORKLOAD, steps, tmp_path), lut, (32, f), 0.15)
     assert check.deviation == pytest.approx(0.0, abs=1e-9) and not check.reprofiled
-    assert check.lut is lut and check.cells is None
+    assert check.lut is lut
     # the check itself is profiling cost: the warm-up and steps of one cell, as profiled
     assert check.time_s > 0 and check.energy_j > 0
     assert steps.calls == {32: lut.warmup_steps + lut.steps}
@@ -82,7 +74,7 @@ def test_a_drifted_board_re_profiles_the_row_and_scales_the_others(tmp_path: Pat
     f = _measured_freqs(lut, 32)[-1]
     i = B6.index(32)
     ctx = MeasureContext(hot, WORKLOAD, CountingSteps(), tmp_path)
-    check = check_drift(ctx, lut, None, (32, f), 0.15)
+    check = check_drift(ctx, lut, (32, f), 0.15)
     j = lut.freqs_mhz.index(f)
     expected = 0.5 / lut.peak_power_w[i, j]  # the peak is off by 0.5 W, time not at all
     assert check.deviation == pytest.approx(expected) and check.deviation > 0.15
@@ -107,34 +99,6 @@ def test_a_drifted_board_re_profiles_the_row_and_scales_the_others(tmp_path: Pat
     assert check.time_s > row.profile_time_s > 0
 
 
-def test_the_paced_frequency_is_predicted_from_the_on_demand_cells_which_are_rescaled(
-    tmp_path: Path,
-) -> None:
-    lut = _cached_lut(tmp_path)
-    cool = FakeDevice()
-    f_low = lut.freqs_mhz[0]
-    assert math.isnan(lut.time_per_sample_s[B6.index(4), 0])  # the LUT lacks this cell
-    cells, _, _ = add_measured_cell(None, lut, cool, WORKLOAD, (4, f_low), CountingSteps()(4))
-    # no drift: the cell measured on demand is the prediction, and agrees
-    calm = check_drift(
-        MeasureContext(cool, WORKLOAD, CountingSteps(), tmp_path), lut, cells, (4, f_low), 0.15
-    )
-    assert calm.deviation == pytest.approx(0.0, abs=1e-9) and calm.cells is cells
-    # 1.5× slower: re-profiled, and the cells scaled by the same change as the LUT's rows
-    slow = SlowDevice()
-    check = check_drift(
-        MeasureContext(slow, WORKLOAD, CountingSteps(), tmp_path), lut, cells, (4, f_low), 0.15
-    )
-    assert check.reprofiled and check.deviation == pytest.approx(0.5)
-    assert check.cells is not None
-    np.testing.assert_allclose(
-        check.cells.time_per_sample_s[B6.index(4), 0], 1.5 * cells.time_per_sample_s[B6.index(4), 0]
-    )
-    saved = load_on_demand(tmp_path, cool, WORKLOAD, B6)
-    assert saved is not None and saved.to_json() == check.cells.to_json()
-    assert on_demand_key(cool, WORKLOAD, B6).path(tmp_path).is_file()
-
-
 def test_a_row_that_shares_no_cell_with_the_lut_scales_the_others_by_the_check(
     tmp_path: Path,
 ) -> None:
@@ -155,7 +119,7 @@ def test_a_row_that_shares_no_cell_with_the_lut_scales_the_others_by_the_check(
     hot = FakeDevice(a_w=5.0)  # +4 W: b = 32's walk under the cap stops below f
     reprofile = ProfileOptions(p_max_w=CAP_W, cap_margin=MARGIN, progress=False)
     ctx = MeasureContext(hot, WORKLOAD, CountingSteps(), tmp_path)
-    check = check_drift(ctx, sparse, None, (32, f), 0.15, reprofile)
+    check = check_drift(ctx, sparse, (32, f), 0.15, reprofile)
     assert check.reprofiled
     new = check.lut
     assert np.isnan(new.time_per_sample_s[i, j])  # beyond the cap on this board now
@@ -174,7 +138,7 @@ def test_the_threshold_is_strict(tmp_path: Path) -> None:
     j = lut.freqs_mhz.index(f)
     deviation = 0.5 / lut.peak_power_w[B6.index(32), j]
     ctx = MeasureContext(hot, WORKLOAD, CountingSteps(), tmp_path)
-    assert not check_drift(ctx, lut, None, (32, f), deviation + 1e-6).reprofiled
+    assert not check_drift(ctx, lut, (32, f), deviation + 1e-6).reprofiled
 
 
 # --------------------------------------------------------------------------- on the node

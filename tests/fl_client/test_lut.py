@@ -22,11 +22,9 @@ from fl_client.lut import (
     LUTFormatError,
     LUTKey,
     load_cached,
-    load_on_demand,
     lut_checksum,
     median_cell,
     merge_cells,
-    on_demand_key,
     replace_rows,
     save_quietly,
     scale_cells,
@@ -436,35 +434,6 @@ def test_save_is_atomic_and_save_quietly_only_warns(
     assert "could not update the LUT cache" in caplog.text
     save_quietly(lut, tmp_path / "quiet.json")
     assert LUT.load(tmp_path / "quiet.json").to_json() == lut.to_json()
-
-
-def test_on_demand_cells_have_their_own_key_without_a_cap(tmp_path: Path) -> None:
-    dev = FakeDevice()
-    key = on_demand_key(dev, WORKLOAD, B6)
-    assert (key.grid, key.p_max_w, key.cap_margin) == ("on-demand", None, 0.0)
-    assert load_on_demand(tmp_path, dev, WORKLOAD, B6) is None
-    tables: dict[str, Any] = {
-        name: np.full((len(B6), len(NANO_FREQS_MHZ)), np.nan)
-        for name in ("time_per_sample_s", "peak_power_w", "avg_power_w")
-    }
-    for t in tables.values():
-        t[2, 3] = 1.0
-    cells = LUT(
-        device_kind="fake-nano",
-        backend="fake",
-        model_name="cnn",
-        input_shape=(1, 8, 8),
-        batch_sizes=tuple(B6),
-        freqs_mhz=NANO_FREQS_MHZ,
-        grid="on-demand",
-        **tables,
-    )
-    assert key.mismatch(cells) is None
-    cells.save(key.path(tmp_path))
-    loaded = load_on_demand(tmp_path, dev, WORKLOAD, B6)
-    assert loaded is not None and loaded.cells_profiled == 1
-    # another B is another file
-    assert load_on_demand(tmp_path, dev, WORKLOAD, B6[:-1]) is None
 
 
 # --------------------------------------------------------------------------- merge, scale

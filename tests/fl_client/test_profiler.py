@@ -30,7 +30,7 @@ from fl_client.devices.base import (
     SensorSpec,
     Workload,
 )
-from fl_client.lut import LUT, LUTKey, load_on_demand, on_demand_key
+from fl_client.lut import LUT, LUTKey
 from fl_client.profiler import (
     MAX_WINDOW_S,
     WALK_EXTRA_INFEASIBLE,
@@ -38,7 +38,6 @@ from fl_client.profiler import (
     CellWindow,
     ProfileOptions,
     _efficient_row,
-    add_measured_cell,
     load_or_profile,
     measure_cell,
     measure_cell_with_sigma,
@@ -746,43 +745,6 @@ def test_measure_cell_measures_as_profile_does_and_restores() -> None:
     assert time_s == pytest.approx(SWITCH_S + 32 * device.time_per_sample_s(32, 460.8) * 13)
     assert energy_j > m.energy_j
     assert device.freq == device.initial_freq and device.restores == 1
-
-
-def test_cells_measured_on_demand_accumulate_and_are_cached_apart(tmp_path: Path) -> None:
-    device, steps = FakeDevice(), CountingSteps()
-    like = _profile(FakeDevice(), p_max_w=3.0, warmup_steps=1, steps=2)
-    assert load_on_demand(tmp_path, device, WORKLOAD, B6) is None
-    step = steps(32)
-    cells, t1, e1 = add_measured_cell(None, like, device, WORKLOAD, (32, 460.8), step)
-    assert cells.grid == "on-demand" and cells.p_max_w is None and cells.cells_profiled == 1
-    assert (cells.warmup_steps, cells.steps) == (1, 2)  # measured as ``like`` was
-    assert steps.calls[32] == 1 + 2
-    i, j = B6.index(32), NANO_FREQS_MHZ.index(460.8)
-    assert cells.time_per_sample_s[i, j] == pytest.approx(device.time_per_sample_s(32, 460.8))
-    assert cells.peak_power_w[i, j] == pytest.approx(device.power_w(32, 460.8))  # warm steps
-    assert t1 > 0 and e1 > 0 and (cells.profile_time_s, cells.profile_energy_j) == (t1, e1)
-    assert device.freq == device.initial_freq  # restored after the cell
-    cells, t2, e2 = add_measured_cell(cells, like, device, WORKLOAD, (32, 384.0), step)
-    assert cells.cells_profiled == 2
-    assert cells.profile_time_s == pytest.approx(t1 + t2)
-    assert cells.profile_energy_j == pytest.approx(e1 + e2)
-    # measuring a cell again replaces it and adds its cost
-    again, t3, _ = add_measured_cell(cells, like, device, WORKLOAD, (32, 384.0), step)
-    assert again.cells_profiled == 2 and again.profile_time_s == pytest.approx(t1 + t2 + t3)
-    with pytest.raises(ValueError, match="is not a cell"):
-        add_measured_cell(cells, like, device, WORKLOAD, (32, 400.0), step)
-    with pytest.raises(ValueError, match="is not a cell"):
-        add_measured_cell(cells, like, device, WORKLOAD, (24, 384.0), step)
-    key = on_demand_key(device, WORKLOAD, B6)
-    path = key.path(tmp_path)
-    cells.save(path)
-    assert "on-demand" in path.name and key.grid == "on-demand"
-    others = {
-        LUTKey.of(device, WORKLOAD, B6, grid=grid).path(tmp_path) for grid in ("full", "highest")
-    }
-    assert path not in others and len(others) == 2
-    loaded = load_on_demand(tmp_path, device, WORKLOAD, B6)
-    assert loaded is not None and loaded.to_json() == cells.to_json()
 
 
 # --------------------------------------------------------------------------- cell windows

@@ -38,7 +38,32 @@ def _import_args(library: Path, src: Path) -> list[str]:
 def test_list_of_an_empty_library_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert lut_cmd("--library", str(tmp_path / "none"), "list") == 0
+    (tmp_path / "empty").mkdir()
+    assert lut_cmd("--library", str(tmp_path / "empty"), "list") == 0
+    assert "is empty" in capsys.readouterr().out
+
+
+def test_a_typed_library_that_does_not_exist_exits_2_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A typo in ``--library`` must not list an empty library and succeed."""
+    from simulations.cli import main
+
+    missing = tmp_path / "no-such-library"
+    for command in (["list"], ["export", "jetson-nano", str(tmp_path / "x.json")]):
+        assert main(["lut", "--library", str(missing), *command]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1
+        assert err[0].startswith("powerfl: error: --library: ") and str(missing) in err[0]
+        assert "does not exist" in err[0]
+    assert not missing.exists()  # reading made nothing
+
+
+def test_the_default_library_may_be_missing_before_any_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert lut_cmd("list") == 0
     assert "is empty" in capsys.readouterr().out
 
 

@@ -45,6 +45,10 @@ def _bad_checkpoint(tmp_path: Path, kind: str) -> Path:
         checkpoint.save(_cnn_state(0), path)
         path.write_bytes(path.read_bytes()[:5000])
         return path
+    if kind == "text":
+        path = tmp_path / "hello.pt"
+        path.write_text("hello")
+        return path
     assert kind == "shape"
     state = _cnn_state(0)
     state["features.6.bias"] = torch.zeros(32)
@@ -59,6 +63,7 @@ def _bad_checkpoint(tmp_path: Path, kind: str) -> Path:
         ("missing", "initial-weights: {p}: no such file"),
         ("pickle", "initial-weights: {p}: refused: loading it would run code"),
         ("truncated", "initial-weights: {p}: not a readable safetensors file, truncated"),
+        ("text", "initial-weights: {p}: not a checkpoint (neither a safetensors nor a torch"),
         ("shape", "initial-weights: {p}: features.6.bias is 32 in the checkpoint but 64 in"),
     ],
 )

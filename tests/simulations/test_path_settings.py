@@ -285,6 +285,11 @@ OTHER: list[Case] = [
         lambda p: f"powerfl: error: --library: {p.file} is a file, not a folder",
     ),
     (
+        "lut-library-nowhere",
+        lambda p: _lut(p.nowhere, "list"),
+        lambda p: f"powerfl: error: --library: {p.nowhere} does not exist; give the library folder",
+    ),
+    (
         "lut-import-into-unwritable-library",
         lambda p: _lut(_needs_unwritable(p), "import", str(p.file), "--device", "jetson-nano"),
         lambda p: f"powerfl: error: --library: cannot write into {p.unwritable}",
@@ -301,12 +306,12 @@ OTHER: list[Case] = [
     ),
     (
         "lut-export-onto-a-folder",
-        lambda p: _lut(p.root / "lib", "export", "x", str(p.folder)),
+        lambda p: _lut(p.folder, "export", "x", str(p.folder)),
         lambda p: f"powerfl: error: out: {p.folder} is a folder; give the file to write",
     ),
     (
         "lut-export-into-unwritable",
-        lambda p: _lut(p.root / "lib", "export", "x", str(_needs_unwritable(p) / "x.json")),
+        lambda p: _lut(p.folder, "export", "x", str(_needs_unwritable(p) / "x.json")),
         lambda p: f"powerfl: error: out: cannot write into {p.unwritable}",
     ),
     (
@@ -378,6 +383,14 @@ OTHER: list[Case] = [
         "experiment-report-nowhere",
         lambda p: ["experiment", "report", str(p.nowhere)],
         lambda p: f"powerfl experiment: error: {p.nowhere}: no manifest.json",
+    ),
+    (
+        "experiment-report-file",
+        lambda p: ["experiment", "report", str(p.file)],
+        lambda p: (
+            f"powerfl experiment: error: {p.file} is a file, not a folder; a report takes "
+            "the study's output folder"
+        ),
     ),
     (
         "devices-restore-state-dir-file",

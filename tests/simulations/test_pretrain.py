@@ -48,6 +48,31 @@ def test_pretrain_writes_a_checkpoint_that_a_run_can_start_from(tmp_path: Path, 
     assert checkpoint.read_metadata(out)["accuracy"] == record["accuracy"]
 
 
+def test_the_same_settings_and_seed_give_the_same_checkpoint_bytes_in_any_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The oracle's r cache is keyed by the checkpoint's sha256: the path and the time of a
+    run must not be in the file, or the same tensors would recompute r."""
+    outs = [tmp_path / "a" / "cnn.safetensors", tmp_path / "elsewhere" / "other-name.safetensors"]
+    for out in outs:
+        argv = ["pretrain", "--model", "cnn", "--dataset", "digits", "--epochs", "1"]
+        assert main([*argv, "--out", str(out), "--torch-device", "cpu", "--quiet"]) == 0
+    capsys.readouterr()
+    records = [json.loads(pretrain.sidecar(out).read_text()) for out in outs]
+    assert checkpoint.file_sha256(outs[0]) == checkpoint.file_sha256(outs[1])
+    assert records[0]["sha256"] == records[1]["sha256"] == checkpoint.file_sha256(outs[0])
+    # the path and the time stay in the record beside the file, not in the file
+    assert str(outs[1]) in records[1]["command"] and records[1]["train-time-s"] > 0
+    meta = checkpoint.read_metadata(outs[1])
+    assert meta["model"] == "cnn" and meta["seed"] == 0 and meta["epochs"] == 1
+    assert not {"command", "train-time-s", "history"} & meta.keys()
+    # other training settings are other bytes
+    other = tmp_path / "seed1.safetensors"
+    argv = ["pretrain", "--model", "cnn", "--dataset", "digits", "--epochs", "1", "--seed", "1"]
+    assert main([*argv, "--out", str(other), "--torch-device", "cpu", "--quiet"]) == 0
+    assert checkpoint.file_sha256(other) != checkpoint.file_sha256(outs[0])
+
+
 def test_an_interrupted_pretraining_resumes_where_it_stopped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

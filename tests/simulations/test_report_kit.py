@@ -90,6 +90,12 @@ def test_csv_and_markdown_tables(tmp_path):
 def test_an_output_folder_needs_its_manifest(tmp_path):
     with pytest.raises(ReportError, match=r"no manifest\.json"):
         load_output(tmp_path)
+    # the manifest itself (or any file) is named as a file, not as a folder lacking one
+    (tmp_path / "manifest.json").write_text("{}")
+    with pytest.raises(
+        ReportError, match=r"manifest\.json is a file, not a folder; .*output folder"
+    ):
+        load_output(tmp_path / "manifest.json")
     (tmp_path / "manifest.json").write_text('{"study": "federated", "config": {"name": "x"}}')
     (tmp_path / "records" / "cells").mkdir(parents=True)
     (tmp_path / "records" / "cells" / "a.json").write_text('{"k": 1}')
