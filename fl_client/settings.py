@@ -7,7 +7,7 @@ import itertools
 import math
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -109,18 +109,26 @@ def _int(cfg: Mapping[str, Any], key: str, *, lo: int) -> int:
     return val
 
 
-def _number_below(
-    cfg: Mapping[str, Any], key: str, default: float, hi: float, allowed: str
+def _number_in(
+    cfg: Mapping[str, Any], key: str, default: float, ok: Callable[[float], bool], allowed: str
 ) -> float:
-    """An optional number in [0, ``hi``); ``allowed`` says so in the error."""
+    """An optional number (not a bool) for which ``ok`` holds; ``allowed`` says which in the
+    error."""
     raw = cfg.get(key, default)
     try:
         val = float(raw)
     except (TypeError, ValueError):
         raise SettingsError(f"{key}: expected {allowed}, got {raw!r}") from None
-    if isinstance(raw, bool) or not (0.0 <= val < hi):
+    if isinstance(raw, bool) or not ok(val):
         raise SettingsError(f"{key}: expected {allowed}, got {raw!r}")
     return val
+
+
+def _number_below(
+    cfg: Mapping[str, Any], key: str, default: float, hi: float, allowed: str
+) -> float:
+    """An optional number in [0, ``hi``); ``allowed`` says so in the error."""
+    return _number_in(cfg, key, default, lambda v: 0.0 <= v < hi, allowed)
 
 
 def _fraction(cfg: Mapping[str, Any], key: str, default: float) -> float:
@@ -130,14 +138,7 @@ def _fraction(cfg: Mapping[str, Any], key: str, default: float) -> float:
 
 def _weight(cfg: Mapping[str, Any], key: str, default: float) -> float:
     """An optional weight in [0, 1]."""
-    raw = cfg.get(key, default)
-    try:
-        val = float(raw)
-    except (TypeError, ValueError):
-        raise SettingsError(f"{key}: expected a number in [0, 1], got {raw!r}") from None
-    if isinstance(raw, bool) or not (0.0 <= val <= 1.0):
-        raise SettingsError(f"{key}: expected a number in [0, 1], got {raw!r}")
-    return val
+    return _number_in(cfg, key, default, lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")
 
 
 def _nonneg(cfg: Mapping[str, Any], key: str, default: float) -> float:
@@ -215,14 +216,7 @@ def translate_deprecated(
 
 def _share(cfg: Mapping[str, Any], key: str, default: float) -> float:
     """An optional share in (0, 1]."""
-    raw = cfg.get(key, default)
-    try:
-        val = float(raw)
-    except (TypeError, ValueError):
-        raise SettingsError(f"{key}: expected a number in (0, 1], got {raw!r}") from None
-    if isinstance(raw, bool) or not (0.0 < val <= 1.0):
-        raise SettingsError(f"{key}: expected a number in (0, 1], got {raw!r}")
-    return val
+    return _number_in(cfg, key, default, lambda v: 0.0 < v <= 1.0, "a number in (0, 1]")
 
 
 #: ``profile-grid``: ``efficient`` profiles the cells that matter under each node's cap
