@@ -83,18 +83,15 @@ def best_round_time_s(
     ``calibration`` (its measured / predicted time of an earlier round). inf when no cell is
     feasible."""
     t = np.asarray(time_s, dtype=np.float64)
-    ok = feasible_cells(peak_w, limit, peak_sigma_w=peak_sigma_w, peak_sigma_k=peak_sigma_k)
-    ok &= np.isfinite(t)
-    if not ok.any():
-        return math.inf
+    score = t
     if r_weight > 0 and r is not None:
         score = cell_scores(t, r, context=RoundContext(r_weight=r_weight))
-        ok &= np.isfinite(score)
-        if not ok.any():
-            return math.inf
-        pick = np.flatnonzero(ok.ravel())[int(np.argmin(score.ravel()[ok.ravel()]))]
-        return float(t.ravel()[pick]) * float(samples) * float(calibration)
-    return float(t[ok].min()) * float(samples) * float(calibration)
+    ok = feasible_cells(peak_w, limit, peak_sigma_w=peak_sigma_w, peak_sigma_k=peak_sigma_k)
+    ok &= np.isfinite(score)  # a b without r (NaN) is left out when r weighs
+    if not ok.any():
+        return math.inf
+    at = np.flatnonzero(ok)[int(np.argmin(score[ok]))]
+    return float(t.flat[at]) * float(samples) * float(calibration)
 
 
 def plan_round(forecasts: Sequence[NodeForecast], round_deadline_s: float = 0.0) -> RoundPlan:
