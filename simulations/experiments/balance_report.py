@@ -277,10 +277,8 @@ def _fleet_groups(summary: Mapping[str, Any]) -> dict[str, dict[str, Group]]:
         mode, _, w = arm.partition("@")
         return (0 if not w else 1, BALANCE_ARMS.index(mode), float(w or 0))
 
-    return {
-        f: {a: arms[a] for a in sorted(arms, key=order) if a.partition("@")[0] in BALANCE_ARMS}
-        for f, arms in out.items()
-    }
+    known = {f: [a for a in arms if a.partition("@")[0] in BALANCE_ARMS] for f, arms in out.items()}
+    return {f: {a: out[f][a] for a in sorted(names, key=order)} for f, names in known.items()}
 
 
 def arm_label(arm: str) -> str:

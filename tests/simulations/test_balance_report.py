@@ -11,6 +11,7 @@ import pytest
 
 from simulations.experiments.balance_report import (
     Goal,
+    _fleet_groups,
     deadline_node_rounds,
     goals,
     measured_straggler_ratio,
@@ -176,6 +177,16 @@ def test_a_weighted_arm_is_reported_and_checked_after_its_mode(tmp_path):
         "| balance = samples",
         "| balance = energy",
         "| balance = steps, critical-r-weight 0.5",
+    ]
+
+
+def test_fleet_groups_order_the_arms_and_leave_out_unknown_ones():
+    balance = {f"d/{a}": {} for a in ("steps@1", "energy", "fast", "steps@0.5", "b1")}
+    assert list(_fleet_groups({"scenarios": {"balance": balance}})["d"]) == [
+        "b1",
+        "energy",
+        "steps@0.5",
+        "steps@1",
     ]
 
 
