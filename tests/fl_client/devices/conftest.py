@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import select
+import subprocess
 import sys
 import types
 from collections.abc import Iterator
@@ -209,3 +211,14 @@ def as_root(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def not_root(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.geteuid", lambda: 1000)
+
+
+def await_line(proc: subprocess.Popen[str], marker: str, timeout_s: float, what: str) -> None:
+    """Wait up to ``timeout_s`` for the child's first line of output to be ``marker``; else
+    kill it and fail the test with ``what``, the line and the child's stderr."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    line = proc.stdout.readline() if ready else ""
+    if line.strip() != marker:
+        proc.kill()
+        pytest.fail(f"{what}: {line!r} {proc.communicate()[1]}")

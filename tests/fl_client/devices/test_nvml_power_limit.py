@@ -10,7 +10,6 @@ import io
 import json
 import logging
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -37,7 +36,7 @@ from fl_client.devices.cli import devices_report, restore_command
 from fl_client.devices.nvml import NvmlDevice, power_limit_grid_w
 from fl_client.devices.sampler import PowerMeasurement
 from fl_client.settings import REPO_ROOT
-from tests.fl_client.devices.conftest import FakeGpu
+from tests.fl_client.devices.conftest import FakeGpu, await_line
 
 WORKLOAD = Workload("resnet18", (3, 32, 32), 1e9)
 ORIGINAL_MW = 650_000  # an admin's limit, not the GPU's default: that is what comes back
@@ -328,12 +327,7 @@ def start_child(limit_file: Path, state_dir: Path, mode: str = "wait") -> subpro
         env=env,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], 60.0)
-    line = proc.stdout.readline() if ready else ""
-    if line.strip() != "SET":
-        proc.kill()
-        pytest.fail(f"child did not set the limit: {line!r} {proc.communicate()[1]}")
+    await_line(proc, "SET", 60.0, "child did not set the limit")
     if mode == "wait":
         assert int(limit_file.read_text()) == 300_000
     return proc

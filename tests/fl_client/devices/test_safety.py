@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from fl_client.devices import DeviceError, safety
 from fl_client.devices.cli import restore_command
 from fl_client.devices.jetson import JetsonDevice
 from fl_client.settings import REPO_ROOT
+from tests.fl_client.devices.conftest import await_line
 from tests.fl_client.devices.fakes_sysfs import FakeJetson, build_tree
 
 ORIGINAL = (76_800_000, 921_600_000)  # Nano: full range
@@ -52,12 +52,7 @@ def start_locked(
         # (Python then installs no KeyboardInterrupt handler): give it the default back.
         preexec_fn=_nohup if ignore_sighup else _default_sigint,
     )
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], 30.0)
-    line = proc.stdout.readline() if ready else ""
-    if line.strip() != "LOCKED":
-        proc.kill()
-        pytest.fail(f"child did not lock: {line!r} {proc.communicate()[1]}")
+    await_line(proc, "LOCKED", 30.0, "child did not lock")
     return proc
 
 
