@@ -181,7 +181,9 @@ def test_a_weighted_arm_is_reported_and_checked_after_its_mode(tmp_path):
 
 
 def test_fleet_groups_order_the_arms_and_leave_out_unknown_ones():
-    balance = {f"d/{a}": {} for a in ("steps@1", "energy", "fast", "steps@0.5", "b1")}
+    balance: dict[str, dict[str, Any]] = {
+        f"d/{a}": {} for a in ("steps@1", "energy", "fast", "steps@0.5", "b1")
+    }
     assert list(_fleet_groups({"scenarios": {"balance": balance}})["d"]) == [
         "b1",
         "energy",
