@@ -56,7 +56,8 @@ def add_setting_option(p: argparse.ArgumentParser, setting: Setting, what: str) 
     """``--<key>`` for a run setting the command mirrors: its help is the setting's meaning
     and ``what`` the command does with it, its default the setting's; ``setting_option``
     checks the value as the run setting is checked."""
-    help_text = f"{setting.plain_doc()}; {what} (default: {setting.default:g}, the run setting's)"
+    default = f"{setting.default:g}" if isinstance(setting.default, float) else setting.default
+    help_text = f"{setting.plain_doc()}; {what} (default: {default}, the run setting's)"
     p.add_argument(
         f"--{setting.key}",
         default=setting.default,

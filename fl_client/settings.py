@@ -37,9 +37,7 @@ from fl_client.settings_table import (
     choices,
     parse_settings,
     run_defaults,
-)
-from fl_client.settings_table import (
-    keys as table_keys,
+    table_keys,
 )
 from fl_client.shipped import app_pyproject, shipped_file, shipped_names
 

@@ -464,7 +464,7 @@ NODE: dict[str, Setting] = {s.key: s for s in NODE_SETTINGS}
 # ------------------------------------------------------------------------------ reading
 
 
-def keys(table: Sequence[Setting]) -> tuple[str, ...]:
+def table_keys(table: Sequence[Setting]) -> tuple[str, ...]:
     """The keys of ``table``, in its order."""
     return tuple(s.key for s in table)
 
@@ -494,7 +494,7 @@ def parse_settings(cfg: Mapping[str, Any], table: Sequence[Setting], where: str)
     """``cfg`` checked against ``table``: an unknown key is refused (``check_known``), and
     every key's value (its default when absent) parsed by its check; the result maps each
     key's Python name (``cap_margin``) to its parsed value."""
-    check_known(cfg, keys(table), where)
+    check_known(cfg, table_keys(table), where)
     return {s.field_name: s.parse(cfg.get(s.key, s.default)) for s in table}
 
 
@@ -502,4 +502,4 @@ def check_run_keys(overrides: Mapping[str, Any], where: str, also: Iterable[str]
     """Run-setting overrides (a study's, a command's) hold only run settings (and the keys
     of ``also``, such as the deprecated names ``translate_deprecated`` still runs); else a
     SettingsError naming the key and the nearest run setting."""
-    check_known(overrides, (*keys(RUN_SETTINGS), *also), where)
+    check_known(overrides, (*table_keys(RUN_SETTINGS), *also), where)
