@@ -36,7 +36,8 @@ from fl_client.devices.cli import add_devices_parser
 from fl_client.selector import METHODS, PEAK_SIGMA_K, SelectionRule
 from fl_client.settings_table import MODEL_NAMES, RUN, Setting
 
-DEFAULT_LUT_CACHE_DIR = ".powerfl-cache/lut"
+#: The nodes' LUT cache under the run setting ``cache-dir``'s default.
+DEFAULT_LUT_CACHE_DIR = f"{RUN['cache-dir'].default}/lut"
 #: The run setting ``cap-margin``'s default, so the tools read the LUTs nodes cache.
 DEFAULT_CAP_MARGIN: float = RUN["cap-margin"].value
 
