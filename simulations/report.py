@@ -356,10 +356,10 @@ TABLE_COLUMNS = (
     "run",
     "method",
     "rounds",
-    "round→target",
-    "time→target s",
-    "energy→target J",
-    "energy J",
+    "round\n→target",
+    "time→\ntarget s",
+    "energy→\ntarget J",
+    "energy J\nall rounds",
     "profiling",
 )
 
