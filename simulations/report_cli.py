@@ -57,6 +57,18 @@ def add_report_command(sub: Any) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     runs = load_runs(args.runs)
     out = check_writable_dir(args.out, "--out")
+    try:
+        return report(runs, out)
+    except KeyboardInterrupt:  # a large run's pictures take a while: stop without a trace
+        print(
+            f"powerfl report: interrupted; the pictures drawn so far are in {out}",
+            file=sys.stderr,
+        )
+        return 130
+
+
+def report(runs: Sequence[RunRecords], out: Path) -> int:
+    """Each run's pictures in ``out/<label>/``, the comparison and the table."""
     labels = run_labels(runs)
     print(f"report of {len(runs)} run{'s' if len(runs) > 1 else ''} → {out}")
     for run, label in zip(runs, labels, strict=True):

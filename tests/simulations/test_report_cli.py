@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fl_client.files import RUN_LOCK
+from simulations import report_cli
 from simulations.cli import main
 from simulations.report import load_run
 from simulations.report_cli import print_simulate_pictures, run_labels
@@ -115,6 +116,23 @@ def test_a_run_given_twice_or_an_out_that_is_a_file(
     (tmp_path / "file").write_text("x")
     assert main(["report", str(run), "--out", str(tmp_path / "file")]) == 2
     assert "--out: " in capsys.readouterr().err
+
+
+def test_an_interrupted_report_says_where_its_pictures_are(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = fabricated_run(tmp_path / PA)
+
+    def interrupted(*args: object, **kw: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report_cli, "draw_progress", interrupted)
+    out = tmp_path / "out"
+    fabricated_run(tmp_path / B1, method="b1")
+    assert main(["report", str(run), str(tmp_path / B1), "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert f"powerfl report: interrupted; the pictures drawn so far are in {out}" in err
+    assert (out / PA / "timeline.png").is_file()  # drawn before the comparison was stopped
 
 
 # ------------------------------------------------------------------ at the end of simulate
