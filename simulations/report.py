@@ -262,8 +262,8 @@ def timeline_segments(
     and the wait for that step's slowest node, then the node's own profiling, its training
     and its wait for the round's slowest node. A node without an update that round
     (``ok`` false) gets its shared profiling and a ``failed`` bar over the training part of
-    the round. A node's busy and idle bars fill its round; its idle bars are the waiting
-    the recorder counts at idle power."""
+    the round. A node's busy and idle bars fill its round; for a node with an update, its
+    idle bars are the waiting the recorder counts at idle power."""
     per_round = _by_round(nodes)
     out: list[Segment] = []
     for span in round_spans(rounds, nodes):
