@@ -335,6 +335,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"done in {time.perf_counter() - t0:.0f} s wall time; results:")
     for s in summaries:
         print(f"  {s['method']:<12} {s['run-dir']}")
+    print_run_pictures(summaries)
     sys.stdout.flush()
     failed = [s["method"] for s in summaries if not any_node_trained(s)]
     if failed:
@@ -356,6 +357,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 1
+
+
+def print_run_pictures(summaries: list[dict[str, Any]]) -> None:
+    """The end of ``simulate``: ``timeline.png`` and ``progress.png`` of every method it ran,
+    drawn from the runs' records into each run folder, their paths printed
+    (``simulations.report_cli``)."""
+    from simulations.report_cli import print_simulate_pictures
+
+    print_simulate_pictures(summaries)
 
 
 def any_node_trained(summary: dict[str, Any]) -> bool:
@@ -469,10 +479,12 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     from fl_client.cli_tools import add_device_commands  # devices, profile, select
     from fl_server.lut_cli import add_lut_commands  # lut list / export / import
     from simulations.pretrain_cli import add_pretrain_command  # pretrain
+    from simulations.report_cli import add_report_command  # report
 
     add_device_commands(sub)
     add_lut_commands(sub)
     add_pretrain_command(sub)
+    add_report_command(sub)
     if _command_of(sys.argv[1:] if argv is None else argv) == "experiment":
         from simulations.experiments.cli import add_experiment_commands  # experiment run/report
 

@@ -10,6 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from simulations.cli import main
+from simulations.report import load_run
+from tests.simulations.test_report import check_timeline_matches_records
+from tests.simulations.test_report_plots import png_size
+
 REPO = Path(__file__).resolve().parents[2]
 
 FLEET = """
@@ -95,6 +100,13 @@ def test_small_fleet_trains_under_caps_with_rising_accuracy(tmp_path):
     # the capped Nano cannot run where the uncapped Orin does
     assert by_name["nano-4.5w"]["peak-power-w"] < 4.5
     assert "results:" in proc.stdout
+    # its pictures, drawn at its end from its records, and `powerfl report` of the run
+    for name in ("timeline.png", "progress.png"):
+        assert f"{name[:-4]:<12} {run_dir.resolve() / name}" in proc.stdout
+        assert png_size(run_dir / name)[0] > 500
+    check_timeline_matches_records(load_run(run_dir))
+    assert main(["report", str(run_dir), "--out", str(tmp_path / "report")]) == 0
+    assert png_size(tmp_path / "report" / run_dir.name / "timeline.png")[0] > 500
 
 
 @pytest.mark.slow

@@ -1,0 +1,384 @@
+"""A finished run read back from its folder's JSON records, and the numbers its pictures
+draw: who was busy, profiling or waiting in each round on the device clock, and accuracy
+against device time and fleet energy. Pure data: ``report_plots`` draws it.
+
+The records are the recorder's (``fl_server.results.RunRecorder``), never re-derived: a
+round starts where the previous one ended on the fleet's device clock (``sim-time-s`` less
+``round-time-s``); a fleet-shared profiling step, when the round had one, comes first and
+lasts as long as its slowest node's slices; then each node profiles (``profile-time-s``),
+trains (``train-time-s``) and waits at idle power until the round's slowest node is done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fl_client.contract import RECORD_VERSION
+from fl_client.files import RUN_LOCK
+from fl_client.settings import SettingsError
+
+#: The records a finished run folder holds that a report reads.
+SUMMARY, ROUNDS, NODES = "summary.json", "rounds.jsonl", "nodes.jsonl"
+RUN_FILES = (SUMMARY, ROUNDS, NODES)
+#: What each record must carry for the pictures and the table.
+SUMMARY_KEYS = (
+    "method",
+    "rounds",
+    "initial-accuracy",
+    "target-accuracy",
+    "round-to-target",
+    "sim-time-to-target-s",
+    "fleet-busy-energy-to-target-j",
+    "fleet-idle-energy-to-target-j",
+    "sim-time-s",
+    "fleet-busy-energy-j",
+    "fleet-idle-energy-j",
+    "profile-share",
+)
+ROUND_KEYS = (
+    "server-round",
+    "accuracy",
+    "round-time-s",
+    "sim-time-s",
+    "fleet-busy-energy-j",
+    "fleet-idle-energy-j",
+    "deadline-s",
+)
+NODE_KEYS = ("server-round", "node-name", "ok", "shared-time-s")
+OK_NODE_KEYS = ("train-time-s", "profile-time-s")
+#: What a timeline bar shows: fleet-shared and own profiling, training, waiting for the
+#: round's slowest node, and the rest of a round in which the node sent no update.
+KINDS = ("profiling", "training", "idle", "failed")
+#: Times below this (s) are float noise of the recorder's sums, not a bar.
+_EPS_S = 1e-9
+
+
+class RunRecordsError(SettingsError):
+    """A folder that is not a finished run's (the message names what is missing)."""
+
+
+@dataclass(frozen=True)
+class RunRecords:
+    """One finished run's records: ``summary.json``, ``rounds.jsonl``, ``nodes.jsonl``."""
+
+    folder: Path
+    summary: dict[str, Any]
+    rounds: list[dict[str, Any]]
+    nodes: list[dict[str, Any]]
+
+    @property
+    def name(self) -> str:
+        """The run folder's name (``20261129-021500-power-aware``)."""
+        return self.folder.name
+
+    @property
+    def method(self) -> str:
+        return str(self.summary["method"])
+
+
+def load_run(folder: str | Path) -> RunRecords:
+    """Read a finished run folder; a RunRecordsError says what is missing, or that the
+    run is still in progress (or was stopped before its end: no ``summary.json``)."""
+    path = Path(folder).expanduser().absolute()
+    if not path.exists():
+        raise RunRecordsError(f"run folder {path}: no such folder")
+    if not path.is_dir():
+        raise RunRecordsError(f"run folder {path}: a file, not a run folder; {_WHAT_A_RUN_IS}")
+    if not (path / SUMMARY).is_file():
+        raise RunRecordsError(_unfinished(path))
+    for name in (ROUNDS, NODES):
+        if not (path / name).is_file():
+            raise RunRecordsError(
+                f"run folder {path}: has {SUMMARY} but no {name}; {_WHAT_A_RUN_IS}"
+            )
+    summary = _read_json(path / SUMMARY)
+    if not isinstance(summary, dict):
+        raise RunRecordsError(f"{path / SUMMARY}: not a JSON object; {_WHAT_A_RUN_IS}")
+    _check_keys(summary, SUMMARY_KEYS, path / SUMMARY, summary)
+    rounds = _read_jsonl(path / ROUNDS, ROUND_KEYS, summary)
+    nodes = _read_jsonl(path / NODES, NODE_KEYS, summary)
+    for at, node in enumerate(nodes, 1):
+        if node["ok"]:
+            _check_keys(node, OK_NODE_KEYS, path / NODES, summary, at)
+    return RunRecords(path, summary, rounds, nodes)
+
+
+_WHAT_A_RUN_IS = (
+    f"a run folder is what `powerfl simulate` writes (runs/<time>-<method>), with "
+    f"{', '.join(RUN_FILES)}"
+)
+
+
+def _unfinished(path: Path) -> str:
+    """Why a folder without ``summary.json`` cannot be reported."""
+    owner = _lock_owner(path / RUN_LOCK)
+    if owner is not None:
+        return (
+            f"run folder {path}: the run is still in progress (process {owner}, {RUN_LOCK}); "
+            f"report it once it has finished and written {SUMMARY}"
+        )
+    if (path / ROUNDS).is_file():
+        return (
+            f"run folder {path}: no {SUMMARY} yet: the run is still in progress, or it was "
+            f"stopped before its end (its rounds so far are in {ROUNDS}); report a run once "
+            f"it has finished"
+        )
+    return f"run folder {path}: not a run folder, it has no {SUMMARY}; {_WHAT_A_RUN_IS}"
+
+
+def _lock_owner(lock: Path) -> int | None:
+    """The live process that holds a run folder's lock, if any."""
+    try:
+        pid = int(lock.read_text(encoding="utf-8").split()[0])
+        os.kill(pid, 0)
+    except PermissionError:  # alive, another user's
+        return pid
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid
+
+
+def _read_json(path: Path, line: int | None = None, text: str | None = None) -> Any:
+    where = f"{path} line {line}" if line is not None else str(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8") if text is None else text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RunRecordsError(f"{where}: not readable as JSON ({err})") from None
+
+
+def _read_jsonl(path: Path, keys: Sequence[str], summary: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    text = path.read_text(encoding="utf-8")
+    for at, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        row = _read_json(path, at, line)
+        if not isinstance(row, dict):
+            raise RunRecordsError(f"{path} line {at}: not a JSON object")
+        _check_keys(row, keys, path, summary, at)
+        rows.append(row)
+    return rows
+
+
+def _check_keys(
+    row: dict[str, Any],
+    keys: Sequence[str],
+    path: Path,
+    summary: dict[str, Any],
+    line: int | None = None,
+) -> None:
+    missing = [k for k in keys if k not in row]
+    if missing:
+        where = f"{path} line {line}" if line is not None else str(path)
+        version = summary.get("record-version", "unknown")
+        raise RunRecordsError(
+            f"{where}: lacks {', '.join(repr(k) for k in missing)} (record version {version}; "
+            f"a report reads the records of version {RECORD_VERSION})"
+        )
+
+
+# ------------------------------------------------------------------------------ timeline
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One bar of a timeline: a node's ``kind`` (``KINDS``) from ``start_s`` for
+    ``duration_s``, on the fleet's device clock."""
+
+    node: str
+    server_round: int
+    kind: str
+    start_s: float
+    duration_s: float
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.duration_s
+
+
+@dataclass(frozen=True)
+class RoundSpan:
+    """One round on the fleet's device clock: ``start_s`` … ``end_s``; its training starts at
+    ``training_start_s`` (after a fleet-shared profiling step, if the round had one), and
+    ``deadline_at_s`` is where the round plan's deadline fell (None without one)."""
+
+    server_round: int
+    start_s: float
+    end_s: float
+    training_start_s: float
+    deadline_at_s: float | None
+
+
+def _by_round(nodes: Sequence[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = {}
+    for n in nodes:
+        out.setdefault(int(n["server-round"]), []).append(n)
+    return out
+
+
+def _num(x: Any) -> float:
+    """A record's number; null (a NaN or missing value) as 0."""
+    return 0.0 if x is None else float(x)
+
+
+def round_spans(
+    rounds: Sequence[dict[str, Any]], nodes: Sequence[dict[str, Any]]
+) -> list[RoundSpan]:
+    """Each round's place on the device clock. The fleet-shared profiling step is what the
+    round lasted beyond its slowest node's own profiling and training
+    (``RoundAccount.of``: round time = that step + the slowest node's busy time)."""
+    per_round = _by_round(nodes)
+    spans = []
+    for r in rounds:
+        end = float(r["sim-time-s"])
+        start = end - float(r["round-time-s"])
+        ok = [n for n in per_round.get(int(r["server-round"]), []) if n["ok"]]
+        slowest = max(
+            (_num(n["train-time-s"]) + _num(n["profile-time-s"]) for n in ok), default=0.0
+        )
+        training_start = max(start, end - slowest) if ok else end
+        deadline = r.get("deadline-s")
+        spans.append(
+            RoundSpan(
+                int(r["server-round"]),
+                start,
+                end,
+                training_start,
+                None if deadline is None else training_start + float(deadline),
+            )
+        )
+    return spans
+
+
+def timeline_segments(
+    rounds: Sequence[dict[str, Any]], nodes: Sequence[dict[str, Any]]
+) -> list[Segment]:
+    """Every bar of a run's timeline, round by round, node by node: fleet-shared profiling
+    and the wait for that step's slowest node, then the node's own profiling, its training
+    and its wait for the round's slowest node. A node without an update that round
+    (``ok`` false) gets its shared profiling and a ``failed`` bar over the training part of
+    the round. A node's busy and idle bars fill its round; for a node with an update, its
+    idle bars are the waiting the recorder counts at idle power."""
+    per_round = _by_round(nodes)
+    out: list[Segment] = []
+    for span in round_spans(rounds, nodes):
+        for n in per_round.get(span.server_round, []):
+            name, t = str(n["node-name"]), span.start_s
+            parts = [("profiling", _num(n["shared-time-s"]))]
+            if span.training_start_s > span.start_s:  # a fleet-shared profiling step
+                parts.append(("idle", span.training_start_s - span.start_s - parts[0][1]))
+            if n["ok"]:
+                own = _num(n["profile-time-s"]), _num(n["train-time-s"])
+                parts += [("profiling", own[0]), ("training", own[1])]
+                parts.append(("idle", span.end_s - span.training_start_s - sum(own)))
+            else:
+                parts.append(("failed", span.end_s - span.training_start_s))
+            for kind, duration_s in parts:
+                if duration_s > _EPS_S:
+                    out.append(Segment(name, span.server_round, kind, t, duration_s))
+                t += max(duration_s, 0.0)
+    return out
+
+
+def node_names(nodes: Sequence[dict[str, Any]]) -> list[str]:
+    """The run's nodes in the order the records first name them (the fleet's order)."""
+    return list(dict.fromkeys(str(n["node-name"]) for n in nodes))
+
+
+# ------------------------------------------------------------------------------ progress
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A run's accuracy after each round (round 0: the initial model, when recorded)
+    against the fleet's device time and its energy, idle waiting included (training +
+    profiling + idle, whatever ``idle-accounting`` the run counted in its headline)."""
+
+    label: str
+    time_s: tuple[float, ...]
+    energy_j: tuple[float, ...]
+    accuracy: tuple[float, ...]
+    target_accuracy: float
+    #: The point at which the run first reached the target (its ``round-to-target``;
+    #: None: not reached)
+    target_index: int | None
+
+    @property
+    def target_time_s(self) -> float | None:
+        return None if self.target_index is None else self.time_s[self.target_index]
+
+    @property
+    def target_energy_j(self) -> float | None:
+        return None if self.target_index is None else self.energy_j[self.target_index]
+
+
+def progress(run: RunRecords, label: str | None = None) -> Progress:
+    """``run``'s progress curve, labelled ``label`` (default: its method)."""
+    time_s, energy_j, accuracy, rounds = [], [], [], []
+    initial = run.summary.get("initial-accuracy")
+    if initial is not None:
+        time_s.append(0.0)
+        energy_j.append(0.0)
+        accuracy.append(float(initial))
+        rounds.append(0)
+    for r in run.rounds:
+        time_s.append(float(r["sim-time-s"]))
+        energy_j.append(float(r["fleet-busy-energy-j"]) + float(r["fleet-idle-energy-j"]))
+        accuracy.append(float(r["accuracy"]))
+        rounds.append(int(r["server-round"]))
+    reached = run.summary["round-to-target"]
+    at = rounds.index(int(reached)) if reached is not None and int(reached) in rounds else None
+    return Progress(
+        label=run.method if label is None else label,
+        time_s=tuple(time_s),
+        energy_j=tuple(energy_j),
+        accuracy=tuple(accuracy),
+        target_accuracy=float(run.summary["target-accuracy"]),
+        target_index=at,
+    )
+
+
+def energy_with_idle_to_target_j(summary: dict[str, Any]) -> float | None:
+    """Fleet energy to the target, idle waiting included (None: target not reached)."""
+    busy, idle = summary["fleet-busy-energy-to-target-j"], summary["fleet-idle-energy-to-target-j"]
+    return None if busy is None or idle is None else float(busy) + float(idle)
+
+
+# --------------------------------------------------------------------------------- table
+
+#: Columns of ``powerfl report``'s table.
+TABLE_COLUMNS = (
+    "run",
+    "method",
+    "rounds",
+    "round\n→target",
+    "time→\ntarget s",
+    "energy→\ntarget J",
+    "energy J\nall rounds",
+    "profiling",
+)
+
+
+def table_row(run: RunRecords) -> tuple[str, ...]:
+    """One run's line of the report table: rounds, time and energy (idle waiting
+    included) to the target, all rounds' energy, and the share of device time profiling
+    took."""
+    s = run.summary
+    e2t = energy_with_idle_to_target_j(s)
+    energy = float(s["fleet-busy-energy-j"]) + float(s["fleet-idle-energy-j"])
+    ttt = s["sim-time-to-target-s"]
+    return (
+        run.name,
+        run.method,
+        str(s["rounds"]),
+        "-" if s["round-to-target"] is None else str(s["round-to-target"]),
+        "-" if ttt is None else f"{float(ttt):.1f}",
+        "-" if e2t is None else f"{e2t:.1f}",
+        f"{energy:.1f}",
+        f"{100 * float(s['profile-share']):.1f}%",
+    )

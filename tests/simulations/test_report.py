@@ -1,0 +1,290 @@
+"""A finished run read back (``simulations.report``): what a folder that is not a finished
+run is told, and the numbers the pictures draw, checked against the recorder's records.
+
+``fabricated_run`` writes a small run's records through the real recorder
+(``fl_server.results.RunRecorder``): three nodes, three rounds, a fleet-shared profiling
+step in round 1, a round plan's deadline in rounds 2 and 3, a failed node in round 3.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import math
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from fl_client.contract import Cap, NodeRow, TrainReport
+from fl_client.files import RUN_LOCK
+from fl_server.results import RunRecorder
+from simulations.report import (
+    KINDS,
+    RunRecords,
+    RunRecordsError,
+    load_run,
+    node_names,
+    progress,
+    round_spans,
+    table_row,
+    timeline_segments,
+)
+from strategies.power_aware import RoundReport
+
+#: node -> (device, cap W, idle power W)
+FLEET = {
+    "nano-4.5w": ("jetson-nano", 4.5, 1.2),
+    "tx2nx-7w": ("jetson-tx2-nx", 7.0, 1.9),
+    "orin-free": ("jetson-orin-nano", math.inf, 3.1),
+}
+#: round -> (shared profiling step s, deadline s, accuracy, {node: (shared s, profile s,
+#: train s) or None: no update})
+ROUNDS: dict[int, tuple[float, float | None, float, dict[str, Any]]] = {
+    1: (1.2, None, 0.31, {
+        "nano-4.5w": (1.2, 0.4, 2.0), "tx2nx-7w": (0.8, 0.3, 1.2), "orin-free": (0.5, 0.1, 0.4),
+    }),
+    2: (0.0, 2.2, 0.62, {
+        "nano-4.5w": (0.0, 0.0, 2.1), "tx2nx-7w": (0.0, 0.0, 1.9), "orin-free": (0.0, 0.0, 1.5),
+    }),
+    3: (0.0, 2.2, 0.74, {
+        "nano-4.5w": (0.0, 0.0, 2.0), "tx2nx-7w": None, "orin-free": (0.0, 0.0, 1.4),
+    }),
+}  # fmt: skip
+TARGET = 0.7
+
+
+def _train_report(name: str, profile_s: float, train_s: float) -> TrainReport:
+    _, cap_w, idle_w = FLEET[name]
+    power_w = min(cap_w, 8.0) * 0.8
+    return TrainReport(
+        num_examples=120.0,
+        train_time_s=train_s,
+        train_energy_j=power_w * train_s,
+        avg_power_w=power_w,
+        peak_power_w=power_w * 1.1,
+        idle_power_w=idle_w,
+        p_max_w=cap_w,
+        cap_margin=0.05,
+        batch_size=32.0,
+        gpu_freq_mhz=614.4,
+        profile_time_s=profile_s,
+        profile_energy_j=power_w * profile_s,
+        cap_violations=0.0,
+        time_over_cap_s=0.0,
+        train_loss=1.0,
+    )
+
+
+def fabricated_run(folder: Path, method: str = "power-aware", slower: float = 1.0) -> Path:
+    """Write the records of the run in ``ROUNDS`` into ``folder`` (every time × ``slower``)
+    through the run recorder, as a run would; returns the folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rec = RunRecorder(
+        folder,
+        method=method,
+        target_accuracy=TARGET,
+        console=Console(file=io.StringIO()),
+        balance="energy",
+    )
+    rec.initial_eval({"accuracy": 0.1, "loss": 2.3})
+    for rnd, (step_s, deadline_s, accuracy, nodes) in ROUNDS.items():
+        rows = []
+        for node_id, (name, times) in enumerate(nodes.items()):
+            device, cap_w, _ = FLEET[name]
+            if times is None:
+                rows.append(NodeRow(rnd, node_id, name, device, Cap(cap_w), False, error="gone"))
+                continue
+            shared_s, profile_s, train_s = (t * slower for t in times)
+            report = _train_report(name, profile_s, train_s)
+            shared = {"shared_time_s": shared_s, "shared_energy_j": 2.0 * shared_s}
+            rows.append(NodeRow(rnd, node_id, name, device, report.cap, True, report, **shared))
+        round_report = RoundReport(
+            rnd,
+            rows,
+            deadline_s=None if deadline_s is None else deadline_s * slower,
+            shared_round_s=step_s * slower,
+        )
+        rec.record_round(round_report, {"accuracy": accuracy / slower, "loss": 1.0})
+    rec.finish()
+    return folder
+
+
+def check_timeline_matches_records(run: RunRecords) -> None:
+    """What a timeline draws, against the run's records: each node's bars fill its round
+    without overlap; its busy bars are its recorded training, profiling and shared
+    profiling; its idle bars at its idle power are the idle energy the recorder counted."""
+    segments = timeline_segments(run.rounds, run.nodes)
+    spans = {s.server_round: s for s in round_spans(run.rounds, run.nodes)}
+    rounds = {int(r["server-round"]): r for r in run.rounds}
+    assert [s.server_round for s in spans.values()] == list(rounds)
+    for rnd, rows in _group(run.nodes).items():
+        span = spans[rnd]
+        assert span.end_s - span.start_s == pytest.approx(rounds[rnd]["round-time-s"])
+        idle_j = 0.0
+        for n in rows:
+            mine = [s for s in segments if s.server_round == rnd and s.node == n["node-name"]]
+            for a, b in itertools.pairwise(mine):  # one after another, no overlap
+                assert b.start_s == pytest.approx(a.end_s, abs=1e-9)
+            busy = {k: sum(s.duration_s for s in mine if s.kind == k) for k in KINDS}
+            idle_s = busy.pop("idle")
+            assert busy["profiling"] == pytest.approx(
+                (n["shared-time-s"] or 0.0) + (n.get("profile-time-s") or 0.0), abs=1e-9
+            )
+            if not n["ok"]:
+                assert busy["training"] == 0 and any(s.kind == "failed" for s in mine) == (
+                    span.end_s > span.training_start_s
+                )
+                continue
+            assert busy["training"] == pytest.approx(n["train-time-s"], abs=1e-9)
+            assert mine[0].start_s == pytest.approx(span.start_s, abs=1e-9)
+            assert mine[-1].end_s == pytest.approx(span.end_s, abs=1e-9)
+            assert busy["profiling"] + busy["training"] + idle_s == pytest.approx(
+                span.end_s - span.start_s, abs=1e-9
+            )
+            idle_j += (n.get("idle-power-w") or 0.0) * idle_s
+        assert idle_j == pytest.approx(rounds[rnd]["round-idle-energy-j"], rel=1e-9, abs=1e-9)
+
+
+def _group(nodes: Sequence[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = {}
+    for n in nodes:
+        out.setdefault(int(n["server-round"]), []).append(n)
+    return out
+
+
+# ------------------------------------------------------------------------------ timeline
+
+
+def test_timeline_bars_of_the_fabricated_run(tmp_path: Path) -> None:
+    run = load_run(fabricated_run(tmp_path / "run"))
+    check_timeline_matches_records(run)
+    spans = round_spans(run.rounds, run.nodes)
+    # round 1: the shared step (1.2 s), then the slowest node's own profiling and training
+    assert [x for s in spans for x in (s.start_s, s.end_s)] == pytest.approx(
+        [0.0, 1.2 + 2.4, 3.6, 3.6 + 2.1, 5.7, 5.7 + 2.0]
+    )
+    assert spans[0].training_start_s == pytest.approx(1.2)
+    assert [s.deadline_at_s for s in spans] == [None, pytest.approx(5.8), pytest.approx(7.9)]
+    bars = [
+        (s.kind, round(s.start_s, 6), round(s.duration_s, 6))
+        for s in timeline_segments(run.rounds, run.nodes)
+        if s.node == "tx2nx-7w"
+    ]
+    assert bars == [
+        ("profiling", 0.0, 0.8),  # its slices of the fleet-shared profile
+        ("idle", 0.8, 0.4),  # waiting for the nano's slices
+        ("profiling", 1.2, 0.3),  # checking its chosen cell
+        ("training", 1.5, 1.2),
+        ("idle", 2.7, 0.9),  # waiting for the nano's training
+        ("training", 3.6, 1.9),
+        ("idle", 5.5, 0.2),
+        ("failed", 5.7, 2.0),  # no update in round 3
+    ]
+    assert node_names(run.nodes) == ["nano-4.5w", "tx2nx-7w", "orin-free"]
+
+
+def test_the_slowest_node_never_waits(tmp_path: Path) -> None:
+    run = load_run(fabricated_run(tmp_path / "run"))
+    critical = {int(r["server-round"]): r["critical-node"] for r in run.rounds}
+    for s in timeline_segments(run.rounds, run.nodes):
+        if s.node == critical[s.server_round]:
+            assert s.kind != "idle"
+
+
+# ------------------------------------------------------------------------------ progress
+
+
+def test_progress_is_the_recorded_accuracy_time_and_energy(tmp_path: Path) -> None:
+    run = load_run(fabricated_run(tmp_path / "run"))
+    curve = progress(run)
+    assert curve.label == "power-aware"
+    assert curve.accuracy == pytest.approx((0.1, 0.31, 0.62, 0.74))
+    assert curve.time_s == pytest.approx((0.0, *(r["sim-time-s"] for r in run.rounds)))
+    # energy with idle waiting, whatever the run's headline counted
+    with_idle = [r["fleet-busy-energy-j"] + r["fleet-idle-energy-j"] for r in run.rounds]
+    assert curve.energy_j == pytest.approx((0.0, *with_idle))
+    assert curve.target_accuracy == TARGET
+    s = run.summary
+    assert s["round-to-target"] == 3 and curve.target_index == 3
+    assert curve.target_time_s == pytest.approx(s["sim-time-to-target-s"])
+    assert curve.target_energy_j == pytest.approx(
+        s["fleet-busy-energy-to-target-j"] + s["fleet-idle-energy-to-target-j"]
+    )
+
+
+def test_a_run_that_misses_the_target_has_no_target_point(tmp_path: Path) -> None:
+    run = load_run(fabricated_run(tmp_path / "run", slower=2.0))  # accuracy halved
+    curve = progress(run, "slow")
+    assert curve.label == "slow" and max(curve.accuracy) < TARGET
+    assert curve.target_index is None and curve.target_time_s is None
+    assert table_row(run)[3:6] == ("-", "-", "-")
+
+
+def test_table_row_from_the_summary(tmp_path: Path) -> None:
+    run = load_run(fabricated_run(tmp_path / "20261129-020000-power-aware"))
+    s = run.summary
+    name, method, rounds, to_target, time_s, energy_j, all_j, share = table_row(run)
+    assert (name, method, rounds, to_target) == ("20261129-020000-power-aware", "power-aware",
+                                                 "3", "3")  # fmt: skip
+    assert float(time_s) == pytest.approx(s["sim-time-to-target-s"], abs=0.05)
+    e2t = s["fleet-busy-energy-to-target-j"] + s["fleet-idle-energy-to-target-j"]
+    assert float(energy_j) == pytest.approx(e2t, abs=0.05)
+    assert float(all_j) == pytest.approx(s["fleet-busy-energy-j"] + s["fleet-idle-energy-j"],
+                                         abs=0.05)  # fmt: skip
+    assert share == f"{100 * s['profile-share']:.1f}%" and s["profile-share"] > 0
+
+
+# ------------------------------------------------------------------------ bad run folders
+
+
+def test_a_missing_folder_or_a_file(tmp_path: Path) -> None:
+    with pytest.raises(RunRecordsError, match="no such folder"):
+        load_run(tmp_path / "nope")
+    (tmp_path / "f.txt").write_text("x")
+    with pytest.raises(RunRecordsError, match="a file, not a run folder"):
+        load_run(tmp_path / "f.txt")
+
+
+def test_a_folder_that_is_not_a_run_names_what_is_missing(tmp_path: Path) -> None:
+    with pytest.raises(
+        RunRecordsError, match=re.escape("not a run folder, it has no summary.json")
+    ):
+        load_run(tmp_path)
+    run = fabricated_run(tmp_path / "run")
+    (run / "nodes.jsonl").unlink()
+    with pytest.raises(RunRecordsError, match=re.escape("has summary.json but no nodes.jsonl")):
+        load_run(run)
+
+
+def test_a_run_in_progress_says_so(tmp_path: Path) -> None:
+    run = fabricated_run(tmp_path / "run")
+    (run / "summary.json").unlink()  # as before its end
+    with pytest.raises(RunRecordsError, match="still in progress, or it was stopped"):
+        load_run(run)
+    (run / RUN_LOCK).write_text(f"{os.getpid()} 2026-11-29T02:00:00+00:00\n")  # a live owner
+    with pytest.raises(RunRecordsError, match=rf"still in progress \(process {os.getpid()}"):
+        load_run(run)
+
+
+def test_records_that_lack_a_key_or_do_not_parse(tmp_path: Path) -> None:
+    run = fabricated_run(tmp_path / "run")
+    lines = (run / "rounds.jsonl").read_text().splitlines()
+    row = json.loads(lines[1])
+    del row["sim-time-s"]
+    (run / "rounds.jsonl").write_text("\n".join([lines[0], json.dumps(row), *lines[2:]]) + "\n")
+    with pytest.raises(RunRecordsError, match=r"rounds.jsonl line 2: lacks 'sim-time-s' "):
+        load_run(run)
+    (run / "rounds.jsonl").write_text(lines[0] + "\n{oops\n")
+    with pytest.raises(
+        RunRecordsError, match=re.escape("rounds.jsonl line 2: not readable as JSON")
+    ):
+        load_run(run)
+    (run / "summary.json").write_text("[1, 2]")
+    with pytest.raises(RunRecordsError, match=re.escape("summary.json: not a JSON object")):
+        load_run(run)

@@ -1,0 +1,113 @@
+"""The pictures of finished runs (``simulations.report_plots``): valid PNG files, and the
+bars and curves on them are the records' numbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from simulations import report_plots
+from simulations.report import RunRecords, load_run, progress, timeline_segments
+from simulations.report_plots import (
+    PROGRESS,
+    TIMELINE,
+    draw_pictures,
+    draw_timeline,
+    progress_figure,
+    timeline_figure,
+)
+from tests.simulations.test_report import fabricated_run
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """Width and height of a PNG file, from its header (IHDR); asserts it is one."""
+    data = path.read_bytes()
+    assert data[:8] == PNG and data[12:16] == b"IHDR", f"{path} is not a PNG file"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def _runs(tmp_path: Path) -> list[RunRecords]:
+    return [
+        load_run(fabricated_run(tmp_path / "pa")),
+        load_run(fabricated_run(tmp_path / "b1", method="b1", slower=1.3)),
+    ]
+
+
+def _drawn_bars(ax: Any) -> list[tuple[int, float, float]]:
+    """(row, start, length) of every bar in a timeline panel."""
+    out = []
+    for coll in ax.collections:
+        for p in coll.get_paths():
+            xs, ys = p.vertices[:, 0], p.vertices[:, 1]
+            if xs.max() > xs.min():  # a bar (the deadline marks are vertical lines)
+                row = round(float(ys.mean()))
+                out.append((row, round(float(xs.min()), 9), round(float(xs.max() - xs.min()), 9)))
+    return sorted(out)
+
+
+def test_timeline_panels_draw_the_records_bars(tmp_path: Path) -> None:
+    runs = _runs(tmp_path)
+    fig = timeline_figure(runs)
+    panels = [ax for ax in fig.axes if ax.get_yticks().size]
+    assert len(panels) == 2
+    for ax, run in zip(panels, runs, strict=True):
+        rows = [t.get_text() for t in ax.get_yticklabels()]
+        assert rows == ["nano-4.5w", "tx2nx-7w", "orin-free"]
+        expected = sorted(
+            (rows.index(s.node), round(s.start_s, 9), round(s.duration_s, 9))
+            for s in timeline_segments(run.rounds, run.nodes)
+        )
+        assert _drawn_bars(ax) == expected
+        assert ax.get_title(loc="left").startswith(f"{run.method}: 3 rounds")
+    # the panels share one device-time axis, long enough for the slower run
+    assert panels[0].get_xlim() == panels[1].get_xlim()
+    assert panels[0].get_xlim()[1] >= runs[1].summary["sim-time-s"]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend[:3] == ["profiling", "training", "idle: waiting for the round's slowest node"]
+    assert "round plan's deadline" in legend and "no update this round" in legend
+
+
+def test_progress_draws_every_run_and_the_target(tmp_path: Path) -> None:
+    runs = _runs(tmp_path)
+    fig = progress_figure(runs, ["first", "second"])
+    ax_t, ax_e = fig.axes
+    for ax, attr in ((ax_t, "time_s"), (ax_e, "energy_j")):
+        curves = {ln.get_label(): ln for ln in ax.lines if not ln.get_label().startswith("_")}
+        assert list(curves) == ["first", "second"]
+        for run, label in zip(runs, ["first", "second"], strict=True):
+            expected = progress(run, label)
+            assert list(curves[label].get_xdata()) == pytest.approx(getattr(expected, attr))
+            assert list(curves[label].get_ydata()) == pytest.approx(expected.accuracy)
+        # the target line, and one star: only the first run reached it
+        flat = [ln for ln in ax.lines if list(ln.get_ydata()) == [0.7, 0.7]]
+        assert len(flat) == 1
+        stars = [ln for ln in ax.lines if ln.get_marker() == "*"]
+        first = progress(runs[0])
+        at = first.target_time_s if attr == "time_s" else first.target_energy_j
+        assert [(s.get_xdata()[0], s.get_ydata()[0]) for s in stars] == [
+            (pytest.approx(at), pytest.approx(0.74))
+        ]
+
+
+def test_pictures_are_png_files(tmp_path: Path) -> None:
+    runs = _runs(tmp_path)
+    one = draw_pictures(runs[:1], tmp_path / "one")
+    two = draw_pictures(runs, tmp_path / "two")
+    assert [p.name for p in one] == [p.name for p in two] == [TIMELINE, PROGRESS]
+    (w1, h1), (w2, h2) = png_size(one[0]), png_size(two[0])
+    assert w1 == w2 and h2 > h1 * 1.5  # a panel per run
+    assert png_size(one[1]) == png_size(two[1])  # the runs share the progress panels
+
+
+def test_no_timeline_for_a_fleet_too_large_to_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = _runs(tmp_path)
+    monkeypatch.setattr(report_plots, "MAX_TIMELINE_NODES", 2)  # the runs have 3 nodes
+    assert draw_timeline(runs, tmp_path / TIMELINE) is None
+    assert not (tmp_path / TIMELINE).exists()
+    assert [p.name for p in draw_pictures(runs, tmp_path / "out")] == [PROGRESS]
