@@ -2,7 +2,7 @@
 
 ``[tool.flwr.app.config]`` in pyproject.toml is where ``flwr run`` reads the run defaults;
 ``powerfl`` installed from a wheel has no source tree, so the build copies the file into
-the package (``fl_client/configs/app/pyproject.toml``, read by ``fl_client.shipped``).
+the ``configs`` package (``configs/app/pyproject.toml``, read by ``fl_client.shipped``).
 Everything else about the build is in pyproject.toml.
 """
 
@@ -13,13 +13,13 @@ from setuptools.command.build_py import build_py
 
 
 class BuildWithAppConfig(build_py):
-    """``build_py`` that also copies pyproject.toml into the built package."""
+    """``build_py`` that also copies pyproject.toml into the built ``configs`` package."""
 
     def run(self) -> None:
         super().run()
         if getattr(self, "editable_mode", False):
             return  # an editable install reads the source tree's pyproject.toml
-        dst = Path(self.build_lib) / "fl_client" / "configs" / "app" / "pyproject.toml"
+        dst = Path(self.build_lib) / "configs" / "app" / "pyproject.toml"
         dst.parent.mkdir(parents=True, exist_ok=True)
         self.copy_file("pyproject.toml", str(dst))
 

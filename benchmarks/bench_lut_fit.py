@@ -1,6 +1,6 @@
 """Fitted LUTs (fl_client.lut_fit) against full measured grids: selection, cells, fit error.
 
-For every digital twin (fl_client/configs/devices/*.toml), model and twin seed the full (b, f) grid
+For every digital twin (configs/devices/*.toml), model and twin seed the full (b, f) grid
 is measured twice, cell by cell as the profiler measures a cell
 (``fl_client.profiler.measure_cell``: 1 warm-up + 3 measured steps on the twin's noisy
 clock and sensor): grid A is the reference, grid B a second, independent measurement of the
@@ -14,7 +14,7 @@ same board. ``lut_fit.plan_cells`` then measures only the cells it chooses:
 
 For each cap (the twin's suggested caps and no cap) and r profile, Eq. 4 on the plan's
 measured cells (``fl_client.selector.select("power-aware", ...)``, cap margin 5%) is
-compared with Eq. 4 on full grid A. The same for the replay tables in fl_client/configs/replay/ (the
+compared with Eq. 4 on full grid A. The same for the replay tables in configs/replay/ (the
 only one is illustrative, not measured; also with twin-like sensor noise added) and, with
 ``--zeus-dir``, the measured Zeus power traces (b × GPU power limit on V100/A40/P100/
 RTX6000; the knob is a power limit, not a frequency: out of the fit's design domain).
@@ -499,7 +499,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 full_grid += [
                     _case(grid_a, c.r, c.cap_w, c.full, "twin, full grid A") for c in floor
                 ]
-    others = replay_grids(REPO / "fl_client" / "configs" / "replay", np.random.default_rng(0))
+    others = replay_grids(REPO / "configs" / "replay", np.random.default_rng(0))
     if args.zeus_dir is not None:
         others += zeus_grids(args.zeus_dir)
     for grid in others:

@@ -1,6 +1,6 @@
 """Fleet-shared profiling's selection against full measured grids, and what it measures.
 
-For every digital twin (fl_client/configs/devices/*.toml), model and twin seed the full (b, f) grid
+For every digital twin (configs/devices/*.toml), model and twin seed the full (b, f) grid
 is measured twice on the twin's noisy clock and sensor, as in ``bench_lut_fit.py``: grid A
 is the reference, grid B a second, independent measurement of the same board. A fleet of
 one node per suggested cap of the twin (4.5, 5, 7 W and none on a Nano) then runs the
@@ -14,7 +14,7 @@ on the kind's LUT (measured cells only) is compared with the same choice on full
 * "shared, fresh draws": answered from grid B (new sensor noise, as on a board);
 * "full grid B": no protocol, full grid B itself: the noise floor, how often a second full
   profile of the same board already chooses otherwise;
-* "shared, replay" / "replay+noise": the frequency-knob replay tables in fl_client/configs/replay/
+* "shared, replay" / "replay+noise": the frequency-knob replay tables in configs/replay/
   (full grids not made by the twins; the one there is illustrative), as is and with
   twin-like sensor noise, each answered from itself.
 
@@ -269,7 +269,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for seed in range(args.seeds):
                 grid_a, grid_b = measured_grids(kind, model, seed)
                 rows += compare(grid_a, grid_b, args.seed_cells, args.peak_sigma_k)
-    for grid in replay_grids(REPO / "fl_client" / "configs" / "replay", np.random.default_rng(0)):
+    for grid in replay_grids(REPO / "configs" / "replay", np.random.default_rng(0)):
         rows += compare(grid, None, args.seed_cells, args.peak_sigma_k)
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:

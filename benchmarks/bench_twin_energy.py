@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/bench_twin_energy.py [--models cnn,resnet18] [--json PATH]
 
-For every device twin (``fl_client/configs/devices``) and model, per batch size b and GPU
+For every device twin (``configs/devices``) and model, per batch size b and GPU
 frequency f, the twin's noiseless energy per sample (average power × time per sample,
 ``fl_client.devices.simulated.energy_per_sample_j``) and the part of it above the board's
 idle power: a node that finishes early waits at idle power until the round ends, so what

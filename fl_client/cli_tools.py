@@ -173,7 +173,7 @@ def add_profile_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--replay-out",
         help="also write the measured cells as a replay table (.csv or .json, see "
-        "fl_client/configs/replay/README.md)",
+        "configs/replay/README.md)",
     )
     p.add_argument("--seed", type=int, default=0, help="simulated: seed of the twin's noise")
     p.add_argument("--quiet", action="store_true", help="no progress lines")

@@ -513,7 +513,7 @@ def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) 
 
 
 def load_fleet(path: str | Path) -> list[NodeSettings]:
-    """Read a fleet file (``fl_client/configs/fleets/*.toml``): one ``[[node]]`` table per node.
+    """Read a fleet file (``configs/fleets/*.toml``): one ``[[node]]`` table per node.
 
     A node table may carry ``count = N`` to stand for N identical nodes (named
     ``name-1`` … ``name-N``). Simulated node *i* is mapped to ``partition-id`` *i*. A

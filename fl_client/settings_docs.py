@@ -99,8 +99,8 @@ or a key given twice is refused before anything starts, naming the key
 .venv/bin/powerfl simulate -c local-epochs=2 -c cap-margin=0 -c balance=energy
 ```
 
-A fleet file (`fl_client/configs/fleets/*.toml`) has one `[[node]]` table per node, e.g.
-`fl_client/configs/fleets/default.toml`:
+A fleet file (`configs/fleets/*.toml`) has one `[[node]]` table per node, e.g.
+`configs/fleets/default.toml`:
 
 ```toml
 [[node]]
@@ -111,7 +111,7 @@ count = 2                   # two identical nodes, nano-4.5w-1 and nano-4.5w-2
 ```
 
 On a real device the same keys are given to `flower-supernode --node-config`
-([jetson-setup.md](jetson-setup.md)). Device descriptors live in `fl_client/configs/devices/*.toml`
+([jetson-setup.md](jetson-setup.md)). Device descriptors live in `configs/devices/*.toml`
 (frequency tables, memory, power rail, B1's safe frequency per cap band, twin coefficients
 with their calibration sources).
 

@@ -170,7 +170,7 @@ RUN_SETTINGS: tuple[Setting, ...] = (
         "the fleet file: one `[[node]]` table per node ([Fleet "
         "entries](#fleet-entries-and-node-config)); simulated node *i* is Flower partition "
         "*i*. A path (relative to the current folder), or the name of a fleet the package "
-        "ships in `fl_client/configs/fleets` (`default`, `drift`, `nano-only`, `varying-cap`)"),
+        "ships in `configs/fleets` (`default`, `drift`, `nano-only`, `varying-cap`)"),
     Setting("model", str, "cnn", Choice(MODEL_NAMES), read_by="both", doc=
         "`cnn` (a small CNN trained from scratch), `resnet18`, `mobilenetv2` (torchvision, "
         "adapted to 32×32)"),
@@ -376,7 +376,7 @@ NODE_OWN_SETTINGS: tuple[Setting, ...] = (
     _node("name", str, None, Text(), default_text="`node-<i>`", doc=
         "the node's name in logs and records; with `count`, `-1` … `-N` is appended"),
     _node("device", str, None, Choice(_device_kinds), default_text="required", doc=
-        "the device kind: its descriptor in `fl_client/configs/devices/` (frequency table, "
+        "the device kind: its descriptor in `configs/devices/` (frequency table, "
         "power rail, B1's frequency bands, twin coefficients)"),
     _node("backend", str, "simulated", Choice(BACKENDS), doc=
         "`simulated` (a digital twin), `jetson` (devfreq and the INA3221 monitor), `nvml` (an"
@@ -426,7 +426,7 @@ DEVICE_OPTION_SETTINGS: tuple[Setting, ...] = (
         "frequency down one level"),
     _option("replay-table", str, "",
         "`replay`: the measured table, CSV or JSON (format: "
-        "[fl_client/configs/replay/README.md](../fl_client/configs/replay/README.md))"),
+        "[configs/replay/README.md](../configs/replay/README.md))"),
     _option("nvml-index", int, "an integer",
         "`nvml`: the GPU as CUDA numbers it (`cuda:N`), via `CUDA_VISIBLE_DEVICES`"),
     _option("lock-clocks", (bool, str), "true, false or auto",

@@ -1,12 +1,12 @@
 """What the package ships: the device twins, example fleets, replay tables and experiment
-files under ``fl_client/configs/``, and the app's run defaults.
+files of the top-level ``configs`` package, and the app's run defaults.
 
 Everything is found with ``importlib.resources``, so a wheel install works from any folder.
-The package must be installed unpacked (pip does), since the files are handed on as paths.
+The packages must be installed unpacked (pip does), since the files are handed on as paths.
 
 The run defaults are written once, in ``[tool.flwr.app.config]`` of the source tree's
 ``pyproject.toml`` (where ``flwr run`` reads them). A wheel carries that same file, copied
-into ``fl_client/configs/app/pyproject.toml`` when the wheel is built (``setup.py``);
+into ``configs/app/pyproject.toml`` when the wheel is built (``setup.py``);
 ``app_pyproject()`` reads the source tree's file when there is one, else the wheel's copy.
 """
 
@@ -15,17 +15,17 @@ from __future__ import annotations
 import importlib.resources
 from pathlib import Path
 
-#: The folder of shipped files, inside the package.
+#: The import package that holds the shipped files (the top-level ``configs/``).
 SHIPPED = "configs"
-#: The app's pyproject.toml as a wheel carries it (``setup.py`` copies it at build time).
-PACKAGED_PYPROJECT = ("configs", "app", "pyproject.toml")
+#: The app's pyproject.toml as a wheel carries it, inside ``SHIPPED`` (``setup.py`` copies
+#: it at build time).
+PACKAGED_PYPROJECT = ("app", "pyproject.toml")
 #: The distribution's name (``pyproject.toml``'s ``[project] name``).
 DISTRIBUTION = "powerfl"
 
 
-def package_root() -> Path:
-    """The ``fl_client`` package's folder."""
-    root = importlib.resources.files("fl_client")
+def _package_dir(package: str) -> Path:
+    root = importlib.resources.files(package)
     if not isinstance(root, Path):  # a zip import: the shipped files have no path
         raise RuntimeError(
             "powerfl must be installed unpacked (pip install does); its package data is "
@@ -34,9 +34,19 @@ def package_root() -> Path:
     return root
 
 
+def package_root() -> Path:
+    """The ``fl_client`` package's folder."""
+    return _package_dir("fl_client")
+
+
+def configs_root() -> Path:
+    """The ``configs`` package's folder: the shipped files."""
+    return _package_dir(SHIPPED)
+
+
 def shipped_dir(*parts: str) -> Path:
-    """``fl_client/configs/<parts>``: e.g. ``shipped_dir("devices")``."""
-    return package_root().joinpath(SHIPPED, *parts)
+    """``configs/<parts>``: e.g. ``shipped_dir("devices")``."""
+    return configs_root().joinpath(*parts)
 
 
 def shipped_names(kind: str) -> tuple[str, ...]:
@@ -59,8 +69,8 @@ def shipped_file(kind: str, name: str) -> Path | None:
 
 def source_tree() -> Path | None:
     """The source checkout this package runs from (editable install, ``pythonpath``), or
-    None for an installed wheel: the folder above the package with powerfl's pyproject."""
-    root = package_root().parent
+    None for an installed wheel: the folder above ``configs`` with powerfl's pyproject."""
+    root = configs_root().parent
     pyproject = root / "pyproject.toml"
     if not pyproject.is_file():
         return None
@@ -77,5 +87,5 @@ def app_pyproject() -> Path | None:
     tree = source_tree()
     if tree is not None:
         return tree / "pyproject.toml"
-    path = package_root().joinpath(*PACKAGED_PYPROJECT)
+    path = configs_root().joinpath(*PACKAGED_PYPROJECT)
     return path if path.is_file() else None

@@ -86,9 +86,9 @@ FLOWER_ENV = {
     "FLWR_DISABLE_UPDATE_CHECK": "1",
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
 }
-#: What the app is made of: the packages its ServerApp and ClientApp import (``fl_client``
+#: What the app is made of: the packages its ServerApp and ClientApp import (``configs``
 #: carries the data files they read: device twins, fleets).
-APP_PARTS = ("fl_client", "fl_server", "strategies")
+APP_PARTS = ("configs", "fl_client", "fl_server", "strategies")
 #: The run setting that names the run's own folder (see the module's docstring).
 RUN_DIR_KEY = "run-dir"
 #: The run setting that tells the ServerApp its nodes are the fleet file's (a simulation),

@@ -370,11 +370,11 @@ def test_documented_command_parses(
 @pytest.mark.parametrize(
     "line",
     [
-        ".venv/bin/powerfl simulate --flet fl_client/configs/fleets/default.toml",
+        ".venv/bin/powerfl simulate --flet configs/fleets/default.toml",
         ".venv/bin/powerfl simulate -c cap-margn=0.1",
         ".venv/bin/powerfl simulate --methods power-aware,b3",
-        ".venv/bin/powerfl simulate --fleet fl_client/configs/fleets/missing.toml",
-        ".venv/bin/powerfl experiment run fl_client/configs/experiments/missing.toml",
+        ".venv/bin/powerfl simulate --fleet configs/fleets/missing.toml",
+        ".venv/bin/powerfl experiment run configs/experiments/missing.toml",
         ".venv/bin/powerfl profile --model cnn",
         ".venv/bin/python benchmarks/bench_runs.py --only fleet7",
         ".venv/bin/python benchmarks/bench_missing.py",

@@ -283,7 +283,7 @@ def _open_backend(kind: str, backend: str, seed: int, options: DeviceOptions) ->
         if not options.replay_table:
             raise DeviceUnavailableError(
                 "replay-table: the replay backend needs a measured table (CSV or JSON; "
-                "see fl_client/configs/replay/README.md)"
+                "see configs/replay/README.md)"
             )
         device = ReplayDevice.from_file(options.replay_table, kind)
         _check_replay_knob(device, options.knob)
@@ -366,7 +366,7 @@ def open_device(
 ) -> Device:
     """Open the device ``kind`` through ``backend``.
 
-    ``kind`` names a descriptor in ``fl_client/configs/devices`` (e.g. ``jetson-nano``); the
+    ``kind`` names a descriptor in ``configs/devices`` (e.g. ``jetson-nano``); the
     hardware backends use it as the reported kind (empty: detected). ``backend="auto"`` tries
     jetson, nvml, replay (when ``options.replay_table`` is set) and the digital twin, in this order,
     and logs why each one passed over was not available. ``seed`` only affects the twin.

@@ -229,7 +229,7 @@ class DeviceInfo:
 
     ``b1_bands`` are B1's safe fixed frequencies per cap band (ascending in both cap and
     frequency; the last is normally the no-cap band), from the device kind's descriptor
-    (``fl_client/configs/devices/<kind>.toml``); empty when no descriptor knows this device.
+    (``configs/devices/<kind>.toml``); empty when no descriptor knows this device.
     ``sensor`` is what this device's power readings need per profiled cell (its window and
     sample minimum); ``board_sensor``, on an emulated device (twin, replay) of a kind with a
     descriptor, is the real board's sensor it stands in for: the profiler records the
@@ -285,7 +285,7 @@ class DeviceInfo:
                 _NO_BANDS_LOGGED.add((self.kind, self.backend))
                 log.warning(
                     "B1: no frequency bands known for %s (%s backend; no descriptor "
-                    "fl_client/configs/devices/%s.toml): using its highest frequency, %g MHz",
+                    "configs/devices/%s.toml): using its highest frequency, %g MHz",
                     self.kind,
                     self.backend,
                     self.kind,

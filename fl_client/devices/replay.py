@@ -6,7 +6,7 @@ device time, energy and peak power come from the table's row for (batch size, lo
 knob value), on an emulated clock like the digital twin's. The knob is the GPU frequency in
 MHz (``freq_mhz``, the default) or a GPU power limit in W (``power_limit_w``, as NVML GPUs
 and Zeus traces have); the device's ``gpu_freqs_mhz`` / ``set_gpu_freq_mhz`` then carry the
-knob's values. The file format is documented in ``fl_client/configs/replay/README.md``.
+knob's values. The file format is documented in ``configs/replay/README.md``.
 """
 
 from __future__ import annotations

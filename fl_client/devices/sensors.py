@@ -17,7 +17,7 @@ replay table, twin        per step    1            none (one exact value per ste
 
 The window is ``max(floor, samples × max(update period, 1 / sample rate))``: readings taken
 faster than the sensor updates repeat it, readings taken slower than the sampler's rate do
-not exist. ``fl_client/configs/devices/<kind>.toml`` ``[sensor]`` may override the INA3221
+not exist. ``configs/devices/<kind>.toml`` ``[sensor]`` may override the INA3221
 numbers of a board (``update-period-s``, ``min-power-samples``, ``min-window-s``).
 
 Sources

@@ -3,7 +3,7 @@
 A twin (``SimulatedDevice``) implements the ``Device`` protocol without hardware: every
 training step's ``fn`` runs for real on the host (the model really trains), and the step's
 device time, power and energy come from the model below at the locked GPU frequency, on an
-emulated clock. Each board is described by ``fl_client/configs/devices/<kind>.toml``
+emulated clock. Each board is described by ``configs/devices/<kind>.toml``
 (``DeviceSpec``); the model is pure functions of (spec, b, f, FLOPs per sample) so the
 selector, benchmarks and tests can use it without a device.
 
@@ -91,7 +91,7 @@ else:  # Python 3.10 (JetPack 6): the tomli backport has the same API
 
 BACKEND = "simulated"
 CONFIG_DIR_ENV = "POWERFL_CONFIG_DIR"
-#: The twins shipped in ``fl_client/configs/devices``; ``available_device_kinds()`` lists what the
+#: The twins shipped in ``configs/devices``; ``available_device_kinds()`` lists what the
 #: active config folder holds (``$POWERFL_CONFIG_DIR`` may add more).
 DEVICE_KINDS: tuple[str, ...] = (
     "jetson-nano",
@@ -257,7 +257,7 @@ class DeviceSpec:
 
 def device_config_dir(config_dir: Path | str | None = None) -> Path:
     """``config_dir`` if given, else ``$POWERFL_CONFIG_DIR``, else the twins the package
-    ships (``fl_client/configs/devices``)."""
+    ships (``configs/devices``)."""
     if config_dir is not None:
         return Path(config_dir).expanduser()
     env = os.environ.get(CONFIG_DIR_ENV, "").strip()

@@ -1,6 +1,6 @@
 """Research experiments: studies from TOML files, resumable records, tables, plots, reports.
 
-``powerfl experiment run NAME`` (a shipped ``fl_client/configs/experiments/NAME.toml``, or
+``powerfl experiment run NAME`` (a shipped ``configs/experiments/NAME.toml``, or
 any experiment file) and ``powerfl experiment report DIR``
 (``cli``) dispatch through one registry (``registry``) of ``Study`` plugins (``study``):
 

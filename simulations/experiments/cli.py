@@ -200,7 +200,7 @@ def add_experiment_commands(sub: Any) -> None:
         "experiment",
         help="research experiments: run a study from a TOML file, render its report",
         description="Run a study (an experiment TOML file, or a shipped one's name: "
-        "fl_client/configs/experiments) with tables and plots, resumably.",
+        "configs/experiments) with tables and plots, resumably.",
     )
     esub = p.add_subparsers(dest="experiment_command", required=True)
     r = esub.add_parser("run", help="run (or resume) an experiment file")

@@ -72,7 +72,7 @@ NOTE = (
     "keeps a test split, the clients' pool is split over the fleet's nodes by the run's "
     "partitioning (Dirichlet over labels for non-IID) per seed; the server's proxy set for r "
     "is a disjoint slice. Models start from random weights seeded per seed. Device time, "
-    "power and energy come from the digital twins in fl_client/configs/devices (calibrated to the "
+    "power and energy come from the digital twins in configs/devices (calibrated to the "
     "paper's Nano points; the other twins' coefficients are assumptions, see their TOML)."
 )
 #: A round's console line (``fl_server.results``), for the progress display.

@@ -88,7 +88,7 @@ NOTE_IMAGE = (
     "images, unlike the paper's CIFAR-10/SVHN/CINIC/FMNIST/STL, so they are closer to each "
     "other than the paper's datasets. Models start from random weights seeded per seed (the "
     "paper fine-tunes pretrained weights). Time and power come from the digital twins in "
-    "fl_client/configs/devices."
+    "configs/devices."
 )
 NOTE_REAL = (
     "Data: real images at 3×32×32, each set a stratified subset of image-subset-size images "
@@ -100,7 +100,7 @@ NOTE_REAL = (
     "fashion-mnist, stl10) are read from data-root, never downloaded. Models start from "
     "random weights seeded per seed (the paper fine-tunes pretrained weights), so accuracy "
     "targets are far below the paper's. Time and power come from the digital twins in "
-    "fl_client/configs/devices."
+    "configs/devices."
 )
 
 
@@ -120,7 +120,7 @@ NOTE_TEXT = (
     "vocabulary rule, 90/10 split by position; accuracy is next-character accuracy over "
     "eval-windows random test windows of 64 characters. Models start from random weights "
     "seeded per seed (the paper pre-trains on WikiText-2). Time and power come from the "
-    "digital twins in fl_client/configs/devices."
+    "digital twins in configs/devices."
 )
 
 

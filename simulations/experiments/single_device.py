@@ -107,7 +107,7 @@ DATA_NOTE = (
     "(fixed seed): a differently transformed copy of other digits. Models start from random "
     "weights seeded per seed (the paper fine-tunes CIFAR100-pretrained weights; no "
     "pretraining here). Device time, power and energy come from the digital twins in "
-    "fl_client/configs/devices (models calibrated to the paper's Nano points; the TX2 NX twin's "
+    "configs/devices (models calibrated to the paper's Nano points; the TX2 NX twin's "
     "coefficients are assumptions, see its TOML)."
 )
 #: What the data note says of each npz set, and of the digits proxies with an npz target.
@@ -166,7 +166,7 @@ def data_note(cfg: SingleDeviceConfig) -> str:
         "with their train split's statistics. Models start from random weights seeded per "
         "seed (the paper fine-tunes CIFAR100-pretrained weights; no pretraining here), so "
         "accuracy targets on real images are far below the paper's. Device time, power and "
-        "energy come from the digital twins in fl_client/configs/devices (models calibrated to the "
+        "energy come from the digital twins in configs/devices (models calibrated to the "
         "paper's Nano points; the TX2 NX twin's coefficients are assumptions, see its TOML)."
     )
 

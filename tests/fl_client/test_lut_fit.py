@@ -370,9 +370,7 @@ def test_plan_when_no_cell_is_feasible_reports_none() -> None:
 
 def test_plan_on_the_replay_table_matches_its_full_grid() -> None:
     """The repository's replay table (illustrative, not made by the twin)."""
-    path = (
-        REPO / "fl_client" / "configs" / "replay" / "example-illustrative-jetson-nano-resnet18.csv"
-    )
+    path = REPO / "configs" / "replay" / "example-illustrative-jetson-nano-resnet18.csv"
     rows = list(
         csv.DictReader(x for x in path.read_text().splitlines() if x and not x.startswith("#"))
     )

@@ -238,7 +238,7 @@ def test_backend_options_in_fleet_and_node_config_reach_the_device_options(
 
 
 REPLAY_EXAMPLE = Path(__file__).resolve().parents[2] / (
-    "fl_client/configs/replay/example-illustrative-jetson-nano-resnet18.csv"
+    "configs/replay/example-illustrative-jetson-nano-resnet18.csv"
 )
 
 
@@ -250,7 +250,7 @@ def test_relative_paths_in_a_fleet_file_are_relative_to_its_folder(
     from fl_client.devices import DeviceOptions, open_device
     from fl_client.devices.replay import ReplayDevice
 
-    folder = tmp_path / "fl_client" / "configs" / "fleets"
+    folder = tmp_path / "configs" / "fleets"
     (folder / "traces").mkdir(parents=True)
     (folder / "traces" / "solar.csv").write_text("round,p-max-w\n1,7\n2,4.5\n3,none\n")
     (folder / "tables").mkdir()

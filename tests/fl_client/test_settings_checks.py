@@ -153,7 +153,7 @@ def test_unknown_keys_are_refused_everywhere_with_the_nearest_key(tmp_path: Path
         DeviceOptions.from_config({"sample-rate": 10})
     folder = tmp_path / "devices"
     folder.mkdir()
-    text = (REPO_ROOT / "fl_client" / "configs" / "devices" / "jetson-nano.toml").read_text()
+    text = (REPO_ROOT / "configs" / "devices" / "jetson-nano.toml").read_text()
     (folder / "jetson-nano.toml").write_text(text.replace("[power]", "[power]\nidle-watts = 1"))
     with pytest.raises(DeviceSpecError, match=r"power\.idle-watts: unknown key.*did you mean"):
         load_device_spec("jetson-nano", folder)

@@ -196,7 +196,7 @@ def test_the_report_has_a_table_per_fleet_and_the_goals(tmp_path):
     recs = study("default") + study("straggler-2x")
     out = _output(tmp_path, recs)
     manifest = json.loads((out / "manifest.json").read_text())
-    manifest["config"]["fleet"] = "/somewhere/fl_client/configs/fleets/default.toml"
+    manifest["config"]["fleet"] = "/somewhere/configs/fleets/default.toml"
     (out / "manifest.json").write_text(json.dumps(manifest))
     report = render(out).read_text()
     assert "## Balance modes across fleets" in report

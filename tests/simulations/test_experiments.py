@@ -50,7 +50,7 @@ def _write(tmp_path: Path, text: str, name: str = "exp.toml") -> Path:
 
 
 def test_shipped_experiment_file_parses_at_both_scales():
-    path = REPO / "fl_client" / "configs" / "experiments" / "single-device.toml"
+    path = REPO / "configs" / "experiments" / "single-device.toml"
     mini = load_experiment(path, scale="mini")
     paper = load_experiment(path, scale="paper", seeds=2)
     assert mini.devices == ("jetson-nano", "jetson-tx2-nx")
@@ -104,7 +104,7 @@ def test_set_overrides_after_the_scale_and_unknown_set_keys_are_errors(tmp_path)
 
     sets = parse_sets(['models=["resnet18"]', "torch-device=auto", "max-samples=512"])
     assert sets == {"models": ["resnet18"], "torch-device": "auto", "max-samples": 512}
-    path = REPO / "fl_client" / "configs" / "experiments" / "single-device.toml"
+    path = REPO / "configs" / "experiments" / "single-device.toml"
     cfg = load_experiment(path, scale="paper", sets=sets)
     assert cfg.models == ("resnet18",) and cfg.torch_device == "auto"
     assert cfg.max_samples == 512 and cfg.lr_ref == 5e-4  # the rest of the paper scale stays
@@ -152,13 +152,11 @@ def test_typed_paths_are_relative_to_the_current_directory_file_paths_to_the_fil
     from simulations.experiments.cli import output_folder
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "mine.toml").write_text(
-        (REPO / "fl_client" / "configs" / "fleets" / "default.toml").read_text()
-    )
-    federated = REPO / "fl_client" / "configs" / "experiments" / "federated.toml"
+    (tmp_path / "mine.toml").write_text((REPO / "configs" / "fleets" / "default.toml").read_text())
+    federated = REPO / "configs" / "experiments" / "federated.toml"
     cfg = load_config(federated, FileOptions(sets={"fleet": "mine.toml"}))
     assert cfg.fleet == str(tmp_path / "mine.toml")  # --set: typed, from here
-    shipped = REPO / "fl_client" / "configs" / "fleets" / "default.toml"
+    shipped = REPO / "configs" / "fleets" / "default.toml"
     assert load_config(federated).fleet == str(shipped)  # the file's: a shipped fleet's name
     assert load_config("federated").fleet == str(shipped)  # a shipped experiment by name
     with pytest.raises(ExperimentConfigError, match="fleet file not found"):
@@ -439,9 +437,7 @@ def test_tiny_npz_study_runs_end_to_end(tmp_path):
 def test_the_shipped_cifar_study_reads_the_data_kit():
     from simulations.experiments.datasets import study_data
 
-    cfg = load_experiment(
-        REPO / "fl_client" / "configs" / "experiments" / "single-device-cifar.toml"
-    )
+    cfg = load_experiment(REPO / "configs" / "experiments" / "single-device-cifar.toml")
     assert (cfg.target, cfg.proxy) == ("cifar10-subset", "mnist-subset")
     sizes = study_data(cfg.data_settings(), 0).sizes()
     assert sizes["target-train"] + sizes["target-test"] == cfg.image_subset_size

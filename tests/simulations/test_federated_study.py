@@ -69,7 +69,7 @@ def tiny_file(tmp_path: Path) -> Path:
 
 
 def test_shipped_federated_file_parses_at_both_scales():
-    path = REPO / "fl_client" / "configs" / "experiments" / "federated.toml"
+    path = REPO / "configs" / "experiments" / "federated.toml"
     mini = load_federated(path, scale="mini")
     paper = load_federated(path, scale="paper", seeds=3)
     assert isinstance(mini, FederatedConfig)
@@ -92,11 +92,11 @@ def test_shipped_federated_file_parses_at_both_scales():
         ('fleet = "no/such/fleet.toml"\n', "fleet: fleet: fleet file not found"),
         (
             'scenarios = ["varying-cap"]\nvarying-cap-fleet = "default"\n',
-            "fl_client/configs/fleets/default.toml: no node has a p-max-schedule",
+            "configs/fleets/default.toml: no node has a p-max-schedule",
         ),
         (
             'scenarios = ["drift"]\ndrift-fleet = "default"\n',
-            "fl_client/configs/fleets/default.toml: no node has twin-slowdown",
+            "configs/fleets/default.toml: no node has twin-slowdown",
         ),
         ("drift-check-every = 0\n", "drift-check-every: must be an integer ≥ 1"),
         ('balance-modes = ["off", "fast"]\n', "balance-modes: unknown value 'fast'"),
@@ -137,7 +137,7 @@ def test_cli_rejects_bad_federated_file_before_any_run(tiny_file, tmp_path, caps
 
 
 def test_balance_study_plans_every_arm_per_fleet_and_seed_fleet_by_fleet(tmp_path):
-    path = REPO / "fl_client" / "configs" / "experiments" / "federated-balance.toml"
+    path = REPO / "configs" / "experiments" / "federated-balance.toml"
     cfg = load_federated(path, scale="mini")
     assert cfg.seeds >= 5 and cfg.scenarios == ("balance",)
     cells = plan(cfg, tmp_path)
@@ -165,7 +165,7 @@ def test_balance_study_plans_every_arm_per_fleet_and_seed_fleet_by_fleet(tmp_pat
 
 
 def test_plan_shares_identical_cells_and_derives_the_fixed_minimum_fleet(tmp_path):
-    cfg = load_federated(REPO / "fl_client" / "configs" / "experiments" / "federated.toml", seeds=1)
+    cfg = load_federated(REPO / "configs" / "experiments" / "federated.toml", seeds=1)
     cells = plan(cfg, tmp_path)
     uses = [u for c in cells for u in c.uses]
     # 4 methods + pacing deadline + 2 varying-cap + 2 drift; pacing "off" is ours' cell
@@ -186,10 +186,7 @@ def test_plan_shares_identical_cells_and_derives_the_fixed_minimum_fleet(tmp_pat
 
     fixed = next(c for c in cells if ("varying-cap", "fixed-at-minimum") in c.uses)
     nodes = {n.name: n for n in load_fleet(fixed.settings["fleet"])}
-    sched = {
-        n.name: n
-        for n in load_fleet(REPO / "fl_client" / "configs" / "fleets" / "varying-cap.toml")
-    }
+    sched = {n.name: n for n in load_fleet(REPO / "configs" / "fleets" / "varying-cap.toml")}
     assert set(nodes) == set(sched)
     for name, n in sched.items():
         assert not nodes[name].p_max_schedule

@@ -50,7 +50,7 @@ def _load(path: Path, **options: object) -> FinetuneConfig:
 
 
 def test_shipped_finetune_file_parses_at_both_scales() -> None:
-    path = REPO / "fl_client" / "configs" / "experiments" / "finetune.toml"
+    path = REPO / "configs" / "experiments" / "finetune.toml"
     mini = _load(path, scale="mini")
     paper = _load(path, scale="paper")
     assert (mini.model, mini.seeds, mini.pretrain_dataset) == ("cnn", 1, "mnist-subset")

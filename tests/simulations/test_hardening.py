@@ -335,7 +335,7 @@ def test_a_signal_ends_simulate_in_one_line_with_no_process_left(
 
 @pytest.mark.slow
 def test_sigterm_ends_experiment_run_in_one_line(tmp_path: Path) -> None:
-    study = REPO_ROOT / "fl_client" / "configs" / "experiments" / "single-device.toml"
+    study = REPO_ROOT / "configs" / "experiments" / "single-device.toml"
     proc = _powerfl(tmp_path, "experiment", "run", str(study), "--out", "exp", "--no-progress")
     manifest = _wait_for(proc, "exp/manifest.json", tmp_path, timeout_s=240)
     children = psutil.Process(proc.pid).children(recursive=True)

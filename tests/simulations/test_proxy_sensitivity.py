@@ -51,12 +51,8 @@ def _write(tmp_path: Path, text: str, name: str = "sens.toml") -> Path:
 
 
 def test_shipped_files_parse_at_both_scales():
-    img = load_sensitivity(
-        REPO / "fl_client/configs/experiments/proxy-sensitivity-image.toml", scale="mini"
-    )
-    txt = load_sensitivity(
-        REPO / "fl_client/configs/experiments/proxy-sensitivity-text.toml", scale="paper"
-    )
+    img = load_sensitivity(REPO / "configs/experiments/proxy-sensitivity-image.toml", scale="mini")
+    txt = load_sensitivity(REPO / "configs/experiments/proxy-sensitivity-text.toml", scale="paper")
     assert isinstance(img, SensitivityConfig) and img.task == "image"
     assert len(img.datasets) == 4 and img.model == "cnn"
     assert txt.task == "text" and txt.model == "char-transformer"
@@ -358,7 +354,7 @@ def test_a_missing_npz_names_the_file_it_looked_for(tmp_path, capsys):
 def test_the_shipped_real_image_study_reads_the_data_kit():
     from simulations.experiments.proxy_sensitivity import check_data
 
-    cfg = load_sensitivity(REPO / "fl_client/configs/experiments/proxy-sensitivity-real.toml")
+    cfg = load_sensitivity(REPO / "configs/experiments/proxy-sensitivity-real.toml")
     assert cfg.datasets == ("cifar10-subset", "mnist-subset") and cfg.data_root == ""
     sizes = check_data(cfg)  # the default data root: ../shared/data beside the repository
     assert sizes["cifar10-subset"] == {"train": 4000, "test": 1000}

@@ -19,7 +19,7 @@ REPO = PACKAGE.parents[1]
 
 def test_every_shipped_experiment_file_names_a_registered_study():
     assert set(STUDIES) == {"single-device", "federated", "proxy-sensitivity", "finetune"}
-    for path in sorted((REPO / "fl_client" / "configs" / "experiments").glob("*.toml")):
+    for path in sorted((REPO / "configs" / "experiments").glob("*.toml")):
         cfg = load_config(path)
         assert get_study(cfg.study).name == cfg.study
     for name, study in STUDIES.items():
@@ -36,7 +36,7 @@ def test_unknown_or_missing_study_is_an_error_naming_the_choices():
 
 
 def test_only_studies_with_a_training_stage_take_only_training(tmp_path, capsys):
-    path = REPO / "fl_client" / "configs" / "experiments" / "proxy-sensitivity-image.toml"
+    path = REPO / "configs" / "experiments" / "proxy-sensitivity-image.toml"
     rc = main(["experiment", "run", str(path), "--out", str(tmp_path / "o"), "--only-training"])
     assert rc == 2
     assert "--only-training: the proxy-sensitivity study has no separate training stage" in (

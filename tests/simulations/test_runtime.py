@@ -141,7 +141,8 @@ def test_staged_app_accepts_every_setting_the_run_overrides(tmp_path: Path) -> N
     config = pytest.importorskip("flwr.common.config")
     run_config = {"num-rounds": 1, "x-undeclared": 32, "output-dir": str(tmp_path / "o")}
     app = stage_app(tmp_path / "app", run_config)
-    for part in ("fl_client/client_app.py", "fl_server/server_app.py", "strategies"):
+    parts = ("fl_client/client_app.py", "fl_server/server_app.py", "strategies")
+    for part in (*parts, "configs/fleets/default.toml", "configs/devices/jetson-nano.toml"):
         assert (app / part).exists(), part
     assert not list(app.rglob("__pycache__"))
     text = (app / "pyproject.toml").read_text()
@@ -180,7 +181,7 @@ def test_paths_are_made_absolute_against_the_current_folder(
     monkeypatch.chdir(tmp_path)
     out = runtime.with_app_paths({"output-dir": "elsewhere"})
     assert out["output-dir"] == str(tmp_path / "elsewhere")
-    assert out["fleet"] == str(REPO_ROOT / "fl_client/configs/fleets/default.toml")
+    assert out["fleet"] == str(REPO_ROOT / "configs/fleets/default.toml")
 
 
 def test_stream_takes_the_run_id_and_relays_the_log_without_flowers_notes(

@@ -18,9 +18,7 @@ from fl_client.devices.simulated import (
 from fl_client.settings import REPO_ROOT
 from fl_client.task import train_flops_per_sample
 
-EXAMPLE = (
-    REPO_ROOT / "fl_client" / "configs" / "replay" / "example-illustrative-jetson-nano-resnet18.csv"
-)
+EXAMPLE = REPO_ROOT / "configs" / "replay" / "example-illustrative-jetson-nano-resnet18.csv"
 CNN = Workload("cnn", (3, 32, 32), train_flops_per_sample("cnn"))
 RESNET = Workload("resnet18", (3, 32, 32), train_flops_per_sample("resnet18"))
 

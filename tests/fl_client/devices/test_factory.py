@@ -31,9 +31,7 @@ from fl_client.devices.replay import ReplayDevice
 from fl_client.settings import REPO_ROOT
 from tests.fl_client.devices.fakes_sysfs import build_tree
 
-EXAMPLE = str(
-    REPO_ROOT / "fl_client" / "configs" / "replay" / "example-illustrative-jetson-nano-resnet18.csv"
-)
+EXAMPLE = str(REPO_ROOT / "configs" / "replay" / "example-illustrative-jetson-nano-resnet18.csv")
 
 
 @pytest.fixture

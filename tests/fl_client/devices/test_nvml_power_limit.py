@@ -263,7 +263,7 @@ def test_options_name_the_key_and_the_allowed_values(tmp_path: Path):
 
 
 def test_a_replay_table_keeps_its_own_knob():
-    example = REPO_ROOT / "fl_client" / "configs" / "replay"
+    example = REPO_ROOT / "configs" / "replay"
     watts = str(example / "example-illustrative-gpu-power-limit.csv")
     mhz = str(example / "example-illustrative-jetson-nano-resnet18.csv")
     for knob in ("power-limit", "auto"):

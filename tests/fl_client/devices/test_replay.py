@@ -21,9 +21,7 @@ from fl_client.devices.replay import (
 from fl_client.selector import InfeasibleCapError, Tables, feasible_freq_indices, select
 from fl_client.settings import REPO_ROOT
 
-EXAMPLE = (
-    REPO_ROOT / "fl_client" / "configs" / "replay" / "example-illustrative-jetson-nano-resnet18.csv"
-)
+EXAMPLE = REPO_ROOT / "configs" / "replay" / "example-illustrative-jetson-nano-resnet18.csv"
 RESNET = Workload("resnet18", (3, 32, 32), 1e9)
 
 TABLE = {
@@ -190,9 +188,7 @@ def test_example_table_loads_and_keeps_its_stated_calibration():
 
 # --------------------------------------------------------------------------- knob and σ (issue 13)
 
-POWER_LIMIT_EXAMPLE = (
-    REPO_ROOT / "fl_client" / "configs" / "replay" / "example-illustrative-gpu-power-limit.csv"
-)
+POWER_LIMIT_EXAMPLE = REPO_ROOT / "configs" / "replay" / "example-illustrative-gpu-power-limit.csv"
 
 
 def test_a_power_limit_table_names_its_knob_and_unit():

@@ -40,7 +40,7 @@ from fl_client.devices.simulated import (
 )
 
 REPO = Path(__file__).resolve().parents[3]
-SHIPPED = REPO / "fl_client" / "configs" / "devices"
+SHIPPED = REPO / "configs" / "devices"
 MODELS = task.MODEL_NAMES  # cnn, resnet18, mobilenetv2
 B_PAPER = (4, 8, 16, 32, 64, 128)
 
@@ -329,7 +329,7 @@ def test_tx2_nx_is_1_6_to_2x_faster_and_orin_nano_several_times_faster_than_the_
 
 def test_default_fleets_caps_have_a_b1_band(specs: dict[str, DeviceSpec]) -> None:
     """Every simulated node of the shipped fleets can run B1 under its own cap."""
-    fleets = sorted((REPO / "fl_client" / "configs" / "fleets").glob("*.toml"))
+    fleets = sorted((REPO / "configs" / "fleets").glob("*.toml"))
     assert fleets
     for path in fleets:
         for node in tomllib.loads(path.read_text()).get("node", []):
