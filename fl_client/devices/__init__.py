@@ -7,11 +7,10 @@ each backend it passed over was not available.
 
 from __future__ import annotations
 
-import difflib
 import logging
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypedDict
@@ -34,30 +33,16 @@ from fl_client.devices.base import (
     check_knob_setting,
     locked,
 )
+from fl_client.devices.names import (
+    AUTO_ORDER,
+    BACKENDS,
+    POWER_SOURCES,
+    key_hint,
+    unknown_key_message,
+)
 from fl_client.devices.sampler import DEFAULT_CAP_WINDOW_S, DEFAULT_SAMPLE_RATE_HZ
 
 log = logging.getLogger(__name__)
-
-BACKENDS = ("auto", "simulated", "jetson", "nvml", "replay")
-# What ``auto`` tries, in order: real hardware first, the twin last.
-AUTO_ORDER = ("jetson", "nvml", "replay", "simulated")
-POWER_SOURCES = ("auto", "sysfs", "jtop")  # jetson power readers: INA3221 sysfs, jtop service
-
-
-def key_hint(key: str, known: Iterable[str]) -> str:
-    """`` (did you mean cap-margin?)`` for the nearest known key, else ``; known keys: …``."""
-    names = sorted(known)
-    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]}?)" if close else f"; known keys: {', '.join(names)}"
-
-
-def unknown_key_message(key: str, known: Iterable[str], where: str) -> str:
-    """``<where>: unknown key 'cap-margn' (did you mean cap-margin?)``.
-
-    The one rule for unknown keys everywhere (run settings, fleet entries, node_config,
-    device options, device descriptors): refused, naming the key and the nearest known one.
-    """
-    return f"{where}: unknown key {key!r}{key_hint(key, known)}"
 
 
 @dataclass(frozen=True)

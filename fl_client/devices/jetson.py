@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from fl_client.devices import POWER_SOURCES, safety
+from fl_client.devices import safety
 from fl_client.devices.base import (
     DeviceError,
     DeviceInfo,
@@ -32,6 +32,7 @@ from fl_client.devices.base import (
     InvalidFrequencyError,
     level_below,
 )
+from fl_client.devices.names import POWER_SOURCES
 from fl_client.devices.sampler import DEFAULT_CAP_WINDOW_S, DEFAULT_SAMPLE_RATE_HZ, SampledDevice
 from fl_client.devices.sensors import SensorSpec, ina3221_sensor, jtop_sensor
 from fl_client.devices.simulated import descriptor_b1_bands, descriptor_board_sensor

@@ -73,6 +73,7 @@ from fl_client.devices.base import (
     level_below,
 )
 from fl_client.devices.emulated import EmulatedDevice, EmulatedMeter
+from fl_client.devices.names import key_hint
 from fl_client.devices.sampler import DEFAULT_SAMPLE_RATE_HZ, CapGuard
 from fl_client.devices.sensors import (
     INA3221_SOURCE,
@@ -385,8 +386,6 @@ class _Reader:
 
     def finish(self) -> None:
         """Refuse a key no reader asked for, naming the nearest known one."""
-        from fl_client.devices import key_hint
-
         unknown = sorted(set(self.data) - self.used)
         if unknown:
             table = f"[{self.section}]" if self.section else "top level"

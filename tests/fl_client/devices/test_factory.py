@@ -64,7 +64,6 @@ def test_unknown_backend_names_the_allowed_ones():
 
 
 def test_simulated_backend_unchanged():
-    pytest.importorskip("fl_client.devices.simulated")
     from fl_client.devices.simulated import SimulatedDevice
 
     dev = open_device("jetson-nano", "simulated", seed=3)
