@@ -29,11 +29,6 @@ if TYPE_CHECKING:
 
 #: The ``partitioning`` values: Flower Datasets' partitioner behind each.
 PARTITIONINGS = ("dirichlet", "iid", "pathological")
-PARTITIONER_CLASS = {
-    "dirichlet": "DirichletPartitioner",
-    "iid": "IidPartitioner",
-    "pathological": "PathologicalPartitioner",
-}
 #: Smallest Dirichlet partition accepted before the draw is repeated.
 MIN_PARTITION_SIZE = 10
 #: Classes each node holds with ``pathological`` unless told otherwise.

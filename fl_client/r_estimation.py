@@ -1,4 +1,4 @@
-"""Server-side estimation of r (paper §4.2, Eq. 3): proxy training per batch size, cached.
+"""r by training per batch size (paper §4.2, Eq. 3), cached: the server's and the oracle's.
 
 From the same initial weights, the model is trained with every batch size b on the proxy
 training set (Adam, learning rate scaled by sqrt(b / b_ref)) and evaluated on the proxy

@@ -388,45 +388,6 @@ def as_tensors(data: Data) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
-def partition_iid(n: int, num_partitions: int, seed: int) -> list[np.ndarray]:
-    """Split ``range(n)`` into ``num_partitions`` near-equal random parts (Flower Datasets'
-    ``IidPartitioner`` over the seeded shuffle; see ``fl_client.partitions.partition``).
-
-    Returns
-    -------
-    list of numpy.ndarray
-        Sorted int64 index arrays; together they cover ``range(n)`` exactly once.
-    """
-    return partitions.partition(np.zeros(n, dtype=np.int64), num_partitions, "iid", seed=seed)
-
-
-def partition_dirichlet(
-    labels: np.ndarray | Sequence[int],
-    num_partitions: int,
-    alpha: float,
-    seed: int,
-    min_size: int = MIN_PARTITION_SIZE,
-) -> list[np.ndarray]:
-    """Label-skewed non-IID split with Flower Datasets' ``DirichletPartitioner``: class
-    shares per partition drawn from Dir(``alpha``), self-balancing (a partition holding more
-    than its fair share n / num_partitions gets no more), redrawn until every partition
-    holds at least ``min_size`` samples. Smaller ``alpha`` means more skew.
-
-    Returns
-    -------
-    list of numpy.ndarray
-        Sorted int64 index arrays; together they cover every sample exactly once.
-
-    Raises
-    ------
-    ValueError
-        (a SettingsError) ``alpha`` ≤ 0, bad ``num_partitions``, or no draw met ``min_size``.
-    """
-    return partitions.partition(
-        np.asarray(labels), num_partitions, "dirichlet", alpha=alpha, seed=seed, min_size=min_size
-    )
-
-
 @dataclass(frozen=True)
 class PartitionSpec:
     """How the pool is split over the nodes: the run settings ``partitioning``,
@@ -936,26 +897,8 @@ def estimate_train_memory_bytes(
 
 
 # ---------------------------------------------------------------------------------------
-# Weights
+# Hashes of weights and data (cache keys)
 # ---------------------------------------------------------------------------------------
-
-
-def get_weights(model: nn.Module) -> list[np.ndarray]:
-    """The model's state (parameters and buffers) as NumPy arrays, in ``state_dict`` order."""
-    return [v.detach().cpu().numpy().copy() for v in model.state_dict().values()]
-
-
-def set_weights(model: nn.Module, arrays: Sequence[np.ndarray]) -> None:
-    """Load arrays given in ``state_dict`` order (as from ``get_weights``) into ``model``."""
-    state = model.state_dict()
-    if len(arrays) != len(state):
-        raise ValueError(f"weights: expected {len(state)} arrays, got {len(arrays)}")
-    new = {}
-    for (k, v), a in zip(state.items(), arrays, strict=True):
-        if tuple(a.shape) != tuple(v.shape):
-            raise ValueError(f"weights: {k} has shape {tuple(v.shape)}, got {tuple(a.shape)}")
-        new[k] = torch.as_tensor(np.asarray(a), dtype=v.dtype)
-    model.load_state_dict(new, strict=True)
 
 
 def hash_tensors(items: Iterable[tuple[str, torch.Tensor]]) -> str:

@@ -8,14 +8,15 @@ run settings (overrides of ``[tool.flwr.app.config]``) and a seed.
 
 Issue 7's scenarios are extra cells on the same data and seeds:
 
-* ``pacing``: ``scenario-method`` with ``pacing = "off"`` against ``pacing = "deadline"``;
+* ``balance-energy``: ``scenario-method`` with ``balance = "off"`` against the round plan's
+  ``balance = "energy"`` (with ``deadline-margin``);
 * ``varying-cap``: ``varying-cap-fleet`` (nodes with ``p-max-schedule``) against the same
   fleet with every scheduled node fixed at its schedule's minimum (the safe choice a user
   would otherwise make; the derived fleet file is written into the output folder);
 * ``drift``: ``drift-fleet`` (nodes whose twin slows down / draws more from some round)
   with ``drift-check-every`` against the check off.
 
-Cells with identical settings are run once (e.g. pacing "off" is the ``power-aware`` cell of
+Cells with identical settings are run once (e.g. balance "off" is the ``power-aware`` cell of
 the method comparison). Each cell runs in its own process (spawned, one Ray instance per
 run, its output in the cell's log, ended with everything it started when it runs past
 ``cell-timeout-s``), with a fresh per-cell cache (every method that profiles pays for its
@@ -88,7 +89,7 @@ class Cell:
 
     overrides: tuple[tuple[str, Any], ...]  # sorted (key, value) pairs, JSON scalars
     fleet_text: str  # the fleet file's content (part of the key)
-    uses: tuple[tuple[str, str], ...]  # (scenario, variant): ("methods", "b1"), ("pacing", "off")
+    uses: tuple[tuple[str, str], ...]  # (scenario, variant): ("methods", "b1"), ("drift", "off")
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -176,10 +177,10 @@ def _variants(
     """(scenario, variant, run settings) of one seed: the methods, then each scenario."""
     sm = cfg.scenario_method
     out = [("methods", m, {**base, "method": m}) for m in cfg.methods]
-    if "pacing" in cfg.scenarios:
-        deadline = {"pacing": "deadline", "pacing-margin": cfg.pacing_margin}
-        out.append(("pacing", "off", {**base, "method": sm}))
-        out.append(("pacing", "deadline", {**base, "method": sm, **deadline}))
+    if "balance-energy" in cfg.scenarios:
+        energy = {"balance": "energy", "deadline-margin": cfg.deadline_margin}
+        out.append(("balance-energy", "off", {**base, "method": sm}))
+        out.append(("balance-energy", "energy", {**base, "method": sm, **energy}))
     if "varying-cap" in cfg.scenarios:
         for variant, fleet in (("fixed-at-minimum", "fixed-min"), ("schedule", "schedule")):
             out.append(

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from fl_client.settings import (
-    DEPRECATED_KEYS,
     RunSettings,
     SettingsError,
     fleet_path,
@@ -27,10 +26,10 @@ from simulations.experiments.config import (
 )
 
 NAME = "federated"
-SCENARIOS = ("pacing", "varying-cap", "drift", "balance")
+SCENARIOS = ("balance-energy", "varying-cap", "drift", "balance")
 #: Variants of each scenario, in report order (the first is the reference).
 SCENARIO_VARIANTS = {
-    "pacing": ("off", "deadline"),
+    "balance-energy": ("off", "energy"),
     "varying-cap": ("fixed-at-minimum", "schedule"),
     "drift": ("off", "check"),
 }
@@ -73,9 +72,10 @@ DEFAULTS: dict[str, Any] = {
     "seeds": 3,
     **{key: RUN[key].default for key in RUN_KEYS},
     "batch-sizes": RUN["batch-sizes"].value,  # a list in experiment files
-    "scenarios": ["pacing", "varying-cap", "drift"],  # balance: only when asked for
+    "scenarios": ["balance-energy", "varying-cap", "drift"],  # balance: only when asked for
     "scenario-method": "power-aware",
-    "pacing-margin": RUN["deadline-margin"].default,  # the deadline margin of pacing = deadline
+    # the balance-energy scenario's deadline margin (its "energy" variant)
+    "deadline-margin": RUN["deadline-margin"].default,
     "varying-cap-fleet": "varying-cap",
     "drift-fleet": "drift",
     "drift-check-every": 2,  # the drift scenario's "check" variant (the run's default: never)
@@ -113,7 +113,7 @@ class FederatedConfig(StudyConfig):
     profile_grid: str
     scenarios: tuple[str, ...]
     scenario_method: str
-    pacing_margin: float
+    deadline_margin: float
     varying_cap_fleet: str
     drift_fleet: str
     drift_check_every: int
@@ -140,10 +140,9 @@ class FederatedConfig(StudyConfig):
             "r-max-samples": self.r_max_samples,
             "r-eval-every-samples": self.r_eval_every_samples,
             "profile-grid": self.profile_grid,
-            "pacing": "off",
             "drift-check-every": 0,
         }
-        check_run_keys(overrides, f"{NAME} study: run settings", also=DEPRECATED_KEYS)
+        check_run_keys(overrides, f"{NAME} study: run settings")
         return overrides
 
 
@@ -179,7 +178,7 @@ def parse_federated(data: Mapping[str, Any], where: str, options: FileOptions) -
         profile_grid=text("profile-grid", choices("profile-grid")),
         scenarios=str_list("scenarios", SCENARIOS, empty_ok=True),
         scenario_method=text("scenario-method", STUDY_METHODS),
-        pacing_margin=number("pacing-margin", 0.0, 1.0, open_lo=False),
+        deadline_margin=number("deadline-margin", 0.0, 1.0, open_lo=False),
         varying_cap_fleet=text("varying-cap-fleet"),
         drift_fleet=text("drift-fleet"),
         drift_check_every=integer("drift-check-every", 1),

@@ -38,7 +38,7 @@ from simulations.experiments.report_kit import NA, Doc, Output
 
 Rec = dict[str, Any]
 SCENARIO_TITLES = {
-    "pacing": "Deadline-aware pacing: off vs deadline",
+    "balance-energy": "The round plan's energy mode: balance off vs energy",
     "varying-cap": "Caps that change over time: schedule vs fixed at the schedule's minimum",
     "drift": "LUT drift: drift check vs none",
 }
@@ -798,10 +798,10 @@ def _node_table(doc: Doc, table: dict[str, dict[str, Any]], names: list[str]) ->
 
 def _scenario_intro(scenario: str, config: dict[str, Any]) -> str:
     method = config.get("scenario-method", "power-aware")
-    if scenario == "pacing":
+    if scenario == "balance-energy":
         return (
-            f'`{method}` on fleet `{config["fleet"]}` with `pacing = "off"` and `pacing = '
-            f'"deadline"` (pacing-margin {config["pacing-margin"]}); everything else equal.'
+            f'`{method}` on fleet `{config["fleet"]}` with `balance = "off"` and `balance = '
+            f'"energy"` (deadline-margin {config["deadline-margin"]}); everything else equal.'
         )
     if scenario == "varying-cap":
         return (
@@ -838,7 +838,7 @@ SCENARIO_COLUMNS: list[tuple[str, str | None]] = [
     ("critical node / round after round 1 J", "critical-per-round-after-1-j"),
     ("slack nodes / round after round 1 J", "slack-per-round-after-1-j"),
 ]
-PACING_COLUMNS: list[tuple[str, str | None]] = [
+ENERGY_MODE_COLUMNS: list[tuple[str, str | None]] = [
     ("LUT-predicted saving / round J", "saved-per-round-after-1-j"),
     ("LUT-predicted saving to target J", "saved-to-target-j"),
     ("LUT-predicted saving, run J", "energy-saved-j"),
@@ -865,8 +865,8 @@ PAIRED = (
 
 def _scenario_columns(scenario: str) -> list[tuple[str, str | None]]:
     cols = list(SCENARIO_COLUMNS)
-    if scenario == "pacing":
-        cols += PACING_COLUMNS
+    if scenario == "balance-energy":
+        cols += ENERGY_MODE_COLUMNS
     if scenario in ("varying-cap", "drift"):
         cols += CAP_COLUMNS
     if scenario == "drift":
@@ -898,19 +898,18 @@ def _paired_lines(summary: dict[str, Any], scenario: str, ref: str, other: str) 
     return rows
 
 
-def _pacing_notes(summary: dict[str, Any], ref: str, other: str) -> list[str]:
-    noise = summary["scenarios"]["pacing"].get(ref, {}).get("time-to-target-s-std")
-    r2t = _paired(summary, "pacing", ref, other, "round-to-target")
+def _energy_mode_notes(summary: dict[str, Any], ref: str, other: str) -> list[str]:
+    noise = summary["scenarios"]["balance-energy"].get(ref, {}).get("time-to-target-s-std")
+    r2t = _paired(summary, "balance-energy", ref, other, "round-to-target")
     same = sum(1 for _, a, b in r2t if a == b)
     return [
-        f"- rounds to target identical in {same}/{len(r2t)} seed(s) (pacing keeps every "
-        "node's b*, so the learning dynamics are the same); seed-to-seed std of the "
+        f"- rounds to target identical in {same}/{len(r2t)} seed(s) (the energy mode "
+        "keeps every node's b*, so the learning dynamics are the same); seed-to-seed std of the "
         f"reference's time to target: {kit.fmt(noise)} s",
-        "- *saved* is what the paced nodes' LUTs predict they save against running at f* "
-        "(the nodes report it); the *measured* effect is the difference in the twins' "
-        "sensor energy per round above. Pacing profiles more points in a node's first "
-        "round (the frequencies below f* it may pace to), which shows up as profiling "
-        "energy and first-round time.",
+        "- *saved* is what the LUTs of the nodes with slack predict they save against "
+        "running their fastest cell (the nodes report it); the *measured* effect is the "
+        "difference in the twins' sensor energy per round above. The energy mode measures "
+        "no cell of its own: it chooses among the cells of b*'s row the LUT holds.",
     ]
 
 
@@ -928,8 +927,8 @@ def _scenario_section(
     doc.add("")
     doc.add("Paired by seed (same data and initial weights):", "")
     doc.add(*_paired_lines(summary, scenario, ref, other))
-    if scenario == "pacing":
-        doc.add(*_pacing_notes(summary, ref, other))
+    if scenario == "balance-energy":
+        doc.add(*_energy_mode_notes(summary, ref, other))
     doc.add("")
     if scenario in ("varying-cap", "drift"):
         for v in variants:

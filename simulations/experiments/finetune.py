@@ -47,7 +47,7 @@ STARTS = ("fine-tuning", "from-scratch")
 _SCENARIO_KEYS = (
     "scenarios",
     "scenario-method",
-    "pacing-margin",
+    "deadline-margin",
     "varying-cap-fleet",
     "drift-fleet",
     "drift-check-every",

@@ -56,6 +56,37 @@ def test_each_partitioner_is_seeded_disjoint_and_leaves_no_node_empty(partitioni
         np.testing.assert_array_equal(np.sort(joined), np.arange(len(LABELS)))
 
 
+def label_skew(parts: list[np.ndarray], labels: np.ndarray) -> float:
+    """Mean total-variation distance between each part's label histogram and the whole's."""
+    k = int(labels.max()) + 1
+    whole = np.bincount(labels, minlength=k) / len(labels)
+    return float(
+        np.mean(
+            [
+                0.5 * np.abs(np.bincount(labels[p], minlength=k) / len(p) - whole).sum()
+                for p in parts
+            ]
+        )
+    )
+
+
+def test_iid_parts_are_near_equal_and_cover_the_pool_once():
+    parts = partitions.partition(np.zeros(101, dtype=np.int64), 4, "iid", seed=1)
+    assert sorted(len(p) for p in parts) == [25, 25, 25, 26]
+    np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(101))
+
+
+def test_dirichlet_keeps_its_min_size_and_skews_the_labels_more_than_iid():
+    labels = task.as_tensors(task.load_digits_splits(seed=7).pool)[1].numpy()
+    parts = partitions.partition(labels, 8, "dirichlet", alpha=0.5, seed=7, min_size=20)
+    np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(len(labels)))
+    assert min(len(p) for p in parts) >= 20
+    other = partitions.partition(labels, 8, "dirichlet", alpha=0.5, seed=8, min_size=20)
+    assert not all(np.array_equal(p, q) for p, q in zip(parts, other, strict=True))
+    iid = partitions.partition(labels, 8, "iid", seed=7)
+    assert label_skew(parts, labels) > 2 * label_skew(iid, labels)
+
+
 def test_pathological_gives_each_node_its_number_of_classes():
     parts = partitions.partition(LABELS, 5, "pathological", classes_per_node=3, seed=0)
     assert [len(np.unique(LABELS[p])) for p in parts] == [3] * 5

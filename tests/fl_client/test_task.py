@@ -1,4 +1,4 @@
-"""fl_client.task: digits splits, partitions, train/evaluate, profiler step, memory, weights."""
+"""fl_client.task: digits splits, client data, train/evaluate, profiler step, memory, hashes."""
 
 from __future__ import annotations
 
@@ -19,20 +19,6 @@ def tiny_data(n: int = 40, seed: int = 0) -> TensorDataset:
     x = torch.randn(n, *task.IMAGE_SHAPE, generator=gen) * 0.5
     x += (1.0 - 2.0 * y.float()).view(-1, 1, 1, 1)
     return TensorDataset(x, y)
-
-
-def label_skew(parts: list[np.ndarray], labels: np.ndarray) -> float:
-    """Mean total-variation distance between each part's label histogram and the whole's."""
-    k = int(labels.max()) + 1
-    whole = np.bincount(labels, minlength=k) / len(labels)
-    return float(
-        np.mean(
-            [
-                0.5 * np.abs(np.bincount(labels[p], minlength=k) / len(p) - whole).sum()
-                for p in parts
-            ]
-        )
-    )
 
 
 # --- digits splits -----------------------------------------------------------------------
@@ -72,37 +58,6 @@ def test_splits_deterministic_per_seed() -> None:
 
 
 # --- partitions ---------------------------------------------------------------------------
-
-
-def test_partition_iid_covers_once_and_is_seeded() -> None:
-    parts = task.partition_iid(101, 4, seed=1)
-    assert sorted(len(p) for p in parts) == [25, 25, 25, 26]
-    np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(101))
-    again = task.partition_iid(101, 4, seed=1)
-    assert all(np.array_equal(p, q) for p, q in zip(parts, again, strict=True))
-
-
-def test_partition_dirichlet_covers_once_seeded_min_size_and_skewed() -> None:
-    labels = task.as_tensors(task.load_digits_splits(seed=7).pool)[1].numpy()
-    parts = task.partition_dirichlet(labels, 8, alpha=0.5, seed=7, min_size=20)
-    np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(len(labels)))
-    assert min(len(p) for p in parts) >= 20
-    again = task.partition_dirichlet(labels, 8, alpha=0.5, seed=7, min_size=20)
-    assert all(np.array_equal(p, q) for p, q in zip(parts, again, strict=True))
-    other = task.partition_dirichlet(labels, 8, alpha=0.5, seed=8, min_size=20)
-    assert not all(np.array_equal(p, q) for p, q in zip(parts, other, strict=True))
-    iid = task.partition_iid(len(labels), 8, seed=7)
-    assert label_skew(parts, labels) > 2 * label_skew(iid, labels)
-
-
-def test_partition_dirichlet_errors() -> None:
-    labels = np.arange(100) % 10
-    with pytest.raises(ValueError, match="dirichlet-alpha"):
-        task.partition_dirichlet(labels, 4, alpha=0.0, seed=0)
-    with pytest.raises(ValueError, match="min_size"):
-        task.partition_dirichlet(labels, 4, alpha=0.5, seed=0, min_size=30)
-    with pytest.raises(ValueError, match="num-partitions"):
-        task.partition_iid(10, 0, seed=0)
 
 
 def test_client_data_splits_partition_into_train_and_val() -> None:
@@ -233,13 +188,11 @@ def test_estimate_train_memory_grows_with_batch_size() -> None:
     assert model.training
 
 
-def test_weights_roundtrip_and_state_hash() -> None:
+def test_state_hash_follows_the_weights() -> None:
     torch.manual_seed(0)
     a = task.build_model("cnn")
     torch.manual_seed(1)
     b = task.build_model("cnn")
     assert task.state_hash(a) != task.state_hash(b)
-    task.set_weights(b, task.get_weights(a))
+    b.load_state_dict(a.state_dict())  # how a node takes the global model's weights
     assert task.state_hash(a) == task.state_hash(b) == task.state_hash(a.state_dict())
-    with pytest.raises(ValueError, match="weights"):
-        task.set_weights(b, task.get_weights(a)[:-1])

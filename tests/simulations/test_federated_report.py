@@ -127,7 +127,7 @@ def cell(method: str, seed: int, uses: list[list[str]], **summary: Any) -> dict[
         "device-train-time-s": 60.0,
         "device-profile-time-s": 12.0,
         "profile-share": 12.0 / 72.0,
-        "pacing": "off",
+        "balance": "off",
         "fleet-predicted-energy-saved-j": 4.0,
         "deadline-misses": 0,
         "drift-reprofiles": 0,
@@ -201,7 +201,7 @@ def _output(tmp_path: Path, records: list[dict[str, Any]]) -> Path:
         "target-accuracy": 0.7,
         "seeds": 1,
         "scenario-method": "power-aware",
-        "pacing-margin": 0.05,
+        "deadline-margin": 0.05,
     }
     manifest = {"study": "federated", "config": config, "complete": True, "command": "x"}
     write_json(out / "manifest.json", manifest)
@@ -213,8 +213,8 @@ def _output(tmp_path: Path, records: list[dict[str, Any]]) -> Path:
 def test_report_shows_the_recorded_node_totals(tmp_path):
     recs = [
         cell("b1", 0, [["methods", "b1"]]),
-        cell("power-aware", 0, [["methods", "power-aware"], ["pacing", "off"]]),
-        cell("power-aware", 0, [["pacing", "deadline"]], pacing="deadline"),
+        cell("power-aware", 0, [["methods", "power-aware"], ["balance-energy", "off"]]),
+        cell("power-aware", 0, [["balance-energy", "energy"]], balance="energy"),
     ]
     report = render(_output(tmp_path, recs)).read_text()
     # energy J = training + profiling, straight from the summary's node totals
@@ -225,7 +225,8 @@ def test_report_shows_the_recorded_node_totals(tmp_path):
     assert (
         "| Ours | 1/1 | 2.0 ± 0.0 | 18.0 ± 0.0 | 84.0 ± 0.0 | 80.0 ± 0.0 | 4.00 ± 0.00 |" in report
     )
-    assert "## Deadline-aware pacing: off vs deadline" in report
+    assert "## The round plan's energy mode: balance off vs energy" in report
+    assert 'with `balance = "off"` and `balance = "energy"` (deadline-margin 0.05)' in report
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["methods"]["b1"]["over-cap-node-rounds-mean"] == 3
 

@@ -74,7 +74,8 @@ def test_shipped_federated_file_parses_at_both_scales():
     paper = load_federated(path, scale="paper", seeds=3)
     assert isinstance(mini, FederatedConfig)
     assert mini.methods == ("b1", "b2", "power-aware", "oracle")
-    assert mini.scenarios == ("pacing", "varying-cap", "drift")
+    assert mini.scenarios == ("balance-energy", "varying-cap", "drift")
+    assert mini.deadline_margin == 0.05
     assert (mini.seeds, mini.num_rounds, mini.target_accuracy) == (2, 20, 0.8)
     assert (paper.seeds, paper.num_rounds, paper.target_accuracy) == (3, 40, 0.85)
 
@@ -168,16 +169,17 @@ def test_plan_shares_identical_cells_and_derives_the_fixed_minimum_fleet(tmp_pat
     cfg = load_federated(REPO / "configs" / "experiments" / "federated.toml", seeds=1)
     cells = plan(cfg, tmp_path)
     uses = [u for c in cells for u in c.uses]
-    # 4 methods + pacing deadline + 2 varying-cap + 2 drift; pacing "off" is ours' cell
+    # 4 methods + balance energy + 2 varying-cap + 2 drift; balance "off" is ours' cell
     assert len(cells) == 9 and len(uses) == 10
-    (shared,) = [c for c in cells if ("pacing", "off") in c.uses]
+    (shared,) = [c for c in cells if ("balance-energy", "off") in c.uses]
     assert ("methods", "power-aware") in shared.uses
-    deadline = next(c for c in cells if ("pacing", "deadline") in c.uses).settings
+    energy = next(c for c in cells if ("balance-energy", "energy") in c.uses).settings
     drift_on = next(c for c in cells if ("drift", "check") in c.uses).settings
     drift_off = next(c for c in cells if ("drift", "off") in c.uses).settings
-    assert deadline["pacing"] == "deadline" and shared.settings["pacing"] == "off"
-    assert {k: v for k, v in deadline.items() if k not in ("pacing", "pacing-margin")} == {
-        k: v for k, v in shared.settings.items() if k != "pacing"
+    assert (energy["balance"], energy["deadline-margin"]) == ("energy", 0.05)
+    assert "balance" not in shared.settings  # the run's default, off
+    assert {k: v for k, v in energy.items() if k not in ("balance", "deadline-margin")} == {
+        k: v for k, v in shared.settings.items()
     }
     assert (drift_on["drift-check-every"], drift_off["drift-check-every"]) == (2, 0)
     assert len({c.key() for c in cells}) == len(cells)

@@ -62,7 +62,7 @@ def test_shipped_finetune_file_parses_at_both_scales() -> None:
 @pytest.mark.parametrize(
     ("line", "needle"),
     [
-        ('scenarios = ["pacing"]', "unknown key"),
+        ('scenarios = ["balance-energy"]', "unknown key"),
         ("pretrain-epochs = 0", "pretrain-epochs"),
         ('torch-device = "tpu"', "torch-device: unknown value 'tpu'"),
         ('proxy-dataset = "  "', "proxy-dataset"),

@@ -1,5 +1,6 @@
-"""End to end: deadline pacing's old settings (now ``balance = "energy"``), a cap schedule and
-a drift check in one small simulated run."""
+"""End to end: the round plan's energy mode (given by its deprecated name, ``pacing =
+"deadline"``, which still runs as ``balance = "energy"``), a cap schedule and a drift check in
+one small simulated run."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_paced_run_with_cap_schedule_and_drift_check(tmp_path):
+def test_energy_mode_run_with_cap_schedule_and_drift_check(tmp_path):
     fleet = tmp_path / "fleet.toml"
     fleet.write_text(FLEET)
     out = tmp_path / "runs"
