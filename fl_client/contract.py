@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from fl_client.devices.base import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W
+from fl_client.names import UnsafeNameError, check_safe_name
 from fl_client.selector import PowerLimit
 
 #: The selection rules a round can run (``fl_client.selector.select`` implements each).
@@ -174,6 +175,15 @@ def _required(
     if key not in cfg:
         raise SettingsError(f"{key}: missing from the {where}")
     return cfg[key] if kind is None else _as(cfg[key], kind, key)
+
+
+def _safe_name(cfg: Mapping[str, Any], key: str, where: str) -> str:
+    """A required name of a message that becomes part of a path (``fl_client.names``); an
+    unsafe one is a SettingsError naming ``where``, the key and what is allowed."""
+    try:
+        return check_safe_name(_required(cfg, key, where), key)
+    except UnsafeNameError as err:
+        raise SettingsError(f"{where}: {err}") from None
 
 
 def _as(value: Any, kind: Callable[[Any], Any], key: str) -> Any:
@@ -375,11 +385,14 @@ class NodeDescriptor:
                 f"{KNOB_POWER_LIMIT}"
             )
         values_key = POWER_LIMITS_KEY if knob == KNOB_POWER_LIMIT else "gpu-freqs-mhz"
+        # The names become file names on the server (its LUT library): a reply with a name
+        # that could leave its folder is refused, as a malformed one is
+        names = {k: _safe_name(cfg, k, where) for k in ("node-name", "device", "backend")}
         return cls(
-            node_name=str(_required(cfg, "node-name", where)),
+            node_name=names["node-name"],
             partition_id=_required(cfg, "partition-id", where, int),
-            device=str(_required(cfg, "device", where)),
-            backend=str(_required(cfg, "backend", where)),
+            device=names["device"],
+            backend=names["backend"],
             p_max=Cap.parse(_required(cfg, "p-max-w", where)),
             p_max_schedule=str(cfg.get("p-max-schedule", "")),
             gpu_freqs_mhz=_required(cfg, values_key, where, _floats),

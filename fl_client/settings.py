@@ -25,6 +25,7 @@ from fl_client.contract import (
     parse_batch_sizes,
     parse_int_list,
 )
+from fl_client.names import UnsafeNameError, check_safe_name
 from fl_client.selector import PEAK_SIGMA_K, TIE_TOLERANCE
 from fl_client.shipped import app_pyproject, shipped_file, shipped_names
 
@@ -102,7 +103,7 @@ def _int(cfg: Mapping[str, Any], key: str, *, lo: int) -> int:
         raise SettingsError(f"{key}: expected an integer ≥ {lo}, got {raw!r}")
     try:
         val = int(raw)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: inf
         raise SettingsError(f"{key}: expected an integer ≥ {lo}, got {raw!r}") from None
     if val < lo or float(raw) != val:
         raise SettingsError(f"{key}: expected an integer ≥ {lo}, got {raw!r}")
@@ -774,8 +775,25 @@ def node_entry_keys() -> tuple[str, ...]:
     return (*NODE_KEYS, *FLOWER_NODE_KEYS, *options)
 
 
+def _node_name(entry: Mapping[str, Any], where: str, default_name: str) -> str:
+    """A node's ``name`` (``default_name`` when it has none) after its ``device`` is read:
+    both become parts of paths (the node's cache folder, LUT files, the server's LUT
+    library), so each must be a safe name (``fl_client.names``)."""
+    name = entry.get("name", default_name)
+    try:
+        check_safe_name(entry["device"], "device")
+        return check_safe_name(name, "name")
+    except UnsafeNameError as err:
+        raise SettingsError(f"{where}: {err}") from None
+
+
 def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) -> NodeSettings:
-    from fl_client.devices import BACKENDS, check_knob_backend, check_knob_setting
+    from fl_client.devices import (
+        BACKENDS,
+        DeviceOptions,
+        check_knob_backend,
+        check_knob_setting,
+    )
 
     if "device" not in entry:
         raise SettingsError(f'{where}: device: missing (e.g. device = "jetson-nano")')
@@ -793,7 +811,7 @@ def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) 
                 f"{where}: device: unknown device kind {device!r}; "
                 f"allowed: {', '.join(DEVICE_KINDS)}"
             )
-    name = str(entry.get("name", default_name))
+    name = _node_name(entry, where, default_name)
     allowed = node_entry_keys()
     for key in entry:
         if key not in allowed:
@@ -823,11 +841,12 @@ def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) 
         except SettingsError as err:
             raise SettingsError(f"{where} ({name}): {err}") from None
     options = {k: v for k, v in entry.items() if k not in (*NODE_KEYS, *FLOWER_NODE_KEYS)}
-    if "knob" in options:  # a power limit on a backend that sets none: refused before start
-        try:
+    try:  # every option's value (inf, NaN, a negative step), named before any engine starts
+        DeviceOptions.from_config(options)
+        if "knob" in options:  # a power limit on a backend that sets none
             check_knob_backend(backend, check_knob_setting(options["knob"]))
-        except ValueError as err:
-            raise SettingsError(f"{where} ({name}): {err}") from None
+    except ValueError as err:
+        raise SettingsError(f"{where} ({name}): {err}") from None
     return NodeSettings(
         name=name,
         device=device,
@@ -837,6 +856,23 @@ def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) 
         p_max_schedule=schedule,
         cap_margin=cap_margin,
     )
+
+
+#: Keys Flower's simulation sets in each node's node_config: a fleet file cannot set them.
+PARTITION_KEYS = ("partition-id", "num-partitions")
+
+
+def check_no_partition_keys(entry: Mapping[str, Any], where: str) -> None:
+    """A fleet file's ``[[node]]`` table with ``partition-id`` or ``num-partitions``: a
+    SettingsError naming the key, since nothing would read it (node *i* of the fleet is
+    Flower's partition *i*, of as many partitions as the fleet has nodes)."""
+    for key in PARTITION_KEYS:
+        if key in entry:
+            raise SettingsError(
+                f"{where}: {key}: a fleet file cannot set it ({entry[key]!r}): node i of the "
+                "fleet is Flower's partition-id i, and num-partitions is the fleet's number "
+                f"of nodes; leave {key} out"
+            )
 
 
 def load_fleet(path: str | Path) -> list[NodeSettings]:
@@ -886,6 +922,7 @@ def _load_fleet_cached(p: Path, mtime_ns: int) -> tuple[NodeSettings, ...]:
         count = entry.get("count", 1)
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise SettingsError(f"{where}: count: expected an integer ≥ 1, got {count!r}")
+        check_no_partition_keys(entry, where)
         entry = fleet_entry_paths(entry, p.parent)
         base = _node_from_mapping(entry, where, default_name=f"node-{i}")
         for k in range(count):
@@ -906,8 +943,12 @@ def node_settings(
     Deployment: ``device``/``backend``/``p-max-w`` come from ``--node-config``.
     Simulation: Flower sets ``partition-id``; the fleet file says what node that is.
     """
-    pid = int(node_config.get("partition-id", 0))
-    num = int(node_config.get("num-partitions", len(fleet) if fleet else 1))
+    pid = _int({"partition-id": node_config.get("partition-id", 0)}, "partition-id", lo=0)
+    num = _int(
+        {"num-partitions": node_config.get("num-partitions", len(fleet) if fleet else 1)},
+        "num-partitions",
+        lo=1,
+    )
     if "device" in node_config:
         node = _node_from_mapping(node_config, "node-config", default_name=f"node-{pid}")
         return node, pid, num

@@ -14,6 +14,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fl_client import checkpoint, task
 from fl_client.contract import TrainConfig
+from fl_client.effective import check_effective
 from fl_client.files import check_run_records
 from fl_client.r_estimation import estimate_run_r, round0_model
 from fl_client.settings import (
@@ -193,6 +194,10 @@ def run_server(
     for note in translate_deprecated(run_config, app_defaults())[1]:
         log.warning(note)
         rec.console.print(f"[yellow]settings:[/yellow] {note}")
+    idle = check_effective(settings, [settings.method])  # the run config is shared: a line
+    if idle is not None:
+        log.warning(idle)
+        rec.console.print(f"[yellow]settings:[/yellow] {idle}")
     model, weights = round0_model(settings)
     if weights is not None:
         new = f"; new layers: {', '.join(weights.new_layers)}" if weights.new_layers else ""

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fl_client.argparse_once import OnceParser
+from fl_client.effective import check_effective
 from fl_client.settings import (
     SettingsError,
     check_partitioner_keys,
@@ -309,6 +310,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         )
     for method in methods:  # every method's settings are checked before the first run starts
         settings, fleet = preflight({**overrides, "method": method})
+    idle = check_effective(settings, methods, typed=overrides)
+    if idle is not None:
+        print(f"powerfl: warning: {idle}", file=sys.stderr, flush=True)
     if engine == "runtime":
         check_runtime(args, len(fleet))
     _progress = SimulateProgress(methods, Path(settings.output_dir), Path(settings.cache_dir))

@@ -123,8 +123,8 @@ class DeviceOptions:
                 value = float(raw)
             except (TypeError, ValueError):
                 raise ValueError(f"{key}: expected a number, got {raw!r}") from None
-            if math.isnan(value) or value <= 0:
-                raise ValueError(f"{key}: must be > 0, got {raw!r}")
+            if not math.isfinite(value) or value <= 0:  # inf: a rate, window or step of none
+                raise ValueError(f"{key}: must be > 0 and finite, got {raw!r}")
             return value
 
         def text(key: str) -> str | None:

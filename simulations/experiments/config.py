@@ -20,6 +20,7 @@ from typing import Any
 
 from fl_client import selector
 from fl_client.devices import key_hint
+from fl_client.names import UnsafeNameError, check_safe_name
 from fl_client.settings import fleet_path, tomllib
 from fl_client.shipped import shipped_file, shipped_names
 
@@ -271,6 +272,11 @@ def merge_scale(
                 merged[key] = str(Path(value).expanduser().absolute())
     if options.seeds is not None:
         merged["seeds"] = options.seeds
+    if merged.get("name") is not None:  # the output folder's name: NAME-SCALE
+        try:
+            check_safe_name(merged["name"], "name")
+        except UnsafeNameError as err:
+            raise ExperimentConfigError(f"{where}: {err}") from None
     return merged
 
 
