@@ -150,7 +150,7 @@ class DeviceOptions:
             raise ValueError(f"lock-clocks: expected true, false or auto, got {lock_raw!r}")
         try:
             nvml_index = int(config.get("nvml-index", 0))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ValueError(
                 f"nvml-index: expected an integer, got {config.get('nvml-index')!r}"
             ) from None
@@ -167,7 +167,7 @@ class DeviceOptions:
         from_raw = config.get("twin-drift-from-round", 1)
         try:
             from_round = int(from_raw)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: inf
             from_round = 0
         if isinstance(from_raw, bool) or from_round < 1:
             raise ValueError(f"twin-drift-from-round: expected an integer ≥ 1, got {from_raw!r}")

@@ -24,6 +24,7 @@ from simulations.experiments.config import (
     FileOptions,
     StudyConfig,
     config_key,
+    given_keys,
     read_experiment_file,
 )
 from simulations.experiments.records import write_json
@@ -117,7 +118,16 @@ def run_experiment(
     run = run or RunOptions()
     data, where = read_experiment_file(path)
     study = study_for(data, where)
-    cfg = study.parse(data, where, file or FileOptions())
+    file = file or FileOptions()
+    cfg = study.parse(data, where, file)
+    unused = cfg.unused_keys(given_keys(data, file))
+    if unused:  # an experiment file is shared across scenarios: named, not refused
+        print(
+            f"powerfl experiment: warning: {where}: keys that take no effect in this run: "
+            + ", ".join(unused),
+            file=sys.stderr,
+            flush=True,
+        )
     if run.only_training and not study.has_training_stage:
         raise ExperimentConfigError(
             f"--only-training: the {study.name} study has no separate training stage"

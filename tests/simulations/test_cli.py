@@ -45,6 +45,15 @@ def test_a_fleet_too_large_for_the_data_is_refused_before_training(tmp_path, cap
             ["-c", "partitioning='pathological'", "-c", "classes-per-node=11"],
             "classes-per-node",
         ),
+        # settings that would take no effect in this run (fl_client.effective)
+        (["-c", "straggler-work=0.5"], "straggler-work: 0.5 would take no effect"),
+        (["-c", "round-deadline-s=60"], "round-deadline-s: 60.0 would take no effect"),
+        (["-c", "critical-r-weight=0.5"], "critical-r-weight: 0.5 would take no effect"),
+        (["-c", "deadline-margin=0.2"], 'balance = "off" plans no round'),
+        (
+            ["--methods", "b1", "-c", "balance='steps'"],
+            "balance: 'steps' would take no effect: only power-aware and oracle plan a round",
+        ),
     ],
 )
 def test_bad_settings_name_the_key(tmp_path, capsys, args, message):
