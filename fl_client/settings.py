@@ -85,15 +85,19 @@ def _get(cfg: Mapping[str, Any], key: str) -> Any:
     return cfg[key]
 
 
-def _num(cfg: Mapping[str, Any], key: str, *, lo: float, hi: float = math.inf) -> float:
+def _num(
+    cfg: Mapping[str, Any], key: str, *, lo: float, hi: float = math.inf, inf_ok: bool = False
+) -> float:
+    """A number in (``lo``, ``hi``]; finite unless ``inf_ok`` (``inf`` means "none")."""
     raw = _get(cfg, key)
     try:
         val = float(raw)
     except (TypeError, ValueError):
         raise SettingsError(f"{key}: expected a number, got {raw!r}") from None
-    if not (lo < val <= hi) or math.isnan(val):
+    if not (lo < val <= hi) or math.isnan(val) or (math.isinf(val) and not inf_ok):
         bounds = f"in ({lo}, {hi}]" if hi < math.inf else f"> {lo}"
-        raise SettingsError(f"{key}: must be {bounds}, got {raw!r}")
+        finite = "" if hi < math.inf or inf_ok else "a finite number "
+        raise SettingsError(f"{key}: must be {finite}{bounds}, got {raw!r}")
     return val
 
 
@@ -483,7 +487,7 @@ class RunSettings:
             r_seeds=_int(cfg, "r-seeds", lo=1),
             fraction_train=_num(cfg, "fraction-train", lo=0.0, hi=1.0),
             min_train_nodes=_int(cfg, "min-train-nodes", lo=1),
-            round_timeout_s=_num(cfg, "round-timeout-s", lo=0.0),
+            round_timeout_s=_num(cfg, "round-timeout-s", lo=0.0, inf_ok=True),
             output_dir=str(_get(cfg, "output-dir")),
             cache_dir=str(_get(cfg, "cache-dir")),
             profile_grid=_choice(cfg, "profile-grid", PROFILE_GRIDS),
@@ -1067,6 +1071,13 @@ def check_device_files(fleet: list[NodeSettings]) -> None:
     kinds = available_device_kinds()
     seen: set[str] = set()
     for node in fleet:
+        if node.backend == "simulated" and node.device not in kinds:  # a twin needs its file
+            held = ", ".join(kinds) or "no <kind>.toml at all"
+            raise SettingsError(
+                f"device: node {node.name} ({node.device}): no descriptor {node.device}.toml "
+                f"in {folder} ({held}); give the folder of <kind>.toml device descriptors"
+                + (f" in {CONFIG_DIR_ENV}, or unset it" if os.environ.get(CONFIG_DIR_ENV) else "")
+            )
         if node.device in kinds and node.device not in seen:
             seen.add(node.device)
             try:

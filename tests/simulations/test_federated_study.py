@@ -168,6 +168,23 @@ def test_keys_of_scenarios_the_file_leaves_out_are_named_in_one_warning(
     assert "--out" in err  # then the refusal
 
 
+def test_a_run_into_another_experiments_output_folder_is_refused(tiny_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    other = {"study": "single-device", "config": {"name": "cifar", "scale": "paper"}}
+    (out / "manifest.json").write_text(json.dumps(other))
+    (out / "experiment.toml").write_text("# the other study's file\n")
+    rc = main(["experiment", "run", str(tiny_file), "--out", str(out), "--no-progress"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "--out: " in err and "holds the output of another experiment" in err
+    assert "study single-device, name cifar, scale paper" in err
+    assert "study federated, name tiny-fed, scale mini" in err
+    assert json.loads((out / "manifest.json").read_text()) == other  # left as it was
+    assert (out / "experiment.toml").read_text() == "# the other study's file\n"
+    assert sorted(p.name for p in out.iterdir()) == ["experiment.toml", "manifest.json"]
+
+
 def test_a_file_whose_keys_all_take_effect_has_no_warning(tiny_file):
     from simulations.experiments.config import given_keys, read_experiment_file
 
