@@ -285,7 +285,8 @@ def test_a_kind_with_an_unsafe_name_is_never_written_or_read_outside_the_library
     """The last guard: a kind whose names came from a hostile node or file builds no path."""
     root = tmp_path / "cache" / "library"
     library = LUTLibrary(root)
-    lut = dataclasses.replace(make_lut(), **{field: value})
+    over: dict[str, Any] = {field: value}
+    lut = make_lut(**over)
     kind = KindKey.of_lut(lut)
     with pytest.raises(LibraryError, match=f"LUT library: {key}: .* cannot be used as a name"):
         library.path_for(kind)
