@@ -218,10 +218,25 @@ class InitialWeights:
         }
 
 
+def check_finite(state: Mapping[str, torch.Tensor], where: str, key: str = KEY) -> None:
+    """A CheckpointError naming the first tensor of ``state`` with a NaN or infinite value:
+    a model started from it trains to nothing, and would be found out only after the whole
+    r estimation."""
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise CheckpointError(
+                f"{key}: {where}: {name} holds {bad} of {tensor.numel()} values that are NaN "
+                "or infinite; a checkpoint's weights must be finite numbers"
+            )
+
+
 def load_into(model: nn.Module, path: str | Path, key: str = KEY) -> InitialWeights:
-    """Load the checkpoint at ``path`` into ``model`` (in place); see ``match_state``."""
+    """Load the checkpoint at ``path`` into ``model`` (in place); see ``match_state``;
+    a tensor with a NaN or infinite value is refused (``check_finite``)."""
     p = Path(path).expanduser().resolve()
     loaded = read_state(p, key)
+    check_finite(loaded, str(p), key)
     sha = file_sha256(p)
     state, new = match_state(model, loaded, str(p), key)
     model.load_state_dict(state, strict=True)

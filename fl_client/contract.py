@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from fl_client.devices.base import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W
+from fl_client.names import check_safe_name
 from fl_client.selector import PowerLimit
 
 #: The selection rules a round can run (``fl_client.selector.select`` implements each).
@@ -353,12 +354,9 @@ class NodeDescriptor:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
+            wire = value.to_wire() if isinstance(value, Cap) else value
             key = "p-max-w" if f.name == "p_max" else key_of(f.name)
-            out[key] = (
-                value.to_wire()
-                if isinstance(value, Cap)
-                else (list(value) if isinstance(value, tuple) else value)
-            )
+            out[key] = list(wire) if isinstance(wire, tuple) else wire
         if self.knob == KNOB_FREQUENCY:
             del out["knob"]
         else:
@@ -375,6 +373,8 @@ class NodeDescriptor:
                 f"{KNOB_POWER_LIMIT}"
             )
         values_key = POWER_LIMITS_KEY if knob == KNOB_POWER_LIMIT else "gpu-freqs-mhz"
+        for key in ("node-name", "device", "backend"):  # file names on the server (LUT library)
+            check_safe_name(_required(cfg, key, where), key, where, SettingsError)
         return cls(
             node_name=str(_required(cfg, "node-name", where)),
             partition_id=_required(cfg, "partition-id", where, int),

@@ -15,6 +15,7 @@ from typing import Any
 
 from fl_client.contract import Cap, SettingsError, parse_batch_sizes
 from fl_client.devices import DeviceOptions
+from fl_client.names import SAFE_NAME_RULE, check_safe_name
 
 
 class Check:
@@ -63,22 +64,27 @@ class Choice(Check):
 
 @dataclass(frozen=True)
 class Number(Check):
-    """A number in (``lo``, ``hi``] (a bool counts as 0 or 1)."""
+    """A number in (``lo``, ``hi``] (a bool counts as 0 or 1); finite unless ``inf_ok``
+    (where ``inf`` means "none", as for ``round-timeout-s``: no timeout)."""
 
     lo: float
     hi: float = math.inf
+    inf_ok: bool = False
 
     def parse(self, key: str, raw: object) -> float:
         try:
             value = float(raw)  # type: ignore[arg-type]
         except (TypeError, ValueError):
             raise SettingsError(f"{key}: expected a number, got {raw!r}") from None
-        if not (self.lo < value <= self.hi) or math.isnan(value):
+        infinite = math.isinf(value) and not self.inf_ok
+        if not (self.lo < value <= self.hi) or math.isnan(value) or infinite:
             raise SettingsError(f"{key}: must be {self.allowed()}, got {raw!r}")
         return value
 
     def allowed(self) -> str:
-        return f"in ({self.lo}, {self.hi}]" if self.hi < math.inf else f"> {self.lo}"
+        if self.hi < math.inf:
+            return f"in ({self.lo}, {self.hi}]"
+        return f"> {self.lo}" if self.inf_ok else f"a finite number > {self.lo}"
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,17 @@ class Integer(Check):
 
     def allowed(self) -> str:
         return f"an integer ≥ {self.lo}"
+
+
+@dataclass(frozen=True)
+class SafeName(Check):
+    """A name that becomes part of a file or folder name (``fl_client.names``)."""
+
+    def parse(self, key: str, raw: object) -> str:
+        return check_safe_name(raw, key, error=SettingsError)
+
+    def allowed(self) -> str:
+        return SAFE_NAME_RULE
 
 
 @dataclass(frozen=True)

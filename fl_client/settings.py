@@ -23,12 +23,19 @@ from fl_client.contract import (
     parse_batch_sizes,
     parse_int_list,
 )
+from fl_client.node_checks import (
+    DescriptorFolder,
+    check_no_partition_keys,
+    check_node_options,
+    node_name,
+)
 from fl_client.settings_table import (
     BALANCE_MODES,
     CAP_MARGIN,
     FLOWER_NODE_SETTINGS,
     MIN_ROUND_TIMEOUT_S,
     MODEL_NAMES,
+    NODE,
     NODE_OWN_SETTINGS,
     NODE_SETTINGS,
     PARTITIONINGS,
@@ -448,7 +455,7 @@ def node_entry_keys() -> tuple[str, ...]:
 
 
 def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) -> NodeSettings:
-    from fl_client.devices import BACKENDS, check_knob_backend, check_knob_setting
+    from fl_client.devices import BACKENDS
 
     if "device" not in entry:
         raise SettingsError(f'{where}: device: missing (e.g. device = "jetson-nano")')
@@ -466,7 +473,7 @@ def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) 
                 f"{where}: device: unknown device kind {device!r}; "
                 f"allowed: {', '.join(DEVICE_KINDS)}"
             )
-    name = str(entry.get("name", default_name))
+    name = node_name(entry, where, default_name)
     allowed = node_entry_keys()
     for key in entry:
         if key not in allowed:
@@ -496,11 +503,7 @@ def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) 
         except SettingsError as err:
             raise SettingsError(f"{where} ({name}): {err}") from None
     options = {k: v for k, v in entry.items() if k not in (*NODE_KEYS, *FLOWER_NODE_KEYS)}
-    if "knob" in options:  # a power limit on a backend that sets none: refused before start
-        try:
-            check_knob_backend(backend, check_knob_setting(options["knob"]))
-        except ValueError as err:
-            raise SettingsError(f"{where} ({name}): {err}") from None
+    check_node_options(options, backend, f"{where} ({name})")
     return NodeSettings(
         name=name,
         device=device,
@@ -559,6 +562,7 @@ def _load_fleet_cached(p: Path, mtime_ns: int) -> tuple[NodeSettings, ...]:
         count = entry.get("count", 1)
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise SettingsError(f"{where}: count: expected an integer ≥ 1, got {count!r}")
+        check_no_partition_keys(entry, where)
         entry = fleet_entry_paths(entry, p.parent)
         base = _node_from_mapping(entry, where, default_name=f"node-{i}")
         for k in range(count):
@@ -579,8 +583,10 @@ def node_settings(
     Deployment: ``device``/``backend``/``p-max-w`` come from ``--node-config``.
     Simulation: Flower sets ``partition-id``; the fleet file says what node that is.
     """
-    pid = int(node_config.get("partition-id", 0))
-    num = int(node_config.get("num-partitions", len(fleet) if fleet else 1))
+    pid = int(NODE["partition-id"].parse(node_config.get("partition-id", 0)))
+    num = int(
+        NODE["num-partitions"].parse(node_config.get("num-partitions", len(fleet) if fleet else 1))
+    )
     if "device" in node_config:
         node = _node_from_mapping(node_config, "node-config", default_name=f"node-{pid}")
         return node, pid, num
@@ -674,24 +680,14 @@ def check_device_files(fleet: list[NodeSettings]) -> None:
     file and the key, instead of one error per node once the run is going."""
     from fl_client.devices.base import DeviceError
     from fl_client.devices.replay import load_replay_tables
-    from fl_client.devices.simulated import (
-        CONFIG_DIR_ENV,
-        available_device_kinds,
-        device_config_dir,
-        load_device_spec,
-    )
+    from fl_client.devices.simulated import load_device_spec
 
-    folder = device_config_dir()
-    if os.environ.get(CONFIG_DIR_ENV, "").strip() and not folder.is_dir():
-        what = "is a file, not a folder" if folder.exists() else "does not exist"
-        raise SettingsError(
-            f"{CONFIG_DIR_ENV}: {folder} {what}; give the folder of <kind>.toml device "
-            f"descriptors, or unset {CONFIG_DIR_ENV} for the shipped ones"
-        )
-    kinds = available_device_kinds()
+    descriptors = DescriptorFolder.active()
     seen: set[str] = set()
     for node in fleet:
-        if node.device in kinds and node.device not in seen:
+        if node.backend == "simulated":  # a twin needs its file
+            descriptors.check_twin(node.name, node.device)
+        if node.device in descriptors.kinds and node.device not in seen:
             seen.add(node.device)
             try:
                 load_device_spec(node.device)

@@ -115,6 +115,21 @@ On a real device the same keys are given to `flower-supernode --node-config`
 (frequency tables, memory, power rail, B1's safe frequency per cap band, twin coefficients
 with their calibration sources).
 
+**Nothing is ignored without a word.** A setting that cannot take effect in a run (the
+round plan's `straggler-work`, `round-deadline-s`, `critical-r-weight` or `deadline-margin`
+with `balance = "off"`; `balance` when no method of the run plans a round; a partitioner's
+or the fixed method's own keys for a run without them) is refused before start, naming
+it, when it is typed for this run (`-c`, `--methods`). Where a shared config carries it (the
+app's `pyproject.toml`, a `--run-config` used for several runs, a comparison of methods of
+which only some read it, an experiment file's keys for scenarios it leaves out) it is named
+in one warning line at start and the run goes on. A fleet file cannot set Flower's
+`partition-id` or `num-partitions` (node *i* is partition *i*). Every name that becomes
+part of a path (a node's `name`, its `device` kind, the backend and model a node reports,
+a study's `name`) is 1 to 64 letters, digits, `.`, `_` or `-`, starting with a letter or
+digit, without `..`: checked where a fleet, node config or experiment file is read, and
+again when a node's QUERY reply reaches the server, which leaves such a node out as it does
+a failing one.
+
 ## Run settings
 
 """

@@ -50,6 +50,7 @@ from fl_client.setting_checks import (
     OptionalNumber,
     PathText,
     Range,
+    SafeName,
     Text,
 )
 
@@ -208,7 +209,7 @@ RUN_SETTINGS: tuple[Setting, ...] = (
     Setting("min-train-nodes", int, 2, Integer(lo=1), read_by="server", doc=
         "the minimum number of nodes a round is sent to; a simulated fleet smaller than this "
         "is refused before the engine starts"),
-    Setting("round-timeout-s", float, 600.0, Number(lo=0.0), read_by="server", doc=
+    Setting("round-timeout-s", float, 600.0, Number(lo=0.0, inf_ok=True), read_by="server", doc=
         f"bound on every QUERY and TRAIN round, in seconds; below {MIN_ROUND_TIMEOUT_S:g} s it is "
         "refused (a node's first reply imports the client app)"),
     Setting("output-dir", str, "runs", Text(), read_by="server", doc=
@@ -373,7 +374,7 @@ def _node(
 #: The node's own settings (``NodeSettings``), in a fleet entry or ``--node-config``.
 # fmt: off
 NODE_OWN_SETTINGS: tuple[Setting, ...] = (
-    _node("name", str, None, Text(), default_text="`node-<i>`", doc=
+    _node("name", str, None, SafeName(), default_text="`node-<i>`", doc=
         "the node's name in logs and records; with `count`, `-1` … `-N` is appended"),
     _node("device", str, None, Choice(_device_kinds), default_text="required", doc=
         "the device kind: its descriptor in `configs/devices/` (frequency table, "
@@ -395,10 +396,10 @@ NODE_OWN_SETTINGS: tuple[Setting, ...] = (
 #: Keys Flower's simulation puts in node_config, and a fleet entry's ``count``.
 # fmt: off
 FLOWER_NODE_SETTINGS: tuple[Setting, ...] = (
-    _node("partition-id", int, 0, AsGiven(), doc=
+    _node("partition-id", int, 0, Integer(lo=0), doc=
         "which data partition the node trains on; Flower sets it in simulation (node *i* of "
         "the fleet file), give each real device its own"),
-    _node("num-partitions", int, None, AsGiven(),
+    _node("num-partitions", int, None, Integer(lo=1),
           default_text="the fleet's size, else `1`", doc=
         "how many partitions the data is split into; the same on every device"),
     _node("count", int, 1, AsGiven(), doc=
@@ -419,9 +420,9 @@ DEVICE_OPTION_SETTINGS: tuple[Setting, ...] = (
     _option("power-rails", str, "",
         "`jetson`: comma-separated INA3221 rails summed as board power; unset: the board's "
         "input rail (e.g. `VDD_IN`), else the sum of its rails"),
-    _option("sample-rate-hz", float, "> 0",
+    _option("sample-rate-hz", float, "> 0 and finite",
         "power samples per second; energy is the time integral of the samples"),
-    _option("cap-window-s", float, "> 0",
+    _option("cap-window-s", float, "> 0 and finite",
         "how long sampled power may stay above P_max before the cap guard steps the GPU "
         "frequency down one level"),
     _option("replay-table", str, "",
@@ -436,7 +437,7 @@ DEVICE_OPTION_SETTINGS: tuple[Setting, ...] = (
         "(W; `nvml` as root, from the GPU's range; a replay table of `power_limit_w`), or "
         "`auto` (the clocks where they can be locked, else the power limit). The original "
         "limit is restored on every exit ([gpu.md](gpu.md#the-power-limit-as-the-knob))"),
-    _option("power-limit-step-w", float, "> 0",
+    _option("power-limit-step-w", float, "> 0 and finite",
         "`nvml` with `knob = \"power-limit\"`: the step of the grid of power limits, from the "
         "GPU's highest limit down to its lowest"),
     _option("twin-slowdown", float, "≥ 1 (a step-time factor)",

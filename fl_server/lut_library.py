@@ -22,6 +22,7 @@ from pathlib import Path
 from fl_client.devices.simulated import DeviceSpec, power_w, time_per_sample_s
 from fl_client.files import set_aside, write_atomic
 from fl_client.lut import LUT, KindKey, LUTFormatError, lut_checksum
+from fl_client.names import UnsafeNameError, check_safe_name
 
 log = logging.getLogger(__name__)
 
@@ -170,12 +171,28 @@ class LUTLibrary:
         self.root = Path(root)
 
     def path_for(self, kind: KindKey) -> Path:
-        model = kind.model_name.replace("/", "-")
-        return self.root / f"{kind.device_kind}_{kind.backend}_{model}_{kind.digest}.json"
+        """The file of ``kind``'s entry, in ``root``; a kind whose device kind, backend or
+        model is not a safe name (``fl_client.names``: it came from a node's reply or an
+        imported file) is a LibraryError naming it: no entry is read or written outside
+        the library."""
+        try:
+            parts = [
+                check_safe_name(kind.device_kind, "device-kind"),
+                check_safe_name(kind.backend, "backend"),
+                check_safe_name(kind.model_name.replace("/", "-"), "model-name"),
+            ]
+        except UnsafeNameError as err:
+            raise LibraryError(f"LUT library: {err}") from None
+        return self.root / f"{'_'.join(parts)}_{kind.digest}.json"
 
     def get(self, kind: KindKey) -> LUT | None:
-        """The verified LUT of ``kind``, or None; a bad file is set aside, never used."""
-        path = self.path_for(kind)
+        """The verified LUT of ``kind``, or None; a bad file is set aside, never used; a
+        kind with an unsafe name (``path_for``) has no entry."""
+        try:
+            path = self.path_for(kind)
+        except LibraryError as err:
+            log.warning("%s; no entry is read for it", err)
+            return None
         if not path.is_file():
             return None
         try:

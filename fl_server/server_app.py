@@ -14,6 +14,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fl_client import checkpoint, task
 from fl_client.contract import TrainConfig
+from fl_client.effective import check_effective
 from fl_client.files import check_run_records
 from fl_client.r_estimation import estimate_run_r, round0_model
 from fl_client.settings import (
@@ -164,6 +165,15 @@ def record_fleet(
         rec.console.print(f"fleet: [yellow]left out[/yellow] {untrained_label(node)}")
 
 
+def settings_notes(settings: RunSettings, run_config: Mapping[str, Any]) -> list[str]:
+    """What a user hears of at start, one line each: every deprecated key of the run config
+    and what to write instead, and the settings that take no effect in this run (the run
+    config is shared by runs, so a line, not a refusal: ``fl_client.effective``)."""
+    notes = translate_deprecated(run_config, app_defaults())[1]
+    idle = check_effective(settings, [settings.method])
+    return notes if idle is None else [*notes, idle]
+
+
 def run_server(
     grid: Grid, run_config: Mapping[str, Any], fleet: Sequence[NodeSettings] | None = None
 ) -> dict[str, Any]:
@@ -190,7 +200,7 @@ def run_server(
         + (f"balance={settings.balance} " if settings.balance != "off" else "")
         + f"→ {run_dir}"
     )
-    for note in translate_deprecated(run_config, app_defaults())[1]:
+    for note in settings_notes(settings, run_config):
         log.warning(note)
         rec.console.print(f"[yellow]settings:[/yellow] {note}")
     model, weights = round0_model(settings)

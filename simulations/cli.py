@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fl_client.argparse_once import OnceParser
+from fl_client.effective import check_effective
 from fl_client.settings import (
     SettingsError,
     check_partitioner_keys,
@@ -277,9 +278,10 @@ def check_ray_head(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> No
         ) from None
 
 
-def cmd_simulate(args: argparse.Namespace) -> int:
-    global _progress
-    flower_env()
+def typed_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The run settings typed for this command: the ``-c`` pairs with ``--fleet``,
+    ``--model``, ``--rounds`` and ``--output-dir``; a key given both ways with two values is
+    a SettingsError naming both."""
     overrides = parse_overrides(args.run_config or [])
     for key, value in (
         ("fleet", args.fleet),
@@ -295,6 +297,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 f"{key}: {flag} {value} and -c {key}={overrides[key]!r} both set it; give one"
             )
         overrides[key] = value
+    return overrides
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    global _progress
+    flower_env()
+    overrides = typed_overrides(args)
     check_partitioner_keys(overrides)
     overrides = with_app_paths(overrides)
     engine = choose_engine(args)
@@ -309,6 +318,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         )
     for method in methods:  # every method's settings are checked before the first run starts
         settings, fleet = preflight({**overrides, "method": method})
+    idle = check_effective(settings, methods, typed=overrides)
+    if idle is not None:
+        print(f"powerfl: warning: {idle}", file=sys.stderr, flush=True)
     if engine == "runtime":
         check_runtime(args, len(fleet))
     _progress = SimulateProgress(methods, Path(settings.output_dir), Path(settings.cache_dir))

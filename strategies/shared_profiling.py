@@ -460,7 +460,8 @@ def _store_kinds(
             entry.update(source="fleet-shared", cells=lut.cells_profiled)
             try:
                 setup.library.put(lut, "fleet-shared")
-            except OSError as err:  # a read-only library: the run keeps its LUT all the same
+            except (OSError, ValueError) as err:  # a read-only library, an unsafe name:
+                # the run keeps its LUT all the same
                 entry["library"] = f"not saved: {err}"
                 log.warning(
                     "LUT library: could not save the LUT of %s (%s); this run uses it, a "

@@ -108,8 +108,8 @@ class DeviceOptions:
                 value = float(raw)
             except (TypeError, ValueError):
                 raise ValueError(f"{key}: expected a number, got {raw!r}") from None
-            if math.isnan(value) or value <= 0:
-                raise ValueError(f"{key}: must be > 0, got {raw!r}")
+            if not math.isfinite(value) or value <= 0:  # inf: a rate, window or step of none
+                raise ValueError(f"{key}: must be > 0 and finite, got {raw!r}")
             return value
 
         def text(key: str) -> str | None:
@@ -135,7 +135,7 @@ class DeviceOptions:
             raise ValueError(f"lock-clocks: expected true, false or auto, got {lock_raw!r}")
         try:
             nvml_index = int(config.get("nvml-index", 0))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ValueError(
                 f"nvml-index: expected an integer, got {config.get('nvml-index')!r}"
             ) from None
@@ -152,7 +152,7 @@ class DeviceOptions:
         from_raw = config.get("twin-drift-from-round", 1)
         try:
             from_round = int(from_raw)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: inf
             from_round = 0
         if isinstance(from_raw, bool) or from_round < 1:
             raise ValueError(f"twin-drift-from-round: expected an integer ≥ 1, got {from_raw!r}")

@@ -7,6 +7,7 @@ output folders and manifests, not the studies.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shlex
@@ -24,6 +25,7 @@ from simulations.experiments.config import (
     FileOptions,
     StudyConfig,
     config_key,
+    given_keys,
     read_experiment_file,
 )
 from simulations.experiments.records import write_json
@@ -56,6 +58,31 @@ def output_folder(path: str | Path, file: FileOptions | None = None) -> Path:
     from simulations.experiments.registry import load_config
 
     return default_out(load_config(path, file))
+
+
+def check_own_folder(out_dir: Path, cfg: StudyConfig) -> None:
+    """An output folder that holds another experiment's output (its manifest.json names
+    another study, name or scale) is refused, naming both: a run there would overwrite its
+    manifest.json and experiment.toml. The same experiment's folder is resumed."""
+    path = out_dir / "manifest.json"
+    if not path.is_file():
+        return
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        old = manifest.get("config", {})
+        theirs = (manifest.get("study"), old.get("name"), old.get("scale"))
+    except (OSError, ValueError, AttributeError) as err:
+        raise ExperimentConfigError(
+            f"--out: {path} is not a readable manifest ({err}); give another folder"
+        ) from None
+    mine = (cfg.study, cfg.name, cfg.scale)
+    if theirs != mine:
+        raise ExperimentConfigError(
+            f"--out: {out_dir} holds the output of another experiment (study {theirs[0]}, "
+            f"name {theirs[1]}, scale {theirs[2]}), and this one is study {mine[0]}, name "
+            f"{mine[1]}, scale {mine[2]}: its manifest.json, experiment.toml and records "
+            "would be overwritten; give another --out, or move that folder away"
+        )
 
 
 def _start(
@@ -117,7 +144,16 @@ def run_experiment(
     run = run or RunOptions()
     data, where = read_experiment_file(path)
     study = study_for(data, where)
-    cfg = study.parse(data, where, file or FileOptions())
+    file = file or FileOptions()
+    cfg = study.parse(data, where, file)
+    unused = cfg.unused_keys(given_keys(data, file))
+    if unused:  # an experiment file is shared across scenarios: named, not refused
+        print(
+            f"powerfl experiment: warning: {where}: keys that take no effect in this run: "
+            + ", ".join(unused),
+            file=sys.stderr,
+            flush=True,
+        )
     if run.only_training and not study.has_training_stage:
         raise ExperimentConfigError(
             f"--only-training: the {study.name} study has no separate training stage"
@@ -128,6 +164,7 @@ def run_experiment(
         check_writable_dir(out_dir, "--out")
     except SettingsError as err:
         raise ExperimentConfigError(str(err)) from None
+    check_own_folder(out_dir, cfg)
     manifest = _start(cfg, path, out_dir, command, pre)
     t0 = time.perf_counter()
     outcome = study.run(cfg, out_dir, run)

@@ -13,13 +13,14 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fl_client import selector
 from fl_client.devices import key_hint
+from fl_client.names import UnsafeNameError, check_safe_name
 from fl_client.settings import fleet_path, tomllib
 from fl_client.shipped import shipped_file, shipped_names
 
@@ -96,6 +97,12 @@ class StudyConfig:
 
     def key(self) -> str:
         return config_key(self)
+
+    def unused_keys(self, given: Collection[str]) -> list[str]:
+        """The keys of ``given`` (those the file and ``--set`` give) that nothing this
+        study runs reads, each with why (a scenario the file leaves out): an experiment
+        file is shared across scenarios, so they are named in a warning, not refused."""
+        return []
 
     def seed_list(self) -> list[int]:
         return list(range(self.seeds))
@@ -271,7 +278,25 @@ def merge_scale(
                 merged[key] = str(Path(value).expanduser().absolute())
     if options.seeds is not None:
         merged["seeds"] = options.seeds
+    if merged.get("name") is not None:  # the output folder's name: NAME-SCALE
+        try:
+            check_safe_name(merged["name"], "name")
+        except UnsafeNameError as err:
+            raise ExperimentConfigError(f"{where}: {err}") from None
     return merged
+
+
+def given_keys(data: Mapping[str, Any], options: FileOptions) -> set[str]:
+    """The keys an experiment file sets in ``[experiment]`` and ``[scale.<scale>]``, and
+    those of ``--set`` (the defaults of keys it leaves out are not given)."""
+    base = data.get("experiment")
+    scale = data.get("scale", {})
+    override = scale.get(options.scale, {}) if isinstance(scale, Mapping) else {}
+    return {
+        *(base if isinstance(base, Mapping) else {}),
+        *(override if isinstance(override, Mapping) else {}),
+        *(options.sets or {}),
+    }
 
 
 def _fleet_list_paths(value: Any, base: Path | None) -> Any:

@@ -4,7 +4,7 @@ and validation, fleet files included."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,14 @@ BALANCE_ARMS = ("b1", *BALANCE_MODES)
 #: ``critical-r-arms``: extra arms ``MODE@W`` of the balance study, ``balance = MODE`` with
 #: ``critical-r-weight = W`` (how much r_b weighs in the pace-setter's choice), W in (0, 1].
 WEIGHTED_MODES = tuple(m for m in BALANCE_MODES if m != "off")
+#: The keys only one scenario reads: set in a file whose ``scenarios`` leave that scenario
+#: out, they are named in a warning at start (``FederatedConfig.unused_keys``).
+SCENARIO_KEYS = {
+    "balance-energy": ("deadline-margin",),
+    "varying-cap": ("varying-cap-fleet",),
+    "drift": ("drift-fleet", "drift-check-every", "drift-threshold"),
+    "balance": ("balance-fleets", "balance-modes", "critical-r-arms"),
+}
 #: Version of the cell records (part of their key). 2: the runs' records are version 2
 #: (kebab-case rounds.jsonl, per-node totals read from the run's summary), so cells of
 #: version 1 are run again rather than mixed with them. 3: records version 3 (idle waiting
@@ -122,6 +130,18 @@ class FederatedConfig(StudyConfig):
     balance_fleets: tuple[str, ...]
     balance_modes: tuple[str, ...]
     critical_r_arms: tuple[tuple[str, float], ...]
+
+    def unused_keys(self, given: Collection[str]) -> list[str]:
+        out = [
+            f"{key} (scenario {scenario} is not in scenarios)"
+            for scenario, keys in SCENARIO_KEYS.items()
+            if scenario not in self.scenarios
+            for key in keys
+            if key in given
+        ]
+        if "scenario-method" in given and not set(self.scenarios) - {"balance"}:
+            out.append("scenario-method (no scenario of scenarios reads it)")
+        return out
 
     def base_overrides(self) -> dict[str, Any]:
         """The run settings every cell shares (before its own fleet/method/scenario), each a
@@ -256,6 +276,13 @@ def _check_fleets(cfg: FederatedConfig, where: str) -> None:
     """Every fleet file the study needs loads, fits its scenario and its data split."""
     from simulations.run import check_partitions
 
+    for key, path in [
+        ("varying-cap-fleet", cfg.varying_cap_fleet),
+        ("drift-fleet", cfg.drift_fleet),
+        *(("balance-fleets", path) for path in cfg.balance_fleets),
+    ]:  # a fleet that does not exist is a bad value, whether a scenario reads it or not
+        if not fleet_path(path).is_file():
+            _fleet_nodes(path, where, key)  # its error names the file and the shipped fleets
     fleets = {"fleet": cfg.fleet}
     if "varying-cap" in cfg.scenarios:
         fleets["varying-cap-fleet"] = cfg.varying_cap_fleet

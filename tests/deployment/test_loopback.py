@@ -143,12 +143,14 @@ class Federation:
     node_ids: dict[str, int] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ processes
-    def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def start(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         log = (self.root / "logs" / f"{name}.log").open("ab")
         proc = subprocess.Popen(
             argv,
             cwd=self.root,
-            env=self.env,
+            env=env or self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -160,12 +162,22 @@ class Federation:
     def log(self, name: str) -> str:
         return (self.root / "logs" / f"{name}.log").read_text(errors="replace")
 
-    def start_supernode(self, name: str, key: Path | None = None) -> subprocess.Popen[bytes]:
-        device, p_max_w = NODES.get(name, ("jetson-nano", 5.0))
-        pid = list(NODES).index(name) if name in NODES else 0
+    def start_supernode(
+        self,
+        name: str,
+        key: Path | None = None,
+        *,
+        nodes: dict[str, tuple[str, float]] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """A SuperNode ``name`` of ``nodes`` (name -> device kind, cap; default ``NODES``),
+        with its registered key (or ``key``) and, given ``env``, that environment."""
+        nodes = NODES if nodes is None else nodes
+        device, p_max_w = nodes.get(name, ("jetson-nano", 5.0))
+        pid = list(nodes).index(name) if name in nodes else 0
         node_config = (
             f'name="{name}" device="{device}" backend="simulated" p-max-w={p_max_w} '
-            f"partition-id={pid} num-partitions={len(NODES)}"
+            f"partition-id={pid} num-partitions={len(nodes)}"
         )
         return self.start(
             name,
@@ -182,6 +194,7 @@ class Federation:
                 "--node-config",
                 node_config,
             ],
+            env,
         )
 
     # ------------------------------------------------------------------ flwr CLI
@@ -214,8 +227,9 @@ class Federation:
             assert time.monotonic() < deadline, f"nodes not online: {node_ids - online}"
             time.sleep(1)
 
-    def run(self, out_dir: Path, **overrides: str) -> int:
-        cfg = {**RUN_CONFIG, **overrides, "output-dir": f'"{out_dir}"'}
+    def run(self, out_dir: Path, base: dict[str, str] | None = None, /, **overrides: str) -> int:
+        """Start a run of ``base`` (default ``RUN_CONFIG``) with ``overrides``; its id."""
+        cfg = {**(RUN_CONFIG if base is None else base), **overrides, "output-dir": f'"{out_dir}"'}
         cfg["cache-dir"] = f'"{self.root / "cache"}"'
         run_config = " ".join(f"{k}={v}" for k, v in cfg.items())
         data = self.flwr_json("run", str(self.app), CONNECTION, "--run-config", run_config)
@@ -254,9 +268,13 @@ class Federation:
         raise AssertionError(f"run {run_id} did not finish in {timeout:.0f} s")
 
 
-@pytest.fixture(scope="module")
-def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
-    root = tmp_path_factory.mktemp("loopback")
+@contextlib.contextmanager
+def open_federation(
+    root: Path, names: list[str], unregistered: tuple[str, ...] = ()
+) -> Iterator[Federation]:
+    """A SuperLink on 127.0.0.1 with TLS and node auth, the keys of ``names`` registered
+    (and of ``unregistered``, made but not registered); no SuperNode started yet. Every
+    process started through it is stopped by PID when the block ends."""
     (root / "logs").mkdir()
     env = {
         **os.environ,
@@ -267,7 +285,7 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONUNBUFFERED": "1",
     }
-    creds = make_credentials(root / "credentials", hosts=[], nodes=[*NODES, "unregistered"])
+    creds = make_credentials(root / "credentials", hosts=[], nodes=[*names, *unregistered])
     fed = Federation(root, stage_app(root / "app", {}), env, creds, _free_port())
     write_connection(
         CONNECTION,
@@ -300,19 +318,26 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]
             assert superlink.poll() is None, fed.log("superlink")
             assert time.monotonic() < deadline, fed.log("superlink")
             time.sleep(0.5)
-        for name in NODES:
+        for name in names:
             reg = fed.flwr_json(
                 "supernode", "register", str(creds.node_public_key(name)), CONNECTION,
                 "--name", name,
             )  # fmt: skip
             fed.node_ids[name] = int(reg["node-id"])
-        for name in NODES:
-            fed.start_supernode(name)
-        fed.wait_online(set(fed.node_ids.values()))
         yield fed
     finally:
         for proc in reversed(list(fed.procs.values())):
             _kill_tree(proc)
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
+    root = tmp_path_factory.mktemp("loopback")
+    with open_federation(root, list(NODES), ("unregistered",)) as fed:
+        for name in NODES:
+            fed.start_supernode(name)
+        fed.wait_online(set(fed.node_ids.values()))
+        yield fed
 
 
 def _records(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import pickle
+import re
 from pathlib import Path
 
 import pytest
@@ -179,3 +181,22 @@ def test_the_checkpoints_sha256_keys_the_r_cache(tmp_path: Path) -> None:
     other = estimate_r("cnn", state, *data, weights_sha256="b" * 64, **kwargs)  # type: ignore[arg-type]
     assert again.from_cache and again.cache_key == a.cache_key
     assert not other.from_cache and other.cache_key != a.cache_key
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_a_checkpoint_with_non_finite_weights_is_refused_naming_the_tensor(
+    tmp_path: Path, value: float
+) -> None:
+    """Named before start: it used to pass, spend the whole r estimation, then blame
+    r-max-samples."""
+    state = {k: torch.full_like(v, value) if v.is_floating_point() else v
+             for k, v in _cnn_state().items()}  # fmt: skip
+    path = tmp_path / "nan.safetensors"
+    checkpoint.save(state, path)
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.check(path, "cnn")
+    found = re.search(r"^initial-weights: .*: (\S+) holds (\d+) of (\d+) values that are NaN "
+                      "or infinite", str(err.value))  # fmt: skip
+    assert found is not None, err.value
+    name, bad, total = found.groups()
+    assert name in state and int(bad) == int(total) == state[name].numel()

@@ -368,6 +368,8 @@ def test_energy_check_sums_the_measurements_with_a_counter() -> None:
         (["--p-max-w", "5", "--cap-margin", "x"], "cap-margin: expected a number in [0, 1)"),
         (["--steps", "0"], "steps: must be an integer ≥ 1"),
         (["--sample-rate-hz", "0"], "sample-rate-hz: must be > 0"),
+        (["--sample-rate-hz", "inf"], "sample-rate-hz: must be > 0 and finite, got 'inf'"),
+        (["--sample-rate-hz", "nan"], "sample-rate-hz: must be > 0 and finite, got 'nan'"),
         (["--power-source", "jtop", "--lock-clocks", "maybe"], "lock-clocks: expected true"),
         (["--replay-out", "x.txt"], "replay-out: must end in .csv or .json"),
         (["--knob", "volts"], "knob: unknown value 'volts'; allowed: frequency, power-limit"),

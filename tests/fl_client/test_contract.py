@@ -362,6 +362,13 @@ def test_node_descriptor_cap_follows_its_schedule() -> None:
         ("memory-bytes", "lots", "memory-bytes: malformed value 'lots'"),
         ("gpu-freqs-mhz", "76.8", "gpu-freqs-mhz: malformed value"),
         ("p-max-w", -1, "p-max-w: must be > 0 W"),
+        # names that become file names on the server (its LUT library)
+        ("node-name", "../../escaped", r"QUERY reply: node-name: '\.\./\.\./escaped' cannot be"),
+        ("device", "../../escaped", r"QUERY reply: device: '\.\./\.\./escaped' cannot be"),
+        ("device", "/etc/x", "QUERY reply: device: '/etc/x' cannot be used as a name"),
+        ("backend", "sim/../..", "QUERY reply: backend: 'sim/../..' cannot be used as a name"),
+        ("node-name", "", "QUERY reply: node-name: '' cannot be used as a name"),
+        ("device", None, "device: missing from the QUERY reply"),
     ],
 )
 def test_node_descriptor_bad_replies_name_the_key(key: str, value: Any, message: str) -> None:

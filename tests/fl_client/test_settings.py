@@ -340,3 +340,77 @@ def test_every_run_setting_is_declared_in_the_apps_pyproject():
     assert sorted(set(RunSettings.keys()) - set(declared)) == []
     assert sorted(set(declared) - set(RunSettings.keys())) == []
     RunSettings.from_config(declared)
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        # names that become paths: the node's cache folder, LUT files, the server's library
+        (
+            'name = "../../escaped"\ndevice = "jetson-nano"\n',
+            r"node #1: name: '\.\./\.\./escaped' cannot be used as a name",
+        ),
+        ('name = "a/b"\ndevice = "jetson-nano"\n', "name: 'a/b' cannot be used as a name"),
+        ('name = ""\ndevice = "jetson-nano"\n', "name: '' cannot be used as a name"),
+        ('name = ".."\ndevice = "jetson-nano"\n', "name: '..' cannot be used as a name"),
+        (
+            'name = "n"\ndevice = "../board"\nbackend = "replay"\n',
+            r"device: '\.\./board' cannot be used as a name",
+        ),
+        # Flower's keys: a fleet file cannot set them (node i is partition i)
+        (
+            'name = "n"\ndevice = "jetson-nano"\npartition-id = nan\n',
+            "partition-id: a fleet file cannot set it",
+        ),
+        (
+            'name = "n"\ndevice = "jetson-nano"\nnum-partitions = -3\n',
+            "num-partitions: a fleet file cannot set it",
+        ),
+        # device options with no finite value, named before any engine starts
+        (
+            'name = "n"\ndevice = "jetson-nano"\ncap-window-s = inf\n',
+            r"\(n\): cap-window-s: must be > 0 and finite, got inf",
+        ),
+        (
+            'name = "n"\ndevice = "jetson-nano"\nsample-rate-hz = inf\n',
+            "sample-rate-hz: must be > 0 and finite",
+        ),
+        (
+            'name = "n"\ndevice = "jetson-nano"\nsample-rate-hz = nan\n',
+            "sample-rate-hz: must be > 0 and finite",
+        ),
+        (
+            'name = "n"\ndevice = "jetson-nano"\npower-limit-step-w = -5\n',
+            "power-limit-step-w: must be > 0",
+        ),
+        (
+            'name = "n"\ndevice = "jetson-nano"\ntwin-drift-from-round = inf\n',
+            "twin-drift-from-round: expected an integer ≥ 1",
+        ),
+    ],
+)
+def test_fleet_entries_refuse_unsafe_names_flower_keys_and_infinite_options(
+    tmp_path: Path, entry: str, message: str
+) -> None:
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text("[[node]]\n" + entry)
+    with pytest.raises(SettingsError, match=message):
+        load_fleet(fleet)
+
+
+@pytest.mark.parametrize(
+    ("node_config", "message"),
+    [
+        ({"name": "../../escaped"}, r"node-config: name: '\.\./\.\./escaped' cannot be"),
+        ({"partition-id": math.nan}, "partition-id: expected an integer ≥ 0, got nan"),
+        ({"partition-id": math.inf}, "partition-id: expected an integer ≥ 0, got inf"),
+        ({"partition-id": -1}, "partition-id: expected an integer ≥ 0, got -1"),
+        ({"num-partitions": -3}, "num-partitions: expected an integer ≥ 1, got -3"),
+        ({"cap-window-s": math.inf}, "node-config .*cap-window-s: must be > 0 and finite"),
+    ],
+)
+def test_node_config_refuses_unsafe_names_and_bad_partitions(
+    node_config: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(SettingsError, match=message):
+        node_settings({"device": "jetson-nano", **node_config}, None)

@@ -22,6 +22,7 @@ from fl_client.setting_checks import (
     OptionalNumber,
     PathText,
     Range,
+    SafeName,
 )
 from fl_client.settings import RunSettings, node_entry_keys
 from fl_client.settings_table import (
@@ -108,11 +109,16 @@ def test_every_entry_says_who_reads_it_and_where_it_is_set() -> None:
         (Range(0.0, 1.0, hi_open=False), (1, 1.0), -0.1, "expected a number in [0, 1]"),
         (Range(0.0, 1.0, lo_open=True, hi_open=False), (1.0, 1.0), 0, "in (0, 1], got 0"),
         (Range(0.0, math.inf), (2, 2.0), math.inf, "expected a finite number ≥ 0, got inf"),
-        (Number(lo=0.0), ("3", 3.0), 0, "must be > 0.0, got 0"),
+        (Number(lo=0.0), ("3", 3.0), 0, "must be a finite number > 0.0, got 0"),
+        (Number(lo=0.0), (1e300, 1e300), math.inf, "must be a finite number > 0.0, got inf"),
+        (Number(lo=0.0, inf_ok=True), ("inf", math.inf), -math.inf, "must be > 0.0, got -inf"),
+        (Number(lo=0.0, inf_ok=True), (5, 5.0), math.nan, "must be > 0.0, got nan"),
         (Number(lo=0.0, hi=1.0), (1, 1.0), "x", "expected a number, got 'x'"),
         (Number(lo=0.0, hi=1.0), (0.5, 0.5), 1.5, "must be in (0.0, 1.0], got 1.5"),
         (Integer(lo=1), ("3", 3), 1.5, "expected an integer ≥ 1, got 1.5"),
         (Integer(lo=0), (3.0, 3), True, "expected an integer ≥ 0, got True"),
+        (Integer(lo=0), (0, 0), math.inf, "expected an integer ≥ 0, got inf"),
+        (SafeName(), ("nano-1", "nano-1"), "../x", "'../x' cannot be used as a name"),
         (Flag(), ("TRUE", True), 1, "expected true or false, got 1"),
         (Choice(("a", "b")), ("b", "b"), "c", "unknown value 'c'; allowed: a, b"),
         (OptionalNumber("a batch size ≥ 1", integer=True), (0, None), 1.5, "(0: not set)"),
@@ -133,6 +139,10 @@ def test_a_check_says_what_it_allows() -> None:
     assert RUN["cap-margin"].check.allowed() == "a number in [0, 1)"
     assert RUN["straggler-work"].check.allowed() == "a number in (0, 1]"
     assert RUN["peak-sigma-k"].check.allowed() == "a finite number ≥ 0"
+    assert RUN["lr-ref"].check.allowed() == "a finite number > 0.0"
+    assert RUN["round-timeout-s"].check.allowed() == "> 0.0"  # inf: no timeout
+    assert NODE["name"].check.allowed().startswith("1 to 64 letters, digits")
+    assert NODE["partition-id"].check.allowed() == "an integer ≥ 0"
     assert RUN["aggregation"].check.allowed() == "`fedavg` \\| `fednova`"
     assert RUN["balance"].check.allowed().count("`") == 2 * len(settings_table.BALANCE_MODES)
     assert NODE["p-max-w"].parse("4.5") == Cap(4.5)
@@ -167,3 +177,16 @@ def test_the_model_choice_is_the_task_modules() -> None:
     from fl_client import task
 
     assert settings_table.MODEL_NAMES == task.MODEL_NAMES
+
+
+def test_only_round_timeout_takes_inf_among_run_numbers() -> None:
+    defaults = settings_table.run_defaults()
+    assert RunSettings.from_config({**defaults, "round-timeout-s": math.inf}).round_timeout_s == (
+        math.inf
+    )
+    numbers = [s.key for s in RUN_SETTINGS if isinstance(s.check, Number)]
+    assert "lr-ref" in numbers and "drift-threshold" in numbers
+    for key in numbers:
+        if key != "round-timeout-s":
+            with pytest.raises(SettingsError, match=f"^{key}: must be .*, got inf"):
+                RunSettings.from_config({**defaults, key: math.inf})

@@ -267,3 +267,42 @@ def test_an_import_whose_numbers_disagree_with_the_kinds_entry_is_refused(
     assert library.import_file(close.save(tmp_path / "close.json"), expected=kind)[1]
     again, backup = library.import_file(src, expected=kind, replace=True)
     assert again == path and backup is not None  # replaced on purpose, the old one kept
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "key"),
+    [
+        ("device_kind", "../../escaped", "device-kind"),
+        ("device_kind", "/tmp/escaped", "device-kind"),
+        ("backend", "../escaped", "backend"),
+        ("model_name", "../../escaped", "model-name"),
+        ("device_kind", "", "device-kind"),
+    ],
+)
+def test_a_kind_with_an_unsafe_name_is_never_written_or_read_outside_the_library(
+    tmp_path: Path, field: str, value: str, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The last guard: a kind whose names came from a hostile node or file builds no path."""
+    root = tmp_path / "cache" / "library"
+    library = LUTLibrary(root)
+    over: dict[str, Any] = {field: value}
+    lut = make_lut(**over)
+    kind = KindKey.of_lut(lut)
+    with pytest.raises(LibraryError, match=f"LUT library: {key}: .* cannot be used as a name"):
+        library.path_for(kind)
+    with pytest.raises(LibraryError, match=key):
+        library.put(lut, "fleet-shared")
+    with caplog.at_level(logging.WARNING, logger="fl_server.lut_library"):
+        assert library.get(kind) is None
+    assert key in caplog.text
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []  # nothing written anywhere
+
+
+def test_a_model_name_with_a_slash_keeps_its_file_name(tmp_path: Path) -> None:
+    """``org/model`` (a Hub name) was always written as ``org-model``: still allowed."""
+    library = LUTLibrary(tmp_path / "library")
+    lut = make_lut(model_name="org/model")
+    path = library.put(lut, "fleet-shared")
+    assert path.parent == tmp_path / "library" and "_org-model_" in path.name
+    got = library.get(KindKey.of_lut(lut))
+    assert got is not None and lut_checksum(got) == lut_checksum(lut)

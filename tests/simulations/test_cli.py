@@ -45,6 +45,17 @@ def test_a_fleet_too_large_for_the_data_is_refused_before_training(tmp_path, cap
             ["-c", "partitioning='pathological'", "-c", "classes-per-node=11"],
             "classes-per-node",
         ),
+        (["-c", "lr-ref=inf"], "lr-ref: must be a finite number > 0.0, got inf"),
+        (["-c", "lr-ref=nan"], "lr-ref: must be a finite number > 0.0, got nan"),
+        # settings that would take no effect in this run (fl_client.effective)
+        (["-c", "straggler-work=0.5"], "straggler-work: 0.5 would take no effect"),
+        (["-c", "round-deadline-s=60"], "round-deadline-s: 60.0 would take no effect"),
+        (["-c", "critical-r-weight=0.5"], "critical-r-weight: 0.5 would take no effect"),
+        (["-c", "deadline-margin=0.2"], 'balance = "off" plans no round'),
+        (
+            ["--methods", "b1", "-c", "balance='steps'"],
+            "balance: 'steps' would take no effect: only power-aware and oracle plan a round",
+        ),
     ],
 )
 def test_bad_settings_name_the_key(tmp_path, capsys, args, message):
@@ -354,6 +365,13 @@ def test_path_settings_that_name_a_file_or_nowhere_are_refused(tmp_path, capsys,
     assert main(["simulate", "--methods", "b1"]) == 2
     err = capsys.readouterr().err
     assert f"POWERFL_CONFIG_DIR: {tmp_path / 'nowhere'} does not exist" in err
+    assert not (tmp_path / "runs").exists()
+    (tmp_path / "empty").mkdir()  # a folder without the fleet's descriptors: at start too
+    monkeypatch.setenv("POWERFL_CONFIG_DIR", str(tmp_path / "empty"))
+    assert main(["simulate", "--methods", "b1"]) == 2
+    err = capsys.readouterr().err
+    assert "device: node nano-4.5w-1 (jetson-nano): no descriptor jetson-nano.toml in " in err
+    assert f"{tmp_path / 'empty'} (no <kind>.toml at all)" in err and "POWERFL_CONFIG_DIR" in err
     assert not (tmp_path / "runs").exists()
 
 

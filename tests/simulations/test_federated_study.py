@@ -115,6 +115,15 @@ def test_shipped_federated_file_parses_at_both_scales():
             'scenarios = ["balance"]\nbalance-fleets = ["no/such/fleet.toml"]\n',
             "balance-fleets: fleet: fleet file not found",
         ),
+        # a fleet that does not exist, in a scenario the file leaves out: a bad value all the same
+        (
+            'balance-fleets = ["default", "no-such-fleet"]\n',
+            "balance-fleets: fleet: fleet file not found",
+        ),
+        ('drift-fleet = "no-such-fleet"\n', "drift-fleet: fleet: fleet file not found"),
+        # the study's name names its output folder
+        ('name = "../../escaped"\n', "name: '../../escaped' cannot be used as a name"),
+        ('name = "a/b"\n', "name: 'a/b' cannot be used as a name"),
     ],
 )
 def test_bad_federated_files_name_the_key(tiny_file, patch, needle):
@@ -135,6 +144,56 @@ def test_cli_rejects_bad_federated_file_before_any_run(tiny_file, tmp_path, caps
     assert rc == 2
     assert "methods: unknown value 'ours'" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_keys_of_scenarios_the_file_leaves_out_are_named_in_one_warning(
+    tiny_file, tmp_path, capsys
+):
+    """An experiment file is shared across scenarios: keys no scenario of this run reads are
+    named at start (not refused), in one line; the defaults of keys it leaves out are not."""
+    tiny_file.write_text(
+        tiny_file.read_text()
+        + 'balance-modes = ["off", "steps"]\ncritical-r-arms = ["steps@0.5"]\n'
+        + 'balance-fleets = ["default"]\ndeadline-margin = 0.1\n'
+    )
+    blocker = tmp_path / "a-file"  # --out a file: refused after the warning, before any run
+    blocker.write_text("")
+    rc = main(["experiment", "run", str(tiny_file), "--out", str(blocker), "--no-progress"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    warnings = [ln for ln in err.splitlines() if "warning" in ln]
+    assert len(warnings) == 1, err
+    for key in ("balance-fleets", "balance-modes", "critical-r-arms", "deadline-margin"):
+        assert f"{key} (scenario " in warnings[0]
+    assert "drift-fleet" not in warnings[0] and "scenario-method" not in warnings[0]
+    assert "--out" in err  # then the refusal
+
+
+def test_a_run_into_another_experiments_output_folder_is_refused(tiny_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    other = {"study": "single-device", "config": {"name": "cifar", "scale": "paper"}}
+    (out / "manifest.json").write_text(json.dumps(other))
+    (out / "experiment.toml").write_text("# the other study's file\n")
+    rc = main(["experiment", "run", str(tiny_file), "--out", str(out), "--no-progress"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "--out: " in err and "holds the output of another experiment" in err
+    assert "study single-device, name cifar, scale paper" in err
+    assert "study federated, name tiny-fed, scale mini" in err
+    assert json.loads((out / "manifest.json").read_text()) == other  # left as it was
+    assert (out / "experiment.toml").read_text() == "# the other study's file\n"
+    assert sorted(p.name for p in out.iterdir()) == ["experiment.toml", "manifest.json"]
+
+
+def test_a_file_whose_keys_all_take_effect_has_no_warning(tiny_file):
+    from simulations.experiments.config import given_keys, read_experiment_file
+
+    data, _ = read_experiment_file(tiny_file)
+    cfg = load_federated(tiny_file)
+    assert cfg.unused_keys(given_keys(data, FileOptions())) == []
+    balance = load_federated(tiny_file, sets={"scenarios": ["balance"], "balance-modes": ["off"]})
+    assert balance.unused_keys({"balance-modes", "scenarios"}) == []
 
 
 def test_balance_study_plans_every_arm_per_fleet_and_seed_fleet_by_fleet(tmp_path):

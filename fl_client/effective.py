@@ -1,0 +1,111 @@
+"""Settings that cannot take effect in a run: refused when typed, named when carried.
+
+A run setting set away from its default that nothing in this run reads changes nothing, and
+a user who set it believes it did. The rule (docs/configuration.md):
+
+* typed for this run (``powerfl simulate -c KEY=VALUE``, ``--methods``): refused before
+  start, naming the key, why nothing reads it and what to do instead;
+* carried by a shared config (the app's pyproject.toml, a run config used for several
+  runs, a comparison of methods of which only some read it): named in one warning line at
+  start, and the run goes on.
+
+No PyTorch, no Flower: the CLI checks before any engine starts, the server at its start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fl_client.settings import DEPRECATED_KEYS, RunSettings, SettingsError
+from fl_client.settings_table import RUN
+
+#: The methods that plan a round (``balance``): those that select from a LUT
+#: (``fl_client.node.NEEDS_LUT``); B1, B2 and fixed run their fixed rule whatever the plan.
+PLANNING_METHODS = ("power-aware", "oracle")
+#: The round plan's own settings: read only when ``balance`` is not ``off``.
+BALANCE_KEYS = ("straggler-work", "round-deadline-s", "critical-r-weight", "deadline-margin")
+
+
+@dataclass(frozen=True)
+class IdleSetting:
+    """A setting away from its default that nothing in the run reads, and why."""
+
+    key: str
+    value: Any
+    why: str
+    remedy: str
+
+    @property
+    def shown(self) -> str:
+        value = f'"{self.value}"' if isinstance(self.value, str) else f"{self.value!r}"
+        return f"{self.key} = {value}"
+
+
+def _default(key: str) -> Any:
+    """The run setting's default, parsed (``fl_client.settings_table``)."""
+    return RUN[key].value
+
+
+def _value(settings: RunSettings, key: str) -> Any:
+    return getattr(settings, key.replace("-", "_"))
+
+
+def idle_settings(settings: RunSettings, methods: Sequence[str]) -> list[IdleSetting]:
+    """The settings of ``settings`` away from their defaults that none of ``methods`` (the
+    runs of one command) reads."""
+    changed = [k for k in BALANCE_KEYS if _value(settings, k) != _default(k)]
+    if settings.balance == "off":
+        return [
+            IdleSetting(
+                k,
+                _value(settings, k),
+                'balance = "off" plans no round, and only the round plan reads it',
+                f"set balance (samples, steps or energy) or leave {k} out",
+            )
+            for k in changed
+        ]
+    if any(m in PLANNING_METHODS for m in methods):
+        return []
+    runs = ", ".join(methods)
+    why = f"only {' and '.join(PLANNING_METHODS)} plan a round, and this run's methods are {runs}"
+    remedy = "add power-aware to --methods or leave {key} out"
+    return [
+        IdleSetting(k, _value(settings, k), why, remedy.format(key=k))
+        for k in ("balance", *changed)
+    ]
+
+
+def partly_idle(settings: RunSettings, methods: Sequence[str]) -> str | None:
+    """A comparison of methods of which only some plan a round, with ``balance`` on: the
+    others run without the plan, in words; None otherwise."""
+    idle = [m for m in methods if m not in PLANNING_METHODS]
+    if settings.balance == "off" or not idle or len(idle) == len(methods):
+        return None
+    return (
+        f'balance = "{settings.balance}": {", ".join(idle)} plans no round and runs without '
+        f"it (only {' and '.join(PLANNING_METHODS)} plan one)"
+    )
+
+
+def check_effective(
+    settings: RunSettings, methods: Sequence[str], typed: Collection[str] = ()
+) -> str | None:
+    """Refuse a setting typed for this run (``typed``: its keys, deprecated names too) that
+    none of ``methods`` reads: a SettingsError naming it. Return one warning line naming
+    every other setting that takes no effect (carried by the config), or None."""
+    typed_keys = {DEPRECATED_KEYS.get(k, k) for k in typed}
+    idle = idle_settings(settings, methods)
+    for item in idle:
+        if item.key in typed_keys:
+            raise SettingsError(
+                f"{item.key}: {item.value!r} would take no effect: {item.why}; {item.remedy}"
+            )
+    parts = [f"{item.shown} ({item.why})" for item in idle]
+    partly = partly_idle(settings, methods)
+    if partly is not None:
+        parts.append(partly)
+    if not parts:
+        return None
+    return "settings that take no effect in this run: " + "; ".join(parts)

@@ -1,0 +1,78 @@
+"""Settings that cannot take effect in a run: refused when typed for it, named in one
+warning line when a shared config carries them (``fl_client.effective``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fl_client.effective import BALANCE_KEYS, check_effective, idle_settings
+from fl_client.settings import RunSettings, SettingsError
+
+#: Each balance key away from its default.
+OFF_DEFAULT: dict[str, Any] = {
+    "straggler-work": 0.5,
+    "round-deadline-s": 60.0,
+    "critical-r-weight": 0.5,
+    "deadline-margin": 0.2,
+}
+
+
+def test_every_balance_key_has_an_off_default_value_here() -> None:
+    assert set(OFF_DEFAULT) == set(BALANCE_KEYS)
+
+
+@pytest.mark.parametrize(("key", "value"), OFF_DEFAULT.items())
+def test_a_balance_key_typed_with_balance_off_is_refused(key: str, value: Any) -> None:
+    settings = RunSettings.from_config({key: value, "balance": "off"})
+    with pytest.raises(SettingsError) as err:
+        check_effective(settings, ["power-aware"], typed=[key])
+    text = str(err.value)
+    assert text.startswith(f"{key}: {value!r} would take no effect")
+    assert 'balance = "off" plans no round' in text and f"leave {key} out" in text
+
+
+@pytest.mark.parametrize(("key", "value"), OFF_DEFAULT.items())
+def test_a_balance_key_carried_by_the_config_is_named_in_one_line(key: str, value: Any) -> None:
+    settings = RunSettings.from_config({key: value})
+    line = check_effective(settings, ["power-aware", "b1"], typed=["num-rounds"])
+    assert line is not None and "\n" not in line
+    assert f"{key} = {value!r}" in line and 'balance = "off"' in line
+
+
+def test_the_deprecated_name_of_a_key_counts_as_typed() -> None:
+    settings = RunSettings.from_config({"pacing-margin": 0.2})
+    with pytest.raises(SettingsError, match=r"deadline-margin: 0\.2 would take no effect"):
+        check_effective(settings, ["power-aware"], typed=["pacing-margin"])
+
+
+def test_defaults_and_a_balance_that_runs_say_nothing() -> None:
+    assert check_effective(RunSettings.from_config({}), ["power-aware", "b1"]) is None
+    planned = RunSettings.from_config({"balance": "steps", **OFF_DEFAULT})
+    assert idle_settings(planned, ["power-aware"]) == []
+    assert check_effective(planned, ["oracle"], typed=[*OFF_DEFAULT, "balance"]) is None
+
+
+@pytest.mark.parametrize("methods", [["b1"], ["b1", "b2", "fixed"]])
+def test_balance_typed_for_methods_that_plan_no_round_is_refused(methods: list[str]) -> None:
+    settings = RunSettings.from_config({"balance": "steps"})
+    with pytest.raises(SettingsError) as err:
+        check_effective(settings, methods, typed=["balance"])
+    text = str(err.value)
+    assert text.startswith("balance: 'steps' would take no effect")
+    assert f"this run's methods are {', '.join(methods)}" in text
+    assert "add power-aware to --methods" in text
+
+
+def test_a_balance_key_typed_beside_balance_for_b1_is_refused_too() -> None:
+    settings = RunSettings.from_config({"balance": "energy", "round-deadline-s": 60.0})
+    with pytest.raises(SettingsError, match=r"round-deadline-s: 60\.0 would take no effect"):
+        check_effective(settings, ["b1"], typed=["round-deadline-s"])
+
+
+def test_balance_in_a_comparison_where_some_methods_plan_is_named_for_the_others() -> None:
+    settings = RunSettings.from_config({"balance": "steps"})
+    line = check_effective(settings, ["power-aware", "b1", "b2"], typed=["balance"])
+    assert line is not None
+    assert 'balance = "steps": b1, b2 plans no round and runs without it' in line
