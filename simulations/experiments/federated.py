@@ -368,12 +368,26 @@ def engine_did_not_start(log_path: Path) -> bool:
     return ENGINE_START_FAILURE in text and ROUND_LINE.search(text) is None
 
 
+#: How a cell's simulation is run: (overrides, work folder, timeout_s, on_line) → (its
+#: summary or None, why there is none); ``run_in_child`` with ``simulate`` by default.
+CellRunner = Callable[
+    [dict[str, Any], Path, float, Callable[[str], None] | None], tuple[dict[str, Any] | None, str]
+]
+
+
 def run_cell(
-    cell: Cell, out: Path, *, timeout_s: float, on_line: Callable[[str], None] | None = None
+    cell: Cell,
+    out: Path,
+    *,
+    timeout_s: float,
+    on_line: Callable[[str], None] | None = None,
+    runner: CellRunner | None = None,
 ) -> dict[str, Any]:
     """Run one cell's simulation and return its record.
 
-    Raises RuntimeError (naming the log file) when the run fails, runs past ``timeout_s``,
+    ``runner`` runs it (default: a process of its own, ``run_in_child``; the robustness
+    study passes a long-lived worker's, ``cell_worker.CellWorker.run``). Raises
+    RuntimeError (naming the log file) when the run fails, runs past ``timeout_s``,
     writes no summary or no node trained in any round.
     """
     work = out / "runs" / cell.key()[:16]
@@ -393,7 +407,10 @@ def run_cell(
 
     t0 = time.perf_counter()
     for attempt in range(1 + ENGINE_START_RETRIES):
-        summary, why = run_in_child(simulate, overrides, work, timeout_s, on_line)
+        if runner is None:
+            summary, why = run_in_child(simulate, overrides, work, timeout_s, on_line)
+        else:
+            summary, why = runner(overrides, work, timeout_s, on_line)
         if summary is not None or not engine_did_not_start(work / "simulate.log"):
             break
         log.warning(
