@@ -42,9 +42,19 @@ def _redirect(log_path: Path) -> None:
     os.close(fd)
 
 
-def _serve(conn: Any) -> None:
+def simulate_in_process(overrides: dict[str, Any]) -> dict[str, Any]:
+    """``simulations.run.simulate`` with Flower's in-process engine: the worker's default."""
+    from simulations.run import simulate
+
+    return simulate(overrides, engine="in-process")
+
+
+Simulate = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def _serve(conn: Any, simulate: Simulate) -> None:
     """The worker: run each ``(overrides, work)`` it is sent, answer ``(ok, why)``; None ends it."""
-    from simulations.run import flower_env, interruptible, simulate
+    from simulations.run import flower_env, interruptible
 
     os.setsid()  # its own process group: a timeout ends the engine's processes with it
     for stream in (sys.stdout, sys.stderr):
@@ -59,7 +69,7 @@ def _serve(conn: Any) -> None:
             overrides, work = job
             _redirect(Path(work) / "simulate.log")
             try:
-                summary = simulate(overrides, engine="in-process")
+                summary = simulate(overrides)
                 write_json(Path(work) / "result.json", summary)
                 conn.send((True, ""))
             except Exception as exc:  # the cell failed; the worker serves the next one
@@ -70,9 +80,11 @@ def _serve(conn: Any) -> None:
 
 class CellWorker:
     """A spawned worker process that runs cells with the in-process engine, one at a time;
-    ``run`` has the signature of ``federated.run_in_child`` without its ``simulate``."""
+    ``run`` has the signature of ``federated.run_in_child`` without its ``simulate``, which
+    is given here (a module-level function: the spawned worker imports it by name)."""
 
-    def __init__(self) -> None:
+    def __init__(self, simulate: Simulate = simulate_in_process) -> None:
+        self.simulate = simulate
         self.proc: Any = None
         self.conn: Any = None
         self.cells_run = 0  # by the current process
@@ -80,7 +92,9 @@ class CellWorker:
     def _start(self) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child,), name="powerfl-cell-worker")
+        self.proc = ctx.Process(
+            target=_serve, args=(child, self.simulate), name="powerfl-cell-worker"
+        )
         self.proc.start()
         child.close()
         self.cells_run = 0
