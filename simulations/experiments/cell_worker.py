@@ -7,6 +7,14 @@ one spawned process (its own process group) that has loaded the app once and run
 after another with ``simulations.run.simulate(…, engine="in-process")``: Flower's
 ``run_simulation`` in that process, which starts (and at the run's end stops) Ray itself.
 
+With ``warm``, the worker also keeps Flower's Ray engine between cells
+(``keep_engine_warm``): Flower's Ray backend ends its actor pool and Ray after every run,
+so every run would start Ray and actors that load PyTorch and the app again; the warm
+worker keeps Ray up and hands the next run the same idle actors. A simulated node's state
+lives in its run's cache folder and Flower's per-run context, never in the actor's process
+(one actor already serves many nodes in a run, one after another), so a warm actor serves
+a new run as a fresh one would. A run that fails drops the pool; the next builds a new one.
+
 Each cell's output goes to its own ``simulate.log`` and its summary to ``result.json``,
 exactly as ``federated.run_in_child`` writes them, so ``federated.run_cell`` reads either.
 A cell that runs past its timeout ends the worker and everything it started (its process
@@ -51,8 +59,57 @@ def simulate_in_process(overrides: dict[str, Any]) -> dict[str, Any]:
 
 Simulate = Callable[[dict[str, Any]], dict[str, Any]]
 
+#: The warm engine's actor pool and the resources it was built with (worker process only).
+_WARM: dict[str, Any] = {}
 
-def _serve(conn: Any, simulate: Simulate) -> None:
+
+def keep_engine_warm() -> bool:
+    """Make Flower's Ray backend (``RayBackend``) keep its actors and Ray after a run and
+    reuse them, all idle, in the next run of this process with the same resources; False
+    (nothing changed) where the installed Flower has no such backend."""
+    try:
+        from flwr.server.superlink.fleet.vce.backend import raybackend
+    except ImportError:
+        return False
+    cls = raybackend.RayBackend
+    if getattr(cls, "_powerfl_warm", False):
+        return True
+    if not all(hasattr(cls, name) for name in ("build", "terminate")):
+        return False
+    cold_build, cold_terminate = cls.build, cls.terminate
+
+    def build(self: Any, app_fn: Any) -> None:
+        pool = _WARM.get("pool")
+        idle = pool is not None and pool.num_actors > 0 and len(pool.pool) == pool.num_actors
+        if idle and _WARM.get("resources") == self.client_resources:
+            self.pool, self.app_fn = pool, app_fn
+            return
+        drop_warm_engine()
+        cold_build(self, app_fn)
+        _WARM.update(pool=self.pool, resources=dict(self.client_resources), end=cold_terminate)
+
+    def terminate(self: Any) -> None:  # the actors and Ray stay for the next run
+        if self.pool is not _WARM.get("pool"):
+            cold_terminate(self)
+
+    setattr(cls, "build", build)  # noqa: B010 (a method replaced on Flower's class)
+    setattr(cls, "terminate", terminate)  # noqa: B010
+    setattr(cls, "_powerfl_warm", True)  # noqa: B010
+    return True
+
+
+def drop_warm_engine() -> None:
+    """End the warm actor pool (and Ray) if there is one."""
+    pool, end = _WARM.pop("pool", None), _WARM.pop("end", None)
+    _WARM.pop("resources", None)
+    if pool is not None and end is not None:
+        holder = type("Backend", (), {})()
+        holder.pool = pool
+        with contextlib.suppress(Exception):
+            end(holder)
+
+
+def _serve(conn: Any, simulate: Simulate, warm: bool) -> None:
     """The worker: run each ``(overrides, work)`` it is sent, answer ``(ok, why)``; None ends it."""
     from simulations.run import flower_env, interruptible
 
@@ -61,10 +118,13 @@ def _serve(conn: Any, simulate: Simulate) -> None:
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(line_buffering=True)
     flower_env(Path.cwd() / ".flwr")
+    if warm:
+        keep_engine_warm()
     with interruptible():
         while True:
             job = conn.recv()
             if job is None:
+                drop_warm_engine()
                 return
             overrides, work = job
             _redirect(Path(work) / "simulate.log")
@@ -75,6 +135,7 @@ def _serve(conn: Any, simulate: Simulate) -> None:
             except Exception as exc:  # the cell failed; the worker serves the next one
                 traceback.print_exc()
                 sys.stderr.flush()
+                drop_warm_engine()  # its actors may hold the failed run's work
                 conn.send((False, f"{type(exc).__name__}: {exc}".splitlines()[0]))
 
 
@@ -83,8 +144,8 @@ class CellWorker:
     ``run`` has the signature of ``federated.run_in_child`` without its ``simulate``, which
     is given here (a module-level function: the spawned worker imports it by name)."""
 
-    def __init__(self, simulate: Simulate = simulate_in_process) -> None:
-        self.simulate = simulate
+    def __init__(self, simulate: Simulate = simulate_in_process, *, warm: bool = False) -> None:
+        self.simulate, self.warm = simulate, warm
         self.proc: Any = None
         self.conn: Any = None
         self.cells_run = 0  # by the current process
@@ -93,7 +154,7 @@ class CellWorker:
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(
-            target=_serve, args=(child, self.simulate), name="powerfl-cell-worker"
+            target=_serve, args=(child, self.simulate, self.warm), name="powerfl-cell-worker"
         )
         self.proc.start()
         child.close()
@@ -128,7 +189,7 @@ class CellWorker:
                     break
                 tail.feed()
             tail.feed()
-        except EOFError:  # the worker died mid-cell
+        except (EOFError, OSError):  # the worker died mid-cell
             answer = None
         finally:
             tail.close()

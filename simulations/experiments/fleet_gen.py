@@ -22,6 +22,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -157,7 +158,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_fleet_command(esub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_fleet_command(esub: Any) -> None:
     """Register ``experiment fleet`` on the ``experiment`` subparsers."""
     p = esub.add_parser(
         "fleet",

@@ -10,13 +10,14 @@ seed by seed, so a study cut short holds whole pairs; rerunning the command skip
 cells. Each cell has a fresh cache (every power-aware run pays its own profiling) except
 the proxy r, shared (host time, the same for every arm).
 
-With ``engine = "in-process"`` (the default) the cells run one after another in one
+With ``engine = "in-process-warm"`` (the default) the cells run one after another in one
 long-lived worker process (``cell_worker.CellWorker``), which loads PyTorch and the app
-once; ``runtime`` runs each in a process of its own through Flower's Simulation Runtime,
-as the federated study does. With ``run-past-target`` the runs go on to ``num-rounds``
-after the target, so the report can apply both criteria (the first round at the target,
-and the first whose trailing mean over ``smoothing-rounds`` rounds reaches it) to the
-per-round accuracies.
+once and keeps Flower's Ray engine and its actors from one cell to the next;
+``in-process`` starts the engine afresh for each cell in that worker; ``runtime`` runs each
+cell in a process of its own through Flower's Simulation Runtime, as the federated study
+does. With ``run-past-target`` the runs go on to ``num-rounds`` after the target, so the
+report can apply both criteria (the first round at the target, and the first whose
+trailing mean over ``smoothing-rounds`` rounds reaches it) to the per-round accuracies.
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ def run_study(cfg: RobustnessConfig, out: Path, *, progress: bool = True) -> dic
     todo, counts = pending(cells, out)
     failures: list[str] = []
     bar = Progress(len(todo), enabled=progress)
-    worker = CellWorker() if cfg.engine == "in-process" else None
+    warm = cfg.engine == "in-process-warm"
+    worker = CellWorker(warm=warm) if cfg.engine != "runtime" else None
 
     def on_line(line: str) -> None:
         mt = ROUND_LINE.match(line.strip())

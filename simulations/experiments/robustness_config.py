@@ -21,9 +21,10 @@ from simulations.experiments.config import (
 NAME = "federated-robustness"
 #: How the cells run: ``in-process`` (many cells, one after another, in one long-lived
 #: worker process with Flower's in-process engine: the interpreter, PyTorch and the app
-#: are loaded once) or ``runtime`` (each cell in a process of its own through Flower's
-#: Simulation Runtime, as the federated study runs them).
-ENGINES = ("in-process", "runtime")
+#: are loaded once), ``in-process-warm`` (the same, and Ray and its actors are kept from
+#: one cell to the next: ``cell_worker.keep_engine_warm``) or ``runtime`` (each cell in a
+#: process of its own through Flower's Simulation Runtime, as the federated study runs them).
+ENGINES = ("in-process-warm", "in-process", "runtime")
 #: Run settings an arm may not set: the study sets them per cell.
 STUDY_SET_KEYS = ("seed", "fleet", "cache-dir", "output-dir", "run-dir", "target-accuracy")
 ARM_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -74,7 +75,7 @@ DEFAULTS: dict[str, Any] = {
     "r-max-samples": 40_000,
     "r-eval-every-samples": 256,
     "profile-grid": "efficient",
-    "engine": "in-process",
+    "engine": "in-process-warm",
     "cell-timeout-s": 1800,
 }
 

@@ -264,7 +264,7 @@ def test_a_worker_runs_cells_one_after_another_in_one_process(tmp_path):
 
 
 def test_the_study_runs_resumes_and_reports(tmp_path, monkeypatch):
-    monkeypatch.setattr(robustness, "CellWorker", lambda: CellWorker(fake_simulate))
+    monkeypatch.setattr(robustness, "CellWorker", lambda warm: CellWorker(fake_simulate, warm=warm))
     body = (
         'fleets = ["default"]\ngenerated-fleets = [2]\nseeds = 2\n'
         'arms = [{ name = "b1", method = "b1" }, { name = "off", method = "power-aware" }]\n'
@@ -278,7 +278,7 @@ def test_the_study_runs_resumes_and_reports(tmp_path, monkeypatch):
     recs = sorted((out / "records" / "cells").glob("*.json"))
     assert len(recs) == 8
     rec = json.loads(recs[0].read_text())
-    assert rec["study"] == "federated-robustness" and rec["engine"] == "in-process"
+    assert rec["study"] == "federated-robustness" and rec["engine"] == "in-process-warm"
     (out / "manifest.json").write_text(
         json.dumps({"config": cfg.to_dict(), "study": cfg.study, "complete": True})
     )
