@@ -169,7 +169,7 @@ class CellWorker:
     ) -> tuple[dict[str, Any] | None, str]:
         """Run one cell (``simulate(overrides)``) in the worker, its output in
         ``work/simulate.log``; (its summary or None, why there is none)."""
-        from simulations.experiments.federated import _LogTail
+        from simulations.experiments.federated import LogTail
 
         log_path, result_path = work / "simulate.log", work / "result.json"
         log_path.write_text(
@@ -180,7 +180,7 @@ class CellWorker:
             self._start()
         self.conn.send((overrides, str(work)))
         deadline = time.perf_counter() + timeout_s
-        tail = _LogTail(log_path, on_line)
+        tail = LogTail(log_path, on_line)
         answer: tuple[bool, str] | None = None
         try:
             while time.perf_counter() < deadline and self.proc.is_alive():
@@ -205,7 +205,7 @@ class CellWorker:
 
     def close(self, force: bool = False) -> None:
         """End the worker: ask it to stop, else (or with ``force``) end its process group."""
-        from simulations.experiments.federated import _stop
+        from simulations.experiments.federated import stop_process
 
         if self.proc is None:
             return
@@ -214,6 +214,6 @@ class CellWorker:
                 self.conn.send(None)
             self.proc.join(30)
         if self.proc.is_alive():
-            _stop(self.proc)
+            stop_process(self.proc)
         with contextlib.suppress(Exception):
             self.conn.close()

@@ -280,7 +280,7 @@ def _child(simulate: Simulate, overrides: dict[str, Any], work: str) -> None:
         write_json(Path(work) / "result.json", simulate(overrides))
 
 
-class _LogTail:
+class LogTail:
     """Complete new lines of a growing log, handed to ``on_line``."""
 
     def __init__(self, path: Path, on_line: Callable[[str], None] | None) -> None:
@@ -297,7 +297,7 @@ class _LogTail:
         self.fh.close()
 
 
-def _stop(proc: Any) -> None:
+def stop_process(proc: Any) -> None:
     """End a cell's process and its process group (the simulation engine's workers)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -329,14 +329,14 @@ def run_in_child(
     )
     deadline = time.perf_counter() + timeout_s
     proc.start()
-    tail = _LogTail(log_path, on_line)
+    tail = LogTail(log_path, on_line)
     try:
         while proc.is_alive() and time.perf_counter() < deadline:
             proc.join(0.5)
             tail.feed()
         timed_out = proc.is_alive()
         if timed_out:
-            _stop(proc)
+            stop_process(proc)
         tail.feed()
     finally:
         tail.close()
