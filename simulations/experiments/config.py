@@ -41,7 +41,7 @@ TORCH_DEVICES = ("cpu", "cuda", "auto")
 PATH_KEYS = ("fleet", "varying-cap-fleet", "drift-fleet", "data-root", "initial-weights")
 FLEET_KEYS = ("fleet", "varying-cap-fleet", "drift-fleet")
 #: Keys that are lists of fleets, each resolved as a fleet key is.
-FLEET_LIST_KEYS = ("balance-fleets",)
+FLEET_LIST_KEYS = ("balance-fleets", "fleets")
 
 
 class ExperimentConfigError(ValueError):
