@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fl_client.settings import PARTITIONINGS, PROFILE_GRIDS, RunSettings, SettingsError
+from fl_client.settings import PARTITIONINGS, RunSettings, SettingsError
+from fl_client.settings_table import choices
 from simulations.experiments.config import (
     STUDY_METHODS,
     Fields,
@@ -190,7 +191,7 @@ def parse_robustness(data: Mapping[str, Any], where: str, options: FileOptions) 
         proxy_target_accuracy=f.number("proxy-target-accuracy", 0.0, 1.0),
         r_max_samples=f.integer("r-max-samples", 1),
         r_eval_every_samples=f.integer("r-eval-every-samples", 1),
-        profile_grid=f.text("profile-grid", PROFILE_GRIDS),
+        profile_grid=f.text("profile-grid", choices("profile-grid")),
         engine=f.text("engine", ENGINES),
         cell_timeout_s=f.integer("cell-timeout-s", 1),
     )
