@@ -157,7 +157,7 @@ def run_rounds(
         sent = {m.metadata.dst_node_id for m in messages}
         got = {fleet.node_of(m) for m in replies}
         new_arrays, _ = strategy.aggregate_train(server_round, replies)
-        strategy.name_the_silent(server_round, sent, got)
+        _name_the_silent(strategy, server_round, sent, got)
         if new_arrays is not None:
             arrays = new_arrays
         ev = evaluate_fn(server_round, arrays)
@@ -168,6 +168,20 @@ def run_rounds(
             log.info("target accuracy %.3f reached in round %d", target, server_round)
             break
     return arrays
+
+
+def _name_the_silent(
+    strategy: PowerAwareFedAvg, server_round: int, sent: set[int], got: set[int]
+) -> None:
+    """Rows in the round's report for nodes that sent no reply, and (all asked) for nodes
+    that were absent."""
+    nodes = strategy.rounds[-1].nodes
+    for node_id in sorted(sent - got):  # no reply at all within the timeout
+        nodes.append(strategy.failed_row(server_round, node_id, "no reply (timeout)"))
+    if strategy.fraction_train >= 1.0:  # every connected node is asked: name the absent
+        for node_id in sorted(set(strategy.fleet.nodes) - sent):
+            error = "not connected this round (absent from the SuperLink)"
+            nodes.append(strategy.failed_row(server_round, node_id, error))
 
 
 def left_out_nodes(queried: Fleet, fleet: Sequence[NodeSettings] | None) -> list[dict[str, Any]]:

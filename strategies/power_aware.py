@@ -16,13 +16,7 @@ from fl_client.contract import NodeRow, TrainConfig, TrainReport
 from strategies.aggregation import aggregate_round, check_aggregation
 from strategies.fleet import Fleet
 from strategies.round_plan import PlanSettings, RoundPlanner
-from strategies.shared_exchange import (
-    FleetLUTs,
-    Phase,
-    SharedProfiling,
-    distrust_library_lut,
-    run_phase,
-)
+from strategies.shared_exchange import FleetLUTs, SharedExchange, SharedProfiling
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +51,11 @@ class RoundReport:
 class PowerAwareFedAvg(FedAvg):
     """FedAvg whose clients choose (batch size, GPU frequency) under their own power caps.
 
-    Before the first round the fleet (``strategies.fleet.Fleet``) asks every node (QUERY) for
-    its ``NodeDescriptor``: device, backend, power cap and the batch sizes that fit its
-    memory. Each TRAIN message is built per node (a fresh RecordDict each) from
-    ``template``: the global arrays and a ``TrainConfig`` whose B is cut to what fits the
-    node, with ``r`` aligned to it, and the round plan's deadline and role. Weights are
-    aggregated with ``aggregation``; every node's ``TrainReport`` (or why it has none) is
-    kept in a ``RoundReport`` per round for the run recorder.
+    Each TRAIN message is built per node (a fresh RecordDict each) from ``template``: the
+    global arrays and a ``TrainConfig`` whose B is cut to what fits the node (its QUERY
+    reply, ``strategies.fleet.Fleet``), with ``r`` aligned to it, the round plan's deadline
+    and role, and its kind's LUT. Weights are aggregated with ``aggregation``; every node's
+    ``TrainReport`` (or why it has none) is kept in a ``RoundReport`` per round.
 
     Parameters
     ----------
@@ -80,7 +72,8 @@ class PowerAwareFedAvg(FedAvg):
     planning : PlanSettings, optional
         The round plan (``strategies.round_plan``; None: ``balance = "off"``).
     shared : SharedProfiling, optional
-        Fleet-shared profiling (``strategies.shared_exchange``; None: each node its own).
+        Fleet-shared profiling (``strategies.shared_exchange``) for the methods that select
+        from a LUT (None: each node profiles its own).
     """
 
     def __init__(
@@ -104,8 +97,12 @@ class PowerAwareFedAvg(FedAvg):
         query = {"model": template.model, "batch-sizes": list(template.batch_sizes)}
         self.fleet = Fleet(query, template.batch_sizes, template.r, min_train_nodes)
         self.planner = None if planning is None else RoundPlanner(planning, template.local_epochs)
-        self.shared = shared
         self.luts = FleetLUTs()
+        self.shared = None  # fleet-shared profiling: for the methods that select from a LUT
+        if shared is not None and template.method in LUT_METHODS:
+            self.shared = SharedExchange(
+                shared, self.luts, self.fleet, template, self.aggregation, self.weighted_by_key
+            )
         self.rounds: list[RoundReport] = []
         self._sent_arrays: ArrayRecord | None = None  # the round's global arrays (FedNova's base)
 
@@ -164,7 +161,7 @@ class PowerAwareFedAvg(FedAvg):
             rows.append(dataclasses.replace(row, ok=True, report=report, p_max=report.cap))
             good.append(msg.content)
             if self.shared is not None:
-                distrust_library_lut(self.shared, self.luts, server_round, node_id, report)
+                self.shared.distrust_library_lut(server_round, node_id, report)
             if self.planner is not None:
                 self.planner.observe(node_id, report)
         round_ = RoundReport(
@@ -200,33 +197,11 @@ class PowerAwareFedAvg(FedAvg):
         shared = self.luts.cost.get(node_id, (0.0, 0.0))
         return self.fleet.failed_row(server_round, node_id, error, shared)
 
-    def name_the_silent(self, server_round: int, sent: set[int], got: set[int]) -> None:
-        """Rows in the last round's report for nodes that sent no reply, and (all asked)
-        for nodes that were absent."""
-        nodes = self.rounds[-1].nodes
-        for node_id in sorted(sent - got):  # no reply at all within the timeout
-            nodes.append(self.failed_row(server_round, node_id, "no reply (timeout)"))
-        if self.fraction_train >= 1.0:  # every connected node is asked: name the absent
-            for node_id in sorted(set(self.fleet.nodes) - sent):
-                error = "not connected this round (absent from the SuperLink)"
-                nodes.append(self.failed_row(server_round, node_id, error))
-
     def shared_phase(
         self, grid: Grid, arrays: ArrayRecord, server_round: int, timeout_s: float
     ) -> ArrayRecord:
-        """Fleet-shared profiling before ``server_round``'s training (methods that select
-        from a LUT; ``shared_exchange.run_phase``); returns the global arrays."""
-        if self.shared is None or self.template.method not in LUT_METHODS:
+        """Fleet-shared profiling before ``server_round``'s training
+        (``SharedExchange.run_phase``); returns the global arrays."""
+        if self.shared is None:
             return arrays
-        phase = Phase(
-            self.shared,
-            self.luts,
-            self.fleet,
-            grid,
-            self.template,
-            self.aggregation,
-            self.weighted_by_key,
-            server_round,
-            timeout_s,
-        )
-        return run_phase(phase, arrays)
+        return self.shared.run_phase(grid, arrays, server_round, timeout_s)

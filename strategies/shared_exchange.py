@@ -19,6 +19,9 @@ from strategies.shared_profiling import Cell, KindProfile, SharedOptions, exchan
 
 log = logging.getLogger(__name__)
 
+#: The message type of a profiling exchange (``fl_client.client_app``'s handler)
+PROFILE = "train.profile"
+
 
 class KindLibrary(Protocol):
     """Where one LUT per kind is kept across runs (``fl_server.lut_library.LUTLibrary``)."""
@@ -57,7 +60,7 @@ class FleetLUTs:
     cost: dict[int, tuple[float, float]] = field(default_factory=dict)
     #: this round's sum over its exchanges of the slowest node's time
     round_s: float = 0.0
-    #: this round's warnings (an aggregation that fell back to FedAvg)
+    #: this round's warnings (the first exchange whose aggregation fell back to FedAvg)
     warnings: list[str] = field(default_factory=list)
 
     def lut_of(self, node_id: int) -> LUT | None:
@@ -72,150 +75,156 @@ class FleetLUTs:
 
 
 @dataclass(frozen=True)
-class Phase:
-    """One shared phase's fixed inputs: the run's profiling setup and its kinds' LUTs, the
-    fleet and its grid, the TRAIN template (model, B and r, lr-ref, b-ref), the run's
-    ``aggregation`` and the metric that weighs a node in it, the round and how long an
-    exchange waits for its replies."""
+class SharedExchange:
+    """Fleet-shared profiling as a run runs it: the ``setup``, the run's kinds' LUTs
+    (``luts``), the fleet whose nodes measure them, the TRAIN template (model, B and r,
+    lr-ref, b-ref), and the run's ``aggregation`` of the profiled updates with the metric
+    that weighs a node in it."""
 
     setup: SharedProfiling
     luts: FleetLUTs
     fleet: Fleet
-    grid: Grid
     template: TrainConfig
-    aggregation: str
-    weight_key: str
+    aggregation: str = "fedavg"
+    weight_key: str = "num-examples"
+
+    def run_phase(
+        self, grid: Grid, arrays: ArrayRecord, server_round: int, timeout_s: float
+    ) -> ArrayRecord:
+        """Fleet-shared profiling before ``server_round``'s training, for every kind of the
+        fleet that has no LUT yet (none in the library either): the seed exchange, then the
+        confirm exchanges (``exchanges``); returns the global arrays (moved by the profiled
+        steps when they train). Each node's B is what fits its memory."""
+        setup, luts, fleet = self.setup, self.luts, self.fleet
+        luts.cost, luts.round_s, luts.warnings = {}, 0.0, []
+        batch_sizes = {n: fleet.batch_sizes_of(n)[0] for n in fleet.nodes}
+        kinds = kinds_of(fleet.nodes, batch_sizes, self.template.model, setup.input_shape)
+        luts.kind_of = {n: k for k, prof in kinds.items() for n in prof.nodes}
+        todo = {k: p for k, p in kinds.items() if k not in luts.kind_luts}
+        for kind in list(todo):
+            known = setup.library.get(kind)
+            if known is not None:
+                luts.kind_luts[kind] = known
+                luts.log.append({"kind": kind.label, "source": "library"})
+                del todo[kind]
+        if not todo:
+            return arrays
+        r_by_b = dict(zip(self.template.batch_sizes, self.template.r, strict=True))
+        r_of = {k: [r_by_b[b] for b in k.batch_sizes] for k in todo}
+        step = _Step(grid, server_round, timeout_s)
+        for requests in exchanges(todo, r_of, setup.options):
+            arrays = self._exchange(step, arrays, requests, todo)
+        self._store_kinds(todo)
+        return arrays
+
+    def _exchange(
+        self,
+        step: _Step,
+        arrays: ArrayRecord,
+        requests: dict[int, list[Cell]],
+        kinds: dict[KindKey, KindProfile],
+    ) -> ArrayRecord:
+        """One synchronous profiling exchange: send each node its cells, merge the replies
+        into their kinds, account the slowest node's time, aggregate the trained arrays."""
+        if not requests:
+            return arrays
+        setup, luts, fleet, template = self.setup, self.luts, self.fleet, self.template
+        messages = []
+        for node_id, cells in sorted(requests.items()):
+            req = ProfileRequest(
+                server_round=step.server_round,
+                model=template.model,
+                batch_sizes=luts.kind_of[node_id].batch_sizes,
+                cells_b=tuple(b for b, _ in cells),
+                cells_freq_mhz=tuple(f for _, f in cells),
+                lr_ref=template.lr_ref,
+                b_ref=template.b_ref,
+                steps_train=setup.steps_train,
+                warmup_steps=setup.warmup_steps,
+                steps=setup.steps,
+            )
+            content = RecordDict({"arrays": arrays, "config": ConfigRecord(req.to_config())})
+            messages.append(Message(content, message_type=PROFILE, dst_node_id=node_id))
+        slowest_s, trained = 0.0, []
+        replies = fleet.send_and_receive(step.grid, messages, step.timeout_s)
+        # by node name, as in aggregate_train: the average's float sums then run in one
+        # order, so a run's weights do not depend on which reply came first
+        for reply in fleet.ordered(replies):
+            node_id = fleet.node_of(reply)
+            if reply.has_error():
+                log.warning(
+                    "shared profiling: node %s failed its slice: %s", node_id, reply.error.reason
+                )
+                continue
+            report = CellsReport.from_metrics(dict(reply.content["metrics"]))
+            kinds[luts.kind_of[node_id]].add(report)
+            t, e = luts.cost.get(node_id, (0.0, 0.0))
+            luts.cost[node_id] = (t + report.profile_time_s, e + report.profile_energy_j)
+            slowest_s = max(slowest_s, report.profile_time_s)
+            if report.num_examples > 0:
+                trained.append(reply.content)
+        luts.round_s += slowest_s
+        if not trained:
+            return arrays
+        new, warning = aggregate_round(
+            self.aggregation, arrays, trained, self.weight_key, step.server_round
+        )
+        if warning and not luts.warnings:  # once a round: each exchange would say the same
+            log.warning("shared profiling: %s", warning)
+            luts.warnings.append(f"shared profiling: {warning}")
+        return new
+
+    def _store_kinds(self, kinds: dict[KindKey, KindProfile]) -> None:
+        """Each kind's merged LUT: kept for the run and in the library."""
+        luts = self.luts
+        for kind, prof in kinds.items():
+            cost = [luts.cost.get(n, (0.0, 0.0)) for n in prof.nodes]
+            lut = prof.lut(sum(c[0] for c in cost), sum(c[1] for c in cost))
+            entry: dict[str, Any] = {"kind": kind.label, "nodes": len(prof.nodes)}
+            if lut is None:
+                entry["source"] = "none: no cell measured; its nodes profile their own"
+            else:
+                luts.kind_luts[kind] = lut
+                entry.update(source="fleet-shared", cells=lut.cells_profiled)
+                try:
+                    self.setup.library.put(lut, "fleet-shared")
+                except OSError as err:  # a read-only library: the run keeps its LUT all the same
+                    entry["library"] = f"not saved: {err}"
+                    log.warning(
+                        "LUT library: could not save the LUT of %s (%s); this run uses it, a "
+                        "later run profiles the kind again; make the library folder writable "
+                        "to keep it",
+                        kind.label,
+                        err,
+                    )
+            luts.log.append(entry)
+
+    def distrust_library_lut(self, server_round: int, node_id: int, report: TrainReport) -> None:
+        """A node whose round disagreed with its kind's LUT (its peak beyond the promise,
+        its LUT set aside, or its check of the kind's cell re-profiled) while that LUT came
+        from the library: the library copy is set aside and the run drops it, so the next
+        round profiles the kind again (and its new LUT replaces the library's), and no fresh
+        node of the kind, in this run or a later one, trusts the wrong numbers."""
+        if not (report.lut_set_aside or report.kind_reprofiled):
+            return
+        luts = self.luts
+        kind = luts.kind_of.get(node_id)
+        entry = next(
+            (e for e in luts.log if kind is not None and e.get("kind") == kind.label), None
+        )
+        if kind is None or entry is None or entry.get("source") != "library":
+            return
+        what = "peaked over its LUT's promise" if report.lut_set_aside else "re-profiled"
+        reason = f"node {node_id} {what} in round {server_round}"
+        kept = self.setup.library.set_aside(kind, reason)
+        entry.update(source="library, set aside", **{"set-aside": f"{reason}; {kept}"})
+        luts.kind_luts.pop(kind, None)
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One shared phase's grid, round and how long an exchange waits for its replies."""
+
+    grid: Grid
     server_round: int
     timeout_s: float
-
-
-def run_phase(phase: Phase, arrays: ArrayRecord) -> ArrayRecord:
-    """Fleet-shared profiling before the round's training, for every kind of the fleet that
-    has no LUT yet (none in the library either): the seed exchange, then the confirm
-    exchanges (``exchanges``); returns the global arrays (moved by the profiled steps when
-    they train). Each node's B is what fits its memory."""
-    setup, luts, fleet, template = phase.setup, phase.luts, phase.fleet, phase.template
-    luts.cost, luts.round_s, luts.warnings = {}, 0.0, []
-    batch_sizes = {n: fleet.batch_sizes_of(n)[0] for n in fleet.nodes}
-    kinds = kinds_of(fleet.nodes, batch_sizes, template.model, setup.input_shape)
-    luts.kind_of = {n: k for k, prof in kinds.items() for n in prof.nodes}
-    todo = {k: p for k, p in kinds.items() if k not in luts.kind_luts}
-    for kind in list(todo):
-        known = setup.library.get(kind)
-        if known is not None:
-            luts.kind_luts[kind] = known
-            luts.log.append({"kind": kind.label, "source": "library"})
-            del todo[kind]
-    if not todo:
-        return arrays
-    r_by_b = dict(zip(template.batch_sizes, template.r, strict=True))
-    r_of = {k: [r_by_b[b] for b in k.batch_sizes] for k in todo}
-    for requests in exchanges(todo, r_of, setup.options):
-        arrays = _exchange(phase, arrays, requests, todo)
-    _store_kinds(setup, luts, todo)
-    return arrays
-
-
-def _exchange(
-    phase: Phase,
-    arrays: ArrayRecord,
-    requests: dict[int, list[Cell]],
-    kinds: dict[KindKey, KindProfile],
-) -> ArrayRecord:
-    """One synchronous profiling exchange: send each node its cells, merge the replies
-    into their kinds, account the slowest node's time, aggregate the trained arrays."""
-    if not requests:
-        return arrays
-    setup, luts, fleet = phase.setup, phase.luts, phase.fleet
-    messages = []
-    for node_id, cells in sorted(requests.items()):
-        req = ProfileRequest(
-            server_round=phase.server_round,
-            model=phase.template.model,
-            batch_sizes=luts.kind_of[node_id].batch_sizes,
-            cells_b=tuple(b for b, _ in cells),
-            cells_freq_mhz=tuple(f for _, f in cells),
-            lr_ref=phase.template.lr_ref,
-            b_ref=phase.template.b_ref,
-            steps_train=setup.steps_train,
-            warmup_steps=setup.warmup_steps,
-            steps=setup.steps,
-        )
-        content = RecordDict({"arrays": arrays, "config": ConfigRecord(req.to_config())})
-        messages.append(Message(content=content, message_type="train.profile", dst_node_id=node_id))
-    slowest_s, trained = 0.0, []
-    replies = fleet.send_and_receive(phase.grid, messages, phase.timeout_s)
-    # by node name, as in aggregate_train: the average's float sums then run in one order,
-    # so a run's weights do not depend on which reply came first
-    for reply in fleet.ordered(replies):
-        node_id = fleet.node_of(reply)
-        if reply.has_error():
-            log.warning(
-                "shared profiling: node %s failed its slice: %s", node_id, reply.error.reason
-            )
-            continue
-        report = CellsReport.from_metrics(dict(reply.content["metrics"]))
-        kinds[luts.kind_of[node_id]].add(report)
-        t, e = luts.cost.get(node_id, (0.0, 0.0))
-        luts.cost[node_id] = (t + report.profile_time_s, e + report.profile_energy_j)
-        slowest_s = max(slowest_s, report.profile_time_s)
-        if report.num_examples > 0:
-            trained.append(reply.content)
-    luts.round_s += slowest_s
-    if not trained:
-        return arrays
-    new, warning = aggregate_round(
-        phase.aggregation, arrays, trained, phase.weight_key, phase.server_round
-    )
-    if warning:
-        log.warning("shared profiling: %s", warning)
-        luts.warnings.append(f"shared profiling: {warning}")
-    return new
-
-
-def _store_kinds(
-    setup: SharedProfiling, luts: FleetLUTs, kinds: dict[KindKey, KindProfile]
-) -> None:
-    """Each kind's merged LUT: kept for the run and in the library."""
-    for kind, prof in kinds.items():
-        cost = [luts.cost.get(n, (0.0, 0.0)) for n in prof.nodes]
-        lut = prof.lut(sum(c[0] for c in cost), sum(c[1] for c in cost))
-        entry: dict[str, Any] = {"kind": kind.label, "nodes": len(prof.nodes)}
-        if lut is None:
-            entry["source"] = "none: no cell measured; its nodes profile their own"
-        else:
-            luts.kind_luts[kind] = lut
-            entry.update(source="fleet-shared", cells=lut.cells_profiled)
-            try:
-                setup.library.put(lut, "fleet-shared")
-            except OSError as err:  # a read-only library: the run keeps its LUT all the same
-                entry["library"] = f"not saved: {err}"
-                log.warning(
-                    "LUT library: could not save the LUT of %s (%s); this run uses it, a "
-                    "later run profiles the kind again; make the library folder writable "
-                    "to keep it",
-                    kind.label,
-                    err,
-                )
-        luts.log.append(entry)
-
-
-def distrust_library_lut(
-    setup: SharedProfiling, luts: FleetLUTs, server_round: int, node_id: int, report: TrainReport
-) -> None:
-    """A node whose round disagreed with its kind's LUT (its peak beyond the promise, its
-    LUT set aside, or its check of the kind's cell re-profiled) while that LUT came from the
-    library: the library copy is set aside and the run drops it, so the next round profiles
-    the kind again (and its new LUT replaces the library's), and no fresh node of the kind,
-    in this run or a later one, trusts the wrong numbers."""
-    if not (report.lut_set_aside or report.kind_reprofiled):
-        return
-    kind = luts.kind_of.get(node_id)
-    entry = next((e for e in luts.log if kind is not None and e.get("kind") == kind.label), None)
-    if kind is None or entry is None or entry.get("source") != "library":
-        return
-    what = "peaked over its LUT's promise" if report.lut_set_aside else "re-profiled"
-    reason = f"node {node_id} {what} in round {server_round}"
-    kept = setup.library.set_aside(kind, reason)
-    entry.update(source="library, set aside", **{"set-aside": f"{reason}; {kept}"})
-    luts.kind_luts.pop(kind, None)

@@ -63,13 +63,15 @@ def test_the_strategy_is_configured_by_its_constructor_from_the_settings(tmp_pat
         peak_sigma_k=settings.peak_sigma_k,
         critical_r_weight=settings.critical_r_weight,
     )
-    assert strategy.shared is not None and strategy.shared.options.seed_cells == 5
+    assert strategy.shared is not None and strategy.shared.setup.options.seed_cells == 5
     assert strategy.aggregation == "fednova"
     assert strategy.min_train_nodes == strategy.fleet.min_nodes == 3
     assert strategy.fleet.query_config == {"model": "cnn", "batch-sizes": [32, 64]}
     assert (strategy.fleet.batch_sizes, strategy.fleet.r) == ([32, 64], [0.5, 1.0])
     plain = make_strategy(_settings(tmp_path, balance="off", **{"shared-profiling": "off"}), R_EST)
     assert plain.planner is None and plain.shared is None
+    # a baseline never profiles: fleet-shared profiling is for the methods with a LUT
+    assert make_strategy(_settings(tmp_path, method="b1"), R_EST).shared is None
 
 
 # --------------------------------------------------------------------------- the loop
