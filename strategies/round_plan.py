@@ -207,12 +207,13 @@ class RoundPlanner:
     settings: PlanSettings
     local_epochs: int
     #: This round's plan (None: round 1, nothing known yet)
-    plan: RoundPlan | None = None
+    plan: RoundPlan | None = field(default=None, init=False)
     #: Per planned round: deadline, pace, misses (``round_record``)
-    log: list[dict[str, Any]] = field(default_factory=list)
-    calibration: dict[int, float] = field(default_factory=dict)  # node -> measured / predicted
-    _last: dict[int, TrainReport] = field(default_factory=dict)  # node -> its last report
-    _measured_s: dict[int, float] = field(default_factory=dict)  # node -> time of a miss
+    log: list[dict[str, Any]] = field(default_factory=list, init=False)
+    #: node -> measured / predicted time of its last round
+    calibration: dict[int, float] = field(default_factory=dict, init=False)
+    _last: dict[int, TrainReport] = field(default_factory=dict, init=False)  # node -> report
+    _measured_s: dict[int, float] = field(default_factory=dict, init=False)  # node -> a miss
 
     @property
     def deadline_s(self) -> float | None:

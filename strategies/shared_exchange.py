@@ -35,7 +35,7 @@ class KindLibrary(Protocol):
 
 @dataclass(frozen=True)
 class SharedProfiling:
-    """Fleet-shared profiling as the strategy runs it (``run_phase``).
+    """The settings of fleet-shared profiling (a run's ``SharedExchange`` runs it).
 
     ``library`` gets and keeps one LUT per kind across runs; ``input_shape`` is the model's
     sample shape; ``steps_train`` keeps the profiled minibatches' updates.
