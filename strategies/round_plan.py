@@ -8,20 +8,23 @@ The node with the largest best time sets the pace (the **critical** node; nodes 
 pace are planned together: every node within ``EQUAL_PACE`` of it is critical too), and the
 round's deadline is its best time, or ``round-deadline-s`` when that is set. A node whose
 best time is over a fixed deadline cannot meet it: it runs at its fastest cell and the
-plan says so (``RoundPlan.unmeetable``). No Flower import; the strategy sends each node its
-deadline and role with the round's TRAIN config.
+plan says so (``RoundPlan.unmeetable``). ``RoundPlanner`` keeps what the plan remembers from
+round to round (each node's last report, calibration and missed deadline). No Flower import;
+the strategy sends each node its deadline and role with the round's TRAIN config.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from fl_client.contract import TrainReport
+from fl_client.lut import LUT
 from fl_client.selector import PEAK_SIGMA_K, PowerLimit, RoundContext, cell_scores, feasible_cells
 
 #: Nodes whose best round time is within this share of the critical node's set the pace
@@ -180,3 +183,123 @@ def round_record(
         },
     }
     return warnings, late, entry
+
+
+class FleetView(Protocol):
+    """What the planner reads of the fleet (``strategies.fleet.Fleet``)."""
+
+    def limit_of(self, node_id: int, server_round: int) -> PowerLimit | None: ...
+
+    def r_rows(self, batch_sizes: Sequence[int]) -> list[float]: ...
+
+
+@dataclass
+class RoundPlanner:
+    """The server's round plan from round to round (``balance`` not ``off``).
+
+    It remembers each node's last report and calibration (its measured / LUT-predicted time)
+    and the measured time of a node that missed its deadline; from them it plans each round
+    after the first (``begin``) and records how the round went against its plan
+    (``record``: warnings, and the ``round-plan`` entry of ``summary.json`` in ``log``).
+    ``local_epochs`` turns a node's last local samples into its round's work.
+    """
+
+    settings: PlanSettings
+    local_epochs: int
+    #: This round's plan (None: round 1, nothing known yet)
+    plan: RoundPlan | None = field(default=None, init=False)
+    #: Per planned round: deadline, pace, misses (``round_record``)
+    log: list[dict[str, Any]] = field(default_factory=list, init=False)
+    #: node -> measured / predicted time of its last round
+    calibration: dict[int, float] = field(default_factory=dict, init=False)
+    _last: dict[int, TrainReport] = field(default_factory=dict, init=False)  # node -> report
+    _measured_s: dict[int, float] = field(default_factory=dict, init=False)  # node -> a miss
+
+    @property
+    def deadline_s(self) -> float | None:
+        """This round's deadline (None: no plan, or a plan without a finite one)."""
+        plan = self.plan
+        return plan.deadline_s if plan is not None and math.isfinite(plan.deadline_s) else None
+
+    def is_critical(self, node_id: int) -> bool:
+        """Whether ``node_id`` sets this round's pace."""
+        return self.plan is not None and node_id in self.plan.critical
+
+    def calibration_of(self, node_id: int) -> float:
+        """The node's time calibration to send with a deadline (1.0 without one)."""
+        return self.calibration.get(node_id, 1.0) if self.deadline_s else 1.0
+
+    def begin(
+        self,
+        server_round: int,
+        node_ids: Sequence[int],
+        fleet: FleetView,
+        lut_of: Callable[[int], LUT | None],
+    ) -> RoundPlan | None:
+        """Plan ``server_round`` over ``node_ids`` (``plan_round``); round 1 has no plan.
+        ``lut_of``: a node's kind LUT (None: none yet)."""
+        self.plan = None
+        if server_round > 1:
+            forecasts = [self.forecast(n, server_round, fleet, lut_of) for n in node_ids]
+            self.plan = plan_round(forecasts, self.settings.round_deadline_s)
+        return self.plan
+
+    def forecast(
+        self,
+        node_id: int,
+        server_round: int,
+        fleet: FleetView,
+        lut_of: Callable[[int], LUT | None],
+    ) -> NodeForecast:
+        """A node's predicted best round time: its measured time after a missed deadline;
+        else its kind's LUT × its last local work × its calibration; else what it reported
+        (``fastest-time-s``); inf when nothing is known yet."""
+        if node_id in self._measured_s:
+            return NodeForecast(node_id, self._measured_s.pop(node_id), "measured")
+        last = self._last.get(node_id)
+        lut = lut_of(node_id)
+        if (
+            lut is not None
+            and last is not None
+            and (limit := fleet.limit_of(node_id, server_round)) is not None
+        ):
+            best = best_round_time_s(
+                lut.time_per_sample_s,
+                lut.peak_power_w,
+                lut.peak_sigma_w,
+                limit,
+                self.local_epochs * last.num_examples,
+                calibration=self.calibration.get(node_id, 1.0),
+                peak_sigma_k=self.settings.peak_sigma_k,
+                r=fleet.r_rows(lut.batch_sizes),
+                r_weight=self.settings.critical_r_weight,
+            )
+            if math.isfinite(best):
+                return NodeForecast(node_id, best, "lut")
+        reported = None if last is None else last.fastest_time_s
+        if reported is not None and math.isfinite(reported) and reported > 0:
+            return NodeForecast(node_id, reported, "reported")
+        return NodeForecast(node_id, math.inf, "none")
+
+    def observe(self, node_id: int, report: TrainReport) -> None:
+        """Keep the node's report and calibration (measured / LUT-predicted time of its
+        round) for the next plan."""
+        predicted = report.predicted_time_s
+        if predicted is not None and predicted > 0 and report.train_time_s > 0:
+            self.calibration[node_id] = report.train_time_s / predicted
+        self._last[node_id] = report
+
+    def record(
+        self, server_round: int, measured_time_s: Mapping[int, float], names: Mapping[int, str]
+    ) -> list[str]:
+        """The plan's record of the round (``round_record``): its warnings are returned, the
+        late nodes' measured times kept for the next plan, its entry added to ``log``."""
+        plan = self.plan
+        if plan is None or not math.isfinite(plan.deadline_s):
+            return []
+        warnings, late, entry = round_record(
+            plan, self.settings, server_round, measured_time_s, names
+        )
+        self._measured_s.update(late)
+        self.log.append(entry)
+        return warnings
