@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from fl_client import selector, task
+from fl_client.balance import BALANCE_MODES, Slack
 from fl_client.contract import (
     Cap,
     NodeDescriptor,
@@ -150,9 +151,9 @@ class RoundPlan:
     #: predicted local time at its fastest feasible cell
     work_share: float = 1.0
     fastest_time_s: float | None = None
-    #: ``balance = "energy"``: the energy its LUT predicts the chosen cell saves against the
-    #: node's fastest cell over the round (idle waiting counted)
-    predicted_energy_saved_j: float | None = None
+    #: The ``TrainReport`` fields its ``balance`` mode adds (``Mode.report``; ``energy``:
+    #: ``predicted_energy_saved_j``)
+    mode_report: dict[str, float] = field(default_factory=dict)
 
     @property
     def cap(self) -> Cap:
@@ -426,23 +427,20 @@ def _settle_shared(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, m
 
 
 def _balance(ctx: NodeContext, device: Device, plan: RoundPlan, samples: int) -> None:
-    """The round plan on the node (``balance`` not ``off``, methods that select from a LUT):
-    the same objective as Eq. 4 (``selector.cell_scores``) with the round's context.
-    (``balance = "energy"`` is what deadline pacing was, ``pacing = "deadline"``.)
+    """The round plan on the node (a ``balance`` mode that plans, methods that select from
+    a LUT): the same objective as Eq. 4 (``selector.cell_scores``) with the round's context.
 
     The node's fastest feasible cell (time alone, ``r_weight`` 0) gives the best round
     time it reports (``fastest-time-s``, what the server plans the next deadline from).
     With a deadline (from round 2): the node that sets the pace (``critical``) runs that
     fastest cell (with ``critical-r-weight`` w > 0 its least time × r_b^w) with
-    ``straggler-work`` of its local work; a node with slack keeps
-    ``deadline-margin`` of the deadline in reserve and spends the rest by its mode —
-    ``samples``: the least r_b that meets it; ``energy``: at its own b* (so its updates are
-    those of ``off``), the frequency of least energy above idle power that meets it (the
-    node waits at idle power for the rest of the round);
-    ``steps``: its Eq. 4 cell with more local steps (work ≤ the budget). When no cell meets
-    the deadline the choice is the fastest cell (the selector's fallback)."""
+    ``straggler-work`` of its local work; a node with slack keeps ``deadline-margin`` of
+    the deadline in reserve and spends the rest as its mode's entry says
+    (``balance.BALANCE_MODES``). When no cell meets the deadline the choice is the fastest
+    cell (the selector's fallback)."""
     s, cfg = ctx.settings, plan.cfg
-    if s.balance == "off" or plan.lut is None or plan.choice is None:
+    mode = BALANCE_MODES[s.balance]
+    if not mode.plans or plan.lut is None or plan.choice is None:
         return
     if cfg.method not in ("power-aware", "oracle"):
         return
@@ -461,37 +459,16 @@ def _balance(ctx: NodeContext, device: Device, plan: RoundPlan, samples: int) ->
         plan.choice, plan.work_share = pace, s.straggler_work
     else:
         budget_s = cfg.deadline_s * (1.0 - s.deadline_margin)
-        idle_w = idle_power_w(device)
-        energy = {
-            "energy_weight": 1.0,
-            "idle_power_w": 0.0 if math.isnan(idle_w) else idle_w,
-            "batch_size": plan.choice.batch_size,  # its own b*: the same updates as off
-        }
-        weights: dict[str, dict[str, Any]] = {"samples": {"time_weight": 0.0}, "energy": energy}
-        if s.balance in weights:
-            context = selector.RoundContext(budget_s, work, **weights[s.balance])
+        slack = Slack(plan.choice, fastest, budget_s, work, idle_power_w(device))
+        if mode.reselect is not None:
+            ask = mode.reselect(slack)
+            context = selector.RoundContext(
+                budget_s, work, batch_size=ask.batch_size, **ask.changes
+            )
             plan.choice = select_for(plan, plan.lut, device, ctx.selection_rule, context)
-            if s.balance == "energy":
-                plan.predicted_energy_saved_j = energy_saved_j(fastest, plan.choice, work, idle_w)
-        else:  # steps: whole extra work that still fits the budget
-            at_choice = plan.choice.time_per_sample_s * work
-            plan.work_share = max(1.0, budget_s / at_choice) if at_choice > 0 else 1.0
+        plan.work_share = mode.work_share(slack, plan.choice)
+        plan.mode_report = dict(mode.report(slack, plan.choice))
     plan.run_freq_mhz = plan.choice.freq_mhz
-
-
-def energy_saved_j(
-    fastest: selector.Selection, chosen: selector.Selection, samples: float, idle_w: float
-) -> float:
-    """What ``chosen`` saves against ``fastest`` over a round of ``samples`` (× the node's
-    calibration), by the LUT: a node that finishes sooner waits at its idle power until
-    the round ends, so the saving is ``E(fastest) − E(chosen) + P_idle · (t(chosen) −
-    t(fastest))`` (``idle_w`` NaN, unknown: 0). A prediction, not a measurement: the node
-    never runs its fastest cell in that round."""
-    idle = 0.0 if math.isnan(idle_w) else idle_w
-    t_fast, t_chosen = fastest.time_per_sample_s * samples, chosen.time_per_sample_s * samples
-    e_fast = fastest.energy_per_sample_j * samples
-    e_chosen = chosen.energy_per_sample_j * samples
-    return float(e_fast - e_chosen + idle * (t_chosen - t_fast))
 
 
 def _local_work(cfg: TrainConfig, plan: RoundPlan, n_samples: int) -> tuple[int, int | None]:
@@ -664,8 +641,7 @@ def _report(
             extra["deadline_s"] = plan.cfg.deadline_s
             extra["slack_s"] = plan.cfg.deadline_s - m.time_s
             extra["deadline_miss"] = float(missed_deadline(m.time_s, plan.cfg.deadline_s))
-    if plan.predicted_energy_saved_j is not None:
-        extra["predicted_energy_saved_j"] = plan.predicted_energy_saved_j
+    extra.update(plan.mode_report)
     if plan.shared is not None:
         extra["kind_verify_deviation"] = plan.shared.deviation
         extra["kind_reprofiled"] = float(plan.shared.reprofiled)

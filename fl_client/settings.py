@@ -159,7 +159,7 @@ def _choice(cfg: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> str:
 #: ``steps`` its Eq. 4 cell with more local steps until the deadline; ``energy`` the cell of
 #: least energy to accuracy that meets it. The node that sets the pace takes its fastest
 #: cell whatever the mode but ``off``.
-BALANCE_MODES = ("off", "samples", "steps", "energy")
+from fl_client.balance import BALANCE_MODES  # noqa: E402  (its entries name the modes)
 
 #: The keys of deadline pacing, which ``balance = "energy"`` replaced (issue 22): each old
 #: key and the key to write instead. ``pacing = "deadline"`` is ``balance = "energy"``;
@@ -497,7 +497,9 @@ class RunSettings:
             peak_sigma_k=_nonneg(cfg, "peak-sigma-k", PEAK_SIGMA_K),
             tie_tolerance=_fraction(cfg, "tie-tolerance", TIE_TOLERANCE),
             deadline_margin=_fraction(cfg, "deadline-margin", 0.05),
-            balance=_choice({"balance": cfg.get("balance", "off")}, "balance", BALANCE_MODES),
+            balance=_choice(
+                {"balance": cfg.get("balance", "off")}, "balance", tuple(BALANCE_MODES)
+            ),
             straggler_work=_share(cfg, "straggler-work", 1.0),
             round_deadline_s=_nonneg(cfg, "round-deadline-s", 0.0),
             critical_r_weight=_weight(cfg, "critical-r-weight", 0.0),

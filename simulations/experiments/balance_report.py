@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fl_client.balance import BALANCE_MODES
 from simulations.experiments import report_kit as kit
 from simulations.experiments.federated_config import BALANCE_ARMS
 from simulations.experiments.report_kit import NA, Doc
@@ -33,13 +34,7 @@ from simulations.experiments.report_kit import NA, Doc
 Rec = dict[str, Any]
 Group = dict[str, Any]
 
-ARM_LABELS = {
-    "b1": "B1",
-    "off": "power-aware, balance off (per-device rule)",
-    "samples": "balance = samples",
-    "steps": "balance = steps",
-    "energy": "balance = energy",
-}
+ARM_LABELS = {"b1": "B1", **{name: mode.label for name, mode in BALANCE_MODES.items()}}
 #: The issue's goals (mean over seeds of the paired ratios, profiling and idle counted).
 TIME_GOAL = 0.77  # time ≤ 0.77× power-aware off …
 ENERGY_NO_HIGHER = 1.0  # … with energy no higher
@@ -48,7 +43,8 @@ ENERGY_MODE_TIME = 1.01  # … at time ≤ 1.01×
 B1_DEFAULT_GOAL = 0.5  # time ≤ 0.5× B1 on the default fleet
 B1_ANY_GOAL = 1.0  # never later than B1 on any fleet
 DEADLINE_GOAL = 0.95  # node-rounds that met their deadline
-MODES = ("samples", "steps", "energy")
+#: The modes with a round plan, each judged against ``off``.
+MODES = tuple(name for name, mode in BALANCE_MODES.items() if mode.plans)
 
 
 # --------------------------------------------------------------------------- per run

@@ -20,7 +20,7 @@ import torch
 from fl_client import selector
 from fl_client.contract import Cap, NodeDescriptor, SettingsError, TrainConfig, TrainReport
 from fl_client.lut import LUT
-from fl_client.node import describe_node, energy_saved_j, node_context, train_node
+from fl_client.node import describe_node, node_context, train_node
 from fl_client.settings import RunSettings
 from fl_client.task import build_model
 
@@ -427,27 +427,6 @@ def test_the_round_plan_on_the_node_by_balance_mode(tmp_path: Path) -> None:
     # a deadline no cell meets: the fastest cell, reported as a miss
     late = run(6, "samples", r=R_FOR_B64, deadline_s=best / 10)
     assert late.deadline_miss == 1.0 and late.train_time_s <= first.train_time_s * 1.05
-
-
-def test_energy_saved_counts_the_idle_wait_the_fastest_cell_would_have_had() -> None:
-    def cell(time_ms: float, energy_mj: float) -> selector.Selection:
-        return selector.Selection(
-            method="power-aware",
-            batch_size=32,
-            freq_mhz=460.8,
-            time_per_sample_s=time_ms / 1e3,
-            peak_power_w=4.0,
-            score=math.nan,
-            p_max_w=None,
-            candidates=(),
-            energy_per_sample_j=energy_mj / 1e3,
-        )
-
-    fastest, slow = cell(1.0, 5.0), cell(2.0, 6.0)
-    # 1000 samples: 5 J in 1 s then 1 s idle at 2 W, against 6 J in 2 s: 1 J saved
-    assert energy_saved_j(fastest, slow, 1000, 2.0) == pytest.approx(1.0)
-    # an unknown idle power counts 0: the slower cell then costs 1 J more
-    assert energy_saved_j(fastest, slow, 1000, math.nan) == pytest.approx(-1.0)
 
 
 def test_a_power_limit_node_reports_its_limit_in_watts(tmp_path: Path) -> None:
