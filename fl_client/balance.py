@@ -37,9 +37,9 @@ class Slack:
 
 @dataclass(frozen=True)
 class Reselect:
-    """How a mode re-chooses a slack node's cell within its budget: the changes to the
-    node's objective (``selector.Objective`` fields, e.g. ``time_weight`` 0) and, when set,
-    the only batch size it may take."""
+    """How a mode re-chooses a slack node's cell within its budget
+    (``RoundContext.budget_s``): the changes to the node's objective (``selector.Objective``
+    fields, e.g. ``time_weight`` 0) and, when set, the only batch size it may take."""
 
     changes: Mapping[str, float] = field(default_factory=dict)
     batch_size: int | None = None
@@ -81,6 +81,23 @@ class Mode:
     reselect: Callable[[Slack], Reselect] | None = None
     work_share: Callable[[Slack, Selection], float] = _all_of_it
     report: Callable[[Slack, Selection], Mapping[str, float]] = _nothing
+
+
+#: A local time counts as over its deadline only beyond this share of it, whatever the
+#: tolerance (float rounding: the pace-setter's deadline is its own predicted time, summed
+#: in another order, and a twin run that matches it can come out one ulp over it).
+DEADLINE_RTOL = 1e-9
+
+
+def missed_deadline(time_s: float, deadline_s: float | None, tolerance: float = 0.0) -> bool:
+    """Whether a round's local time missed its deadline: over it by more than
+    ``tolerance`` (a share of it; the server's ``deadline-margin``), and never by the last
+    bit of a float sum (``DEADLINE_RTOL``). The one rule of the node's ``deadline-miss``,
+    the server's late nodes and the reports; no deadline (None) is never missed, nor a
+    time that is not finite (not measured)."""
+    if deadline_s is None or not math.isfinite(time_s):
+        return False
+    return time_s > deadline_s * (1.0 + max(tolerance, DEADLINE_RTOL))
 
 
 def energy_saved_j(
@@ -153,4 +170,13 @@ def modes_doc() -> str:
     return "; ".join(m.doc for m in BALANCE_MODES.values())
 
 
-__all__ = ["BALANCE_MODES", "Mode", "Reselect", "Slack", "energy_saved_j", "modes_doc"]
+__all__ = [
+    "BALANCE_MODES",
+    "DEADLINE_RTOL",
+    "Mode",
+    "Reselect",
+    "Slack",
+    "energy_saved_j",
+    "missed_deadline",
+    "modes_doc",
+]

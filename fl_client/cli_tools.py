@@ -32,7 +32,7 @@ from fl_client.contract import Cap
 from fl_client.devices import BACKENDS, POWER_SOURCES, Device, DeviceError, DeviceOptions
 from fl_client.devices.base import GPU_FREQ_MHZ, DeviceInfo, Knob, Measurement, Meter, Workload
 from fl_client.devices.cli import add_devices_parser
-from fl_client.selector import METHODS, PEAK_SIGMA_K, TIE_TOLERANCE, SelectionRule
+from fl_client.selector import METHODS, PEAK_SIGMA_K, TIE_TOLERANCE, Objective
 from fl_client.settings import RunSettings
 
 DEFAULT_LUT_CACHE_DIR = ".powerfl-cache/lut"
@@ -682,7 +682,7 @@ def cmd_select(
     try:
         cap = Cap.parse(args.p_max_w)
         cap_margin = parse_cap_margin(args.cap_margin) if cap.capped else 0.0
-        rule = SelectionRule(
+        rule = Objective(
             peak_sigma_k=parse_peak_sigma_k(args.peak_sigma_k),
             tie_tolerance=parse_tie_tolerance(args.tie_tolerance),
         )
@@ -709,7 +709,7 @@ def cmd_select(
             ),
             r=r,
             p_max_w=cap.with_margin(cap_margin),
-            rule=rule,
+            objective=rule,
             b1_freq_cap_mhz=b1_cap,
             fixed_batch_size=args.fixed_batch_size,
             fixed_freq_mhz=args.fixed_freq_mhz,

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from fl_client import selector, task
-from fl_client.balance import BALANCE_MODES, Slack
+from fl_client.balance import BALANCE_MODES, Slack, missed_deadline
 from fl_client.contract import (
     Cap,
     NodeDescriptor,
@@ -112,17 +112,6 @@ def describe_node(
 
 
 # --------------------------------------------------------------------------- TRAIN steps
-
-
-#: A node's time counts as over its deadline only beyond this share of it (float rounding:
-#: the pace-setter's deadline is its own predicted time, summed in another order).
-DEADLINE_RTOL = 1e-9
-
-
-def missed_deadline(time_s: float, deadline_s: float) -> bool:
-    """Whether a round's local time is over its deadline: a pace-setter that runs exactly
-    its forecast (the deadline) is on time, not late by the last bit of a float sum."""
-    return time_s > deadline_s * (1.0 + DEADLINE_RTOL)
 
 
 @dataclass
@@ -266,16 +255,16 @@ def select_for(
     plan: RoundPlan,
     lut: LUT | None,
     device: Device,
-    rule: selector.SelectionRule = selector.DEFAULT_RULE,
-    context: selector.RoundContext = selector.EQ4_ALONE,
+    objective: selector.Objective = selector.EQ4,
+    context: selector.RoundContext = selector.ANY_ROUND,
 ) -> selector.Selection:
     """The round's (b*, f*) by ``selector.select``, the one dispatch of every method.
 
     Power-aware and the oracle take Eq. 4 on the LUT's measured cells under ``plan.limit``
     (the cap less the node's ``cap-margin``; the oracle with r measured on the node's
-    data): each cell judged by its peak + ``rule.peak_sigma_k``·σ of its per-step peaks
+    data): each cell judged by its peak + ``objective.peak_sigma_k``·σ of its per-step peaks
     (the LUT's ``peak_sigma_w``), the least time × r, near-ties within
-    ``rule.tie_tolerance`` to the least energy (the LUT's average power × time). B1 and B2
+    ``objective.tie_tolerance`` to the least energy (the LUT's average power × time). B1 and B2
     take their fixed frequency from the device descriptor's band for the cap; ``fixed``
     takes the configured (b, f). ``context``: the round plan's (``_balance``).
     """
@@ -294,7 +283,7 @@ def select_for(
         tables=tables,
         r=plan.r_true if cfg.method == "oracle" else list(cfg.r),
         p_max_w=plan.limit,
-        rule=rule,
+        objective=objective,
         b1_freq_cap_mhz=(
             device.info.b1_freq_cap_mhz(plan.cap.watts) if cfg.method in ("b1", "b2") else None
         ),
@@ -338,7 +327,7 @@ def _choose(
         plan.lut, known = shared
         plan.lut_from_cache = known == VERIFIED
         try:
-            plan.choice = select_for(plan, plan.lut, measure.device, ctx.selection_rule)
+            plan.choice = select_for(plan, plan.lut, measure.device, ctx.objective)
             if known != VERIFIED:
                 before = known == REFUSED or ctx.settings.shared_verify == "before"
                 _verify_shared(ctx, measure, plan, before=before)
@@ -352,7 +341,7 @@ def _choose(
         )
         plan.cost.add(cost.time_s, cost.energy_j)
     try:
-        plan.choice = select_for(plan, plan.lut, measure.device, ctx.selection_rule)
+        plan.choice = select_for(plan, plan.lut, measure.device, ctx.objective)
     except selector.InfeasibleCapError as err:
         if not ctx.node.p_max_schedule:
             raise
@@ -390,7 +379,7 @@ def _verify_shared(
     plan.shared, plan.lut = check, check.lut
     plan.cost.add(check.time_s, check.energy_j)
     if check.reprofiled:
-        plan.choice = select_for(plan, plan.lut, measure.device, ctx.selection_rule)
+        plan.choice = select_for(plan, plan.lut, measure.device, ctx.objective)
     keep_verified(measure, plan.lut, plan.cfg.kind_lut)
 
 
@@ -428,7 +417,8 @@ def _settle_shared(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, m
 
 def _balance(ctx: NodeContext, device: Device, plan: RoundPlan, samples: int) -> None:
     """The round plan on the node (a ``balance`` mode that plans, methods that select from
-    a LUT): the same objective as Eq. 4 (``selector.cell_scores``) with the round's context.
+    a LUT): the node's objective (``selector.Objective``) with the mode's changes and the
+    round's budget.
 
     The node's fastest feasible cell (time alone, ``r_weight`` 0) gives the best round
     time it reports (``fastest-time-s``, what the server plans the next deadline from).
@@ -445,27 +435,24 @@ def _balance(ctx: NodeContext, device: Device, plan: RoundPlan, samples: int) ->
     if cfg.method not in ("power-aware", "oracle"):
         return
     work = samples * cfg.time_calibration
-    fastest = select_for(
-        plan, plan.lut, device, ctx.selection_rule, selector.RoundContext(r_weight=0.0)
-    )
+    fastest = select_for(plan, plan.lut, device, ctx.objective.for_pace())
     plan.fastest_time_s = fastest.time_per_sample_s * work
     if cfg.deadline_s is None:
         return
     if cfg.critical:
         pace = fastest
         if s.critical_r_weight > 0:  # r still weighs: the cell the server planned it with
-            context = selector.RoundContext(r_weight=s.critical_r_weight)
-            pace = select_for(plan, plan.lut, device, ctx.selection_rule, context)
+            pace_objective = ctx.objective.for_pace(s.critical_r_weight)
+            pace = select_for(plan, plan.lut, device, pace_objective)
         plan.choice, plan.work_share = pace, s.straggler_work
     else:
         budget_s = cfg.deadline_s * (1.0 - s.deadline_margin)
         slack = Slack(plan.choice, fastest, budget_s, work, idle_power_w(device))
         if mode.reselect is not None:
             ask = mode.reselect(slack)
-            context = selector.RoundContext(
-                budget_s, work, batch_size=ask.batch_size, **ask.changes
-            )
-            plan.choice = select_for(plan, plan.lut, device, ctx.selection_rule, context)
+            objective = ctx.objective.but(**ask.changes)
+            context = selector.RoundContext(budget_s, work, batch_size=ask.batch_size)
+            plan.choice = select_for(plan, plan.lut, device, objective, context)
         plan.work_share = mode.work_share(slack, plan.choice)
         plan.mode_report = dict(mode.report(slack, plan.choice))
     plan.run_freq_mhz = plan.choice.freq_mhz
@@ -652,7 +639,7 @@ def _report(
         extra["drift_deviation"] = plan.drift.deviation
         extra["drift_reprofiled"] = float(plan.drift.reprofiled)
         if plan.drift.reprofiled:
-            again = select_for(plan, plan.drift.lut, device, ctx.selection_rule)
+            again = select_for(plan, plan.drift.lut, device, ctx.objective)
             extra["drift_batch_size"] = float(again.batch_size)
             extra["drift_freq_mhz"] = float(again.freq_mhz)
     if limit_w is not None and "drift_freq_mhz" in extra:  # the knob's value in W, its own key

@@ -390,9 +390,9 @@ class PowerAwareFedAvg(FedAvg):
                 desc.cap_at(server_round).with_margin(desc.cap_margin),
                 self.template.local_epochs * last.num_examples,
                 calibration=self.time_calibration.get(node_id, 1.0),
-                peak_sigma_k=self.planning.peak_sigma_k,
+                objective=self.planning.pace_objective,
                 r=self.r_rows(lut.batch_sizes),
-                r_weight=self.planning.critical_r_weight,
+                avg_power_w=lut.avg_power_w,
             )
             if math.isfinite(best):
                 return NodeForecast(node_id, best, "lut")

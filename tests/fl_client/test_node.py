@@ -126,9 +126,9 @@ def test_the_selection_rule_is_two_run_settings_with_the_selectors_defaults(
         selector.TIE_TOLERANCE,
     )
     ctx = node_context(run_config(tmp_path), NODE)
-    assert ctx.selection_rule == selector.SelectionRule()
+    assert ctx.objective == selector.Objective()
     ctx = node_context(run_config(tmp_path, **{"peak-sigma-k": 0, "tie-tolerance": "0.1"}), NODE)
-    assert ctx.selection_rule == selector.SelectionRule(peak_sigma_k=0.0, tie_tolerance=0.1)
+    assert ctx.objective == selector.Objective(peak_sigma_k=0.0, tie_tolerance=0.1)
     for key, bad in (("peak-sigma-k", -1), ("peak-sigma-k", "inf"), ("tie-tolerance", 1.0),
                      ("tie-tolerance", "x"), ("peak-sigma-k", True)):  # fmt: skip
         with pytest.raises(SettingsError, match=key):
@@ -149,7 +149,7 @@ def test_the_node_selects_with_the_luts_sigma_and_average_power_under_its_rule(
     run = run_config(tmp_path, **{"peak-sigma-k": 1.5, "tie-tolerance": 0.05})
     _, report = train_node(run, {**NODE, "p-max-w": 5.0}, train_config(), initial_state())
     [kwargs] = seen
-    assert kwargs["rule"] == selector.SelectionRule(peak_sigma_k=1.5, tie_tolerance=0.05)
+    assert kwargs["objective"] == selector.Objective(peak_sigma_k=1.5, tie_tolerance=0.05)
     (path,) = (tmp_path / "cache" / "nodes").rglob("lut_*.json")
     lut = LUT.load(path)
     tables = kwargs["tables"]
@@ -495,7 +495,7 @@ def test_a_round_trains_where_profiling_measured_and_sends_cpu_weights(
 
 
 def test_a_node_on_its_own_forecast_is_on_time_not_late_by_rounding() -> None:
-    from fl_client.node import missed_deadline
+    from fl_client.balance import missed_deadline
 
     forecast_s = sum([0.1] * 10)  # 0.9999999999999999: the deadline, summed one way
     measured_s = 0.1 * 10  # 1.0: the same time, summed another way

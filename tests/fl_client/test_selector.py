@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -15,8 +16,8 @@ from fl_client import selector
 from fl_client.selector import (
     METHODS,
     InfeasibleCapError,
+    Objective,
     PowerLimit,
-    SelectionRule,
     choose_cell,
     feasible_freq_index,
     select,
@@ -91,7 +92,7 @@ def monotone_tables(draw, shape=SHAPES):
     return time, power, B6[:n_b], F14[:n_f], r, cap
 
 
-EXACT = SelectionRule(tie_tolerance=0.0)
+EXACT = Objective(tie_tolerance=0.0)
 
 
 @st.composite
@@ -120,9 +121,9 @@ def test_power_aware_equals_literal_eq4_where_the_papers_premise_holds(tables):
     expected = brute_force_eq4_literal(time, power, b, f, r, cap)
     if expected is None:
         with pytest.raises(InfeasibleCapError):
-            select_power_aware(time, power, b, f, r, cap, rule=EXACT)
+            select_power_aware(time, power, b, f, r, cap, objective=EXACT)
         return
-    sel = select_power_aware(time, power, b, f, r, cap, rule=EXACT)
+    sel = select_power_aware(time, power, b, f, r, cap, objective=EXACT)
     assert (sel.batch_size, sel.freq_mhz) == expected
     assert sel.peak_power_w < cap
     i, j = b.index(sel.batch_size), f.index(sel.freq_mhz)
@@ -157,9 +158,9 @@ def test_paper_sized_tables_6x14(tables):
     expected = brute_force_eq4_literal(time, power, b, f, r, cap)
     if expected is None:
         with pytest.raises(InfeasibleCapError):
-            select_power_aware(time, power, b, f, r, cap, rule=EXACT)
+            select_power_aware(time, power, b, f, r, cap, objective=EXACT)
     else:
-        sel = select_power_aware(time, power, b, f, r, cap, rule=EXACT)
+        sel = select_power_aware(time, power, b, f, r, cap, objective=EXACT)
         assert (sel.batch_size, sel.freq_mhz) == expected
         assert len(sel.candidates) == 6
 
@@ -476,8 +477,8 @@ def test_choose_cell_is_eq4_on_bare_tables() -> None:
     time_s = np.array([[4.0, 2.0, 1.00], [3.0, 1.5, 1.01]])
     peak = np.array([[1.0, 2.0, 3.0], [1.0, 2.5, 5.0]])
     r = [1.0, 1.0]
-    exact = SelectionRule(tie_tolerance=0.0)
-    assert choose_cell(time_s, peak, peak, r, math.inf, rule=exact) == (0, 2)
+    exact = Objective(tie_tolerance=0.0)
+    assert choose_cell(time_s, peak, peak, r, math.inf, objective=exact) == (0, 2)
     # within the tie tolerance the lower energy wins: 1.01 × 5 > 1.00 × 3
     assert choose_cell(time_s, peak, peak, r, math.inf) == (0, 2)
     assert choose_cell(time_s, peak, peak, r, 4.0) == (0, 2)
@@ -492,7 +493,7 @@ def test_choose_cell_is_eq4_on_bare_tables() -> None:
     assert choose_cell(time_s, peak, peak, r, 4.0, peak_sigma_w=sigma) == (1, 1)
 
 
-# --------------------------------------------------------------------------- round context
+# ----------------------------------------------------------------- objective, round context
 
 
 def _context_case() -> tuple[selector.Tables, list[int], list[float], list[float]]:
@@ -503,28 +504,40 @@ def _context_case() -> tuple[selector.Tables, list[int], list[float], list[float
     return selector.Tables(time, peak, avg), [8, 32], [300.0, 600.0, 900.0], [0.3, 1.0]
 
 
-def test_the_default_round_context_is_eq4() -> None:
+def _within(budget_s: float, batch_size: int | None = None) -> selector.RoundContext:
+    """A round of 100 samples within ``budget_s``."""
+    return selector.RoundContext(budget_s=budget_s, samples=100, batch_size=batch_size)
+
+
+def test_the_default_objective_and_round_context_are_eq4() -> None:
     tables, b, f, r = _context_case()
     plain = selector.select_eq4(tables, b, f, r, 6.0)
-    assert selector.select_eq4(tables, b, f, r, 6.0, context=selector.EQ4_ALONE) == plain
+    assert (
+        selector.select_eq4(
+            tables, b, f, r, 6.0, objective=selector.EQ4, context=selector.ANY_ROUND
+        )
+        == plain
+    )
     assert (plain.batch_size, plain.freq_mhz) == (8, 900.0)  # 0.025 × 0.3 < 0.010 × 1.0
 
 
 def test_the_pace_setter_takes_its_fastest_cell_whatever_its_r() -> None:
     tables, b, f, r = _context_case()
-    fastest = selector.select_eq4(tables, b, f, r, 6.0, context=selector.RoundContext(r_weight=0))
+    pace = selector.EQ4.for_pace()
+    assert (pace.time_weight, pace.r_weight, pace.energy_weight) == (1.0, 0.0, 0.0)
+    fastest = selector.select_eq4(tables, b, f, r, 6.0, objective=pace)
     assert (fastest.batch_size, fastest.freq_mhz) == (32, 900.0)
 
 
 def test_samples_and_energy_modes_meet_the_deadline() -> None:
     tables, b, f, r = _context_case()
     # 100 samples within 3.1 s: only cells of ≤ 0.031 s per sample meet it
-    samples = selector.RoundContext(deadline_s=3.1, samples=100, time_weight=0.0)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, context=samples)
+    samples = Objective(time_weight=0.0)
+    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=samples, context=_within(3.1))
     # the least r that meets it (b = 8), at its least energy to accuracy among those
     assert (pick.batch_size, pick.freq_mhz) == (8, 600.0)  # 1.6 × 0.03 < 2.5 × 0.025
-    energy = selector.RoundContext(deadline_s=1.3, samples=100, energy_weight=1.0)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, context=energy)
+    energy = Objective(energy_weight=1.0)
+    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=energy, context=_within(1.3))
     # within 1.3 s only b = 32 at 600 / 900 MHz; 2.4 × 0.012 < 3.6 × 0.010
     assert (pick.batch_size, pick.freq_mhz) == (32, 600.0)
 
@@ -532,44 +545,52 @@ def test_samples_and_energy_modes_meet_the_deadline() -> None:
 def test_the_energy_mode_scores_the_energy_above_idle() -> None:
     tables, b, f, r = _context_case()
     # within 2.1 s only b = 32 meets it, at 300, 600 and 900 MHz (2.0, 1.2 and 1.0 s)
-    total = selector.RoundContext(deadline_s=2.1, samples=100, energy_weight=1.0)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, context=total)
+    total = Objective(energy_weight=1.0)
+    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=total, context=_within(2.1))
     # total energy per sample: 1.5 × 0.02 = 0.030, 2.4 × 0.012 = 0.0288, 3.6 × 0.010 = 0.036
     assert (pick.batch_size, pick.freq_mhz) == (32, 600.0)
-    above = selector.RoundContext(deadline_s=2.1, samples=100, energy_weight=1.0, idle_power_w=1.2)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, context=above)
+    above = total.but(idle_power_w=1.2)
+    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=above, context=_within(2.1))
     # above 1.2 W idle: 0.3 × 0.02 = 0.006, 1.2 × 0.012 = 0.0144, 2.4 × 0.010 = 0.024
     assert (pick.batch_size, pick.freq_mhz) == (32, 300.0)
     # batch_size keeps one b's row: the energy mode at the node's own b* (here b = 8, whose
     # cells all miss 2.1 s: the fallback is that row's fastest cell, not b = 32's)
-    keep = selector.RoundContext(
-        deadline_s=2.1, samples=100, energy_weight=1.0, idle_power_w=1.2, batch_size=8
-    )
-    pick = selector.select_eq4(tables, b, f, r, 6.0, context=keep)
+    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=above, context=_within(2.1, 8))
     assert (pick.batch_size, pick.freq_mhz) == (8, 900.0)
-    roomy = selector.RoundContext(
-        deadline_s=5.0, samples=100, energy_weight=1.0, idle_power_w=0.9, batch_size=8
-    )
-    pick = selector.select_eq4(tables, b, f, r, 6.0, context=roomy)
+    roomy = total.but(idle_power_w=0.9)
+    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=roomy, context=_within(5.0, 8))
     # b = 8 above 0.9 W idle: 0.04 × 0.1 = 0.004, 0.03 × 0.7 = 0.021, 0.025 × 1.6 = 0.04
     assert (pick.batch_size, pick.freq_mhz) == (8, 300.0)
     with pytest.raises(ValueError, match=r"^batch-size: 16 is not one of"):
         selector.select_eq4(tables, b, f, r, 6.0, context=selector.RoundContext(batch_size=16))
     # idle power alone does nothing without an energy weight
-    plain = selector.RoundContext(deadline_s=2.1, samples=100, idle_power_w=1.2)
-    assert selector.select_eq4(tables, b, f, r, 6.0, context=plain) == selector.select_eq4(
-        tables, b, f, r, 6.0, context=selector.RoundContext(deadline_s=2.1, samples=100)
-    )
+    plain = Objective(idle_power_w=1.2)
+    assert selector.select_eq4(
+        tables, b, f, r, 6.0, objective=plain, context=_within(2.1)
+    ) == selector.select_eq4(tables, b, f, r, 6.0, context=_within(2.1))
 
 
 def test_a_deadline_no_cell_meets_gives_the_fastest_cell() -> None:
     tables, b, f, r = _context_case()
-    tight = selector.RoundContext(deadline_s=0.1, samples=100, time_weight=0.0)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, context=tight)
+    least_r = Objective(time_weight=0.0)
+    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=least_r, context=_within(0.1))
     assert (pick.batch_size, pick.freq_mhz) == (32, 900.0)
     # under a 4.5 W cap the fastest feasible cell is b = 32 at 600 MHz
-    pick = selector.select_eq4(tables, b, f, r, 4.5, context=tight)
+    pick = selector.select_eq4(tables, b, f, r, 4.5, objective=least_r, context=_within(0.1))
     assert (pick.batch_size, pick.freq_mhz) == (32, 600.0)
+
+
+def test_objective_scores_are_eq4_by_default_and_weigh_each_term() -> None:
+    time = np.array([[0.04, np.nan], [0.02, 0.01]])
+    r = [0.5, 1.0]
+    power = np.array([[2.0, np.nan], [3.0, 4.0]])
+    np.testing.assert_array_equal(selector.EQ4.scores(time, r), time * np.array([[0.5], [1.0]]))
+    fastest = selector.EQ4.for_pace().scores(time, r)
+    np.testing.assert_array_equal(fastest, time)
+    energy = Objective(energy_weight=1.0, idle_power_w=1.0).scores(time, r, power)
+    np.testing.assert_allclose(energy, time * np.array([[0.5], [1.0]]) * (power - 1.0))
+    with pytest.raises(ValueError, match=r"^energy-weight: needs the cells' power"):
+        Objective(energy_weight=1.0).scores(time, r)
 
 
 @pytest.mark.parametrize(
@@ -578,14 +599,22 @@ def test_a_deadline_no_cell_meets_gives_the_fastest_cell() -> None:
         ({"energy_weight": 1.5}, "energy-weight"),
         ({"time_weight": -0.1}, "time-weight"),
         ({"r_weight": True}, "r-weight"),
-        ({"deadline_s": 0.0, "samples": 10}, "deadline-s"),
-        ({"deadline_s": 1.0}, "samples"),
+        ({"budget_s": 0.0, "samples": 10}, "budget-s"),
+        ({"budget_s": 1.0}, "samples"),
         ({"idle_power_w": -1.0}, "idle-power-w"),
         ({"idle_power_w": math.nan}, "idle-power-w"),
+        ({"tie_tolerance": 1.0}, "tie-tolerance"),
+        ({"peak_sigma_k": -1.0}, "peak-sigma-k"),
         ({"batch_size": 0}, "batch-size"),
         ({"batch_size": 8.0}, "batch-size"),
     ],
 )
-def test_a_bad_round_context_is_refused_naming_the_key(kw: dict[str, Any], key: str) -> None:
+def test_a_bad_objective_or_round_context_is_refused_naming_the_key(
+    kw: dict[str, Any], key: str
+) -> None:
+    objective_keys = {f.name for f in dataclasses.fields(Objective)}
     with pytest.raises(ValueError, match=f"^{key}:"):
-        selector.RoundContext(**kw)
+        if kw.keys() <= objective_keys:
+            Objective(**kw)
+        else:
+            selector.RoundContext(**kw)

@@ -15,8 +15,8 @@ from hypothesis.extra import numpy as hnp
 from fl_client.devices.base import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W
 from fl_client.selector import (
     InfeasibleCapError,
+    Objective,
     PowerLimit,
-    SelectionRule,
     Tables,
     feasible_cells,
     feasible_freq_indices,
@@ -140,7 +140,7 @@ def extras(draw, shape):
         )
     )
     share = draw(st.one_of(st.none(), hnp.arrays(np.float64, shape, elements=st.floats(0.3, 1.0))))
-    rule = SelectionRule(
+    rule = Objective(
         peak_sigma_k=draw(st.sampled_from([0.0, 1.0, 2.0])),
         tie_tolerance=draw(st.sampled_from([0.0, 0.02, 0.1])),
     )
@@ -150,9 +150,14 @@ def extras(draw, shape):
 
 def run(tables, opts):
     time, power, b, f, r, cap = tables
-    rule = SelectionRule(peak_sigma_k=opts.k, tie_tolerance=opts.tol)
+    rule = Objective(peak_sigma_k=opts.k, tie_tolerance=opts.tol)
     return select_eq4(
-        Tables(time, power, opts.avg, opts.sigma), b, f, r, PowerLimit(cap, opts.margin), rule=rule
+        Tables(time, power, opts.avg, opts.sigma),
+        b,
+        f,
+        r,
+        PowerLimit(cap, opts.margin),
+        objective=rule,
     )
 
 
@@ -258,7 +263,7 @@ def test_a_flat_row_takes_its_least_energy_cell():
     assert sel.energy_per_sample_j == pytest.approx(2.0)
     # literal Eq. 4 would run b=8 at 400 MHz: as fast, 75% more energy
     exact = select_power_aware(
-        time, power, [8, 16], FREQS, [1.0, 1.0], 5.0, rule=SelectionRule(tie_tolerance=0.0)
+        time, power, [8, 16], FREQS, [1.0, 1.0], 5.0, objective=Objective(tie_tolerance=0.0)
     )
     assert (exact.batch_size, exact.freq_mhz) == (8, 100.0)  # exact tie: the lower f
     # a flat row in both time and power: every cell equal, the lowest f
@@ -299,9 +304,9 @@ def test_sigma_makes_a_cell_infeasible_and_the_error_says_so():
     sigma = np.array([[0.05, 0.3]])
     sel = select_eq4(Tables(time, power, peak_sigma_w=sigma), [8], [100.0, 200.0], [1.0], 5.0)
     assert sel.freq_mhz == 100.0  # 4.6 + 2 × 0.3 = 5.2 W is not below 5 W
-    lenient = SelectionRule(peak_sigma_k=1.0)
+    lenient = Objective(peak_sigma_k=1.0)
     assert select_eq4(Tables(time, power, peak_sigma_w=sigma), [8], [100.0, 200.0], [1.0], 5.0,
-                      rule=lenient).freq_mhz == 200.0  # fmt: skip
+                      objective=lenient).freq_mhz == 200.0  # fmt: skip
     with pytest.raises(InfeasibleCapError) as info:
         select_eq4(Tables(time, power, peak_sigma_w=sigma), [8], [100.0, 200.0], [1.0], 3.05)
     err = info.value
@@ -347,12 +352,12 @@ def test_extra_tables_are_checked():
 )
 def test_selection_rule_is_validated(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        SelectionRule(**kwargs)
+        Objective(**kwargs)
 
 
 def test_selection_rule_from_config():
-    assert SelectionRule.from_config({}) == SelectionRule()
-    rule = SelectionRule.from_config({"peak-sigma-k": 3.0, "tie-tolerance": 0.05, "x": 1})
+    assert Objective.from_config({}) == Objective()
+    rule = Objective.from_config({"peak-sigma-k": 3.0, "tie-tolerance": 0.05, "x": 1})
     assert (rule.peak_sigma_k, rule.tie_tolerance) == (3.0, 0.05)
 
 
