@@ -32,11 +32,10 @@ from fl_client.devices.base import (
     knob_for,
 )
 from fl_client.files import set_aside, write_atomic
+from fl_client.power import PowerLimit, parse_p_max_w
 from fl_client.selector import (
-    PowerLimit,
     validate_batch_sizes,
     validate_freqs_mhz,
-    validate_p_max_w,
     validate_tables,
 )
 
@@ -190,7 +189,8 @@ class LUT:
         try:
             b = validate_batch_sizes(list(self.batch_sizes))
             f = validate_freqs_mhz(list(self.freqs_mhz))
-            cap = validate_p_max_w(self.p_max_w)
+            watts = parse_p_max_w(self.p_max_w)
+            cap = None if math.isinf(watts) else watts
             time_s, peak_w = validate_tables(
                 self.time_per_sample_s, self.peak_power_w, len(b), len(f)
             )

@@ -40,6 +40,7 @@ from fl_client.devices.base import (  # the knob a table is indexed by
     GPU_FREQ_MHZ,
     Knob,
 )
+from fl_client.power import PowerLimit  # the cap with its margin, what feasibility judges
 
 if TYPE_CHECKING:  # typing.Unpack is 3.11+; only the type checker needs it
     from typing_extensions import Unpack
@@ -340,52 +341,6 @@ EQ4 = Objective()
 
 
 @dataclass(frozen=True)
-class PowerLimit:
-    """The power cap with its margin: the one value every feasibility check below the node
-    judges a cell's robust peak by.
-
-    Attributes
-    ----------
-    p_max_w : float
-        The bare cap P_max in W (``math.inf``: no cap); a number, a numeric string,
-        ``"none"`` or None are accepted and stored as a float (``validate_p_max_w``).
-    cap_margin : float
-        ``cap-margin``: the share of P_max kept free of profiled peak power, in [0, 1)
-        (``validate_cap_margin``); 0 without a cap. One profiled peak is a noisy sample
-        of a cell's power and training runs many more steps than profiling: keeping
-        profiled peaks this share below P_max leaves room for the sensor's excursions.
-    """
-
-    p_max_w: float = math.inf
-    cap_margin: float = 0.0
-
-    def __post_init__(self) -> None:
-        cap = validate_p_max_w(self.p_max_w)
-        margin = validate_cap_margin(self.cap_margin)
-        object.__setattr__(self, "p_max_w", math.inf if cap is None else cap)
-        object.__setattr__(self, "cap_margin", 0.0 if cap is None else margin)
-
-    @classmethod
-    def of(cls, limit: PowerLimit | float | str | None) -> PowerLimit:
-        """``limit`` itself, or a bare cap (a number, ``"none"``, None) with no margin."""
-        return limit if isinstance(limit, PowerLimit) else cls(limit)  # type: ignore[arg-type]
-
-    @property
-    def capped(self) -> bool:
-        return math.isfinite(self.p_max_w)
-
-    @property
-    def cap_w(self) -> float | None:
-        """The bare cap in W, None without one (the form ``Selection.p_max_w`` keeps)."""
-        return self.p_max_w if self.capped else None
-
-    @property
-    def limit_w(self) -> float:
-        """What a robust peak must stay below: ``P_max · (1 − cap_margin)`` (inf: no cap)."""
-        return self.p_max_w * (1.0 - self.cap_margin) if self.capped else math.inf
-
-
-@dataclass(frozen=True)
 class RoundContext:
     """What a round asks of a node's choice beyond its objective (the server's round plan).
 
@@ -435,73 +390,6 @@ def _none_if_nan(x: float) -> float | None:
 
 
 # --------------------------------------------------------------------------- validation
-
-
-def validate_p_max_w(p_max_w: object) -> float | None:
-    """Check a power cap; return it in watts, or None for "no cap".
-
-    Parameters
-    ----------
-    p_max_w : float, str or None
-        ``p-max-w``: a finite number > 0 (a numeric string is accepted), or None, ``"none"``
-        or infinity meaning no cap.
-
-    Returns
-    -------
-    float or None
-        The cap in watts, None when there is no cap.
-
-    Raises
-    ------
-    ValueError
-        For a non-number, NaN, zero or a negative value.
-    """
-    if isinstance(p_max_w, float) and 0 < p_max_w < math.inf:  # the common case
-        return float(p_max_w)
-    allowed = "a finite number of watts > 0, or none/inf for no cap"
-    if p_max_w is None:
-        return None
-    value: float
-    if isinstance(p_max_w, str):
-        text = p_max_w.strip().lower()
-        if text in ("none", "inf", "+inf", "infinity"):
-            return None
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError(f"p-max-w: must be {allowed}; got {p_max_w!r}") from None
-    elif isinstance(p_max_w, numbers.Real) and not isinstance(p_max_w, bool):
-        value = float(p_max_w)
-    else:
-        raise ValueError(f"p-max-w: must be {allowed}; got {p_max_w!r}")
-    if value == math.inf:
-        return None
-    if math.isnan(value) or value <= 0:
-        raise ValueError(f"p-max-w: must be {allowed}; got {p_max_w!r}")
-    return value
-
-
-def validate_cap_margin(cap_margin: object) -> float:
-    """Check ``cap-margin``: the share of P_max kept free of profiled peak power, in [0, 1).
-
-    Raises
-    ------
-    ValueError
-        For a non-number, NaN, a negative value or one ≥ 1.
-    """
-    if isinstance(cap_margin, float) and 0.0 <= cap_margin < 1.0:  # the common case
-        return float(cap_margin)
-    allowed = "a number in [0, 1) (a share of P_max, e.g. 0.05)"
-    if isinstance(cap_margin, bool) or not isinstance(cap_margin, numbers.Real):
-        raise ValueError(f"cap-margin: must be {allowed}; got {cap_margin!r}")
-    value = float(cap_margin)
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"cap-margin: must be {allowed}; got {cap_margin!r}")
-    return value
-
-
-#: No cap.
-NO_LIMIT = PowerLimit()
 
 
 def validate_batch_sizes(batch_sizes: Sequence[object]) -> list[int]:

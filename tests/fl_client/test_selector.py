@@ -27,7 +27,6 @@ from fl_client.selector import (
     select_oracle,
     select_power_aware,
     validate_batch_sizes,
-    validate_p_max_w,
     validate_r,
 )
 
@@ -273,25 +272,6 @@ def test_cap_margin_keeps_profiled_peaks_below_the_reduced_cap():
     assert "Raise p-max-w above 3.158 W, lower cap-margin" in str(info.value)
 
 
-@pytest.mark.parametrize("value", [-0.01, 1.0, 2, float("nan"), "0.1", True, None])
-def test_bad_cap_margin_is_refused_with_the_key(value):
-    with pytest.raises(ValueError, match=r"cap-margin: must be a number in \[0, 1\)"):
-        selector.validate_cap_margin(value)
-
-
-def test_the_cap_with_its_margin_is_one_value():
-    assert selector.PowerLimit(4.5, 0.05).limit_w == pytest.approx(4.275)
-    assert selector.PowerLimit(4.5, 0.0).limit_w == 4.5
-    none = selector.PowerLimit(math.inf, 0.05)
-    assert math.isinf(none.limit_w) and none.cap_margin == 0.0 and none.cap_w is None
-    assert selector.PowerLimit.of("none") == selector.NO_LIMIT == selector.PowerLimit.of(None)
-    assert selector.PowerLimit.of(4.5) == selector.PowerLimit(4.5, 0.0)
-    with pytest.raises(ValueError, match="cap-margin"):
-        selector.PowerLimit(4.5, 1.0)
-    with pytest.raises(ValueError, match="p-max-w"):
-        selector.PowerLimit(-1.0)
-
-
 def test_oracle_is_eq4_with_its_own_r():
     time = np.array([[2.0, 1.0], [1.2, 0.55]])
     power = np.array([[1.0, 2.0], [2.0, 4.0]])
@@ -388,30 +368,6 @@ def test_dispatcher_matches_the_functions_and_rejects_unknown_methods():
 
 
 # --------------------------------------------------------------------------- validation
-
-
-@pytest.mark.parametrize(
-    "value, expected",
-    [
-        (4.5, 4.5),
-        (7, 7.0),
-        ("5", 5.0),
-        (None, None),
-        ("none", None),
-        ("None", None),
-        (math.inf, None),
-        ("inf", None),
-        (np.float64(3.0), 3.0),
-    ],
-)
-def test_validate_p_max_w_accepts(value, expected):
-    assert validate_p_max_w(value) == expected
-
-
-@pytest.mark.parametrize("value", [0, -1.0, math.nan, "abc", True, [5.0], -math.inf, "nan"])
-def test_validate_p_max_w_rejects(value):
-    with pytest.raises(ValueError, match=r"p-max-w: must be a finite number of watts > 0"):
-        validate_p_max_w(value)
 
 
 def test_validate_batch_sizes():
