@@ -273,19 +273,9 @@ class LUT:
         return Workload(self.model_name, self.input_shape, 0.0).key
 
     @property
-    def is_full_grid(self) -> bool:
-        """Whether every cell was profiled (such a LUT serves any cap)."""
-        return bool(np.all(~np.isnan(self.time_per_sample_s)))
-
-    @property
     def cells_profiled(self) -> int:
         """How many (b, f) cells were measured."""
         return int(np.count_nonzero(~np.isnan(self.time_per_sample_s)))
-
-    @property
-    def cells_unsettled(self) -> int:
-        """How many measured cells stopped at the profiler's hard cap (``settled`` 0)."""
-        return int(np.count_nonzero(self.settled == 0))
 
     @property
     def board_profile_time_s(self) -> float | None:

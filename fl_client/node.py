@@ -115,7 +115,7 @@ def describe_node(
 
 
 @dataclass
-class RoundPlan:
+class NodeRoundState:
     """What a round decided before training, and what it measured on the way."""
 
     cfg: TrainConfig
@@ -252,7 +252,7 @@ def oracle_r(
 
 
 def select_for(
-    plan: RoundPlan,
+    plan: NodeRoundState,
     lut: LUT | None,
     device: Device,
     objective: selector.Objective = selector.EQ4,
@@ -293,7 +293,7 @@ def select_for(
     )
 
 
-def _skip_reason(plan: RoundPlan, err: selector.InfeasibleCapError) -> RuntimeError:
+def _skip_reason(plan: NodeRoundState, err: selector.InfeasibleCapError) -> RuntimeError:
     """A scheduled cap no configuration meets: the node skips that round, saying why."""
     spent = (
         f"; profiling for this cap took {plan.cost.time_s:.2f} s and {plan.cost.energy_j:.2f} J"
@@ -309,7 +309,7 @@ def _skip_reason(plan: RoundPlan, err: selector.InfeasibleCapError) -> RuntimeEr
 def _choose(
     ctx: NodeContext,
     measure: MeasureContext,
-    plan: RoundPlan,
+    plan: NodeRoundState,
     state: Mapping[str, torch.Tensor],
     data: tuple[Any, Any],
 ) -> None:
@@ -350,7 +350,7 @@ def _choose(
 
 
 def _verify_shared(
-    ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, *, before: bool
+    ctx: NodeContext, measure: MeasureContext, plan: NodeRoundState, *, before: bool
 ) -> None:
     """Check the chosen cell of a kind's LUT on this board.
 
@@ -383,7 +383,7 @@ def _verify_shared(
     keep_verified(measure, plan.lut, plan.cfg.kind_lut)
 
 
-def _settle_shared(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, m: Any) -> None:
+def _settle_shared(ctx: NodeContext, measure: MeasureContext, plan: NodeRoundState, m: Any) -> None:
     """The kind's LUT checked by the round's own training at the chosen cell: its device
     time against the cell's time per sample (``drift.trained_time_deviation``) and its
     peak against the cell's promise (``check_power``), with no step-down of the cap guard.
@@ -415,7 +415,7 @@ def _settle_shared(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, m
     )
 
 
-def _balance(ctx: NodeContext, device: Device, plan: RoundPlan, samples: int) -> None:
+def _balance(ctx: NodeContext, device: Device, plan: NodeRoundState, samples: int) -> None:
     """The round plan on the node (a ``balance`` mode that plans, methods that select from
     a LUT): the node's objective (``selector.Objective``) with the mode's changes and the
     round's budget.
@@ -458,7 +458,7 @@ def _balance(ctx: NodeContext, device: Device, plan: RoundPlan, samples: int) ->
     plan.run_freq_mhz = plan.choice.freq_mhz
 
 
-def _local_work(cfg: TrainConfig, plan: RoundPlan, n_samples: int) -> tuple[int, int | None]:
+def _local_work(cfg: TrainConfig, plan: NodeRoundState, n_samples: int) -> tuple[int, int | None]:
     """Epochs and the sample budget of this round's local training (``task.train``):
     ``local-epochs`` over the data, scaled by the plan's ``work_share`` in whole minibatches
     of b* (at least one; ``task.train`` stops after the minibatch that reaches the budget,
@@ -470,7 +470,7 @@ def _local_work(cfg: TrainConfig, plan: RoundPlan, n_samples: int) -> tuple[int,
     return max(1, math.ceil(total / max(n_samples, 1))), total
 
 
-def _check_drift(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan) -> None:
+def _check_drift(ctx: NodeContext, measure: MeasureContext, plan: NodeRoundState) -> None:
     """Every ``drift-check-every`` rounds, compare the operating point with a cached LUT."""
     k = ctx.settings.drift_check_every
     if plan.lut is None or plan.choice is None or not plan.lut_from_cache:
@@ -495,7 +495,7 @@ def _check_drift(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan) -> 
 
 
 def check_power(
-    ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, peak_w: float
+    ctx: NodeContext, measure: MeasureContext, plan: NodeRoundState, peak_w: float
 ) -> tuple[float, bool] | None:
     """Every trained round, at no cost: the round's measured peak power against the peak its
     LUT promised at the cell it ran at (peak + ``peak-sigma-k``·σ). Beyond
@@ -556,7 +556,9 @@ def train_node(
     ctx = node_context(run_config, node_config)
     cfg = TrainConfig.from_config(config)
     s = ctx.settings
-    plan = RoundPlan(cfg=cfg, limit=ctx.node.p_max_at(cfg.server_round).with_margin(ctx.cap_margin))
+    plan = NodeRoundState(
+        cfg=cfg, limit=ctx.node.p_max_at(cfg.server_round).with_margin(ctx.cap_margin)
+    )
     torch.set_num_threads(1)  # simulated nodes share the host's cores
     data = ctx.local_data()
     device = ctx.open_device(cfg.server_round)
@@ -603,7 +605,7 @@ def train_node(
 
 def _report(
     ctx: NodeContext,
-    plan: RoundPlan,
+    plan: NodeRoundState,
     device: Device,
     m: Any,
     result: task.TrainResult,

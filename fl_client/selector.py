@@ -971,55 +971,6 @@ def _infeasible(
     )
 
 
-def select_power_aware(
-    lut_time_s: npt.ArrayLike,
-    lut_power_w: npt.ArrayLike,
-    batch_sizes: Sequence[int],
-    freqs_mhz: Sequence[float],
-    r: Sequence[float],
-    p_max_w: PowerLimit | float | str | None,
-    *,
-    objective: Objective = EQ4,
-) -> Selection:
-    """Eq. 4 with the proxy's r: ``select_eq4`` on LUT_time and LUT_power alone.
-
-    Kept for callers that pass the two tables positionally; give average power or σ of
-    per-step peaks through ``select_eq4(Tables(...), ...)`` or ``select(tables=...)``.
-    Without σ the robust peak is the profiled peak; without average power the tie-break's
-    energy is peak power × time.
-
-    Parameters
-    ----------
-    lut_time_s, lut_power_w : array_like, shape (|B|, |F|)
-        Time per training sample (s) and peak power (W); NaN (same cells) where not
-        profiled.
-    batch_sizes, freqs_mhz, r, p_max_w, objective
-        As in ``select_eq4`` (``p_max_w``: the cap with its margin, or a bare cap).
-
-    Returns
-    -------
-    Selection
-        With ``method="power-aware"``.
-    """
-    return select_eq4(
-        Tables(lut_time_s, lut_power_w),
-        batch_sizes,
-        freqs_mhz,
-        r,
-        p_max_w,
-        objective=objective,
-    )
-
-
-def select_oracle(*args: Any, **kwargs: Any) -> Selection:
-    """The paper's "fastest configuration": Eq. 4 with r measured on the client's own data.
-
-    ``select_power_aware`` with the same parameters (``r`` is the true r of the target
-    data); the Selection has ``method="oracle"``.
-    """
-    return dataclasses.replace(select_power_aware(*args, **kwargs), method="oracle")
-
-
 # --------------------------------------------------------------------------- baselines
 
 
@@ -1164,18 +1115,11 @@ def select_fixed(
 
 
 class MethodArgs(TypedDict, total=False):
-    """``select``'s per-method keywords, and the flat spelling of its tables.
-
-    ``lut_time_s``, ``lut_power_w``, ``lut_avg_power_w``, ``lut_peak_sigma_w`` and ``knob``
-    are the tables as separate arguments (the call callers made before ``Tables``); give
-    them or ``tables``, not both. ``context``: power-aware and oracle.
+    """``select``'s per-method keywords. ``context``: power-aware and oracle.
     ``b1_freq_cap_mhz``: b1, b2. ``fixed_batch_size`` and ``fixed_freq_mhz``: fixed.
+    ``knob``: what the baselines' choice is when no tables are given (with tables, theirs).
     """
 
-    lut_time_s: npt.ArrayLike | None
-    lut_power_w: npt.ArrayLike | None
-    lut_avg_power_w: npt.ArrayLike | None
-    lut_peak_sigma_w: npt.ArrayLike | None
     knob: Knob
     context: RoundContext
     b1_freq_cap_mhz: float | None
@@ -1184,30 +1128,6 @@ class MethodArgs(TypedDict, total=False):
 
 
 _METHOD_ARGS = frozenset(MethodArgs.__annotations__)
-_FLAT_TABLES = ("lut_time_s", "lut_power_w", "lut_avg_power_w", "lut_peak_sigma_w", "knob")
-
-
-def _tables_of(tables: Tables | None, args: MethodArgs) -> Tables | None:
-    """``tables``, or the flat ``lut_*`` keywords as Tables (None when neither is given)."""
-    unknown = args.keys() - _METHOD_ARGS
-    if unknown:
-        raise TypeError(f"select() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
-    flat = {k: args[k] for k in _FLAT_TABLES if args.get(k) is not None}  # type: ignore[literal-required]
-    if tables is not None:
-        if flat:
-            raise ValueError(f"tables: give Tables or {', '.join(flat)}, not both")
-        return tables
-    if "lut_time_s" not in flat and "lut_power_w" not in flat:
-        return None  # a ``knob`` alone still labels the baselines' choice (``select``)
-    if "lut_time_s" not in flat or "lut_power_w" not in flat:
-        raise ValueError("lut_time_s and lut_power_w: give both tables or neither")
-    return Tables(
-        flat["lut_time_s"],
-        flat["lut_power_w"],
-        flat.get("lut_avg_power_w"),
-        flat.get("lut_peak_sigma_w"),
-        flat.get("knob", GPU_FREQ_MHZ),
-    )
 
 
 def select(
@@ -1235,14 +1155,13 @@ def select(
     batch_sizes, freqs_mhz, r, p_max_w
         As in the per-method functions.
     tables : Tables, optional
-        The profiled tables and their knob (or the flat ``lut_*`` keywords).
+        The profiled tables and their knob.
     objective : Objective
         The objective of power-aware and oracle, with its ``peak-sigma-k`` and
         ``tie-tolerance`` (``select_eq4``).
     **method_args
-        ``MethodArgs``: ``context`` (``RoundContext``), ``b1_freq_cap_mhz``, ``fixed_batch_size``,
-        ``fixed_freq_mhz``, and ``lut_time_s``, ``lut_power_w``, ``lut_avg_power_w``,
-        ``lut_peak_sigma_w``, ``knob`` instead of ``tables``.
+        ``MethodArgs``: ``context`` (``RoundContext``), ``b1_freq_cap_mhz``,
+        ``fixed_batch_size``, ``fixed_freq_mhz``, ``knob``.
 
     Returns
     -------
@@ -1256,7 +1175,10 @@ def select(
     """
     if method not in METHODS:
         raise ValueError(f"method: unknown value {method!r}; allowed: {', '.join(METHODS)}")
-    t = _tables_of(tables, method_args)
+    unknown = method_args.keys() - _METHOD_ARGS
+    if unknown:
+        raise TypeError(f"select() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
+    t = tables
 
     def need(name: str, value: Any) -> Any:
         if value is None:

@@ -62,10 +62,6 @@ class RoundPlan:
     fixed: bool
     forecasts: tuple[NodeForecast, ...]
 
-    def role_of(self, node_id: int) -> str:
-        """``critical`` or ``slack``."""
-        return "critical" if node_id in self.critical else "slack"
-
 
 def best_round_time_s(
     time_s: npt.ArrayLike,

@@ -104,7 +104,7 @@ def test_profile_on_the_twin_writes_and_prints_the_lut(
     lut = LUT.load(out_path)
     assert lut.device_kind == "jetson-nano" and lut.backend == "simulated"
     assert lut.batch_sizes == (4, 8) and lut.freqs_mhz == pytest.approx(NANO_MHZ)
-    assert lut.is_full_grid and lut.p_max_w is None
+    assert lut.grid == "full" and lut.p_max_w is None
     [cached] = list(cache.glob("lut_*.json"))
     assert LUT.load(cached).to_json() == lut.to_json()
     assert str(cached) in out and str(out_path) in out and "(profiled)" in out

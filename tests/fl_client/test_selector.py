@@ -18,14 +18,14 @@ from fl_client.selector import (
     InfeasibleCapError,
     Objective,
     PowerLimit,
+    Tables,
     choose_cell,
     feasible_freq_index,
     select,
     select_b1,
     select_b2,
+    select_eq4,
     select_fixed,
-    select_oracle,
-    select_power_aware,
     validate_batch_sizes,
     validate_r,
 )
@@ -120,9 +120,9 @@ def test_power_aware_equals_literal_eq4_where_the_papers_premise_holds(tables):
     expected = brute_force_eq4_literal(time, power, b, f, r, cap)
     if expected is None:
         with pytest.raises(InfeasibleCapError):
-            select_power_aware(time, power, b, f, r, cap, objective=EXACT)
+            select_eq4(Tables(time, power), b, f, r, cap, objective=EXACT)
         return
-    sel = select_power_aware(time, power, b, f, r, cap, objective=EXACT)
+    sel = select_eq4(Tables(time, power), b, f, r, cap, objective=EXACT)
     assert (sel.batch_size, sel.freq_mhz) == expected
     assert sel.peak_power_w < cap
     i, j = b.index(sel.batch_size), f.index(sel.freq_mhz)
@@ -139,9 +139,9 @@ def test_power_aware_never_uses_a_cell_above_the_cap_on_noisy_tables_with_holes(
     time, power, b, f, r, cap = tables
     if not (power < cap).any():
         with pytest.raises(InfeasibleCapError):
-            select_power_aware(time, power, b, f, r, cap)
+            select_eq4(Tables(time, power), b, f, r, cap)
         return
-    sel = select_power_aware(time, power, b, f, r, cap)
+    sel = select_eq4(Tables(time, power), b, f, r, cap)
     assert sel.peak_power_w < cap  # never above the cap
     for i, c in enumerate(sel.candidates):
         if c.freq_mhz is None:
@@ -157,9 +157,9 @@ def test_paper_sized_tables_6x14(tables):
     expected = brute_force_eq4_literal(time, power, b, f, r, cap)
     if expected is None:
         with pytest.raises(InfeasibleCapError):
-            select_power_aware(time, power, b, f, r, cap, objective=EXACT)
+            select_eq4(Tables(time, power), b, f, r, cap, objective=EXACT)
     else:
-        sel = select_power_aware(time, power, b, f, r, cap, objective=EXACT)
+        sel = select_eq4(Tables(time, power), b, f, r, cap, objective=EXACT)
         assert (sel.batch_size, sel.freq_mhz) == expected
         assert len(sel.candidates) == 6
 
@@ -198,10 +198,10 @@ def test_feasible_freq_index_examples():
 def test_no_cap_picks_fastest_score_at_highest_frequency():
     time = np.array([[4.0, 2.0, 1.0], [3.0, 1.5, 0.6]])
     power = np.array([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0]])
-    sel = select_power_aware(time, power, [8, 16], [100.0, 200.0, 300.0], [0.5, 1.0], "none")
+    sel = select_eq4(Tables(time, power), [8, 16], [100.0, 200.0, 300.0], [0.5, 1.0], "none")
     # scores at the top frequency: 1.0 × 0.5 = 0.5 vs 0.6 × 1.0 = 0.6
     assert (sel.batch_size, sel.freq_mhz, sel.p_max_w) == (8, 300.0, None)
-    sel = select_power_aware(time, power, [8, 16], [100.0, 200.0, 300.0], [0.5, 1.0], 3.5)
+    sel = select_eq4(Tables(time, power), [8, 16], [100.0, 200.0, 300.0], [0.5, 1.0], 3.5)
     # under 3.5 W: b=8 → 300 MHz (0.5); b=16 → 100 MHz (3.0)
     assert (sel.batch_size, sel.freq_mhz, sel.p_max_w) == (8, 300.0, 3.5)
     assert [c.freq_mhz for c in sel.candidates] == [300.0, 100.0]
@@ -214,15 +214,15 @@ def test_paper_figure_1_example_prefers_smaller_batch_at_higher_frequency():
     time = np.array([[1.5, 1.3, 1.1, 0.9, 0.8], [1.4, 1.3220, 1.1, 1.0, 0.9]]) * 1e-3
     time[0, 3] = time[1, 1] * (1 - 0.319)
     power = np.array([[3.5, 4.0, 4.5, 4.9, 5.4], [4.0, 4.8, 5.3, 5.9, 6.4]])
-    sel = select_power_aware(time, power, [64, 128], freqs, [1.0, 1.0], 5.0)
+    sel = select_eq4(Tables(time, power), [64, 128], freqs, [1.0, 1.0], 5.0)
     assert (sel.batch_size, sel.freq_mhz) == (64, 460.8)
 
 
 def test_ties_go_to_lower_power_then_larger_batch():
     time = np.array([[1.0], [1.0]])
-    sel = select_power_aware(time, np.array([[2.0], [2.0]]), [8, 16], [500.0], [1.0, 1.0], 5.0)
+    sel = select_eq4(Tables(time, np.array([[2.0], [2.0]])), [8, 16], [500.0], [1.0, 1.0], 5.0)
     assert sel.batch_size == 16
-    sel = select_power_aware(time, np.array([[1.5], [2.0]]), [8, 16], [500.0], [1.0, 1.0], 5.0)
+    sel = select_eq4(Tables(time, np.array([[1.5], [2.0]])), [8, 16], [500.0], [1.0, 1.0], 5.0)
     assert sel.batch_size == 8
 
 
@@ -230,7 +230,7 @@ def test_infeasible_cap_names_cap_and_lowest_measured_power():
     power = np.array([[np.nan, 3.2, 3.9], [3.6, 4.0, np.nan]])
     time = np.where(np.isnan(power), np.nan, 1.0)
     with pytest.raises(InfeasibleCapError) as info:
-        select_power_aware(time, power, [4, 8], [76.8, 153.6, 230.4], [1.0, 1.0], 3.0)
+        select_eq4(Tables(time, power), [4, 8], [76.8, 153.6, 230.4], [1.0, 1.0], 3.0)
     err = info.value
     assert (err.p_max_w, err.min_power_w, err.batch_size, err.freq_mhz) == (3.0, 3.2, 4, 153.6)
     msg = str(err)
@@ -243,30 +243,27 @@ def test_cap_margin_keeps_profiled_peaks_below_the_reduced_cap():
     # b=8 peaks at 4.9 W at 300 MHz and 4.6 W at 200 MHz under a 5 W cap
     time = np.array([[3.0, 2.0, 1.5], [2.5, 1.2, 0.9]])
     power = np.array([[3.0, 4.6, 4.9], [4.0, 5.5, 6.0]])
-    args = (time, power, [8, 16], [100.0, 200.0, 300.0], [1.0, 1.0], 5.0)
-    bare = select_power_aware(*args)
+    args = (Tables(time, power), [8, 16], [100.0, 200.0, 300.0], [1.0, 1.0])
+    bare = select_eq4(*args, 5.0)
     assert (bare.batch_size, bare.freq_mhz) == (8, 300.0)
     # 5 % of 5 W leaves 4.75 W: 4.9 W no longer fits, 4.6 W does
-    kept = select_power_aware(*args[:-1], PowerLimit(5.0, 0.05))
+    kept = select_eq4(*args, PowerLimit(5.0, 0.05))
     assert (kept.batch_size, kept.freq_mhz, kept.p_max_w) == (8, 200.0, 5.0)
     assert (
         select(
             "power-aware",
             batch_sizes=[8, 16],
             freqs_mhz=[100.0, 200.0, 300.0],
-            lut_time_s=time,
-            lut_power_w=power,
+            tables=Tables(time, power),
             r=[1.0, 1.0],
             p_max_w=PowerLimit(5.0, 0.05),
         )
         == kept
     )
     # without a cap the margin changes nothing
-    assert select_power_aware(*args[:-1], PowerLimit(math.inf, 0.5)) == select_power_aware(
-        *args[:-1], math.inf
-    )
+    assert select_eq4(*args, PowerLimit(math.inf, 0.5)) == select_eq4(*args, math.inf)
     with pytest.raises(InfeasibleCapError) as info:
-        select_power_aware(*args[:-1], PowerLimit(3.1, 0.05))
+        select_eq4(*args, PowerLimit(3.1, 0.05))
     assert info.value.cap_margin == 0.05
     assert "less cap-margin 5% (2.945 W)" in str(info.value)
     assert "Raise p-max-w above 3.158 W, lower cap-margin" in str(info.value)
@@ -275,9 +272,9 @@ def test_cap_margin_keeps_profiled_peaks_below_the_reduced_cap():
 def test_oracle_is_eq4_with_its_own_r():
     time = np.array([[2.0, 1.0], [1.2, 0.55]])
     power = np.array([[1.0, 2.0], [2.0, 4.0]])
-    args = (time, power, [8, 16], [100.0, 200.0])
-    proxy = select_power_aware(*args, [0.5, 1.0], 5.0)
-    oracle = select_oracle(*args, [1.0, 0.4], 5.0)
+    args = (Tables(time, power), [8, 16], [100.0, 200.0])
+    proxy = select_eq4(*args, [0.5, 1.0], 5.0)
+    oracle = select_eq4(*args, [1.0, 0.4], 5.0, method="oracle")
     assert (proxy.method, proxy.batch_size) == ("power-aware", 8)
     assert (oracle.method, oracle.batch_size, oracle.freq_mhz) == ("oracle", 16, 200.0)
 
@@ -346,13 +343,12 @@ def test_dispatcher_matches_the_functions_and_rejects_unknown_methods():
     time = np.array([[2.0, 1.0], [1.2, 0.55]])
     power = np.array([[1.0, 2.0], [2.0, 4.0]])
     common: dict[str, Any] = {
-        "lut_time_s": time,
-        "lut_power_w": power,
+        "tables": Tables(time, power),
         "batch_sizes": [8, 16],
         "freqs_mhz": [100.0, 200.0],
     }
-    assert select("power-aware", r=[0.5, 1.0], p_max_w=5.0, **common) == select_power_aware(
-        time, power, [8, 16], [100.0, 200.0], [0.5, 1.0], 5.0
+    assert select("power-aware", r=[0.5, 1.0], p_max_w=5.0, **common) == select_eq4(
+        Tables(time, power), [8, 16], [100.0, 200.0], [0.5, 1.0], 5.0
     )
     assert select("oracle", r=[1.0, 0.4], p_max_w=math.inf, **common).batch_size == 16
     assert select("b1", b1_freq_cap_mhz=150.0, **common).freq_mhz == 100.0
@@ -401,15 +397,15 @@ def test_validate_r():
 def test_table_errors_name_the_table():
     f = [100.0, 200.0]
     with pytest.raises(ValueError, match=r"lut_time_s: shape \(1, 2\) does not match"):
-        select_power_aware([[1.0, 1.0]], [[1.0, 1.0]], [4, 8], f, [1.0, 1.0], 5.0)
+        select_eq4(Tables([[1.0, 1.0]], [[1.0, 1.0]]), [4, 8], f, [1.0, 1.0], 5.0)
     with pytest.raises(ValueError, match=r"NaN \(not profiled\) at different cells"):
-        select_power_aware([[1.0, np.nan]], [[1.0, 1.0]], [4], f, [1.0], 5.0)
+        select_eq4(Tables([[1.0, np.nan]], [[1.0, 1.0]]), [4], f, [1.0], 5.0)
     with pytest.raises(ValueError, match=r"lut_time_s: profiled cells must be finite and > 0"):
-        select_power_aware([[1.0, -1.0]], [[1.0, 1.0]], [4], f, [1.0], 5.0)
+        select_eq4(Tables([[1.0, -1.0]], [[1.0, 1.0]]), [4], f, [1.0], 5.0)
     with pytest.raises(ValueError, match=r"no cell was profiled"):
-        select_power_aware([[np.nan, np.nan]], [[np.nan, np.nan]], [4], f, [1.0], 5.0)
+        select_eq4(Tables([[np.nan, np.nan]], [[np.nan, np.nan]]), [4], f, [1.0], 5.0)
     with pytest.raises(ValueError, match=r"freqs-mhz: .* not strictly ascending"):
-        select_power_aware([[1.0, 1.0]], [[1.0, 1.0]], [4], [200.0, 100.0], [1.0], 5.0)
+        select_eq4(Tables([[1.0, 1.0]], [[1.0, 1.0]]), [4], [200.0, 100.0], [1.0], 5.0)
 
 
 @settings(max_examples=200, deadline=None)
