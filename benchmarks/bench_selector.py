@@ -70,8 +70,7 @@ def cases(sel: ModuleType, n_b: int, n_f: int) -> dict[str, Callable[[float], An
             freqs_mhz=freqs_mhz,
             tables=tables,
             r=r,
-            p_max_w=cap,
-            cap_margin=0.05,
+            p_max_w=sel.PowerLimit(cap, 0.05),
         )
     return out
 
