@@ -8,9 +8,10 @@
   [--tie-tolerance T]`` — Eq. 4 (or a baseline) on a LUT file; prints the chosen knob value
   in its unit (``f* = 1300 MHz``, or ``power limit* = 250 W`` for a power-limit LUT).
 
-``--cap-margin`` is the share of P_max kept free of profiled peak power, with the run
-setting's default (0.05): a node's own cached LUT for 5 W, profiled less its margin, is
-selected from with ``select --p-max-w 5``. Caps are parsed and printed as ``Cap``.
+``--cap-margin``, ``--peak-sigma-k`` and ``--tie-tolerance`` mirror the run settings of
+those names: help, default and check come from their entries in the settings table
+(``fl_client.settings_table``), so a node's own cached LUT for 5 W, profiled less its margin,
+is selected from with ``select --p-max-w 5``. Caps are parsed and printed as ``Cap``.
 
 The top-level CLI registers all three with ``add_device_commands(subparsers)``; every
 handler returns the exit status (0 ok, 1 no feasible configuration or failed restore,
@@ -32,13 +33,13 @@ from fl_client.contract import Cap
 from fl_client.devices import BACKENDS, POWER_SOURCES, Device, DeviceError, DeviceOptions
 from fl_client.devices.base import GPU_FREQ_MHZ, DeviceInfo, Knob, Measurement, Meter, Workload
 from fl_client.devices.cli import add_devices_parser
-from fl_client.selector import METHODS, PEAK_SIGMA_K, TIE_TOLERANCE, Objective
-from fl_client.settings import RunSettings
+from fl_client.selector import METHODS, PEAK_SIGMA_K, Objective
+from fl_client.settings_table import MODEL_NAMES, RUN, Setting
 
-DEFAULT_LUT_CACHE_DIR = ".powerfl-cache/lut"
-MODEL_NAMES = ("cnn", "resnet18", "mobilenetv2")  # = fl_client.task.MODEL_NAMES (no torch here)
+#: The nodes' LUT cache under the run setting ``cache-dir``'s default.
+DEFAULT_LUT_CACHE_DIR = f"{RUN['cache-dir'].default}/lut"
 #: The run setting ``cap-margin``'s default, so the tools read the LUTs nodes cache.
-DEFAULT_CAP_MARGIN: float = RunSettings.cap_margin
+DEFAULT_CAP_MARGIN: float = RUN["cap-margin"].value
 
 
 def add_device_commands(subparsers: Any) -> None:
@@ -52,51 +53,26 @@ def _error(command: str, message: object, err: TextIO) -> None:
     print(f"powerfl {command}: error: {message}", file=err)
 
 
-def _number_below(text: object, key: str, hi: float, allowed: str) -> float:
-    """A command-line number in [0, ``hi``); the error names ``key`` and what is allowed."""
-    try:
-        value = float(str(text))
-    except ValueError:
-        value = math.nan
-    if not 0.0 <= value < hi:
-        raise ValueError(f"{key}: expected {allowed}, got {text!r}")
-    return value
-
-
-def parse_cap_margin(text: object) -> float:
-    """``--cap-margin``: a share of P_max in [0, 1)."""
-    return _number_below(
-        text, "cap-margin", 1.0, "a number in [0, 1) (a share of P_max, e.g. 0.05)"
-    )
-
-
-def _add_cap_margin(p: argparse.ArgumentParser, what: str) -> None:
+def add_setting_option(p: argparse.ArgumentParser, setting: Setting, what: str) -> None:
+    """``--<key>`` for a run setting the command mirrors: its help is the setting's meaning
+    and ``what`` the command does with it, its default the setting's; ``setting_option``
+    checks the value as the run setting is checked."""
+    default = f"{setting.default:g}" if isinstance(setting.default, float) else setting.default
+    help_text = f"{setting.plain_doc()}; {what} (default: {default}, the run setting's)"
     p.add_argument(
-        "--cap-margin",
-        default=str(DEFAULT_CAP_MARGIN),
-        help=f"share of P_max kept free of profiled peak power: {what} (default: "
-        f"{DEFAULT_CAP_MARGIN:g}, the run setting's; 0 is the paper's rule)",
+        f"--{setting.key}",
+        default=setting.default,
+        type=str,
+        metavar=setting.type_name.upper(),
+        help=help_text.replace("%", "%%"),
     )
 
 
-def parse_peak_sigma_k(text: object) -> float:
-    """``--peak-sigma-k``: a finite number ≥ 0."""
-    return _number_below(text, "peak-sigma-k", math.inf, "a finite number ≥ 0 (e.g. 2)")
-
-
-def parse_tie_tolerance(text: object) -> float:
-    """``--tie-tolerance``: a share in [0, 1)."""
-    return _number_below(text, "tie-tolerance", 1.0, "a number in [0, 1) (e.g. 0.02)")
-
-
-def _add_peak_sigma_k(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument(
-        "--peak-sigma-k",
-        default=str(PEAK_SIGMA_K),
-        help=f"a cell is feasible when its peak + k·σ of its per-step peaks is below the cap "
-        f"less its margin: {what} (default: {PEAK_SIGMA_K:g}, the run setting's; 0 judges "
-        "the peak alone)",
-    )
+def setting_option(args: argparse.Namespace, key: str) -> Any:
+    """The value of ``--<key>`` (``add_setting_option``), checked by the run setting's check;
+    a bad value is a SettingsError (a ValueError) naming the key and what is allowed."""
+    setting = RUN[key]
+    return setting.parse(getattr(args, setting.field_name))
 
 
 def knob_symbol(knob: Knob) -> str:
@@ -139,8 +115,10 @@ def add_profile_parser(subparsers: Any) -> argparse.ArgumentParser:
         default="none",
         help="power cap in W for efficient mode; none (default) profiles the full grid",
     )
-    _add_cap_margin(p, "efficient mode walks each batch size up while the peak is below it")
-    _add_peak_sigma_k(p, "efficient mode's walk judges each cell so")
+    add_setting_option(
+        p, RUN["cap-margin"], "efficient mode walks each batch size up while the peak is below it"
+    )
+    add_setting_option(p, RUN["peak-sigma-k"], "efficient mode's walk judges each cell so")
     p.add_argument(
         "--device",
         "--kind",
@@ -490,8 +468,8 @@ def cmd_profile(
             )
         batch_sizes = parse_batch_sizes(args.batch_sizes)
         cap = Cap.parse(args.p_max_w)
-        cap_margin = parse_cap_margin(args.cap_margin) if cap.capped else 0.0
-        peak_sigma_k = parse_peak_sigma_k(args.peak_sigma_k)
+        cap_margin = setting_option(args, "cap-margin") if cap.capped else 0.0
+        peak_sigma_k = setting_option(args, "peak-sigma-k")
         profile_options = ProfileOptions(
             p_max_w=cap.to_record(),
             cap_margin=cap_margin,
@@ -594,15 +572,9 @@ def add_select_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="comma-separated r_b in (0, 1], one per batch size of the LUT (Eq. 3)",
     )
     p.add_argument("--p-max-w", required=True, help="power cap in W, or none")
-    _add_cap_margin(p, "Eq. 4 takes cells whose peak is below P_max less it")
-    _add_peak_sigma_k(p, "power-aware and oracle")
-    p.add_argument(
-        "--tie-tolerance",
-        default=str(TIE_TOLERANCE),
-        help="cells whose time × r_b is within this share of the best are ties, taken by "
-        f"the least energy (default: {TIE_TOLERANCE:g}, the run setting's; 0: the exact "
-        "minimum)",
-    )
+    add_setting_option(p, RUN["cap-margin"], "Eq. 4 takes cells whose peak is below P_max less it")
+    add_setting_option(p, RUN["peak-sigma-k"], "power-aware and oracle judge cells so")
+    add_setting_option(p, RUN["tie-tolerance"], "0: the exact minimum")
     p.add_argument("--method", default="power-aware", choices=METHODS, help="default: power-aware")
     p.add_argument(
         "--b1-freq-cap-mhz",
@@ -681,10 +653,10 @@ def cmd_select(
 
     try:
         cap = Cap.parse(args.p_max_w)
-        cap_margin = parse_cap_margin(args.cap_margin) if cap.capped else 0.0
+        cap_margin = setting_option(args, "cap-margin") if cap.capped else 0.0
         rule = Objective(
-            peak_sigma_k=parse_peak_sigma_k(args.peak_sigma_k),
-            tie_tolerance=parse_tie_tolerance(args.tie_tolerance),
+            peak_sigma_k=setting_option(args, "peak-sigma-k"),
+            tie_tolerance=setting_option(args, "tie-tolerance"),
         )
         r = parse_r(args.r)
         path = check_input_file(args.lut, "lut", "a LUT file (JSON) written by `powerfl profile`")

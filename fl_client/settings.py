@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +20,34 @@ from fl_client.contract import (
     METHODS,
     Cap,
     SettingsError,
-    key_of,
     parse_batch_sizes,
     parse_int_list,
 )
-from fl_client.selector import PEAK_SIGMA_K, TIE_TOLERANCE
+from fl_client.settings_table import (
+    BALANCE_MODES,
+    CAP_MARGIN,
+    FLOWER_NODE_SETTINGS,
+    MIN_ROUND_TIMEOUT_S,
+    MODEL_NAMES,
+    NODE_OWN_SETTINGS,
+    NODE_SETTINGS,
+    PARTITIONINGS,
+    RUN_SETTINGS,
+    SCHEDULE_FORMS,
+    choices,
+    parse_settings,
+    run_defaults,
+    table_keys,
+)
 from fl_client.shipped import app_pyproject, shipped_file, shipped_names
 
 __all__ = [
+    "BALANCE_MODES",
     "METHODS",
+    "MIN_ROUND_TIMEOUT_S",
+    "MODEL_NAMES",
+    "PARTITIONINGS",
+    "SCHEDULE_FORMS",
     "Cap",
     "SettingsError",
     "parse_batch_sizes",
@@ -38,11 +56,9 @@ __all__ = [
 
 #: The source tree (None for an installed wheel): its docs and the data kit beside it.
 REPO_ROOT = Path(__file__).resolve().parents[1]
-PARTITIONINGS = ("iid", "dirichlet", "pathological")
-#: The ``model`` setting's values: the image models ``fl_client.task`` builds (its
-#: ``MODEL_NAMES``; a test keeps the two equal). Named here so that checking a command's
-#: settings never imports PyTorch.
-MODEL_NAMES = ("cnn", "resnet18", "mobilenetv2")
+#: ``aggregation``'s and ``idle-accounting``'s values (their entries in the settings table).
+AGGREGATIONS = choices("aggregation")
+IDLE_ACCOUNTING = choices("idle-accounting")
 
 
 def unknown_key_error(key: str, known: list[str] | tuple[str, ...], where: str) -> SettingsError:
@@ -72,94 +88,6 @@ def app_defaults(pyproject: Path | None = None) -> dict[str, Any]:
         return {}
     return dict(_app_defaults_cached(path, path.stat().st_mtime_ns))
 
-
-def parse_p_max_w(value: object, key: str = "p-max-w") -> float:
-    """A power cap in watts, inf for no cap (``Cap.parse(value).watts``)."""
-    return Cap.parse(value, key).watts
-
-
-def _get(cfg: Mapping[str, Any], key: str) -> Any:
-    if key not in cfg:
-        raise SettingsError(f"{key}: missing run setting")
-    return cfg[key]
-
-
-def _num(cfg: Mapping[str, Any], key: str, *, lo: float, hi: float = math.inf) -> float:
-    raw = _get(cfg, key)
-    try:
-        val = float(raw)
-    except (TypeError, ValueError):
-        raise SettingsError(f"{key}: expected a number, got {raw!r}") from None
-    if not (lo < val <= hi) or math.isnan(val):
-        bounds = f"in ({lo}, {hi}]" if hi < math.inf else f"> {lo}"
-        raise SettingsError(f"{key}: must be {bounds}, got {raw!r}")
-    return val
-
-
-def _int(cfg: Mapping[str, Any], key: str, *, lo: int) -> int:
-    raw = _get(cfg, key)
-    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
-        raise SettingsError(f"{key}: expected an integer ≥ {lo}, got {raw!r}")
-    try:
-        val = int(raw)
-    except ValueError:
-        raise SettingsError(f"{key}: expected an integer ≥ {lo}, got {raw!r}") from None
-    if val < lo or float(raw) != val:
-        raise SettingsError(f"{key}: expected an integer ≥ {lo}, got {raw!r}")
-    return val
-
-
-def _number_in(
-    cfg: Mapping[str, Any], key: str, default: float, ok: Callable[[float], bool], allowed: str
-) -> float:
-    """An optional number (not a bool) for which ``ok`` holds; ``allowed`` says which in the
-    error."""
-    raw = cfg.get(key, default)
-    try:
-        val = float(raw)
-    except (TypeError, ValueError):
-        raise SettingsError(f"{key}: expected {allowed}, got {raw!r}") from None
-    if isinstance(raw, bool) or not ok(val):
-        raise SettingsError(f"{key}: expected {allowed}, got {raw!r}")
-    return val
-
-
-def _number_below(
-    cfg: Mapping[str, Any], key: str, default: float, hi: float, allowed: str
-) -> float:
-    """An optional number in [0, ``hi``); ``allowed`` says so in the error."""
-    return _number_in(cfg, key, default, lambda v: 0.0 <= v < hi, allowed)
-
-
-def _fraction(cfg: Mapping[str, Any], key: str, default: float) -> float:
-    """An optional setting in [0, 1)."""
-    return _number_below(cfg, key, default, 1.0, "a number in [0, 1)")
-
-
-def _weight(cfg: Mapping[str, Any], key: str, default: float) -> float:
-    """An optional weight in [0, 1]."""
-    return _number_in(cfg, key, default, lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")
-
-
-def _nonneg(cfg: Mapping[str, Any], key: str, default: float) -> float:
-    """An optional finite setting ≥ 0."""
-    return _number_below(cfg, key, default, math.inf, "a finite number ≥ 0")
-
-
-def _choice(cfg: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> str:
-    val = str(_get(cfg, key))
-    if val not in allowed:
-        raise SettingsError(f"{key}: unknown value {val!r}; allowed: {', '.join(allowed)}")
-    return val
-
-
-#: ``balance``: what a node that would finish before the round's planned deadline does with
-#: its slack (``strategies.round_plan``): ``off`` its own Eq. 4 choice (today's rule);
-#: ``samples`` the most sample-efficient cell (least r_b) that meets the deadline;
-#: ``steps`` its Eq. 4 cell with more local steps until the deadline; ``energy`` the cell of
-#: least energy to accuracy that meets it. The node that sets the pace takes its fastest
-#: cell whatever the mode but ``off``.
-from fl_client.balance import BALANCE_MODES  # noqa: E402  (its entries name the modes)
 
 #: The keys of deadline pacing, which ``balance = "energy"`` replaced (issue 22): each old
 #: key and the key to write instead. ``pacing = "deadline"`` is ``balance = "energy"``;
@@ -214,60 +142,6 @@ def translate_deprecated(
     return out, notes
 
 
-def _share(cfg: Mapping[str, Any], key: str, default: float) -> float:
-    """An optional share in (0, 1]."""
-    return _number_in(cfg, key, default, lambda v: 0.0 < v <= 1.0, "a number in (0, 1]")
-
-
-#: ``profile-grid``: ``efficient`` profiles the cells that matter under each node's cap
-#: (paper §4.1; without a cap, each b at the highest frequency); ``full`` every (b, f).
-PROFILE_GRIDS = ("efficient", "full")
-
-#: ``shared-profiling``: ``fleet`` (one LUT per node kind, measured in slices by the kind's
-#: nodes, kept in the server's library) or ``off`` (every node profiles its own).
-SHARED_PROFILING = ("fleet", "off")
-#: ``shared-verify``: when a node checks its chosen cell of its kind's LUT on its own board:
-#: ``training`` (by the round's own training steps, after them: free; the cap guard holds
-#: the cap meanwhile) or ``before`` (one cell measured before training).
-SHARED_VERIFY = ("training", "before")
-
-
-def _path_text(cfg: Mapping[str, Any], key: str) -> str:
-    """An optional path setting: a string, empty when unset."""
-    raw = cfg.get(key) or ""
-    if not isinstance(raw, str):
-        raise SettingsError(f"{key}: expected a path (a string), got {raw!r}")
-    return raw.strip()
-
-
-def _optional_int(cfg: Mapping[str, Any], key: str, allowed: str) -> int | None:
-    """An optional integer ≥ 1; None, "" and 0 mean not set."""
-    raw = cfg.get(key)
-    if raw in (None, "", 0):
-        return None
-    try:
-        val = int(raw) if not isinstance(raw, bool) and float(raw) == int(float(raw)) else 0
-    except (TypeError, ValueError):
-        val = 0
-    if val < 1:
-        raise SettingsError(f"{key}: expected {allowed} (0: not set), got {raw!r}")
-    return val
-
-
-def _optional_float(cfg: Mapping[str, Any], key: str, allowed: str) -> float | None:
-    """An optional finite number > 0; None, "" and 0 mean not set."""
-    raw = cfg.get(key)
-    if raw in (None, "", 0):
-        return None
-    try:
-        val = float(raw) if not isinstance(raw, bool) else math.nan
-    except (TypeError, ValueError):
-        val = math.nan
-    if not (math.isfinite(val) and val > 0):
-        raise SettingsError(f"{key}: expected {allowed} (0: not set), got {raw!r}")
-    return val
-
-
 #: Settings that only one partitioner reads: given for another, they would be ignored.
 def key_values(items: Sequence[str], option: str) -> dict[str, Any]:
     """``KEY=VALUE`` items of a repeatable option (``-c``, ``--set``) as a mapping; VALUE
@@ -307,34 +181,11 @@ def check_partitioner_keys(typed: Mapping[str, Any]) -> None:
             )
 
 
-def _bool(cfg: Mapping[str, Any], key: str, default: bool) -> bool:
-    raw = cfg.get(key, default)
-    if isinstance(raw, bool):
-        return raw
-    if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):
-        return raw.strip().lower() == "true"
-    raise SettingsError(f"{key}: expected true or false, got {raw!r}")
-
-
-#: ``aggregation``: how the server combines the nodes' arrays each round: ``fedavg``
-#: (weighted by local samples) or ``fednova`` (FedNova's normalised averaging, by each
-#: node's local work: ``strategies.fednova``).
-AGGREGATIONS = ("fedavg", "fednova")
-#: ``idle-accounting``: whether the headline fleet energy counts each board's idle energy
-#: while it waits for the round's slowest node (``on``) or only training and profiling
-#: (``off``: the figure of runs before this setting).
-IDLE_ACCOUNTING = ("on", "off")
-
-#: ``schedule-profiling``: when a node with a ``p-max-schedule`` profiles its caps' LUTs.
-#: ``upfront``: every cap in round 1, when every node profiles anyway, so the fleet waits
-#: once; ``lazy``: each cap the first round it applies, so an unreached cap costs nothing
-#: but every cap step makes that round wait for one node's profiling.
-SCHEDULE_PROFILING = ("upfront", "lazy")
-
-
 @dataclass(frozen=True)
 class RunSettings:
-    """Validated run settings (``[tool.flwr.app.config]`` plus overrides)."""
+    """Validated run settings (``[tool.flwr.app.config]`` plus overrides): one field per
+    entry of ``fl_client.settings_table.RUN_SETTINGS``, in its order, where each key's
+    default, check and meaning are declared."""
 
     method: str
     fleet: str
@@ -355,207 +206,55 @@ class RunSettings:
     round_timeout_s: float
     output_dir: str
     cache_dir: str
-    profile_grid: str = "efficient"
-    schedule_profiling: str = "upfront"
-    fixed_batch_size: int | None = None
-    fixed_freq_mhz: float | None = None
-    #: ``balance`` (see ``BALANCE_MODES``); ``straggler-work``: the share of its local work
-    #: the node that sets the pace runs (in (0, 1]); ``round-deadline-s``: a fixed round
-    #: deadline in seconds of local training time (0: the critical node's best round time).
-    balance: str = "off"
-    straggler_work: float = 1.0
-    round_deadline_s: float = 0.0
-    #: ``critical-r-weight``: how much r_b still weighs in the choice of the node that sets
-    #: the pace, in [0, 1] (the exponent of r_b in its score): 0 its fastest cell (least round
-    #: time), 1 its own Eq. 4 cell; the server plans the deadline from the same cell.
-    critical_r_weight: float = 0.0
-    #: ``deadline-margin``: the share of the round's deadline a node with slack keeps in
-    #: reserve against noise (``balance``); a node whose local time is over the deadline by
-    #: more than this share has missed it.
-    deadline_margin: float = 0.05
-    #: ``cap-margin``: share of P_max kept free of profiled peak power (a node's own
-    #: ``cap-margin`` overrides it). One profiled peak is a noisy sample and training runs
-    #: many more steps than profiling, so a cell is feasible only when its profiled peak is
-    #: ≤ P_max · (1 − cap-margin); 0 is the paper's rule.
-    cap_margin: float = 0.05
-    #: The selection rule on measured, noisy LUTs (``selector.SelectionRule``): a cell is
-    #: feasible when its profiled peak + ``peak-sigma-k`` × σ of its per-step peaks is
-    #: below P_max · (1 − cap-margin) (a finite number ≥ 0; 0: the peak alone); among the
-    #: cells whose time × r is within ``tie-tolerance`` (a share in [0, 1)) of the best,
-    #: the least energy to accuracy wins.
-    peak_sigma_k: float = PEAK_SIGMA_K
-    tie_tolerance: float = TIE_TOLERANCE
-    #: Every ``drift-check-every`` rounds (0: never) a node compares its measured time per
-    #: sample and average power with its LUT; beyond ``drift-threshold`` (relative) it
-    #: re-profiles its batch size's row up to the cap.
-    drift_check_every: int = 0
-    drift_threshold: float = 0.15
-    #: The run's data (``digits``: scikit-learn's bundled digits; a data-kit subset such as
-    #: ``cifar10-subset``, an npz path or a Hugging Face dataset: ``task.load_splits``);
-    #: whether it can be used is checked before any engine starts (``task.check_dataset``).
-    dataset: str = "digits"
-    #: Classes per node with ``partitioning = "pathological"``.
-    classes_per_node: int = 2
-    #: r estimation (Eq. 3) on the proxy set: evaluate every ``r-eval-every-samples``
-    #: training samples; a batch size that has not reached ``proxy-target-accuracy`` after
-    #: ``r-max-samples`` is left out of B. The oracle uses the same two on a node's data.
-    r_eval_every_samples: int = 256
-    r_max_samples: int = 40_000
-    #: ``shared-profiling``: ``fleet`` measures one LUT per node kind in slices shared by the
-    #: kind's nodes (``strategies.shared_profiling``) and keeps it in the server's LUT
-    #: library; ``off``: every node profiles its own. ``shared-seed-cells`` cells spread
-    #: over the grid are measured first, then ``shared-cells-per-cap`` per distinct cap
-    #: (one pool per kind) where a fit is unsure of a cap's choice and boundary. With
-    #: ``profile-steps-train`` the profiled minibatches are real local batches whose updates
-    #: are kept (lr scaled for their b), so profiling also moves the model.
-    shared_profiling: str = "fleet"
-    shared_seed_cells: int = 8
-    shared_cells_per_cap: int = 2
-    profile_steps_train: bool = True
-    #: ``shared-verify``: how a node checks its chosen cell of its kind's LUT
-    #: (``SHARED_VERIFY``); a board found off the LUT is measured before its next round
-    #: either way, and its row re-profiled
-    shared_verify: str = "training"
-    #: ``allow-untrained-nodes``: a run in which a node never trained (its device could not
-    #: be opened, every TRAIN it got failed) still ends with exit status 0; by default
-    #: ``powerfl simulate`` names such nodes in its last line and exits 1.
-    allow_untrained_nodes: bool = False
-    #: ``run-dir``: the run's own folder, made by whoever starts the run (empty: a new
-    #: ``<output-dir>/<UTC time>-<method>``). ``powerfl simulate --engine runtime`` sets it,
-    #: so it reads back exactly its own run through Flower's Simulation Runtime; a folder
-    #: that already holds a finished run (its summary.json) is refused.
-    run_dir: str = ""
-    #: ``simulated-fleet``: the run's nodes are the fleet file's (a simulation: Flower's
-    #: partition-id i is the fleet's node i), so the server names a node that failed by its
-    #: fleet entry; ``powerfl simulate --engine runtime`` sets it.
-    simulated_fleet: bool = False
-    #: ``aggregation`` (``AGGREGATIONS``): FedAvg, or FedNova's normalised averaging where
-    #: nodes did different local work (steps × learning rate)
-    aggregation: str = "fedavg"
-    #: ``idle-accounting`` (``IDLE_ACCOUNTING``): ``on`` counts a board's idle power while it
-    #: waits for the round's slowest node in the headline fleet energy
-    idle_accounting: str = "on"
-    #: ``initial-weights``: a checkpoint the run starts from (empty: the model's seeded
-    #: random initialisation): a safetensors file or a PyTorch state dict
-    #: (``fl_client.checkpoint``). The server reads it, sends it as the round-0 global model
-    #: and starts r estimation from it; its sha256 is recorded and keys the r cache.
-    initial_weights: str = ""
-    #: ``proxy-dataset``: where the server's proxy set for r comes from (empty: the run's
-    #: ``dataset``), checked before any engine starts like ``dataset``.
-    proxy_dataset: str = ""
+    profile_grid: str
+    schedule_profiling: str
+    fixed_batch_size: int | None
+    fixed_freq_mhz: float | None
+    balance: str
+    straggler_work: float
+    round_deadline_s: float
+    critical_r_weight: float
+    deadline_margin: float
+    cap_margin: float
+    peak_sigma_k: float
+    tie_tolerance: float
+    drift_check_every: int
+    drift_threshold: float
+    dataset: str
+    classes_per_node: int
+    r_eval_every_samples: int
+    r_max_samples: int
+    shared_profiling: str
+    shared_seed_cells: int
+    shared_cells_per_cap: int
+    profile_steps_train: bool
+    shared_verify: str
+    allow_untrained_nodes: bool
+    run_dir: str
+    simulated_fleet: bool
+    aggregation: str
+    idle_accounting: str
+    initial_weights: str
+    proxy_dataset: str
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
         """Every run setting's key (kebab-case)."""
-        return tuple(key_of(f.name) for f in fields(cls))
+        return table_keys(RUN_SETTINGS)
 
     @classmethod
     def from_config(cls, run_config: Mapping[str, Any]) -> RunSettings:
         """Merge ``run_config`` over the app defaults and validate every key."""
-        defaults = app_defaults()
+        defaults = {**run_defaults(), **app_defaults()}
         cfg, _ = translate_deprecated({**defaults, **dict(run_config)}, defaults)
-        known = cls.keys()
-        for key in cfg:
-            if key not in known:
-                raise unknown_key_error(key, known, "run settings")
-        method = _choice(cfg, "method", METHODS)
-        fixed_b = cfg.get("fixed-batch-size")
-        fixed_f = cfg.get("fixed-freq-mhz")
-        if method == "fixed" and (fixed_b in (None, "", 0) or fixed_f in (None, "", 0)):
+        settings = cls(**parse_settings(cfg, RUN_SETTINGS, "run settings"))
+        if settings.method == "fixed" and None in (
+            settings.fixed_batch_size,
+            settings.fixed_freq_mhz,
+        ):
             raise SettingsError(
                 "method: 'fixed' needs fixed-batch-size and fixed-freq-mhz run settings"
             )
-        settings = cls(
-            method=method,
-            fleet=str(_get(cfg, "fleet")),
-            model=_choice(cfg, "model", MODEL_NAMES),
-            partitioning=_choice(cfg, "partitioning", PARTITIONINGS),
-            dirichlet_alpha=_num(cfg, "dirichlet-alpha", lo=0.0),
-            seed=_int(cfg, "seed", lo=0),
-            num_rounds=_int(cfg, "num-rounds", lo=1),
-            target_accuracy=_num(cfg, "target-accuracy", lo=0.0, hi=1.0),
-            local_epochs=_int(cfg, "local-epochs", lo=1),
-            batch_sizes=parse_batch_sizes(_get(cfg, "batch-sizes")),
-            lr_ref=_num(cfg, "lr-ref", lo=0.0),
-            b_ref=_int(cfg, "b-ref", lo=1),
-            proxy_target_accuracy=_num(cfg, "proxy-target-accuracy", lo=0.0, hi=1.0),
-            r_seeds=_int(cfg, "r-seeds", lo=1),
-            fraction_train=_num(cfg, "fraction-train", lo=0.0, hi=1.0),
-            min_train_nodes=_int(cfg, "min-train-nodes", lo=1),
-            round_timeout_s=_num(cfg, "round-timeout-s", lo=0.0),
-            output_dir=str(_get(cfg, "output-dir")),
-            cache_dir=str(_get(cfg, "cache-dir")),
-            profile_grid=_choice(cfg, "profile-grid", PROFILE_GRIDS),
-            schedule_profiling=_choice(
-                {"schedule-profiling": cfg.get("schedule-profiling", "upfront")},
-                "schedule-profiling",
-                SCHEDULE_PROFILING,
-            ),
-            fixed_batch_size=_optional_int(cfg, "fixed-batch-size", "a batch size ≥ 1"),
-            fixed_freq_mhz=_optional_float(cfg, "fixed-freq-mhz", "a GPU frequency in MHz > 0"),
-            cap_margin=_fraction(cfg, "cap-margin", 0.05),
-            peak_sigma_k=_nonneg(cfg, "peak-sigma-k", PEAK_SIGMA_K),
-            tie_tolerance=_fraction(cfg, "tie-tolerance", TIE_TOLERANCE),
-            deadline_margin=_fraction(cfg, "deadline-margin", 0.05),
-            balance=_choice(
-                {"balance": cfg.get("balance", "off")}, "balance", tuple(BALANCE_MODES)
-            ),
-            straggler_work=_share(cfg, "straggler-work", 1.0),
-            round_deadline_s=_nonneg(cfg, "round-deadline-s", 0.0),
-            critical_r_weight=_weight(cfg, "critical-r-weight", 0.0),
-            drift_check_every=_int(
-                {**cfg, "drift-check-every": cfg.get("drift-check-every", 0)},
-                "drift-check-every",
-                lo=0,
-            ),
-            drift_threshold=_num(
-                {"drift-threshold": cfg.get("drift-threshold", 0.15)}, "drift-threshold", lo=0.0
-            ),
-            dataset=_dataset_name(cfg.get("dataset", "digits")),
-            classes_per_node=_int(
-                {"classes-per-node": cfg.get("classes-per-node", 2)}, "classes-per-node", lo=1
-            ),
-            r_eval_every_samples=_int(
-                {"r-eval-every-samples": cfg.get("r-eval-every-samples", 256)},
-                "r-eval-every-samples",
-                lo=1,
-            ),
-            r_max_samples=_int(
-                {"r-max-samples": cfg.get("r-max-samples", 40_000)}, "r-max-samples", lo=1
-            ),
-            shared_profiling=_choice(
-                {"shared-profiling": cfg.get("shared-profiling", "fleet")},
-                "shared-profiling",
-                SHARED_PROFILING,
-            ),
-            shared_seed_cells=_int(
-                {"shared-seed-cells": cfg.get("shared-seed-cells", 8)}, "shared-seed-cells", lo=2
-            ),
-            shared_cells_per_cap=_int(
-                {"shared-cells-per-cap": cfg.get("shared-cells-per-cap", 2)},
-                "shared-cells-per-cap",
-                lo=0,
-            ),
-            profile_steps_train=_bool(cfg, "profile-steps-train", True),
-            shared_verify=_choice(
-                {"shared-verify": cfg.get("shared-verify", "training")},
-                "shared-verify",
-                SHARED_VERIFY,
-            ),
-            allow_untrained_nodes=_bool(cfg, "allow-untrained-nodes", False),
-            run_dir=_path_text(cfg, "run-dir"),
-            simulated_fleet=_bool(cfg, "simulated-fleet", False),
-            aggregation=_choice(
-                {"aggregation": cfg.get("aggregation", "fedavg")}, "aggregation", AGGREGATIONS
-            ),
-            idle_accounting=_choice(
-                {"idle-accounting": cfg.get("idle-accounting", "on")},
-                "idle-accounting",
-                IDLE_ACCOUNTING,
-            ),
-            initial_weights=_path_text(cfg, "initial-weights"),
-            proxy_dataset=_optional_dataset(cfg.get("proxy-dataset", "")),
-        )
         if settings.r_max_samples < settings.r_eval_every_samples:
             raise SettingsError(
                 f"r-max-samples: {settings.r_max_samples} is below r-eval-every-samples "
@@ -563,23 +262,6 @@ class RunSettings:
                 "less than one evaluation period; give r-max-samples ≥ r-eval-every-samples"
             )
         return settings
-
-
-def _dataset_name(value: object) -> str:
-    """A ``dataset`` setting is a non-empty name; whether it can be loaded is
-    ``task.check_dataset``'s to say (before any engine starts)."""
-    if not isinstance(value, str) or not value.strip():
-        raise SettingsError(f"dataset: must be a dataset name, got {value!r}")
-    return value.strip()
-
-
-def _optional_dataset(value: object) -> str:
-    """``proxy-dataset``: empty (the run's dataset) or a dataset name."""
-    if value in (None, ""):
-        return ""
-    if not isinstance(value, str) or not value.strip():
-        raise SettingsError(f"proxy-dataset: must be a dataset name or empty, got {value!r}")
-    return value.strip()
 
 
 def resolve_path(path: str, base: Path | None = None) -> Path:
@@ -671,14 +353,6 @@ class NodeSettings:
         return tuple(sorted(caps))
 
 
-#: Allowed forms of ``p-max-schedule``.
-SCHEDULE_FORMS = (
-    "'1:7.0,5:4.5,9:none' (from round 1 7 W, from round 5 4.5 W, from round 9 no cap)",
-    "a path to a .csv file with a 'round,p-max-w' header and one row per round 1, 2, …, N "
-    "(the last cap holds after round N)",
-)
-
-
 def parse_p_max_schedule(
     value: object, where: str, base: Path | None = None
 ) -> tuple[tuple[int, Cap], ...]:
@@ -741,9 +415,9 @@ def parse_p_max_schedule(
 
 
 #: Keys of a fleet entry or node_config that are node settings, not backend options.
-NODE_KEYS = ("name", "device", "backend", "p-max-w", "p-max-schedule", "cap-margin")
+NODE_KEYS = table_keys(NODE_OWN_SETTINGS)
 #: Keys Flower's simulation puts in node_config, and a fleet entry's ``count``.
-FLOWER_NODE_KEYS = ("partition-id", "num-partitions", "count")
+FLOWER_NODE_KEYS = table_keys(FLOWER_NODE_SETTINGS)
 #: Keys of a fleet entry that may name a file or folder (``p-max-schedule`` only in its CSV
 #: form): a relative path there is relative to the fleet file's folder (``fleet_entry_paths``).
 FLEET_PATH_KEYS = ("p-max-schedule", "replay-table", "sysfs-root", "state-dir")
@@ -769,11 +443,8 @@ def fleet_entry_paths(entry: Mapping[str, Any], fleet_dir: Path) -> dict[str, An
 
 def node_entry_keys() -> tuple[str, ...]:
     """Every key a fleet entry or a node_config may have: node settings, Flower's own keys
-    and the backends' options (``fl_client.devices.DeviceOptions``)."""
-    from fl_client.devices import DeviceOptions
-
-    options = tuple(key_of(f.name) for f in fields(DeviceOptions))
-    return (*NODE_KEYS, *FLOWER_NODE_KEYS, *options)
+    and the backends' options (``fl_client.settings_table.NODE_SETTINGS``)."""
+    return table_keys(NODE_SETTINGS)
 
 
 def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) -> NodeSettings:
@@ -821,7 +492,7 @@ def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) 
     cap_margin = None
     if "cap-margin" in entry:
         try:
-            cap_margin = _fraction(entry, "cap-margin", 0.0)
+            cap_margin = CAP_MARGIN.parse(entry["cap-margin"])
         except SettingsError as err:
             raise SettingsError(f"{where} ({name}): {err}") from None
     options = {k: v for k, v in entry.items() if k not in (*NODE_KEYS, *FLOWER_NODE_KEYS)}
@@ -924,14 +595,6 @@ def node_settings(
 
 
 # --------------------------------------------------------------------- before the engine
-
-#: The shortest ``round-timeout-s`` taken as meant. Every node's first reply needs a fresh
-#: worker process to start, import the client app (PyTorch, Flower) and build the model
-#: before it can answer the QUERY round: the import alone took 16–22 s on this project's
-#: 2-core host under load. A TRAIN round adds LUT profiling and ``local-epochs`` of training
-#: on top. A timeout below this drops every node of the first rounds, which no one asks for
-#: on purpose (minutes typed as seconds, a lost digit).
-MIN_ROUND_TIMEOUT_S = 30.0
 
 
 def check_writable_dir(path: str | Path, key: str) -> Path:

@@ -1,7 +1,7 @@
 """The documentation keeps up with the code: README.md and docs/*.md.
 
-* docs/configuration.md is what ``fl_client.settings_docs`` writes from the settings schema
-  now, and every key of the schema has a meaning there.
+* docs/configuration.md is what ``fl_client.settings_docs`` writes from the settings table
+  now, and every key of the table has a meaning there.
 * Every command of a fenced ``bash`` block is checked without running it: ``powerfl …`` is
   parsed by the CLI's own parser (run-setting keys, fleet and experiment files checked too);
   ``python -m <module>`` / ``python <script>.py`` of this repository stops right after its
@@ -27,8 +27,10 @@ from pathlib import Path
 
 import pytest
 
-from fl_client import settings_docs
+from fl_client import settings_docs, settings_table
+from fl_client.setting_checks import Integer
 from fl_client.settings import METHODS, MODEL_NAMES, RunSettings, node_entry_keys
+from fl_client.settings_table import BALANCE_MODES, Setting
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])
@@ -44,20 +46,18 @@ def _rel(path: Path) -> str:
 # ------------------------------------------------------------------ configuration reference
 
 
-def test_every_setting_has_a_meaning() -> None:
-    missing = settings_docs.undocumented()
-    assert not missing, (
-        f"no meaning for {', '.join(missing)}: add one to RUN_HELP / NODE_HELP in "
-        "fl_client/settings_docs.py (or a #: comment right above the field in the schema), "
-        f"then run `{settings_docs.COMMAND}`"
-    )
+def test_a_setting_without_a_meaning_cannot_be_declared() -> None:
+    with pytest.raises(ValueError, match="widget-count"):
+        Setting("widget-count", int, 3, Integer(lo=0), "  ")
+    with pytest.raises(ValueError, match="widget_count"):
+        Setting("widget_count", int, 3, Integer(lo=0), "how many widgets a node keeps")
 
 
-def test_configuration_page_is_generated_from_the_schema() -> None:
+def test_configuration_page_is_generated_from_the_table() -> None:
     page = settings_docs.DOC_PATH
     current = page.read_text(encoding="utf-8") if page.is_file() else ""
     assert current == settings_docs.render(), (
-        f"{_rel(page)} differs from what the settings schema gives now; regenerate it with "
+        f"{_rel(page)} differs from what the settings table gives now; regenerate it with "
         f"`{settings_docs.COMMAND}` (do not edit it by hand)"
     )
 
@@ -68,27 +68,38 @@ def test_configuration_page_lists_every_key() -> None:
         assert f"| `{key}` |" in text, key
 
 
-def test_an_undocumented_key_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A key added to the schema without a meaning fails; one with a #: comment does not."""
-
-    @dataclass(frozen=True)
-    class Extended(RunSettings):
-        #: How many widgets a node keeps.
-        widget_count: int = 3
-        gadget_mode: str = "on"
-
-    monkeypatch.setattr(settings_docs, "RunSettings", Extended)
+def test_a_key_added_to_the_table_is_documented(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new entry shows up on the page with its type, default, allowed values and meaning,
+    and the page in the repository is then out of date."""
+    extra = Setting(
+        "widget-count", int, 3, Integer(lo=1), "how many widgets a node keeps", read_by="node"
+    )
+    monkeypatch.setattr(settings_docs, "RUN_SETTINGS", (*settings_table.RUN_SETTINGS, extra))
     rows = {key: row for key, *row in settings_docs.run_settings_rows()}
-    assert rows["widget-count"] == ["`3`", "", "how many widgets a node keeps"]
-    missing = settings_docs.undocumented()
-    assert "run setting gadget-mode" in missing and "run setting widget-count" not in missing
+    assert rows["widget-count"] == [
+        "integer",
+        "`3`",
+        "an integer ≥ 1",
+        "node",
+        "how many widgets a node keeps",
+    ]
+    assert "| `widget-count` | integer | `3` | an integer ≥ 1 | node |" in settings_docs.render()
     assert settings_docs.main(["--check"]) == 1
 
 
-def test_the_generator_checks_without_writing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(settings_docs, "undocumented", list)  # whatever the schema has now
+def test_the_page_shows_what_each_check_allows() -> None:
+    """The "allowed" column is the check's own words, and the node table gives a run+node
+    key's default as the run's."""
+    rows = {key: row for key, *row in settings_docs.run_settings_rows()}
+    assert rows["cap-margin"][:4] == ["number", "`0.05`", "a number in [0, 1)", "both"]
+    assert rows["balance"][2] == " \\| ".join(f"`{m}`" for m in BALANCE_MODES)
+    assert rows["num-rounds"][2] == "an integer ≥ 1"
+    nodes = {key: row for key, *row in settings_docs.node_rows()}
+    assert nodes["cap-margin"][1] == "the run's `cap-margin`"
+    assert nodes["device"][1] == "required"
+
+
+def test_the_generator_checks_without_writing(tmp_path: Path) -> None:
     out = tmp_path / "configuration.md"
     assert settings_docs.main(["--check", "--out", str(out)]) == 1
     assert not out.exists()

@@ -10,14 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from fl_client.settings import (
-    BALANCE_MODES,
-    PARTITIONINGS,
-    PROFILE_GRIDS,
+    DEPRECATED_KEYS,
     RunSettings,
     SettingsError,
     fleet_path,
     load_fleet,
 )
+from fl_client.settings_table import BALANCE_MODES, RUN, check_run_keys, choices
 from simulations.experiments.config import (
     STUDY_METHODS,
     Fields,
@@ -47,34 +46,39 @@ WEIGHTED_MODES = tuple(m for m in BALANCE_MODES if m != "off")
 #: as ``*-idle-energy-j``, training + profiling as ``*-busy-energy-j``, energy by node role).
 CELL_VERSION = 3
 
+#: The study's keys that are run settings with the run's default (``[tool.flwr.app.config]``,
+#: declared in ``fl_client.settings_table``): a cell runs with the study's value of each.
+RUN_KEYS = (
+    "fleet",
+    "model",
+    "partitioning",
+    "dirichlet-alpha",
+    "num-rounds",
+    "target-accuracy",
+    "local-epochs",
+    "lr-ref",
+    "b-ref",
+    "proxy-target-accuracy",
+    "r-max-samples",
+    "r-eval-every-samples",
+    "profile-grid",
+    "drift-threshold",
+)
 #: Allowed keys and their defaults (None: required).
 DEFAULTS: dict[str, Any] = {
     "name": None,
     "study": None,
     "description": "",
-    "fleet": "default",
     "methods": list(STUDY_METHODS),
     "seeds": 3,
-    "model": "cnn",
-    "partitioning": "dirichlet",
-    "dirichlet-alpha": 0.5,
-    "num-rounds": 20,
-    "target-accuracy": 0.85,
-    "local-epochs": 5,
-    "batch-sizes": [4, 8, 16, 32, 64, 128],
-    "lr-ref": 0.005,
-    "b-ref": 128,
-    "proxy-target-accuracy": 0.8,
-    "r-max-samples": 40_000,
-    "r-eval-every-samples": 256,
-    "profile-grid": "efficient",
+    **{key: RUN[key].default for key in RUN_KEYS},
+    "batch-sizes": RUN["batch-sizes"].value,  # a list in experiment files
     "scenarios": ["pacing", "varying-cap", "drift"],  # balance: only when asked for
     "scenario-method": "power-aware",
-    "pacing-margin": 0.05,
+    "pacing-margin": RUN["deadline-margin"].default,  # the deadline margin of pacing = deadline
     "varying-cap-fleet": "varying-cap",
     "drift-fleet": "drift",
-    "drift-check-every": 2,
-    "drift-threshold": 0.15,
+    "drift-check-every": 2,  # the drift scenario's "check" variant (the run's default: never)
     "cell-timeout-s": 1800,
     # the balance scenario (issue 22): fleets (in run order) and power-aware's balance modes
     "balance-fleets": ["default"],
@@ -120,8 +124,9 @@ class FederatedConfig(StudyConfig):
     critical_r_arms: tuple[tuple[str, float], ...]
 
     def base_overrides(self) -> dict[str, Any]:
-        """The run settings every cell shares (before its own fleet/method/scenario)."""
-        return {
+        """The run settings every cell shares (before its own fleet/method/scenario), each a
+        key of the settings table (or a deprecated name it still runs)."""
+        overrides = {
             "model": self.model,
             "partitioning": self.partitioning,
             "dirichlet-alpha": self.dirichlet_alpha,
@@ -138,6 +143,8 @@ class FederatedConfig(StudyConfig):
             "pacing": "off",
             "drift-check-every": 0,
         }
+        check_run_keys(overrides, f"{NAME} study: run settings", also=DEPRECATED_KEYS)
+        return overrides
 
 
 def parse_federated(data: Mapping[str, Any], where: str, options: FileOptions) -> FederatedConfig:
@@ -158,7 +165,7 @@ def parse_federated(data: Mapping[str, Any], where: str, options: FileOptions) -
         methods=str_list("methods", STUDY_METHODS),
         seeds=integer("seeds", 1),
         model=text("model", tuple(task.MODEL_NAMES)),
-        partitioning=text("partitioning", PARTITIONINGS),
+        partitioning=text("partitioning", choices("partitioning")),
         dirichlet_alpha=number("dirichlet-alpha", 0.0),
         num_rounds=integer("num-rounds", 1),
         target_accuracy=number("target-accuracy", 0.0, 1.0),
@@ -169,7 +176,7 @@ def parse_federated(data: Mapping[str, Any], where: str, options: FileOptions) -
         proxy_target_accuracy=number("proxy-target-accuracy", 0.0, 1.0),
         r_max_samples=integer("r-max-samples", 1),
         r_eval_every_samples=integer("r-eval-every-samples", 1),
-        profile_grid=text("profile-grid", PROFILE_GRIDS),
+        profile_grid=text("profile-grid", choices("profile-grid")),
         scenarios=str_list("scenarios", SCENARIOS, empty_ok=True),
         scenario_method=text("scenario-method", STUDY_METHODS),
         pacing_margin=number("pacing-margin", 0.0, 1.0, open_lo=False),

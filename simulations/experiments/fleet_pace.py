@@ -32,14 +32,16 @@ from pathlib import Path
 import numpy as np
 
 from fl_client.devices import simulated as sim
-from fl_client.selector import PEAK_SIGMA_K, PowerLimit, feasible_cells
+from fl_client.selector import PowerLimit, feasible_cells
 from fl_client.settings import load_fleet
+from fl_client.settings_table import RUN
 from fl_client.shipped import shipped_names
 from strategies.round_plan import PACE, best_round_time_s
 
-#: The run settings' defaults the pace is judged with (``[tool.flwr.app.config]``).
-DEFAULT_BATCH_SIZES = (4, 8, 16, 32, 64, 128)
-DEFAULT_CAP_MARGIN = 0.05
+#: The run settings' defaults the pace is judged with (their entries in the settings table).
+DEFAULT_BATCH_SIZES: tuple[int, ...] = tuple(RUN["batch-sizes"].value)
+DEFAULT_CAP_MARGIN: float = RUN["cap-margin"].value
+DEFAULT_PEAK_SIGMA_K: float = RUN["peak-sigma-k"].value
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ def node_pace(
     *,
     batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     samples: float = 1.0,
-    peak_sigma_k: float = PEAK_SIGMA_K,
+    peak_sigma_k: float = DEFAULT_PEAK_SIGMA_K,
 ) -> NodePace:
     """A node's fastest feasible cell on the twin of ``device`` under ``limit``.
 
@@ -130,7 +132,7 @@ def fleet_pace(
     model: str = "cnn",
     batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     cap_margin: float = DEFAULT_CAP_MARGIN,
-    peak_sigma_k: float = PEAK_SIGMA_K,
+    peak_sigma_k: float = DEFAULT_PEAK_SIGMA_K,
     samples: Mapping[str, float] | None = None,
 ) -> FleetPace:
     """Each node's best round time on its twin under its cap (round 1's cap where it has a

@@ -89,6 +89,28 @@ def test_powerfl_has_the_device_commands() -> None:
     assert cli_tools.MODEL_NAMES == task.MODEL_NAMES
 
 
+@pytest.mark.parametrize("key", ["cap-margin", "peak-sigma-k", "tie-tolerance"])
+def test_select_options_mirror_their_run_settings(key: str, capsys: pytest.CaptureFixture[str]):
+    """``powerfl select``'s --cap-margin, --peak-sigma-k and --tie-tolerance take their help,
+    default and check from the run setting's entry in the settings table."""
+    from fl_client.settings_table import RUN
+
+    setting = RUN[key]
+    select = ["select", "--lut", "x.json", "--r", "1", "--p-max-w", "5"]
+    args = build_parser().parse_args(select)
+    assert cli_tools.setting_option(args, key) == setting.value
+    args = build_parser().parse_args([*select, f"--{key}", "0.5"])
+    assert cli_tools.setting_option(args, key) == setting.parse("0.5") == 0.5
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["select", "--help"])
+    help_text = "".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "".join(setting.plain_doc().split()) in help_text
+    bad = build_parser().parse_args([*select, f"--{key}", "-1"])
+    with pytest.raises(ValueError) as err:
+        cli_tools.setting_option(bad, key)
+    assert str(err.value) == f"{key}: expected {setting.check.allowed()}, got '-1'"
+
+
 # ------------------------------------------------------------------------------ profile
 
 

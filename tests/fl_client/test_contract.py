@@ -25,7 +25,8 @@ from fl_client.contract import (
     parse_batch_sizes,
     to_record,
 )
-from fl_client.settings import load_fleet, node_settings, parse_p_max_schedule, parse_p_max_w
+from fl_client.settings import load_fleet, node_settings, parse_p_max_schedule
+from fl_client.settings_table import NODE
 
 # --------------------------------------------------------------------------- Cap
 
@@ -90,7 +91,7 @@ def test_the_cap_with_its_margin_refuses_a_margin_outside_0_1(margin: float) -> 
 
 def test_settings_schedules_and_fleets_parse_caps_through_cap(tmp_path: Any) -> None:
     """The other doors (settings, schedules, fleet files, node_config) give the same Cap."""
-    assert parse_p_max_w("none") == math.inf and parse_p_max_w("4.5") == 4.5
+    assert NODE["p-max-w"].parse("none") == Cap.NONE and NODE["p-max-w"].parse("4.5") == Cap(4.5)
     steps = parse_p_max_schedule("1:7, 3:4.5, 5:none, 7:inf", "n")
     assert steps == ((1, Cap(7.0)), (3, Cap(4.5)), (5, Cap.NONE), (7, Cap.NONE))
     assert format_schedule(steps) == "1:7,3:4.5,5:none,7:none"

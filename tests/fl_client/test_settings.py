@@ -20,7 +20,6 @@ from fl_client.settings import (
     node_entry_keys,
     node_settings,
     parse_batch_sizes,
-    parse_p_max_w,
 )
 
 
@@ -99,14 +98,12 @@ def test_bad_run_settings_name_the_key(override: dict[str, Any], message: str) -
 @pytest.mark.parametrize("value", [0, -3, "nan", "abc", True, float("nan")])
 def test_bad_caps(value: object) -> None:
     with pytest.raises(SettingsError, match="p-max-w"):
-        parse_p_max_w(value)
-    with pytest.raises(SettingsError, match="p-max-w"):
         Cap.parse(value)
 
 
 @pytest.mark.parametrize("value", ["none", None, "", float("inf")])
 def test_no_cap(value: object) -> None:
-    assert math.isinf(parse_p_max_w(value))
+    assert math.isinf(Cap.parse(value).watts)
     assert Cap.parse(value) == Cap.NONE
 
 
