@@ -89,6 +89,7 @@ def make_strategy(
             margin=settings.deadline_margin,
             peak_sigma_k=settings.peak_sigma_k,
             critical_r_weight=settings.critical_r_weight,
+            tie_tolerance=settings.tie_tolerance,
         )
     shared = None
     if settings.shared_profiling == "fleet":

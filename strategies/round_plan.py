@@ -23,9 +23,13 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from fl_client.balance import missed_deadline
 from fl_client.contract import TrainReport
 from fl_client.lut import LUT
-from fl_client.selector import PEAK_SIGMA_K, PowerLimit, RoundContext, cell_scores, feasible_cells
+from fl_client.selector import EQ4, PEAK_SIGMA_K, TIE_TOLERANCE, Objective, PowerLimit, choose_cell
+
+#: The pace-setter's objective with the default tie rule and feasibility.
+PACE = EQ4.for_pace()
 
 #: Nodes whose best round time is within this share of the critical node's set the pace
 #: together (noise of a LUT cell is a few percent).
@@ -61,10 +65,6 @@ class RoundPlan:
     fixed: bool
     forecasts: tuple[NodeForecast, ...]
 
-    def role_of(self, node_id: int) -> str:
-        """``critical`` or ``slack``."""
-        return "critical" if node_id in self.critical else "slack"
-
 
 def best_round_time_s(
     time_s: npt.ArrayLike,
@@ -74,27 +74,29 @@ def best_round_time_s(
     samples: float,
     *,
     calibration: float = 1.0,
-    peak_sigma_k: float = PEAK_SIGMA_K,
+    objective: Objective = PACE,
     r: Sequence[float] | None = None,
-    r_weight: float = 0.0,
+    avg_power_w: npt.ArrayLike | None = None,
 ) -> float:
-    """A node's predicted round time at the cell it would set the pace with: by default its
-    fastest feasible cell, the least time per sample over the cells feasible under ``limit``
-    (the selector's rule, ``feasible_cells``); with ``r_weight`` w > 0 (``critical-r-weight``)
-    and ``r`` (r_b per row) the feasible cell of least time × r_b^w (``cell_scores``, what
-    the node then runs). × ``samples`` (its round's local training samples) ×
+    """A node's predicted round time at the cell it would set the pace with: the cell the
+    node itself chooses (``selector.choose_cell``) with the pace-setter's objective
+    (``Objective.for_pace``: by default its fastest feasible cell under ``limit``, the
+    least time per sample, near-ties within ``tie_tolerance`` to the least energy to
+    accuracy; with ``critical-r-weight`` w > 0 the least time × r_b^w), so the forecast and
+    the node's own cell are the same by construction. ``r``: r_b per row (None: 1 each; a
+    row without an r, NaN, is never chosen); ``avg_power_w``: the tie-break's energy basis
+    (None: the peak). × ``samples`` (its round's local training samples) ×
     ``calibration`` (its measured / predicted time of an earlier round). inf when no cell is
     feasible."""
     t = np.asarray(time_s, dtype=np.float64)
-    score = t
-    if r_weight > 0 and r is not None:
-        score = cell_scores(t, r, context=RoundContext(r_weight=r_weight))
-    ok = feasible_cells(peak_w, limit, peak_sigma_w=peak_sigma_w, peak_sigma_k=peak_sigma_k)
-    ok &= np.isfinite(score)  # a b without r (NaN) is left out when r weighs
-    if not ok.any():
+    r_rows = [1.0] * t.shape[0] if r is None else [float(x) for x in r]
+    energy = peak_w if avg_power_w is None else avg_power_w
+    at = choose_cell(
+        t, peak_w, energy, r_rows, limit, peak_sigma_w=peak_sigma_w, objective=objective
+    )
+    if at is None:
         return math.inf
-    at = np.flatnonzero(ok)[int(np.argmin(score[ok]))]
-    return float(t.flat[at]) * float(samples) * float(calibration)
+    return float(t[at]) * float(samples) * float(calibration)
 
 
 def plan_round(forecasts: Sequence[NodeForecast], round_deadline_s: float = 0.0) -> RoundPlan:
@@ -113,12 +115,12 @@ def plan_round(forecasts: Sequence[NodeForecast], round_deadline_s: float = 0.0)
 
 
 def missed(
-    measured_time_s: Mapping[int, float], deadline_s: float, margin: float
+    measured_time_s: Mapping[int, float], deadline_s: float | None, margin: float
 ) -> dict[int, float]:
-    """Nodes that missed ``deadline_s`` by more than their ``margin`` (a share of it):
-    node → its measured local time."""
-    limit = deadline_s * (1.0 + margin)
-    return {n: t for n, t in measured_time_s.items() if math.isfinite(t) and t > limit}
+    """Nodes that missed ``deadline_s`` by more than their ``margin`` (a share of it;
+    ``balance.missed_deadline``, the node's and the reports' rule): node → its measured
+    local time."""
+    return {n: t for n, t in measured_time_s.items() if missed_deadline(t, deadline_s, margin)}
 
 
 @dataclass(frozen=True)
@@ -127,8 +129,8 @@ class PlanSettings:
 
     ``margin`` is a node's reserve (``deadline-margin``): a node whose measured local time is
     over the deadline by more than this share of it has missed it (recorded; the next plan
-    uses its measured time). ``peak_sigma_k`` judges feasibility as the nodes do;
-    ``critical_r_weight`` is how much r_b weighs in the pace-setter's cell
+    uses its measured time). ``peak_sigma_k`` and ``tie_tolerance`` judge cells as the
+    nodes do; ``critical_r_weight`` is how much r_b weighs in the pace-setter's cell
     (``best_round_time_s``).
     """
 
@@ -137,6 +139,13 @@ class PlanSettings:
     margin: float = 0.05
     peak_sigma_k: float = PEAK_SIGMA_K
     critical_r_weight: float = 0.0
+    tie_tolerance: float = TIE_TOLERANCE
+
+    @property
+    def pace_objective(self) -> Objective:
+        """The objective the pace-setter's cell is forecast with (``best_round_time_s``)."""
+        base = Objective(peak_sigma_k=self.peak_sigma_k, tie_tolerance=self.tie_tolerance)
+        return base.for_pace(self.critical_r_weight)
 
 
 def round_record(
@@ -270,9 +279,9 @@ class RoundPlanner:
                 limit,
                 self.local_epochs * last.num_examples,
                 calibration=self.calibration.get(node_id, 1.0),
-                peak_sigma_k=self.settings.peak_sigma_k,
+                objective=self.settings.pace_objective,
                 r=fleet.r_rows(lut.batch_sizes),
-                r_weight=self.settings.critical_r_weight,
+                avg_power_w=lut.avg_power_w,
             )
             if math.isfinite(best):
                 return NodeForecast(node_id, best, "lut")

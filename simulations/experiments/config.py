@@ -20,6 +20,7 @@ from typing import Any
 
 from fl_client import selector
 from fl_client.devices import key_hint
+from fl_client.power import PowerLimit
 from fl_client.settings import fleet_path, tomllib
 from fl_client.shipped import shipped_file, shipped_names
 
@@ -161,7 +162,7 @@ class Fields:
         caps: list[float | None] = []
         for c in raw:
             try:
-                caps.append(selector.validate_p_max_w(c))
+                caps.append(PowerLimit(c).cap_w)
             except ValueError:
                 raise self.err(
                     key, f"{c!r} is not a cap; allowed: numbers of watts > 0 or 'none'"

@@ -13,7 +13,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 
 from fl_client.contract import TrainConfig
 from fl_client.lut import LUT
-from fl_client.selector import PowerLimit
+from fl_client.selector import EQ4, Objective, PowerLimit, Tables, select_eq4
 from strategies.power_aware import PowerAwareFedAvg
 from strategies.round_plan import (
     NodeForecast,
@@ -58,18 +58,71 @@ def test_with_an_r_weight_the_pace_cell_is_the_least_time_times_r_to_that_weight
     # r 0.5 for the first row: time × r is 2, 1, 0.5 there against 3, 1.5, 0.8 (w = 1)
     r = [0.5, 1.0]
     assert best_round_time_s(TIME, PEAK, None, no_cap, 10, r=r) == pytest.approx(8.0)  # w = 0
-    assert best_round_time_s(TIME, PEAK, None, no_cap, 10, r=r, r_weight=1.0) == pytest.approx(10.0)
+    assert best_round_time_s(
+        TIME, PEAK, None, no_cap, 10, r=r, objective=EQ4.for_pace(1.0)
+    ) == pytest.approx(10.0)
     # w = 0.5: 1 × 0.5^0.5 = 0.71 still beats 0.8
-    assert best_round_time_s(TIME, PEAK, None, no_cap, 10, r=r, r_weight=0.5) == pytest.approx(10.0)
+    assert best_round_time_s(
+        TIME, PEAK, None, no_cap, 10, r=r, objective=EQ4.for_pace(0.5)
+    ) == pytest.approx(10.0)
     # r 0.9: 0.9 > 0.8, the fastest cell again; a b without r (NaN) is left out
-    assert best_round_time_s(TIME, PEAK, None, no_cap, 10, r=[0.9, 1.0], r_weight=1.0) == 8.0
+    assert (
+        best_round_time_s(TIME, PEAK, None, no_cap, 10, r=[0.9, 1.0], objective=EQ4.for_pace(1.0))
+        == 8.0
+    )
     nan_r = [0.9, math.nan]
-    assert best_round_time_s(TIME, PEAK, None, no_cap, 10, r=nan_r, r_weight=1.0) == 10.0
+    assert (
+        best_round_time_s(TIME, PEAK, None, no_cap, 10, r=nan_r, objective=EQ4.for_pace(1.0))
+        == 10.0
+    )
     # the cap still decides what is feasible: under 2.6 W each row's last cell is out, and
     # 2 s × 0.5 = 1 beats 1.5 s × 1 (without r the 1.5 s cell is the fastest)
-    capped = best_round_time_s(TIME, PEAK, None, PowerLimit(2.6), 10, r=r, r_weight=1.0)
+    capped = best_round_time_s(
+        TIME, PEAK, None, PowerLimit(2.6), 10, r=r, objective=EQ4.for_pace(1.0)
+    )
     assert capped == pytest.approx(20.0)
     assert best_round_time_s(TIME, PEAK, None, PowerLimit(2.6), 10, r=r) == pytest.approx(15.0)
+
+
+def test_the_forecast_cell_is_the_pace_setters_own_cell_within_the_tie_tolerance() -> None:
+    """The server forecasts the cell the node itself runs: within ``tie-tolerance`` of the
+    fastest cell the node takes the least energy to accuracy, and so does the forecast (an
+    exact argmin, the rule before, said 1.00 s where the node runs 1.01 s)."""
+    time = np.array([[4.0, 2.0, 1.00], [3.0, 1.5, 1.01]])
+    peak = np.array([[1.0, 2.0, 5.0], [1.0, 2.5, 3.0]])  # the 1.01 s cell draws less
+    node = select_eq4(Tables(time, peak, peak), [8, 16], [300.0, 600.0, 900.0], [1.0, 1.0], 6.0,
+                      objective=EQ4.for_pace())  # fmt: skip
+    assert (node.batch_size, node.freq_mhz) == (16, 900.0)
+    forecast = best_round_time_s(time, peak, None, PowerLimit(6.0), 10, avg_power_w=peak)
+    assert forecast == pytest.approx(node.time_per_sample_s * 10) == pytest.approx(10.1)
+    # with no tie tolerance both take the exact fastest cell
+    exact = Objective(tie_tolerance=0.0).for_pace()
+    assert best_round_time_s(time, peak, None, PowerLimit(6.0), 10, objective=exact) == 10.0
+
+
+def test_the_forecast_and_the_nodes_choice_agree_on_random_tables() -> None:
+    rng = np.random.default_rng(0)
+    b, f = [8, 16, 32], [300.0, 600.0, 900.0, 1200.0]
+    for _ in range(200):
+        time = np.sort(rng.uniform(0.5, 1.0, (3, 4)), axis=1)[:, ::-1]  # faster as f rises
+        peak = np.sort(rng.uniform(1.0, 6.0, (3, 4)), axis=1)
+        avg = peak * rng.uniform(0.5, 1.0, (3, 4))
+        sigma = rng.uniform(0.0, 0.3, (3, 4))
+        r = rng.uniform(0.3, 1.0, 3).tolist()
+        limit = PowerLimit(float(rng.uniform(2.0, 7.0)), 0.05)
+        for w in (0.0, 0.5, 1.0):
+            objective = Objective(tie_tolerance=0.02, peak_sigma_k=2.0).for_pace(w)
+            forecast = best_round_time_s(
+                time, peak, sigma, limit, 100, objective=objective, r=r, avg_power_w=avg
+            )
+            try:
+                node = select_eq4(
+                    Tables(time, peak, avg, sigma), b, f, r, limit, objective=objective
+                )
+            except ValueError:  # no feasible cell
+                assert math.isinf(forecast)
+                continue
+            assert forecast == node.time_per_sample_s * 100
 
 
 def test_the_deadline_is_the_critical_nodes_best_time_and_equal_paces_plan_together() -> None:
@@ -83,7 +136,7 @@ def test_the_deadline_is_the_critical_nodes_best_time_and_equal_paces_plan_toget
     )
     assert plan.deadline_s == 10.0 and not plan.fixed
     assert plan.critical == {2, 3} and plan.unmeetable == set()
-    assert plan.role_of(1) == "slack" and plan.role_of(3) == "critical"
+    assert 1 not in plan.critical and 3 in plan.critical
 
 
 def test_a_fixed_deadline_no_node_meets_is_said_so() -> None:
@@ -98,6 +151,7 @@ def test_a_fixed_deadline_no_node_meets_is_said_so() -> None:
 
 def test_a_miss_counts_beyond_the_margin_only() -> None:
     assert missed({1: 10.4, 2: 10.6, 3: math.nan}, 10.0, 0.05) == {2: 10.6}
+    assert missed({1: 10.6}, None, 0.05) == {}  # no deadline: nobody missed it
 
 
 class _Fleet:
