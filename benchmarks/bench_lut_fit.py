@@ -254,7 +254,7 @@ def selector_fn(grid: Grid, r: Sequence[float], peak_sigma_k: float = 0.0) -> Ch
     per-step peaks, as the runs do (σ None or k = 0: the profiled peak alone)."""
     from fl_client import selector
 
-    rule = selector.SelectionRule(peak_sigma_k=peak_sigma_k)
+    rule = selector.Objective(peak_sigma_k=peak_sigma_k)
 
     def choose(
         time_s: FloatArray, peak_w: FloatArray, cap_w: float, sigma_w: FloatArray | None = None
@@ -264,12 +264,10 @@ def selector_fn(grid: Grid, r: Sequence[float], peak_sigma_k: float = 0.0) -> Ch
                 "power-aware",
                 batch_sizes=list(grid.batch_sizes),
                 freqs_mhz=list(grid.freqs),
-                lut_time_s=time_s,
-                lut_power_w=peak_w,
-                lut_peak_sigma_w=sigma_w,
+                tables=selector.Tables(time_s, peak_w, peak_sigma_w=sigma_w),
                 r=list(r),
                 p_max_w=selector.PowerLimit(cap_w, CAP_MARGIN),
-                rule=rule,
+                objective=rule,
             )
         except selector.InfeasibleCapError:
             return None

@@ -46,9 +46,17 @@ def cases(sel: ModuleType, n_b: int, n_f: int) -> dict[str, Callable[[float], An
     time_s, power_w, batch_sizes, freqs_mhz = make_tables(n_b, n_f, seed=0)
     r = list(np.linspace(0.3, 1.0, n_b))
     out: dict[str, Callable[[float], Any]] = {
-        # The call benchmarked before issue 13: the two tables, positionally.
-        "power-aware": lambda cap: sel.select_power_aware(
-            time_s, power_w, batch_sizes, freqs_mhz, r, cap
+        # Eq. 4 on the two tables (a module from before issue 13: positionally).
+        "power-aware": (
+            (
+                lambda cap: sel.select_eq4(
+                    sel.Tables(time_s, power_w), batch_sizes, freqs_mhz, r, cap
+                )
+            )
+            if hasattr(sel, "Tables")
+            else (
+                lambda cap: sel.select_power_aware(time_s, power_w, batch_sizes, freqs_mhz, r, cap)
+            )
         ),
         "b1": lambda cap: sel.select_b1(batch_sizes, freqs_mhz, 614.4, time_s, power_w),
     }
@@ -62,8 +70,7 @@ def cases(sel: ModuleType, n_b: int, n_f: int) -> dict[str, Callable[[float], An
             freqs_mhz=freqs_mhz,
             tables=tables,
             r=r,
-            p_max_w=cap,
-            cap_margin=0.05,
+            p_max_w=sel.PowerLimit(cap, 0.05),
         )
     return out
 

@@ -33,7 +33,7 @@ from fl_client.contract import Cap
 from fl_client.devices import BACKENDS, POWER_SOURCES, Device, DeviceError, DeviceOptions
 from fl_client.devices.base import GPU_FREQ_MHZ, DeviceInfo, Knob, Measurement, Meter, Workload
 from fl_client.devices.cli import add_devices_parser
-from fl_client.selector import METHODS, PEAK_SIGMA_K, SelectionRule
+from fl_client.selector import METHODS, PEAK_SIGMA_K, Objective
 from fl_client.settings_table import MODEL_NAMES, RUN, Setting
 
 #: The nodes' LUT cache under the run setting ``cache-dir``'s default.
@@ -654,7 +654,7 @@ def cmd_select(
     try:
         cap = Cap.parse(args.p_max_w)
         cap_margin = setting_option(args, "cap-margin") if cap.capped else 0.0
-        rule = SelectionRule(
+        rule = Objective(
             peak_sigma_k=setting_option(args, "peak-sigma-k"),
             tie_tolerance=setting_option(args, "tie-tolerance"),
         )
@@ -681,7 +681,7 @@ def cmd_select(
             ),
             r=r,
             p_max_w=cap.with_margin(cap_margin),
-            rule=rule,
+            objective=rule,
             b1_freq_cap_mhz=b1_cap,
             fixed_batch_size=args.fixed_batch_size,
             fixed_freq_mhz=args.fixed_freq_mhz,

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 from fl_client.devices.base import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W
 from fl_client.names import check_safe_name
-from fl_client.selector import PowerLimit
+from fl_client.power import PowerLimit, parse_p_max_w
 
 #: The selection rules a round can run (``fl_client.selector.select`` implements each).
 METHODS = ("power-aware", "b1", "b2", "oracle", "fixed")
@@ -79,8 +79,10 @@ class Cap:
     NONE: ClassVar[Cap]
 
     def __post_init__(self) -> None:
-        if math.isnan(self.watts) or self.watts <= 0:
-            raise SettingsError(f"p-max-w: must be > 0 W (or 'none' for no cap), got {self.watts}")
+        try:
+            object.__setattr__(self, "watts", parse_p_max_w(self.watts))
+        except ValueError as err:
+            raise SettingsError(str(err)) from None
 
     @classmethod
     def parse(cls, value: object, key: str = "p-max-w") -> Cap:
@@ -89,20 +91,11 @@ class Cap:
         ``"inf"`` or ``math.inf``."""
         if isinstance(value, Cap):
             return value
-        if isinstance(value, str) and value.strip().lower().endswith("w"):
-            value = value.strip()[:-1]  # its own label, "4.5 W"
-        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
-            return cls.NONE
-        expected = f"{key}: expected a number of watts > 0 or 'none', got {value!r}"
-        if isinstance(value, bool):
-            raise SettingsError(expected)
         try:
-            watts = float(value)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            raise SettingsError(expected) from None
-        if math.isnan(watts) or watts <= 0:
-            raise SettingsError(f"{key}: must be > 0 W (or 'none' for no cap), got {value!r}")
-        return cls(watts)
+            watts = parse_p_max_w(value, key)  # the one parser (``fl_client.power``)
+        except ValueError as err:
+            raise SettingsError(str(err)) from None
+        return cls.NONE if math.isinf(watts) else cls(watts)
 
     @property
     def capped(self) -> bool:

@@ -32,11 +32,10 @@ from fl_client.devices.base import (
     knob_for,
 )
 from fl_client.files import set_aside, write_atomic
+from fl_client.power import PowerLimit, parse_p_max_w
 from fl_client.selector import (
-    PowerLimit,
     validate_batch_sizes,
     validate_freqs_mhz,
-    validate_p_max_w,
     validate_tables,
 )
 
@@ -190,7 +189,8 @@ class LUT:
         try:
             b = validate_batch_sizes(list(self.batch_sizes))
             f = validate_freqs_mhz(list(self.freqs_mhz))
-            cap = validate_p_max_w(self.p_max_w)
+            watts = parse_p_max_w(self.p_max_w)
+            cap = None if math.isinf(watts) else watts
             time_s, peak_w = validate_tables(
                 self.time_per_sample_s, self.peak_power_w, len(b), len(f)
             )
@@ -273,19 +273,9 @@ class LUT:
         return Workload(self.model_name, self.input_shape, 0.0).key
 
     @property
-    def is_full_grid(self) -> bool:
-        """Whether every cell was profiled (such a LUT serves any cap)."""
-        return bool(np.all(~np.isnan(self.time_per_sample_s)))
-
-    @property
     def cells_profiled(self) -> int:
         """How many (b, f) cells were measured."""
         return int(np.count_nonzero(~np.isnan(self.time_per_sample_s)))
-
-    @property
-    def cells_unsettled(self) -> int:
-        """How many measured cells stopped at the profiler's hard cap (``settled`` 0)."""
-        return int(np.count_nonzero(self.settled == 0))
 
     @property
     def board_profile_time_s(self) -> float | None:

@@ -3,9 +3,8 @@
 Issue 15, part 2. A full LUT measures every (batch size b, GPU frequency f) cell; Eq. 4 only
 needs the cells around each cap's feasibility boundary and the optimum. This module fits a
 small model of time per sample and peak (and average) power over (b, f) to a few measured
-cells, and chooses which cells to measure next where the fit is unsure. NumPy only: no
-torch, no Flower, and nothing of the profiler, selector or devices (callers pass plain
-arrays and callbacks), so their changes cannot break it.
+cells, and chooses which cells to measure next where the fit is unsure. NumPy only (no
+torch, no Flower); of the selector it uses the choice itself (``choose_cell``, ``Objective``).
 
 The model (u = log2 b scaled to [0, 1] over B, φ = f / f_max, one level per b row)::
 
@@ -50,7 +49,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from fl_client.selector import TIE_TOLERANCE, PowerLimit, SelectionRule, choose_cell
+from fl_client.selector import TIE_TOLERANCE, Objective, PowerLimit, choose_cell
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -589,22 +588,20 @@ def fit_error(
 
 
 # --------------------------------------------------------------------------- Eq. 4
+#: Eq. 4 on tables whose peak is already the robust one (k = 0): what planning picks by.
+PLANNING_EQ4 = Objective(peak_sigma_k=0.0)
 
 
-def eq4_selector(r: Sequence[float], tie_tolerance: float = TIE_TOLERANCE) -> SelectFn:
-    """A ``SelectFn`` for ``plan_cells``: the selector's own choice (``selector.choose_cell``:
-    its feasibility, objective and tie-break) with this r, on tables whose peak is the one
-    feasibility judges (the robust peak where the caller's rule adds σ).
-
-    Energy is average power × time (as the selector's tie-break with an average table).
-    """
+def eq4_selector(r: Sequence[float], objective: Objective = PLANNING_EQ4) -> SelectFn:
+    """A ``SelectFn`` for ``plan_cells``: the selector's own choice (``choose_cell``) by
+    ``objective`` with this r, on tables whose peak is already the robust one (k = 0);
+    energy is average power × time, as the selector's tie-break with an average table."""
     r_list = [float(x) for x in r]
-    rule = SelectionRule(peak_sigma_k=0.0, tie_tolerance=tie_tolerance)
 
     def select(
         time_s: FloatArray, peak_w: FloatArray, avg_w: FloatArray, limit_w: float
     ) -> Cell | None:
-        return choose_cell(time_s, peak_w, avg_w, r_list, limit_w, rule=rule)
+        return choose_cell(time_s, peak_w, avg_w, r_list, limit_w, objective=objective)
 
     return select
 
@@ -633,10 +630,10 @@ class PlanOptions:
         Also measure the cell above the chosen one in its row (its boundary) while that
         cell has at least this chance of being feasible.
     tie_tolerance : float
-        The selector's tie tolerance (default selection and the ``chance`` of a better cell).
+        The selector's tie tolerance (``objective``).
     fit : FitOptions
     select : SelectFn, optional
-        How a choice is made from tables; default ``eq4_selector(r, tie_tolerance)``, the
+        How a choice is made from tables; default ``eq4_selector(r, objective)``, the
         selector's own choice (``fl_client.selector.choose_cell``).
     """
 
@@ -662,6 +659,11 @@ class PlanOptions:
             value = getattr(self, name)
             if not (0.0 <= value < 1.0):
                 raise ValueError(f"{name}: must be in [0, 1); got {value!r}")
+
+    @property
+    def objective(self) -> Objective:
+        """``PLANNING_EQ4`` with this tie tolerance: what planning picks and judges by."""
+        return PLANNING_EQ4.but(tie_tolerance=self.tie_tolerance)
 
 
 @dataclass(frozen=True)
@@ -872,7 +874,7 @@ def next_cell(
     state = _State(b, f, lambda *_: (math.nan, math.nan, math.nan))
     state.time, state.peak, state.avg = (np.array(t, dtype=np.float64) for t in tables)
     state.tried = np.asarray(tried, dtype=bool) | state.measured
-    select = opts.select or eq4_selector(r, opts.tie_tolerance)
+    select = opts.select or eq4_selector(r, opts.objective)
     ctx = _Ctx(select, np.asarray(r, dtype=np.float64)[:, None], opts)
     cand = _candidate(state, fit, limit.limit_w, ctx)
     return None if cand is None else cand[0]
@@ -881,21 +883,18 @@ def next_cell(
 def _chance_better(
     fit: LUTFit, tables: tuple[FloatArray, FloatArray], picked: Cell, ctx: _Ctx
 ) -> FloatArray:
-    """Per cell, the chance (if feasible) that Eq. 4 would prefer it to ``picked``.
-
-    Either it is faster to accuracy (score = time × r_b below the picked cell's), or it is a
-    tie (score within the tie tolerance) with less energy to accuracy (average power × time
-    × r_b), which the selector's tie-break prefers.
-    """
+    """Per cell, the chance (if feasible) that the selector would prefer it to ``picked``:
+    a better score (``Objective.scores``), or a tie within the objective's tolerance with
+    less energy to accuracy (average power × time × r_b), as the selector's tie-break."""
     t, a = tables
     sensor = ctx.opts.fit.sensor_sigma
     sd_t = np.sqrt(fit.time_sigma**2 + sensor**2)
     sd_e = np.sqrt(fit.time_sigma**2 + fit.peak_sigma**2 + 2 * sensor**2)
-    log_score = np.log(t * ctx.r_col)
-    log_energy = log_score + np.log(a)
+    log_score = np.log(ctx.opts.objective.scores(t, ctx.r_col, a))
+    log_energy = np.log(t * ctx.r_col) + np.log(a)
     best, best_energy = log_score[picked], log_energy[picked]
     faster = _normal_cdf((best - log_score) / sd_t)
-    tie = _normal_cdf((best + math.log1p(ctx.opts.tie_tolerance) - log_score) / sd_t)
+    tie = _normal_cdf((best + math.log1p(ctx.opts.objective.tie_tolerance) - log_score) / sd_t)
     return np.maximum(faster, tie * _normal_cdf((best_energy - log_energy) / sd_e))
 
 
@@ -958,7 +957,7 @@ def plan_cells(
         raise ValueError(f"r: expected {len(b)} values in (0, 1], got {list(r)!r}")
     caps = _distinct_caps(caps_w)
     limits = {cap: PowerLimit(cap, cap_margin).limit_w for cap in caps}  # margin checked
-    select = opts.select or eq4_selector(r, opts.tie_tolerance)
+    select = opts.select or eq4_selector(r, opts.objective)
     ctx = _Ctx(select, np.asarray(r, dtype=np.float64)[:, None], opts)
     state = _State(b, f, measure)
     seeds = seed_cells(len(b), len(f), opts.seed_cells)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from fl_client import selector, task
+from fl_client.balance import BALANCE_MODES, Slack, missed_deadline
 from fl_client.contract import (
     Cap,
     NodeDescriptor,
@@ -113,19 +114,8 @@ def describe_node(
 # --------------------------------------------------------------------------- TRAIN steps
 
 
-#: A node's time counts as over its deadline only beyond this share of it (float rounding:
-#: the pace-setter's deadline is its own predicted time, summed in another order).
-DEADLINE_RTOL = 1e-9
-
-
-def missed_deadline(time_s: float, deadline_s: float) -> bool:
-    """Whether a round's local time is over its deadline: a pace-setter that runs exactly
-    its forecast (the deadline) is on time, not late by the last bit of a float sum."""
-    return time_s > deadline_s * (1.0 + DEADLINE_RTOL)
-
-
 @dataclass
-class RoundPlan:
+class NodeRoundState:
     """What a round decided before training, and what it measured on the way."""
 
     cfg: TrainConfig
@@ -150,9 +140,9 @@ class RoundPlan:
     #: predicted local time at its fastest feasible cell
     work_share: float = 1.0
     fastest_time_s: float | None = None
-    #: ``balance = "energy"``: the energy its LUT predicts the chosen cell saves against the
-    #: node's fastest cell over the round (idle waiting counted)
-    predicted_energy_saved_j: float | None = None
+    #: The ``TrainReport`` fields its ``balance`` mode adds (``Mode.report``; ``energy``:
+    #: ``predicted_energy_saved_j``)
+    mode_report: dict[str, float] = field(default_factory=dict)
 
     @property
     def cap(self) -> Cap:
@@ -262,19 +252,19 @@ def oracle_r(
 
 
 def select_for(
-    plan: RoundPlan,
+    plan: NodeRoundState,
     lut: LUT | None,
     device: Device,
-    rule: selector.SelectionRule = selector.DEFAULT_RULE,
-    context: selector.RoundContext = selector.EQ4_ALONE,
+    objective: selector.Objective = selector.EQ4,
+    context: selector.RoundContext = selector.ANY_ROUND,
 ) -> selector.Selection:
     """The round's (b*, f*) by ``selector.select``, the one dispatch of every method.
 
     Power-aware and the oracle take Eq. 4 on the LUT's measured cells under ``plan.limit``
     (the cap less the node's ``cap-margin``; the oracle with r measured on the node's
-    data): each cell judged by its peak + ``rule.peak_sigma_k``·σ of its per-step peaks
+    data): each cell judged by its peak + ``objective.peak_sigma_k``·σ of its per-step peaks
     (the LUT's ``peak_sigma_w``), the least time × r, near-ties within
-    ``rule.tie_tolerance`` to the least energy (the LUT's average power × time). B1 and B2
+    ``objective.tie_tolerance`` to the least energy (the LUT's average power × time). B1 and B2
     take their fixed frequency from the device descriptor's band for the cap; ``fixed``
     takes the configured (b, f). ``context``: the round plan's (``_balance``).
     """
@@ -293,7 +283,7 @@ def select_for(
         tables=tables,
         r=plan.r_true if cfg.method == "oracle" else list(cfg.r),
         p_max_w=plan.limit,
-        rule=rule,
+        objective=objective,
         b1_freq_cap_mhz=(
             device.info.b1_freq_cap_mhz(plan.cap.watts) if cfg.method in ("b1", "b2") else None
         ),
@@ -303,7 +293,7 @@ def select_for(
     )
 
 
-def _skip_reason(plan: RoundPlan, err: selector.InfeasibleCapError) -> RuntimeError:
+def _skip_reason(plan: NodeRoundState, err: selector.InfeasibleCapError) -> RuntimeError:
     """A scheduled cap no configuration meets: the node skips that round, saying why."""
     spent = (
         f"; profiling for this cap took {plan.cost.time_s:.2f} s and {plan.cost.energy_j:.2f} J"
@@ -319,7 +309,7 @@ def _skip_reason(plan: RoundPlan, err: selector.InfeasibleCapError) -> RuntimeEr
 def _choose(
     ctx: NodeContext,
     measure: MeasureContext,
-    plan: RoundPlan,
+    plan: NodeRoundState,
     state: Mapping[str, torch.Tensor],
     data: tuple[Any, Any],
 ) -> None:
@@ -337,7 +327,7 @@ def _choose(
         plan.lut, known = shared
         plan.lut_from_cache = known == VERIFIED
         try:
-            plan.choice = select_for(plan, plan.lut, measure.device, ctx.selection_rule)
+            plan.choice = select_for(plan, plan.lut, measure.device, ctx.objective)
             if known != VERIFIED:
                 before = known == REFUSED or ctx.settings.shared_verify == "before"
                 _verify_shared(ctx, measure, plan, before=before)
@@ -351,7 +341,7 @@ def _choose(
         )
         plan.cost.add(cost.time_s, cost.energy_j)
     try:
-        plan.choice = select_for(plan, plan.lut, measure.device, ctx.selection_rule)
+        plan.choice = select_for(plan, plan.lut, measure.device, ctx.objective)
     except selector.InfeasibleCapError as err:
         if not ctx.node.p_max_schedule:
             raise
@@ -360,7 +350,7 @@ def _choose(
 
 
 def _verify_shared(
-    ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, *, before: bool
+    ctx: NodeContext, measure: MeasureContext, plan: NodeRoundState, *, before: bool
 ) -> None:
     """Check the chosen cell of a kind's LUT on this board.
 
@@ -389,11 +379,11 @@ def _verify_shared(
     plan.shared, plan.lut = check, check.lut
     plan.cost.add(check.time_s, check.energy_j)
     if check.reprofiled:
-        plan.choice = select_for(plan, plan.lut, measure.device, ctx.selection_rule)
+        plan.choice = select_for(plan, plan.lut, measure.device, ctx.objective)
     keep_verified(measure, plan.lut, plan.cfg.kind_lut)
 
 
-def _settle_shared(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, m: Any) -> None:
+def _settle_shared(ctx: NodeContext, measure: MeasureContext, plan: NodeRoundState, m: Any) -> None:
     """The kind's LUT checked by the round's own training at the chosen cell: its device
     time against the cell's time per sample (``drift.trained_time_deviation``) and its
     peak against the cell's promise (``check_power``), with no step-down of the cap guard.
@@ -425,76 +415,50 @@ def _settle_shared(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, m
     )
 
 
-def _balance(ctx: NodeContext, device: Device, plan: RoundPlan, samples: int) -> None:
-    """The round plan on the node (``balance`` not ``off``, methods that select from a LUT):
-    the same objective as Eq. 4 (``selector.cell_scores``) with the round's context.
-    (``balance = "energy"`` is what deadline pacing was, ``pacing = "deadline"``.)
+def _balance(ctx: NodeContext, device: Device, plan: NodeRoundState, samples: int) -> None:
+    """The round plan on the node (a ``balance`` mode that plans, methods that select from
+    a LUT): the node's objective (``selector.Objective``) with the mode's changes and the
+    round's budget.
 
     The node's fastest feasible cell (time alone, ``r_weight`` 0) gives the best round
     time it reports (``fastest-time-s``, what the server plans the next deadline from).
     With a deadline (from round 2): the node that sets the pace (``critical``) runs that
     fastest cell (with ``critical-r-weight`` w > 0 its least time × r_b^w) with
-    ``straggler-work`` of its local work; a node with slack keeps
-    ``deadline-margin`` of the deadline in reserve and spends the rest by its mode —
-    ``samples``: the least r_b that meets it; ``energy``: at its own b* (so its updates are
-    those of ``off``), the frequency of least energy above idle power that meets it (the
-    node waits at idle power for the rest of the round);
-    ``steps``: its Eq. 4 cell with more local steps (work ≤ the budget). When no cell meets
-    the deadline the choice is the fastest cell (the selector's fallback)."""
+    ``straggler-work`` of its local work; a node with slack keeps ``deadline-margin`` of
+    the deadline in reserve and spends the rest as its mode's entry says
+    (``balance.BALANCE_MODES``). When no cell meets the deadline the choice is the fastest
+    cell (the selector's fallback)."""
     s, cfg = ctx.settings, plan.cfg
-    if s.balance == "off" or plan.lut is None or plan.choice is None:
+    mode = BALANCE_MODES[s.balance]
+    if not mode.plans or plan.lut is None or plan.choice is None:
         return
     if cfg.method not in ("power-aware", "oracle"):
         return
     work = samples * cfg.time_calibration
-    fastest = select_for(
-        plan, plan.lut, device, ctx.selection_rule, selector.RoundContext(r_weight=0.0)
-    )
+    fastest = select_for(plan, plan.lut, device, ctx.objective.for_pace())
     plan.fastest_time_s = fastest.time_per_sample_s * work
     if cfg.deadline_s is None:
         return
     if cfg.critical:
         pace = fastest
         if s.critical_r_weight > 0:  # r still weighs: the cell the server planned it with
-            context = selector.RoundContext(r_weight=s.critical_r_weight)
-            pace = select_for(plan, plan.lut, device, ctx.selection_rule, context)
+            pace_objective = ctx.objective.for_pace(s.critical_r_weight)
+            pace = select_for(plan, plan.lut, device, pace_objective)
         plan.choice, plan.work_share = pace, s.straggler_work
     else:
         budget_s = cfg.deadline_s * (1.0 - s.deadline_margin)
-        idle_w = idle_power_w(device)
-        energy = {
-            "energy_weight": 1.0,
-            "idle_power_w": 0.0 if math.isnan(idle_w) else idle_w,
-            "batch_size": plan.choice.batch_size,  # its own b*: the same updates as off
-        }
-        weights: dict[str, dict[str, Any]] = {"samples": {"time_weight": 0.0}, "energy": energy}
-        if s.balance in weights:
-            context = selector.RoundContext(budget_s, work, **weights[s.balance])
-            plan.choice = select_for(plan, plan.lut, device, ctx.selection_rule, context)
-            if s.balance == "energy":
-                plan.predicted_energy_saved_j = energy_saved_j(fastest, plan.choice, work, idle_w)
-        else:  # steps: whole extra work that still fits the budget
-            at_choice = plan.choice.time_per_sample_s * work
-            plan.work_share = max(1.0, budget_s / at_choice) if at_choice > 0 else 1.0
+        slack = Slack(plan.choice, fastest, budget_s, work, idle_power_w(device))
+        if mode.reselect is not None:
+            ask = mode.reselect(slack)
+            objective = ctx.objective.but(**ask.changes)
+            context = selector.RoundContext(budget_s, work, batch_size=ask.batch_size)
+            plan.choice = select_for(plan, plan.lut, device, objective, context)
+        plan.work_share = mode.work_share(slack, plan.choice)
+        plan.mode_report = dict(mode.report(slack, plan.choice))
     plan.run_freq_mhz = plan.choice.freq_mhz
 
 
-def energy_saved_j(
-    fastest: selector.Selection, chosen: selector.Selection, samples: float, idle_w: float
-) -> float:
-    """What ``chosen`` saves against ``fastest`` over a round of ``samples`` (× the node's
-    calibration), by the LUT: a node that finishes sooner waits at its idle power until
-    the round ends, so the saving is ``E(fastest) − E(chosen) + P_idle · (t(chosen) −
-    t(fastest))`` (``idle_w`` NaN, unknown: 0). A prediction, not a measurement: the node
-    never runs its fastest cell in that round."""
-    idle = 0.0 if math.isnan(idle_w) else idle_w
-    t_fast, t_chosen = fastest.time_per_sample_s * samples, chosen.time_per_sample_s * samples
-    e_fast = fastest.energy_per_sample_j * samples
-    e_chosen = chosen.energy_per_sample_j * samples
-    return float(e_fast - e_chosen + idle * (t_chosen - t_fast))
-
-
-def _local_work(cfg: TrainConfig, plan: RoundPlan, n_samples: int) -> tuple[int, int | None]:
+def _local_work(cfg: TrainConfig, plan: NodeRoundState, n_samples: int) -> tuple[int, int | None]:
     """Epochs and the sample budget of this round's local training (``task.train``):
     ``local-epochs`` over the data, scaled by the plan's ``work_share`` in whole minibatches
     of b* (at least one; ``task.train`` stops after the minibatch that reaches the budget,
@@ -506,7 +470,7 @@ def _local_work(cfg: TrainConfig, plan: RoundPlan, n_samples: int) -> tuple[int,
     return max(1, math.ceil(total / max(n_samples, 1))), total
 
 
-def _check_drift(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan) -> None:
+def _check_drift(ctx: NodeContext, measure: MeasureContext, plan: NodeRoundState) -> None:
     """Every ``drift-check-every`` rounds, compare the operating point with a cached LUT."""
     k = ctx.settings.drift_check_every
     if plan.lut is None or plan.choice is None or not plan.lut_from_cache:
@@ -531,7 +495,7 @@ def _check_drift(ctx: NodeContext, measure: MeasureContext, plan: RoundPlan) -> 
 
 
 def check_power(
-    ctx: NodeContext, measure: MeasureContext, plan: RoundPlan, peak_w: float
+    ctx: NodeContext, measure: MeasureContext, plan: NodeRoundState, peak_w: float
 ) -> tuple[float, bool] | None:
     """Every trained round, at no cost: the round's measured peak power against the peak its
     LUT promised at the cell it ran at (peak + ``peak-sigma-k``·σ). Beyond
@@ -592,7 +556,9 @@ def train_node(
     ctx = node_context(run_config, node_config)
     cfg = TrainConfig.from_config(config)
     s = ctx.settings
-    plan = RoundPlan(cfg=cfg, limit=ctx.node.p_max_at(cfg.server_round).with_margin(ctx.cap_margin))
+    plan = NodeRoundState(
+        cfg=cfg, limit=ctx.node.p_max_at(cfg.server_round).with_margin(ctx.cap_margin)
+    )
     torch.set_num_threads(1)  # simulated nodes share the host's cores
     data = ctx.local_data()
     device = ctx.open_device(cfg.server_round)
@@ -639,7 +605,7 @@ def train_node(
 
 def _report(
     ctx: NodeContext,
-    plan: RoundPlan,
+    plan: NodeRoundState,
     device: Device,
     m: Any,
     result: task.TrainResult,
@@ -664,8 +630,7 @@ def _report(
             extra["deadline_s"] = plan.cfg.deadline_s
             extra["slack_s"] = plan.cfg.deadline_s - m.time_s
             extra["deadline_miss"] = float(missed_deadline(m.time_s, plan.cfg.deadline_s))
-    if plan.predicted_energy_saved_j is not None:
-        extra["predicted_energy_saved_j"] = plan.predicted_energy_saved_j
+    extra.update(plan.mode_report)
     if plan.shared is not None:
         extra["kind_verify_deviation"] = plan.shared.deviation
         extra["kind_reprofiled"] = float(plan.shared.reprofiled)
@@ -676,7 +641,7 @@ def _report(
         extra["drift_deviation"] = plan.drift.deviation
         extra["drift_reprofiled"] = float(plan.drift.reprofiled)
         if plan.drift.reprofiled:
-            again = select_for(plan, plan.drift.lut, device, ctx.selection_rule)
+            again = select_for(plan, plan.drift.lut, device, ctx.objective)
             extra["drift_batch_size"] = float(again.batch_size)
             extra["drift_freq_mhz"] = float(again.freq_mhz)
     if limit_w is not None and "drift_freq_mhz" in extra:  # the knob's value in W, its own key

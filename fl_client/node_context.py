@@ -13,7 +13,7 @@ from typing import Any
 
 from fl_client import task
 from fl_client.devices import Device, DeviceOptions, Workload, open_device
-from fl_client.selector import SelectionRule
+from fl_client.selector import Objective
 from fl_client.settings import NodeSettings, RunSettings, load_fleet, node_settings, resolve_path
 
 # A Jetson's CPU and GPU share memory: leave half of it to the OS, CUDA and the data.
@@ -36,10 +36,11 @@ class NodeContext:
         return self.settings.cap_margin if self.node.cap_margin is None else self.node.cap_margin
 
     @property
-    def selection_rule(self) -> SelectionRule:
-        """The run settings ``peak-sigma-k`` and ``tie-tolerance`` as the selector's rule."""
+    def objective(self) -> Objective:
+        """Eq. 4 with the run settings ``peak-sigma-k`` and ``tie-tolerance``: the node's
+        objective, which its ``balance`` mode and the pace-setter's role change."""
         s = self.settings
-        return SelectionRule(peak_sigma_k=s.peak_sigma_k, tie_tolerance=s.tie_tolerance)
+        return Objective(peak_sigma_k=s.peak_sigma_k, tie_tolerance=s.tie_tolerance)
 
     def local_data(self) -> tuple[Any, Any]:
         """This node's (training, validation) split of the run's data."""

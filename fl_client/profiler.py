@@ -37,13 +37,8 @@ from fl_client.devices.base import (
     device_knob,
 )
 from fl_client.lut import LUT, FloatArray, LUTKey, load_cached
-from fl_client.selector import (
-    PEAK_SIGMA_K,
-    PowerLimit,
-    feasible_cells,
-    validate_batch_sizes,
-    validate_p_max_w,
-)
+from fl_client.power import PowerLimit, check_cap_margin, parse_p_max_w
+from fl_client.selector import PEAK_SIGMA_K, feasible_cells, validate_batch_sizes
 
 log = logging.getLogger(__name__)
 
@@ -552,7 +547,8 @@ class ProfileOptions:
         )
 
     def __post_init__(self) -> None:
-        cap = validate_p_max_w(self.p_max_w)
+        watts = parse_p_max_w(self.p_max_w)
+        cap = None if math.isinf(watts) else watts
         object.__setattr__(self, "p_max_w", cap)
         warmup = self.warmup_steps
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
@@ -561,8 +557,7 @@ class ProfileOptions:
             raise ValueError(f"steps: must be an integer ≥ 1; got {self.steps!r}")
         if self.uncapped not in ("full", "highest"):
             raise ValueError(f"uncapped: unknown value {self.uncapped!r}; allowed: full, highest")
-        if not 0.0 <= self.cap_margin < 1.0:
-            raise ValueError(f"cap-margin: expected a number in [0, 1), got {self.cap_margin!r}")
+        check_cap_margin(self.cap_margin)
         k = self.peak_sigma_k
         if isinstance(k, bool) or not isinstance(k, int | float) or not 0 <= k < math.inf:
             raise ValueError(f"peak-sigma-k: expected a finite number ≥ 0, got {k!r}")

@@ -40,6 +40,7 @@ from fl_client.devices.base import (  # the knob a table is indexed by
     GPU_FREQ_MHZ,
     Knob,
 )
+from fl_client.power import PowerLimit  # the cap with its margin, what feasibility judges
 
 if TYPE_CHECKING:  # typing.Unpack is 3.11+; only the type checker needs it
     from typing_extensions import Unpack
@@ -237,24 +238,58 @@ class Tables:
     knob: Knob = GPU_FREQ_MHZ
 
 
+def _weight(key: str, w: object) -> None:
+    if isinstance(w, bool) or not isinstance(w, numbers.Real) or not 0.0 <= float(w) <= 1.0:
+        raise ValueError(f"{key}: must be a number in [0, 1]; got {w!r}")
+
+
 @dataclass(frozen=True)
-class SelectionRule:
-    """How ``select_eq4`` judges noisy tables (node-config keys in kebab-case).
+class Objective:
+    """What a choice minimises and how it judges noisy tables: the one objective the node's
+    choice (``select_eq4``), the server's forecast of the pace-setter's cell
+    (``strategies.round_plan.best_round_time_s``) and fitted profiling's planning
+    (``lut_fit``) all call.
+
+    The default is Eq. 4: the least time per sample × r_b.
 
     Attributes
     ----------
+    time_weight, r_weight : float
+        The exponents of time per sample and of r_b, each in [0, 1] (default 1): time 0
+        and energy 0 choose the most sample-efficient cell (least r_b); r 0 the fastest
+        cell, whatever its r (the node that sets the pace).
+    energy_weight : float
+        w in [0, 1]: the score is time^t_w × r_b^r_w × P^w, P the cell's energy basis
+        (average power where known). With the default weights (time and r 1, energy 0) it
+        is Eq. 4 (time to accuracy); energy 1 makes it energy to accuracy.
+    idle_power_w : float
+        The board's idle power (default 0), taken off each cell's power under an energy
+        weight: a node that finishes early waits at idle power until the round ends, so
+        over a round of fixed length its cell changes only the energy above idle,
+        (P − P_idle)·t (docs/method.md, "The round plan").
+    tie_tolerance : float
+        ``tie-tolerance`` in [0, 1): scores within this share of the best count as ties,
+        broken by the least energy to accuracy (default ``TIE_TOLERANCE``); 0 is the exact
+        minimum.
     peak_sigma_k : float
         ``peak-sigma-k`` ≥ 0: a cell is feasible when its peak + k·σ of its per-step peaks
         is below the cap (default ``PEAK_SIGMA_K``); 0 judges the profiled peak alone.
-    tie_tolerance : float
-        ``tie-tolerance`` in [0, 1): scores within this share of the best count as ties,
-        broken by energy (default ``TIE_TOLERANCE``); 0 is the exact minimum.
     """
 
-    peak_sigma_k: float = PEAK_SIGMA_K
+    time_weight: float = 1.0
+    r_weight: float = 1.0
+    energy_weight: float = 0.0
+    idle_power_w: float = 0.0
     tie_tolerance: float = TIE_TOLERANCE
+    peak_sigma_k: float = PEAK_SIGMA_K
 
     def __post_init__(self) -> None:
+        _weight("energy-weight", self.energy_weight)
+        _weight("time-weight", self.time_weight)
+        _weight("r-weight", self.r_weight)
+        p = self.idle_power_w
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p < math.inf:
+            raise ValueError(f"idle-power-w: must be a finite number of watts ≥ 0; got {p!r}")
         k, tol = self.peak_sigma_k, self.tie_tolerance
         if isinstance(k, bool) or not isinstance(k, numbers.Real) or not 0 <= k < math.inf:
             raise ValueError(f"peak-sigma-k: must be a finite number ≥ 0; got {k!r}")
@@ -262,132 +297,92 @@ class SelectionRule:
             raise ValueError(f"tie-tolerance: must be a number in [0, 1) (e.g. 0.02); got {tol!r}")
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> SelectionRule:
-        """The rule from ``peak-sigma-k`` / ``tie-tolerance`` keys; defaults where absent."""
+    def from_config(cls, config: Mapping[str, Any]) -> Objective:
+        """Eq. 4 with the ``peak-sigma-k`` / ``tie-tolerance`` keys; defaults where absent."""
         return cls(
             peak_sigma_k=config.get("peak-sigma-k", PEAK_SIGMA_K),
             tie_tolerance=config.get("tie-tolerance", TIE_TOLERANCE),
         )
 
+    def but(self, **changes: float) -> Objective:
+        """This objective with ``changes`` (field names; checked again)."""
+        return dataclasses.replace(self, **changes)
 
-DEFAULT_RULE = SelectionRule()
+    def for_pace(self, r_weight: float = 0.0) -> Objective:
+        """The pace-setter's objective: time × r_b^w (``critical-r-weight`` w; 0: its
+        fastest cell), no energy term, the same tie rule and feasibility. The node's
+        fastest cell and the server's forecast of it both take this one."""
+        return dataclasses.replace(self, time_weight=1.0, r_weight=r_weight, energy_weight=0.0)
+
+    def scores(
+        self, time_s: npt.ArrayLike, r: npt.ArrayLike, power_w: npt.ArrayLike | None = None
+    ) -> FloatArray:
+        """The objective per cell, lower is better: time per sample × r_b (∝ the time to
+        accuracy, Eq. 2 with Eq. 3), each with its exponent (``time_weight``,
+        ``r_weight``), × P^w with an energy weight w > 0 (``power_w``: the cells' energy
+        basis, average power where known; P is the power above ``idle_power_w``, at least
+        0). Rows are batch sizes (``r`` one per row)."""
+        t = np.asarray(time_s, dtype=np.float64)
+        r_col = np.asarray(r, dtype=np.float64).reshape(-1, 1)
+        if self.time_weight == 1.0 and self.r_weight == 1.0:
+            score: FloatArray = t * r_col  # Eq. 4
+        else:
+            score = np.where(np.isnan(t), np.nan, t**self.time_weight) * r_col**self.r_weight
+        if self.energy_weight > 0:
+            if power_w is None:
+                raise ValueError("energy-weight: needs the cells' power")
+            p = np.asarray(power_w, dtype=np.float64)
+            score = score * np.maximum(p - self.idle_power_w, 0.0) ** self.energy_weight
+        return score
 
 
-@dataclass(frozen=True)
-class PowerLimit:
-    """The power cap with its margin: the one value every feasibility check below the node
-    judges a cell's robust peak by.
-
-    Attributes
-    ----------
-    p_max_w : float
-        The bare cap P_max in W (``math.inf``: no cap); a number, a numeric string,
-        ``"none"`` or None are accepted and stored as a float (``validate_p_max_w``).
-    cap_margin : float
-        ``cap-margin``: the share of P_max kept free of profiled peak power, in [0, 1)
-        (``validate_cap_margin``); 0 without a cap. One profiled peak is a noisy sample
-        of a cell's power and training runs many more steps than profiling: keeping
-        profiled peaks this share below P_max leaves room for the sensor's excursions.
-    """
-
-    p_max_w: float = math.inf
-    cap_margin: float = 0.0
-
-    def __post_init__(self) -> None:
-        cap = validate_p_max_w(self.p_max_w)
-        margin = validate_cap_margin(self.cap_margin)
-        object.__setattr__(self, "p_max_w", math.inf if cap is None else cap)
-        object.__setattr__(self, "cap_margin", 0.0 if cap is None else margin)
-
-    @classmethod
-    def of(cls, limit: PowerLimit | float | str | None) -> PowerLimit:
-        """``limit`` itself, or a bare cap (a number, ``"none"``, None) with no margin."""
-        return limit if isinstance(limit, PowerLimit) else cls(limit)  # type: ignore[arg-type]
-
-    @property
-    def capped(self) -> bool:
-        return math.isfinite(self.p_max_w)
-
-    @property
-    def cap_w(self) -> float | None:
-        """The bare cap in W, None without one (the form ``Selection.p_max_w`` keeps)."""
-        return self.p_max_w if self.capped else None
-
-    @property
-    def limit_w(self) -> float:
-        """What a robust peak must stay below: ``P_max · (1 − cap_margin)`` (inf: no cap)."""
-        return self.p_max_w * (1.0 - self.cap_margin) if self.capped else math.inf
+#: Eq. 4: the least time per sample × r_b, with the default tie rule and feasibility.
+EQ4 = Objective()
 
 
 @dataclass(frozen=True)
 class RoundContext:
-    """What a round asks of a node's choice beyond its own Eq. 4 (the server's round plan).
+    """What a round asks of a node's choice beyond its objective (the server's round plan).
 
-    The default context is Eq. 4 alone: the least time per sample × r_b.
+    The default asks nothing: no deadline, every batch size.
 
     Attributes
     ----------
-    deadline_s : float or None
-        The time the round's local work may take (the deadline less the node's reserve);
-        None: no deadline. Cells whose round time (time per sample × ``samples``) is over
-        it are left out while some feasible cell meets it; when none does, the choice is
-        the feasible cell of least round time (the node's fastest).
+    budget_s : float or None
+        The time the round's local work may take: the round's deadline less the node's
+        reserve (``deadline-margin``); None: no deadline. Cells whose round time (time per
+        sample × ``samples``) is over it are left out while some feasible cell meets it;
+        when none does, the choice is the feasible cell of least round time (the node's
+        fastest).
     samples : float
         The round's training samples (times the node's time calibration), to turn a time
-        per sample into a round time; needed with a deadline.
-    energy_weight : float
-        w in [0, 1]: the score is time^t_w × r_b^r_w × P^w, P the cell's energy basis
-        (average power where known). With the default weights (time and r 1, energy 0) it
-        is Eq. 4 (time to accuracy); energy 1 makes it energy to accuracy.
-    time_weight, r_weight : float
-        The exponents of time per sample and of r_b, each in [0, 1] (default 1): time 0
-        and energy 0 choose the most sample-efficient cell (least r_b) that meets the
-        deadline; r 0 the fastest cell, whatever its r (the node that sets the pace).
-    idle_power_w : float
-        The board's idle power (default 0), taken off each cell's power under an energy
-        weight: a node that finishes early waits at idle power until the round ends, so
-        over a round of fixed length its cell changes only the energy above idle,
-        (P − P_idle)·t (docs/method.md, "The round plan").
+        per sample into a round time; needed with a budget.
     batch_size : int or None
         Only this b's row (None: every b): the energy mode keeps the node's own b*, so
         its updates, and with them the run's rounds to target, are those of its Eq. 4
         choice; only the frequency changes.
     """
 
-    deadline_s: float | None = None
+    budget_s: float | None = None
     samples: float = 0.0
-    energy_weight: float = 0.0
-    time_weight: float = 1.0
-    r_weight: float = 1.0
-    idle_power_w: float = 0.0
     batch_size: int | None = None
 
     def __post_init__(self) -> None:
-        for key, w in (
-            ("energy-weight", self.energy_weight),
-            ("time-weight", self.time_weight),
-            ("r-weight", self.r_weight),
-        ):
-            if isinstance(w, bool) or not isinstance(w, numbers.Real) or not 0.0 <= w <= 1.0:
-                raise ValueError(f"{key}: must be a number in [0, 1]; got {w!r}")
-        d = self.deadline_s
+        d = self.budget_s
         if d is not None and (isinstance(d, bool) or not isinstance(d, numbers.Real) or not d > 0):
-            raise ValueError(f"deadline-s: must be a number of seconds > 0; got {d!r}")
+            raise ValueError(f"budget-s: must be a number of seconds > 0; got {d!r}")
         n = self.samples
         if isinstance(n, bool) or not isinstance(n, numbers.Real) or not 0 <= n < math.inf:
             raise ValueError(f"samples: must be a finite number ≥ 0; got {n!r}")
         if d is not None and n <= 0:
-            raise ValueError("samples: a deadline needs the round's samples (> 0)")
-        p = self.idle_power_w
-        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p < math.inf:
-            raise ValueError(f"idle-power-w: must be a finite number of watts ≥ 0; got {p!r}")
+            raise ValueError("samples: a budget needs the round's samples (> 0)")
         b = self.batch_size
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
             raise ValueError(f"batch-size: must be a batch size ≥ 1 or None; got {b!r}")
 
 
-#: Eq. 4 alone: no deadline, no energy weight.
-EQ4_ALONE = RoundContext()
+#: No deadline, every batch size: the objective alone.
+ANY_ROUND = RoundContext()
 
 
 def _none_if_nan(x: float) -> float | None:
@@ -395,73 +390,6 @@ def _none_if_nan(x: float) -> float | None:
 
 
 # --------------------------------------------------------------------------- validation
-
-
-def validate_p_max_w(p_max_w: object) -> float | None:
-    """Check a power cap; return it in watts, or None for "no cap".
-
-    Parameters
-    ----------
-    p_max_w : float, str or None
-        ``p-max-w``: a finite number > 0 (a numeric string is accepted), or None, ``"none"``
-        or infinity meaning no cap.
-
-    Returns
-    -------
-    float or None
-        The cap in watts, None when there is no cap.
-
-    Raises
-    ------
-    ValueError
-        For a non-number, NaN, zero or a negative value.
-    """
-    if isinstance(p_max_w, float) and 0 < p_max_w < math.inf:  # the common case
-        return float(p_max_w)
-    allowed = "a finite number of watts > 0, or none/inf for no cap"
-    if p_max_w is None:
-        return None
-    value: float
-    if isinstance(p_max_w, str):
-        text = p_max_w.strip().lower()
-        if text in ("none", "inf", "+inf", "infinity"):
-            return None
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError(f"p-max-w: must be {allowed}; got {p_max_w!r}") from None
-    elif isinstance(p_max_w, numbers.Real) and not isinstance(p_max_w, bool):
-        value = float(p_max_w)
-    else:
-        raise ValueError(f"p-max-w: must be {allowed}; got {p_max_w!r}")
-    if value == math.inf:
-        return None
-    if math.isnan(value) or value <= 0:
-        raise ValueError(f"p-max-w: must be {allowed}; got {p_max_w!r}")
-    return value
-
-
-def validate_cap_margin(cap_margin: object) -> float:
-    """Check ``cap-margin``: the share of P_max kept free of profiled peak power, in [0, 1).
-
-    Raises
-    ------
-    ValueError
-        For a non-number, NaN, a negative value or one ≥ 1.
-    """
-    if isinstance(cap_margin, float) and 0.0 <= cap_margin < 1.0:  # the common case
-        return float(cap_margin)
-    allowed = "a number in [0, 1) (a share of P_max, e.g. 0.05)"
-    if isinstance(cap_margin, bool) or not isinstance(cap_margin, numbers.Real):
-        raise ValueError(f"cap-margin: must be {allowed}; got {cap_margin!r}")
-    value = float(cap_margin)
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"cap-margin: must be {allowed}; got {cap_margin!r}")
-    return value
-
-
-#: No cap.
-NO_LIMIT = PowerLimit()
 
 
 def validate_batch_sizes(batch_sizes: Sequence[object]) -> list[int]:
@@ -846,21 +774,21 @@ def select_eq4(
     r: Sequence[float],
     p_max_w: PowerLimit | float | str | None,
     *,
-    rule: SelectionRule = DEFAULT_RULE,
+    objective: Objective = EQ4,
     method: str = "power-aware",
-    context: RoundContext = EQ4_ALONE,
+    context: RoundContext = ANY_ROUND,
 ) -> Selection:
     """Eq. 4 on measured, noisy tables: the fastest feasible (b, f) to accuracy, then energy.
 
     Feasibility is per cell (``feasible_cells``): a cell is feasible when its robust peak,
-    ``peak + peak_sigma_k·σ`` (σ of its per-step peaks; 0 where not recorded), is below
+    ``peak + objective.peak_sigma_k·σ`` (σ of its per-step peaks; 0 where not recorded), is below
     ``PowerLimit.limit_w`` (P_max less its margin). No fit across f is applied: a fit
     would either pass a cell that was measured above the cap or reject one measured below
     it, and every guarantee below holds cell by cell.
 
     The choice, over all feasible cells (not only each b's highest f):
 
-    1. ``score = time per sample × r_b`` (∝ TT_acc, Eq. 2 with Eq. 3; ``cell_scores``);
+    1. ``score = time per sample × r_b`` (∝ TT_acc, Eq. 2 with Eq. 3; ``Objective.scores``);
        ``best`` is its minimum over the feasible cells.
     2. Cells with ``score ≤ best · (1 + tie_tolerance)`` are ties: profiling noise cannot
        order them. Among them the least **energy to accuracy** wins: energy per sample ×
@@ -892,13 +820,13 @@ def select_eq4(
     p_max_w : PowerLimit, float, str or None
         The cap with its margin (``PowerLimit``), or a bare cap P_max in W (no margin);
         None / "none" / infinity for no cap.
-    rule : SelectionRule
-        ``peak-sigma-k`` and ``tie-tolerance``.
+    objective : Objective
+        The weights, ``peak-sigma-k`` and ``tie-tolerance``; the default, Eq. 4, is the
+        rule above.
     method : str
         ``"power-aware"`` (r from the proxy) or ``"oracle"`` (r from the client's data).
     context : RoundContext
-        The round's deadline and energy weight (``cell_scores``); the default, Eq. 4
-        alone, is the rule above.
+        The round's budget and batch size; the default asks nothing.
 
     Returns
     -------
@@ -915,13 +843,13 @@ def select_eq4(
         raise ValueError(f"method: {method!r} is not an Eq. 4 method (power-aware, oracle)")
     c = _check_eq4(tables, batch_sizes, freqs_mhz, r)
     limit = PowerLimit.of(p_max_w)
-    robust = robust_peak_w(c.peak_w, c.sigma_w, rule.peak_sigma_k)
+    robust = robust_peak_w(c.peak_w, c.sigma_w, objective.peak_sigma_k)
     feasible = robust < limit.limit_w  # NaN < limit is False
     if context.batch_size is not None:
         if context.batch_size not in c.b:
             raise ValueError(f"batch-size: {context.batch_size} is not one of {c.b}")
         feasible &= (np.asarray(c.b) == context.batch_size)[:, None]
-    chosen = _eq4(c.time_s, c.energy_w, c.r, feasible, rule.tie_tolerance, context)
+    chosen = _eq4(c.time_s, c.energy_w, c.r, feasible, objective, context)
     if chosen is None:
         raise _infeasible(c, robust, limit, tables.knob)
     picks, fastest, row = chosen
@@ -929,48 +857,24 @@ def select_eq4(
     return _selection(method, candidates[row], limit.cap_w, candidates, tables.knob)
 
 
-def cell_scores(
-    time_s: FloatArray,
-    r: Sequence[float],
-    power_w: FloatArray | None = None,
-    context: RoundContext = EQ4_ALONE,
-) -> FloatArray:
-    """The selection's objective per cell, lower is better: time per sample × r_b (∝ the
-    time to accuracy, Eq. 2 with Eq. 3), each with the context's exponent (``time_weight``,
-    ``r_weight``), × P^w with its energy weight w > 0 (``power_w``: the cells' energy
-    basis, average power where known; P is the power above the context's
-    ``idle_power_w``, at least 0). The default context is Eq. 4's time × r_b."""
-    r_col = np.asarray(r, dtype=np.float64)[:, None]
-    c = context
-    if c.time_weight == 1.0 and c.r_weight == 1.0:
-        score: FloatArray = time_s * r_col  # Eq. 4
-    else:
-        score = np.where(np.isnan(time_s), np.nan, time_s**c.time_weight) * r_col**c.r_weight
-    if c.energy_weight > 0:
-        if power_w is None:
-            raise ValueError("energy-weight: needs the cells' power")
-        above_idle = np.maximum(power_w - c.idle_power_w, 0.0)
-        score = score * above_idle**c.energy_weight
-    return score
-
-
 def _eq4(
     time_s: FloatArray,
     energy_w: FloatArray,
     r: list[float],
     feasible: BoolArray,
-    tie_tolerance: float,
+    objective: Objective,
     context: RoundContext,
 ) -> tuple[list[int], list[float], int] | None:
     """The choice over feasible cells (rows: ascending b): per row the flat index of the
     cell that b would use and its score (inf: none), and the chosen row; None when no cell
-    is feasible. The objective is ``cell_scores``; ties go to the least energy to accuracy.
+    is feasible. The score is ``objective.scores``; ties (within its ``tie_tolerance``) go
+    to the least energy to accuracy.
 
-    With a deadline (``context``) the cells over it are left out while a feasible cell
-    meets it; when none does the objective is the round time alone (the fastest cell)."""
-    score = cell_scores(time_s, r, energy_w, context)
-    if context.deadline_s is not None:
-        on_time = feasible & (time_s * context.samples <= context.deadline_s)
+    With a budget (``context``) the cells over it are left out while a feasible cell
+    meets it; when none does the score is the round time alone (the fastest cell)."""
+    score = objective.scores(time_s, r, energy_w)
+    if context.budget_s is not None:
+        on_time = feasible & (time_s * context.samples <= context.budget_s)
         if np.count_nonzero(on_time):
             feasible = on_time
         else:
@@ -986,7 +890,7 @@ def _eq4(
     best = min(fastest)
     if best == math.inf:
         return None
-    threshold = best * (1 + tie_tolerance)
+    threshold = best * (1 + objective.tie_tolerance)
     tied = [i for i, f in enumerate(fastest) if f <= threshold]
     if len(tied) > 1 or np.count_nonzero(fast <= threshold) > 1:
         # rows with ties take their least energy to accuracy among them (the lower f first)
@@ -1009,20 +913,23 @@ def choose_cell(
     limit: PowerLimit | float | None,
     *,
     peak_sigma_w: npt.ArrayLike | None = None,
-    rule: SelectionRule = DEFAULT_RULE,
-    context: RoundContext = EQ4_ALONE,
+    objective: Objective = EQ4,
+    context: RoundContext = ANY_ROUND,
 ) -> tuple[int, int] | None:
     """The (row, column) ``select_eq4`` chooses from bare tables (rows: ascending b; NaN:
     not measured), None when no cell is feasible: the same feasibility, objective and
     tie-break, without the axes and checks of a node's selection (a fit's planning asks
     this many times; ``fl_client.lut_fit``). ``energy_w`` is the energy basis (average
-    power); ``limit`` the cap with its margin, or its ``limit_w``."""
+    power); ``limit`` the cap with its margin, or its ``limit_w``. A row whose r is NaN
+    (a b without an r) is never chosen."""
     t = np.asarray(time_s, dtype=np.float64)
     e = np.asarray(energy_w, dtype=np.float64)
-    robust = robust_peak_w(peak_w, peak_sigma_w, rule.peak_sigma_k)
+    r_list = [float(x) for x in r]
+    robust = robust_peak_w(peak_w, peak_sigma_w, objective.peak_sigma_k)
     with np.errstate(invalid="ignore"):
         feasible = np.isfinite(t) & np.isfinite(e) & (robust < _limit_w(limit))
-    chosen = _eq4(t, e, [float(x) for x in r], feasible, rule.tie_tolerance, context)
+    feasible &= np.isfinite(np.asarray(r_list))[:, None]
+    chosen = _eq4(t, e, r_list, feasible, objective, context)
     if chosen is None:
         return None
     flat, _, row = chosen
@@ -1062,55 +969,6 @@ def _infeasible(
         lowest - float(c.peak_w[i, j]),
         knob,
     )
-
-
-def select_power_aware(
-    lut_time_s: npt.ArrayLike,
-    lut_power_w: npt.ArrayLike,
-    batch_sizes: Sequence[int],
-    freqs_mhz: Sequence[float],
-    r: Sequence[float],
-    p_max_w: PowerLimit | float | str | None,
-    *,
-    rule: SelectionRule = DEFAULT_RULE,
-) -> Selection:
-    """Eq. 4 with the proxy's r: ``select_eq4`` on LUT_time and LUT_power alone.
-
-    Kept for callers that pass the two tables positionally; give average power or σ of
-    per-step peaks through ``select_eq4(Tables(...), ...)`` or ``select(tables=...)``.
-    Without σ the robust peak is the profiled peak; without average power the tie-break's
-    energy is peak power × time.
-
-    Parameters
-    ----------
-    lut_time_s, lut_power_w : array_like, shape (|B|, |F|)
-        Time per training sample (s) and peak power (W); NaN (same cells) where not
-        profiled.
-    batch_sizes, freqs_mhz, r, p_max_w, rule
-        As in ``select_eq4`` (``p_max_w``: the cap with its margin, or a bare cap).
-
-    Returns
-    -------
-    Selection
-        With ``method="power-aware"``.
-    """
-    return select_eq4(
-        Tables(lut_time_s, lut_power_w),
-        batch_sizes,
-        freqs_mhz,
-        r,
-        p_max_w,
-        rule=rule,
-    )
-
-
-def select_oracle(*args: Any, **kwargs: Any) -> Selection:
-    """The paper's "fastest configuration": Eq. 4 with r measured on the client's own data.
-
-    ``select_power_aware`` with the same parameters (``r`` is the true r of the target
-    data); the Selection has ``method="oracle"``.
-    """
-    return dataclasses.replace(select_power_aware(*args, **kwargs), method="oracle")
 
 
 # --------------------------------------------------------------------------- baselines
@@ -1257,18 +1115,11 @@ def select_fixed(
 
 
 class MethodArgs(TypedDict, total=False):
-    """``select``'s per-method keywords, and the flat spelling of its tables.
-
-    ``lut_time_s``, ``lut_power_w``, ``lut_avg_power_w``, ``lut_peak_sigma_w`` and ``knob``
-    are the tables as separate arguments (the call callers made before ``Tables``); give
-    them or ``tables``, not both. ``context``: power-aware and oracle.
+    """``select``'s per-method keywords. ``context``: power-aware and oracle.
     ``b1_freq_cap_mhz``: b1, b2. ``fixed_batch_size`` and ``fixed_freq_mhz``: fixed.
+    ``knob``: what the baselines' choice is when no tables are given (with tables, theirs).
     """
 
-    lut_time_s: npt.ArrayLike | None
-    lut_power_w: npt.ArrayLike | None
-    lut_avg_power_w: npt.ArrayLike | None
-    lut_peak_sigma_w: npt.ArrayLike | None
     knob: Knob
     context: RoundContext
     b1_freq_cap_mhz: float | None
@@ -1277,30 +1128,6 @@ class MethodArgs(TypedDict, total=False):
 
 
 _METHOD_ARGS = frozenset(MethodArgs.__annotations__)
-_FLAT_TABLES = ("lut_time_s", "lut_power_w", "lut_avg_power_w", "lut_peak_sigma_w", "knob")
-
-
-def _tables_of(tables: Tables | None, args: MethodArgs) -> Tables | None:
-    """``tables``, or the flat ``lut_*`` keywords as Tables (None when neither is given)."""
-    unknown = args.keys() - _METHOD_ARGS
-    if unknown:
-        raise TypeError(f"select() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
-    flat = {k: args[k] for k in _FLAT_TABLES if args.get(k) is not None}  # type: ignore[literal-required]
-    if tables is not None:
-        if flat:
-            raise ValueError(f"tables: give Tables or {', '.join(flat)}, not both")
-        return tables
-    if "lut_time_s" not in flat and "lut_power_w" not in flat:
-        return None  # a ``knob`` alone still labels the baselines' choice (``select``)
-    if "lut_time_s" not in flat or "lut_power_w" not in flat:
-        raise ValueError("lut_time_s and lut_power_w: give both tables or neither")
-    return Tables(
-        flat["lut_time_s"],
-        flat["lut_power_w"],
-        flat.get("lut_avg_power_w"),
-        flat.get("lut_peak_sigma_w"),
-        flat.get("knob", GPU_FREQ_MHZ),
-    )
 
 
 def select(
@@ -1311,7 +1138,7 @@ def select(
     tables: Tables | None = None,
     r: Sequence[float] | None = None,
     p_max_w: PowerLimit | float | str | None = None,
-    rule: SelectionRule = DEFAULT_RULE,
+    objective: Objective = EQ4,
     **method_args: Unpack[MethodArgs],
 ) -> Selection:
     """Dispatch to the selection ``method`` (one of ``METHODS``).
@@ -1328,13 +1155,11 @@ def select(
     batch_sizes, freqs_mhz, r, p_max_w
         As in the per-method functions.
     tables : Tables, optional
-        The profiled tables and their knob (or the flat ``lut_*`` keywords).
-    rule : SelectionRule
-        ``peak-sigma-k`` and ``tie-tolerance`` of power-aware and oracle (``select_eq4``).
+        The profiled tables and their knob.
+    objective : Objective
+        Power-aware's and the oracle's, with ``peak-sigma-k`` and ``tie-tolerance``.
     **method_args
-        ``MethodArgs``: ``context`` (``RoundContext``), ``b1_freq_cap_mhz``, ``fixed_batch_size``,
-        ``fixed_freq_mhz``, and ``lut_time_s``, ``lut_power_w``, ``lut_avg_power_w``,
-        ``lut_peak_sigma_w``, ``knob`` instead of ``tables``.
+        ``MethodArgs``: context, b1_freq_cap_mhz, fixed_batch_size, fixed_freq_mhz, knob.
 
     Returns
     -------
@@ -1348,7 +1173,9 @@ def select(
     """
     if method not in METHODS:
         raise ValueError(f"method: unknown value {method!r}; allowed: {', '.join(METHODS)}")
-    t = _tables_of(tables, method_args)
+    unknown = method_args.keys() - _METHOD_ARGS
+    if unknown:
+        raise TypeError(f"select() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
 
     def need(name: str, value: Any) -> Any:
         if value is None:
@@ -1357,16 +1184,16 @@ def select(
 
     if method in ("power-aware", "oracle"):
         return select_eq4(
-            need("lut-time-s", t),
+            need("lut-time-s", tables),
             batch_sizes,
             freqs_mhz,
             need("r", r),
             need("p-max-w", p_max_w),
-            rule=rule,
+            objective=objective,
             method=method,
-            context=method_args.get("context", EQ4_ALONE),
+            context=method_args.get("context", ANY_ROUND),
         )
-    time_s, peak_w = (None, None) if t is None else (t.time_s, t.peak_w)
+    time_s, peak_w = (None, None) if tables is None else (tables.time_s, tables.peak_w)
     if method == "b1":
         cap = need("b1-freq-cap-mhz", method_args.get("b1_freq_cap_mhz"))
         sel = select_b1(batch_sizes, freqs_mhz, cap, time_s, peak_w, r=r)
@@ -1383,5 +1210,5 @@ def select(
             peak_w,
             r=r,
         )
-    knob = t.knob if t is not None else method_args.get("knob") or GPU_FREQ_MHZ
+    knob = tables.knob if tables is not None else method_args.get("knob") or GPU_FREQ_MHZ
     return sel if knob == GPU_FREQ_MHZ else dataclasses.replace(sel, knob=knob)

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from fl_client.balance import BALANCE_MODES  # ``balance``: its modes, one entry each
 from fl_client.contract import METHODS, SettingsError, key_of
 from fl_client.devices import BACKENDS, POWER_SOURCES, DeviceOptions, unknown_key_message
 from fl_client.devices.base import KNOB_SETTINGS
@@ -63,14 +64,6 @@ ReadBy = Literal["server", "node", "both"]
 MODEL_NAMES = ("cnn", "resnet18", "mobilenetv2")
 #: ``partitioning``: Flower Datasets' partitioners a run can split its data with.
 PARTITIONINGS = ("iid", "dirichlet", "pathological")
-#: ``balance``: what a node that would finish before the round's planned deadline does with
-#: its slack (``strategies.round_plan``): ``off`` its own Eq. 4 choice (today's rule);
-#: ``samples`` the most sample-efficient cell (least r_b) that meets the deadline;
-#: ``steps`` its Eq. 4 cell with more local steps until the deadline; ``energy`` the cell of
-#: least energy to accuracy that meets it. The node that sets the pace takes its fastest
-#: cell whatever the mode but ``off``. The one list of modes: the ``balance`` entry's
-#: ``Choice`` reads it.
-BALANCE_MODES = ("off", "samples", "steps", "energy")
 #: The shortest ``round-timeout-s`` taken as meant. Every node's first reply needs a fresh
 #: worker process to start, import the client app (PyTorch, Flower) and build the model
 #: before it can answer the QUERY round: the import alone took 16–22 s on this project's
@@ -237,7 +230,7 @@ RUN_SETTINGS: tuple[Setting, ...] = (
             read_by="both", doc=
         "the `fixed` method's GPU frequency in MHz, in every node's frequency table; only the"
         " `fixed` method reads it"),
-    Setting("balance", str, "off", Choice(BALANCE_MODES), read_by="both", doc=
+    Setting("balance", str, "off", Choice(BALANCE_MODES.keys), read_by="both", doc=
         "what a node that would finish before the round's planned deadline does with its "
         "slack: `off` its own Eq. 4 choice; `samples` the most sample-efficient cell (least "
         "r_b) that meets the deadline; `steps` more local steps until the deadline; `energy` "

@@ -1,15 +1,17 @@
-"""ServerApp: builds the model, estimates r on the proxy set, runs PowerAwareFedAvg."""
+"""ServerApp: builds the model, estimates r on the proxy set, runs PowerAwareFedAvg's rounds."""
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, Context
+from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from fl_client import checkpoint, task
@@ -28,9 +30,11 @@ from fl_client.settings import (
 )
 from fl_server.lut_library import LUTLibrary
 from fl_server.results import RunRecorder, new_run_dir, untrained_label
-from strategies.power_aware import PowerAwareFedAvg
+from strategies.fleet import Fleet
+from strategies.power_aware import PowerAwareFedAvg, RoundReport
 from strategies.round_plan import PlanSettings
-from strategies.shared_profiling import SharedOptions, SharedProfiling
+from strategies.shared_exchange import SharedProfiling
+from strategies.shared_profiling import SharedOptions
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +64,10 @@ def estimate_proxy_r(
 def make_strategy(
     settings: RunSettings,
     r_est: Any,
-    rec: RunRecorder,
     weights: checkpoint.InitialWeights | None = None,
 ) -> PowerAwareFedAvg:
     """The run's strategy: its TRAIN config template (with the checkpoint's sha256 when the
-    run starts from ``weights``), QUERY config and round plan."""
+    run starts from ``weights``), round plan and fleet-shared profiling."""
     fixed = settings.method == "fixed"
     template = TrainConfig(
         server_round=0,
@@ -79,25 +82,19 @@ def make_strategy(
         fixed_freq_mhz=settings.fixed_freq_mhz if fixed else None,
         initial_weights_sha256=weights.sha256 if weights else None,
     )
-    strategy = PowerAwareFedAvg(
-        template=template,
-        query_config={"model": settings.model, "batch-sizes": list(r_est.batch_sizes)},
-        on_round=rec.record_round,
-        fraction_train=settings.fraction_train,
-        min_train_nodes=settings.min_train_nodes,
-        min_available_nodes=settings.min_train_nodes,
-        aggregation=settings.aggregation,
-    )
+    planning = None
     if settings.balance != "off":
-        strategy.planning = PlanSettings(
+        planning = PlanSettings(
             settings.balance,
             round_deadline_s=settings.round_deadline_s,
             margin=settings.deadline_margin,
             peak_sigma_k=settings.peak_sigma_k,
             critical_r_weight=settings.critical_r_weight,
+            tie_tolerance=settings.tie_tolerance,
         )
+    shared = None
     if settings.shared_profiling == "fleet":
-        strategy.shared = SharedProfiling(
+        shared = SharedProfiling(
             library=LUTLibrary(resolve_path(settings.cache_dir) / "library"),
             input_shape=task.input_shape_for(settings.model),
             options=SharedOptions(
@@ -108,22 +105,98 @@ def make_strategy(
             ),
             steps_train=settings.profile_steps_train,
         )
-    return strategy
+    return PowerAwareFedAvg(
+        template=template,
+        min_train_nodes=settings.min_train_nodes,
+        fraction_train=settings.fraction_train,
+        aggregation=settings.aggregation,
+        planning=planning,
+        shared=shared,
+    )
 
 
-def left_out_nodes(
-    strategy: PowerAwareFedAvg, fleet: Sequence[NodeSettings] | None
-) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Rounds:
+    """How long a run goes: at most ``num_rounds`` rounds, each waiting ``timeout_s`` for
+    its replies, ending early once the global model reaches ``target_accuracy``."""
+
+    num_rounds: int
+    timeout_s: float
+    target_accuracy: float | None = None
+
+
+def run_rounds(
+    strategy: PowerAwareFedAvg,
+    grid: Grid,
+    initial_arrays: ArrayRecord,
+    rounds: Rounds,
+    evaluate_fn: Callable[[int, ArrayRecord], dict[str, float]],
+    on_round: Callable[[RoundReport, dict[str, float]], object] | None = None,
+) -> ArrayRecord:
+    """QUERY round (unless the fleet was queried already), then TRAIN rounds until
+    ``rounds.target_accuracy`` or ``rounds.num_rounds``; returns the final global arrays.
+
+    Each round: QUERY the nodes that joined since, fleet-shared profiling, then the
+    strategy's ``configure_train`` and ``aggregate_train``. ``evaluate_fn`` evaluates the
+    global model (round 0: the initial one); ``on_round`` gets each ``RoundReport`` and its
+    evaluation (the results writer). Flower's ``Strategy.start`` always runs every round;
+    stopping at a target accuracy is what time-to-accuracy needs, hence this loop over the
+    same hooks.
+    """
+    fleet, timeout_s = strategy.fleet, rounds.timeout_s
+    if not fleet.nodes:
+        fleet.query(grid, timeout_s)
+    if not fleet.nodes:
+        raise RuntimeError("no node answered the QUERY round; nothing to train")
+    arrays = initial_arrays
+    evaluate_fn(0, arrays)
+    for server_round in range(1, rounds.num_rounds + 1):
+        if server_round > 1:
+            fleet.query_new(grid, timeout_s)
+        arrays = strategy.shared_phase(grid, arrays, server_round, timeout_s)
+        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
+        replies = fleet.send_and_receive(grid, messages, timeout_s)
+        sent = {m.metadata.dst_node_id for m in messages}
+        got = {fleet.node_of(m) for m in replies}
+        new_arrays, _ = strategy.aggregate_train(server_round, replies)
+        _name_the_silent(strategy, server_round, sent, got)
+        if new_arrays is not None:
+            arrays = new_arrays
+        ev = evaluate_fn(server_round, arrays)
+        if on_round is not None:
+            on_round(strategy.rounds[-1], ev)
+        target = rounds.target_accuracy
+        if target is not None and ev.get("accuracy", math.nan) >= target:
+            log.info("target accuracy %.3f reached in round %d", target, server_round)
+            break
+    return arrays
+
+
+def _name_the_silent(
+    strategy: PowerAwareFedAvg, server_round: int, sent: set[int], got: set[int]
+) -> None:
+    """Rows in the round's report for nodes that sent no reply, and (all asked) for nodes
+    that were absent."""
+    nodes = strategy.rounds[-1].nodes
+    for node_id in sorted(sent - got):  # no reply at all within the timeout
+        nodes.append(strategy.failed_row(server_round, node_id, "no reply (timeout)"))
+    if strategy.fraction_train >= 1.0:  # every connected node is asked: name the absent
+        for node_id in sorted(set(strategy.fleet.nodes) - sent):
+            error = "not connected this round (absent from the SuperLink)"
+            nodes.append(strategy.failed_row(server_round, node_id, error))
+
+
+def left_out_nodes(queried: Fleet, fleet: Sequence[NodeSettings] | None) -> list[dict[str, Any]]:
     """The nodes whose QUERY failed, as ``untrained-nodes`` records with the reason.
 
     A failed node has no name on the server, only Flower's numeric id. When the fleet is
-    known (a simulation: ``fleet``), the nodes of the fleet that did not answer are the
-    failed ones: one failure is that node, named with its device and real cap; several are
-    each "one of" those names.
+    known (a simulation: ``fleet``), the nodes of the fleet that did not answer
+    (``queried``) are the failed ones: one failure is that node, named with its device and
+    real cap; several are each "one of" those names.
     """
-    answered = {d.node_name for d in strategy.fleet.values()}
+    answered = {d.node_name for d in queried.nodes.values()}
     missing = [n for n in fleet or () if n.name not in answered]
-    failures = sorted(strategy.query_failures.items())
+    failures = sorted(queried.query_failures.items())
     out: list[dict[str, Any]] = []
     for node_id, reason in failures:
         node = missing[0] if len(failures) == 1 and len(missing) == 1 else None
@@ -144,19 +217,19 @@ def left_out_nodes(
 
 
 def record_fleet(
-    strategy: PowerAwareFedAvg, rec: RunRecorder, fleet: Sequence[NodeSettings] | None = None
+    queried: Fleet, rec: RunRecorder, fleet: Sequence[NodeSettings] | None = None
 ) -> None:
     """``fleet.json`` and the console lines naming every node that answered the QUERY and
     every node left out, with the reason."""
-    rec.left_out = left_out_nodes(strategy, fleet)
+    rec.left_out = left_out_nodes(queried, fleet)
     rec.write(
         "fleet.json",
         {
-            "nodes": {str(k): v.to_record() for k, v in strategy.fleet.items()},
-            "query-failures": {str(k): v for k, v in strategy.query_failures.items()},
+            "nodes": {str(k): v.to_record() for k, v in queried.nodes.items()},
+            "query-failures": {str(k): v for k, v in queried.query_failures.items()},
         },
     )
-    descs = sorted(strategy.fleet.values(), key=lambda d: d.node_name)
+    descs = sorted(queried.nodes.values(), key=lambda d: d.node_name)
     rec.console.print(
         f"fleet: {len(descs)} nodes answered "
         + ", ".join(f"{d.node_name} ({d.device}, cap {d.p_max.label})" for d in descs)
@@ -227,19 +300,14 @@ def run_server(
             rec.initial_eval(metrics)
         return metrics
 
-    strategy = make_strategy(settings, r_est, rec, weights)
-    strategy.query_fleet(grid, settings.round_timeout_s)
-    record_fleet(strategy, rec, fleet)
-    final = strategy.run(
-        grid,
-        ArrayRecord(model.state_dict()),
-        num_rounds=settings.num_rounds,
-        timeout_s=settings.round_timeout_s,
-        evaluate_fn=evaluate,
-        target_accuracy=settings.target_accuracy,
-    )
+    strategy = make_strategy(settings, r_est, weights)
+    strategy.fleet.query(grid, settings.round_timeout_s)
+    record_fleet(strategy.fleet, rec, fleet)
+    rounds = Rounds(settings.num_rounds, settings.round_timeout_s, settings.target_accuracy)
+    initial = ArrayRecord(model.state_dict())
+    final = run_rounds(strategy, grid, initial, rounds, evaluate, rec.record_round)
     torch.save(final.to_torch_state_dict(), run_dir / "final_model.pt")
-    rec.left_out = left_out_nodes(strategy, fleet)  # with any that joined late and failed
+    rec.left_out = left_out_nodes(strategy.fleet, fleet)  # with any that joined late
     return rec.finish(
         {
             "r": dict(zip(map(str, r_est.batch_sizes), r_est.r, strict=True)),
@@ -247,9 +315,9 @@ def run_server(
             "r-cost-s": r_est.cost_time_s,
             "fleet-file": str(fleet_path(settings.fleet)),
             "num-fleet-nodes": len(load_fleet(settings.fleet)) if settings.fleet else None,
-            "shared-profiling": strategy.shared_log,
-            **({"round-plan": strategy.plan_log} if strategy.planning is not None else {}),
-            "query-failures": {str(k): v for k, v in strategy.query_failures.items()},
+            "shared-profiling": strategy.luts.log,
+            **({"round-plan": strategy.planner.log} if strategy.planner is not None else {}),
+            "query-failures": {str(k): v for k, v in strategy.fleet.query_failures.items()},
             **(weights.to_record() if weights else {}),
         }
     )

@@ -90,12 +90,6 @@ def _weights(weights: Sequence[float], n: int) -> npt.NDArray[np.float64]:
     return p / p.sum()
 
 
-def effective_work(weights: Sequence[float], works: Sequence[float]) -> float:
-    """τ_eff = Σ p_i ‖a_i‖₁: the work the aggregated update stands for."""
-    p = _weights(weights, len(works))
-    return float(np.dot(p, np.asarray(works, dtype=np.float64)))
-
-
 def fedavg(updated: Sequence[Arrays], weights: Sequence[float]) -> list[npt.NDArray[Any]]:
     """Σ p_i x_i, array by array, each result in the dtype of the first node's array
     (rounded to a whole number for an integer array)."""

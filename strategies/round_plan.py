@@ -8,21 +8,28 @@ The node with the largest best time sets the pace (the **critical** node; nodes 
 pace are planned together: every node within ``EQUAL_PACE`` of it is critical too), and the
 round's deadline is its best time, or ``round-deadline-s`` when that is set. A node whose
 best time is over a fixed deadline cannot meet it: it runs at its fastest cell and the
-plan says so (``RoundPlan.unmeetable``). No Flower import; the strategy sends each node its
-deadline and role with the round's TRAIN config.
+plan says so (``RoundPlan.unmeetable``). ``RoundPlanner`` keeps what the plan remembers from
+round to round (each node's last report, calibration and missed deadline). No Flower import;
+the strategy sends each node its deadline and role with the round's TRAIN config.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from fl_client.selector import PEAK_SIGMA_K, PowerLimit, RoundContext, cell_scores, feasible_cells
+from fl_client.balance import missed_deadline
+from fl_client.contract import TrainReport
+from fl_client.lut import LUT
+from fl_client.selector import EQ4, PEAK_SIGMA_K, TIE_TOLERANCE, Objective, PowerLimit, choose_cell
+
+#: The pace-setter's objective with the default tie rule and feasibility.
+PACE = EQ4.for_pace()
 
 #: Nodes whose best round time is within this share of the critical node's set the pace
 #: together (noise of a LUT cell is a few percent).
@@ -58,10 +65,6 @@ class RoundPlan:
     fixed: bool
     forecasts: tuple[NodeForecast, ...]
 
-    def role_of(self, node_id: int) -> str:
-        """``critical`` or ``slack``."""
-        return "critical" if node_id in self.critical else "slack"
-
 
 def best_round_time_s(
     time_s: npt.ArrayLike,
@@ -71,27 +74,29 @@ def best_round_time_s(
     samples: float,
     *,
     calibration: float = 1.0,
-    peak_sigma_k: float = PEAK_SIGMA_K,
+    objective: Objective = PACE,
     r: Sequence[float] | None = None,
-    r_weight: float = 0.0,
+    avg_power_w: npt.ArrayLike | None = None,
 ) -> float:
-    """A node's predicted round time at the cell it would set the pace with: by default its
-    fastest feasible cell, the least time per sample over the cells feasible under ``limit``
-    (the selector's rule, ``feasible_cells``); with ``r_weight`` w > 0 (``critical-r-weight``)
-    and ``r`` (r_b per row) the feasible cell of least time × r_b^w (``cell_scores``, what
-    the node then runs). × ``samples`` (its round's local training samples) ×
+    """A node's predicted round time at the cell it would set the pace with: the cell the
+    node itself chooses (``selector.choose_cell``) with the pace-setter's objective
+    (``Objective.for_pace``: by default its fastest feasible cell under ``limit``, the
+    least time per sample, near-ties within ``tie_tolerance`` to the least energy to
+    accuracy; with ``critical-r-weight`` w > 0 the least time × r_b^w), so the forecast and
+    the node's own cell are the same by construction. ``r``: r_b per row (None: 1 each; a
+    row without an r, NaN, is never chosen); ``avg_power_w``: the tie-break's energy basis
+    (None: the peak). × ``samples`` (its round's local training samples) ×
     ``calibration`` (its measured / predicted time of an earlier round). inf when no cell is
     feasible."""
     t = np.asarray(time_s, dtype=np.float64)
-    score = t
-    if r_weight > 0 and r is not None:
-        score = cell_scores(t, r, context=RoundContext(r_weight=r_weight))
-    ok = feasible_cells(peak_w, limit, peak_sigma_w=peak_sigma_w, peak_sigma_k=peak_sigma_k)
-    ok &= np.isfinite(score)  # a b without r (NaN) is left out when r weighs
-    if not ok.any():
+    r_rows = [1.0] * t.shape[0] if r is None else [float(x) for x in r]
+    energy = peak_w if avg_power_w is None else avg_power_w
+    at = choose_cell(
+        t, peak_w, energy, r_rows, limit, peak_sigma_w=peak_sigma_w, objective=objective
+    )
+    if at is None:
         return math.inf
-    at = np.flatnonzero(ok)[int(np.argmin(score[ok]))]
-    return float(t.flat[at]) * float(samples) * float(calibration)
+    return float(t[at]) * float(samples) * float(calibration)
 
 
 def plan_round(forecasts: Sequence[NodeForecast], round_deadline_s: float = 0.0) -> RoundPlan:
@@ -110,12 +115,12 @@ def plan_round(forecasts: Sequence[NodeForecast], round_deadline_s: float = 0.0)
 
 
 def missed(
-    measured_time_s: Mapping[int, float], deadline_s: float, margin: float
+    measured_time_s: Mapping[int, float], deadline_s: float | None, margin: float
 ) -> dict[int, float]:
-    """Nodes that missed ``deadline_s`` by more than their ``margin`` (a share of it):
-    node → its measured local time."""
-    limit = deadline_s * (1.0 + margin)
-    return {n: t for n, t in measured_time_s.items() if math.isfinite(t) and t > limit}
+    """Nodes that missed ``deadline_s`` by more than their ``margin`` (a share of it;
+    ``balance.missed_deadline``, the node's and the reports' rule): node → its measured
+    local time."""
+    return {n: t for n, t in measured_time_s.items() if missed_deadline(t, deadline_s, margin)}
 
 
 @dataclass(frozen=True)
@@ -124,8 +129,8 @@ class PlanSettings:
 
     ``margin`` is a node's reserve (``deadline-margin``): a node whose measured local time is
     over the deadline by more than this share of it has missed it (recorded; the next plan
-    uses its measured time). ``peak_sigma_k`` judges feasibility as the nodes do;
-    ``critical_r_weight`` is how much r_b weighs in the pace-setter's cell
+    uses its measured time). ``peak_sigma_k`` and ``tie_tolerance`` judge cells as the
+    nodes do; ``critical_r_weight`` is how much r_b weighs in the pace-setter's cell
     (``best_round_time_s``).
     """
 
@@ -134,6 +139,13 @@ class PlanSettings:
     margin: float = 0.05
     peak_sigma_k: float = PEAK_SIGMA_K
     critical_r_weight: float = 0.0
+    tie_tolerance: float = TIE_TOLERANCE
+
+    @property
+    def pace_objective(self) -> Objective:
+        """The objective the pace-setter's cell is forecast with (``best_round_time_s``)."""
+        base = Objective(peak_sigma_k=self.peak_sigma_k, tie_tolerance=self.tie_tolerance)
+        return base.for_pace(self.critical_r_weight)
 
 
 def round_record(
@@ -180,3 +192,123 @@ def round_record(
         },
     }
     return warnings, late, entry
+
+
+class FleetView(Protocol):
+    """What the planner reads of the fleet (``strategies.fleet.Fleet``)."""
+
+    def limit_of(self, node_id: int, server_round: int) -> PowerLimit | None: ...
+
+    def r_rows(self, batch_sizes: Sequence[int]) -> list[float]: ...
+
+
+@dataclass
+class RoundPlanner:
+    """The server's round plan from round to round (``balance`` not ``off``).
+
+    It remembers each node's last report and calibration (its measured / LUT-predicted time)
+    and the measured time of a node that missed its deadline; from them it plans each round
+    after the first (``begin``) and records how the round went against its plan
+    (``record``: warnings, and the ``round-plan`` entry of ``summary.json`` in ``log``).
+    ``local_epochs`` turns a node's last local samples into its round's work.
+    """
+
+    settings: PlanSettings
+    local_epochs: int
+    #: This round's plan (None: round 1, nothing known yet)
+    plan: RoundPlan | None = field(default=None, init=False)
+    #: Per planned round: deadline, pace, misses (``round_record``)
+    log: list[dict[str, Any]] = field(default_factory=list, init=False)
+    #: node -> measured / predicted time of its last round
+    calibration: dict[int, float] = field(default_factory=dict, init=False)
+    _last: dict[int, TrainReport] = field(default_factory=dict, init=False)  # node -> report
+    _measured_s: dict[int, float] = field(default_factory=dict, init=False)  # node -> a miss
+
+    @property
+    def deadline_s(self) -> float | None:
+        """This round's deadline (None: no plan, or a plan without a finite one)."""
+        plan = self.plan
+        return plan.deadline_s if plan is not None and math.isfinite(plan.deadline_s) else None
+
+    def is_critical(self, node_id: int) -> bool:
+        """Whether ``node_id`` sets this round's pace."""
+        return self.plan is not None and node_id in self.plan.critical
+
+    def calibration_of(self, node_id: int) -> float:
+        """The node's time calibration to send with a deadline (1.0 without one)."""
+        return self.calibration.get(node_id, 1.0) if self.deadline_s else 1.0
+
+    def begin(
+        self,
+        server_round: int,
+        node_ids: Sequence[int],
+        fleet: FleetView,
+        lut_of: Callable[[int], LUT | None],
+    ) -> RoundPlan | None:
+        """Plan ``server_round`` over ``node_ids`` (``plan_round``); round 1 has no plan.
+        ``lut_of``: a node's kind LUT (None: none yet)."""
+        self.plan = None
+        if server_round > 1:
+            forecasts = [self.forecast(n, server_round, fleet, lut_of) for n in node_ids]
+            self.plan = plan_round(forecasts, self.settings.round_deadline_s)
+        return self.plan
+
+    def forecast(
+        self,
+        node_id: int,
+        server_round: int,
+        fleet: FleetView,
+        lut_of: Callable[[int], LUT | None],
+    ) -> NodeForecast:
+        """A node's predicted best round time: its measured time after a missed deadline;
+        else its kind's LUT × its last local work × its calibration; else what it reported
+        (``fastest-time-s``); inf when nothing is known yet."""
+        if node_id in self._measured_s:
+            return NodeForecast(node_id, self._measured_s.pop(node_id), "measured")
+        last = self._last.get(node_id)
+        lut = lut_of(node_id)
+        if (
+            lut is not None
+            and last is not None
+            and (limit := fleet.limit_of(node_id, server_round)) is not None
+        ):
+            best = best_round_time_s(
+                lut.time_per_sample_s,
+                lut.peak_power_w,
+                lut.peak_sigma_w,
+                limit,
+                self.local_epochs * last.num_examples,
+                calibration=self.calibration.get(node_id, 1.0),
+                objective=self.settings.pace_objective,
+                r=fleet.r_rows(lut.batch_sizes),
+                avg_power_w=lut.avg_power_w,
+            )
+            if math.isfinite(best):
+                return NodeForecast(node_id, best, "lut")
+        reported = None if last is None else last.fastest_time_s
+        if reported is not None and math.isfinite(reported) and reported > 0:
+            return NodeForecast(node_id, reported, "reported")
+        return NodeForecast(node_id, math.inf, "none")
+
+    def observe(self, node_id: int, report: TrainReport) -> None:
+        """Keep the node's report and calibration (measured / LUT-predicted time of its
+        round) for the next plan."""
+        predicted = report.predicted_time_s
+        if predicted is not None and predicted > 0 and report.train_time_s > 0:
+            self.calibration[node_id] = report.train_time_s / predicted
+        self._last[node_id] = report
+
+    def record(
+        self, server_round: int, measured_time_s: Mapping[int, float], names: Mapping[int, str]
+    ) -> list[str]:
+        """The plan's record of the round (``round_record``): its warnings are returned, the
+        late nodes' measured times kept for the next plan, its entry added to ``log``."""
+        plan = self.plan
+        if plan is None or not math.isfinite(plan.deadline_s):
+            return []
+        warnings, late, entry = round_record(
+            plan, self.settings, server_round, measured_time_s, names
+        )
+        self._measured_s.update(late)
+        self.log.append(entry)
+        return warnings

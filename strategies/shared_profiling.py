@@ -14,31 +14,25 @@ The kind's LUT holds the measured cells only (the median where slices overlap): 
 cell never decides anything, and every node then checks its own chosen cell on its own
 board (``shared-verify``: with its training steps, or before it trains; ``fl_client.node``).
 
-The planning (``exchanges``) is plain Python over the fleet's descriptors; ``run_phase``
-runs the exchanges over Flower messages through the strategy's transport (``Transport``)
-and keeps the kinds' LUTs and what they cost (``FleetLUTs``).
+This module is the planning (``exchanges``): plain Python over the fleet's descriptors, no
+Flower import. ``strategies.shared_exchange`` runs the exchanges over Flower messages,
+aggregates the profiled updates with the run's ``aggregation`` and keeps the kinds' LUTs
+and what they cost.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
-from flwr.serverapp import Grid
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from fl_client.contract import Cap, CellsReport, NodeDescriptor, ProfileRequest, TrainConfig
+from fl_client.contract import Cap, CellsReport, NodeDescriptor
 from fl_client.lut import LUT, KindKey, median_cell
 from fl_client.lut_fit import LUTFit, PlanOptions, fit_lut, next_cell, seed_cells
 from fl_client.selector import PowerLimit, robust_peak_w
-
-log = logging.getLogger(__name__)
 
 #: A cell to measure, as (batch size, GPU frequency in MHz).
 Cell = tuple[int, float]
@@ -288,186 +282,3 @@ def _confirm_cell(
         if not tried[below]:
             return below
     return next_cell(fit, tables, tried, limit, r_of[prof.kind], plan)
-
-
-# --------------------------------------------------------------------------- the exchanges
-
-
-@dataclass(frozen=True)
-class SharedProfiling:
-    """Fleet-shared profiling as the strategy runs it (``run_phase``).
-
-    ``library`` gets and keeps one LUT per kind across runs (``fl_server.lut_library``:
-    anything with ``get(kind)`` and ``put(lut, source)``); ``input_shape`` is the model's
-    sample shape; ``steps_train`` keeps the profiled minibatches' updates.
-    """
-
-    library: Any
-    input_shape: tuple[int, ...]
-    options: SharedOptions = field(default_factory=SharedOptions)
-    steps_train: bool = False
-    warmup_steps: int = 1
-    steps: int = 3
-
-
-@dataclass
-class FleetLUTs:
-    """The kinds' LUTs a run keeps, how each was made, and this round's profiling cost."""
-
-    kind_luts: dict[KindKey, LUT] = field(default_factory=dict)
-    kind_of: dict[int, KindKey] = field(default_factory=dict)
-    log: list[dict[str, Any]] = field(default_factory=list)  # per kind: how its LUT was made
-    #: node -> (s, J) of its slices this round
-    cost: dict[int, tuple[float, float]] = field(default_factory=dict)
-    #: this round's sum over its exchanges of the slowest node's time
-    round_s: float = 0.0
-
-    def lut_json(self, node_id: int) -> str | None:
-        """The LUT of ``node_id``'s kind as JSON (None: none yet)."""
-        kind = self.kind_of.get(node_id)
-        lut = None if kind is None else self.kind_luts.get(kind)
-        return None if lut is None else lut.to_json()
-
-
-class Transport(Protocol):
-    """How the strategy sends messages and orders replies (``PowerAwareFedAvg``)."""
-
-    weighted_by_key: str
-
-    def send_and_receive(
-        self, grid: Grid, messages: list[Message], timeout_s: float
-    ) -> list[Message]: ...
-
-    def node_of(self, reply: Message) -> int: ...
-
-    def sort_key(self, reply: Message) -> tuple[str, int]: ...
-
-
-@dataclass(frozen=True)
-class _Round:
-    """One shared phase's fixed inputs."""
-
-    setup: SharedProfiling
-    luts: FleetLUTs
-    transport: Transport
-    grid: Grid
-    template: TrainConfig
-    server_round: int
-    timeout_s: float
-
-
-def run_phase(
-    setup: SharedProfiling,
-    luts: FleetLUTs,
-    transport: Transport,
-    grid: Grid,
-    arrays: ArrayRecord,
-    *,
-    fleet: Mapping[int, NodeDescriptor],
-    batch_sizes: Mapping[int, Sequence[int]],
-    template: TrainConfig,
-    server_round: int,
-    timeout_s: float,
-) -> ArrayRecord:
-    """Fleet-shared profiling before ``server_round``'s training, for every kind of the
-    fleet that has no LUT yet (none in the library either): the seed exchange, then the
-    confirm exchanges (``exchanges``); returns the global arrays (moved by the profiled
-    steps when they train). ``batch_sizes``: each node's B (what fits its memory)."""
-    luts.cost, luts.round_s = {}, 0.0
-    kinds = kinds_of(fleet, batch_sizes, template.model, setup.input_shape)
-    luts.kind_of = {n: k for k, prof in kinds.items() for n in prof.nodes}
-    todo = {k: p for k, p in kinds.items() if k not in luts.kind_luts}
-    for kind in list(todo):
-        known = setup.library.get(kind)
-        if known is not None:
-            luts.kind_luts[kind] = known
-            luts.log.append({"kind": kind.label, "source": "library"})
-            del todo[kind]
-    if not todo:
-        return arrays
-    r_by_b = dict(zip(template.batch_sizes, template.r, strict=True))
-    r_of = {k: [r_by_b[b] for b in k.batch_sizes] for k in todo}
-    phase = _Round(setup, luts, transport, grid, template, server_round, timeout_s)
-    for requests in exchanges(todo, r_of, setup.options):
-        arrays = _exchange(phase, arrays, requests, todo)
-    _store_kinds(setup, luts, todo)
-    return arrays
-
-
-def _exchange(
-    phase: _Round,
-    arrays: ArrayRecord,
-    requests: dict[int, list[Cell]],
-    kinds: dict[KindKey, KindProfile],
-) -> ArrayRecord:
-    """One synchronous profiling exchange: send each node its cells, merge the replies
-    into their kinds, account the slowest node's time, FedAvg the trained arrays."""
-    if not requests:
-        return arrays
-    setup, luts, io = phase.setup, phase.luts, phase.transport
-    messages = []
-    for node_id, cells in sorted(requests.items()):
-        req = ProfileRequest(
-            server_round=phase.server_round,
-            model=phase.template.model,
-            batch_sizes=luts.kind_of[node_id].batch_sizes,
-            cells_b=tuple(b for b, _ in cells),
-            cells_freq_mhz=tuple(f for _, f in cells),
-            lr_ref=phase.template.lr_ref,
-            b_ref=phase.template.b_ref,
-            steps_train=setup.steps_train,
-            warmup_steps=setup.warmup_steps,
-            steps=setup.steps,
-        )
-        content = RecordDict({"arrays": arrays, "config": ConfigRecord(req.to_config())})
-        messages.append(Message(content=content, message_type="train.profile", dst_node_id=node_id))
-    slowest_s, trained = 0.0, []
-    replies = io.send_and_receive(phase.grid, messages, phase.timeout_s)
-    # by node name, as in aggregate_train: FedAvg's float sums then run in one order, so
-    # a run's weights do not depend on which reply came first
-    for reply in sorted(replies, key=io.sort_key):
-        node_id = io.node_of(reply)
-        if reply.has_error():
-            log.warning(
-                "shared profiling: node %s failed its slice: %s", node_id, reply.error.reason
-            )
-            continue
-        report = CellsReport.from_metrics(dict(reply.content["metrics"]))
-        kinds[luts.kind_of[node_id]].add(report)
-        t, e = luts.cost.get(node_id, (0.0, 0.0))
-        luts.cost[node_id] = (t + report.profile_time_s, e + report.profile_energy_j)
-        slowest_s = max(slowest_s, report.profile_time_s)
-        if report.num_examples > 0:
-            trained.append(reply.content)
-    luts.round_s += slowest_s
-    if not trained:
-        return arrays
-    return aggregate_arrayrecords(trained, io.weighted_by_key)
-
-
-def _store_kinds(
-    setup: SharedProfiling, luts: FleetLUTs, kinds: dict[KindKey, KindProfile]
-) -> None:
-    """Each kind's merged LUT: kept for the run and in the library."""
-    for kind, prof in kinds.items():
-        cost = [luts.cost.get(n, (0.0, 0.0)) for n in prof.nodes]
-        lut = prof.lut(sum(c[0] for c in cost), sum(c[1] for c in cost))
-        entry: dict[str, Any] = {"kind": kind.label, "nodes": len(prof.nodes)}
-        if lut is None:
-            entry["source"] = "none: no cell measured; its nodes profile their own"
-        else:
-            luts.kind_luts[kind] = lut
-            entry.update(source="fleet-shared", cells=lut.cells_profiled)
-            try:
-                setup.library.put(lut, "fleet-shared")
-            except (OSError, ValueError) as err:  # a read-only library, an unsafe name:
-                # the run keeps its LUT all the same
-                entry["library"] = f"not saved: {err}"
-                log.warning(
-                    "LUT library: could not save the LUT of %s (%s); this run uses it, a "
-                    "later run profiles the kind again; make the library folder writable "
-                    "to keep it",
-                    kind.label,
-                    err,
-                )
-        luts.log.append(entry)

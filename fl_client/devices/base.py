@@ -10,6 +10,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, runtime_checkable
 
+from fl_client.power import parse_p_max_w
+
 log = logging.getLogger(__name__)
 
 #: Fixed frequency caps and fixed frequencies are often quoted in whole MHz (the paper's
@@ -155,17 +157,6 @@ class B1Band:
         return f"≥{self.min_p_max_w:g} W → {self.freq_mhz:g} MHz"
 
 
-def check_p_max_w(p_max_w: float | None) -> float:
-    """P_max in W as a float (None → inf); NaN or ≤ 0 is a ValueError naming ``p-max-w``."""
-    try:
-        p = math.inf if p_max_w is None else float(p_max_w)
-    except (TypeError, ValueError):
-        raise ValueError(f"p-max-w: must be > 0 W or none, got {p_max_w!r}") from None
-    if math.isnan(p) or p <= 0:
-        raise ValueError(f"p-max-w: must be > 0 W or none, got {p_max_w!r}")
-    return p
-
-
 @dataclass(frozen=True)
 class SensorSpec:
     """What a power sensor needs before one profiled cell's numbers mean something.
@@ -279,7 +270,7 @@ class DeviceInfo:
         ValueError, never a silent violation. With no bands known this is the highest table
         frequency, and the log says so once per (kind, backend).
         """
-        p = check_p_max_w(p_max_w)
+        p = parse_p_max_w(p_max_w)
         if not self.b1_bands:
             if (self.kind, self.backend) not in _NO_BANDS_LOGGED:
                 _NO_BANDS_LOGGED.add((self.kind, self.backend))

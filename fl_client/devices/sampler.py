@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from fl_client.devices.base import GPU_FREQ_MHZ, DeviceInfo, Measurement, Workload
+from fl_client.power import parse_p_max_w
 
 if TYPE_CHECKING:
     from fl_client.devices.safety import GpuStateRecord
@@ -292,9 +293,8 @@ def _interpolate(times_s: Sequence[float], powers_w: Sequence[float], t_s: float
 class CapGuard:
     """Watches sampled power against P_max during training.
 
-    When power stays above ``p_max_w`` for ``window_s`` or longer, ``on_violation`` is called
-    (the backend steps the GPU frequency down one level) and counted; the time spent above
-    the cap is accumulated with linear interpolation of the crossing points.
+    Power above ``p_max_w`` for ``window_s`` or longer calls ``on_violation`` (the backend
+    steps the GPU frequency down one level), counted; time above the cap is interpolated.
     """
 
     def __init__(
@@ -304,7 +304,7 @@ class CapGuard:
         window_s: float = DEFAULT_CAP_WINDOW_S,
         on_violation: Callable[[], None] | None = None,
     ) -> None:
-        if not (math.isfinite(p_max_w) and p_max_w > 0):
+        if not math.isfinite(parse_p_max_w(p_max_w)):
             raise ValueError(f"p-max-w: the cap guard needs a finite cap > 0 W, got {p_max_w!r}")
         if not (math.isfinite(window_s) and window_s >= 0):
             raise ValueError(f"cap-window-s: must be ≥ 0 s, got {window_s!r}")

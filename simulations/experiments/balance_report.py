@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fl_client.balance import BALANCE_MODES, missed_deadline
 from simulations.experiments import report_kit as kit
 from simulations.experiments.federated_config import BALANCE_ARMS
 from simulations.experiments.report_kit import NA, Doc
@@ -33,13 +34,7 @@ from simulations.experiments.report_kit import NA, Doc
 Rec = dict[str, Any]
 Group = dict[str, Any]
 
-ARM_LABELS = {
-    "b1": "B1",
-    "off": "power-aware, balance off (per-device rule)",
-    "samples": "balance = samples",
-    "steps": "balance = steps",
-    "energy": "balance = energy",
-}
+ARM_LABELS = {"b1": "B1", **{name: mode.label for name, mode in BALANCE_MODES.items()}}
 #: The issue's goals (mean over seeds of the paired ratios, profiling and idle counted).
 TIME_GOAL = 0.77  # time ≤ 0.77× power-aware off …
 ENERGY_NO_HIGHER = 1.0  # … with energy no higher
@@ -48,16 +43,11 @@ ENERGY_MODE_TIME = 1.01  # … at time ≤ 1.01×
 B1_DEFAULT_GOAL = 0.5  # time ≤ 0.5× B1 on the default fleet
 B1_ANY_GOAL = 1.0  # never later than B1 on any fleet
 DEADLINE_GOAL = 0.95  # node-rounds that met their deadline
-MODES = ("samples", "steps", "energy")
+#: The modes with a round plan, each judged against ``off``.
+MODES = tuple(name for name, mode in BALANCE_MODES.items() if mode.plans)
 
 
 # --------------------------------------------------------------------------- per run
-
-
-#: A node-round is late when its local time is over the deadline by more than this share:
-#: the pace-setter's deadline is its own forecast, and a twin run that matches it can come
-#: out one float ulp over it (2e-16 relative), which the node's own flag counts as a miss.
-LATE_REL_TOL = 1e-9
 
 
 @dataclass(frozen=True)
@@ -65,7 +55,7 @@ class DeadlineCount:
     """Node-rounds of a run that had a deadline, and how they kept it."""
 
     node_rounds: int = 0
-    late: int = 0  # local training time over the deadline by more than LATE_REL_TOL
+    late: int = 0  # local training time over the deadline (``balance.missed_deadline``)
     late_pace_setters: int = 0  # of them, nodes the plan made critical that round
     recorded_misses: int = 0  # rounds.jsonl's deadline-misses (the nodes' own strict flag)
 
@@ -84,8 +74,9 @@ class DeadlineCount:
 
 def deadline_node_rounds(rec: Rec) -> DeadlineCount:
     """Node-rounds with a deadline (rounds.jsonl's ``deadline-s``) and which of them were
-    late: the node's training time in nodes.jsonl over the round's deadline; the round
-    plan in summary.json says which nodes set the pace."""
+    late: the node's training time in nodes.jsonl over the round's deadline, by the
+    node's own rule (``balance.missed_deadline``); the round plan in summary.json says
+    which nodes set the pace."""
     deadline = {r["server-round"]: r["deadline-s"] for r in rec["rounds"]}
     critical = {
         e["round"]: set(e.get("critical", ())) for e in rec["summary"].get("round-plan", ())
@@ -96,7 +87,7 @@ def deadline_node_rounds(rec: Rec) -> DeadlineCount:
         if d is None or not n.get("ok"):
             continue
         total += 1
-        if float(n["train-time-s"]) > float(d) * (1.0 + LATE_REL_TOL):
+        if missed_deadline(float(n["train-time-s"]), float(d)):
             late += 1
             pace += n["node-name"] in critical.get(n["server-round"], set())
     recorded = sum(int(r["deadline-misses"]) for r in rec["rounds"] if r.get("deadline-s"))

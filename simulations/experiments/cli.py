@@ -28,6 +28,7 @@ from simulations.experiments.config import (
     given_keys,
     read_experiment_file,
 )
+from simulations.experiments.fleet_gen import add_fleet_command
 from simulations.experiments.records import write_json
 from simulations.experiments.report_kit import ReportError, load_output
 from simulations.experiments.study import Outcome, Preflight, RunOptions
@@ -271,3 +272,4 @@ def add_experiment_commands(sub: Any) -> None:
     rep = esub.add_parser("report", help="re-render report.md and plots from saved records")
     rep.add_argument("dir", help="an output folder of `powerfl experiment run`")
     rep.set_defaults(func=cmd_report)
+    add_fleet_command(esub)

@@ -21,6 +21,7 @@ from typing import Any
 from fl_client import selector
 from fl_client.devices import key_hint
 from fl_client.names import UnsafeNameError, check_safe_name
+from fl_client.power import PowerLimit
 from fl_client.settings import fleet_path, tomllib
 from fl_client.shipped import shipped_file, shipped_names
 
@@ -42,7 +43,7 @@ TORCH_DEVICES = ("cpu", "cuda", "auto")
 PATH_KEYS = ("fleet", "varying-cap-fleet", "drift-fleet", "data-root", "initial-weights")
 FLEET_KEYS = ("fleet", "varying-cap-fleet", "drift-fleet")
 #: Keys that are lists of fleets, each resolved as a fleet key is.
-FLEET_LIST_KEYS = ("balance-fleets",)
+FLEET_LIST_KEYS = ("balance-fleets", "fleets")
 
 
 class ExperimentConfigError(ValueError):
@@ -168,7 +169,7 @@ class Fields:
         caps: list[float | None] = []
         for c in raw:
             try:
-                caps.append(selector.validate_p_max_w(c))
+                caps.append(PowerLimit(c).cap_w)
             except ValueError:
                 raise self.err(
                     key, f"{c!r} is not a cap; allowed: numbers of watts > 0 or 'none'"

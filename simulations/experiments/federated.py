@@ -281,7 +281,7 @@ def _child(simulate: Simulate, overrides: dict[str, Any], work: str) -> None:
         write_json(Path(work) / "result.json", simulate(overrides))
 
 
-class _LogTail:
+class LogTail:
     """Complete new lines of a growing log, handed to ``on_line``."""
 
     def __init__(self, path: Path, on_line: Callable[[str], None] | None) -> None:
@@ -298,7 +298,7 @@ class _LogTail:
         self.fh.close()
 
 
-def _stop(proc: Any) -> None:
+def stop_process(proc: Any) -> None:
     """End a cell's process and its process group (the simulation engine's workers)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -330,14 +330,14 @@ def run_in_child(
     )
     deadline = time.perf_counter() + timeout_s
     proc.start()
-    tail = _LogTail(log_path, on_line)
+    tail = LogTail(log_path, on_line)
     try:
         while proc.is_alive() and time.perf_counter() < deadline:
             proc.join(0.5)
             tail.feed()
         timed_out = proc.is_alive()
         if timed_out:
-            _stop(proc)
+            stop_process(proc)
         tail.feed()
     finally:
         tail.close()
@@ -369,12 +369,26 @@ def engine_did_not_start(log_path: Path) -> bool:
     return ENGINE_START_FAILURE in text and ROUND_LINE.search(text) is None
 
 
+#: How a cell's simulation is run: (overrides, work folder, timeout_s, on_line) → (its
+#: summary or None, why there is none); ``run_in_child`` with ``simulate`` by default.
+CellRunner = Callable[
+    [dict[str, Any], Path, float, Callable[[str], None] | None], tuple[dict[str, Any] | None, str]
+]
+
+
 def run_cell(
-    cell: Cell, out: Path, *, timeout_s: float, on_line: Callable[[str], None] | None = None
+    cell: Cell,
+    out: Path,
+    *,
+    timeout_s: float,
+    on_line: Callable[[str], None] | None = None,
+    runner: CellRunner | None = None,
 ) -> dict[str, Any]:
     """Run one cell's simulation and return its record.
 
-    Raises RuntimeError (naming the log file) when the run fails, runs past ``timeout_s``,
+    ``runner`` runs it (default: a process of its own, ``run_in_child``; the robustness
+    study passes a long-lived worker's, ``cell_worker.CellWorker.run``). Raises
+    RuntimeError (naming the log file) when the run fails, runs past ``timeout_s``,
     writes no summary or no node trained in any round.
     """
     work = out / "runs" / cell.key()[:16]
@@ -394,7 +408,10 @@ def run_cell(
 
     t0 = time.perf_counter()
     for attempt in range(1 + ENGINE_START_RETRIES):
-        summary, why = run_in_child(simulate, overrides, work, timeout_s, on_line)
+        if runner is None:
+            summary, why = run_in_child(simulate, overrides, work, timeout_s, on_line)
+        else:
+            summary, why = runner(overrides, work, timeout_s, on_line)
         if summary is not None or not engine_did_not_start(work / "simulate.log"):
             break
         log.warning(

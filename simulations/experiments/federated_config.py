@@ -205,7 +205,7 @@ def parse_federated(data: Mapping[str, Any], where: str, options: FileOptions) -
         drift_threshold=number("drift-threshold", 0.0),
         cell_timeout_s=integer("cell-timeout-s", 1),
         balance_fleets=_fleet_list(f, "balance-fleets"),
-        balance_modes=str_list("balance-modes", BALANCE_MODES),
+        balance_modes=str_list("balance-modes", tuple(BALANCE_MODES)),
         critical_r_arms=_weighted_arms(f, "critical-r-arms"),
     )
     _check_fleets(cfg, where)

@@ -36,7 +36,7 @@ from fl_client.selector import PowerLimit, feasible_cells
 from fl_client.settings import load_fleet
 from fl_client.settings_table import RUN
 from fl_client.shipped import shipped_names
-from strategies.round_plan import best_round_time_s
+from strategies.round_plan import PACE, best_round_time_s
 
 #: The run settings' defaults the pace is judged with (their entries in the settings table).
 DEFAULT_BATCH_SIZES: tuple[int, ...] = tuple(RUN["batch-sizes"].value)
@@ -100,7 +100,14 @@ def node_pace(
         [[sim.power_w(spec, b, f, flops_per_sample) for f in freqs] for b in batch_sizes]
     )
     sigma_w = spec.power_noise * peak_w
-    best = best_round_time_s(time_s, peak_w, sigma_w, limit, samples, peak_sigma_k=peak_sigma_k)
+    best = best_round_time_s(
+        time_s,
+        peak_w,
+        sigma_w,
+        limit,
+        samples,
+        objective=PACE.but(peak_sigma_k=peak_sigma_k, tie_tolerance=0.0),
+    )
     if not math.isfinite(best):
         raise ValueError(f"{name}: no (b, f) of {device} is feasible under {limit.p_max_w:g} W")
     ok = feasible_cells(peak_w, limit, peak_sigma_w=sigma_w, peak_sigma_k=peak_sigma_k)

@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from fl_client.devices import key_hint
-from simulations.experiments import federated, finetune, proxy_sensitivity, single_device
+from simulations.experiments import (
+    federated,
+    finetune,
+    proxy_sensitivity,
+    robustness,
+    single_device,
+)
 from simulations.experiments.config import (
     ExperimentConfigError,
     FileOptions,
@@ -24,7 +30,13 @@ from simulations.experiments.study import Study
 #: Every study an experiment file may name, by name.
 STUDIES: dict[str, Study[Any]] = {
     s.name: s
-    for s in (single_device.STUDY, federated.STUDY, proxy_sensitivity.STUDY, finetune.STUDY)
+    for s in (
+        single_device.STUDY,
+        federated.STUDY,
+        proxy_sensitivity.STUDY,
+        finetune.STUDY,
+        robustness.STUDY,
+    )
 }
 
 

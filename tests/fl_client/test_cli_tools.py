@@ -26,7 +26,7 @@ from fl_client.devices.replay import ReplayDevice
 from fl_client.devices.sampler import PowerMeasurement
 from fl_client.devices.simulated import load_device_spec
 from fl_client.lut import LUT
-from fl_client.selector import PowerLimit, SelectionRule, Tables, select_eq4
+from fl_client.selector import Objective, PowerLimit, Tables, select_eq4
 from fl_client.settings import RunSettings
 from simulations.cli import build_parser, main
 from tests.fl_client.devices.conftest import FakeGpu, make_fake_pynvml
@@ -126,7 +126,7 @@ def test_profile_on_the_twin_writes_and_prints_the_lut(
     lut = LUT.load(out_path)
     assert lut.device_kind == "jetson-nano" and lut.backend == "simulated"
     assert lut.batch_sizes == (4, 8) and lut.freqs_mhz == pytest.approx(NANO_MHZ)
-    assert lut.is_full_grid and lut.p_max_w is None
+    assert lut.grid == "full" and lut.p_max_w is None
     [cached] = list(cache.glob("lut_*.json"))
     assert LUT.load(cached).to_json() == lut.to_json()
     assert str(cached) in out and str(out_path) in out and "(profiled)" in out
@@ -177,8 +177,8 @@ def test_profile_on_the_twin_writes_and_prints_the_lut(
         [*select, "--cap-margin", "0", "--json", "--peak-sigma-k", "0", "--tie-tolerance", "0"],
         capsys,
     )
-    exact = SelectionRule(peak_sigma_k=0.0, tie_tolerance=0.0)
-    expected = select_eq4(tables, [4, 8], lut.freqs_mhz, [1, 0.6], 2.5, rule=exact)
+    exact = Objective(peak_sigma_k=0.0, tie_tolerance=0.0)
+    expected = select_eq4(tables, [4, 8], lut.freqs_mhz, [1, 0.6], 2.5, objective=exact)
     assert json.loads(out)["gpu-freq-mhz"] == expected.freq_mhz
     # Eq. 4 under the default cap margin: the cap less 5%
     code, out, _ = run(select, capsys)

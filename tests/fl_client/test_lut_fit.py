@@ -442,8 +442,7 @@ def test_the_plans_choice_is_the_selectors(seed: int) -> None:
                 "power-aware",
                 batch_sizes=list(B6),
                 freqs_mhz=list(F12),
-                lut_time_s=time_s,
-                lut_power_w=peak,
+                tables=selector.Tables(time_s, peak),
                 r=r,
                 p_max_w=PowerLimit(cap, 0.05),
             )

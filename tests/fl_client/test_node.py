@@ -20,7 +20,7 @@ import torch
 from fl_client import selector
 from fl_client.contract import Cap, NodeDescriptor, SettingsError, TrainConfig, TrainReport
 from fl_client.lut import LUT
-from fl_client.node import describe_node, energy_saved_j, node_context, train_node
+from fl_client.node import describe_node, node_context, train_node
 from fl_client.settings import RunSettings
 from fl_client.task import build_model
 
@@ -126,9 +126,9 @@ def test_the_selection_rule_is_two_run_settings_with_the_selectors_defaults(
         selector.TIE_TOLERANCE,
     )
     ctx = node_context(run_config(tmp_path), NODE)
-    assert ctx.selection_rule == selector.SelectionRule()
+    assert ctx.objective == selector.Objective()
     ctx = node_context(run_config(tmp_path, **{"peak-sigma-k": 0, "tie-tolerance": "0.1"}), NODE)
-    assert ctx.selection_rule == selector.SelectionRule(peak_sigma_k=0.0, tie_tolerance=0.1)
+    assert ctx.objective == selector.Objective(peak_sigma_k=0.0, tie_tolerance=0.1)
     for key, bad in (("peak-sigma-k", -1), ("peak-sigma-k", "inf"), ("tie-tolerance", 1.0),
                      ("tie-tolerance", "x"), ("peak-sigma-k", True)):  # fmt: skip
         with pytest.raises(SettingsError, match=key):
@@ -149,7 +149,7 @@ def test_the_node_selects_with_the_luts_sigma_and_average_power_under_its_rule(
     run = run_config(tmp_path, **{"peak-sigma-k": 1.5, "tie-tolerance": 0.05})
     _, report = train_node(run, {**NODE, "p-max-w": 5.0}, train_config(), initial_state())
     [kwargs] = seen
-    assert kwargs["rule"] == selector.SelectionRule(peak_sigma_k=1.5, tie_tolerance=0.05)
+    assert kwargs["objective"] == selector.Objective(peak_sigma_k=1.5, tie_tolerance=0.05)
     (path,) = (tmp_path / "cache" / "nodes").rglob("lut_*.json")
     lut = LUT.load(path)
     tables = kwargs["tables"]
@@ -429,27 +429,6 @@ def test_the_round_plan_on_the_node_by_balance_mode(tmp_path: Path) -> None:
     assert late.deadline_miss == 1.0 and late.train_time_s <= first.train_time_s * 1.05
 
 
-def test_energy_saved_counts_the_idle_wait_the_fastest_cell_would_have_had() -> None:
-    def cell(time_ms: float, energy_mj: float) -> selector.Selection:
-        return selector.Selection(
-            method="power-aware",
-            batch_size=32,
-            freq_mhz=460.8,
-            time_per_sample_s=time_ms / 1e3,
-            peak_power_w=4.0,
-            score=math.nan,
-            p_max_w=None,
-            candidates=(),
-            energy_per_sample_j=energy_mj / 1e3,
-        )
-
-    fastest, slow = cell(1.0, 5.0), cell(2.0, 6.0)
-    # 1000 samples: 5 J in 1 s then 1 s idle at 2 W, against 6 J in 2 s: 1 J saved
-    assert energy_saved_j(fastest, slow, 1000, 2.0) == pytest.approx(1.0)
-    # an unknown idle power counts 0: the slower cell then costs 1 J more
-    assert energy_saved_j(fastest, slow, 1000, math.nan) == pytest.approx(-1.0)
-
-
 def test_a_power_limit_node_reports_its_limit_in_watts(tmp_path: Path) -> None:
     """A node whose device's knob is the GPU power limit (a replay table of power limits):
     the LUT's columns, the choice and the reply carry W under their own keys, and
@@ -516,7 +495,7 @@ def test_a_round_trains_where_profiling_measured_and_sends_cpu_weights(
 
 
 def test_a_node_on_its_own_forecast_is_on_time_not_late_by_rounding() -> None:
-    from fl_client.node import missed_deadline
+    from fl_client.balance import missed_deadline
 
     forecast_s = sum([0.1] * 10)  # 0.9999999999999999: the deadline, summed one way
     measured_s = 0.1 * 10  # 1.0: the same time, summed another way

@@ -52,7 +52,6 @@ from fl_client.selector import (
     feasible_cells,
     feasible_freq_index,
     select_eq4,
-    select_power_aware,
 )
 
 REAL_SENSOR = SensorSpec("real", 0.0, 1, 0.1)
@@ -213,7 +212,7 @@ def test_full_grid_measures_every_cell_without_warmup_effects() -> None:
     dev = FakeDevice()
     steps = CountingSteps()
     lut = profile(dev, WORKLOAD, B6, steps, warmup_steps=1, steps=3, progress=False)
-    assert lut.is_full_grid and lut.cells_profiled == 6 * 12 and lut.p_max_w is None
+    assert lut.grid == "full" and lut.cells_profiled == 6 * 12 and lut.p_max_w is None
     assert lut.grid == "full" and lut.cap_margin == 0.0
     for i, b in enumerate(B6):
         for j, f in enumerate(NANO_FREQS_MHZ):
@@ -243,7 +242,7 @@ def test_without_warmup_the_cold_step_shows() -> None:
     # the slowest cells (1.8 s steps) reach the 30 s cap first: marked unsettled
     at_cap = sized.window_s >= MAX_WINDOW_S
     assert at_cap.any() and (sized.settled[at_cap] == 0).all()
-    assert (sized.settled[~at_cap] == 1).all() and sized.cells_unsettled == at_cap.sum()
+    assert (sized.settled[~at_cap] == 1).all() and int((sized.settled == 0).sum()) == at_cap.sum()
 
 
 def test_profile_time_is_device_time_including_warmup_and_switches() -> None:
@@ -266,7 +265,7 @@ def test_efficient_mode_finds_the_full_grids_feasible_maxima_with_fewer_cells(
     full = _profile(FakeDevice())
     dev = FakeDevice()
     eff = _profile(dev, p_max_w=p_max_w)
-    assert eff.p_max_w == p_max_w and eff.cap_margin == 0.0 and not eff.is_full_grid
+    assert eff.p_max_w == p_max_w and eff.cap_margin == 0.0 and eff.grid != "full"
     assert eff.grid == "efficient"
     assert eff.cells_profiled < full.cells_profiled
     for i in range(len(B6)):
@@ -278,10 +277,10 @@ def test_efficient_mode_finds_the_full_grids_feasible_maxima_with_fewer_cells(
     np.testing.assert_allclose(eff.time_per_sample_s[measured], full.time_per_sample_s[measured])
     # and Eq. 4 picks the same configuration from either table
     r = [0.3, 0.4, 0.5, 0.7, 0.9, 1.0]
-    a = select_power_aware(
-        full.time_per_sample_s, full.peak_power_w, B6, NANO_FREQS_MHZ, r, p_max_w
+    a = select_eq4(
+        Tables(full.time_per_sample_s, full.peak_power_w), B6, NANO_FREQS_MHZ, r, p_max_w
     )
-    b = select_power_aware(eff.time_per_sample_s, eff.peak_power_w, B6, NANO_FREQS_MHZ, r, p_max_w)
+    b = select_eq4(Tables(eff.time_per_sample_s, eff.peak_power_w), B6, NANO_FREQS_MHZ, r, p_max_w)
     assert (a.batch_size, a.freq_mhz) == (b.batch_size, b.freq_mhz)
     assert dev.restores == 1
 
@@ -335,8 +334,8 @@ def test_efficient_walk_stops_below_the_cap_less_its_margin_and_stores_the_bare_
     r = [0.3, 0.4, 0.5, 0.7, 0.9, 1.0]
     full = _profile(FakeDevice())
     limit = PowerLimit(3.5, 0.05)
-    a = select_power_aware(full.time_per_sample_s, full.peak_power_w, B6, NANO_FREQS_MHZ, r, limit)
-    b = select_power_aware(lut.time_per_sample_s, lut.peak_power_w, B6, NANO_FREQS_MHZ, r, limit)
+    a = select_eq4(Tables(full.time_per_sample_s, full.peak_power_w), B6, NANO_FREQS_MHZ, r, limit)
+    b = select_eq4(Tables(lut.time_per_sample_s, lut.peak_power_w), B6, NANO_FREQS_MHZ, r, limit)
     assert (a.batch_size, a.freq_mhz) == (b.batch_size, b.freq_mhz)
     assert a.peak_power_w < 3.325
 
@@ -346,8 +345,8 @@ def test_efficient_mode_when_nothing_is_feasible_measures_lowest_frequencies_onl
     assert lut.cells_profiled == 6 * 2  # each b: the two lowest f, both over the cap
     assert np.all(~np.isnan(lut.peak_power_w[:, :2])) and np.all(np.isnan(lut.peak_power_w[:, 2:]))
     with pytest.raises(ValueError, match=r"lowest measured peak power is 1.012 W \(b=4, f=76.8"):
-        select_power_aware(
-            lut.time_per_sample_s, lut.peak_power_w, B6, NANO_FREQS_MHZ, [1.0] * 6, 0.5
+        select_eq4(
+            Tables(lut.time_per_sample_s, lut.peak_power_w), B6, NANO_FREQS_MHZ, [1.0] * 6, 0.5
         )
 
 
@@ -597,13 +596,13 @@ def test_rich_progress_bar_on_a_terminal() -> None:
 
     out = Terminal()
     lut = profile(FakeDevice(), WORKLOAD, [4, 8], CountingSteps(), progress_stream=out)
-    assert lut.is_full_grid
+    assert lut.grid == "full"
     assert "profile fake-nano cnn-1x8x8" in out.getvalue()
 
 
 def test_infinite_cap_profiles_the_full_grid() -> None:
-    assert _profile(FakeDevice(), p_max_w=math.inf).is_full_grid
-    assert _profile(FakeDevice(), p_max_w="none").is_full_grid
+    assert _profile(FakeDevice(), p_max_w=math.inf).grid == "full"
+    assert _profile(FakeDevice(), p_max_w="none").grid == "full"
 
 
 def test_uncapped_highest_profiles_one_cell_per_batch_size_and_matches_the_full_grid() -> None:
@@ -611,7 +610,7 @@ def test_uncapped_highest_profiles_one_cell_per_batch_size_and_matches_the_full_
     dev = FakeDevice()
     steps = CountingSteps()
     top = profile(dev, WORKLOAD, B6, steps, uncapped="highest", progress=False)
-    assert top.grid == "highest" and top.p_max_w is None and not top.is_full_grid
+    assert top.grid == "highest" and top.p_max_w is None and top.grid != "full"
     assert top.cells_profiled == len(B6)
     assert steps.calls == dict.fromkeys(B6, 1 + 3)  # one cell per b: warm-up + 3 measured
     assert dev.set_calls == [NANO_FREQS_MHZ[-1]] * len(B6)
@@ -620,8 +619,8 @@ def test_uncapped_highest_profiles_one_cell_per_batch_size_and_matches_the_full_
     assert top.profile_time_s < full.profile_time_s / 10
     # without a cap Eq. 4 picks the same configuration from either table
     r = [0.3, 0.4, 0.5, 0.7, 0.9, 1.0]
-    a = select_power_aware(full.time_per_sample_s, full.peak_power_w, B6, NANO_FREQS_MHZ, r, None)
-    b = select_power_aware(top.time_per_sample_s, top.peak_power_w, B6, NANO_FREQS_MHZ, r, None)
+    a = select_eq4(Tables(full.time_per_sample_s, full.peak_power_w), B6, NANO_FREQS_MHZ, r, None)
+    b = select_eq4(Tables(top.time_per_sample_s, top.peak_power_w), B6, NANO_FREQS_MHZ, r, None)
     assert (a.batch_size, a.freq_mhz) == (b.batch_size, b.freq_mhz)
     # and the table survives a JSON round trip with its grid
     again = LUT.from_json(top.to_json())
@@ -662,9 +661,9 @@ def test_full_grid_cache_serves_any_cap_but_an_efficient_one_only_its_own(tmp_pa
     steps = CountingSteps()
     _cached(tmp_path / "a", FakeDevice(), steps)
     lut, from_cache = _cached(tmp_path / "a", FakeDevice(), steps, p_max_w=3.0)
-    assert from_cache and lut.is_full_grid
+    assert from_cache and lut.grid == "full"
     lut, from_cache = _cached(tmp_path / "a", FakeDevice(), steps, p_max_w=3.0, cap_margin=0.05)
-    assert from_cache and lut.is_full_grid
+    assert from_cache and lut.grid == "full"
 
     lut, from_cache = _cached(tmp_path / "b", FakeDevice(), steps, p_max_w=3.0)
     assert not from_cache and lut.p_max_w == 3.0
@@ -672,7 +671,7 @@ def test_full_grid_cache_serves_any_cap_but_an_efficient_one_only_its_own(tmp_pa
     lut, from_cache = _cached(tmp_path / "b", FakeDevice(), steps, p_max_w=4.0)
     assert not from_cache and lut.p_max_w == 4.0
     lut, from_cache = _cached(tmp_path / "b", FakeDevice(), steps)
-    assert not from_cache and lut.is_full_grid
+    assert not from_cache and lut.grid == "full"
     assert len(list((tmp_path / "b").iterdir())) == 3
 
 
@@ -725,7 +724,7 @@ def test_a_cache_that_cannot_be_written_only_costs_a_warning(
     blocker.write_text("")
     with caplog.at_level("WARNING", logger="fl_client.profiler"):
         lut, hit = _cached(blocker / "cache", FakeDevice(), CountingSteps())
-    assert not hit and lut.is_full_grid
+    assert not hit and lut.grid == "full"
     assert "could not write the LUT cache" in caplog.text
 
 
@@ -894,9 +893,13 @@ def test_the_hard_cap_marks_a_cell_unsettled() -> None:
     )
     lut = profile(ramp(), WORKLOAD, [4], CountingSteps(), warmup_steps=0, progress=False,
                   max_steps=40)  # fmt: skip
-    assert lut.settled[0, 0] == 0 and lut.cells_unsettled == 1 and lut.power_samples[0, 0] == 40
+    assert (
+        lut.settled[0, 0] == 0
+        and int((lut.settled == 0).sum()) == 1
+        and lut.power_samples[0, 0] == 40
+    )
     back = LUT.from_json(lut.to_json())
-    assert back.settled[0, 0] == 0 and back.cells_unsettled == 1
+    assert back.settled[0, 0] == 0 and int((back.settled == 0).sum()) == 1
     # the caps are bounds: never below the fixed count
     with pytest.raises(ValueError, match="max-steps: must be ≥ steps"):
         CellWindow(10, max_steps=5)

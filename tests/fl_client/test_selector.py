@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -15,18 +16,17 @@ from fl_client import selector
 from fl_client.selector import (
     METHODS,
     InfeasibleCapError,
+    Objective,
     PowerLimit,
-    SelectionRule,
+    Tables,
     choose_cell,
     feasible_freq_index,
     select,
     select_b1,
     select_b2,
+    select_eq4,
     select_fixed,
-    select_oracle,
-    select_power_aware,
     validate_batch_sizes,
-    validate_p_max_w,
     validate_r,
 )
 
@@ -91,7 +91,7 @@ def monotone_tables(draw, shape=SHAPES):
     return time, power, B6[:n_b], F14[:n_f], r, cap
 
 
-EXACT = SelectionRule(tie_tolerance=0.0)
+EXACT = Objective(tie_tolerance=0.0)
 
 
 @st.composite
@@ -120,9 +120,9 @@ def test_power_aware_equals_literal_eq4_where_the_papers_premise_holds(tables):
     expected = brute_force_eq4_literal(time, power, b, f, r, cap)
     if expected is None:
         with pytest.raises(InfeasibleCapError):
-            select_power_aware(time, power, b, f, r, cap, rule=EXACT)
+            select_eq4(Tables(time, power), b, f, r, cap, objective=EXACT)
         return
-    sel = select_power_aware(time, power, b, f, r, cap, rule=EXACT)
+    sel = select_eq4(Tables(time, power), b, f, r, cap, objective=EXACT)
     assert (sel.batch_size, sel.freq_mhz) == expected
     assert sel.peak_power_w < cap
     i, j = b.index(sel.batch_size), f.index(sel.freq_mhz)
@@ -139,9 +139,9 @@ def test_power_aware_never_uses_a_cell_above_the_cap_on_noisy_tables_with_holes(
     time, power, b, f, r, cap = tables
     if not (power < cap).any():
         with pytest.raises(InfeasibleCapError):
-            select_power_aware(time, power, b, f, r, cap)
+            select_eq4(Tables(time, power), b, f, r, cap)
         return
-    sel = select_power_aware(time, power, b, f, r, cap)
+    sel = select_eq4(Tables(time, power), b, f, r, cap)
     assert sel.peak_power_w < cap  # never above the cap
     for i, c in enumerate(sel.candidates):
         if c.freq_mhz is None:
@@ -157,9 +157,9 @@ def test_paper_sized_tables_6x14(tables):
     expected = brute_force_eq4_literal(time, power, b, f, r, cap)
     if expected is None:
         with pytest.raises(InfeasibleCapError):
-            select_power_aware(time, power, b, f, r, cap, rule=EXACT)
+            select_eq4(Tables(time, power), b, f, r, cap, objective=EXACT)
     else:
-        sel = select_power_aware(time, power, b, f, r, cap, rule=EXACT)
+        sel = select_eq4(Tables(time, power), b, f, r, cap, objective=EXACT)
         assert (sel.batch_size, sel.freq_mhz) == expected
         assert len(sel.candidates) == 6
 
@@ -198,10 +198,10 @@ def test_feasible_freq_index_examples():
 def test_no_cap_picks_fastest_score_at_highest_frequency():
     time = np.array([[4.0, 2.0, 1.0], [3.0, 1.5, 0.6]])
     power = np.array([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0]])
-    sel = select_power_aware(time, power, [8, 16], [100.0, 200.0, 300.0], [0.5, 1.0], "none")
+    sel = select_eq4(Tables(time, power), [8, 16], [100.0, 200.0, 300.0], [0.5, 1.0], "none")
     # scores at the top frequency: 1.0 × 0.5 = 0.5 vs 0.6 × 1.0 = 0.6
     assert (sel.batch_size, sel.freq_mhz, sel.p_max_w) == (8, 300.0, None)
-    sel = select_power_aware(time, power, [8, 16], [100.0, 200.0, 300.0], [0.5, 1.0], 3.5)
+    sel = select_eq4(Tables(time, power), [8, 16], [100.0, 200.0, 300.0], [0.5, 1.0], 3.5)
     # under 3.5 W: b=8 → 300 MHz (0.5); b=16 → 100 MHz (3.0)
     assert (sel.batch_size, sel.freq_mhz, sel.p_max_w) == (8, 300.0, 3.5)
     assert [c.freq_mhz for c in sel.candidates] == [300.0, 100.0]
@@ -214,15 +214,15 @@ def test_paper_figure_1_example_prefers_smaller_batch_at_higher_frequency():
     time = np.array([[1.5, 1.3, 1.1, 0.9, 0.8], [1.4, 1.3220, 1.1, 1.0, 0.9]]) * 1e-3
     time[0, 3] = time[1, 1] * (1 - 0.319)
     power = np.array([[3.5, 4.0, 4.5, 4.9, 5.4], [4.0, 4.8, 5.3, 5.9, 6.4]])
-    sel = select_power_aware(time, power, [64, 128], freqs, [1.0, 1.0], 5.0)
+    sel = select_eq4(Tables(time, power), [64, 128], freqs, [1.0, 1.0], 5.0)
     assert (sel.batch_size, sel.freq_mhz) == (64, 460.8)
 
 
 def test_ties_go_to_lower_power_then_larger_batch():
     time = np.array([[1.0], [1.0]])
-    sel = select_power_aware(time, np.array([[2.0], [2.0]]), [8, 16], [500.0], [1.0, 1.0], 5.0)
+    sel = select_eq4(Tables(time, np.array([[2.0], [2.0]])), [8, 16], [500.0], [1.0, 1.0], 5.0)
     assert sel.batch_size == 16
-    sel = select_power_aware(time, np.array([[1.5], [2.0]]), [8, 16], [500.0], [1.0, 1.0], 5.0)
+    sel = select_eq4(Tables(time, np.array([[1.5], [2.0]])), [8, 16], [500.0], [1.0, 1.0], 5.0)
     assert sel.batch_size == 8
 
 
@@ -230,7 +230,7 @@ def test_infeasible_cap_names_cap_and_lowest_measured_power():
     power = np.array([[np.nan, 3.2, 3.9], [3.6, 4.0, np.nan]])
     time = np.where(np.isnan(power), np.nan, 1.0)
     with pytest.raises(InfeasibleCapError) as info:
-        select_power_aware(time, power, [4, 8], [76.8, 153.6, 230.4], [1.0, 1.0], 3.0)
+        select_eq4(Tables(time, power), [4, 8], [76.8, 153.6, 230.4], [1.0, 1.0], 3.0)
     err = info.value
     assert (err.p_max_w, err.min_power_w, err.batch_size, err.freq_mhz) == (3.0, 3.2, 4, 153.6)
     msg = str(err)
@@ -243,60 +243,38 @@ def test_cap_margin_keeps_profiled_peaks_below_the_reduced_cap():
     # b=8 peaks at 4.9 W at 300 MHz and 4.6 W at 200 MHz under a 5 W cap
     time = np.array([[3.0, 2.0, 1.5], [2.5, 1.2, 0.9]])
     power = np.array([[3.0, 4.6, 4.9], [4.0, 5.5, 6.0]])
-    args = (time, power, [8, 16], [100.0, 200.0, 300.0], [1.0, 1.0], 5.0)
-    bare = select_power_aware(*args)
+    args = (Tables(time, power), [8, 16], [100.0, 200.0, 300.0], [1.0, 1.0])
+    bare = select_eq4(*args, 5.0)
     assert (bare.batch_size, bare.freq_mhz) == (8, 300.0)
     # 5 % of 5 W leaves 4.75 W: 4.9 W no longer fits, 4.6 W does
-    kept = select_power_aware(*args[:-1], PowerLimit(5.0, 0.05))
+    kept = select_eq4(*args, PowerLimit(5.0, 0.05))
     assert (kept.batch_size, kept.freq_mhz, kept.p_max_w) == (8, 200.0, 5.0)
     assert (
         select(
             "power-aware",
             batch_sizes=[8, 16],
             freqs_mhz=[100.0, 200.0, 300.0],
-            lut_time_s=time,
-            lut_power_w=power,
+            tables=Tables(time, power),
             r=[1.0, 1.0],
             p_max_w=PowerLimit(5.0, 0.05),
         )
         == kept
     )
     # without a cap the margin changes nothing
-    assert select_power_aware(*args[:-1], PowerLimit(math.inf, 0.5)) == select_power_aware(
-        *args[:-1], math.inf
-    )
+    assert select_eq4(*args, PowerLimit(math.inf, 0.5)) == select_eq4(*args, math.inf)
     with pytest.raises(InfeasibleCapError) as info:
-        select_power_aware(*args[:-1], PowerLimit(3.1, 0.05))
+        select_eq4(*args, PowerLimit(3.1, 0.05))
     assert info.value.cap_margin == 0.05
     assert "less cap-margin 5% (2.945 W)" in str(info.value)
     assert "Raise p-max-w above 3.158 W, lower cap-margin" in str(info.value)
 
 
-@pytest.mark.parametrize("value", [-0.01, 1.0, 2, float("nan"), "0.1", True, None])
-def test_bad_cap_margin_is_refused_with_the_key(value):
-    with pytest.raises(ValueError, match=r"cap-margin: must be a number in \[0, 1\)"):
-        selector.validate_cap_margin(value)
-
-
-def test_the_cap_with_its_margin_is_one_value():
-    assert selector.PowerLimit(4.5, 0.05).limit_w == pytest.approx(4.275)
-    assert selector.PowerLimit(4.5, 0.0).limit_w == 4.5
-    none = selector.PowerLimit(math.inf, 0.05)
-    assert math.isinf(none.limit_w) and none.cap_margin == 0.0 and none.cap_w is None
-    assert selector.PowerLimit.of("none") == selector.NO_LIMIT == selector.PowerLimit.of(None)
-    assert selector.PowerLimit.of(4.5) == selector.PowerLimit(4.5, 0.0)
-    with pytest.raises(ValueError, match="cap-margin"):
-        selector.PowerLimit(4.5, 1.0)
-    with pytest.raises(ValueError, match="p-max-w"):
-        selector.PowerLimit(-1.0)
-
-
 def test_oracle_is_eq4_with_its_own_r():
     time = np.array([[2.0, 1.0], [1.2, 0.55]])
     power = np.array([[1.0, 2.0], [2.0, 4.0]])
-    args = (time, power, [8, 16], [100.0, 200.0])
-    proxy = select_power_aware(*args, [0.5, 1.0], 5.0)
-    oracle = select_oracle(*args, [1.0, 0.4], 5.0)
+    args = (Tables(time, power), [8, 16], [100.0, 200.0])
+    proxy = select_eq4(*args, [0.5, 1.0], 5.0)
+    oracle = select_eq4(*args, [1.0, 0.4], 5.0, method="oracle")
     assert (proxy.method, proxy.batch_size) == ("power-aware", 8)
     assert (oracle.method, oracle.batch_size, oracle.freq_mhz) == ("oracle", 16, 200.0)
 
@@ -365,13 +343,12 @@ def test_dispatcher_matches_the_functions_and_rejects_unknown_methods():
     time = np.array([[2.0, 1.0], [1.2, 0.55]])
     power = np.array([[1.0, 2.0], [2.0, 4.0]])
     common: dict[str, Any] = {
-        "lut_time_s": time,
-        "lut_power_w": power,
+        "tables": Tables(time, power),
         "batch_sizes": [8, 16],
         "freqs_mhz": [100.0, 200.0],
     }
-    assert select("power-aware", r=[0.5, 1.0], p_max_w=5.0, **common) == select_power_aware(
-        time, power, [8, 16], [100.0, 200.0], [0.5, 1.0], 5.0
+    assert select("power-aware", r=[0.5, 1.0], p_max_w=5.0, **common) == select_eq4(
+        Tables(time, power), [8, 16], [100.0, 200.0], [0.5, 1.0], 5.0
     )
     assert select("oracle", r=[1.0, 0.4], p_max_w=math.inf, **common).batch_size == 16
     assert select("b1", b1_freq_cap_mhz=150.0, **common).freq_mhz == 100.0
@@ -387,30 +364,6 @@ def test_dispatcher_matches_the_functions_and_rejects_unknown_methods():
 
 
 # --------------------------------------------------------------------------- validation
-
-
-@pytest.mark.parametrize(
-    "value, expected",
-    [
-        (4.5, 4.5),
-        (7, 7.0),
-        ("5", 5.0),
-        (None, None),
-        ("none", None),
-        ("None", None),
-        (math.inf, None),
-        ("inf", None),
-        (np.float64(3.0), 3.0),
-    ],
-)
-def test_validate_p_max_w_accepts(value, expected):
-    assert validate_p_max_w(value) == expected
-
-
-@pytest.mark.parametrize("value", [0, -1.0, math.nan, "abc", True, [5.0], -math.inf, "nan"])
-def test_validate_p_max_w_rejects(value):
-    with pytest.raises(ValueError, match=r"p-max-w: must be a finite number of watts > 0"):
-        validate_p_max_w(value)
 
 
 def test_validate_batch_sizes():
@@ -444,15 +397,15 @@ def test_validate_r():
 def test_table_errors_name_the_table():
     f = [100.0, 200.0]
     with pytest.raises(ValueError, match=r"lut_time_s: shape \(1, 2\) does not match"):
-        select_power_aware([[1.0, 1.0]], [[1.0, 1.0]], [4, 8], f, [1.0, 1.0], 5.0)
+        select_eq4(Tables([[1.0, 1.0]], [[1.0, 1.0]]), [4, 8], f, [1.0, 1.0], 5.0)
     with pytest.raises(ValueError, match=r"NaN \(not profiled\) at different cells"):
-        select_power_aware([[1.0, np.nan]], [[1.0, 1.0]], [4], f, [1.0], 5.0)
+        select_eq4(Tables([[1.0, np.nan]], [[1.0, 1.0]]), [4], f, [1.0], 5.0)
     with pytest.raises(ValueError, match=r"lut_time_s: profiled cells must be finite and > 0"):
-        select_power_aware([[1.0, -1.0]], [[1.0, 1.0]], [4], f, [1.0], 5.0)
+        select_eq4(Tables([[1.0, -1.0]], [[1.0, 1.0]]), [4], f, [1.0], 5.0)
     with pytest.raises(ValueError, match=r"no cell was profiled"):
-        select_power_aware([[np.nan, np.nan]], [[np.nan, np.nan]], [4], f, [1.0], 5.0)
+        select_eq4(Tables([[np.nan, np.nan]], [[np.nan, np.nan]]), [4], f, [1.0], 5.0)
     with pytest.raises(ValueError, match=r"freqs-mhz: .* not strictly ascending"):
-        select_power_aware([[1.0, 1.0]], [[1.0, 1.0]], [4], [200.0, 100.0], [1.0], 5.0)
+        select_eq4(Tables([[1.0, 1.0]], [[1.0, 1.0]]), [4], [200.0, 100.0], [1.0], 5.0)
 
 
 @settings(max_examples=200, deadline=None)
@@ -476,8 +429,8 @@ def test_choose_cell_is_eq4_on_bare_tables() -> None:
     time_s = np.array([[4.0, 2.0, 1.00], [3.0, 1.5, 1.01]])
     peak = np.array([[1.0, 2.0, 3.0], [1.0, 2.5, 5.0]])
     r = [1.0, 1.0]
-    exact = SelectionRule(tie_tolerance=0.0)
-    assert choose_cell(time_s, peak, peak, r, math.inf, rule=exact) == (0, 2)
+    exact = Objective(tie_tolerance=0.0)
+    assert choose_cell(time_s, peak, peak, r, math.inf, objective=exact) == (0, 2)
     # within the tie tolerance the lower energy wins: 1.01 × 5 > 1.00 × 3
     assert choose_cell(time_s, peak, peak, r, math.inf) == (0, 2)
     assert choose_cell(time_s, peak, peak, r, 4.0) == (0, 2)
@@ -492,7 +445,7 @@ def test_choose_cell_is_eq4_on_bare_tables() -> None:
     assert choose_cell(time_s, peak, peak, r, 4.0, peak_sigma_w=sigma) == (1, 1)
 
 
-# --------------------------------------------------------------------------- round context
+# ----------------------------------------------------------------- objective, round context
 
 
 def _context_case() -> tuple[selector.Tables, list[int], list[float], list[float]]:
@@ -503,28 +456,40 @@ def _context_case() -> tuple[selector.Tables, list[int], list[float], list[float
     return selector.Tables(time, peak, avg), [8, 32], [300.0, 600.0, 900.0], [0.3, 1.0]
 
 
-def test_the_default_round_context_is_eq4() -> None:
+def _within(budget_s: float, batch_size: int | None = None) -> selector.RoundContext:
+    """A round of 100 samples within ``budget_s``."""
+    return selector.RoundContext(budget_s=budget_s, samples=100, batch_size=batch_size)
+
+
+def test_the_default_objective_and_round_context_are_eq4() -> None:
     tables, b, f, r = _context_case()
     plain = selector.select_eq4(tables, b, f, r, 6.0)
-    assert selector.select_eq4(tables, b, f, r, 6.0, context=selector.EQ4_ALONE) == plain
+    assert (
+        selector.select_eq4(
+            tables, b, f, r, 6.0, objective=selector.EQ4, context=selector.ANY_ROUND
+        )
+        == plain
+    )
     assert (plain.batch_size, plain.freq_mhz) == (8, 900.0)  # 0.025 × 0.3 < 0.010 × 1.0
 
 
 def test_the_pace_setter_takes_its_fastest_cell_whatever_its_r() -> None:
     tables, b, f, r = _context_case()
-    fastest = selector.select_eq4(tables, b, f, r, 6.0, context=selector.RoundContext(r_weight=0))
+    pace = selector.EQ4.for_pace()
+    assert (pace.time_weight, pace.r_weight, pace.energy_weight) == (1.0, 0.0, 0.0)
+    fastest = selector.select_eq4(tables, b, f, r, 6.0, objective=pace)
     assert (fastest.batch_size, fastest.freq_mhz) == (32, 900.0)
 
 
 def test_samples_and_energy_modes_meet_the_deadline() -> None:
     tables, b, f, r = _context_case()
     # 100 samples within 3.1 s: only cells of ≤ 0.031 s per sample meet it
-    samples = selector.RoundContext(deadline_s=3.1, samples=100, time_weight=0.0)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, context=samples)
+    samples = Objective(time_weight=0.0)
+    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=samples, context=_within(3.1))
     # the least r that meets it (b = 8), at its least energy to accuracy among those
     assert (pick.batch_size, pick.freq_mhz) == (8, 600.0)  # 1.6 × 0.03 < 2.5 × 0.025
-    energy = selector.RoundContext(deadline_s=1.3, samples=100, energy_weight=1.0)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, context=energy)
+    energy = Objective(energy_weight=1.0)
+    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=energy, context=_within(1.3))
     # within 1.3 s only b = 32 at 600 / 900 MHz; 2.4 × 0.012 < 3.6 × 0.010
     assert (pick.batch_size, pick.freq_mhz) == (32, 600.0)
 
@@ -532,44 +497,52 @@ def test_samples_and_energy_modes_meet_the_deadline() -> None:
 def test_the_energy_mode_scores_the_energy_above_idle() -> None:
     tables, b, f, r = _context_case()
     # within 2.1 s only b = 32 meets it, at 300, 600 and 900 MHz (2.0, 1.2 and 1.0 s)
-    total = selector.RoundContext(deadline_s=2.1, samples=100, energy_weight=1.0)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, context=total)
+    total = Objective(energy_weight=1.0)
+    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=total, context=_within(2.1))
     # total energy per sample: 1.5 × 0.02 = 0.030, 2.4 × 0.012 = 0.0288, 3.6 × 0.010 = 0.036
     assert (pick.batch_size, pick.freq_mhz) == (32, 600.0)
-    above = selector.RoundContext(deadline_s=2.1, samples=100, energy_weight=1.0, idle_power_w=1.2)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, context=above)
+    above = total.but(idle_power_w=1.2)
+    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=above, context=_within(2.1))
     # above 1.2 W idle: 0.3 × 0.02 = 0.006, 1.2 × 0.012 = 0.0144, 2.4 × 0.010 = 0.024
     assert (pick.batch_size, pick.freq_mhz) == (32, 300.0)
     # batch_size keeps one b's row: the energy mode at the node's own b* (here b = 8, whose
     # cells all miss 2.1 s: the fallback is that row's fastest cell, not b = 32's)
-    keep = selector.RoundContext(
-        deadline_s=2.1, samples=100, energy_weight=1.0, idle_power_w=1.2, batch_size=8
-    )
-    pick = selector.select_eq4(tables, b, f, r, 6.0, context=keep)
+    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=above, context=_within(2.1, 8))
     assert (pick.batch_size, pick.freq_mhz) == (8, 900.0)
-    roomy = selector.RoundContext(
-        deadline_s=5.0, samples=100, energy_weight=1.0, idle_power_w=0.9, batch_size=8
-    )
-    pick = selector.select_eq4(tables, b, f, r, 6.0, context=roomy)
+    roomy = total.but(idle_power_w=0.9)
+    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=roomy, context=_within(5.0, 8))
     # b = 8 above 0.9 W idle: 0.04 × 0.1 = 0.004, 0.03 × 0.7 = 0.021, 0.025 × 1.6 = 0.04
     assert (pick.batch_size, pick.freq_mhz) == (8, 300.0)
     with pytest.raises(ValueError, match=r"^batch-size: 16 is not one of"):
         selector.select_eq4(tables, b, f, r, 6.0, context=selector.RoundContext(batch_size=16))
     # idle power alone does nothing without an energy weight
-    plain = selector.RoundContext(deadline_s=2.1, samples=100, idle_power_w=1.2)
-    assert selector.select_eq4(tables, b, f, r, 6.0, context=plain) == selector.select_eq4(
-        tables, b, f, r, 6.0, context=selector.RoundContext(deadline_s=2.1, samples=100)
-    )
+    plain = Objective(idle_power_w=1.2)
+    assert selector.select_eq4(
+        tables, b, f, r, 6.0, objective=plain, context=_within(2.1)
+    ) == selector.select_eq4(tables, b, f, r, 6.0, context=_within(2.1))
 
 
 def test_a_deadline_no_cell_meets_gives_the_fastest_cell() -> None:
     tables, b, f, r = _context_case()
-    tight = selector.RoundContext(deadline_s=0.1, samples=100, time_weight=0.0)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, context=tight)
+    least_r = Objective(time_weight=0.0)
+    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=least_r, context=_within(0.1))
     assert (pick.batch_size, pick.freq_mhz) == (32, 900.0)
     # under a 4.5 W cap the fastest feasible cell is b = 32 at 600 MHz
-    pick = selector.select_eq4(tables, b, f, r, 4.5, context=tight)
+    pick = selector.select_eq4(tables, b, f, r, 4.5, objective=least_r, context=_within(0.1))
     assert (pick.batch_size, pick.freq_mhz) == (32, 600.0)
+
+
+def test_objective_scores_are_eq4_by_default_and_weigh_each_term() -> None:
+    time = np.array([[0.04, np.nan], [0.02, 0.01]])
+    r = [0.5, 1.0]
+    power = np.array([[2.0, np.nan], [3.0, 4.0]])
+    np.testing.assert_array_equal(selector.EQ4.scores(time, r), time * np.array([[0.5], [1.0]]))
+    fastest = selector.EQ4.for_pace().scores(time, r)
+    np.testing.assert_array_equal(fastest, time)
+    energy = Objective(energy_weight=1.0, idle_power_w=1.0).scores(time, r, power)
+    np.testing.assert_allclose(energy, time * np.array([[0.5], [1.0]]) * (power - 1.0))
+    with pytest.raises(ValueError, match=r"^energy-weight: needs the cells' power"):
+        Objective(energy_weight=1.0).scores(time, r)
 
 
 @pytest.mark.parametrize(
@@ -578,14 +551,22 @@ def test_a_deadline_no_cell_meets_gives_the_fastest_cell() -> None:
         ({"energy_weight": 1.5}, "energy-weight"),
         ({"time_weight": -0.1}, "time-weight"),
         ({"r_weight": True}, "r-weight"),
-        ({"deadline_s": 0.0, "samples": 10}, "deadline-s"),
-        ({"deadline_s": 1.0}, "samples"),
+        ({"budget_s": 0.0, "samples": 10}, "budget-s"),
+        ({"budget_s": 1.0}, "samples"),
         ({"idle_power_w": -1.0}, "idle-power-w"),
         ({"idle_power_w": math.nan}, "idle-power-w"),
+        ({"tie_tolerance": 1.0}, "tie-tolerance"),
+        ({"peak_sigma_k": -1.0}, "peak-sigma-k"),
         ({"batch_size": 0}, "batch-size"),
         ({"batch_size": 8.0}, "batch-size"),
     ],
 )
-def test_a_bad_round_context_is_refused_naming_the_key(kw: dict[str, Any], key: str) -> None:
+def test_a_bad_objective_or_round_context_is_refused_naming_the_key(
+    kw: dict[str, Any], key: str
+) -> None:
+    objective_keys = {f.name for f in dataclasses.fields(Objective)}
     with pytest.raises(ValueError, match=f"^{key}:"):
-        selector.RoundContext(**kw)
+        if kw.keys() <= objective_keys:
+            Objective(**kw)
+        else:
+            selector.RoundContext(**kw)

@@ -15,14 +15,13 @@ from hypothesis.extra import numpy as hnp
 from fl_client.devices.base import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W
 from fl_client.selector import (
     InfeasibleCapError,
+    Objective,
     PowerLimit,
-    SelectionRule,
     Tables,
     feasible_cells,
     feasible_freq_indices,
     select,
     select_eq4,
-    select_power_aware,
 )
 
 B6 = [4, 8, 16, 32, 64, 128]
@@ -140,7 +139,7 @@ def extras(draw, shape):
         )
     )
     share = draw(st.one_of(st.none(), hnp.arrays(np.float64, shape, elements=st.floats(0.3, 1.0))))
-    rule = SelectionRule(
+    rule = Objective(
         peak_sigma_k=draw(st.sampled_from([0.0, 1.0, 2.0])),
         tie_tolerance=draw(st.sampled_from([0.0, 0.02, 0.1])),
     )
@@ -150,9 +149,14 @@ def extras(draw, shape):
 
 def run(tables, opts):
     time, power, b, f, r, cap = tables
-    rule = SelectionRule(peak_sigma_k=opts.k, tie_tolerance=opts.tol)
+    rule = Objective(peak_sigma_k=opts.k, tie_tolerance=opts.tol)
     return select_eq4(
-        Tables(time, power, opts.avg, opts.sigma), b, f, r, PowerLimit(cap, opts.margin), rule=rule
+        Tables(time, power, opts.avg, opts.sigma),
+        b,
+        f,
+        r,
+        PowerLimit(cap, opts.margin),
+        objective=rule,
     )
 
 
@@ -200,9 +204,9 @@ def test_defaults_against_literal_eq4_and_the_old_prefix_rule(tables):
     if not (power < cap).any():
         assert all(j is None for j in old_rows)
         with pytest.raises(InfeasibleCapError):
-            select_power_aware(time, power, b, f, r, cap)
+            select_eq4(Tables(time, power), b, f, r, cap)
         return
-    sel = select_power_aware(time, power, b, f, r, cap)
+    sel = select_eq4(Tables(time, power), b, f, r, cap)
     assert sel.peak_power_w < cap
     assert sel.score <= literal_eq4_score(time, power, r, cap) * 1.02
     for c, old_j in zip(sel.candidates, old_rows, strict=True):
@@ -224,9 +228,9 @@ def test_a_cell_above_the_cap_at_every_rows_lowest_f(tables, over):
     cells = feasible_list(time, power, cap, 0.0, None, 0.0)
     if not cells:
         with pytest.raises(InfeasibleCapError):
-            select_power_aware(time, power, b, f, r, cap)
+            select_eq4(Tables(time, power), b, f, r, cap)
         return
-    sel = select_power_aware(time, power, b, f, r, cap)
+    sel = select_eq4(Tables(time, power), b, f, r, cap)
     assert (b.index(sel.batch_size), f.index(sel.freq_mhz)) in cells
     assert sel.score <= literal_eq4_score(time, power, r, cap) * 1.02
 
@@ -243,7 +247,7 @@ def test_a_spike_at_the_lowest_f_no_longer_removes_the_row():
     time = np.array([[4.0, 3.0, 2.0, 1.5], [3.0, 2.0, 1.4, 1.0]])
     power = np.array([[5.6, 3.0, 3.5, 4.0], [6.0, 3.5, 4.2, 5.2]])
     assert feasible_freq_indices(power, 5.0) == [None, None]
-    sel = select_power_aware(time, power, [8, 16], FREQS, [1.0, 1.0], 5.0)
+    sel = select_eq4(Tables(time, power), [8, 16], FREQS, [1.0, 1.0], 5.0)
     assert (sel.batch_size, sel.freq_mhz) == (16, 300.0)
     assert [c.freq_mhz for c in sel.candidates] == [400.0, 300.0]
 
@@ -253,16 +257,16 @@ def test_a_flat_row_takes_its_least_energy_cell():
     # lowest f uses the least energy; b=16 is 10% slower, outside the tolerance.
     time = np.array([[1.0, 1.0, 1.0, 1.0], [1.1, 1.1, 1.1, 1.1]])
     power = np.array([[2.0, 2.5, 3.0, 3.5], [1.0, 1.0, 1.0, 1.0]])
-    sel = select_power_aware(time, power, [8, 16], FREQS, [1.0, 1.0], 5.0)
+    sel = select_eq4(Tables(time, power), [8, 16], FREQS, [1.0, 1.0], 5.0)
     assert (sel.batch_size, sel.freq_mhz) == (8, 100.0)
     assert sel.energy_per_sample_j == pytest.approx(2.0)
     # literal Eq. 4 would run b=8 at 400 MHz: as fast, 75% more energy
-    exact = select_power_aware(
-        time, power, [8, 16], FREQS, [1.0, 1.0], 5.0, rule=SelectionRule(tie_tolerance=0.0)
+    exact = select_eq4(
+        Tables(time, power), [8, 16], FREQS, [1.0, 1.0], 5.0, objective=Objective(tie_tolerance=0.0)
     )
     assert (exact.batch_size, exact.freq_mhz) == (8, 100.0)  # exact tie: the lower f
     # a flat row in both time and power: every cell equal, the lowest f
-    flat = select_power_aware(time[:1], np.full((1, 4), 2.0), [8], FREQS, [1.0], 5.0)
+    flat = select_eq4(Tables(time[:1], np.full((1, 4), 2.0)), [8], FREQS, [1.0], 5.0)
     assert flat.freq_mhz == 100.0
 
 
@@ -270,7 +274,7 @@ def test_the_fastest_feasible_cell_can_be_below_the_highest_feasible_f():
     # Memory-bound past 200 MHz: time stops falling and rises again while power climbs.
     time = np.array([[2.0, 1.0, 1.2, 1.3]])
     power = np.array([[2.0, 2.5, 3.0, 3.5]])
-    sel = select_power_aware(time, power, [8], FREQS, [1.0], 5.0)
+    sel = select_eq4(Tables(time, power), [8], FREQS, [1.0], 5.0)
     assert sel.freq_mhz == 200.0  # literal Eq. 4 takes 400 MHz, 30% slower
 
 
@@ -289,7 +293,7 @@ def test_energy_to_accuracy_weighs_each_b_by_r():
     # Same time × r; b=8 draws less power per sample but needs twice the samples.
     time = np.array([[0.5], [1.0]])
     power = np.array([[3.0], [2.0]])
-    sel = select_power_aware(time, power, [8, 16], [500.0], [1.0, 0.5], 5.0)
+    sel = select_eq4(Tables(time, power), [8, 16], [500.0], [1.0, 0.5], 5.0)
     assert sel.batch_size == 16  # 3.0 × 0.5 × 1.0 = 1.5 J > 2.0 × 1.0 × 0.5 = 1.0 J
 
 
@@ -299,9 +303,9 @@ def test_sigma_makes_a_cell_infeasible_and_the_error_says_so():
     sigma = np.array([[0.05, 0.3]])
     sel = select_eq4(Tables(time, power, peak_sigma_w=sigma), [8], [100.0, 200.0], [1.0], 5.0)
     assert sel.freq_mhz == 100.0  # 4.6 + 2 × 0.3 = 5.2 W is not below 5 W
-    lenient = SelectionRule(peak_sigma_k=1.0)
+    lenient = Objective(peak_sigma_k=1.0)
     assert select_eq4(Tables(time, power, peak_sigma_w=sigma), [8], [100.0, 200.0], [1.0], 5.0,
-                      rule=lenient).freq_mhz == 200.0  # fmt: skip
+                      objective=lenient).freq_mhz == 200.0  # fmt: skip
     with pytest.raises(InfeasibleCapError) as info:
         select_eq4(Tables(time, power, peak_sigma_w=sigma), [8], [100.0, 200.0], [1.0], 3.05)
     err = info.value
@@ -347,12 +351,12 @@ def test_extra_tables_are_checked():
 )
 def test_selection_rule_is_validated(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        SelectionRule(**kwargs)
+        Objective(**kwargs)
 
 
 def test_selection_rule_from_config():
-    assert SelectionRule.from_config({}) == SelectionRule()
-    rule = SelectionRule.from_config({"peak-sigma-k": 3.0, "tie-tolerance": 0.05, "x": 1})
+    assert Objective.from_config({}) == Objective()
+    rule = Objective.from_config({"peak-sigma-k": 3.0, "tie-tolerance": 0.05, "x": 1})
     assert (rule.peak_sigma_k, rule.tie_tolerance) == (3.0, 0.05)
 
 
@@ -360,20 +364,14 @@ def test_select_passes_the_rule_and_extra_tables():
     time = np.array([[1.0, 1.0, 1.0, 1.0]])
     power = np.array([[2.0, 2.5, 3.0, 3.5]])
     common: dict[str, Any] = {"batch_sizes": [8], "freqs_mhz": FREQS, "r": [1.0], "p_max_w": 5.0}
-    flat = select("power-aware", lut_time_s=time, lut_power_w=power, **common)
     grouped = select("power-aware", tables=Tables(time, power), **common)
-    assert flat == grouped and flat.freq_mhz == 100.0
+    assert grouped.freq_mhz == 100.0
     sigma = np.array([[0.0, 0.0, 0.0, 0.0]])
     avg = power[:, ::-1].copy()  # the average makes the highest f the cheapest
-    sel = select(
-        "oracle", lut_time_s=time, lut_power_w=power, lut_avg_power_w=avg,
-        lut_peak_sigma_w=sigma, **common,
-    )  # fmt: skip
+    sel = select("oracle", tables=Tables(time, power, avg, sigma), **common)
     assert (sel.method, sel.freq_mhz) == ("oracle", 400.0)
-    with pytest.raises(ValueError, match="not both"):
-        select("power-aware", tables=Tables(time, power), lut_time_s=time, **common)
-    with pytest.raises(TypeError, match="unexpected keyword arguments: lut_power"):
-        select("power-aware", tables=Tables(time, power), lut_power=power, **common)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="unexpected keyword arguments: lut_time_s"):
+        select("power-aware", tables=Tables(time, power), lut_time_s=time, **common)  # type: ignore[call-arg]
 
 
 def test_the_knob_labels_every_method():
@@ -392,7 +390,7 @@ def test_the_knob_labels_every_method():
     fixed = select("fixed", batch_sizes=[8], freqs_mhz=limits, knob=GPU_POWER_LIMIT_W,
                    fixed_batch_size=8, fixed_freq_mhz=150.0)  # fmt: skip
     assert fixed.knob is GPU_POWER_LIMIT_W
-    mhz = select("power-aware", batch_sizes=[8], freqs_mhz=limits, lut_time_s=time,
-                 lut_power_w=power, r=[1.0], p_max_w=200.0)  # fmt: skip
+    mhz = select("power-aware", batch_sizes=[8], freqs_mhz=limits, tables=Tables(time, power),
+                 r=[1.0], p_max_w=200.0)  # fmt: skip
     assert mhz.knob is GPU_FREQ_MHZ and mhz.to_dict()["gpu-freq-mhz"] == 150.0
     assert mhz.to_dict()["predicted-energy-per-sample-j"] == pytest.approx(150.0)

@@ -16,9 +16,10 @@ from rich.console import Console
 
 from fl_client.contract import Cap, NodeRow
 from fl_server.results import RoundAccount, RunRecorder
+from fl_server.server_app import Rounds, run_rounds
 from strategies.power_aware import PowerAwareFedAvg, RoundReport
 from tests.strategies.test_power_aware import report
-from tests.strategies.test_shared_profiling import FLEET, BatchGrid, _cells_of, _handler, _strategy
+from tests.strategies.test_shared_exchange import FLEET, BatchGrid, _cells_of, _handler, _strategy
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
@@ -138,13 +139,13 @@ def _recorded_run(
     """``num_rounds`` of the strategy with fleet-shared profiling over ``grid``, recorded."""
     rec = _recorder(tmp_path / "run")
     strategy = _strategy(tmp_path / "library")
-    strategy.on_round = rec.record_round
-    strategy.run(
+    run_rounds(
+        strategy,
         grid,
         ArrayRecord([np.zeros(3)]),
-        num_rounds=num_rounds,
-        timeout_s=5,
-        evaluate_fn=lambda rnd, arrays: {"accuracy": 0.1 * rnd, "loss": 1.0},
+        Rounds(num_rounds=num_rounds, timeout_s=5),
+        lambda rnd, arrays: {"accuracy": 0.1 * rnd, "loss": 1.0},
+        rec.record_round,
     )
     return strategy, rec
 

@@ -18,12 +18,11 @@ from typing import Any
 import psutil
 import pytest
 
-from fl_client.contract import TrainConfig
 from fl_client.settings import REPO_ROOT
 from fl_client.shipped import shipped_dir
 from simulations import cli, run
 from simulations.cli import choose_methods, main
-from strategies.power_aware import PowerAwareFedAvg
+from strategies.fleet import Fleet
 
 TWO = (
     '[[node]]\nname = "a"\ndevice = "jetson-nano"\np-max-w = 5\n\n'
@@ -142,23 +141,17 @@ class _Grid:
         return list(self.ids)
 
 
-def _strategy(min_nodes: int) -> PowerAwareFedAvg:
-    template = TrainConfig(0, "b1", "cnn", (32,), (1.0,), 0.005, 128, 1)
-    return PowerAwareFedAvg(
-        template=template,
-        query_config={"model": "cnn", "batch-sizes": [32]},
-        min_train_nodes=min_nodes,
-        min_available_nodes=min_nodes,
-    )
+def _fleet(min_nodes: int) -> Fleet:
+    return Fleet({"model": "cnn", "batch-sizes": [32]}, [32], [1.0], min_nodes)
 
 
 def test_the_wait_for_nodes_has_a_deadline_and_says_what_it_waits_for(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level("INFO", logger="strategies.power_aware")
+    caplog.set_level("INFO", logger="strategies.fleet")
     t0 = time.monotonic()
     with pytest.raises(RuntimeError) as err:
-        _strategy(3).query_fleet(_Grid(1), timeout_s=1.0)  # type: ignore[arg-type]
+        _fleet(3).query(_Grid(1), timeout_s=1.0)  # type: ignore[arg-type]
     assert time.monotonic() - t0 < 5
     assert str(err.value).startswith(
         "min-train-nodes: 1 of the 3 nodes it needs connected within round-timeout-s (1 s)"
@@ -174,7 +167,7 @@ def test_ctrl_c_ends_the_wait_for_nodes() -> None:
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            _strategy(3).query_fleet(_Grid(1), timeout_s=30.0)  # type: ignore[arg-type]
+            _fleet(3).query(_Grid(1), timeout_s=30.0)  # type: ignore[arg-type]
     finally:
         timer.cancel()
         signal.signal(signal.SIGINT, previous)

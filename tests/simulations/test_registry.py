@@ -18,7 +18,13 @@ REPO = PACKAGE.parents[1]
 
 
 def test_every_shipped_experiment_file_names_a_registered_study():
-    assert set(STUDIES) == {"single-device", "federated", "proxy-sensitivity", "finetune"}
+    assert set(STUDIES) == {
+        "single-device",
+        "federated",
+        "proxy-sensitivity",
+        "finetune",
+        "federated-robustness",
+    }
     for path in sorted((REPO / "configs" / "experiments").glob("*.toml")):
         cfg = load_config(path)
         assert get_study(cfg.study).name == cfg.study

@@ -76,7 +76,7 @@ def _start() -> ArrayRecord:
 def _rounds(mode: str, rounds: int, with_work: bool = True) -> tuple[ArrayRecord, list[str]]:
     grid = FakeGrid(list(NODES), _quad_handler(with_work))
     strategy = _strategy(aggregation=mode)
-    strategy.query_fleet(grid, timeout_s=5)
+    strategy.fleet.query(grid, timeout_s=5)
     arrays = _start()
     for rnd in range(1, rounds + 1):
         msgs = list(strategy.configure_train(rnd, arrays, ConfigRecord(), grid))

@@ -1,5 +1,5 @@
-"""PowerAwareFedAvg: per-node TRAIN configs, the QUERY round, aggregation and the rows of
-nodes that trained or failed (accounting is the recorder's: ``tests/fl_server``)."""
+"""PowerAwareFedAvg: per-node TRAIN configs, aggregation and the rows of nodes that trained
+or failed (the QUERY round: ``test_fleet``; the run loop and accounting: ``tests/fl_server``)."""
 
 from __future__ import annotations
 
@@ -172,11 +172,7 @@ def _handler(
 
 def _strategy(**kw: Any) -> PowerAwareFedAvg:
     template = dataclasses.replace(TEMPLATE, method=kw.pop("method", "power-aware"))
-    return PowerAwareFedAvg(
-        template=template,
-        query_config={"model": "cnn", "batch-sizes": list(template.batch_sizes)},
-        **kw,
-    )
+    return PowerAwareFedAvg(template=template, **kw)
 
 
 def _train_round(
@@ -186,44 +182,10 @@ def _train_round(
     return strategy.aggregate_train(rnd, grid.send_and_receive(msgs, timeout=5))
 
 
-def test_query_round_learns_every_node() -> None:
-    grid = FakeGrid([11, 12, 13], _handler())
-    strategy = _strategy()
-    fleet = strategy.query_fleet(grid, timeout_s=5)
-    assert set(fleet) == {11, 12, 13}
-    assert fleet[13] == FLEET[13] and fleet[13].device == "jetson-agx-orin"
-    assert fleet[13].p_max == Cap.NONE and fleet[11].p_max == Cap(5.0)
-    assert all(m.metadata.message_type == MessageType.QUERY for m in grid.sent)
-    assert dict(grid.sent[0].content.config_records["config"]) == {
-        "model": "cnn",
-        "batch-sizes": [16, 32, 64, 128],
-    }
-    assert strategy.query_failures == {}
-
-
-def test_query_failures_and_malformed_replies_are_kept_with_the_reason() -> None:
-    def handle(msg: Message) -> Message:
-        node = msg.metadata.dst_node_id
-        if node == 12:
-            return Message(Error(code=1, reason="no such device"), reply_to=msg)
-        config = FLEET[node].to_config()
-        if node == 13:
-            del config["max-batch-size"]
-        return Message(RecordDict({"device": ConfigRecord(config)}), reply_to=msg)
-
-    strategy = _strategy()
-    fleet = strategy.query_fleet(FakeGrid([11, 12, 13], handle), timeout_s=5)
-    assert set(fleet) == {11}
-    assert strategy.query_failures[12] == "no such device"
-    assert strategy.query_failures[13] == (
-        "malformed QUERY reply: max-batch-size: missing from the QUERY reply"
-    )
-
-
 def test_each_node_gets_its_own_record_with_r_aligned_to_what_fits() -> None:
     grid = FakeGrid([11, 12, 13], _handler())
     strategy = _strategy(method="b2")
-    strategy.query_fleet(grid, timeout_s=5)
+    strategy.fleet.query(grid, timeout_s=5)
     arrays = ArrayRecord([np.zeros(3)])
     msgs = {
         m.metadata.dst_node_id: m for m in strategy.configure_train(4, arrays, ConfigRecord(), grid)
@@ -247,21 +209,17 @@ def test_each_node_gets_its_own_record_with_r_aligned_to_what_fits() -> None:
     assert msgs[12].content.config_records["config"]["r"] == [0.4, 0.5, 0.8, 1.0]
 
 
-def test_a_node_that_fits_nothing_gets_the_smallest_batch_size_to_explain() -> None:
-    grid = FakeGrid([11], _handler())
-    strategy = _strategy(min_train_nodes=1, min_available_nodes=1)
-    strategy.fleet = {11: dataclasses.replace(FLEET[11], max_batch_size=0)}
-    assert strategy.node_batch_sizes(11) == ([16], [0.4])
-    assert strategy.node_config(2, 11).batch_sizes == (16,)
-    # a node that never answered the QUERY gets all of B
-    assert strategy.node_batch_sizes(99) == ([16, 32, 64, 128], [0.4, 0.5, 0.8, 1.0])
-    assert grid.sent == []
+def test_a_node_that_fits_nothing_is_sent_the_smallest_batch_size_to_explain() -> None:
+    strategy = _strategy(min_train_nodes=1)
+    strategy.fleet.nodes = {11: dataclasses.replace(FLEET[11], max_batch_size=0)}
+    cfg = strategy.node_config(2, 11)
+    assert (cfg.batch_sizes, cfg.r, cfg.server_round) == ((16,), (0.4,), 2)
 
 
 def test_aggregation_is_fedavg_and_every_node_has_its_row() -> None:
     grid = FakeGrid([11, 12, 13], _handler())
     strategy = _strategy()
-    strategy.query_fleet(grid, timeout_s=5)
+    strategy.fleet.query(grid, timeout_s=5)
     arrays, agg = _train_round(strategy, grid)
     assert arrays is not None and agg is not None
     weights = np.array([110.0, 120.0, 130.0])
@@ -287,7 +245,7 @@ def test_aggregation_is_fedavg_and_every_node_has_its_row() -> None:
 def test_failed_node_costs_only_its_update_and_is_recorded_with_its_real_cap() -> None:
     grid = FakeGrid([11, 12, 13], _handler(fail={12}))
     strategy = _strategy()
-    strategy.query_fleet(grid, timeout_s=5)
+    strategy.fleet.query(grid, timeout_s=5)
     arrays, agg = _train_round(strategy, grid, rnd=3)
     assert arrays is not None and agg is not None
     weights = np.array([110.0, 130.0])
@@ -305,7 +263,7 @@ def test_failed_node_costs_only_its_update_and_is_recorded_with_its_real_cap() -
 def test_a_reply_with_malformed_metrics_is_a_failed_row_naming_the_keys() -> None:
     grid = FakeGrid([11, 12, 13], _handler(bad={13}))
     strategy = _strategy()
-    strategy.query_fleet(grid, timeout_s=5)
+    strategy.fleet.query(grid, timeout_s=5)
     arrays, _ = _train_round(strategy, grid)
     assert arrays is not None
     (row,) = [n for n in strategy.rounds[-1].nodes if not n.ok]
@@ -320,78 +278,21 @@ def test_a_reply_with_malformed_metrics_is_a_failed_row_naming_the_keys() -> Non
 def test_a_round_where_every_node_fails_has_no_update_but_its_rows() -> None:
     grid = FakeGrid([11, 12], _handler(fail={11, 12}))
     strategy = _strategy()
-    strategy.query_fleet(grid, timeout_s=5)
+    strategy.fleet.query(grid, timeout_s=5)
     assert _train_round(strategy, grid) == (None, None)
     assert [n.ok for n in strategy.rounds[-1].nodes] == [False, False]
 
 
-def test_run_stops_at_target_and_records_silent_nodes() -> None:
-    grid = FakeGrid([11, 12, 13], _handler(silent={13}))
-    seen: list[tuple[RoundReport, dict[str, float]]] = []
-    strategy = _strategy(on_round=lambda rep, ev: seen.append((rep, ev)))
-    accuracies = iter([0.1, 0.5, 0.95, 0.99])
-    strategy.run(
-        grid,
-        ArrayRecord([np.zeros(3)]),
-        num_rounds=10,
-        timeout_s=5,
-        evaluate_fn=lambda rnd, arr: {"accuracy": next(accuracies), "loss": 1.0},
-        target_accuracy=0.9,
-    )
-    assert [rep.server_round for rep, _ in seen] == [1, 2]
-    assert [ev["accuracy"] for _, ev in seen] == [0.5, 0.95]
-    missing = [n for n in seen[0][0].nodes if not n.ok]
-    assert [(n.node_name, n.error) for n in missing] == [("orin", "no reply (timeout)")]
-    assert missing[0].p_max == Cap.NONE and missing[0].device == "jetson-agx-orin"
-
-
-def test_run_without_any_node_answering_the_query_is_an_error() -> None:
-    def handle(msg: Message) -> Message:
-        return Message(Error(code=1, reason="down"), reply_to=msg)
-
-    strategy = _strategy()
-    with pytest.raises(RuntimeError, match="no node answered the QUERY round"):
-        strategy.run(
-            FakeGrid([11, 12], handle),
-            ArrayRecord([np.zeros(3)]),
-            num_rounds=1,
-            timeout_s=5,
-            evaluate_fn=lambda rnd, arr: {"accuracy": 0.0, "loss": 1.0},
-        )
-
-
 def test_r_must_match_batch_sizes() -> None:
     with pytest.raises(SettingsError, match="r: has 2 values but batch-sizes has 4"):
-        PowerAwareFedAvg(
-            template=dataclasses.replace(TEMPLATE, r=(0.5, 1.0)),
-            query_config={},
-        )
-
-
-def test_a_node_gone_from_the_superlink_is_named_absent_and_counted_back_when_it_rejoins() -> None:
-    grid = FakeGrid([11, 12, 13], _handler())
-    seen: list[RoundReport] = []
-    strategy = _strategy(on_round=lambda rep, ev: seen.append(rep))
-    strategy.query_fleet(grid, timeout_s=5)
-    online = iter([[11, 12, 13], [11, 12], [11, 12, 13]])
-
-    def evaluate(rnd: int, arr: ArrayRecord) -> dict[str, float]:
-        if rnd < 3:  # the SuperLink's view of who is connected in the next round
-            grid.node_ids = next(online)
-        return {"accuracy": 0.1, "loss": 1.0}
-
-    strategy.run(grid, ArrayRecord([np.zeros(3)]), num_rounds=3, timeout_s=5, evaluate_fn=evaluate)
-    absent = [[(n.node_name, n.error) for n in rep.nodes if not n.ok] for rep in seen]
-    assert absent[0] == [] and absent[2] == []
-    assert absent[1] == [("orin", "not connected this round (absent from the SuperLink)")]
-    assert [len(rep.ok_nodes) for rep in seen] == [3, 2, 3]
+        PowerAwareFedAvg(template=dataclasses.replace(TEMPLATE, r=(0.5, 1.0)))
 
 
 def test_a_reply_from_a_node_that_never_answered_the_query_is_named_by_its_id() -> None:
     grid = FakeGrid([11, 12, 13], _handler(fail={13}))
     strategy = _strategy()
-    strategy.query_fleet(grid, timeout_s=5)
-    del strategy.fleet[13]
+    strategy.fleet.query(grid, timeout_s=5)
+    del strategy.fleet.nodes[13]
     grid.node_ids = [11, 12]  # only nodes in the fleet are asked ...
     msgs = list(strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), grid))
     # ... a reply for another node is still recorded
@@ -413,7 +314,7 @@ def test_aggregation_order_does_not_depend_on_arrival_order() -> None:
     def aggregate(reverse: bool) -> np.ndarray:
         grid = FakeGrid([11, 12, 13], _handler())
         strategy = _strategy()
-        strategy.query_fleet(grid, timeout_s=5)
+        strategy.fleet.query(grid, timeout_s=5)
         msgs = strategy.configure_train(1, ArrayRecord([np.zeros(1000)]), ConfigRecord(), grid)
         replies = [
             Message(

@@ -75,7 +75,7 @@ def test_cap_below_every_band_is_an_error_naming_the_bands():
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, math.nan, "x"])
 def test_bad_cap_names_the_key(bad: object):
-    with pytest.raises(ValueError, match="p-max-w: must be > 0 W or none"):
+    with pytest.raises(ValueError, match=r"^p-max-w: (must be > 0 W|expected a number of watts)"):
         info().b1_freq_cap_mhz(bad)  # type: ignore[arg-type]
 
 

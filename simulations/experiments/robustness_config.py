@@ -1,0 +1,268 @@
+"""The settings of the robustness study (``study = "federated-robustness"``): its fleets
+(shipped and generated), arms, run settings and the two target criteria."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fl_client.settings import PARTITIONINGS, RunSettings, SettingsError
+from fl_client.settings_table import choices
+from simulations.experiments.config import (
+    STUDY_METHODS,
+    Fields,
+    FileOptions,
+    StudyConfig,
+    config_error,
+    merge_scale,
+)
+
+NAME = "federated-robustness"
+#: How the cells run: ``in-process`` (many cells, one after another, in one long-lived
+#: worker process with Flower's in-process engine: the interpreter, PyTorch and the app
+#: are loaded once), ``in-process-warm`` (the same, and Ray and its actors are kept from
+#: one cell to the next: ``cell_worker.keep_engine_warm``) or ``runtime`` (each cell in a
+#: process of its own through Flower's Simulation Runtime, as the federated study runs them).
+ENGINES = ("in-process-warm", "in-process", "runtime")
+#: Run settings an arm may not set: the study sets them per cell.
+STUDY_SET_KEYS = ("seed", "fleet", "cache-dir", "output-dir", "run-dir", "target-accuracy")
+ARM_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+#: The study's arms unless the file lists its own: B1, and power-aware with each balance
+#: mode (``steps`` with FedNova's and with FedAvg's aggregation).
+DEFAULT_ARMS: list[dict[str, Any]] = [
+    {"name": "b1", "method": "b1"},
+    {"name": "off", "method": "power-aware"},
+    {"name": "samples", "method": "power-aware", "balance": "samples"},
+    {
+        "name": "steps-fednova",
+        "method": "power-aware",
+        "balance": "steps",
+        "aggregation": "fednova",
+    },
+    {"name": "steps-fedavg", "method": "power-aware", "balance": "steps", "aggregation": "fedavg"},
+    {"name": "energy", "method": "power-aware", "balance": "energy"},
+]
+
+#: Allowed keys and their defaults (None: required).
+DEFAULTS: dict[str, Any] = {
+    "name": None,
+    "study": None,
+    "description": "",
+    # shipped fleets (names or files) and generated ones (``fleet_gen`` seeds), in run order
+    "fleets": ["default"],
+    "generated-fleets": [],
+    "seeds": 5,
+    "arms": DEFAULT_ARMS,
+    # the arms every other arm's paired ratios are taken against
+    "ratio-against": ["b1", "off"],
+    "model": "cnn",
+    "partitioning": "dirichlet",
+    "dirichlet-alpha": 0.5,
+    "num-rounds": 20,
+    "target-accuracy": 0.85,
+    # the smoothed criterion: the first round whose mean accuracy over this many rounds
+    # (it and the ones before) reaches the target
+    "smoothing-rounds": 3,
+    # run every cell for all num-rounds (the runs do not stop at the target), so the
+    # smoothed criterion can be read; false: stop at the first round at the target
+    "run-past-target": True,
+    "local-epochs": 5,
+    "batch-sizes": [4, 8, 16, 32, 64, 128],
+    "lr-ref": 0.005,
+    "b-ref": 128,
+    "proxy-target-accuracy": 0.8,
+    "r-max-samples": 40_000,
+    "r-eval-every-samples": 256,
+    "profile-grid": "efficient",
+    "engine": "in-process-warm",
+    "cell-timeout-s": 1800,
+}
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm: a method and its run-setting overrides."""
+
+    name: str
+    method: str
+    settings: tuple[tuple[str, Any], ...]
+
+    def overrides(self) -> dict[str, Any]:
+        return {"method": self.method, **dict(self.settings)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **self.overrides()}
+
+
+@dataclass(frozen=True)
+class RobustnessConfig(StudyConfig):
+    """The resolved settings of one robustness study at one scale."""
+
+    name: str
+    study: str
+    description: str
+    scale: str
+    fleets: tuple[str, ...]
+    generated_fleets: tuple[int, ...]
+    seeds: int
+    arms: tuple[Arm, ...]
+    ratio_against: tuple[str, ...]
+    model: str
+    partitioning: str
+    dirichlet_alpha: float
+    num_rounds: int
+    target_accuracy: float
+    smoothing_rounds: int
+    run_past_target: bool
+    local_epochs: int
+    batch_sizes: tuple[int, ...]
+    lr_ref: float
+    b_ref: int
+    proxy_target_accuracy: float
+    r_max_samples: int
+    r_eval_every_samples: int
+    profile_grid: str
+    engine: str
+    cell_timeout_s: int
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out["arms"] = [a.to_dict() for a in self.arms]
+        return out
+
+    def arm(self, name: str) -> Arm:
+        return next(a for a in self.arms if a.name == name)
+
+    def base_overrides(self) -> dict[str, Any]:
+        """The run settings every cell shares (before its fleet, seed and arm)."""
+        return {
+            "model": self.model,
+            "partitioning": self.partitioning,
+            "dirichlet-alpha": self.dirichlet_alpha,
+            "num-rounds": self.num_rounds,
+            # past the target: the run goes on to num-rounds; the report applies the target
+            "target-accuracy": 1.0 if self.run_past_target else self.target_accuracy,
+            "local-epochs": self.local_epochs,
+            "batch-sizes": ",".join(str(b) for b in self.batch_sizes),
+            "lr-ref": self.lr_ref,
+            "b-ref": self.b_ref,
+            "proxy-target-accuracy": self.proxy_target_accuracy,
+            "r-max-samples": self.r_max_samples,
+            "r-eval-every-samples": self.r_eval_every_samples,
+            "profile-grid": self.profile_grid,
+            "pacing": "off",
+            "drift-check-every": 0,
+        }
+
+
+def parse_robustness(data: Mapping[str, Any], where: str, options: FileOptions) -> RobustnessConfig:
+    """Validate a parsed robustness experiment; every error names the key. The fleets'
+    files and data splits are checked by the study's plan (``robustness.check_fleets``),
+    which needs the generated fleets written."""
+    from fl_client import task
+
+    m = merge_scale(data, where, DEFAULTS, options)
+    f = Fields(m, where, DEFAULTS)
+    arms = _arms(f, "arms")
+    names = tuple(a.name for a in arms)
+    cfg = RobustnessConfig(
+        name=f.text("name"),
+        study=f.text("study", (NAME,)),
+        description=f.text("description"),
+        scale=options.scale,
+        fleets=_fleet_names(f, "fleets"),
+        generated_fleets=_seed_list(f, "generated-fleets"),
+        seeds=f.integer("seeds", 1),
+        arms=arms,
+        ratio_against=f.str_list("ratio-against", names),
+        model=f.text("model", tuple(task.MODEL_NAMES)),
+        partitioning=f.text("partitioning", PARTITIONINGS),
+        dirichlet_alpha=f.number("dirichlet-alpha", 0.0),
+        num_rounds=f.integer("num-rounds", 1),
+        target_accuracy=f.number("target-accuracy", 0.0, 1.0),
+        smoothing_rounds=f.integer("smoothing-rounds", 1),
+        run_past_target=_flag(f, "run-past-target"),
+        local_epochs=f.integer("local-epochs", 1),
+        batch_sizes=f.batch_sizes(),
+        lr_ref=f.number("lr-ref", 0.0),
+        b_ref=f.integer("b-ref", 1),
+        proxy_target_accuracy=f.number("proxy-target-accuracy", 0.0, 1.0),
+        r_max_samples=f.integer("r-max-samples", 1),
+        r_eval_every_samples=f.integer("r-eval-every-samples", 1),
+        profile_grid=f.text("profile-grid", choices("profile-grid")),
+        engine=f.text("engine", ENGINES),
+        cell_timeout_s=f.integer("cell-timeout-s", 1),
+    )
+    if not cfg.fleets and not cfg.generated_fleets:
+        raise config_error(
+            where, "fleets", "no fleet to run: fleets and generated-fleets are empty"
+        )
+    for arm in cfg.arms:  # each arm's settings are run settings, with the study's base
+        try:
+            RunSettings.from_config({**cfg.base_overrides(), **arm.overrides()})
+        except SettingsError as exc:
+            raise config_error(where, "arms", f"arm {arm.name}: {exc}") from None
+    return cfg
+
+
+def _flag(f: Fields, key: str) -> bool:
+    v = f.m[key]
+    if not isinstance(v, bool):
+        raise f.err(key, f"must be true or false, got {v!r}")
+    return v
+
+
+def _arms(f: Fields, key: str) -> tuple[Arm, ...]:
+    """A non-empty list of tables ``{name, method, <run setting> = value, …}``."""
+    raw = f.m[key]
+    if not isinstance(raw, list) or not raw:
+        raise f.err(key, f"must be a non-empty list of tables {{name, method, …}}; got {raw!r}")
+    arms: list[Arm] = []
+    for i, t in enumerate(raw):
+        where = f"arm #{i + 1}"
+        if not isinstance(t, Mapping):
+            raise f.err(key, f"{where}: must be a table {{name, method, …}}; got {t!r}")
+        name, method = t.get("name"), t.get("method")
+        if not isinstance(name, str) or not ARM_NAME.match(name):
+            raise f.err(
+                key, f"{where}: name must be lowercase letters, digits and dashes; got {name!r}"
+            )
+        if method not in STUDY_METHODS:
+            allowed = ", ".join(STUDY_METHODS)
+            raise f.err(key, f"arm {name}: method: unknown value {method!r}; allowed: {allowed}")
+        settings = {k: v for k, v in t.items() if k not in ("name", "method")}
+        for k, v in settings.items():
+            if k in STUDY_SET_KEYS:
+                raise f.err(key, f"arm {name}: {k}: set by the study, not by an arm")
+            if isinstance(v, Mapping | list) or v is None:
+                raise f.err(key, f"arm {name}: {k}: must be a string, number or boolean; got {v!r}")
+        arms.append(Arm(name, str(method), tuple(sorted(settings.items()))))
+    names = [a.name for a in arms]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise f.err(key, f"two arms named {', '.join(dupes)}")
+    return tuple(arms)
+
+
+def _fleet_names(f: Fields, key: str) -> tuple[str, ...]:
+    """A list (maybe empty) of distinct fleet names or files."""
+    v = f.m[key]
+    if not isinstance(v, list) or not all(isinstance(x, str) and x.strip() for x in v):
+        raise f.err(key, f"must be a list of fleet names or files; got {v!r}")
+    if len(set(v)) != len(v):
+        raise f.err(key, f"duplicate fleets in {v!r}")
+    return tuple(v)
+
+
+def _seed_list(f: Fields, key: str) -> tuple[int, ...]:
+    """A list (maybe empty) of distinct generator seeds (integers ≥ 0)."""
+    v = f.m[key]
+    if not isinstance(v, list) or any(
+        isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in v
+    ):
+        raise f.err(key, f"must be a list of integers ≥ 0 (fleet generator seeds); got {v!r}")
+    if len(set(v)) != len(v):
+        raise f.err(key, f"duplicate seeds in {v!r}")
+    return tuple(v)
