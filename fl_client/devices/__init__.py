@@ -33,6 +33,7 @@ from fl_client.devices.base import (
     check_knob_setting,
     locked,
 )
+from fl_client.devices.guard import DEFAULT_CAP_WINDOW_S
 from fl_client.devices.names import (
     AUTO_ORDER,
     BACKENDS,
@@ -40,7 +41,7 @@ from fl_client.devices.names import (
     key_hint,
     unknown_key_message,
 )
-from fl_client.devices.sampler import DEFAULT_CAP_WINDOW_S, DEFAULT_SAMPLE_RATE_HZ
+from fl_client.devices.sampler import DEFAULT_SAMPLE_RATE_HZ
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +234,8 @@ def _check_replay_knob(device: Device, knob: str) -> None:
 def _open_backend(kind: str, backend: str, seed: int, options: DeviceOptions) -> Device:
     check_knob_backend(backend, options.knob)
     if backend == "simulated":
-        from fl_client.devices.simulated import SimulatedDevice, load_device_spec
+        from fl_client.devices.descriptors import load_device_spec
+        from fl_client.devices.simulated import SimulatedDevice
 
         return SimulatedDevice(
             load_device_spec(kind),
@@ -280,7 +282,8 @@ def detect_backends(kind: str = "", options: DeviceOptions | None = None) -> lis
     """Which backends could open here, without changing anything or opening a device."""
     opts = options or DeviceOptions()
     out = []
-    from fl_client.devices.jetson import find_gpu_devfreq, find_power_rails
+    from fl_client.devices.jetson_power import find_power_rails
+    from fl_client.devices.jetson_sysfs import find_gpu_devfreq
 
     node = find_gpu_devfreq(opts.sysfs_root)
     if node is None:
@@ -293,7 +296,7 @@ def detect_backends(kind: str = "", options: DeviceOptions | None = None) -> lis
             )
         )
     try:
-        from fl_client.devices.nvml import gpu_count
+        from fl_client.devices.nvml_lib import gpu_count
 
         count = gpu_count()
         out.append(
@@ -316,7 +319,7 @@ def detect_backends(kind: str = "", options: DeviceOptions | None = None) -> lis
 
 def _simulated_status(kind: str) -> BackendStatus:
     try:
-        from fl_client.devices.simulated import DEVICE_KINDS
+        from fl_client.devices.descriptors import DEVICE_KINDS
     except ImportError as err:
         return BackendStatus("simulated", False, f"twin not available ({err})")
     if kind in DEVICE_KINDS:

@@ -22,14 +22,10 @@ from fl_client.devices import (
     locked,
     safety,
 )
-from fl_client.devices.nvml import (
-    NvmlDevice,
-    cuda_to_nvml_index,
-    gpu_count,
-    restore_saved_settings,
-)
+from fl_client.devices.nvml import NvmlDevice, restore_saved_settings
 from fl_client.devices.sampler import PowerMeasurement
 from tests.fl_client.devices.conftest import FakeGpu, make_fake_pynvml
+from tests.fl_client.devices.test_nvml_lib import UUIDS
 
 WORKLOAD = Workload("resnet18", (3, 32, 32), 1e9)
 
@@ -200,7 +196,6 @@ def test_bytes_name_and_bad_index(fake_pynvml: types.ModuleType, fake_gpu: FakeG
     assert NvmlDevice().info.kind == "tesla-v100-sxm2-16gb"
     with pytest.raises(DeviceUnavailableError, match="GPU 3 does not exist"):
         NvmlDevice(index=3)
-    assert gpu_count() == 1
 
 
 def test_missing_pynvml_is_unavailable_with_install_hint(no_pynvml: None):
@@ -329,51 +324,6 @@ def test_lock_whose_state_cannot_be_saved_is_undone(
     with pytest.raises(DeviceError, match="POWERFL_STATE_DIR"):
         dev.set_gpu_freq_mhz(1410.0)
     assert fake_gpu.locked is None and resets(fake_gpu) == 1
-
-
-# ----------------------------------------------------------------- CUDA_VISIBLE_DEVICES
-
-UUIDS = [
-    "GPU-aaaa1111-0000-0000-0000-000000000000",
-    "GPU-bbbb2222-0000-0000-0000-000000000000",
-    "GPU-bbbb3333-0000-0000-0000-000000000000",
-]
-
-
-@pytest.mark.parametrize(
-    ("index", "visible", "expected"),
-    [
-        (0, None, 0),
-        (2, None, 2),
-        (0, "2,0", 2),
-        (1, "2,0", 0),
-        (0, " 1 ", 1),
-        (0, "GPU-bbbb3333-0000-0000-0000-000000000000", 2),
-        (0, "GPU-bbbb2", 1),  # an abbreviated UUID, as CUDA allows
-        (1, "gpu-aaaa,2", 2),
-        (0, "1,-1,0", 1),  # CUDA stops at the first invalid entry
-    ],
-)
-def test_cuda_index_maps_to_nvml_index(index: int, visible: str | None, expected: int):
-    assert cuda_to_nvml_index(index, visible, UUIDS) == expected
-
-
-@pytest.mark.parametrize(
-    ("index", "visible", "message"),
-    [
-        (3, None, "GPU 3 does not exist; this machine has 3"),
-        (0, "", r"CUDA_VISIBLE_DEVICES='' makes 0 GPU\(s\) visible, so there is no cuda:0"),
-        (1, "1,-1,0", "makes 1 GPU"),
-        (0, "7", r"entry '7': this machine has 3 GPU\(s\)"),
-        (0, "GPU-bbbb", "matches 2 GPUs"),
-        (0, "GPU-ffff", "matches no GPU; GPUs here: GPU-aaaa1111"),
-        (0, "MIG-0c7b4a35-8f1e-5bd9-a8c6-0e5d3a0f2b11", "MIG instance"),
-        (-1, None, "must be ≥ 0"),
-    ],
-)
-def test_bad_cuda_visible_devices_name_the_setting(index: int, visible: str | None, message: str):
-    with pytest.raises(DeviceUnavailableError, match=message):
-        cuda_to_nvml_index(index, visible, UUIDS)
 
 
 def test_device_follows_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch, not_root: None):
