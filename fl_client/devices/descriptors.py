@@ -357,13 +357,8 @@ def _positive_float(value: Any, allow_inf: bool = False) -> float | None:
     return x
 
 
-def parse_device_spec(data: Mapping[str, Any], where: str, kind: str | None = None) -> DeviceSpec:
-    """Validate a parsed descriptor (``where`` names it in errors) and build the spec."""
-    top = _Reader(data, where)
-    spec_kind = top.text("kind")
-    if kind is not None and spec_kind != kind:
-        raise top.error("kind", f"{spec_kind!r} does not match the file name ({kind!r})")
-
+def _freqs_mhz(top: _Reader) -> tuple[float, ...]:
+    """``gpu-freqs-mhz``: numbers > 0, strictly ascending."""
     raw_freqs = top.raw("gpu-freqs-mhz")
     freqs = [_positive_float(f) for f in raw_freqs] if isinstance(raw_freqs, list) else []
     if not freqs or any(f is None for f in freqs):
@@ -371,13 +366,22 @@ def parse_device_spec(data: Mapping[str, Any], where: str, kind: str | None = No
     freqs_mhz = tuple(float(f) for f in freqs if f is not None)
     if any(b <= a for a, b in itertools.pairwise(freqs_mhz)):
         raise top.error("gpu-freqs-mhz", "must be strictly ascending")
+    return freqs_mhz
 
+
+def _budgets_w(top: _Reader) -> tuple[tuple[str, float], ...]:
+    """``[nvpmodel-budgets-w]``: each power mode's budget in W."""
     budgets_reader = top.table("nvpmodel-budgets-w")
     budgets = []
     for name in budgets_reader.data:
         budgets.append((name, budgets_reader.number(name)))
     budgets_reader.finish()
+    return tuple(budgets)
 
+
+def _b1_bands(top: _Reader, freqs_mhz: tuple[float, ...]) -> tuple[B1Band, ...]:
+    """``[[b1-freq-caps]]``: bands ascending in cap and frequency, each frequency in the
+    table, the last one the no-cap band."""
     raw_bands = top.raw("b1-freq-caps")
     if not isinstance(raw_bands, list) or not raw_bands:
         raise top.error("b1-freq-caps", "expected one or more [[b1-freq-caps]] tables")
@@ -385,7 +389,7 @@ def parse_device_spec(data: Mapping[str, Any], where: str, kind: str | None = No
     for i, item in enumerate(raw_bands):
         if not isinstance(item, dict):
             raise top.error("b1-freq-caps", f"entry #{i + 1}: expected a table, got {item!r}")
-        band = _Reader(item, where, f"b1-freq-caps[{i}]")
+        band = _Reader(item, top.where, f"b1-freq-caps[{i}]")
         low = _positive_float(band.raw("min-p-max-w"), allow_inf=True)
         if low is None:
             raise band.error("min-p-max-w", f"expected W > 0 or inf, got {item['min-p-max-w']!r}")
@@ -401,15 +405,30 @@ def parse_device_spec(data: Mapping[str, Any], where: str, kind: str | None = No
         raise top.error("b1-freq-caps", "bands must ascend in min-p-max-w and freq-mhz")
     if not math.isinf(bands[-1].min_p_max_w):
         raise top.error("b1-freq-caps", "the last band must be the no-cap band (min-p-max-w = inf)")
+    return tuple(bands)
 
+
+def _caps_w(top: _Reader) -> tuple[float, ...]:
+    """``suggested-caps-w``: W > 0 or inf, sorted."""
     raw_caps = top.raw("suggested-caps-w")
     caps = (
         [_positive_float(c, allow_inf=True) for c in raw_caps] if isinstance(raw_caps, list) else []
     )
     if not caps or any(c is None for c in caps):
         raise top.error("suggested-caps-w", f"expected a list of W > 0 or inf, got {raw_caps!r}")
-    caps_w = tuple(sorted(float(c) for c in caps if c is not None))
+    return tuple(sorted(float(c) for c in caps if c is not None))
 
+
+def parse_device_spec(data: Mapping[str, Any], where: str, kind: str | None = None) -> DeviceSpec:
+    """Validate a parsed descriptor (``where`` names it in errors) and build the spec."""
+    top = _Reader(data, where)
+    spec_kind = top.text("kind")
+    if kind is not None and spec_kind != kind:
+        raise top.error("kind", f"{spec_kind!r} does not match the file name ({kind!r})")
+    freqs_mhz = _freqs_mhz(top)
+    budgets_w = _budgets_w(top)
+    bands = _b1_bands(top, freqs_mhz)
+    caps_w = _caps_w(top)
     power = top.table("power")
     time = top.table("time")
     par = top.table("parallelism")
@@ -420,8 +439,8 @@ def parse_device_spec(data: Mapping[str, Any], where: str, kind: str | None = No
         gpu_freqs_mhz=freqs_mhz,
         memory_bytes=top.integer("memory-bytes"),
         power_rail=top.text("power-rail"),
-        nvpmodel_budgets_w=tuple(budgets),
-        b1_freq_caps=tuple(bands),
+        nvpmodel_budgets_w=budgets_w,
+        b1_freq_caps=bands,
         suggested_caps_w=caps_w,
         idle_power_w=power.number("idle-w"),
         base_power_w=power.number("training-base-w", open_low=False),

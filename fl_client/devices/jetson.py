@@ -24,7 +24,6 @@ from fl_client.devices.base import (
     level_below,
 )
 from fl_client.devices.descriptors import descriptor_b1_bands, descriptor_board_sensor
-from fl_client.devices.guard import DEFAULT_CAP_WINDOW_S
 from fl_client.devices.jetson_power import JTOP_MIN_INTERVAL_S, JtopPowerReader, open_power_reader
 from fl_client.devices.jetson_sysfs import (
     GPU_OF_NODE_NAMES,
@@ -39,7 +38,7 @@ from fl_client.devices.jetson_sysfs import (
     sysfs_root,
     write_sysfs,
 )
-from fl_client.devices.sampler import DEFAULT_SAMPLE_RATE_HZ, SampledDevice
+from fl_client.devices.sampler import SampledDevice, SampledOptions
 from fl_client.devices.sensors import SensorSpec, ina3221_sensor, jtop_sensor
 
 log = logging.getLogger(__name__)
@@ -106,28 +105,33 @@ def _no_gpu_message(paths: SysfsRoot) -> str:
 
 
 class JetsonDevice(SampledDevice):
-    """A Jetson GPU: devfreq frequency lock, INA3221 (or jtop) power, wall clock."""
+    """A Jetson GPU: devfreq frequency lock, INA3221 (or jtop) power, wall clock.
+
+    ``root``: the folder holding ``sys/`` and ``proc/``, or the sysfs mount;
+    ``power_source`` and ``power_rails``: where board power is read and which rails are
+    summed (``open_power_reader``); ``sampled``: the sampling rate, the cap guard's window
+    and the state folder; ``writer``: writes one sysfs attribute (tests pass a fake).
+    """
 
     def __init__(
         self,
         kind: str = "",
         *,
         root: str | os.PathLike[str] = "/",
-        state_dir: str | os.PathLike[str] | None = None,
         power_source: str = "auto",
         power_rails: Sequence[str] | None = None,
-        sample_rate_hz: float = DEFAULT_SAMPLE_RATE_HZ,
-        cap_window_s: float = DEFAULT_CAP_WINDOW_S,
+        sampled: SampledOptions | None = None,
         writer: Writer = write_sysfs,
     ) -> None:
+        sampled = sampled or SampledOptions()
         self.root = Path(root)
         self.paths = sysfs_root(root)
         node = find_gpu_devfreq(self.root)
         if node is None:
             raise DeviceUnavailableError(_no_gpu_message(self.paths))
         self._gpu = DevfreqGpu(node, writer=writer)
-        self._record = safety.GpuStateRecord(state_dir, BACKEND, os.path.realpath(node))
-        self._init_sampling(sample_rate_hz, cap_window_s)
+        self._record = safety.GpuStateRecord(sampled.state_dir, BACKEND, os.path.realpath(node))
+        self._init_sampling(sampled)
         self._locked_hz: int | None = None
         self._original = self._take_over_leftover() or self._gpu.read_settings()
         self._freqs_hz = self._gpu.available_freqs_hz()

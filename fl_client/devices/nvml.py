@@ -41,6 +41,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -57,7 +58,6 @@ from fl_client.devices.base import (
     check_knob_setting,
     level_below,
 )
-from fl_client.devices.guard import DEFAULT_CAP_WINDOW_S
 from fl_client.devices.nvml_lib import (
     CUDA_VISIBLE_ENV,
     NO_PERMISSION,
@@ -71,7 +71,7 @@ from fl_client.devices.nvml_lib import (
     nvml_text,
     put_back,
 )
-from fl_client.devices.sampler import DEFAULT_SAMPLE_RATE_HZ, SampledDevice, SensorReadError
+from fl_client.devices.sampler import SampledDevice, SampledOptions, SensorReadError
 from fl_client.devices.sensors import nvml_sensor
 
 log = logging.getLogger(__name__)
@@ -112,17 +112,31 @@ class _NoInstantPowerError(Exception):
     """The GPU (or driver, or pynvml) does not report instantaneous power."""
 
 
+@dataclass(frozen=True)
+class NvmlControl:
+    """What the nvml backend may change on the GPU, and how.
+
+    ``lock_clocks``: None changes the GPU's settings when running as root (else
+    measure-only), False is always measure-only (never touches the clocks or the power
+    limit), True requires root and fails without it. ``knob``: ``frequency`` (locked
+    clocks), ``power-limit`` (power limits from the GPU's range in steps of
+    ``power_limit_step_w``; needs root) or ``auto`` (locked clocks where the GPU lists its
+    clocks, else power limits, when root).
+    """
+
+    lock_clocks: bool | None = None
+    knob: str = GPU_FREQ_MHZ.setting
+    power_limit_step_w: float = DEFAULT_POWER_LIMIT_STEP_W
+
+
 class NvmlDevice(SampledDevice):
     """One NVIDIA GPU through NVML: locked clocks or power limits when permitted, else
     measure-only.
 
     ``index`` is the CUDA device index in this process (mapped through
-    ``CUDA_VISIBLE_DEVICES``). ``lock_clocks``: None changes the GPU's settings when running
-    as root (else measure-only), False is always measure-only (never touches the clocks or
-    the power limit), True requires root and fails without it. ``knob``: ``frequency``
-    (locked clocks), ``power-limit`` (power limits from the GPU's range in steps of
-    ``power_limit_step_w``; needs root) or ``auto`` (locked clocks where the GPU lists its
-    clocks, else power limits, when root).
+    ``CUDA_VISIBLE_DEVICES``); ``control``: what may be changed on the GPU (``NvmlControl``);
+    ``sampled``: the sampling rate, the cap guard's window and the state folder; ``nvml``:
+    the ``pynvml`` module (tests pass a fake).
     """
 
     def __init__(
@@ -130,17 +144,14 @@ class NvmlDevice(SampledDevice):
         kind: str = "",
         *,
         index: int = 0,
-        lock_clocks: bool | None = None,
-        state_dir: str | os.PathLike[str] | None = None,
-        sample_rate_hz: float = DEFAULT_SAMPLE_RATE_HZ,
-        cap_window_s: float = DEFAULT_CAP_WINDOW_S,
+        control: NvmlControl | None = None,
+        sampled: SampledOptions | None = None,
         nvml: ModuleType | None = None,
-        knob: str = GPU_FREQ_MHZ.setting,
-        power_limit_step_w: float = DEFAULT_POWER_LIMIT_STEP_W,
     ) -> None:
-        knob = check_knob_setting(knob)
+        control, sampled = control or NvmlControl(), sampled or SampledOptions()
+        knob = check_knob_setting(control.knob)
         if knob != GPU_FREQ_MHZ.setting:
-            power_limit_grid_w(1.0, 1.0, power_limit_step_w)  # the step, checked before NVML
+            power_limit_grid_w(1.0, 1.0, control.power_limit_step_w)  # checked before NVML
         self._nvml = nv = nvml if nvml is not None else import_pynvml()
         try:
             nv.nvmlInit()
@@ -160,16 +171,16 @@ class NvmlDevice(SampledDevice):
             self._probed = False
             self.power_reading = self._probe_power_reading()
             self._probed = True
-            self._init_sampling(sample_rate_hz, cap_window_s)
+            self._init_sampling(sampled)
             self._locked_mhz: float | None = None  # the knob's value set now (MHz or W)
             self._original_limit_mw: int | None = None
             self.power_limit_range_w = self._read_power_limit_range_w()
-            self._record = safety.GpuStateRecord(state_dir, BACKEND, self.uuid)
-            self.measure_only, self._knob = self._decide_mode(lock_clocks, knob)
+            self._record = safety.GpuStateRecord(sampled.state_dir, BACKEND, self.uuid)
+            self.measure_only, self._knob = self._decide_mode(control.lock_clocks, knob)
             self._handle_leftover()
             if self._knob is GPU_POWER_LIMIT_W:
                 assert self.power_limit_range_w is not None  # _decide_mode checked it
-                freqs = power_limit_grid_w(*self.power_limit_range_w, power_limit_step_w)
+                freqs = power_limit_grid_w(*self.power_limit_range_w, control.power_limit_step_w)
             elif self.measure_only:
                 freqs = (self._unlocked_label_mhz(),)
             else:

@@ -16,6 +16,7 @@ import bisect
 import itertools
 import logging
 import math
+import os
 import sys
 import threading
 import time
@@ -29,7 +30,12 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from fl_client.devices.base import Measurement, Workload
-from fl_client.devices.guard import CapGuard, CapGuarded, with_guard_figures
+from fl_client.devices.guard import (
+    DEFAULT_CAP_WINDOW_S,
+    CapGuard,
+    CapGuarded,
+    with_guard_figures,
+)
 
 if TYPE_CHECKING:
     from fl_client.devices.safety import GpuStateRecord
@@ -73,6 +79,33 @@ class SensorReadError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class SensorReaders:
+    """What the sampler thread reads: power (W) with every sample, the device's energy
+    counter (J; None: it has none) with every sample too, and the GPU clock (MHz; None: not
+    read) with every ``clock_every``-th. ``clock_step_mhz`` is the smallest step of the
+    device's clock table (0: unknown): a window whose sampled clock moves by more is flagged
+    (``PowerMeasurement.clock_moved``)."""
+
+    read_power_w: PowerReader
+    read_energy_j: Callable[[], float] | None = None
+    read_clock_mhz: Callable[[], float] | None = None
+    clock_every: int = 4
+    clock_step_mhz: float = 0.0
+
+
+@dataclass(frozen=True)
+class SampledOptions:
+    """What every sampled hardware backend (jetson, nvml) takes alike: power samples per
+    second, how long sampled power may stay above P_max before the cap guard steps the GPU
+    down (``cap_window_s``), and where the state file of the GPU settings it changes is kept
+    (None: ``$POWERFL_STATE_DIR``, else ``~/.cache/powerfl/state``)."""
+
+    state_dir: str | os.PathLike[str] | None = None
+    sample_rate_hz: float = DEFAULT_SAMPLE_RATE_HZ
+    cap_window_s: float = DEFAULT_CAP_WINDOW_S
+
+
+@dataclass(frozen=True)
 class SampleSeries:
     """What the sampler read, in time order: power (W) at every sample, the energy counter
     (J, NaN without one) and the clock (MHz, NaN where not read) at the samples that read
@@ -85,10 +118,11 @@ class SampleSeries:
 
 
 class PowerSampler:
-    """Samples ``read_power_w`` at ``rate_hz`` in a daemon thread, keeping (time, power) pairs.
+    """Samples ``readers.read_power_w`` at ``rate_hz`` in a daemon thread, keeping (time,
+    power) pairs.
 
-    ``read_energy_j`` (a device's energy counter) is read with every sample and
-    ``read_clock_mhz`` with every ``clock_every``-th, both in the same thread, so the
+    ``readers.read_energy_j`` (a device's energy counter) is read with every sample and
+    ``readers.read_clock_mhz`` with every ``clock_every``-th, both in the same thread, so the
     training thread never reads a sensor. ``clock`` and the readers are injectable so tests
     run on a synthetic trace; ``on_sample(t_s, power_w)`` (e.g. the cap guard) is called
     after each sample. A failed read is counted (``read_errors``), the first failure's
@@ -97,20 +131,18 @@ class PowerSampler:
 
     def __init__(
         self,
-        read_power_w: PowerReader,
+        readers: SensorReaders,
         *,
         rate_hz: float = DEFAULT_SAMPLE_RATE_HZ,
         clock: Clock = time.monotonic,
         on_sample: Callable[[float, float], None] | None = None,
-        read_energy_j: Callable[[], float] | None = None,
-        read_clock_mhz: Callable[[], float] | None = None,
-        clock_every: int = 4,
     ) -> None:
         self.rate_hz = validate_rate_hz(rate_hz)
-        self._read = read_power_w
-        self._read_energy = read_energy_j
-        self._read_clock = read_clock_mhz
-        self._clock_every = max(int(clock_every), 1)
+        self.readers = readers
+        self._read = readers.read_power_w
+        self._read_energy = readers.read_energy_j
+        self._read_clock = readers.read_clock_mhz
+        self._clock_every = max(int(readers.clock_every), 1)
         self._clock = clock
         self._on_sample = on_sample
         self._lock = threading.Lock()
@@ -418,12 +450,11 @@ class SampledMeter:
         power_rail: str,
         guard: CapGuard | None = None,
         synchronize: Callable[[], None] = cuda_synchronize,
-        clock_step_mhz: float = 0.0,
     ) -> None:
         self._sampler = sampler
         self._guard = guard
         self._sync = synchronize
-        self._clock_step_mhz = clock_step_mhz
+        self._clock_step_mhz = sampler.readers.clock_step_mhz
         self._rail = power_rail
         self._steps = 0
         self._samples = 0
@@ -510,36 +541,21 @@ class SampledMeter:
 
 @contextmanager
 def sampled_measurement(
-    read_power_w: PowerReader,
+    readers: SensorReaders,
     *,
     power_rail: str,
     rate_hz: float = DEFAULT_SAMPLE_RATE_HZ,
     clock: Clock = time.monotonic,
     guard: CapGuard | None = None,
-    energy_counter_j: Callable[[], float] | None = None,
-    read_clock_mhz: Callable[[], float] | None = None,
-    clock_step_mhz: float = 0.0,
     synchronize: Callable[[], None] = cuda_synchronize,
 ) -> Iterator[SampledMeter]:
-    """A running sampler and the Meter of one window on top of it (``SampledMeter``); the
-    window closes and the thread stops on the way out."""
-    sampler = PowerSampler(
-        read_power_w,
-        rate_hz=rate_hz,
-        clock=clock,
-        on_sample=guard.update if guard is not None else None,
-        read_energy_j=energy_counter_j,
-        read_clock_mhz=read_clock_mhz,
-    )
+    """A running sampler of ``readers`` and the Meter of one window on top of it
+    (``SampledMeter``); the window closes and the thread stops on the way out."""
+    on_sample = guard.update if guard is not None else None
+    sampler = PowerSampler(readers, rate_hz=rate_hz, clock=clock, on_sample=on_sample)
     sampler.start()
     try:
-        meter = SampledMeter(
-            sampler,
-            power_rail=power_rail,
-            guard=guard,
-            synchronize=synchronize,
-            clock_step_mhz=clock_step_mhz,
-        )
+        meter = SampledMeter(sampler, power_rail=power_rail, guard=guard, synchronize=synchronize)
     except BaseException:
         sampler.stop()
         raise
@@ -563,11 +579,11 @@ class SampledDevice(CapGuarded):
     sample_rate_hz: float = DEFAULT_SAMPLE_RATE_HZ
     _record: GpuStateRecord  # the GPU settings found at open, saved while they are changed
 
-    def _init_sampling(self, sample_rate_hz: float, cap_window_s: float) -> None:
+    def _init_sampling(self, options: SampledOptions) -> None:
         """Set the sampling rate (validated) and the cap guard's window; a lock for the
         GPU settings (the cap guard changes them from the sampler thread)."""
-        self.sample_rate_hz = validate_rate_hz(sample_rate_hz)
-        self.cap_window_s = cap_window_s
+        self.sample_rate_hz = validate_rate_hz(options.sample_rate_hz)
+        self.cap_window_s = options.cap_window_s
         self._lock = threading.RLock()
 
     @property
@@ -614,15 +630,18 @@ class SampledDevice(CapGuarded):
     @contextmanager
     def measure(self, workload: Workload) -> Iterator[SampledMeter]:
         """Time and power of the steps run through the meter (wall clock, sampled power)."""
-        with sampled_measurement(
+        readers = SensorReaders(
             self.read_power_w,
+            read_energy_j=self.energy_counter_j(),
+            read_clock_mhz=self.current_gpu_freq_mhz,
+            clock_step_mhz=self.clock_step_mhz,
+        )
+        with sampled_measurement(
+            readers,
             power_rail=self._info.power_rail,
             rate_hz=self.sample_rate_hz,
             clock=self.now_s,
             guard=self._new_guard(),
-            energy_counter_j=self.energy_counter_j(),
-            read_clock_mhz=self.current_gpu_freq_mhz,
-            clock_step_mhz=self.clock_step_mhz,
         ) as meter:
             yield meter
 

@@ -28,7 +28,7 @@ from fl_client.devices import (
 )
 from fl_client.devices.jetson import JetsonDevice
 from fl_client.devices.jetson_sysfs import find_gpu_devfreq, write_sysfs
-from fl_client.devices.sampler import PowerMeasurement
+from fl_client.devices.sampler import PowerMeasurement, SampledOptions
 from tests.fl_client.devices.fakes_sysfs import BOARDS, FakeJetson, build_tree
 
 # The tables as published for each board (MHz), independent of the fake's own encoding.
@@ -51,13 +51,21 @@ def board(request: pytest.FixtureRequest, tmp_path: Path) -> FakeJetson:
     return build_tree(tmp_path / "root", request.param)
 
 
-def open_jetson(fake: FakeJetson, state_dir: Path, **kwargs: object) -> JetsonDevice:
-    return JetsonDevice(fake.board.kind, root=fake.root, state_dir=state_dir, **kwargs)  # type: ignore[arg-type]
+def open_jetson(
+    fake: FakeJetson,
+    state_dir: Path,
+    *,
+    sample_rate_hz: float = SampledOptions.sample_rate_hz,
+    cap_window_s: float = SampledOptions.cap_window_s,
+    **kwargs: object,
+) -> JetsonDevice:
+    sampled = SampledOptions(state_dir, sample_rate_hz, cap_window_s)
+    return JetsonDevice(fake.board.kind, root=fake.root, sampled=sampled, **kwargs)  # type: ignore[arg-type]
 
 
 def test_discovers_gpu_node_table_rail_kind_and_memory(board: FakeJetson, state_dir: Path):
     assert find_gpu_devfreq(board.root) == board.class_node
-    dev = JetsonDevice("", root=board.root, state_dir=state_dir)
+    dev = JetsonDevice("", root=board.root, sampled=SampledOptions(state_dir=state_dir))
     assert dev.devfreq_node.name == board.board.devfreq_name
     assert list(dev.gpu_freqs_mhz) == EXPECTED_MHZ[board.board.key]
     assert dev.info.backend == "jetson"
@@ -231,7 +239,7 @@ def test_power_rails_can_be_chosen(tmp_path: Path, state_dir: Path):
 def test_not_a_jetson_is_unavailable(tmp_path: Path, state_dir: Path):
     (tmp_path / "sys" / "class" / "devfreq").mkdir(parents=True)
     with pytest.raises(DeviceUnavailableError, match="no GPU devfreq node"):
-        JetsonDevice("", root=tmp_path, state_dir=state_dir)
+        JetsonDevice("", root=tmp_path, sampled=SampledOptions(state_dir=state_dir))
 
 
 def test_known_node_name_found_without_of_node(tmp_path: Path, state_dir: Path):
@@ -403,7 +411,7 @@ def test_sysfs_root_may_be_the_sysfs_mount_itself(tmp_path: Path, state_dir: Pat
     assert jetson_sysfs.sysfs_root(mount).proc == fake.root / "proc"
     assert jetson_sysfs.sysfs_root(fake.root).sys == mount
     assert find_gpu_devfreq(mount) == fake.class_node
-    dev = JetsonDevice("", root=mount, state_dir=state_dir)
+    dev = JetsonDevice("", root=mount, sampled=SampledOptions(state_dir=state_dir))
     assert dev.info.kind == "jetson-orin-nano"  # /proc found next to the mount
     assert dev.info.memory_bytes == fake.board.meminfo_kb * 1024
     assert dev.info.power_rail == "VDD_IN"
@@ -415,7 +423,7 @@ def test_sysfs_root_may_be_the_sysfs_mount_itself(tmp_path: Path, state_dir: Pat
 
 def test_wrong_sysfs_root_names_the_path_and_both_forms(tmp_path: Path, state_dir: Path):
     with pytest.raises(DeviceUnavailableError) as info:
-        JetsonDevice("", root=tmp_path / "nowhere", state_dir=state_dir)
+        JetsonDevice("", root=tmp_path / "nowhere", sampled=SampledOptions(state_dir=state_dir))
     msg = str(info.value)
     assert f"{tmp_path / 'nowhere' / 'sys' / 'class' / 'devfreq'} does not exist" in msg
     assert "sysfs mount itself" in msg and "sys/sys" not in msg
@@ -512,7 +520,11 @@ def test_board_without_descriptor_has_no_b1_bands(
     monkeypatch: pytest.MonkeyPatch,
 ):
     monkeypatch.setattr(base, "_NO_BANDS_LOGGED", set())
-    dev = JetsonDevice("", root=build_tree(tmp_path / "r", "tx2-jp4").root, state_dir=state_dir)
+    dev = JetsonDevice(
+        "",
+        root=build_tree(tmp_path / "r", "tx2-jp4").root,
+        sampled=SampledOptions(state_dir=state_dir),
+    )
     assert dev.info.kind == "jetson-tx2" and dev.info.b1_bands == ()
     assert dev.info.b1_freq_cap_mhz(5.0) == 1300.5
     assert dev.info.b1_freq_cap_mhz(math.inf) == 1300.5
@@ -534,7 +546,11 @@ def test_the_power_sensor_says_what_a_profiled_cell_needs(
     assert slow.info.sensor.min_window_s == pytest.approx(10.0)  # 10 samples at 1 Hz
     slow.close()
     # a board without a descriptor: the INA3221 defaults
-    tx2 = JetsonDevice("", root=build_tree(tmp_path / "r", "tx2-jp4").root, state_dir=state_dir)
+    tx2 = JetsonDevice(
+        "",
+        root=build_tree(tmp_path / "r", "tx2-jp4").root,
+        sampled=SampledOptions(state_dir=state_dir),
+    )
     assert tx2.info.sensor.name == "ina3221-sysfs" and tx2.info.sensor.min_window_s == 0.5
     tx2.close()
     # jtop: readings change once per the service's interval (its own, not the one asked for)

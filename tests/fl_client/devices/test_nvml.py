@@ -22,8 +22,8 @@ from fl_client.devices import (
     locked,
     safety,
 )
-from fl_client.devices.nvml import NvmlDevice, restore_saved_settings
-from fl_client.devices.sampler import PowerMeasurement
+from fl_client.devices.nvml import NvmlControl, NvmlDevice, restore_saved_settings
+from fl_client.devices.sampler import PowerMeasurement, SampledOptions
 from tests.fl_client.devices.conftest import FakeGpu, make_fake_pynvml
 from tests.fl_client.devices.test_nvml_lib import UUIDS
 
@@ -86,7 +86,7 @@ def test_not_root_is_measure_only(fake_pynvml: types.ModuleType, fake_gpu: FakeG
 def test_lock_clocks_false_never_touches_clocks_even_as_root(
     fake_pynvml: types.ModuleType, fake_gpu: FakeGpu, as_root: None
 ):
-    dev = NvmlDevice(lock_clocks=False)
+    dev = NvmlDevice(control=NvmlControl(lock_clocks=False))
     assert dev.measure_only and dev.gpu_freqs_mhz == (1980.0,)
     with locked(dev, 1980.0):
         pass
@@ -98,7 +98,7 @@ def test_lock_clocks_true_without_root_is_a_permission_error(
     fake_pynvml: types.ModuleType, not_root: None
 ):
     with pytest.raises(DevicePermissionError, match="needs root"):
-        NvmlDevice(lock_clocks=True)
+        NvmlDevice(control=NvmlControl(lock_clocks=True))
 
 
 def test_driver_refusing_the_lock_is_a_permission_error(
@@ -124,7 +124,7 @@ def test_gpu_without_clock_list_is_measure_only(
 def test_meter_uses_energy_counter_when_supported(
     fake_pynvml: types.ModuleType, fake_gpu: FakeGpu, not_root: None
 ):
-    dev = NvmlDevice(sample_rate_hz=100.0)
+    dev = NvmlDevice(sampled=SampledOptions(sample_rate_hz=100.0))
     assert dev.has_energy_counter
     before_mj = fake_gpu.energy_mj
     with dev.measure(WORKLOAD) as meter:
@@ -158,7 +158,7 @@ def test_meter_falls_back_to_sampled_energy(
 def test_cap_guard_steps_locked_clock_down(
     fake_pynvml: types.ModuleType, fake_gpu: FakeGpu, as_root: None
 ):
-    dev = NvmlDevice(cap_window_s=0.0, sample_rate_hz=100.0)
+    dev = NvmlDevice(sampled=SampledOptions(cap_window_s=0.0, sample_rate_hz=100.0))
     with locked(dev, 1980.0), dev.cap_guard(100.0), dev.measure(WORKLOAD) as meter:
         meter.step(8, lambda: time.sleep(0.03))
     m = meter.measurement
@@ -207,7 +207,7 @@ def test_missing_pynvml_is_unavailable_with_install_hint(no_pynvml: None):
 def test_real_gpu_measure_only():
     """On a machine with an NVIDIA GPU: read power and energy, never change clocks."""
     try:
-        dev = NvmlDevice(lock_clocks=False)
+        dev = NvmlDevice(control=NvmlControl(lock_clocks=False))
     except DeviceUnavailableError as err:
         pytest.skip(str(err))
     try:
@@ -240,7 +240,7 @@ def test_refused_lock_and_refused_reset_keep_the_permission_message(
     assert not list(state_dir.glob("nvml-*.json"))  # no state file left behind
     dev.close()
     # Later opens work, measure-only or not, and never touch the clocks.
-    NvmlDevice(lock_clocks=False).close()
+    NvmlDevice(control=NvmlControl(lock_clocks=False)).close()
     NvmlDevice().close()
     assert resets(fake_gpu) == 0
 
@@ -320,7 +320,7 @@ def test_lock_whose_state_cannot_be_saved_is_undone(
 ):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    dev = NvmlDevice(state_dir=blocker / "state")
+    dev = NvmlDevice(sampled=SampledOptions(state_dir=blocker / "state"))
     with pytest.raises(DeviceError, match="POWERFL_STATE_DIR"):
         dev.set_gpu_freq_mhz(1410.0)
     assert fake_gpu.locked is None and resets(fake_gpu) == 1
