@@ -15,13 +15,8 @@ from typing import Any, NoReturn
 
 from fl_client.argparse_once import OnceParser
 from fl_client.effective import check_effective
-from fl_client.settings import (
-    SettingsError,
-    check_partitioner_keys,
-    check_writable_dir,
-    key_values,
-    with_app_paths,
-)
+from fl_client.preflight import check_writable_dir
+from fl_client.settings import SettingsError, check_partitioner_keys, key_values, with_app_paths
 from simulations.run import (
     ENGINES,
     RunInterrupted,
@@ -32,7 +27,7 @@ from simulations.run import (
     simulate,
     stop_engine,
 )
-from simulations.runtime import RuntimeRunError
+from simulations.superlink import RuntimeRunError
 
 
 def package_version() -> str:

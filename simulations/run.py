@@ -26,17 +26,18 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from fl_client.files import check_run_records, claim_run_folder, release_run_folder
+from fl_client.preflight import check_before_start
 from fl_client.settings import (
     NodeSettings,
     RunSettings,
     SettingsError,
-    check_before_start,
     load_fleet,
     resolve_path,
     with_app_paths,
 )
 from simulations.processes import descendants, terminate
-from simulations.runtime import FLOWER_ENV, MIN_FLOWER, flower_version
+from simulations.runtime import MIN_FLOWER, flower_version
+from simulations.superlink import FLOWER_ENV
 
 if TYPE_CHECKING:
     from fl_client.partitions import SplitReport

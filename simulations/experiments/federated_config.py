@@ -33,6 +33,12 @@ SCENARIO_VARIANTS = {
     "varying-cap": ("fixed-at-minimum", "schedule"),
     "drift": ("off", "check"),
 }
+#: The title of each scenario's section and figure in the report.
+SCENARIO_TITLES = {
+    "balance-energy": "The round plan's energy mode: balance off vs energy",
+    "varying-cap": "Caps that change over time: schedule vs fixed at the schedule's minimum",
+    "drift": "LUT drift: drift check vs none",
+}
 #: The balance study's arms on each of its fleets (``balance``): B1, then power-aware with
 #: each ``balance`` mode (``off`` is the per-device rule, the reference of the paired ratios).
 BALANCE_ARMS = ("b1", *BALANCE_MODES)
