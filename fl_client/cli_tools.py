@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from fl_client.contract import Cap
 from fl_client.devices import BACKENDS, POWER_SOURCES, Device, DeviceError, DeviceOptions
@@ -36,6 +36,9 @@ from fl_client.devices.cli import add_devices_parser
 from fl_client.lut_text import cap_text, format_lut, format_selection
 from fl_client.selector import METHODS, Objective
 from fl_client.settings_table import MODEL_NAMES, RUN, Setting
+
+if TYPE_CHECKING:
+    from fl_client.profiler import ProfileOptions
 
 #: The nodes' LUT cache under the run setting ``cache-dir``'s default.
 DEFAULT_LUT_CACHE_DIR = f"{RUN['cache-dir'].default}/lut"
@@ -112,6 +115,33 @@ def add_profile_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="device kind, e.g. jetson-nano (needed by the simulated backend; hardware: "
         "detected when empty)",
     )
+    _add_device_option_args(p)
+    p.add_argument("--warmup-steps", type=int, default=1, help="discarded steps per cell")
+    p.add_argument("--steps", type=int, default=3, help="measured steps per cell")
+    p.add_argument(
+        "--cache-dir",
+        default=DEFAULT_LUT_CACHE_DIR,
+        help=f"LUT cache folder (default: {DEFAULT_LUT_CACHE_DIR})",
+    )
+    p.add_argument(
+        "--no-cache", action="store_true", help="profile again even if a cached LUT fits"
+    )
+    p.add_argument("--out", help="also write the LUT (JSON) to this file")
+    p.add_argument(
+        "--replay-out",
+        help="also write the measured cells as a replay table (.csv or .json, see "
+        "configs/replay/README.md)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="simulated: seed of the twin's noise")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--json", action="store_true", help="print the LUT as JSON")
+    p.set_defaults(func=cmd_profile)
+    return p
+
+
+def _add_device_option_args(p: argparse.ArgumentParser) -> None:
+    """``--backend`` and the backends' options of ``powerfl profile``, each the node_config
+    key of its name (``device_options`` reads them back)."""
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="default: auto")
     p.add_argument("--sysfs-root", help="jetson: root of the sysfs tree (default: /)")
     p.add_argument(
@@ -144,27 +174,6 @@ def add_profile_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="nvml with --knob power-limit: the grid's step in W from the GPU's highest "
         "limit down (default: 25)",
     )
-    p.add_argument("--warmup-steps", type=int, default=1, help="discarded steps per cell")
-    p.add_argument("--steps", type=int, default=3, help="measured steps per cell")
-    p.add_argument(
-        "--cache-dir",
-        default=DEFAULT_LUT_CACHE_DIR,
-        help=f"LUT cache folder (default: {DEFAULT_LUT_CACHE_DIR})",
-    )
-    p.add_argument(
-        "--no-cache", action="store_true", help="profile again even if a cached LUT fits"
-    )
-    p.add_argument("--out", help="also write the LUT (JSON) to this file")
-    p.add_argument(
-        "--replay-out",
-        help="also write the measured cells as a replay table (.csv or .json, see "
-        "configs/replay/README.md)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="simulated: seed of the twin's noise")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument("--json", action="store_true", help="print the LUT as JSON")
-    p.set_defaults(func=cmd_profile)
-    return p
 
 
 def device_options(args: argparse.Namespace) -> DeviceOptions:
@@ -334,35 +343,11 @@ def cmd_profile(
     out, err = out or sys.stdout, err or sys.stderr
     from fl_client.devices import open_device
     from fl_client.lut import LUTFormatError
-    from fl_client.preflight import check_writable_dir, check_writable_file
-    from fl_client.profiler import ProfileOptions, load_or_profile, profile
-    from fl_client.settings import SettingsError, parse_batch_sizes
+    from fl_client.profiler import load_or_profile, profile
+    from fl_client.settings import SettingsError
 
     try:
-        if args.model not in MODEL_NAMES:
-            raise ValueError(
-                f"model: unknown model {args.model!r}; allowed: {', '.join(MODEL_NAMES)}"
-            )
-        batch_sizes = parse_batch_sizes(args.batch_sizes)
-        cap = Cap.parse(args.p_max_w)
-        cap_margin = setting_option(args, "cap-margin") if cap.capped else 0.0
-        peak_sigma_k = setting_option(args, "peak-sigma-k")
-        profile_options = ProfileOptions(
-            p_max_w=cap.to_record(),
-            cap_margin=cap_margin,
-            warmup_steps=args.warmup_steps,
-            steps=args.steps,
-            progress=not args.quiet,
-            progress_stream=err,
-            peak_sigma_k=peak_sigma_k,
-        )
-        options = device_options(args)
-        if args.replay_out and Path(args.replay_out).suffix.lower() not in (".csv", ".json"):
-            raise ValueError(f"replay-out: must end in .csv or .json, got {args.replay_out!r}")
-        for key, given in (("--out", args.out), ("--replay-out", args.replay_out)):
-            if given:  # checked before profiling, whose result they would hold
-                check_writable_file(given, key)
-        check_writable_dir(args.cache_dir, "--cache-dir")
+        batch_sizes, profile_options, options, peak_sigma_k = _profile_inputs(args, err)
     except (SettingsError, ValueError) as e:
         _error("profile", e, err)
         return 2
@@ -406,16 +391,7 @@ def cmd_profile(
         _error("profile", f"cannot write {e.filename or 'the output'}: {e.strerror or e}", err)
         return 2
     check = energy_check(recorder.measurements)
-    if args.json:
-        print(lut.to_json(), file=out)
-    else:
-        print(format_lut(lut, peak_sigma_k=peak_sigma_k), file=out)
-        print("", file=out)
-        print(f"power rail: {info.power_rail}", file=out)
-        print(f"power sensor: {info.sensor.label} ({info.sensor.source})", file=out)
-        if info.board_sensor is not None:
-            board = info.board_sensor
-            print(f"real board's power sensor: {board.label} ({board.source})", file=out)
+    _print_lut(args, lut, info, peak_sigma_k, out)
     where = "from the cache" if from_cache else "profiled"
     print(f"LUT ({where}) written to: {', '.join(written)}", file=err if args.json else out)
     if check is not None:
@@ -426,6 +402,57 @@ def cmd_profile(
             file=err if args.json else out,
         )
     return 0
+
+
+def _profile_inputs(
+    args: argparse.Namespace, err: TextIO
+) -> tuple[list[int], ProfileOptions, DeviceOptions, float]:
+    """``powerfl profile``'s batch sizes, profile options, device options and
+    ``peak-sigma-k``, each checked before any device opens: a SettingsError or ValueError
+    naming the key; the files it would write are checked writable too."""
+    from fl_client.preflight import check_writable_dir, check_writable_file
+    from fl_client.profiler import ProfileOptions
+    from fl_client.settings import parse_batch_sizes
+
+    if args.model not in MODEL_NAMES:
+        raise ValueError(f"model: unknown model {args.model!r}; allowed: {', '.join(MODEL_NAMES)}")
+    batch_sizes = parse_batch_sizes(args.batch_sizes)
+    cap = Cap.parse(args.p_max_w)
+    cap_margin = setting_option(args, "cap-margin") if cap.capped else 0.0
+    peak_sigma_k = setting_option(args, "peak-sigma-k")
+    profile_options = ProfileOptions(
+        p_max_w=cap.to_record(),
+        cap_margin=cap_margin,
+        warmup_steps=args.warmup_steps,
+        steps=args.steps,
+        progress=not args.quiet,
+        progress_stream=err,
+        peak_sigma_k=peak_sigma_k,
+    )
+    options = device_options(args)
+    if args.replay_out and Path(args.replay_out).suffix.lower() not in (".csv", ".json"):
+        raise ValueError(f"replay-out: must end in .csv or .json, got {args.replay_out!r}")
+    for key, given in (("--out", args.out), ("--replay-out", args.replay_out)):
+        if given:  # checked before profiling, whose result they would hold
+            check_writable_file(given, key)
+    check_writable_dir(args.cache_dir, "--cache-dir")
+    return batch_sizes, profile_options, options, peak_sigma_k
+
+
+def _print_lut(
+    args: argparse.Namespace, lut: Any, info: DeviceInfo, peak_sigma_k: float, out: TextIO
+) -> None:
+    """The profiled LUT: as JSON (``--json``), else its tables and the power sensors."""
+    if args.json:
+        print(lut.to_json(), file=out)
+        return
+    print(format_lut(lut, peak_sigma_k=peak_sigma_k), file=out)
+    print("", file=out)
+    print(f"power rail: {info.power_rail}", file=out)
+    print(f"power sensor: {info.sensor.label} ({info.sensor.source})", file=out)
+    if info.board_sensor is not None:
+        board = info.board_sensor
+        print(f"real board's power sensor: {board.label} ({board.source})", file=out)
 
 
 # ------------------------------------------------------------------------------ select

@@ -233,15 +233,12 @@ def _simulate_in_runtime(
 ) -> dict[str, Any]:
     """Flower's Simulation Runtime (``run_in_runtime``): its own SuperLink, ``flwr run``,
     the run's log relayed here; it stops everything it started, also when interrupted."""
-    from simulations.runtime import run_in_runtime
+    from simulations.runtime import RuntimeOptions, run_in_runtime
 
-    result = run_in_runtime(
-        overrides,
-        num_nodes=len(fleet),
-        resources=resources,
-        ray_address=ray_address,
-        backend=backend,
+    options = RuntimeOptions(
+        num_nodes=len(fleet), resources=resources, ray_address=ray_address, backend=backend
     )
+    result = run_in_runtime(overrides, options)
     return result.summary
 
 

@@ -271,16 +271,16 @@ class RuntimeOptions:
 
 
 def run_in_runtime(
-    overrides: Mapping[str, Any], options: RuntimeOptions | None = None, **kwargs: Any
+    overrides: Mapping[str, Any], options: RuntimeOptions | None = None
 ) -> RuntimeResult:
     """Run one simulation of the app with these run settings through Flower's Simulation
-    Runtime; return its summary (see the module's docstring for the steps). ``options`` (or
-    its fields as keyword arguments): ``RuntimeOptions``.
+    Runtime; return its summary (see the module's docstring for the steps). ``options``:
+    how it runs (``RuntimeOptions``; default: its defaults).
 
     Raises ``SettingsError`` for a setting that cannot go to Flower, ``RuntimeRunError``
     when the run did not complete (its status and log tail in the message).
     """
-    opts = options if options is not None else RuntimeOptions(**kwargs)
+    opts = options if options is not None else RuntimeOptions()
     t0 = time.perf_counter()
     check_flower()
     config = with_app_paths(overrides)

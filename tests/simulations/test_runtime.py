@@ -34,6 +34,7 @@ from simulations import runtime
 from simulations.processes import process_tree
 from simulations.runtime import (
     NodeResources,
+    RuntimeOptions,
     federation_config,
     federation_config_arg,
     run_in_runtime,
@@ -160,7 +161,7 @@ def test_an_old_flower_is_refused_before_anything_starts(tmp_path: Path) -> None
         mp.setattr(runtime.importlib.metadata, "version", lambda name: "1.30.0")
         assert runtime.flower_version() == (1, 30, 0)
         with pytest.raises(SettingsError, match=r"flwr 1\.30\.0: the Simulation Runtime"):
-            run_in_runtime({"output-dir": str(tmp_path / "runs")}, workdir=tmp_path)
+            run_in_runtime({"output-dir": str(tmp_path / "runs")}, RuntimeOptions(workdir=tmp_path))
     assert not list(tmp_path.iterdir())
 
 
@@ -197,7 +198,7 @@ def test_a_run_through_the_runtime_returns_its_own_summary(tmp_path: Path, cache
     before = _own_processes()
     out = io.StringIO()
     res = run_in_runtime(
-        _settings(tmp_path, cache_dir, 2), timeout_s=300, out=out, workdir=tmp_path
+        _settings(tmp_path, cache_dir, 2), RuntimeOptions(timeout_s=300, out=out, workdir=tmp_path)
     )
     assert res.status == "finished:completed" and res.run_id > 0
     assert res.summary["rounds"] == 1
@@ -234,8 +235,8 @@ def test_a_failed_run_is_an_error_with_the_logs_tail(tmp_path: Path) -> None:
     before = _own_processes()
     failing = {"proxy-target-accuracy": 0.99, "r-max-samples": 256, "r-eval-every-samples": 128}
     with pytest.raises(RuntimeRunError) as info:
-        run_in_runtime(_settings(tmp_path, tmp_path / "cache", 2, **failing), timeout_s=300,
-                       echo=False, workdir=tmp_path)  # fmt: skip
+        run_in_runtime(_settings(tmp_path, tmp_path / "cache", 2, **failing),
+                       RuntimeOptions(timeout_s=300, echo=False, workdir=tmp_path))  # fmt: skip
     err = info.value
     assert err.status == "finished:failed", str(err)
     assert "reached proxy-target-accuracy 0.99" in str(err)  # Flower's details
@@ -251,7 +252,7 @@ def test_a_run_past_its_deadline_is_stopped(tmp_path: Path) -> None:
     t0 = time.monotonic()
     with pytest.raises(RuntimeRunError) as info:
         run_in_runtime(_settings(tmp_path, tmp_path / "cache", 2, **{"num-rounds": 50}),
-                       timeout_s=15, echo=False, workdir=tmp_path)  # fmt: skip
+                       RuntimeOptions(timeout_s=15, echo=False, workdir=tmp_path))  # fmt: skip
     assert info.value.status == "timeout"
     assert "did not finish within 15 s" in str(info.value)
     assert time.monotonic() - t0 < 15 + 60
@@ -291,7 +292,7 @@ def test_a_superlink_that_dies_mid_run_leaves_nothing_behind(tmp_path: Path) -> 
         mp.setattr(LocalSuperLink, "start", start)
         with pytest.raises(RuntimeRunError) as info:
             run_in_runtime(_settings(tmp_path, tmp_path / "cache", 2, **{"num-rounds": 50}),
-                           timeout_s=300, echo=False, workdir=tmp_path)  # fmt: skip
+                           RuntimeOptions(timeout_s=300, echo=False, workdir=tmp_path))  # fmt: skip
     killer.join(timeout=5)
     assert seen, "Ray never started below the SuperLink"
     assert info.value.status == "superlink-exited", str(info.value)
@@ -432,10 +433,9 @@ def test_a_fleet_runs_across_a_two_node_ray_cluster(tmp_path: Path, cache_dir: P
         with _watch_client_apps(cluster) as ran_on:
             res = run_in_runtime(
                 _settings(tmp_path, cache_dir, 3),
-                ray_address=cluster.address,
-                timeout_s=300,
-                echo=False,
-                workdir=tmp_path,
+                RuntimeOptions(
+                    ray_address=cluster.address, timeout_s=300, echo=False, workdir=tmp_path
+                ),
             )
         assert res.status == "finished:completed"
         assert res.summary["rounds"] == 1
@@ -481,7 +481,7 @@ def test_interrupt_stops_everything(tmp_path: Path) -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(LocalSuperLink, "_wait_ready", interrupted)
         with pytest.raises(KeyboardInterrupt):
-            run_in_runtime(settings, echo=False, workdir=tmp_path)
+            run_in_runtime(settings, RuntimeOptions(echo=False, workdir=tmp_path))
     assert started.is_set()
     assert _own_processes() <= before
     assert not list(tmp_path.glob("powerfl-rt-*"))
