@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11's; only the type checker reads it here
+    from typing_extensions import Unpack
 
 #: Where ``Once`` notes the options it has seen during one parse (dropped after it).
 _SEEN = "_once_seen"
@@ -32,6 +35,25 @@ class Once(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+class ParserOptions(TypedDict, total=False):
+    """What ``argparse.ArgumentParser`` takes, by keyword: what an ``OnceParser`` (and each
+    of its sub-commands' parsers, which ``add_parser`` makes with these) is given."""
+
+    prog: str | None
+    usage: str | None
+    description: str | None
+    epilog: str | None
+    parents: Sequence[argparse.ArgumentParser]
+    formatter_class: type[argparse.HelpFormatter]
+    prefix_chars: str
+    fromfile_prefix_chars: str | None
+    argument_default: Any
+    conflict_handler: str
+    add_help: bool
+    allow_abbrev: bool
+    exit_on_error: bool
+
+
 class OnceParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose options that take one value are ``Once``: given twice
     with different values, an error naming the option, in every command (its sub-commands'
@@ -40,8 +62,8 @@ class OnceParser(argparse.ArgumentParser):
     given twice. The parsed namespace holds the options only (``vars(args)`` is safe to
     write out)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, **options: Unpack[ParserOptions]) -> None:
+        super().__init__(**options)
         self.register("action", None, Once)
         self.register("action", "store", Once)
 

@@ -27,14 +27,18 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from fl_client.contract import Cap
 from fl_client.devices import BACKENDS, POWER_SOURCES, Device, DeviceError, DeviceOptions
-from fl_client.devices.base import GPU_FREQ_MHZ, DeviceInfo, Knob, Measurement, Meter, Workload
+from fl_client.devices.base import DeviceInfo, Measurement, Meter, Workload
 from fl_client.devices.cli import add_devices_parser
-from fl_client.selector import METHODS, PEAK_SIGMA_K, Objective
+from fl_client.lut_text import cap_text, format_lut, format_selection
+from fl_client.selector import METHODS, Objective
 from fl_client.settings_table import MODEL_NAMES, RUN, Setting
+
+if TYPE_CHECKING:
+    from fl_client.profiler import ProfileOptions
 
 #: The nodes' LUT cache under the run setting ``cache-dir``'s default.
 DEFAULT_LUT_CACHE_DIR = f"{RUN['cache-dir'].default}/lut"
@@ -75,22 +79,6 @@ def setting_option(args: argparse.Namespace, key: str) -> Any:
     return setting.parse(getattr(args, setting.field_name))
 
 
-def knob_symbol(knob: Knob) -> str:
-    """How the knob is written in the tables and the choice: ``f`` for the GPU frequency,
-    else its label without "GPU " (``power limit``)."""
-    return "f" if knob == GPU_FREQ_MHZ else knob.label.removeprefix("GPU ")
-
-
-def _under(cap: Cap, cap_margin: float) -> str:
-    """``"P_max 5 W"`` or ``"P_max 5 W less cap-margin 5% (4.75 W)"``."""
-    text = f"P_max {cap.label}"
-    if cap.capped and cap_margin > 0:
-        text += (
-            f" less cap-margin {100 * cap_margin:g}% ({cap.with_margin(cap_margin).limit_w:.4g} W)"
-        )
-    return text
-
-
 # ------------------------------------------------------------------------------ profile
 
 
@@ -127,6 +115,33 @@ def add_profile_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="device kind, e.g. jetson-nano (needed by the simulated backend; hardware: "
         "detected when empty)",
     )
+    _add_device_option_args(p)
+    p.add_argument("--warmup-steps", type=int, default=1, help="discarded steps per cell")
+    p.add_argument("--steps", type=int, default=3, help="measured steps per cell")
+    p.add_argument(
+        "--cache-dir",
+        default=DEFAULT_LUT_CACHE_DIR,
+        help=f"LUT cache folder (default: {DEFAULT_LUT_CACHE_DIR})",
+    )
+    p.add_argument(
+        "--no-cache", action="store_true", help="profile again even if a cached LUT fits"
+    )
+    p.add_argument("--out", help="also write the LUT (JSON) to this file")
+    p.add_argument(
+        "--replay-out",
+        help="also write the measured cells as a replay table (.csv or .json, see "
+        "configs/replay/README.md)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="simulated: seed of the twin's noise")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--json", action="store_true", help="print the LUT as JSON")
+    p.set_defaults(func=cmd_profile)
+    return p
+
+
+def _add_device_option_args(p: argparse.ArgumentParser) -> None:
+    """``--backend`` and the backends' options of ``powerfl profile``, each the node_config
+    key of its name (``device_options`` reads them back)."""
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="default: auto")
     p.add_argument("--sysfs-root", help="jetson: root of the sysfs tree (default: /)")
     p.add_argument(
@@ -159,27 +174,6 @@ def add_profile_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="nvml with --knob power-limit: the grid's step in W from the GPU's highest "
         "limit down (default: 25)",
     )
-    p.add_argument("--warmup-steps", type=int, default=1, help="discarded steps per cell")
-    p.add_argument("--steps", type=int, default=3, help="measured steps per cell")
-    p.add_argument(
-        "--cache-dir",
-        default=DEFAULT_LUT_CACHE_DIR,
-        help=f"LUT cache folder (default: {DEFAULT_LUT_CACHE_DIR})",
-    )
-    p.add_argument(
-        "--no-cache", action="store_true", help="profile again even if a cached LUT fits"
-    )
-    p.add_argument("--out", help="also write the LUT (JSON) to this file")
-    p.add_argument(
-        "--replay-out",
-        help="also write the measured cells as a replay table (.csv or .json, see "
-        "configs/replay/README.md)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="simulated: seed of the twin's noise")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument("--json", action="store_true", help="print the LUT as JSON")
-    p.set_defaults(func=cmd_profile)
-    return p
 
 
 def device_options(args: argparse.Namespace) -> DeviceOptions:
@@ -322,110 +316,6 @@ def lut_to_replay_table(lut: Any, *, power_rail: str, memory_bytes: int, source:
     )
 
 
-def format_lut(lut: Any, p_max_w: float | None = None, peak_sigma_k: float = PEAK_SIGMA_K) -> str:
-    """The tables of a LUT as text: rows = batch sizes, columns = the knob's values (MHz).
-
-    Cells not profiled (efficient mode) show ``-``; cells that are not feasible by the
-    selector's rule (peak + ``peak_sigma_k``·σ of the per-step peaks) against what
-    efficient mode compared them with (the LUT's cap less its cap margin), or against
-    ``p_max_w`` when given, are marked ``*`` in the peak power table. σ is printed when the
-    LUT recorded it.
-    """
-    import numpy as np
-
-    from fl_client.selector import feasible_cells
-
-    cap = p_max_w if p_max_w is not None else (lut.limit.limit_w if lut.limit.capped else None)
-    sigma_w = lut.peak_sigma_w
-    has_sigma = bool(np.isfinite(sigma_w).any())
-    infeasible = ~feasible_cells(lut.peak_power_w, cap, peak_sigma_w=sigma_w,
-                                 peak_sigma_k=peak_sigma_k)  # fmt: skip
-    heads = [f"{f:g}" for f in lut.freqs_mhz]
-    width = max(8, *(len(h) + 1 for h in heads))
-
-    corner = f"b \\ {lut.knob.unit}"
-
-    def block(title: str, table: Any, fmt: Callable[[float], str], mark: bool) -> list[str]:
-        lines = [title, f"{corner:>8}" + "".join(f"{h:>{width}}" for h in heads)]
-        for i, b in enumerate(lut.batch_sizes):
-            cells = []
-            for j in range(len(lut.freqs_mhz)):
-                x = float(table[i, j])
-                text = "-" if math.isnan(x) else fmt(x)
-                if mark and cap is not None and not math.isnan(x) and infeasible[i, j]:
-                    text += "*"
-                cells.append(f"{text:>{width}}")
-            lines.append(f"{b:>8}" + "".join(cells))
-        return lines
-
-    lut_cap = Cap.parse(lut.p_max_w)
-    under = _under(lut_cap, lut.cap_margin)
-    mode = "full grid" if not lut_cap.capped else f"efficient mode for {under}"
-    if lut.grid in ("highest", "on-demand"):
-        mode = {"highest": "no cap, highest frequency per b", "on-demand": "cells on demand"}[
-            lut.grid
-        ]
-    windows = np.isfinite(lut.window_s).any()
-    at_least = "≥ " if windows else ""
-    lines = [
-        f"LUT {lut.device_kind} ({lut.backend}) {lut.workload_key}: {mode}, "
-        f"{lut.cells_profiled} cells, {lut.warmup_steps} warm-up + {at_least}{lut.steps} steps "
-        f"per cell, profiling took {lut.profile_time_s:.1f} s and {lut.profile_energy_j:.1f} J",
-        "",
-    ]
-    lines += block("time per sample (ms)", lut.time_per_sample_s, lambda x: f"{1e3 * x:.4g}", False)
-    lines.append("")
-    robust = f"peak + {peak_sigma_k:g}·σ " if has_sigma and peak_sigma_k > 0 else ""
-    if cap is None:
-        mark_title = ""
-    elif p_max_w is not None:
-        mark_title = f"; * = {robust}not below P_max {Cap.parse(p_max_w).label}"
-    else:
-        mark_title = f"; * = {robust}not below {under}"
-    lines += block("peak power (W)" + mark_title, lut.peak_power_w, lambda x: f"{x:.2f}", True)
-    lines.append("")
-    lines += block("average power (W)", lut.avg_power_w, lambda x: f"{x:.2f}", False)
-    if has_sigma:
-        lines.append("")
-        title = "σ of the per-step peak power (W; - = not profiled or not recorded)"
-        lines += block(title, sigma_w, lambda x: f"{x:.3f}", False)
-    return "\n".join(lines + _cell_window_lines(lut, block))
-
-
-def _cell_window_lines(lut: Any, block: Callable[..., list[str]]) -> list[str]:
-    """How each cell was measured (power samples, window, settled, the real board's
-    window), where the LUT recorded it, and the profiling time the board's windows imply."""
-    import numpy as np
-
-    lines: list[str] = []
-    if np.isfinite(lut.power_samples).any():
-        lines += [
-            "",
-            *block("power samples per cell", lut.power_samples, lambda x: f"{x:.0f}", False),
-        ]
-    if np.isfinite(lut.window_s).any():
-        unsettled = lut.settled == 0
-        title = "measured window per cell (s)"
-        if unsettled.any():
-            title += f"; ~ = unsettled: stopped at the cap ({int(unsettled.sum())} cells)"
-        marked = np.where(unsettled, -1.0 - np.asarray(lut.window_s), lut.window_s)
-        lines += [
-            "",
-            *block(title, marked, lambda x: f"{-1 - x:.3g}~" if x < 0 else f"{x:.3g}", False),
-        ]
-    if np.isfinite(lut.needed_window_s).any():
-        title = "window the real board's power sensor would need per cell (s)"
-        lines += ["", *block(title, lut.needed_window_s, lambda x: f"{x:.3g}", False)]
-    board_s = lut.board_profile_time_s
-    if board_s is not None:
-        lines += [
-            "",
-            f"on the real board, profiling these cells would take about {board_s:.1f} s "
-            f"(sensor windows; {lut.backend} took {lut.profile_time_s:.1f} s, report only)",
-        ]
-    return lines
-
-
 def _profile_extra_outputs(args: argparse.Namespace, lut: Any, info: Any) -> list[str]:
     """``--out`` (the LUT) and ``--replay-out`` (a replay table) of ``powerfl profile``."""
     written = []
@@ -453,39 +343,11 @@ def cmd_profile(
     out, err = out or sys.stdout, err or sys.stderr
     from fl_client.devices import open_device
     from fl_client.lut import LUTFormatError
-    from fl_client.profiler import ProfileOptions, load_or_profile, profile
-    from fl_client.settings import (
-        SettingsError,
-        check_writable_dir,
-        check_writable_file,
-        parse_batch_sizes,
-    )
+    from fl_client.profiler import load_or_profile, profile
+    from fl_client.settings import SettingsError
 
     try:
-        if args.model not in MODEL_NAMES:
-            raise ValueError(
-                f"model: unknown model {args.model!r}; allowed: {', '.join(MODEL_NAMES)}"
-            )
-        batch_sizes = parse_batch_sizes(args.batch_sizes)
-        cap = Cap.parse(args.p_max_w)
-        cap_margin = setting_option(args, "cap-margin") if cap.capped else 0.0
-        peak_sigma_k = setting_option(args, "peak-sigma-k")
-        profile_options = ProfileOptions(
-            p_max_w=cap.to_record(),
-            cap_margin=cap_margin,
-            warmup_steps=args.warmup_steps,
-            steps=args.steps,
-            progress=not args.quiet,
-            progress_stream=err,
-            peak_sigma_k=peak_sigma_k,
-        )
-        options = device_options(args)
-        if args.replay_out and Path(args.replay_out).suffix.lower() not in (".csv", ".json"):
-            raise ValueError(f"replay-out: must end in .csv or .json, got {args.replay_out!r}")
-        for key, given in (("--out", args.out), ("--replay-out", args.replay_out)):
-            if given:  # checked before profiling, whose result they would hold
-                check_writable_file(given, key)
-        check_writable_dir(args.cache_dir, "--cache-dir")
+        batch_sizes, profile_options, options, peak_sigma_k = _profile_inputs(args, err)
     except (SettingsError, ValueError) as e:
         _error("profile", e, err)
         return 2
@@ -529,16 +391,7 @@ def cmd_profile(
         _error("profile", f"cannot write {e.filename or 'the output'}: {e.strerror or e}", err)
         return 2
     check = energy_check(recorder.measurements)
-    if args.json:
-        print(lut.to_json(), file=out)
-    else:
-        print(format_lut(lut, peak_sigma_k=peak_sigma_k), file=out)
-        print("", file=out)
-        print(f"power rail: {info.power_rail}", file=out)
-        print(f"power sensor: {info.sensor.label} ({info.sensor.source})", file=out)
-        if info.board_sensor is not None:
-            board = info.board_sensor
-            print(f"real board's power sensor: {board.label} ({board.source})", file=out)
+    _print_lut(args, lut, info, peak_sigma_k, out)
     where = "from the cache" if from_cache else "profiled"
     print(f"LUT ({where}) written to: {', '.join(written)}", file=err if args.json else out)
     if check is not None:
@@ -549,6 +402,57 @@ def cmd_profile(
             file=err if args.json else out,
         )
     return 0
+
+
+def _profile_inputs(
+    args: argparse.Namespace, err: TextIO
+) -> tuple[list[int], ProfileOptions, DeviceOptions, float]:
+    """``powerfl profile``'s batch sizes, profile options, device options and
+    ``peak-sigma-k``, each checked before any device opens: a SettingsError or ValueError
+    naming the key; the files it would write are checked writable too."""
+    from fl_client.preflight import check_writable_dir, check_writable_file
+    from fl_client.profiler import ProfileOptions
+    from fl_client.settings import parse_batch_sizes
+
+    if args.model not in MODEL_NAMES:
+        raise ValueError(f"model: unknown model {args.model!r}; allowed: {', '.join(MODEL_NAMES)}")
+    batch_sizes = parse_batch_sizes(args.batch_sizes)
+    cap = Cap.parse(args.p_max_w)
+    cap_margin = setting_option(args, "cap-margin") if cap.capped else 0.0
+    peak_sigma_k = setting_option(args, "peak-sigma-k")
+    profile_options = ProfileOptions(
+        p_max_w=cap.to_record(),
+        cap_margin=cap_margin,
+        warmup_steps=args.warmup_steps,
+        steps=args.steps,
+        progress=not args.quiet,
+        progress_stream=err,
+        peak_sigma_k=peak_sigma_k,
+    )
+    options = device_options(args)
+    if args.replay_out and Path(args.replay_out).suffix.lower() not in (".csv", ".json"):
+        raise ValueError(f"replay-out: must end in .csv or .json, got {args.replay_out!r}")
+    for key, given in (("--out", args.out), ("--replay-out", args.replay_out)):
+        if given:  # checked before profiling, whose result they would hold
+            check_writable_file(given, key)
+    check_writable_dir(args.cache_dir, "--cache-dir")
+    return batch_sizes, profile_options, options, peak_sigma_k
+
+
+def _print_lut(
+    args: argparse.Namespace, lut: Any, info: DeviceInfo, peak_sigma_k: float, out: TextIO
+) -> None:
+    """The profiled LUT: as JSON (``--json``), else its tables and the power sensors."""
+    if args.json:
+        print(lut.to_json(), file=out)
+        return
+    print(format_lut(lut, peak_sigma_k=peak_sigma_k), file=out)
+    print("", file=out)
+    print(f"power rail: {info.power_rail}", file=out)
+    print(f"power sensor: {info.sensor.label} ({info.sensor.source})", file=out)
+    if info.board_sensor is not None:
+        board = info.board_sensor
+        print(f"real board's power sensor: {board.label} ({board.source})", file=out)
 
 
 # ------------------------------------------------------------------------------ select
@@ -602,54 +506,14 @@ def parse_r(text: str) -> list[float]:
     return values
 
 
-def format_selection(
-    selection: Any,
-    r: Sequence[float],
-    *,
-    b1_freq_cap_mhz: float | None = None,
-    cap_margin: float = 0.0,
-) -> str:
-    """The choice and the candidate set (Eq. 4's C) as text; the knob named in its unit
-    (``f* = 921.6 MHz``, ``power limit* = 250 W``)."""
-    knob = getattr(selection, "knob", GPU_FREQ_MHZ)
-    symbol, unit = knob_symbol(knob), knob.unit
-    if selection.method in ("power-aware", "oracle"):
-        under = f" under {_under(Cap.parse(selection.p_max_w), cap_margin)}"
-    elif b1_freq_cap_mhz is not None:
-        under = f" at the fixed frequency cap {b1_freq_cap_mhz:g} {unit}"
-    else:
-        under = ""
-    head = f"{symbol} {unit}"
-    lines = [
-        f"{selection.method}: b* = {selection.batch_size}, {symbol}* = "
-        f"{selection.freq_mhz:g} {unit}{under}; predicted "
-        f"{1e3 * selection.time_per_sample_s:.4g} ms/sample, peak {selection.peak_power_w:.2f} W",
-        "",
-        f"{'':2}{'b':>6} {head:>9} {'ms/sample':>10} {'peak W':>8} {'r':>7} {'score':>10}",
-    ]
-    r_by_b = dict(zip([c.batch_size for c in selection.candidates], r, strict=False))
-    for c in selection.candidates:
-        chosen = "*" if c.batch_size == selection.batch_size else " "
-        f = "-" if c.freq_mhz is None else f"{c.freq_mhz:g}"
-        t = "-" if math.isnan(c.time_per_sample_s) else f"{1e3 * c.time_per_sample_s:.4g}"
-        pw = "-" if math.isnan(c.peak_power_w) else f"{c.peak_power_w:.2f}"
-        rb = r_by_b.get(c.batch_size)
-        rs = "-" if rb is None else f"{rb:.3g}"
-        sc = "-" if math.isnan(c.score) else f"{1e3 * c.score:.4g}"
-        lines.append(f"{chosen:2}{c.batch_size:>6} {f:>9} {t:>10} {pw:>8} {rs:>7} {sc:>10}")
-    lines.append("")
-    lines.append("score = ms/sample × r_b (smaller trains to accuracy sooner); * = chosen")
-    return "\n".join(lines)
-
-
 def cmd_select(
     args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
     """Handler of ``powerfl select``."""
     out, err = out or sys.stdout, err or sys.stderr
     from fl_client.lut import LUT, LUTFormatError
+    from fl_client.preflight import check_input_file
     from fl_client.selector import InfeasibleCapError, Tables, select
-    from fl_client.settings import check_input_file
 
     try:
         cap = Cap.parse(args.p_max_w)
@@ -730,12 +594,12 @@ def _check_efficient_lut(lut: Any, cap: Cap, cap_margin: float) -> None:
             use += f" --cap-margin {lut.cap_margin:g}"
         raise ValueError(
             f"p-max-w: {cap.label} differs from the cap this LUT was profiled for in efficient "
-            f"mode ({_under(lut_cap, lut.cap_margin)}); use {use}{other}"
+            f"mode ({cap_text(lut_cap, lut.cap_margin)}); use {use}{other}"
         )
     if cap_margin != lut.cap_margin:
         raise ValueError(
             f"cap-margin: {cap_margin:g} differs from the margin this LUT was profiled with in "
-            f"efficient mode ({_under(lut_cap, lut.cap_margin)}); use --cap-margin "
+            f"efficient mode ({cap_text(lut_cap, lut.cap_margin)}); use --cap-margin "
             f"{lut.cap_margin:g}{other}"
         )
 

@@ -15,15 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from fl_client.lut import KindKey
-from fl_client.settings import (
-    SettingsError,
-    app_defaults,
-    check_input_file,
-    check_writable_dir,
-    check_writable_file,
-    parse_batch_sizes,
-    resolve_path,
-)
+from fl_client.preflight import check_input_file, check_writable_dir, check_writable_file
+from fl_client.settings import SettingsError, app_defaults, parse_batch_sizes, resolve_path
 from fl_server.lut_library import LibraryError, LUTLibrary, TwinModel, read_entry
 
 DEFAULT_LIBRARY = ".powerfl-cache/library"

@@ -469,36 +469,7 @@ class RunRecorder:
         return dict(summ)
 
     def print_summary(self, summ: dict[str, Any]) -> None:
-        table = Table(title=f"Per node ({summ['method']})", title_justify="left")
-        for col in (
-            "node",
-            "device",
-            "cap",
-            "b*",
-            "f* MHz",
-            "peak W",
-            "train s",
-            "profile s",
-            "energy J",
-            "idle J",
-            "failed",
-        ):
-            table.add_column(col, justify="left" if col in ("node", "device") else "right")
-        for name, t in summ["nodes"].items():
-            table.add_row(
-                name,
-                t["device"],
-                t["cap-label"],
-                str(t["batch-size"]),
-                knob_label(t),
-                f"{t['peak-power-w']:.2f}",
-                f"{t['train-time-s']:.1f}",
-                f"{t['profile-time-s']:.1f}",
-                f"{t['train-energy-j'] + t['profile-energy-j']:.1f}",
-                f"{t['idle-energy-j']:.1f}",
-                str(t["rounds-failed"]),
-            )
-        self.console.print(table)
+        self.console.print(node_table(summ))
         ttt = summ["sim-time-to-target-s"]
         e2t = summ["fleet-energy-to-target-j"]
         self.console.print(
@@ -559,6 +530,40 @@ class RunRecorder:
         for node in summ.get("untrained-nodes", []):
             self.console.print(f"[red]never trained[/red] {untrained_label(node)}")
         self.console.print(f"results: {summ['run-dir']}")
+
+
+def node_table(summ: dict[str, Any]) -> Table:
+    """The per-node table of a run's summary: choice, peak, time and energy of each node."""
+    table = Table(title=f"Per node ({summ['method']})", title_justify="left")
+    for col in (
+        "node",
+        "device",
+        "cap",
+        "b*",
+        "f* MHz",
+        "peak W",
+        "train s",
+        "profile s",
+        "energy J",
+        "idle J",
+        "failed",
+    ):
+        table.add_column(col, justify="left" if col in ("node", "device") else "right")
+    for name, t in summ["nodes"].items():
+        table.add_row(
+            name,
+            t["device"],
+            t["cap-label"],
+            str(t["batch-size"]),
+            knob_label(t),
+            f"{t['peak-power-w']:.2f}",
+            f"{t['train-time-s']:.1f}",
+            f"{t['profile-time-s']:.1f}",
+            f"{t['train-energy-j'] + t['profile-energy-j']:.1f}",
+            f"{t['idle-energy-j']:.1f}",
+            str(t["rounds-failed"]),
+        )
+    return table
 
 
 def untrained_label(node: dict[str, Any]) -> str:

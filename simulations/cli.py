@@ -15,13 +15,8 @@ from typing import Any, NoReturn
 
 from fl_client.argparse_once import OnceParser
 from fl_client.effective import check_effective
-from fl_client.settings import (
-    SettingsError,
-    check_partitioner_keys,
-    check_writable_dir,
-    key_values,
-    with_app_paths,
-)
+from fl_client.preflight import check_writable_dir
+from fl_client.settings import SettingsError, check_partitioner_keys, key_values, with_app_paths
 from simulations.run import (
     ENGINES,
     RunInterrupted,
@@ -32,7 +27,7 @@ from simulations.run import (
     simulate,
     stop_engine,
 )
-from simulations.runtime import RuntimeRunError
+from simulations.superlink import RuntimeRunError
 
 
 def package_version() -> str:
@@ -421,6 +416,30 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"powerfl {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    add_simulate_parser(sub)
+    from fl_client.cli_tools import add_device_commands  # devices, profile, select
+    from fl_server.lut_cli import add_lut_commands  # lut list / export / import
+    from simulations.pretrain_cli import add_pretrain_command  # pretrain
+    from simulations.report_cli import add_report_command  # report
+
+    add_device_commands(sub)
+    add_lut_commands(sub)
+    add_pretrain_command(sub)
+    add_report_command(sub)
+    if _command_of(sys.argv[1:] if argv is None else argv) == "experiment":
+        from simulations.experiments.cli import add_experiment_commands  # experiment run/report
+
+        add_experiment_commands(sub)
+    else:  # listed in --help; the real parser is loaded when the command is used
+        sub.add_parser(
+            "experiment",
+            help="research experiments: run a study from a TOML file, render its report",
+        )
+    return parser
+
+
+def add_simulate_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add ``simulate`` to the ``powerfl`` sub-parser set."""
     p = sub.add_parser(
         "simulate",
         help="run a Flower simulation of a Jetson fleet (digital twins)",
@@ -488,25 +507,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--backend", default="ray", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_simulate)
-    from fl_client.cli_tools import add_device_commands  # devices, profile, select
-    from fl_server.lut_cli import add_lut_commands  # lut list / export / import
-    from simulations.pretrain_cli import add_pretrain_command  # pretrain
-    from simulations.report_cli import add_report_command  # report
-
-    add_device_commands(sub)
-    add_lut_commands(sub)
-    add_pretrain_command(sub)
-    add_report_command(sub)
-    if _command_of(sys.argv[1:] if argv is None else argv) == "experiment":
-        from simulations.experiments.cli import add_experiment_commands  # experiment run/report
-
-        add_experiment_commands(sub)
-    else:  # listed in --help; the real parser is loaded when the command is used
-        sub.add_parser(
-            "experiment",
-            help="research experiments: run a study from a TOML file, render its report",
-        )
-    return parser
+    return p
 
 
 #: The rule for relative paths, in ``--help``.

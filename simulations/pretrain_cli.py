@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fl_client.settings import MODEL_NAMES, SettingsError, check_writable_file
+from fl_client.preflight import check_writable_file
+from fl_client.settings import MODEL_NAMES, SettingsError
 
 TORCH_DEVICES = ("auto", "cuda", "cpu")
 

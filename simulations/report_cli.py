@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fl_client.settings import SettingsError, check_writable_dir
+from fl_client.preflight import check_writable_dir
+from fl_client.settings import SettingsError
 from simulations.report import TABLE_COLUMNS, RunRecords, load_run, table_row
 from simulations.report_plots import (
     COMPARISON,

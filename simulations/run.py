@@ -26,17 +26,18 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from fl_client.files import check_run_records, claim_run_folder, release_run_folder
+from fl_client.preflight import check_before_start
 from fl_client.settings import (
     NodeSettings,
     RunSettings,
     SettingsError,
-    check_before_start,
     load_fleet,
     resolve_path,
     with_app_paths,
 )
 from simulations.processes import descendants, terminate
-from simulations.runtime import FLOWER_ENV, MIN_FLOWER, flower_version
+from simulations.runtime import MIN_FLOWER, flower_version
+from simulations.superlink import FLOWER_ENV
 
 if TYPE_CHECKING:
     from fl_client.partitions import SplitReport
@@ -232,15 +233,12 @@ def _simulate_in_runtime(
 ) -> dict[str, Any]:
     """Flower's Simulation Runtime (``run_in_runtime``): its own SuperLink, ``flwr run``,
     the run's log relayed here; it stops everything it started, also when interrupted."""
-    from simulations.runtime import run_in_runtime
+    from simulations.runtime import RuntimeOptions, run_in_runtime
 
-    result = run_in_runtime(
-        overrides,
-        num_nodes=len(fleet),
-        resources=resources,
-        ray_address=ray_address,
-        backend=backend,
+    options = RuntimeOptions(
+        num_nodes=len(fleet), resources=resources, ray_address=ray_address, backend=backend
     )
+    result = run_in_runtime(overrides, options)
     return result.summary
 
 

@@ -13,7 +13,7 @@ power-aware with ``balance`` off, samples, steps, energy), from the runs' record
 * each fleet's straggler ratio: on the twins (``fleet_pace``) and as run.
 
 The group numbers (``summary["scenarios"]["balance"]``) come from
-``federated_report.aggregate``; this module reads them and the cell records, and knows
+``federated_metrics.aggregate``; this module reads them and the cell records, and knows
 nothing of the rest of the report.
 """
 

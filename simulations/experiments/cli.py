@@ -18,7 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from fl_client.settings import SettingsError, check_writable_dir, key_values
+from fl_client.preflight import check_writable_dir
+from fl_client.settings import SettingsError, key_values
 from simulations.experiments.config import (
     SCALES,
     ExperimentConfigError,

@@ -15,7 +15,7 @@ from fl_client.settings import (
     fleet_path,
     load_fleet,
 )
-from fl_client.settings_table import BALANCE_MODES, RUN, check_run_keys, choices
+from fl_client.settings_table import BALANCE_MODES, RUN, check_run_keys
 from simulations.experiments.config import (
     STUDY_METHODS,
     Fields,
@@ -23,6 +23,11 @@ from simulations.experiments.config import (
     StudyConfig,
     config_error,
     merge_scale,
+)
+from simulations.experiments.training_settings import (
+    TRAINING_DEFAULTS,
+    TrainingSettings,
+    run_value,
 )
 
 NAME = "federated"
@@ -32,6 +37,12 @@ SCENARIO_VARIANTS = {
     "balance-energy": ("off", "energy"),
     "varying-cap": ("fixed-at-minimum", "schedule"),
     "drift": ("off", "check"),
+}
+#: The title of each scenario's section and figure in the report.
+SCENARIO_TITLES = {
+    "balance-energy": "The round plan's energy mode: balance off vs energy",
+    "varying-cap": "Caps that change over time: schedule vs fixed at the schedule's minimum",
+    "drift": "LUT drift: drift check vs none",
 }
 #: The balance study's arms on each of its fleets (``balance``): B1, then power-aware with
 #: each ``balance`` mode (``off`` is the per-device rule, the reference of the paired ratios).
@@ -53,33 +64,18 @@ SCENARIO_KEYS = {
 #: as ``*-idle-energy-j``, training + profiling as ``*-busy-energy-j``, energy by node role).
 CELL_VERSION = 3
 
-#: The study's keys that are run settings with the run's default (``[tool.flwr.app.config]``,
-#: declared in ``fl_client.settings_table``): a cell runs with the study's value of each.
-RUN_KEYS = (
-    "fleet",
-    "model",
-    "partitioning",
-    "dirichlet-alpha",
-    "num-rounds",
-    "target-accuracy",
-    "local-epochs",
-    "lr-ref",
-    "b-ref",
-    "proxy-target-accuracy",
-    "r-max-samples",
-    "r-eval-every-samples",
-    "profile-grid",
-    "drift-threshold",
-)
-#: Allowed keys and their defaults (None: required).
+#: Allowed keys and their defaults (None: required). Those that are run settings
+#: (``TRAINING_DEFAULTS``, ``fleet``, ``deadline-margin``, ``drift-threshold``,
+#: ``drift-check-every``) are checked by their entries in the settings table (``run_value``).
 DEFAULTS: dict[str, Any] = {
     "name": None,
     "study": None,
     "description": "",
     "methods": list(STUDY_METHODS),
     "seeds": 3,
-    **{key: RUN[key].default for key in RUN_KEYS},
-    "batch-sizes": RUN["batch-sizes"].value,  # a list in experiment files
+    "fleet": RUN["fleet"].default,
+    **TRAINING_DEFAULTS,
+    "drift-threshold": RUN["drift-threshold"].default,
     "scenarios": ["balance-energy", "varying-cap", "drift"],  # balance: only when asked for
     "scenario-method": "power-aware",
     # the balance-energy scenario's deadline margin (its "energy" variant)
@@ -96,8 +92,9 @@ DEFAULTS: dict[str, Any] = {
 
 
 @dataclass(frozen=True)
-class FederatedConfig(StudyConfig):
-    """The resolved settings of one federated study at one scale (all from the TOML)."""
+class FederatedConfig(TrainingSettings, StudyConfig):
+    """The resolved settings of one federated study at one scale (all from the TOML): the
+    run settings every cell shares (``TrainingSettings``) and the study's own."""
 
     name: str
     study: str
@@ -106,19 +103,6 @@ class FederatedConfig(StudyConfig):
     fleet: str
     methods: tuple[str, ...]
     seeds: int
-    model: str
-    partitioning: str
-    dirichlet_alpha: float
-    num_rounds: int
-    target_accuracy: float
-    local_epochs: int
-    batch_sizes: tuple[int, ...]
-    lr_ref: float
-    b_ref: int
-    proxy_target_accuracy: float
-    r_max_samples: int
-    r_eval_every_samples: int
-    profile_grid: str
     scenarios: tuple[str, ...]
     scenario_method: str
     deadline_margin: float
@@ -146,22 +130,7 @@ class FederatedConfig(StudyConfig):
     def base_overrides(self) -> dict[str, Any]:
         """The run settings every cell shares (before its own fleet/method/scenario), each a
         key of the settings table (or a deprecated name it still runs)."""
-        overrides = {
-            "model": self.model,
-            "partitioning": self.partitioning,
-            "dirichlet-alpha": self.dirichlet_alpha,
-            "num-rounds": self.num_rounds,
-            "target-accuracy": self.target_accuracy,
-            "local-epochs": self.local_epochs,
-            "batch-sizes": ",".join(str(b) for b in self.batch_sizes),
-            "lr-ref": self.lr_ref,
-            "b-ref": self.b_ref,
-            "proxy-target-accuracy": self.proxy_target_accuracy,
-            "r-max-samples": self.r_max_samples,
-            "r-eval-every-samples": self.r_eval_every_samples,
-            "profile-grid": self.profile_grid,
-            "drift-check-every": 0,
-        }
+        overrides = {**self.training_overrides(), "drift-check-every": 0}
         check_run_keys(overrides, f"{NAME} study: run settings")
         return overrides
 
@@ -170,39 +139,25 @@ def parse_federated(data: Mapping[str, Any], where: str, options: FileOptions) -
     """Validate a parsed federated experiment: unknown keys, bad values, empty sweeps, fleet
     files that do not load or do not fit the scenario are errors naming the key, raised
     before any training starts."""
-    from fl_client import task
-
     m = merge_scale(data, where, DEFAULTS, options)
     f = Fields(m, where, DEFAULTS)
-    text, str_list, integer, number = f.text, f.str_list, f.integer, f.number
+    text, str_list, integer = f.text, f.str_list, f.integer
     cfg = FederatedConfig(
+        **TrainingSettings.parse_values(m, where),
         name=text("name"),
         study=text("study", (NAME,)),
         description=text("description"),
         scale=options.scale,
-        fleet=text("fleet"),
+        fleet=run_value(m, "fleet", where),
         methods=str_list("methods", STUDY_METHODS),
         seeds=integer("seeds", 1),
-        model=text("model", tuple(task.MODEL_NAMES)),
-        partitioning=text("partitioning", choices("partitioning")),
-        dirichlet_alpha=number("dirichlet-alpha", 0.0),
-        num_rounds=integer("num-rounds", 1),
-        target_accuracy=number("target-accuracy", 0.0, 1.0),
-        local_epochs=integer("local-epochs", 1),
-        batch_sizes=f.batch_sizes(),
-        lr_ref=number("lr-ref", 0.0),
-        b_ref=integer("b-ref", 1),
-        proxy_target_accuracy=number("proxy-target-accuracy", 0.0, 1.0),
-        r_max_samples=integer("r-max-samples", 1),
-        r_eval_every_samples=integer("r-eval-every-samples", 1),
-        profile_grid=text("profile-grid", choices("profile-grid")),
         scenarios=str_list("scenarios", SCENARIOS, empty_ok=True),
         scenario_method=text("scenario-method", STUDY_METHODS),
-        deadline_margin=number("deadline-margin", 0.0, 1.0, open_lo=False),
+        deadline_margin=run_value(m, "deadline-margin", where),
         varying_cap_fleet=text("varying-cap-fleet"),
         drift_fleet=text("drift-fleet"),
-        drift_check_every=integer("drift-check-every", 1),
-        drift_threshold=number("drift-threshold", 0.0),
+        drift_check_every=_drift_check_every(f, where),
+        drift_threshold=run_value(m, "drift-threshold", where),
         cell_timeout_s=integer("cell-timeout-s", 1),
         balance_fleets=_fleet_list(f, "balance-fleets"),
         balance_modes=str_list("balance-modes", tuple(BALANCE_MODES)),
@@ -210,6 +165,19 @@ def parse_federated(data: Mapping[str, Any], where: str, options: FileOptions) -
     )
     _check_fleets(cfg, where)
     return cfg
+
+
+def _drift_check_every(f: Fields, where: str) -> int:
+    """``drift-check-every``: the run setting (checked as a run checks it), and at least 1:
+    the drift scenario's "check" variant checks every this many rounds (0 never would)."""
+    value = int(run_value(f.m, "drift-check-every", where))
+    if value < 1:
+        raise f.err(
+            "drift-check-every",
+            f"expected an integer ≥ 1 (the drift scenario's check variant checks every this "
+            f"many rounds; 0 would never check), got {value!r}",
+        )
+    return value
 
 
 def weighted_arm_name(mode: str, weight: float) -> str:

@@ -21,7 +21,6 @@ come from the digital twins:
 from __future__ import annotations
 
 import statistics
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -30,364 +29,23 @@ from simulations.experiments.config import METHOD_LABELS, STUDY_METHODS
 from simulations.experiments.federated_config import (
     CELL_VERSION,
     NAME,
+    SCENARIO_TITLES,
     SCENARIO_VARIANTS,
     SCENARIOS,
 )
+from simulations.experiments.federated_metrics import (
+    QUANTS,
+    Rec,
+    aggregate,
+    by_use,
+    mean_nodes,
+    node_names,
+    paired,
+    time_factors,
+)
+from simulations.experiments.federated_plots import write_figures
 from simulations.experiments.records import write_json
 from simulations.experiments.report_kit import NA, Doc, Output
-
-Rec = dict[str, Any]
-SCENARIO_TITLES = {
-    "balance-energy": "The round plan's energy mode: balance off vs energy",
-    "varying-cap": "Caps that change over time: schedule vs fixed at the schedule's minimum",
-    "drift": "LUT drift: drift check vs none",
-}
-
-
-# --------------------------------------------------------------------------- per record
-
-
-def _sum_or_none(a: float | None, b: float | None) -> float | None:
-    return a + b if a is not None and b is not None else None
-
-
-def _to_target(rec: Rec) -> dict[str, Any]:
-    """The headline numbers of one run up to the round that reached the target."""
-    s = rec["summary"]
-    r2t = s.get("round-to-target")
-    upto = [r for r in rec["rounds"] if r2t is not None and r["server-round"] <= r2t]
-    b2t, i2t = s.get("fleet-busy-energy-to-target-j"), s.get("fleet-idle-energy-to-target-j")
-    first = rec["rounds"][0]["round-time-s"] if rec["rounds"] else None
-    return {
-        "reached": r2t is not None,
-        "round-to-target": r2t,
-        "time-to-target-s": s.get("sim-time-to-target-s"),
-        # the same rounds with profiling counted as free (the limit of cheaper profiling)
-        "time-to-target-free-profiling-s": s.get("sim-time-to-target-free-profiling-s"),
-        "energy-to-target-j": _sum_or_none(b2t, i2t),
-        "busy-energy-to-target-j": b2t,
-        "idle-energy-to-target-j": i2t,
-        "saved-to-target-j": sum(r["predicted-energy-saved-j"] for r in upto) if upto else None,
-        "misses-to-target": sum(r["deadline-misses"] for r in upto) if upto else None,
-        # rounds 2…target: the part of the time to target after every node's first round
-        # (first-round profiling excluded; measured, not extrapolated)
-        "time-to-target-after-1-s": (
-            s["sim-time-to-target-s"] - first if r2t and first is not None else None
-        ),
-    }
-
-
-def _after_round_1(rec: Rec) -> dict[str, Any]:
-    """Means over the rounds after the first (when every profiling node has profiled)."""
-    later = [r for r in rec["rounds"] if r["server-round"] >= 2]
-
-    def per_round(key: str) -> float | None:
-        return sum(float(r[key]) for r in later) / len(later) if later else None
-
-    steady_b, steady_i = per_round("round-busy-energy-j"), per_round("round-idle-energy-j")
-    return {
-        "round-time-after-1-s": per_round("round-time-s"),
-        "energy-per-round-after-1-j": _sum_or_none(steady_b, steady_i),
-        "busy-per-round-after-1-j": steady_b,
-        "idle-per-round-after-1-j": steady_i,
-        # by node role: the round's slowest node and the rest, idle waiting included
-        "critical-per-round-after-1-j": _sum_or_none(
-            per_round("critical-busy-energy-j"), per_round("critical-idle-energy-j")
-        ),
-        "slack-per-round-after-1-j": _sum_or_none(
-            per_round("slack-busy-energy-j"), per_round("slack-idle-energy-j")
-        ),
-        "saved-per-round-after-1-j": per_round("predicted-energy-saved-j"),
-    }
-
-
-def cell_metrics(rec: Rec) -> dict[str, Any]:
-    """The headline numbers of one run (to the target and over all rounds), read from its
-    summary and rounds as the recorder wrote them."""
-    s = rec["summary"]
-    busy, idle = s.get("fleet-busy-energy-j"), s.get("fleet-idle-energy-j")
-    return {
-        **_to_target(rec),
-        "rounds": len(rec["rounds"]),
-        "final-accuracy": s.get("final-accuracy"),
-        "sim-time-s": s.get("sim-time-s"),
-        "energy-j": _sum_or_none(busy, idle),
-        "busy-energy-j": busy,
-        "idle-energy-j": idle,
-        "energy-saved-j": s.get("fleet-predicted-energy-saved-j"),
-        "deadline-misses": s.get("deadline-misses", 0),
-        "drift-reprofiles": s.get("drift-reprofiles", 0),
-        "profile-share": s.get("profile-share"),
-        "node-rounds-failed": s.get("node-rounds-failed"),
-        "over-cap-node-rounds": s.get("over-cap-node-rounds"),
-        "time-over-cap-s": sum(float(n["time-over-cap-s"]) for n in s["nodes"].values()),
-        "profile-energy-j": s.get("fleet-profile-energy-j"),
-        **_after_round_1(rec),
-    }
-
-
-QUANTS = (
-    "round-to-target",
-    "time-to-target-s",
-    "time-to-target-free-profiling-s",
-    "energy-to-target-j",
-    "busy-energy-to-target-j",
-    "idle-energy-to-target-j",
-    "saved-to-target-j",
-    "misses-to-target",
-    "final-accuracy",
-    "sim-time-s",
-    "energy-j",
-    "busy-energy-j",
-    "idle-energy-j",
-    "energy-saved-j",
-    "deadline-misses",
-    "drift-reprofiles",
-    "profile-share",
-    "node-rounds-failed",
-    "over-cap-node-rounds",
-    "time-over-cap-s",
-    "profile-energy-j",
-    "round-time-after-1-s",
-    "energy-per-round-after-1-j",
-    "busy-per-round-after-1-j",
-    "idle-per-round-after-1-j",
-    "critical-per-round-after-1-j",
-    "slack-per-round-after-1-j",
-    "saved-per-round-after-1-j",
-    "time-to-target-after-1-s",
-)
-
-
-def _group(recs: list[Rec]) -> dict[str, Any]:
-    ms = [cell_metrics(r) for r in recs]
-    g: dict[str, Any] = {
-        "seeds": len(ms),
-        "seeds-reached": sum(1 for m in ms if m["reached"]),
-        "per-seed": {int(r["seed"]): m for r, m in zip(recs, ms, strict=True)},
-    }
-    for q in QUANTS:
-        g[f"{q}-mean"], g[f"{q}-std"] = kit.mean_std([m[q] for m in ms])
-    return g
-
-
-def aggregate(records: list[Rec]) -> dict[str, Any]:
-    """Mean ± std over seeds per method and per (scenario, variant)."""
-    groups: dict[tuple[str, str], list[Rec]] = {}
-    for rec in records:
-        for scenario, variant in rec["uses"]:
-            groups.setdefault((scenario, variant), []).append(rec)
-    out: dict[str, Any] = {"methods": {}, "scenarios": {}}
-    for (scenario, variant), recs in sorted(groups.items()):
-        recs = sorted(recs, key=lambda r: r["seed"])
-        if scenario == "methods":
-            out["methods"][variant] = _group(recs)
-        else:
-            out["scenarios"].setdefault(scenario, {})[variant] = _group(recs)
-    return out
-
-
-def _paired(
-    summary: dict[str, Any], scenario: str, ref: str, other: str, q: str
-) -> list[tuple[int, float, float]]:
-    """(seed, reference value, other value) for seeds where both have ``q``."""
-    sc = summary["scenarios"].get(scenario, {})
-    a, b = sc.get(ref, {}).get("per-seed", {}), sc.get(other, {}).get("per-seed", {})
-    return [
-        (seed, a[seed][q], b[seed][q])
-        for seed in sorted(set(a) & set(b))
-        if a[seed][q] is not None and b[seed][q] is not None
-    ]
-
-
-#: Per-node totals of the recorder averaged over seeds in the node tables.
-NODE_MEANS = (
-    "train-time-s",
-    "profile-time-s",
-    "energy-j",
-    "wait-s",
-    "idle-energy-j",
-    "slowest-share",
-    "slowest-time-share",
-    "mean-wait-s",
-    "over-cap-rounds",
-    "violation-rounds",
-    "time-over-cap-s",
-    "drift-reprofiles",
-    "rounds",
-    "rounds-ok",
-)
-
-
-def _mean_nodes(recs: list[Rec]) -> dict[str, dict[str, Any]]:
-    """Per node, the mean over seeds of its totals in the runs' summaries (choices and caps
-    pooled, the highest peak)."""
-    per: dict[str, list[dict[str, Any]]] = {}
-    for r in recs:
-        for name, t in r["summary"]["nodes"].items():
-            energy = {"energy-j": t["train-energy-j"] + t["profile-energy-j"]}
-            per.setdefault(name, []).append({**t, **energy})
-    out: dict[str, dict[str, Any]] = {}
-    for name, ts in per.items():
-        agg: dict[str, Any] = {
-            "device": ts[0]["device"],
-            "caps": [c for t in ts for c in t["caps"]],
-            "choices": sum((Counter(t["choices"]) for t in ts), Counter()),
-            "peak-power-w": max(t["peak-power-w"] for t in ts),
-        }
-        for q in NODE_MEANS:
-            agg[q] = kit.mean_std([t[q] for t in ts])[0]
-        out[name] = agg
-    return out
-
-
-def _node_names(records: list[Rec]) -> list[str]:
-    seen: dict[str, None] = {}
-    for r in records:
-        for name in r["summary"]["nodes"]:
-            seen.setdefault(name, None)
-    return list(seen)
-
-
-def _by_use(records: list[Rec], scenario: str, variant: str) -> list[Rec]:
-    return sorted((r for r in records if [scenario, variant] in r["uses"]), key=lambda r: r["seed"])
-
-
-# --------------------------------------------------------------------------- plots
-
-
-def _curve(rec: Rec) -> list[tuple[int, float, float, float, float]]:
-    """(round, sim time s, accuracy, fleet busy energy J, fleet idle energy J), round 0
-    first."""
-    s = rec["summary"]
-    pts = [(0, 0.0, float(s.get("initial-accuracy") or 0.0), 0.0, 0.0)]
-    for r in rec["rounds"]:
-        pts.append(
-            (
-                int(r["server-round"]),
-                float(r["sim-time-s"]),
-                float(r["accuracy"]),
-                float(r["fleet-busy-energy-j"]),
-                float(r["fleet-idle-energy-j"]),
-            )
-        )
-    return pts
-
-
-def _fig_accuracy(
-    out: Path, series: list[tuple[str, Rec]], name: str, title: str, target: float
-) -> str:
-    plt = kit.pyplot()
-    kit.write_csv(
-        out / f"{name}.csv",
-        [
-            "series",
-            "seed",
-            "round",
-            "sim_time_s",
-            "accuracy",
-            "fleet_busy_energy_j",
-            "fleet_idle_energy_j",
-        ],
-        [[label, rec["seed"], *pt] for label, rec in series for pt in _curve(rec)],
-    )
-    fig, ax = plt.subplots(figsize=(7, 4))
-    colors: dict[str, Any] = {}
-    for label, rec in series:
-        pts = _curve(rec)
-        kw: dict[str, Any] = {"color": colors[label]} if label in colors else {"label": label}
-        (line,) = ax.plot([p[1] for p in pts], [p[2] for p in pts], marker=".", lw=1.2, **kw)
-        colors.setdefault(label, line.get_color())
-    ax.axhline(target, color="grey", ls="--", lw=0.8, label=f"target {target:g}")
-    ax.set_xlabel("simulated wall-clock time (s, device time of the slowest node per round)")
-    ax.set_ylabel("global test accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    ax.set_title(title, fontsize=9)
-    kit.save_figure(fig, out / f"{name}.png")
-    return name
-
-
-def _fig_energy(out: Path, summary: dict[str, Any], methods: list[str]) -> str:
-    plt = kit.pyplot()
-    name = "fig-energy-to-target"
-    cols = (
-        "busy-energy-to-target-j-mean",
-        "busy-energy-to-target-j-std",
-        "idle-energy-to-target-j-mean",
-        "idle-energy-to-target-j-std",
-        "busy-energy-j-mean",
-        "idle-energy-j-mean",
-    )
-    rows = []
-    for m in methods:
-        g = summary["methods"][m]
-        rows.append([m, g["seeds-reached"], g["seeds"], *(g[c] for c in cols)])
-    kit.write_csv(
-        out / f"{name}.csv",
-        [
-            "method",
-            "seeds_reached",
-            "seeds",
-            "train_profile_energy_to_target_j_mean",
-            "train_profile_energy_to_target_j_std",
-            "idle_energy_to_target_j_mean",
-            "idle_energy_to_target_j_std",
-            "train_profile_energy_all_rounds_j_mean",
-            "idle_energy_all_rounds_j_mean",
-        ],
-        rows,
-    )
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    labels = [METHOD_LABELS.get(m, m) for m in methods]
-    for ax, (a, b, title) in zip(
-        axes,
-        (
-            (3, 5, "to the target accuracy (seeds that reached it)"),
-            (7, 8, "whole run (stops at the target)"),
-        ),
-        strict=True,
-    ):
-        tp = [r[a] or 0.0 for r in rows]
-        wt = [r[b] or 0.0 for r in rows]
-        ax.bar(labels, tp, label="training + profiling")
-        ax.bar(labels, wt, bottom=tp, label="idle waiting")
-        ax.set_ylabel("fleet energy (J)")
-        ax.set_title(title, fontsize=9)
-        ax.grid(axis="y", alpha=0.3)
-        ax.tick_params(axis="x", labelsize=7)
-    axes[0].legend(fontsize=7)
-    kit.save_figure(fig, out / f"{name}.png")
-    return name
-
-
-def _figures(
-    out: Path, target: float, summary: dict[str, Any], records: list[Rec]
-) -> list[tuple[str, str]]:
-    methods = [m for m in STUDY_METHODS if m in summary["methods"]]
-    figures: list[tuple[str, str]] = []
-    if methods:
-        series = [
-            (METHOD_LABELS.get(m, m), rec)
-            for m in methods
-            for rec in _by_use(records, "methods", m)
-        ]
-        title = "Accuracy against simulated time per method (one line per seed)"
-        name = _fig_accuracy(out, series, "fig-accuracy-vs-time", title, target)
-        figures.append((name, "accuracy against simulated time per method"))
-        figures.append((_fig_energy(out, summary, methods), "fleet energy per method"))
-    for scenario in SCENARIOS:
-        if scenario not in summary["scenarios"] or scenario == "balance":
-            continue
-        series = [
-            (f"{scenario}: {v}", rec)
-            for v in SCENARIO_VARIANTS[scenario]
-            for rec in _by_use(records, scenario, v)
-        ]
-        title = SCENARIO_TITLES[scenario]
-        figures.append((_fig_accuracy(out, series, f"fig-{scenario}", title, target), title))
-    return figures
-
 
 # --------------------------------------------------------------------------- report.md
 
@@ -425,7 +83,7 @@ def render(out: Path) -> Path:
     config = output.config
     summary = aggregate(records)
     write_json(out / "summary.json", _summary_json(summary))
-    figures = _figures(out, float(config["target-accuracy"]), summary, records)
+    figures = write_figures(out, float(config["target-accuracy"]), summary, records)
     doc = Doc()
     kit.experiment_head(doc, output, "federated study", f"{len(records)} run records")
     _run_notes(doc, output, records)
@@ -625,31 +283,6 @@ def _to_target_table(doc: Doc, ms: dict[str, Any], methods: list[str]) -> None:
 FREE_PROFILING_GOAL = 0.10  # time to target within 10% of the same run with free profiling
 
 
-def time_factors(ours: dict[str, Any], b1: dict[str, Any]) -> dict[str, float] | None:
-    """B1's time to target ÷ ours, split exactly into three factors of one seed's runs:
-
-    ``rounds`` = B1's rounds ÷ ours (the batch size's effect on learning), ``per-round`` =
-    B1's mean round time ÷ ours with profiling counted as free (the (b, f) choice's speed;
-    in a synchronous round only the slowest node counts), ``profiling`` = ours with free
-    profiling ÷ ours as run (≤ 1: what profiling costs). Their product is the ratio.
-    None when either run missed the target.
-    """
-    t_o, t_b = ours["time-to-target-s"], b1["time-to-target-s"]
-    free_o, r_o, r_b = (
-        ours["time-to-target-free-profiling-s"],
-        ours["round-to-target"],
-        b1["round-to-target"],
-    )
-    if None in (t_o, t_b, free_o, r_o, r_b) or not (t_o and free_o and r_o and r_b):
-        return None
-    return {
-        "ratio": t_b / t_o,
-        "rounds": r_b / r_o,
-        "per-round": (t_b / r_b) / (free_o / r_o),
-        "profiling": free_o / t_o,
-    }
-
-
 def _versus_b1_section(doc: Doc, ms: dict[str, Any]) -> None:
     """Seed by seed: does ours reach the target no later than B1 with no more energy, both
     counting profiling, and how close is it to free profiling; where its lead comes from."""
@@ -727,8 +360,8 @@ def _straggler_section(doc: Doc, records: list[Rec], methods: list[str]) -> None
         "time those rounds took / mean wait for the slowest node per round (s).",
         "",
     )
-    names = _node_names([r for m in methods for r in _by_use(records, "methods", m)])
-    tables = {m: _mean_nodes(_by_use(records, "methods", m)) for m in methods}
+    names = node_names([r for m in methods for r in by_use(records, "methods", m)])
+    tables = {m: mean_nodes(by_use(records, "methods", m)) for m in methods}
     doc.table(["node", "device", *(METHOD_LABELS.get(m, m) for m in methods)])
     for name in names:
         dev = next((t[name]["device"] for t in tables.values() if name in t), "?")
@@ -755,7 +388,7 @@ def _node_errors(doc: Doc, records: list[Rec], methods: list[str]) -> None:
             f"{r['method']} seed {r['seed']}: {n['node-name']} round {n['server-round']}: "
             f"{str(n.get('error', ''))[:200]}"
             for m in methods
-            for r in _by_use(records, "methods", m)
+            for r in by_use(records, "methods", m)
             for n in r["nodes"]
             if not n.get("ok")
         }
@@ -885,7 +518,7 @@ def _scenario_cell(g: dict[str, Any], q: str | None) -> str:
 def _paired_lines(summary: dict[str, Any], scenario: str, ref: str, other: str) -> list[str]:
     rows = []
     for q, label in PAIRED:
-        pairs = _paired(summary, scenario, ref, other, q)
+        pairs = paired(summary, scenario, ref, other, q)
         if not pairs:
             rows.append(f"- {label}: no seed where both variants have it")
             continue
@@ -900,7 +533,7 @@ def _paired_lines(summary: dict[str, Any], scenario: str, ref: str, other: str) 
 
 def _energy_mode_notes(summary: dict[str, Any], ref: str, other: str) -> list[str]:
     noise = summary["scenarios"]["balance-energy"].get(ref, {}).get("time-to-target-s-std")
-    r2t = _paired(summary, "balance-energy", ref, other, "round-to-target")
+    r2t = paired(summary, "balance-energy", ref, other, "round-to-target")
     same = sum(1 for _, a, b in r2t if a == b)
     return [
         f"- rounds to target identical in {same}/{len(r2t)} seed(s) (the energy mode "
@@ -932,6 +565,6 @@ def _scenario_section(
     doc.add("")
     if scenario in ("varying-cap", "drift"):
         for v in variants:
-            recs = _by_use(records, scenario, v)
+            recs = by_use(records, scenario, v)
             doc.add(f"**{v}: per node (whole run, mean over seeds)**", "")
-            _node_table(doc, _mean_nodes(recs), _node_names(recs))
+            _node_table(doc, mean_nodes(recs), node_names(recs))

@@ -78,20 +78,26 @@ class FleetPace:
         return self.slowest.round_time_s / self.median_round_time_s
 
 
+@dataclass(frozen=True)
+class PaceRule:
+    """What every node's pace is judged with: the model's training FLOPs per sample, the
+    candidate batch sizes and the robust peak's ``peak-sigma-k``."""
+
+    flops_per_sample: float
+    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES
+    peak_sigma_k: float = DEFAULT_PEAK_SIGMA_K
+
+
 def node_pace(
-    name: str,
-    device: str,
-    limit: PowerLimit,
-    flops_per_sample: float,
-    *,
-    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
-    samples: float = 1.0,
-    peak_sigma_k: float = DEFAULT_PEAK_SIGMA_K,
+    name: str, device: str, limit: PowerLimit, rule: PaceRule, *, samples: float = 1.0
 ) -> NodePace:
-    """A node's fastest feasible cell on the twin of ``device`` under ``limit``.
+    """A node's fastest feasible cell on the twin of ``device`` under ``limit``, judged by
+    ``rule``; ``samples``: its round's training samples.
 
     Raises ValueError naming the node when no cell is feasible under its cap.
     """
+    flops_per_sample, batch_sizes = rule.flops_per_sample, rule.batch_sizes
+    peak_sigma_k = rule.peak_sigma_k
     spec = load_device_spec(device)
     freqs = spec.gpu_freqs_mhz
     time_s = np.array(
@@ -143,23 +149,13 @@ def fleet_pace(
     """
     from fl_client import task  # torch: only when a pace is computed
 
-    flops = task.train_flops_per_sample(model)
+    rule = PaceRule(task.train_flops_per_sample(model), batch_sizes, peak_sigma_k)
     nodes = []
     for node in load_fleet(fleet):
         margin = cap_margin if node.cap_margin is None else node.cap_margin
         limit = PowerLimit(node.p_max_at(1).watts, margin)
         n = 1.0 if samples is None else float(samples[node.name])
-        nodes.append(
-            node_pace(
-                node.name,
-                node.device,
-                limit,
-                flops,
-                batch_sizes=batch_sizes,
-                samples=n,
-                peak_sigma_k=peak_sigma_k,
-            )
-        )
+        nodes.append(node_pace(node.name, node.device, limit, rule, samples=n))
     return FleetPace(tuple(nodes))
 
 

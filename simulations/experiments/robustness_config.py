@@ -8,8 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fl_client.settings import PARTITIONINGS, RunSettings, SettingsError
-from fl_client.settings_table import choices
+from fl_client.settings import RunSettings, SettingsError
 from simulations.experiments.config import (
     STUDY_METHODS,
     Fields,
@@ -18,6 +17,7 @@ from simulations.experiments.config import (
     config_error,
     merge_scale,
 )
+from simulations.experiments.training_settings import TRAINING_DEFAULTS, TrainingSettings
 
 NAME = "federated-robustness"
 #: How the cells run: ``in-process`` (many cells, one after another, in one long-lived
@@ -57,25 +57,14 @@ DEFAULTS: dict[str, Any] = {
     "arms": DEFAULT_ARMS,
     # the arms every other arm's paired ratios are taken against
     "ratio-against": ["b1", "off"],
-    "model": "cnn",
-    "partitioning": "dirichlet",
-    "dirichlet-alpha": 0.5,
-    "num-rounds": 20,
-    "target-accuracy": 0.85,
+    # the run settings every cell shares, with the run's defaults (``TrainingSettings``)
+    **TRAINING_DEFAULTS,
     # the smoothed criterion: the first round whose mean accuracy over this many rounds
     # (it and the ones before) reaches the target
     "smoothing-rounds": 3,
     # run every cell for all num-rounds (the runs do not stop at the target), so the
     # smoothed criterion can be read; false: stop at the first round at the target
     "run-past-target": True,
-    "local-epochs": 5,
-    "batch-sizes": [4, 8, 16, 32, 64, 128],
-    "lr-ref": 0.005,
-    "b-ref": 128,
-    "proxy-target-accuracy": 0.8,
-    "r-max-samples": 40_000,
-    "r-eval-every-samples": 256,
-    "profile-grid": "efficient",
     "engine": "in-process-warm",
     "cell-timeout-s": 1800,
 }
@@ -97,8 +86,9 @@ class Arm:
 
 
 @dataclass(frozen=True)
-class RobustnessConfig(StudyConfig):
-    """The resolved settings of one robustness study at one scale."""
+class RobustnessConfig(TrainingSettings, StudyConfig):
+    """The resolved settings of one robustness study at one scale: the run settings every
+    cell shares (``TrainingSettings``) and the study's own."""
 
     name: str
     study: str
@@ -109,21 +99,8 @@ class RobustnessConfig(StudyConfig):
     seeds: int
     arms: tuple[Arm, ...]
     ratio_against: tuple[str, ...]
-    model: str
-    partitioning: str
-    dirichlet_alpha: float
-    num_rounds: int
-    target_accuracy: float
     smoothing_rounds: int
     run_past_target: bool
-    local_epochs: int
-    batch_sizes: tuple[int, ...]
-    lr_ref: float
-    b_ref: int
-    proxy_target_accuracy: float
-    r_max_samples: int
-    r_eval_every_samples: int
-    profile_grid: str
     engine: str
     cell_timeout_s: int
 
@@ -138,20 +115,9 @@ class RobustnessConfig(StudyConfig):
     def base_overrides(self) -> dict[str, Any]:
         """The run settings every cell shares (before its fleet, seed and arm)."""
         return {
-            "model": self.model,
-            "partitioning": self.partitioning,
-            "dirichlet-alpha": self.dirichlet_alpha,
-            "num-rounds": self.num_rounds,
+            **self.training_overrides(),
             # past the target: the run goes on to num-rounds; the report applies the target
             "target-accuracy": 1.0 if self.run_past_target else self.target_accuracy,
-            "local-epochs": self.local_epochs,
-            "batch-sizes": ",".join(str(b) for b in self.batch_sizes),
-            "lr-ref": self.lr_ref,
-            "b-ref": self.b_ref,
-            "proxy-target-accuracy": self.proxy_target_accuracy,
-            "r-max-samples": self.r_max_samples,
-            "r-eval-every-samples": self.r_eval_every_samples,
-            "profile-grid": self.profile_grid,
             "drift-check-every": 0,
         }
 
@@ -160,13 +126,12 @@ def parse_robustness(data: Mapping[str, Any], where: str, options: FileOptions) 
     """Validate a parsed robustness experiment; every error names the key. The fleets'
     files and data splits are checked by the study's plan (``robustness.check_fleets``),
     which needs the generated fleets written."""
-    from fl_client import task
-
     m = merge_scale(data, where, DEFAULTS, options)
     f = Fields(m, where, DEFAULTS)
     arms = _arms(f, "arms")
     names = tuple(a.name for a in arms)
     cfg = RobustnessConfig(
+        **TrainingSettings.parse_values(m, where),
         name=f.text("name"),
         study=f.text("study", (NAME,)),
         description=f.text("description"),
@@ -176,21 +141,8 @@ def parse_robustness(data: Mapping[str, Any], where: str, options: FileOptions) 
         seeds=f.integer("seeds", 1),
         arms=arms,
         ratio_against=f.str_list("ratio-against", names),
-        model=f.text("model", tuple(task.MODEL_NAMES)),
-        partitioning=f.text("partitioning", PARTITIONINGS),
-        dirichlet_alpha=f.number("dirichlet-alpha", 0.0),
-        num_rounds=f.integer("num-rounds", 1),
-        target_accuracy=f.number("target-accuracy", 0.0, 1.0),
         smoothing_rounds=f.integer("smoothing-rounds", 1),
         run_past_target=_flag(f, "run-past-target"),
-        local_epochs=f.integer("local-epochs", 1),
-        batch_sizes=f.batch_sizes(),
-        lr_ref=f.number("lr-ref", 0.0),
-        b_ref=f.integer("b-ref", 1),
-        proxy_target_accuracy=f.number("proxy-target-accuracy", 0.0, 1.0),
-        r_max_samples=f.integer("r-max-samples", 1),
-        r_eval_every_samples=f.integer("r-eval-every-samples", 1),
-        profile_grid=f.text("profile-grid", choices("profile-grid")),
         engine=f.text("engine", ENGINES),
         cell_timeout_s=f.integer("cell-timeout-s", 1),
     )

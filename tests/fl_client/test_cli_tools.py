@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fl_client import cli_tools, profiler, task
+from fl_client import cli_tools, lut_text, profiler, task
 from fl_client.contract import Cap
 from fl_client.devices import jetson_sysfs, safety
 from fl_client.devices.base import GPU_POWER_LIMIT_W
@@ -531,7 +531,7 @@ def test_select_judges_cells_by_peak_plus_k_sigma(
     code, out, err = run([*argv, "--peak-sigma-k", "1"], capsys)  # 4.9 W: feasible
     assert code == 0 and out.startswith("power-aware: b* = 64, f* = 614.4 MHz"), err
     # the LUT printed: σ and the cells the rule refuses
-    text = cli_tools.format_lut(LUT.load(path), p_max_w=5.0)
+    text = lut_text.format_lut(LUT.load(path), p_max_w=5.0)
     assert "* = peak + 2·σ not below P_max 5 W" in text
     peak_block = text.split("peak power (W)")[1].split("average power")[0]
     row64 = next(line for line in peak_block.splitlines() if line.split()[:1] == ["64"])
@@ -556,7 +556,7 @@ def test_select_names_a_power_limit_knob_and_its_unit(
     data = json.loads(out)
     assert (data["gpu-power-limit-w"], data["knob-unit"]) == (200.0, "W")
     assert "gpu-freq-mhz" not in data
-    assert re.search(r"b \\ W\s+150\s+200\s+250", cli_tools.format_lut(lut))
+    assert re.search(r"b \\ W\s+150\s+200\s+250", lut_text.format_lut(lut))
 
 
 def test_select_bad_lut_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -196,7 +196,7 @@ def test_import_and_export_refuse_a_library_that_is_a_file_or_read_only_places(
     real_access = __import__("os").access
     # root may write anywhere: the check's answer comes from os.access, faked for `locked`
     monkeypatch.setattr(
-        "fl_client.settings.os.access",
+        "fl_client.preflight.os.access",
         lambda path, mode: False if Path(path) == locked else real_access(path, mode),
     )
     with pytest.raises(SettingsError, match=r"out: cannot write into .*locked.*not writable"):

@@ -18,7 +18,8 @@ from simulations.experiments.balance_report import (
     paired,
     time_attribution,
 )
-from simulations.experiments.federated_report import aggregate, cell_metrics, render
+from simulations.experiments.federated_metrics import aggregate, cell_metrics
+from simulations.experiments.federated_report import render
 from tests.simulations.test_federated_report import _output, cell, round_row
 
 

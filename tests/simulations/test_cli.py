@@ -256,8 +256,8 @@ def test_the_runtime_engine_runs_through_run_in_runtime_and_keeps_the_split(
     calls: dict[str, Any] = {}
     run_dir = tmp_path / "runs" / "20260101-000000-power-aware"
 
-    def fake_run_in_runtime(overrides, **kwargs):
-        calls.update(kwargs, overrides=overrides)
+    def fake_run_in_runtime(overrides, options):
+        calls.update(vars(options), overrides=overrides)
         run_dir.mkdir(parents=True)
         summary = {"method": "power-aware", "run-dir": str(run_dir)}
         return runtime.RuntimeResult(7, "finished:completed", run_dir, summary, 1.0)

@@ -458,7 +458,7 @@ def test_an_out_folder_that_cannot_be_written_is_refused_before_anything_runs(
     real_access = os.access
     # root may write anywhere: the check's answer comes from os.access, faked for `locked`
     monkeypatch.setattr(
-        "fl_client.settings.os.access",
+        "fl_client.preflight.os.access",
         lambda path, mode: False if Path(path) == locked else real_access(path, mode),
     )
     assert main(["experiment", "run", str(exp), "--out", str(locked / "out")]) == 2

@@ -15,7 +15,13 @@ from fl_client.devices.descriptors import load_device_spec
 from fl_client.selector import PEAK_SIGMA_K, PowerLimit
 from fl_client.settings import load_fleet
 from fl_client.shipped import shipped_names
-from simulations.experiments.fleet_pace import DEFAULT_BATCH_SIZES, fleet_pace, main, node_pace
+from simulations.experiments.fleet_pace import (
+    DEFAULT_BATCH_SIZES,
+    PaceRule,
+    fleet_pace,
+    main,
+    node_pace,
+)
 
 STRAGGLER = re.compile(r"^straggler-(\d+(?:\.\d+)?)x$")
 STRAGGLER_FLEETS = [n for n in shipped_names("fleets") if STRAGGLER.match(n)]
@@ -53,7 +59,7 @@ def test_a_nodes_pace_is_its_fastest_cell_feasible_under_its_cap():
     peak + k·σ, σ the twin's power noise); the chosen one does not."""
     flops = task.train_flops_per_sample("cnn")
     limit = PowerLimit(4.5, 0.05)
-    p = node_pace("nano", "jetson-nano", limit, flops)
+    p = node_pace("nano", "jetson-nano", limit, PaceRule(flops))
     spec = load_device_spec("jetson-nano")
 
     def robust(b: int, f: float) -> float:
@@ -65,7 +71,7 @@ def test_a_nodes_pace_is_its_fastest_cell_feasible_under_its_cap():
             if sim.time_per_sample_s(spec, b, f, flops) < p.time_per_sample_s:
                 assert robust(b, f) >= limit.limit_w, (b, f)
     # no cap: the twin's fastest cell of all
-    free = node_pace("nano", "jetson-nano", PowerLimit(math.inf), flops)
+    free = node_pace("nano", "jetson-nano", PowerLimit(math.inf), PaceRule(flops))
     fastest = min(
         sim.time_per_sample_s(spec, b, f, flops)
         for b in DEFAULT_BATCH_SIZES
@@ -85,7 +91,7 @@ def test_a_nodes_data_share_scales_its_round_time():
 def test_a_cap_no_cell_meets_is_an_error_naming_the_node():
     flops = task.train_flops_per_sample("cnn")
     with pytest.raises(ValueError, match=r"agx: no .* feasible under 5 W"):
-        node_pace("agx", "jetson-agx-orin", PowerLimit(5.0, 0.05), flops)
+        node_pace("agx", "jetson-agx-orin", PowerLimit(5.0, 0.05), PaceRule(flops))
 
 
 def test_the_command_prints_each_fleets_ratio(capsys):

@@ -31,18 +31,17 @@ import pytest
 
 from fl_client.settings import REPO_ROOT, SettingsError
 from simulations import runtime
+from simulations.processes import process_tree
 from simulations.runtime import (
-    LocalSuperLink,
     NodeResources,
-    RunStream,
-    RuntimeRunError,
+    RuntimeOptions,
     federation_config,
     federation_config_arg,
-    process_tree,
     run_in_runtime,
     stage_app,
-    stop_tree,
 )
+from simulations.superlink import STARTUP_TIMEOUT_S, LocalSuperLink, RuntimeRunError, stop_tree
+from tests.simulations.test_superlink import _state
 
 FLEET = textwrap.dedent(
     """
@@ -162,17 +161,8 @@ def test_an_old_flower_is_refused_before_anything_starts(tmp_path: Path) -> None
         mp.setattr(runtime.importlib.metadata, "version", lambda name: "1.30.0")
         assert runtime.flower_version() == (1, 30, 0)
         with pytest.raises(SettingsError, match=r"flwr 1\.30\.0: the Simulation Runtime"):
-            run_in_runtime({"output-dir": str(tmp_path / "runs")}, workdir=tmp_path)
+            run_in_runtime({"output-dir": str(tmp_path / "runs")}, RuntimeOptions(workdir=tmp_path))
     assert not list(tmp_path.iterdir())
-
-
-def test_environment_keeps_ray_private_unless_given_a_cluster(tmp_path: Path) -> None:
-    env = runtime.runtime_env(tmp_path / "home", None)
-    assert env["RAY_ADDRESS"] == "local"  # never a cluster found on the host
-    assert env["FLWR_HOME"] == str(tmp_path / "home")
-    assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
-    assert env["FLWR_TELEMETRY_ENABLED"] == "0"
-    assert runtime.runtime_env(tmp_path, "10.0.0.5:6379")["RAY_ADDRESS"] == "10.0.0.5:6379"
 
 
 def test_paths_are_made_absolute_against_the_current_folder(
@@ -182,70 +172,6 @@ def test_paths_are_made_absolute_against_the_current_folder(
     out = runtime.with_app_paths({"output-dir": "elsewhere"})
     assert out["output-dir"] == str(tmp_path / "elsewhere")
     assert out["fleet"] == str(REPO_ROOT / "configs/fleets/default.toml")
-
-
-def test_stream_takes_the_run_id_and_relays_the_log_without_flowers_notes(
-    tmp_path: Path,
-) -> None:
-    lines = [
-        "\x1b[32mSuccessfully started run 1234\x1b[0m",
-        "\x1b[92mINFO \x1b[0m:      Starting logstream for run_id `1234`",
-        "\x1b[92mINFO \x1b[0m:      Starting Flower Simulation",
-        "\x1b[93mWARNING \x1b[0m:   Since flwr 1.32, default simulated SuperNodes changed from 10",
-        "Successfully installed powerfl to /tmp/x/apps/powerfl.powerfl.0.1.0.abc.",
-        "powerfl method=power-aware model=cnn rounds≤1",
-        "round   1  accuracy 0.187",
-        "\x1b[92mINFO \x1b[0m:      ",
-    ]
-    script = "import sys\nfor line in sys.argv[1:]: print(line)\n"
-    link = LocalSuperLink(tmp_path, env=dict(os.environ))
-    out = io.StringIO()
-    stream = RunStream([sys.executable, "-c", script, *lines], link, out, tmp_path / "log", True)
-    assert stream.wait_started(30) == 1234
-    assert stream.wait(30)
-    assert (
-        out.getvalue()
-        == "powerfl method=power-aware model=cnn rounds≤1\nround   1  accuracy 0.187\n"
-    )
-    assert stream.tail_text().endswith("round   1  accuracy 0.187")
-    assert "Starting Flower Simulation" in (tmp_path / "log").read_text()  # all kept there
-
-
-def test_a_failed_flwr_run_gives_no_run_id(tmp_path: Path) -> None:
-    link = LocalSuperLink(tmp_path, env=dict(os.environ))
-    argv = [sys.executable, "-c", "import sys; print('Error: no SuperLink'); sys.exit(1)"]
-    stream = RunStream(argv, link, None, tmp_path / "log", False)
-    assert stream.wait_started(30) is None
-    assert "no SuperLink" in stream.tail_text()
-
-
-def test_stop_tree_ends_every_process_below_one_also_orphans(tmp_path: Path) -> None:
-    """A parent whose children outlive it (as SuperExec's and Ray's do)."""
-    script = textwrap.dedent(
-        """
-        import subprocess, sys, time
-        for _ in range(2):
-            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-        print("ready", flush=True)
-        time.sleep(120)
-        """
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, start_new_session=True
-    )
-    assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
-    tree = process_tree(proc.pid)
-    assert len(tree) == 3
-    stop_tree(proc, grace_s=3.0)
-    assert proc.poll() is not None
-    assert not [p for p in tree if Path(f"/proc/{p}").exists() and _state(p) != "Z"]
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
 
 
 # ----------------------------------------------------------------------------- slow
@@ -272,7 +198,7 @@ def test_a_run_through_the_runtime_returns_its_own_summary(tmp_path: Path, cache
     before = _own_processes()
     out = io.StringIO()
     res = run_in_runtime(
-        _settings(tmp_path, cache_dir, 2), timeout_s=300, out=out, workdir=tmp_path
+        _settings(tmp_path, cache_dir, 2), RuntimeOptions(timeout_s=300, out=out, workdir=tmp_path)
     )
     assert res.status == "finished:completed" and res.run_id > 0
     assert res.summary["rounds"] == 1
@@ -309,8 +235,8 @@ def test_a_failed_run_is_an_error_with_the_logs_tail(tmp_path: Path) -> None:
     before = _own_processes()
     failing = {"proxy-target-accuracy": 0.99, "r-max-samples": 256, "r-eval-every-samples": 128}
     with pytest.raises(RuntimeRunError) as info:
-        run_in_runtime(_settings(tmp_path, tmp_path / "cache", 2, **failing), timeout_s=300,
-                       echo=False, workdir=tmp_path)  # fmt: skip
+        run_in_runtime(_settings(tmp_path, tmp_path / "cache", 2, **failing),
+                       RuntimeOptions(timeout_s=300, echo=False, workdir=tmp_path))  # fmt: skip
     err = info.value
     assert err.status == "finished:failed", str(err)
     assert "reached proxy-target-accuracy 0.99" in str(err)  # Flower's details
@@ -326,7 +252,7 @@ def test_a_run_past_its_deadline_is_stopped(tmp_path: Path) -> None:
     t0 = time.monotonic()
     with pytest.raises(RuntimeRunError) as info:
         run_in_runtime(_settings(tmp_path, tmp_path / "cache", 2, **{"num-rounds": 50}),
-                       timeout_s=15, echo=False, workdir=tmp_path)  # fmt: skip
+                       RuntimeOptions(timeout_s=15, echo=False, workdir=tmp_path))  # fmt: skip
     assert info.value.status == "timeout"
     assert "did not finish within 15 s" in str(info.value)
     assert time.monotonic() - t0 < 15 + 60
@@ -344,7 +270,7 @@ def test_a_superlink_that_dies_mid_run_leaves_nothing_behind(tmp_path: Path) -> 
     names: dict[int, str] = {}
     real_start = LocalSuperLink.start
 
-    def start(self: LocalSuperLink, timeout_s: float = runtime.STARTUP_TIMEOUT_S) -> None:
+    def start(self: LocalSuperLink, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
         real_start(self, timeout_s)
         links.append(self)
 
@@ -366,7 +292,7 @@ def test_a_superlink_that_dies_mid_run_leaves_nothing_behind(tmp_path: Path) -> 
         mp.setattr(LocalSuperLink, "start", start)
         with pytest.raises(RuntimeRunError) as info:
             run_in_runtime(_settings(tmp_path, tmp_path / "cache", 2, **{"num-rounds": 50}),
-                           timeout_s=300, echo=False, workdir=tmp_path)  # fmt: skip
+                           RuntimeOptions(timeout_s=300, echo=False, workdir=tmp_path))  # fmt: skip
     killer.join(timeout=5)
     assert seen, "Ray never started below the SuperLink"
     assert info.value.status == "superlink-exited", str(info.value)
@@ -507,10 +433,9 @@ def test_a_fleet_runs_across_a_two_node_ray_cluster(tmp_path: Path, cache_dir: P
         with _watch_client_apps(cluster) as ran_on:
             res = run_in_runtime(
                 _settings(tmp_path, cache_dir, 3),
-                ray_address=cluster.address,
-                timeout_s=300,
-                echo=False,
-                workdir=tmp_path,
+                RuntimeOptions(
+                    ray_address=cluster.address, timeout_s=300, echo=False, workdir=tmp_path
+                ),
             )
         assert res.status == "finished:completed"
         assert res.summary["rounds"] == 1
@@ -556,7 +481,7 @@ def test_interrupt_stops_everything(tmp_path: Path) -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(LocalSuperLink, "_wait_ready", interrupted)
         with pytest.raises(KeyboardInterrupt):
-            run_in_runtime(settings, echo=False, workdir=tmp_path)
+            run_in_runtime(settings, RuntimeOptions(echo=False, workdir=tmp_path))
     assert started.is_set()
     assert _own_processes() <= before
     assert not list(tmp_path.glob("powerfl-rt-*"))
