@@ -26,9 +26,9 @@ from typing import Any
 
 from results_file import write_results
 
+from fl_client.cell_measure import CellWindow, measure_cell_with_sigma
 from fl_client.devices import Workload
 from fl_client.devices.nvml import NvmlDevice
-from fl_client.profiler import CellWindow, measure_cell_with_sigma
 
 try:
     from fl_client.argparse_once import OnceParser

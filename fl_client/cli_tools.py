@@ -33,7 +33,8 @@ from fl_client.contract import Cap
 from fl_client.devices import BACKENDS, POWER_SOURCES, Device, DeviceError, DeviceOptions
 from fl_client.devices.base import GPU_FREQ_MHZ, DeviceInfo, Knob, Measurement, Meter, Workload
 from fl_client.devices.cli import add_devices_parser
-from fl_client.selector import METHODS, PEAK_SIGMA_K, Objective
+from fl_client.feasibility import PEAK_SIGMA_K
+from fl_client.selector import METHODS, Objective
 from fl_client.settings_table import MODEL_NAMES, RUN, Setting
 
 #: The nodes' LUT cache under the run setting ``cache-dir``'s default.
@@ -333,7 +334,7 @@ def format_lut(lut: Any, p_max_w: float | None = None, peak_sigma_k: float = PEA
     """
     import numpy as np
 
-    from fl_client.selector import feasible_cells
+    from fl_client.feasibility import feasible_cells
 
     cap = p_max_w if p_max_w is not None else (lut.limit.limit_w if lut.limit.capped else None)
     sigma_w = lut.peak_sigma_w
@@ -452,7 +453,7 @@ def cmd_profile(
     """Handler of ``powerfl profile``."""
     out, err = out or sys.stdout, err or sys.stderr
     from fl_client.devices import open_device
-    from fl_client.lut import LUTFormatError
+    from fl_client.lut_format import LUTFormatError
     from fl_client.profiler import ProfileOptions, load_or_profile, profile
     from fl_client.settings import (
         SettingsError,
@@ -647,8 +648,10 @@ def cmd_select(
 ) -> int:
     """Handler of ``powerfl select``."""
     out, err = out or sys.stdout, err or sys.stderr
-    from fl_client.lut import LUT, LUTFormatError
-    from fl_client.selector import InfeasibleCapError, Tables, select
+    from fl_client.lut import LUT
+    from fl_client.lut_format import LUTFormatError
+    from fl_client.selection import InfeasibleCapError, Tables
+    from fl_client.selector import select
     from fl_client.settings import check_input_file
 
     try:

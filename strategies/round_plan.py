@@ -25,8 +25,10 @@ import numpy.typing as npt
 
 from fl_client.balance import missed_deadline
 from fl_client.contract import TrainReport
+from fl_client.feasibility import PEAK_SIGMA_K
 from fl_client.lut import LUT
-from fl_client.selector import EQ4, PEAK_SIGMA_K, TIE_TOLERANCE, Objective, PowerLimit, choose_cell
+from fl_client.power import PowerLimit
+from fl_client.selector import EQ4, TIE_TOLERANCE, Objective, choose_cell
 
 #: The pace-setter's objective with the default tie rule and feasibility.
 PACE = EQ4.for_pace()

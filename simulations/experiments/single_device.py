@@ -48,6 +48,7 @@ from fl_client.devices.simulated import DeviceSpec, load_device_spec
 from fl_client.node import workload_for
 from fl_client.profiler import profile
 from fl_client.r_estimation import r_from_samples
+from fl_client.selection import Selection
 from simulations.experiments import single_device_report
 from simulations.experiments.config import ExperimentConfigError
 from simulations.experiments.datasets import StudyData, study_data
@@ -313,7 +314,7 @@ def _profile(cfg: SingleDeviceConfig, c: CellSpec, workload: Workload, sizes: li
 
 def _select(
     c: CellSpec, board: Board, samples: Samples, method: str
-) -> tuple[selector.Selection, dict[str, Any]]:
+) -> tuple[Selection, dict[str, Any]]:
     """The (b, f) of ``method`` in this cell and what the record adds for it. Raises
     ValueError (incl. InfeasibleCapError, B1 without a safe band) when it has none."""
     f_cap = None if method in LUT_METHODS else board.spec.b1_freq_cap_mhz(c.cap_w)

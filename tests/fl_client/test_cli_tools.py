@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fl_client import cli_tools, profiler, task
+from fl_client import cell_measure, cli_tools, profiler, task
 from fl_client.contract import Cap
 from fl_client.devices import jetson as jetson_mod
 from fl_client.devices import safety
@@ -26,7 +26,9 @@ from fl_client.devices.replay import ReplayDevice
 from fl_client.devices.sampler import PowerMeasurement
 from fl_client.devices.simulated import load_device_spec
 from fl_client.lut import LUT
-from fl_client.selector import Objective, PowerLimit, Tables, select_eq4
+from fl_client.power import PowerLimit
+from fl_client.selection import Tables
+from fl_client.selector import Objective, select_eq4
 from fl_client.settings import RunSettings
 from simulations.cli import build_parser, main
 from tests.fl_client.devices.conftest import FakeGpu, make_fake_pynvml
@@ -63,7 +65,7 @@ def no_settling(monkeypatch: pytest.MonkeyPatch) -> None:
             window(self, device), settle_tolerance=math.inf, max_time_rse=math.inf
         ),
     )
-    monkeypatch.setattr(profiler, "STUCK_MIN_S", math.inf)
+    monkeypatch.setattr(cell_measure, "STUCK_MIN_S", math.inf)
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -11,16 +11,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fl_client.cell_measure import MeasureContext
 from fl_client.devices import Measurement
 from fl_client.drift import check_drift, trained_time_deviation
-from fl_client.lut import LUT, cell_tables, load_cached
+from fl_client.lut import LUT, load_cached
+from fl_client.lut_cells import cell_tables
 from fl_client.node import train_node
-from fl_client.profiler import (
-    MeasureContext,
-    ProfileOptions,
-    load_or_profile,
-    profile,
-)
+from fl_client.profiler import ProfileOptions, load_or_profile, profile
 from tests.fl_client.test_node import (
     NODE,
     R_FOR_B64,

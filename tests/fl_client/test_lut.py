@@ -15,22 +15,12 @@ import numpy as np
 import pytest
 
 from fl_client.devices.base import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W, Workload
-from fl_client.lut import (
-    CELL_TABLES,
-    LUT,
-    LUT_VERSION,
-    LUTFormatError,
-    LUTKey,
-    load_cached,
-    lut_checksum,
-    median_cell,
-    merge_cells,
-    replace_rows,
-    save_quietly,
-    scale_cells,
-)
+from fl_client.lut import LUT, LUTKey, load_cached, lut_checksum, save_quietly
+from fl_client.lut_cells import median_cell, merge_cells, replace_rows, scale_cells
+from fl_client.lut_format import CELL_TABLES, LUT_VERSION, LUTFormatError
 from fl_client.profiler import load_or_profile, profile
-from fl_client.selector import Tables, select_eq4
+from fl_client.selection import Tables
+from fl_client.selector import select_eq4
 from tests.fl_client.test_profiler import (
     B6,
     NANO_FREQS_MHZ,

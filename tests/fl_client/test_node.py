@@ -19,8 +19,10 @@ import torch
 
 from fl_client import selector
 from fl_client.contract import Cap, NodeDescriptor, SettingsError, TrainConfig, TrainReport
+from fl_client.feasibility import PEAK_SIGMA_K
 from fl_client.lut import LUT
 from fl_client.node import describe_node, node_context, train_node
+from fl_client.selection import Selection
 from fl_client.settings import RunSettings
 from fl_client.task import build_model
 
@@ -122,7 +124,7 @@ def test_the_selection_rule_is_two_run_settings_with_the_selectors_defaults(
 ) -> None:
     defaults = RunSettings.from_config({})
     assert (defaults.peak_sigma_k, defaults.tie_tolerance) == (
-        selector.PEAK_SIGMA_K,
+        PEAK_SIGMA_K,
         selector.TIE_TOLERANCE,
     )
     ctx = node_context(run_config(tmp_path), NODE)
@@ -141,7 +143,7 @@ def test_the_node_selects_with_the_luts_sigma_and_average_power_under_its_rule(
     seen: list[dict[str, Any]] = []
     real = selector.select
 
-    def spy(method: str, **kwargs: Any) -> selector.Selection:
+    def spy(method: str, **kwargs: Any) -> Selection:
         seen.append(kwargs)
         return real(method, **kwargs)
 

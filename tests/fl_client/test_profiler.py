@@ -19,6 +19,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fl_client.cell_measure import (
+    MAX_WINDOW_S,
+    CellWindow,
+    measure_cell,
+    measure_cell_with_sigma,
+    step_time_rse,
+    time_sums_rse,
+    warmup_stable,
+)
 from fl_client.devices.base import (
     EXACT_SENSOR,
     GPU_FREQ_MHZ,
@@ -30,29 +39,19 @@ from fl_client.devices.base import (
     SensorSpec,
     Workload,
 )
+from fl_client.feasibility import feasible_cells, feasible_freq_index
 from fl_client.lut import LUT, LUTKey
+from fl_client.power import PowerLimit
 from fl_client.profiler import (
-    MAX_WINDOW_S,
     WALK_EXTRA_INFEASIBLE,
     WALK_STOP_IN_A_ROW,
-    CellWindow,
     ProfileOptions,
     _efficient_row,
     load_or_profile,
-    measure_cell,
-    measure_cell_with_sigma,
     profile,
-    step_time_rse,
-    time_sums_rse,
-    warmup_stable,
 )
-from fl_client.selector import (
-    PowerLimit,
-    Tables,
-    feasible_cells,
-    feasible_freq_index,
-    select_eq4,
-)
+from fl_client.selection import Tables
+from fl_client.selector import select_eq4
 
 REAL_SENSOR = SensorSpec("real", 0.0, 1, 0.1)
 NANO_FREQS_MHZ = tuple(round(76.8 * k, 1) for k in range(1, 13))  # 76.8 … 921.6

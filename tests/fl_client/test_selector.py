@@ -13,22 +13,13 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from fl_client import selector
-from fl_client.selector import (
-    METHODS,
-    InfeasibleCapError,
-    Objective,
-    PowerLimit,
-    Tables,
-    choose_cell,
-    feasible_freq_index,
-    select,
-    select_b1,
-    select_b2,
-    select_eq4,
-    select_fixed,
-    validate_batch_sizes,
-    validate_r,
-)
+from fl_client.devices.base import FREQ_TOLERANCE_MHZ
+from fl_client.feasibility import feasible_freq_index, feasible_freq_indices
+from fl_client.power import PowerLimit
+from fl_client.selection import InfeasibleCapError, Tables
+from fl_client.selector import METHODS, Objective, choose_cell, select, select_eq4
+from fl_client.selector_baselines import select_b1, select_b2, select_fixed
+from fl_client.selector_inputs import validate_batch_sizes, validate_r
 
 NANO_FREQS_MHZ = [round(76.8 * k, 1) for k in range(1, 13)]  # 76.8 … 921.6
 B6 = [4, 8, 16, 32, 64, 128]
@@ -321,7 +312,7 @@ def test_b2_smallest_r_ties_to_larger_batch():
 @settings(max_examples=100, deadline=None)
 @given(r=st.lists(R_VALUE, min_size=6, max_size=6), cap=st.floats(76.8, 2000.0))
 def test_baselines_against_brute_force(r, cap):
-    f_expected = max(f for f in NANO_FREQS_MHZ if f <= cap + selector.FREQ_TOLERANCE_MHZ)
+    f_expected = max(f for f in NANO_FREQS_MHZ if f <= cap + FREQ_TOLERANCE_MHZ)
     b1 = select_b1(B6, NANO_FREQS_MHZ, cap)
     assert (b1.batch_size, b1.freq_mhz) == (max(B6), f_expected)
     b2 = select_b2(B6, NANO_FREQS_MHZ, r, cap)
@@ -419,7 +410,7 @@ def test_table_errors_name_the_table():
 )
 def test_vectorised_feasible_indices_equal_the_row_rule(power_w, p_max_w):
     rows = [feasible_freq_index(row, p_max_w) for row in power_w]
-    assert selector.feasible_freq_indices(power_w, p_max_w) == rows
+    assert feasible_freq_indices(power_w, p_max_w) == rows
 
 
 # --------------------------------------------------------------------------- choose_cell
@@ -448,12 +439,12 @@ def test_choose_cell_is_eq4_on_bare_tables() -> None:
 # ----------------------------------------------------------------- objective, round context
 
 
-def _context_case() -> tuple[selector.Tables, list[int], list[float], list[float]]:
+def _context_case() -> tuple[Tables, list[int], list[float], list[float]]:
     # b = 8 (r 0.3) is slow and sample-efficient; b = 32 (r 1.0) fast; avg power per cell
     time = np.array([[0.04, 0.03, 0.025], [0.02, 0.012, 0.010]])
     peak = np.array([[2.0, 3.0, 4.0], [3.0, 4.0, 5.0]])
     avg = np.array([[1.0, 1.6, 2.5], [1.5, 2.4, 3.6]])
-    return selector.Tables(time, peak, avg), [8, 32], [300.0, 600.0, 900.0], [0.3, 1.0]
+    return Tables(time, peak, avg), [8, 32], [300.0, 600.0, 900.0], [0.3, 1.0]
 
 
 def _within(budget_s: float, batch_size: int | None = None) -> selector.RoundContext:

@@ -13,16 +13,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from fl_client.devices.base import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W
-from fl_client.selector import (
-    InfeasibleCapError,
-    Objective,
-    PowerLimit,
-    Tables,
-    feasible_cells,
-    feasible_freq_indices,
-    select,
-    select_eq4,
-)
+from fl_client.feasibility import feasible_cells, feasible_freq_indices
+from fl_client.power import PowerLimit
+from fl_client.selection import InfeasibleCapError, Tables
+from fl_client.selector import Objective, select, select_eq4
 
 B6 = [4, 8, 16, 32, 64, 128]
 F14 = [100.0 * k for k in range(1, 15)]

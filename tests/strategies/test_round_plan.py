@@ -13,7 +13,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 
 from fl_client.contract import TrainConfig
 from fl_client.lut import LUT
-from fl_client.selector import EQ4, Objective, PowerLimit, Tables, select_eq4
+from fl_client.power import PowerLimit
+from fl_client.selection import Tables
+from fl_client.selector import EQ4, Objective, select_eq4
 from strategies.power_aware import PowerAwareFedAvg
 from strategies.round_plan import (
     NodeForecast,

@@ -18,7 +18,9 @@ from fl_client.devices.replay import (
     load_replay_tables,
     save_replay_table,
 )
-from fl_client.selector import InfeasibleCapError, Tables, feasible_freq_indices, select
+from fl_client.feasibility import feasible_freq_indices
+from fl_client.selection import InfeasibleCapError, Tables
+from fl_client.selector import select
 from fl_client.settings import REPO_ROOT
 
 EXAMPLE = REPO_ROOT / "configs" / "replay" / "example-illustrative-jetson-nano-resnet18.csv"

@@ -17,11 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fl_client.cell_measure import CellWindow, measure_cell_with_sigma
 from fl_client.devices import DeviceError, Workload
 from fl_client.devices.jetson import JetsonDevice
 from fl_client.devices.nvml import NvmlDevice
 from fl_client.devices.sampler import PowerMeasurement
-from fl_client.profiler import CellWindow, measure_cell_with_sigma, profile
+from fl_client.profiler import profile
 from tests.fl_client.devices.fakes_sysfs import build_tree
 from tests.fl_client.devices.nvml_trace import (
     JETSON_W_PER_H100_W,
