@@ -263,13 +263,12 @@ def selector_fn(grid: Grid, r: Sequence[float], peak_sigma_k: float = 0.0) -> Ch
     ) -> Cell | None:
         try:
             sel = selector.select(
-                "power-aware",
+                selector.Method("power-aware", objective=rule),
                 batch_sizes=list(grid.batch_sizes),
                 freqs_mhz=list(grid.freqs),
                 tables=Tables(time_s, peak_w, peak_sigma_w=sigma_w),
                 r=list(r),
-                p_max_w=PowerLimit(cap_w, CAP_MARGIN),
-                objective=rule,
+                limit=PowerLimit(cap_w, CAP_MARGIN),
             )
         except InfeasibleCapError:
             return None

@@ -651,7 +651,7 @@ def cmd_select(
     from fl_client.lut import LUT
     from fl_client.lut_format import LUTFormatError
     from fl_client.selection import InfeasibleCapError, Tables
-    from fl_client.selector import select
+    from fl_client.selector import Method, select
     from fl_client.settings import check_input_file
 
     try:
@@ -671,8 +671,15 @@ def cmd_select(
         b1_cap = args.b1_freq_cap_mhz
         if args.method in ("b1", "b2") and b1_cap is None:
             b1_cap = _default_b1_cap_mhz(lut.device_kind, cap)
-        selection = select(
+        method = Method(
             args.method,
+            rule,
+            b1_freq_cap_mhz=b1_cap,
+            fixed_batch_size=args.fixed_batch_size,
+            fixed_freq_mhz=args.fixed_freq_mhz,
+        )
+        selection = select(
+            method,
             batch_sizes=list(lut.batch_sizes),
             freqs_mhz=list(lut.freqs_mhz),
             tables=Tables(
@@ -683,11 +690,7 @@ def cmd_select(
                 lut.knob,
             ),
             r=r,
-            p_max_w=cap.with_margin(cap_margin),
-            objective=rule,
-            b1_freq_cap_mhz=b1_cap,
-            fixed_batch_size=args.fixed_batch_size,
-            fixed_freq_mhz=args.fixed_freq_mhz,
+            limit=cap.with_margin(cap_margin),
         )
     except InfeasibleCapError as e:
         _error("select", e, err)

@@ -50,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fl_client.power import PowerLimit
+from fl_client.selection import Tables
 from fl_client.selector import TIE_TOLERANCE, Objective, choose_cell
 
 FloatArray = npt.NDArray[np.float64]
@@ -602,7 +603,7 @@ def eq4_selector(r: Sequence[float], objective: Objective = PLANNING_EQ4) -> Sel
     def select(
         time_s: FloatArray, peak_w: FloatArray, avg_w: FloatArray, limit_w: float
     ) -> Cell | None:
-        return choose_cell(time_s, peak_w, avg_w, r_list, limit_w, objective=objective)
+        return choose_cell(Tables(time_s, peak_w, avg_w), r_list, limit_w, objective=objective)
 
     return select
 

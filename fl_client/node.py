@@ -276,20 +276,23 @@ def select_for(
             lut.time_per_sample_s, lut.peak_power_w, lut.avg_power_w, lut.peak_sigma_w, lut.knob
         )
     )
-    return selector.select(
+    method = selector.Method(
         cfg.method,
-        batch_sizes=list(cfg.batch_sizes),
-        freqs_mhz=[float(f) for f in device.gpu_freqs_mhz],
-        tables=tables,
-        r=plan.r_true if cfg.method == "oracle" else list(cfg.r),
-        p_max_w=plan.limit,
-        objective=objective,
+        objective,
+        context,
         b1_freq_cap_mhz=(
             device.info.b1_freq_cap_mhz(plan.cap.watts) if cfg.method in ("b1", "b2") else None
         ),
         fixed_batch_size=cfg.fixed_batch_size,
         fixed_freq_mhz=cfg.fixed_freq_mhz,
-        context=context,
+    )
+    return selector.select(
+        method,
+        batch_sizes=list(cfg.batch_sizes),
+        freqs_mhz=[float(f) for f in device.gpu_freqs_mhz],
+        tables=tables,
+        r=plan.r_true if cfg.method == "oracle" else list(cfg.r),
+        limit=plan.limit,
     )
 
 

@@ -20,8 +20,9 @@ class InfeasibleCapError(ValueError):
 
     Attributes
     ----------
-    p_max_w : float
-        The cap that could not be met.
+    limit : PowerLimit
+        The cap with its margin that could not be met (``limit.cap_margin``: the share of
+        P_max kept free; 0 for the bare cap).
     min_power_w : float
         The lowest robust peak power in the table (peak + ``peak-sigma-k``·σ; the profiled
         peak where no σ was recorded).
@@ -29,8 +30,6 @@ class InfeasibleCapError(ValueError):
         Batch size of the cell where ``min_power_w`` was measured.
     freq_mhz : float
         Knob value of that cell (MHz for the GPU frequency).
-    cap_margin : float
-        The share of P_max that was kept free (``PowerLimit.cap_margin``); 0 for the bare cap.
     sigma_term_w : float
         The k·σ part of ``min_power_w``.
     knob : Knob
@@ -39,29 +38,25 @@ class InfeasibleCapError(ValueError):
 
     def __init__(
         self,
-        p_max_w: float,
+        limit: PowerLimit,
         min_power_w: float,
         batch_size: int,
         freq_mhz: float,
-        cap_margin: float = 0.0,
         sigma_term_w: float = 0.0,
         knob: Knob = GPU_FREQ_MHZ,
     ):
-        self.p_max_w = p_max_w
+        self.limit = limit
         self.min_power_w = min_power_w
         self.batch_size = batch_size
         self.freq_mhz = freq_mhz
-        self.cap_margin = cap_margin
         self.sigma_term_w = sigma_term_w
         self.knob = knob
-        limit = f"P_max = {p_max_w:g} W"
+        margin = limit.cap_margin
+        cap = f"P_max = {limit.p_max_w:g} W"
         fix = f"Raise p-max-w above {min_power_w:.3f} W"
-        if cap_margin > 0:
-            limit += (
-                f" less cap-margin {100 * cap_margin:g}% "
-                f"({PowerLimit(p_max_w, cap_margin).limit_w:.3f} W)"
-            )
-            fix = f"Raise p-max-w above {min_power_w / (1 - cap_margin):.3f} W, lower cap-margin"
+        if margin > 0:
+            cap += f" less cap-margin {100 * margin:g}% ({limit.limit_w:.3f} W)"
+            fix = f"Raise p-max-w above {min_power_w / (1 - margin):.3f} W, lower cap-margin"
         lowest = f"the lowest measured peak power is {min_power_w:.3f} W"
         if sigma_term_w > 0:
             lowest = (
@@ -70,7 +65,7 @@ class InfeasibleCapError(ValueError):
             )
             fix += ", lower peak-sigma-k"
         super().__init__(
-            f"p-max-w: no (batch size, {knob.label}) runs below {limit}; {lowest} "
+            f"p-max-w: no (batch size, {knob.label}) runs below {cap}; {lowest} "
             f"(b={batch_size}, f={freq_mhz:g} {knob.unit}). {fix} or add smaller batch "
             f"sizes / lower {knob.label} values."
         )

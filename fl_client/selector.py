@@ -34,7 +34,7 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -57,9 +57,6 @@ from fl_client.selector_inputs import (
     validate_r_for,
     validate_tables,
 )
-
-if TYPE_CHECKING:  # typing.Unpack is 3.11+; only the type checker needs it
-    from typing_extensions import Unpack
 
 METHODS = ("power-aware", "b1", "b2", "oracle", "fixed")
 
@@ -218,6 +215,44 @@ class RoundContext:
 ANY_ROUND = RoundContext()
 
 
+@dataclass(frozen=True)
+class Method:
+    """A selection method and what it needs besides the tables, r and the cap.
+
+    Attributes
+    ----------
+    name : str
+        One of ``METHODS``.
+    objective : Objective
+        Power-aware's and the oracle's, with ``peak-sigma-k`` and ``tie-tolerance``.
+    context : RoundContext
+        Power-aware's and the oracle's round: its budget and batch size.
+    b1_freq_cap_mhz : float or None
+        B1's and B2's fixed safe frequency.
+    fixed_batch_size, fixed_freq_mhz : int / float or None
+        The (b, f) of ``fixed``.
+    knob : Knob or None
+        What the baselines' choice is when no tables are given (with tables, theirs).
+    """
+
+    name: str = "power-aware"
+    objective: Objective = EQ4
+    context: RoundContext = ANY_ROUND
+    b1_freq_cap_mhz: float | None = None
+    fixed_batch_size: int | None = None
+    fixed_freq_mhz: float | None = None
+    knob: Knob | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in METHODS:
+            allowed = ", ".join(METHODS)
+            raise ValueError(f"method: unknown value {self.name!r}; allowed: {allowed}")
+
+
+#: Eq. 4 with r from the server's proxy, the default objective and no round context.
+POWER_AWARE = Method()
+
+
 # --------------------------------------------------------------------------- Eq. 4
 
 
@@ -260,19 +295,16 @@ def select_eq4(
     batch_sizes: Sequence[int],
     freqs_mhz: Sequence[float],
     r: Sequence[float],
-    p_max_w: PowerLimit | float | str | None,
-    *,
-    objective: Objective = EQ4,
-    method: str = "power-aware",
-    context: RoundContext = ANY_ROUND,
+    limit: PowerLimit | float | str | None,
+    method: Method | None = None,
 ) -> Selection:
     """Eq. 4 on measured, noisy tables: the fastest feasible (b, f) to accuracy, then energy.
 
     Feasibility is per cell (``feasible_cells``): a cell is feasible when its robust peak,
-    ``peak + objective.peak_sigma_k·σ`` (σ of its per-step peaks; 0 where not recorded), is below
-    ``PowerLimit.limit_w`` (P_max less its margin). No fit across f is applied: a fit
-    would either pass a cell that was measured above the cap or reject one measured below
-    it, and every guarantee below holds cell by cell.
+    ``peak + k·σ`` (``Objective.peak_sigma_k``; σ of its per-step peaks, 0 where not
+    recorded), is below ``PowerLimit.limit_w`` (P_max less its margin). No fit across f is
+    applied: a fit would either pass a cell that was measured above the cap or reject one
+    measured below it, and every guarantee below holds cell by cell.
 
     The choice, over all feasible cells (not only each b's highest f):
 
@@ -305,20 +337,13 @@ def select_eq4(
         The knob's values, strictly ascending (columns); MHz for the GPU frequency.
     r : sequence of float
         Eq. 3's r_b per batch size, each in (0, 1].
-    p_max_w : PowerLimit, float, str or None
-        The cap with its margin (``PowerLimit``), or a bare cap P_max in W (no margin);
-        None / "none" / infinity for no cap.
-    objective : Objective
-        The weights, ``peak-sigma-k`` and ``tie-tolerance``; the default, Eq. 4, is the
-        rule above.
-    method : str
-        ``"power-aware"`` (r from the proxy) or ``"oracle"`` (r from the client's data).
-    context : RoundContext
-        The round's budget and batch size; the default asks nothing.
-
-    Returns
-    -------
-    Selection
+    limit : PowerLimit, float, str or None
+        The cap with its margin, or a bare cap P_max in W (no margin); None / "none" /
+        infinity for no cap.
+    method : Method, optional
+        ``power-aware`` (r from the proxy; the default) or ``oracle`` (r from the client's
+        data), with its objective (the default, Eq. 4, is the rule above) and the round's
+        context (budget and batch size; the default asks nothing).
 
     Raises
     ------
@@ -327,10 +352,12 @@ def select_eq4(
     ValueError
         For malformed inputs (the message names the key).
     """
-    if method not in ("power-aware", "oracle"):
-        raise ValueError(f"method: {method!r} is not an Eq. 4 method (power-aware, oracle)")
+    method = POWER_AWARE if method is None else method
+    if method.name not in ("power-aware", "oracle"):
+        raise ValueError(f"method: {method.name!r} is not an Eq. 4 method (power-aware, oracle)")
+    objective, context = method.objective, method.context
     c = _check_eq4(tables, batch_sizes, freqs_mhz, r)
-    limit = PowerLimit.of(p_max_w)
+    limit = PowerLimit.of(limit)
     robust = robust_peak_w(c.peak_w, c.sigma_w, objective.peak_sigma_k)
     feasible = robust < limit.limit_w  # NaN < limit is False
     if context.batch_size is not None:
@@ -342,7 +369,7 @@ def select_eq4(
         raise _infeasible(c, robust, limit, tables.knob)
     picks, fastest, row = chosen
     candidates = _candidates_at_picks(c, picks, fastest, c.time_s.shape[1])
-    return selection_of(method, candidates[row], limit.cap_w, candidates, tables.knob)
+    return selection_of(method.name, candidates[row], limit.cap_w, candidates, tables.knob)
 
 
 def _eq4(
@@ -394,26 +421,23 @@ def _eq4(
 
 
 def choose_cell(
-    time_s: npt.ArrayLike,
-    peak_w: npt.ArrayLike,
-    energy_w: npt.ArrayLike,
+    tables: Tables,
     r: Sequence[float],
     limit: PowerLimit | float | None,
     *,
-    peak_sigma_w: npt.ArrayLike | None = None,
     objective: Objective = EQ4,
     context: RoundContext = ANY_ROUND,
 ) -> tuple[int, int] | None:
     """The (row, column) ``select_eq4`` chooses from bare tables (rows: ascending b; NaN:
     not measured), None when no cell is feasible: the same feasibility, objective and
     tie-break, without the axes and checks of a node's selection (a fit's planning asks
-    this many times; ``fl_client.lut_fit``). ``energy_w`` is the energy basis (average
-    power); ``limit`` the cap with its margin, or its ``limit_w``. A row whose r is NaN
-    (a b without an r) is never chosen."""
-    t = np.asarray(time_s, dtype=np.float64)
-    e = np.asarray(energy_w, dtype=np.float64)
+    this many times; ``fl_client.lut_fit``). The energy basis is ``tables.avg_w`` (the
+    peak without it); ``limit`` the cap with its margin, or its ``limit_w``. A row whose r
+    is NaN (a b without an r) is never chosen."""
+    t = np.asarray(tables.time_s, dtype=np.float64)
+    e = np.asarray(tables.peak_w if tables.avg_w is None else tables.avg_w, dtype=np.float64)
     r_list = [float(x) for x in r]
-    robust = robust_peak_w(peak_w, peak_sigma_w, objective.peak_sigma_k)
+    robust = robust_peak_w(tables.peak_w, tables.peak_sigma_w, objective.peak_sigma_k)
     with np.errstate(invalid="ignore"):
         feasible = np.isfinite(t) & np.isfinite(e) & (robust < limit_w_of(limit))
     feasible &= np.isfinite(np.asarray(r_list))[:, None]
@@ -448,63 +472,33 @@ def _infeasible(
     assert limit.capped  # without a cap every profiled cell is feasible
     i, j = np.unravel_index(int(np.nanargmin(robust)), robust.shape)
     lowest = float(robust[i, j])
-    return InfeasibleCapError(
-        limit.p_max_w,
-        lowest,
-        c.b[i],
-        c.f[j],
-        limit.cap_margin,
-        lowest - float(c.peak_w[i, j]),
-        knob,
-    )
-
-
-class MethodArgs(TypedDict, total=False):
-    """``select``'s per-method keywords. ``context``: power-aware and oracle.
-    ``b1_freq_cap_mhz``: b1, b2. ``fixed_batch_size`` and ``fixed_freq_mhz``: fixed.
-    ``knob``: what the baselines' choice is when no tables are given (with tables, theirs).
-    """
-
-    knob: Knob
-    context: RoundContext
-    b1_freq_cap_mhz: float | None
-    fixed_batch_size: int | None
-    fixed_freq_mhz: float | None
-
-
-_METHOD_ARGS = frozenset(MethodArgs.__annotations__)
+    return InfeasibleCapError(limit, lowest, c.b[i], c.f[j], lowest - float(c.peak_w[i, j]), knob)
 
 
 def select(
-    method: str,
+    method: Method | str,
     *,
     batch_sizes: Sequence[int],
     freqs_mhz: Sequence[float],
     tables: Tables | None = None,
     r: Sequence[float] | None = None,
-    p_max_w: PowerLimit | float | str | None = None,
-    objective: Objective = EQ4,
-    **method_args: Unpack[MethodArgs],
+    limit: PowerLimit | float | str | None = None,
 ) -> Selection:
-    """Dispatch to the selection ``method`` (one of ``METHODS``).
+    """Dispatch to the selection ``method`` (a ``Method``, or one of ``METHODS`` by name).
 
     Parameters
     ----------
-    method : str
+    method : Method or str
         ``power-aware`` and ``oracle`` need the tables, ``r`` (for the oracle: measured on
-        the client's data) and ``p_max_w`` (the cap with its margin, ``PowerLimit``, or a
+        the client's data) and ``limit`` (the cap with its margin, ``PowerLimit``, or a
         bare cap; pass ``math.inf`` or ``"none"`` for no cap: a forgotten cap is an error
-        here, not "no cap"); ``b1`` needs ``b1_freq_cap_mhz``;
-        ``b2`` needs ``r`` and ``b1_freq_cap_mhz``; ``fixed`` needs ``fixed_batch_size`` and
+        here, not "no cap"); ``b1`` needs ``Method.b1_freq_cap_mhz``; ``b2`` needs ``r``
+        and ``b1_freq_cap_mhz``; ``fixed`` needs ``fixed_batch_size`` and
         ``fixed_freq_mhz``. The tables are optional for the baselines (predictions only).
-    batch_sizes, freqs_mhz, r, p_max_w
+    batch_sizes, freqs_mhz, r, limit
         As in the per-method functions.
     tables : Tables, optional
         The profiled tables and their knob.
-    objective : Objective
-        Power-aware's and the oracle's, with ``peak-sigma-k`` and ``tie-tolerance``.
-    **method_args
-        ``MethodArgs``: context, b1_freq_cap_mhz, fixed_batch_size, fixed_freq_mhz, knob.
 
     Returns
     -------
@@ -516,44 +510,25 @@ def select(
     ValueError
         Unknown method, or a parameter the method needs is missing (named in kebab-case).
     """
-    if method not in METHODS:
-        raise ValueError(f"method: unknown value {method!r}; allowed: {', '.join(METHODS)}")
-    unknown = method_args.keys() - _METHOD_ARGS
-    if unknown:
-        raise TypeError(f"select() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
+    how = method if isinstance(method, Method) else Method(method)
 
     def need(name: str, value: Any) -> Any:
         if value is None:
-            raise ValueError(f"{name}: required by method {method!r}")
+            raise ValueError(f"{name}: required by method {how.name!r}")
         return value
 
-    if method in ("power-aware", "oracle"):
-        return select_eq4(
-            need("lut-time-s", tables),
-            batch_sizes,
-            freqs_mhz,
-            need("r", r),
-            need("p-max-w", p_max_w),
-            objective=objective,
-            method=method,
-            context=method_args.get("context", ANY_ROUND),
-        )
-    time_s, peak_w = (None, None) if tables is None else (tables.time_s, tables.peak_w)
-    if method == "b1":
-        cap = need("b1-freq-cap-mhz", method_args.get("b1_freq_cap_mhz"))
-        sel = select_b1(batch_sizes, freqs_mhz, cap, time_s, peak_w, r=r)
-    elif method == "b2":
-        cap = need("b1-freq-cap-mhz", method_args.get("b1_freq_cap_mhz"))
-        sel = select_b2(batch_sizes, freqs_mhz, need("r", r), cap, time_s, peak_w)
+    if how.name in ("power-aware", "oracle"):
+        tables = need("lut-time-s", tables)
+        return select_eq4(tables, batch_sizes, freqs_mhz, need("r", r), need("p-max-w", limit), how)
+    if how.name == "b1":
+        cap = need("b1-freq-cap-mhz", how.b1_freq_cap_mhz)
+        sel = select_b1(batch_sizes, freqs_mhz, cap, tables, r=r)
+    elif how.name == "b2":
+        cap = need("b1-freq-cap-mhz", how.b1_freq_cap_mhz)
+        sel = select_b2(batch_sizes, freqs_mhz, need("r", r), cap, tables)
     else:
-        sel = select_fixed(
-            need("fixed-batch-size", method_args.get("fixed_batch_size")),
-            need("fixed-freq-mhz", method_args.get("fixed_freq_mhz")),
-            batch_sizes,
-            freqs_mhz,
-            time_s,
-            peak_w,
-            r=r,
-        )
-    knob = tables.knob if tables is not None else method_args.get("knob") or GPU_FREQ_MHZ
+        b = need("fixed-batch-size", how.fixed_batch_size)
+        f = need("fixed-freq-mhz", how.fixed_freq_mhz)
+        sel = select_fixed(b, f, batch_sizes, freqs_mhz, tables, r=r)
+    knob = tables.knob if tables is not None else how.knob or GPU_FREQ_MHZ
     return sel if knob == GPU_FREQ_MHZ else dataclasses.replace(sel, knob=knob)

@@ -7,12 +7,13 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from fl_client.devices.base import FREQ_TOLERANCE_MHZ
-from fl_client.selection import Candidate, Selection, selection_of
+from fl_client.selection import Candidate, Selection, Tables, selection_of
 from fl_client.selector_inputs import (
     validate_batch_sizes,
     validate_freqs_mhz,
@@ -23,28 +24,33 @@ from fl_client.selector_inputs import (
 FloatArray = npt.NDArray[np.float64]
 
 
-def _nan_if_none(table: FloatArray | None, i: int, j: int) -> float:
-    return math.nan if table is None else float(table[i, j])
+class _Grid(NamedTuple):
+    """A baseline's validated inputs: the axes, r (None: no score) and the optional tables."""
+
+    b: list[int]
+    f: list[float]
+    r: list[float] | None
+    time_s: FloatArray | None
+    power_w: FloatArray | None
+
+    def candidates_at(self, j: int) -> tuple[Candidate, ...]:
+        """Each b at column ``j`` with what the tables predict there (energy not predicted)."""
+        out = []
+        for i, b in enumerate(self.b):
+            t = math.nan if self.time_s is None else float(self.time_s[i, j])
+            p = math.nan if self.power_w is None else float(self.power_w[i, j])
+            score = t * self.r[i] if self.r is not None else math.nan
+            out.append(Candidate(b, self.f[j], t, p, score))
+        return tuple(out)
 
 
-def _candidates_at(
-    batch_sizes: list[int],
-    freqs_mhz: list[float],
-    freq_index: Sequence[int | None],
-    lut_time_s: FloatArray | None,
-    lut_power_w: FloatArray | None,
-    r: list[float] | None,
-) -> tuple[Candidate, ...]:
-    """The baselines' candidates: each b at the given column (energy not predicted)."""
-    out = []
-    for i, (b, j) in enumerate(zip(batch_sizes, freq_index, strict=True)):
-        if j is None:
-            out.append(Candidate(b, None, math.nan, math.nan, math.nan))
-            continue
-        t = _nan_if_none(lut_time_s, i, j)
-        score = t * r[i] if r is not None else math.nan
-        out.append(Candidate(b, freqs_mhz[j], t, _nan_if_none(lut_power_w, i, j), score))
-    return tuple(out)
+def _grid(
+    b_list: list[int], f_list: list[float], r_list: list[float] | None, tables: Tables | None
+) -> _Grid:
+    if tables is None:
+        return _Grid(b_list, f_list, r_list, None, None)
+    time_s, power_w = validate_tables(tables.time_s, tables.peak_w, len(b_list), len(f_list))
+    return _Grid(b_list, f_list, r_list, time_s, power_w)
 
 
 def _table_freq_at_or_below(freqs_mhz: Sequence[float], cap_mhz: float, key: str) -> int:
@@ -65,37 +71,24 @@ def _table_freq_at_or_below(freqs_mhz: Sequence[float], cap_mhz: float, key: str
 def _select_at_fixed_cap(
     method: str,
     batch_index: int,
-    batch_sizes: list[int],
-    freqs_mhz: Sequence[float],
+    inputs: tuple[list[int], Sequence[float], list[float] | None],
     b1_freq_cap_mhz: float,
-    lut_time_s: npt.ArrayLike | None,
-    lut_power_w: npt.ArrayLike | None,
-    r: list[float] | None,
+    tables: Tables | None,
 ) -> Selection:
-    """B1/B2: every b runs at the highest table frequency at or below the fixed cap."""
+    """B1/B2: every b runs at the highest table frequency at or below the fixed cap.
+    ``inputs``: the validated batch sizes, the frequency table and r (None: no score)."""
+    b_list, freqs_mhz, r_list = inputs
     f_list = validate_freqs_mhz(freqs_mhz)
     j = _table_freq_at_or_below(f_list, b1_freq_cap_mhz, "b1-freq-cap-mhz")
-    time_s, power_w = _optional_tables(lut_time_s, lut_power_w, len(batch_sizes), len(f_list))
-    candidates = _candidates_at(batch_sizes, f_list, [j] * len(batch_sizes), time_s, power_w, r)
+    candidates = _grid(b_list, f_list, r_list, tables).candidates_at(j)
     return selection_of(method, candidates[batch_index], None, candidates)
-
-
-def _optional_tables(
-    lut_time_s: npt.ArrayLike | None, lut_power_w: npt.ArrayLike | None, n_b: int, n_f: int
-) -> tuple[FloatArray | None, FloatArray | None]:
-    if lut_time_s is None and lut_power_w is None:
-        return None, None
-    if lut_time_s is None or lut_power_w is None:
-        raise ValueError("lut_time_s and lut_power_w: give both tables or neither")
-    return validate_tables(lut_time_s, lut_power_w, n_b, n_f)
 
 
 def select_b1(
     batch_sizes: Sequence[int],
     freqs_mhz: Sequence[float],
     b1_freq_cap_mhz: float,
-    lut_time_s: npt.ArrayLike | None = None,
-    lut_power_w: npt.ArrayLike | None = None,
+    tables: Tables | None = None,
     *,
     r: Sequence[float] | None = None,
 ) -> Selection:
@@ -111,9 +104,9 @@ def select_b1(
         The device's fixed safe frequency for the P_max band (Nano: 307 / 614 / 921.6 MHz
         for 4.5 W / 7 W / no cap); the highest table frequency ≤ it (within
         ``FREQ_TOLERANCE_MHZ``) is used.
-    lut_time_s, lut_power_w : array_like, optional
-        The profiled tables; when given, the predictions are read from them (NaN where the
-        cell was not profiled). Not needed for the choice itself.
+    tables : Tables, optional
+        The profiled tables (time and peak power); when given, the predictions are read
+        from them (NaN where the cell was not profiled). Not needed for the choice itself.
     r : sequence of float, optional
         When given, the prediction's score is time per sample × r_b.
 
@@ -125,7 +118,7 @@ def select_b1(
     b_list = validate_batch_sizes(batch_sizes)
     r_list = None if r is None else validate_r(r, b_list)
     return _select_at_fixed_cap(
-        "b1", len(b_list) - 1, b_list, freqs_mhz, b1_freq_cap_mhz, lut_time_s, lut_power_w, r_list
+        "b1", len(b_list) - 1, (b_list, freqs_mhz, r_list), b1_freq_cap_mhz, tables
     )
 
 
@@ -134,8 +127,7 @@ def select_b2(
     freqs_mhz: Sequence[float],
     r: Sequence[float],
     b1_freq_cap_mhz: float,
-    lut_time_s: npt.ArrayLike | None = None,
-    lut_power_w: npt.ArrayLike | None = None,
+    tables: Tables | None = None,
 ) -> Selection:
     """Baseline 2: the b with the smallest proxy r (fewest samples to accuracy), B1's frequency.
 
@@ -150,9 +142,7 @@ def select_b2(
     b_list = validate_batch_sizes(batch_sizes)
     r_list = validate_r(r, b_list)
     best = min(range(len(b_list)), key=lambda i: (r_list[i], -b_list[i]))
-    return _select_at_fixed_cap(
-        "b2", best, b_list, freqs_mhz, b1_freq_cap_mhz, lut_time_s, lut_power_w, r_list
-    )
+    return _select_at_fixed_cap("b2", best, (b_list, freqs_mhz, r_list), b1_freq_cap_mhz, tables)
 
 
 def select_fixed(
@@ -160,8 +150,7 @@ def select_fixed(
     freq_mhz: float,
     batch_sizes: Sequence[int],
     freqs_mhz: Sequence[float],
-    lut_time_s: npt.ArrayLike | None = None,
-    lut_power_w: npt.ArrayLike | None = None,
+    tables: Tables | None = None,
     *,
     r: Sequence[float] | None = None,
 ) -> Selection:
@@ -174,7 +163,7 @@ def select_fixed(
     freq_mhz : float
         ``fixed-freq-mhz``; must match a table frequency within ``FREQ_TOLERANCE_MHZ`` (the
         table's value is used).
-    batch_sizes, freqs_mhz, lut_time_s, lut_power_w, r
+    batch_sizes, freqs_mhz, tables, r
         As in ``select_b1``.
 
     Returns
@@ -197,6 +186,5 @@ def select_fixed(
             f"({', '.join(f'{f:g}' for f in f_list)} MHz)"
         )
     i = b_list.index(int(batch_size))
-    time_s, power_w = _optional_tables(lut_time_s, lut_power_w, len(b_list), len(f_list))
-    all_candidates = _candidates_at(b_list, f_list, [j] * len(b_list), time_s, power_w, r_list)
-    return selection_of("fixed", all_candidates[i], None, (all_candidates[i],))
+    chosen = _grid(b_list, f_list, r_list, tables).candidates_at(j)[i]
+    return selection_of("fixed", chosen, None, (chosen,))

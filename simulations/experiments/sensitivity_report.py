@@ -89,9 +89,8 @@ def choose(method: str, grid: Grid, cap: object, n_proxy: Samples) -> tuple[int,
         bs, r = (sizes, None) if method == "b1" else r_from_samples(n_proxy, sizes)
         if not bs:
             raise ValueError("no batch size reached the proxy's accuracy target")
-        sel = selector.select(
-            method, batch_sizes=bs, freqs_mhz=grid.freqs_mhz, r=r, b1_freq_cap_mhz=f_cap
-        )
+        how = selector.Method(method, b1_freq_cap_mhz=f_cap)
+        sel = selector.select(how, batch_sizes=bs, freqs_mhz=grid.freqs_mhz, r=r)
         return sel.batch_size, sel.freq_mhz
     bs, r = r_from_samples(n_proxy, sizes)
     if not bs:
@@ -102,7 +101,7 @@ def choose(method: str, grid: Grid, cap: object, n_proxy: Samples) -> tuple[int,
         freqs_mhz=grid.freqs_mhz,
         tables=grid.rows(bs),
         r=r,
-        p_max_w=kit.cap_of(cap).watts,
+        limit=kit.cap_of(cap).watts,
     )
     return sel.batch_size, sel.freq_mhz
 

@@ -326,9 +326,8 @@ def _select(
         raise ValueError(NOT_REACHED[method])
     if f_cap is not None:
         freqs = [float(f) for f in board.spec.gpu_freqs_mhz]
-        sel = selector.select(
-            method, batch_sizes=batch_sizes, freqs_mhz=freqs, r=r, b1_freq_cap_mhz=f_cap
-        )
+        how = selector.Method(method, b1_freq_cap_mhz=f_cap)
+        sel = selector.select(how, batch_sizes=batch_sizes, freqs_mhz=freqs, r=r)
         return sel, {}
     lut = board.lut
     assert lut is not None
@@ -338,7 +337,7 @@ def _select(
         freqs_mhz=list(lut.freqs_mhz),
         tables=lut_rows(lut, batch_sizes),
         r=r,
-        p_max_w=math.inf if c.cap_w is None else c.cap_w,
+        limit=math.inf if c.cap_w is None else c.cap_w,
     )
     extra = {
         "profile-time-s": lut.profile_time_s,

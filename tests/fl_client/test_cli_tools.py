@@ -28,7 +28,7 @@ from fl_client.devices.simulated import load_device_spec
 from fl_client.lut import LUT
 from fl_client.power import PowerLimit
 from fl_client.selection import Tables
-from fl_client.selector import Objective, select_eq4
+from fl_client.selector import Method, Objective, select_eq4
 from fl_client.settings import RunSettings
 from simulations.cli import build_parser, main
 from tests.fl_client.devices.conftest import FakeGpu, make_fake_pynvml
@@ -180,7 +180,9 @@ def test_profile_on_the_twin_writes_and_prints_the_lut(
         capsys,
     )
     exact = Objective(peak_sigma_k=0.0, tie_tolerance=0.0)
-    expected = select_eq4(tables, [4, 8], lut.freqs_mhz, [1, 0.6], 2.5, objective=exact)
+    expected = select_eq4(
+        tables, [4, 8], lut.freqs_mhz, [1, 0.6], 2.5, method=Method(objective=exact)
+    )
     assert json.loads(out)["gpu-freq-mhz"] == expected.freq_mhz
     # Eq. 4 under the default cap margin: the cap less 5%
     code, out, _ = run(select, capsys)

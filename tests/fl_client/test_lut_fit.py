@@ -445,7 +445,7 @@ def test_the_plans_choice_is_the_selectors(seed: int) -> None:
                 freqs_mhz=list(F12),
                 tables=Tables(time_s, peak),
                 r=r,
-                p_max_w=PowerLimit(cap, 0.05),
+                limit=PowerLimit(cap, 0.05),
             )
         except InfeasibleCapError:
             assert mine is None

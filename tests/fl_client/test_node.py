@@ -143,15 +143,15 @@ def test_the_node_selects_with_the_luts_sigma_and_average_power_under_its_rule(
     seen: list[dict[str, Any]] = []
     real = selector.select
 
-    def spy(method: str, **kwargs: Any) -> Selection:
-        seen.append(kwargs)
+    def spy(method: selector.Method, **kwargs: Any) -> Selection:
+        seen.append({"method": method, **kwargs})
         return real(method, **kwargs)
 
     monkeypatch.setattr(selector, "select", spy)
     run = run_config(tmp_path, **{"peak-sigma-k": 1.5, "tie-tolerance": 0.05})
     _, report = train_node(run, {**NODE, "p-max-w": 5.0}, train_config(), initial_state())
     [kwargs] = seen
-    assert kwargs["objective"] == selector.Objective(peak_sigma_k=1.5, tie_tolerance=0.05)
+    assert kwargs["method"].objective == selector.Objective(peak_sigma_k=1.5, tie_tolerance=0.05)
     (path,) = (tmp_path / "cache" / "nodes").rglob("lut_*.json")
     lut = LUT.load(path)
     tables = kwargs["tables"]

@@ -17,7 +17,7 @@ from fl_client.devices.base import FREQ_TOLERANCE_MHZ
 from fl_client.feasibility import feasible_freq_index, feasible_freq_indices
 from fl_client.power import PowerLimit
 from fl_client.selection import InfeasibleCapError, Tables
-from fl_client.selector import METHODS, Objective, choose_cell, select, select_eq4
+from fl_client.selector import METHODS, Method, Objective, choose_cell, select, select_eq4
 from fl_client.selector_baselines import select_b1, select_b2, select_fixed
 from fl_client.selector_inputs import validate_batch_sizes, validate_r
 
@@ -111,9 +111,9 @@ def test_power_aware_equals_literal_eq4_where_the_papers_premise_holds(tables):
     expected = brute_force_eq4_literal(time, power, b, f, r, cap)
     if expected is None:
         with pytest.raises(InfeasibleCapError):
-            select_eq4(Tables(time, power), b, f, r, cap, objective=EXACT)
+            select_eq4(Tables(time, power), b, f, r, cap, method=Method(objective=EXACT))
         return
-    sel = select_eq4(Tables(time, power), b, f, r, cap, objective=EXACT)
+    sel = select_eq4(Tables(time, power), b, f, r, cap, method=Method(objective=EXACT))
     assert (sel.batch_size, sel.freq_mhz) == expected
     assert sel.peak_power_w < cap
     i, j = b.index(sel.batch_size), f.index(sel.freq_mhz)
@@ -148,9 +148,9 @@ def test_paper_sized_tables_6x14(tables):
     expected = brute_force_eq4_literal(time, power, b, f, r, cap)
     if expected is None:
         with pytest.raises(InfeasibleCapError):
-            select_eq4(Tables(time, power), b, f, r, cap, objective=EXACT)
+            select_eq4(Tables(time, power), b, f, r, cap, method=Method(objective=EXACT))
     else:
-        sel = select_eq4(Tables(time, power), b, f, r, cap, objective=EXACT)
+        sel = select_eq4(Tables(time, power), b, f, r, cap, method=Method(objective=EXACT))
         assert (sel.batch_size, sel.freq_mhz) == expected
         assert len(sel.candidates) == 6
 
@@ -223,7 +223,7 @@ def test_infeasible_cap_names_cap_and_lowest_measured_power():
     with pytest.raises(InfeasibleCapError) as info:
         select_eq4(Tables(time, power), [4, 8], [76.8, 153.6, 230.4], [1.0, 1.0], 3.0)
     err = info.value
-    assert (err.p_max_w, err.min_power_w, err.batch_size, err.freq_mhz) == (3.0, 3.2, 4, 153.6)
+    assert (err.limit.p_max_w, err.min_power_w, err.batch_size, err.freq_mhz) == (3.0, 3.2, 4, 153.6)
     msg = str(err)
     assert "p-max-w" in msg and "3 W" in msg and "3.200 W" in msg
     assert "b=4" in msg and "153.6 MHz" in msg
@@ -247,7 +247,7 @@ def test_cap_margin_keeps_profiled_peaks_below_the_reduced_cap():
             freqs_mhz=[100.0, 200.0, 300.0],
             tables=Tables(time, power),
             r=[1.0, 1.0],
-            p_max_w=PowerLimit(5.0, 0.05),
+            limit=PowerLimit(5.0, 0.05),
         )
         == kept
     )
@@ -255,7 +255,7 @@ def test_cap_margin_keeps_profiled_peaks_below_the_reduced_cap():
     assert select_eq4(*args, PowerLimit(math.inf, 0.5)) == select_eq4(*args, math.inf)
     with pytest.raises(InfeasibleCapError) as info:
         select_eq4(*args, PowerLimit(3.1, 0.05))
-    assert info.value.cap_margin == 0.05
+    assert info.value.limit == PowerLimit(3.1, 0.05)
     assert "less cap-margin 5% (2.945 W)" in str(info.value)
     assert "Raise p-max-w above 3.158 W, lower cap-margin" in str(info.value)
 
@@ -265,7 +265,7 @@ def test_oracle_is_eq4_with_its_own_r():
     power = np.array([[1.0, 2.0], [2.0, 4.0]])
     args = (Tables(time, power), [8, 16], [100.0, 200.0])
     proxy = select_eq4(*args, [0.5, 1.0], 5.0)
-    oracle = select_eq4(*args, [1.0, 0.4], 5.0, method="oracle")
+    oracle = select_eq4(*args, [1.0, 0.4], 5.0, method=Method(name="oracle"))
     assert (proxy.method, proxy.batch_size) == ("power-aware", 8)
     assert (oracle.method, oracle.batch_size, oracle.freq_mhz) == ("oracle", 16, 200.0)
 
@@ -293,11 +293,11 @@ def test_b1_and_b2_predictions_come_from_the_lut():
     freqs = [100.0, 200.0, 300.0]
     time = np.array([[3.0, 2.0, 1.0], [2.0, np.nan, np.nan], [1.5, 1.0, 0.5]])
     power = np.where(np.isnan(time), np.nan, 4.0 - time)
-    sel = select_b1([8, 16, 32], freqs, 250.0, time, power, r=[0.2, 0.5, 1.0])
+    sel = select_b1([8, 16, 32], freqs, 250.0, Tables(time, power), r=[0.2, 0.5, 1.0])
     assert (sel.batch_size, sel.freq_mhz) == (32, 200.0)
     assert (sel.time_per_sample_s, sel.peak_power_w, sel.score) == (1.0, 3.0, 1.0)
     assert [c.freq_mhz for c in sel.candidates] == [200.0] * 3
-    b2 = select_b2([8, 16, 32], freqs, [0.5, 0.2, 1.0], 250.0, time, power)
+    b2 = select_b2([8, 16, 32], freqs, [0.5, 0.2, 1.0], 250.0, Tables(time, power))
     assert (b2.method, b2.batch_size, b2.freq_mhz) == ("b2", 16, 200.0)
     assert math.isnan(b2.time_per_sample_s)  # that cell was not profiled
     assert b2.to_dict()["predicted-time-per-sample-s"] is None
@@ -338,13 +338,16 @@ def test_dispatcher_matches_the_functions_and_rejects_unknown_methods():
         "batch_sizes": [8, 16],
         "freqs_mhz": [100.0, 200.0],
     }
-    assert select("power-aware", r=[0.5, 1.0], p_max_w=5.0, **common) == select_eq4(
+    assert select("power-aware", **common, r=[0.5, 1.0], limit=5.0) == select_eq4(
         Tables(time, power), [8, 16], [100.0, 200.0], [0.5, 1.0], 5.0
     )
-    assert select("oracle", r=[1.0, 0.4], p_max_w=math.inf, **common).batch_size == 16
-    assert select("b1", b1_freq_cap_mhz=150.0, **common).freq_mhz == 100.0
-    assert select("b2", r=[0.5, 1.0], b1_freq_cap_mhz=200.0, **common).batch_size == 8
-    assert select("fixed", fixed_batch_size=16, fixed_freq_mhz=200.0, **common).batch_size == 16
+    assert select("oracle", **common, r=[1.0, 0.4], limit=math.inf).batch_size == 16
+    assert select(Method("b1", b1_freq_cap_mhz=150.0), **common).freq_mhz == 100.0
+    assert select(Method("b2", b1_freq_cap_mhz=200.0), **common, r=[0.5, 1.0]).batch_size == 8
+    assert (
+        select(Method("fixed", fixed_batch_size=16, fixed_freq_mhz=200.0), **common).batch_size
+        == 16
+    )
     assert {m for m in METHODS} == {"power-aware", "b1", "b2", "oracle", "fixed"}
     with pytest.raises(ValueError, match=r"method: unknown value 'fast'; allowed: power-aware, b1"):
         select("fast", **common)
@@ -421,19 +424,22 @@ def test_choose_cell_is_eq4_on_bare_tables() -> None:
     peak = np.array([[1.0, 2.0, 3.0], [1.0, 2.5, 5.0]])
     r = [1.0, 1.0]
     exact = Objective(tie_tolerance=0.0)
-    assert choose_cell(time_s, peak, peak, r, math.inf, objective=exact) == (0, 2)
+    assert choose_cell(Tables(time_s, peak, peak), r, math.inf, objective=exact) == (0, 2)
     # within the tie tolerance the lower energy wins: 1.01 × 5 > 1.00 × 3
-    assert choose_cell(time_s, peak, peak, r, math.inf) == (0, 2)
-    assert choose_cell(time_s, peak, peak, r, 4.0) == (0, 2)
-    assert choose_cell(time_s, peak, peak, r, 2.9) == (1, 1)
-    assert choose_cell(time_s, peak, peak, r, 0.5) is None
+    assert choose_cell(Tables(time_s, peak, peak), r, math.inf) == (0, 2)
+    assert choose_cell(Tables(time_s, peak, peak), r, 4.0) == (0, 2)
+    assert choose_cell(Tables(time_s, peak, peak), r, 2.9) == (1, 1)
+    assert choose_cell(Tables(time_s, peak, peak), r, 0.5) is None
     # the cap with its margin: 3.0 W less 5% leaves 2.85 W, which 3.0 W breaks
-    assert choose_cell(time_s, peak, peak, r, PowerLimit(3.0, 0.05)) == (1, 1)
+    assert choose_cell(Tables(time_s, peak, peak), r, PowerLimit(3.0, 0.05)) == (1, 1)
     nan = np.where(peak > 2.0, np.nan, time_s)
-    assert choose_cell(nan, np.where(np.isnan(nan), np.nan, peak), peak, r, math.inf) == (0, 1)
+    assert choose_cell(Tables(nan, np.where(np.isnan(nan), np.nan, peak), peak), r, math.inf) == (
+        0,
+        1,
+    )
     # σ of the per-step peaks: 3.0 + 2·0.6 W is over 4 W
     sigma = np.full_like(peak, 0.6)
-    assert choose_cell(time_s, peak, peak, r, 4.0, peak_sigma_w=sigma) == (1, 1)
+    assert choose_cell(Tables(time_s, peak, peak, sigma), r, 4.0) == (1, 1)
 
 
 # ----------------------------------------------------------------- objective, round context
@@ -457,7 +463,7 @@ def test_the_default_objective_and_round_context_are_eq4() -> None:
     plain = selector.select_eq4(tables, b, f, r, 6.0)
     assert (
         selector.select_eq4(
-            tables, b, f, r, 6.0, objective=selector.EQ4, context=selector.ANY_ROUND
+            tables, b, f, r, 6.0, method=Method(objective=selector.EQ4, context=selector.ANY_ROUND)
         )
         == plain
     )
@@ -468,7 +474,7 @@ def test_the_pace_setter_takes_its_fastest_cell_whatever_its_r() -> None:
     tables, b, f, r = _context_case()
     pace = selector.EQ4.for_pace()
     assert (pace.time_weight, pace.r_weight, pace.energy_weight) == (1.0, 0.0, 0.0)
-    fastest = selector.select_eq4(tables, b, f, r, 6.0, objective=pace)
+    fastest = selector.select_eq4(tables, b, f, r, 6.0, method=Method(objective=pace))
     assert (fastest.batch_size, fastest.freq_mhz) == (32, 900.0)
 
 
@@ -476,11 +482,15 @@ def test_samples_and_energy_modes_meet_the_deadline() -> None:
     tables, b, f, r = _context_case()
     # 100 samples within 3.1 s: only cells of ≤ 0.031 s per sample meet it
     samples = Objective(time_weight=0.0)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=samples, context=_within(3.1))
+    pick = selector.select_eq4(
+        tables, b, f, r, 6.0, method=Method(objective=samples, context=_within(3.1))
+    )
     # the least r that meets it (b = 8), at its least energy to accuracy among those
     assert (pick.batch_size, pick.freq_mhz) == (8, 600.0)  # 1.6 × 0.03 < 2.5 × 0.025
     energy = Objective(energy_weight=1.0)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=energy, context=_within(1.3))
+    pick = selector.select_eq4(
+        tables, b, f, r, 6.0, method=Method(objective=energy, context=_within(1.3))
+    )
     # within 1.3 s only b = 32 at 600 / 900 MHz; 2.4 × 0.012 < 3.6 × 0.010
     assert (pick.batch_size, pick.freq_mhz) == (32, 600.0)
 
@@ -489,37 +499,51 @@ def test_the_energy_mode_scores_the_energy_above_idle() -> None:
     tables, b, f, r = _context_case()
     # within 2.1 s only b = 32 meets it, at 300, 600 and 900 MHz (2.0, 1.2 and 1.0 s)
     total = Objective(energy_weight=1.0)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=total, context=_within(2.1))
+    pick = selector.select_eq4(
+        tables, b, f, r, 6.0, method=Method(objective=total, context=_within(2.1))
+    )
     # total energy per sample: 1.5 × 0.02 = 0.030, 2.4 × 0.012 = 0.0288, 3.6 × 0.010 = 0.036
     assert (pick.batch_size, pick.freq_mhz) == (32, 600.0)
     above = total.but(idle_power_w=1.2)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=above, context=_within(2.1))
+    pick = selector.select_eq4(
+        tables, b, f, r, 6.0, method=Method(objective=above, context=_within(2.1))
+    )
     # above 1.2 W idle: 0.3 × 0.02 = 0.006, 1.2 × 0.012 = 0.0144, 2.4 × 0.010 = 0.024
     assert (pick.batch_size, pick.freq_mhz) == (32, 300.0)
     # batch_size keeps one b's row: the energy mode at the node's own b* (here b = 8, whose
     # cells all miss 2.1 s: the fallback is that row's fastest cell, not b = 32's)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=above, context=_within(2.1, 8))
+    pick = selector.select_eq4(
+        tables, b, f, r, 6.0, method=Method(objective=above, context=_within(2.1, 8))
+    )
     assert (pick.batch_size, pick.freq_mhz) == (8, 900.0)
     roomy = total.but(idle_power_w=0.9)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=roomy, context=_within(5.0, 8))
+    pick = selector.select_eq4(
+        tables, b, f, r, 6.0, method=Method(objective=roomy, context=_within(5.0, 8))
+    )
     # b = 8 above 0.9 W idle: 0.04 × 0.1 = 0.004, 0.03 × 0.7 = 0.021, 0.025 × 1.6 = 0.04
     assert (pick.batch_size, pick.freq_mhz) == (8, 300.0)
     with pytest.raises(ValueError, match=r"^batch-size: 16 is not one of"):
-        selector.select_eq4(tables, b, f, r, 6.0, context=selector.RoundContext(batch_size=16))
+        selector.select_eq4(
+            tables, b, f, r, 6.0, method=Method(context=selector.RoundContext(batch_size=16))
+        )
     # idle power alone does nothing without an energy weight
     plain = Objective(idle_power_w=1.2)
     assert selector.select_eq4(
-        tables, b, f, r, 6.0, objective=plain, context=_within(2.1)
-    ) == selector.select_eq4(tables, b, f, r, 6.0, context=_within(2.1))
+        tables, b, f, r, 6.0, method=Method(objective=plain, context=_within(2.1))
+    ) == selector.select_eq4(tables, b, f, r, 6.0, method=Method(context=_within(2.1)))
 
 
 def test_a_deadline_no_cell_meets_gives_the_fastest_cell() -> None:
     tables, b, f, r = _context_case()
     least_r = Objective(time_weight=0.0)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=least_r, context=_within(0.1))
+    pick = selector.select_eq4(
+        tables, b, f, r, 6.0, method=Method(objective=least_r, context=_within(0.1))
+    )
     assert (pick.batch_size, pick.freq_mhz) == (32, 900.0)
     # under a 4.5 W cap the fastest feasible cell is b = 32 at 600 MHz
-    pick = selector.select_eq4(tables, b, f, r, 4.5, objective=least_r, context=_within(0.1))
+    pick = selector.select_eq4(
+        tables, b, f, r, 4.5, method=Method(objective=least_r, context=_within(0.1))
+    )
     assert (pick.batch_size, pick.freq_mhz) == (32, 600.0)
 
 

@@ -16,6 +16,7 @@ from fl_client.devices.simulated import DeviceSpec, avg_power_w, load_device_spe
 from fl_client.devices.simulated import time_per_sample_s as twin_time_per_sample_s
 from fl_client.lut import LUT, KindKey, lut_checksum
 from fl_client.node import workload_for
+from fl_client.selection import Tables
 from fl_client.selector import Objective, choose_cell
 from strategies.shared_profiling import (
     Cell,
@@ -303,7 +304,9 @@ def test_a_confirm_cell_measured_over_the_cap_has_the_cell_below_it_confirmed() 
     cap = Cap(5.0)
     limit = cap.with_margin(0.05)
     rule = Objective(peak_sigma_k=0.0, tie_tolerance=0.02)
-    pick = choose_cell(t, p, a, list(R), limit, objective=rule)  # the noiseless twin's choice
+    pick = choose_cell(
+        Tables(t, p, a), list(R), limit, objective=rule
+    )  # the noiseless twin's choice
     assert pick is not None and pick[1] > 0
     over = (B[pick[0]], f[pick[1]])
     prof = KindProfile(NANO_KIND, [11, 12], {11: [(cap, 0.05)], 12: [(cap, 0.05)]})
