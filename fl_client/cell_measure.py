@@ -9,13 +9,14 @@ samples and time and power have settled, up to a hard cap.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -217,31 +218,20 @@ class CellWindow:
         return cls(steps, 0.0, 0, math.inf, steps, math.inf, max_time_rse=math.inf)
 
     @classmethod
-    def of(
-        cls,
-        device: Device,
-        steps: int = 3,
-        *,
-        min_window_s: float | None = None,
-        min_power_samples: int | None = None,
-        settle_tolerance: float = SETTLE_TOLERANCE,
-        max_steps: int = MAX_STEPS_PER_CELL,
-        max_window_s: float = MAX_WINDOW_S,
-    ) -> CellWindow:
-        """The window of ``device``'s sensor (``DeviceInfo.sensor``), the given minimums
-        replacing the sensor's; ``max_steps`` is raised to ``steps`` if below it."""
+    def of(cls, device: Device, steps: int = 3) -> CellWindow:
+        """The window of ``device``'s sensor (``DeviceInfo.sensor``): its least window and
+        number of power samples, at least ``steps`` steps, the default settling and caps
+        (``dataclasses.replace`` changes them)."""
         info = device.info
         sensor = getattr(info, "sensor", None)
         sensor = sensor if isinstance(sensor, SensorSpec) else EXACT_SENSOR
         board = getattr(info, "board_sensor", None)
         return cls(
             steps,
-            sensor.min_window_s if min_window_s is None else min_window_s,
-            sensor.min_power_samples if min_power_samples is None else min_power_samples,
-            settle_tolerance,
-            max(max_steps, steps),
-            max_window_s,
-            board if isinstance(board, SensorSpec) else None,
+            sensor.min_window_s,
+            sensor.min_power_samples,
+            max_steps=max(MAX_STEPS_PER_CELL, steps),
+            board=board if isinstance(board, SensorSpec) else None,
         )
 
     def needed_window_s(self, m: Measurement) -> float:
@@ -323,41 +313,33 @@ def time_per_sample_s(m: Measurement, batch_size: int, steps: int) -> float:
     return m.time_s / (m.samples if m.samples > 0 else batch_size * steps)
 
 
-class _Cell(NamedTuple):
-    measurement: Measurement  # the measured steps
-    time_s: float  # device time of the whole check, warm-up included (profiling cost)
-    energy_j: float  # its energy
-    peak_sigma_w: float  # σ of the measured steps' peaks (NaN: fewer than 2 steps)
-
-
-class CellMeasurement(_Cell):
+@dataclass(frozen=True)
+class CellMeasurement:
     """One cell measured as ``profile`` measures it (``measure_cell_with_sigma``).
 
     It unpacks as the 4-tuple it always was (measurement, time, energy, σ); ``settled``
     (False: the cell stopped at a hard cap before its window, samples or settling were
-    met) and ``needed_window_s`` (the real board's window on an emulated device, else
-    NaN) are attributes, and so are ``window_s`` and ``power_samples`` of the measurement.
+    met), ``needed_window_s`` (the real board's window on an emulated device, else NaN)
+    and ``time_rse`` are attributes, and so are ``window_s`` and ``power_samples`` of the
+    measurement.
     """
 
-    settled: bool
-    needed_window_s: float
-    time_rse: float
+    measurement: Measurement  # the measured steps
+    time_s: float  # device time of the whole check, warm-up included (profiling cost)
+    energy_j: float  # its energy
+    peak_sigma_w: float  # σ of the measured steps' peaks (NaN: fewer than 2 steps)
+    settled: bool = True
+    needed_window_s: float = math.nan
+    time_rse: float = math.nan
 
-    def __new__(
-        cls,
-        measurement: Measurement,
-        time_s: float,
-        energy_j: float,
-        peak_sigma_w: float,
-        settled: bool = True,
-        needed_window_s: float = math.nan,
-        time_rse: float = math.nan,
-    ) -> CellMeasurement:
-        self = super().__new__(cls, measurement, time_s, energy_j, peak_sigma_w)
-        object.__setattr__(self, "settled", bool(settled))
-        object.__setattr__(self, "needed_window_s", float(needed_window_s))
-        object.__setattr__(self, "time_rse", float(time_rse))
-        return self
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "settled", bool(self.settled))
+        object.__setattr__(self, "needed_window_s", float(self.needed_window_s))
+        object.__setattr__(self, "time_rse", float(self.time_rse))
+
+    def __iter__(self) -> Iterator[Any]:
+        """(measurement, time, energy, σ), as the tuple it was."""
+        return iter((self.measurement, self.time_s, self.energy_j, self.peak_sigma_w))
 
     @property
     def window_s(self) -> float:
@@ -433,44 +415,55 @@ def measure_locked(
     )
 
 
+@dataclass(frozen=True)
+class CellOptions:
+    """How one cell is measured on its own: ``warmup_steps`` run first (≥ 0; their time and
+    energy are profiling cost), then at least ``steps`` steps, on as the device's sensor
+    needs (``CellWindow.of(device, steps)``), or as ``window`` says when given."""
+
+    warmup_steps: int = 1
+    steps: int = 3
+    window: CellWindow | None = None
+
+    def window_on(self, device: Device) -> CellWindow:
+        """The window a cell is measured by on ``device``."""
+        return self.window if self.window is not None else CellWindow.of(device, self.steps)
+
+
 def measure_cell_with_sigma(
     device: Device,
     workload: Workload,
     batch_size: int,
     step: Callable[[], object],
     freq_mhz: float,
-    *,
-    warmup_steps: int = 1,
-    steps: int = 3,
-    window: CellWindow | None = None,
+    options: CellOptions | None = None,
 ) -> CellMeasurement:
     """Measure one (b, f) cell as ``profile`` does (warm-up, then at least ``steps`` steps,
-    on as the device's sensor needs: ``CellWindow.of(device, steps)``, or ``window``).
+    on as the device's sensor needs, or as the window ``options`` give says).
 
     Returns the measured steps' ``Measurement``, the device time and energy of the whole
     check (warm-up included), which is profiling cost, and σ of the measured steps' peak
     powers; ``settled`` and ``needed_window_s`` as attributes. The frequency is restored.
     """
-    rule = window if window is not None else CellWindow.of(device, steps)
+    opts = options if options is not None else CellOptions()
+    rule = opts.window_on(device)
     start_s = device.now_s()
     try:
         device.set_gpu_freq_mhz(freq_mhz)
-        cell = measure_locked(device, workload, batch_size, step, warmup_steps, rule)
+        cell = measure_locked(device, workload, batch_size, step, opts.warmup_steps, rule)
     finally:
         device.restore()
-    return CellMeasurement(
-        cell.measurement,
-        max(device.now_s() - start_s, 0.0),
-        cell.energy_j,
-        cell.peak_sigma_w,
-        cell.settled,
-        cell.needed_window_s,
-        cell.time_rse,
-    )
+    return dataclasses.replace(cell, time_s=max(device.now_s() - start_s, 0.0))
 
 
-def measure_cell(*args: Any, **kwargs: Any) -> tuple[Measurement, float, float]:
-    """``measure_cell_with_sigma`` (same parameters) without σ: the measurement, device
-    time and energy."""
-    cell = measure_cell_with_sigma(*args, **kwargs)
+def measure_cell(
+    device: Device,
+    workload: Workload,
+    batch_size: int,
+    step: Callable[[], object],
+    freq_mhz: float,
+    options: CellOptions | None = None,
+) -> tuple[Measurement, float, float]:
+    """``measure_cell_with_sigma`` without σ: the measurement, device time and energy."""
+    cell = measure_cell_with_sigma(device, workload, batch_size, step, freq_mhz, options)
     return cell.measurement, cell.time_s, cell.energy_j

@@ -472,8 +472,7 @@ def cmd_profile(
         cap_margin = setting_option(args, "cap-margin") if cap.capped else 0.0
         peak_sigma_k = setting_option(args, "peak-sigma-k")
         profile_options = ProfileOptions(
-            p_max_w=cap.to_record(),
-            cap_margin=cap_margin,
+            cap.with_margin(cap_margin),
             warmup_steps=args.warmup_steps,
             steps=args.steps,
             progress=not args.quiet,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fl_client.cell_measure import MeasureContext, measure_cell
+from fl_client.cell_measure import CellOptions, MeasureContext, measure_cell
 from fl_client.cell_measure import time_per_sample_s as measured_time_per_sample_s
 from fl_client.devices import Measurement
 from fl_client.feasibility import PEAK_SIGMA_K
@@ -70,8 +70,7 @@ def check_drift(
         batch_size,
         ctx.step_factory(batch_size),
         freq_mhz,
-        warmup_steps=lut.warmup_steps,
-        steps=lut.steps,
+        CellOptions(lut.warmup_steps, lut.steps),
     )
     measured = (
         measured_time_per_sample_s(m, batch_size, lut.steps),
@@ -92,7 +91,7 @@ def check_drift(
         [batch_size],
         ctx.step_factory,
         reprofile
-        or ProfileOptions.under(
+        or ProfileOptions(
             lut.limit,
             warmup_steps=lut.warmup_steps,
             steps=lut.steps,

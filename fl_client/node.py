@@ -167,7 +167,7 @@ def lut_for_cap(
     cost = RoundCost()
     this: tuple[LUT, bool] | None = None
     for each in dict.fromkeys((cap, *caps)):
-        options = ProfileOptions.under(
+        options = ProfileOptions(
             each.with_margin(ctx.cap_margin),
             progress=False,
             uncapped="full" if ctx.settings.profile_grid == "full" else "highest",
@@ -371,7 +371,7 @@ def _verify_shared(
         plan.verify_by_training = True
         return
     if check is None:
-        options = ProfileOptions.under(
+        options = ProfileOptions(
             plan.limit,
             warmup_steps=plan.lut.warmup_steps,
             steps=plan.lut.steps,

@@ -12,13 +12,14 @@ Each cell is measured for as long as its device's power sensor needs (``CellWind
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import numpy as np
 
@@ -42,7 +43,7 @@ from fl_client.devices.base import (
 from fl_client.feasibility import PEAK_SIGMA_K, feasible_cells
 from fl_client.lut import LUT, LUTKey, load_cached
 from fl_client.lut_format import FloatArray
-from fl_client.power import PowerLimit, check_cap_margin, parse_p_max_w
+from fl_client.power import PowerLimit
 from fl_client.selector_inputs import validate_batch_sizes
 
 log = logging.getLogger(__name__)
@@ -161,9 +162,11 @@ def _lut_of(
     workload: Workload,
     batch_sizes: Sequence[int],
     tables: dict[str, FloatArray],
-    **fields: Any,
+    opts: ProfileOptions,
+    cost: tuple[float, float],
 ) -> LUT:
-    """The LUT of ``tables`` measured on ``device`` (its frequency table as columns)."""
+    """The LUT of ``tables`` measured on ``device`` (its frequency table as columns) as
+    ``opts`` say, at ``cost`` (device time in s, energy in J)."""
     info = device.info
     by_field: dict[str, Any] = {field: tables[name] for name, field in _TABLES.items()}
     locked = getattr(device, "clocks_locked", None)
@@ -176,8 +179,14 @@ def _lut_of(
         freqs_mhz=tuple(float(f) for f in device.gpu_freqs_mhz),
         knob=device_knob(device),
         clocks_locked=locked if isinstance(locked, bool) else None,
+        p_max_w=opts.cap_w,
+        cap_margin=opts.limit.cap_margin,
+        profile_time_s=cost[0],
+        profile_energy_j=cost[1],
+        warmup_steps=opts.warmup_steps,
+        steps=opts.steps,
+        grid=opts.grid,
         **by_field,
-        **fields,
     )
 
 
@@ -196,6 +205,15 @@ def _efficient_row(feasible: Callable[[int], bool], start: int, n_f: int) -> int
     ``WALK_STOP_IN_A_ROW`` infeasible indices in a row, or ``1 + WALK_EXTRA_INFEASIBLE``
     infeasible ones in all, or the top of the table; if none of those was feasible, down
     from ``start − 1`` until a feasible one.
+
+    **Bound on extra cells.** Compared with stopping at the first infeasible f (the paper's
+    walk), each b's walk up measures at most ``WALK_EXTRA_INFEASIBLE`` = 2 more infeasible
+    cells beyond its first infeasible one: it stops at the second in a row, and at the
+    third in all even when they are apart. Every other cell it measures is feasible, a
+    cell the selector may choose. So per b at most 3 measured cells are infeasible on the
+    way up, and on a row whose power rises with f the walk costs exactly one cell more than
+    the paper's (the confirming second infeasible f, when the row has one). On such tables
+    it finds, per b, the same highest feasible f as the full grid.
     """
     highest = None
     in_a_row = infeasible = 0
@@ -215,15 +233,19 @@ def _efficient_row(feasible: Callable[[int], bool], start: int, n_f: int) -> int
     return highest
 
 
+#: No cap: profiling measures the full grid (or the highest f per b).
+NO_CAP = PowerLimit()
+
+
 @dataclass(frozen=True)
 class ProfileOptions:
     """How to profile: the cap (efficient mode), steps per cell, progress, uncapped grid.
 
-    ``p_max_w`` is the bare cap (None, "none" or inf: no cap) and ``cap_margin`` the share
-    of it kept free: efficient mode judges each cell as the selector does, by its robust
-    peak (peak + ``peak_sigma_k``·σ of its per-step peaks) against
-    ``p_max_w · (1 − cap_margin)``. The cap and margin are stored in the LUT as such;
-    ``peak_sigma_k`` (the run setting ``peak-sigma-k``) only steers where the walk stops.
+    ``limit`` is the cap with its margin (``PowerLimit``; the default: no cap): efficient
+    mode judges each cell as the selector does, by its robust peak (peak +
+    ``peak_sigma_k``·σ of its per-step peaks) against ``limit.limit_w``, P_max less its
+    margin. The cap and margin are stored in the LUT as such; ``peak_sigma_k`` (the run
+    setting ``peak-sigma-k``) only steers where the walk stops.
 
     ``steps`` is the least number of measured steps per cell; with ``sizing="sensor"``
     (the default) a cell goes on until the device's sensor window and sample minimum
@@ -232,8 +254,7 @@ class ProfileOptions:
     ``max_window_s`` seconds (``CellWindow``); ``sizing="fixed"``: exactly ``steps``.
     """
 
-    p_max_w: float | str | None = None
-    cap_margin: float = 0.0
+    limit: PowerLimit = NO_CAP
     warmup_steps: int = 1
     steps: int = 3
     progress: bool = True
@@ -251,20 +272,25 @@ class ProfileOptions:
         """How each cell is measured on ``device``."""
         if self.sizing == "fixed":
             return CellWindow.fixed(self.steps)
-        return CellWindow.of(
-            device,
-            self.steps,
-            min_window_s=self.min_window_s,
-            min_power_samples=self.min_power_samples,
+        sensor = CellWindow.of(device, self.steps)
+        return dataclasses.replace(
+            sensor,
+            min_window_s=sensor.min_window_s if self.min_window_s is None else self.min_window_s,
+            min_power_samples=(
+                sensor.min_power_samples
+                if self.min_power_samples is None
+                else self.min_power_samples
+            ),
             settle_tolerance=self.settle_tolerance,
-            max_steps=self.max_steps,
+            max_steps=max(self.max_steps, self.steps),
             max_window_s=self.max_window_s,
         )
 
     def __post_init__(self) -> None:
-        watts = parse_p_max_w(self.p_max_w)
-        cap = None if math.isinf(watts) else watts
-        object.__setattr__(self, "p_max_w", cap)
+        if not isinstance(self.limit, PowerLimit):
+            raise ValueError(
+                f"p-max-w: the cap must be a PowerLimit (parsed once), got {self.limit!r}"
+            )
         warmup = self.warmup_steps
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
             raise ValueError(f"warmup-steps: must be an integer ≥ 0; got {warmup!r}")
@@ -272,7 +298,6 @@ class ProfileOptions:
             raise ValueError(f"steps: must be an integer ≥ 1; got {self.steps!r}")
         if self.uncapped not in ("full", "highest"):
             raise ValueError(f"uncapped: unknown value {self.uncapped!r}; allowed: full, highest")
-        check_cap_margin(self.cap_margin)
         k = self.peak_sigma_k
         if isinstance(k, bool) or not isinstance(k, int | float) or not 0 <= k < math.inf:
             raise ValueError(f"peak-sigma-k: expected a finite number ≥ 0, got {k!r}")
@@ -288,23 +313,11 @@ class ProfileOptions:
             max(self.max_steps, self.steps),
             self.max_window_s,
         )
-        if cap is None:
-            object.__setattr__(self, "cap_margin", 0.0)
 
     @property
     def cap_w(self) -> float | None:
-        return None if self.p_max_w is None else float(self.p_max_w)
-
-    @classmethod
-    def under(cls, limit: PowerLimit, **options: Any) -> ProfileOptions:
-        """Options for efficient mode under ``limit`` (the cap with its margin)."""
-        return cls(p_max_w=limit.p_max_w, cap_margin=limit.cap_margin, **options)
-
-    @property
-    def limit(self) -> PowerLimit:
-        """The cap with its margin, what a profiled cell's robust peak must stay below."""
-        cap = math.inf if self.p_max_w is None else float(self.p_max_w)
-        return PowerLimit(cap, self.cap_margin)
+        """The bare cap in W, None without one."""
+        return self.limit.cap_w
 
     def feasible(self, peak_w: float, sigma_w: float) -> bool:
         """Whether a cell is feasible by its robust peak, as the selector judges it."""
@@ -319,7 +332,7 @@ class ProfileOptions:
 
     @property
     def grid(self) -> str:
-        return "efficient" if self.cap_w is not None else self.uncapped
+        return "efficient" if self.limit.capped else self.uncapped
 
 
 def profile(
@@ -328,7 +341,6 @@ def profile(
     batch_sizes: Sequence[int],
     step_factory: StepFactory,
     options: ProfileOptions | None = None,
-    **settings: Any,
 ) -> LUT:
     """Measure LUT_time and LUT_power of ``workload`` on ``device`` (paper §4.1).
 
@@ -340,26 +352,18 @@ def profile(
     whether it settled and, on an emulated device of a real board, the window that board
     would have needed. The device is restored at the end whatever happens.
 
-    Without a cap every cell is profiled. With ``p_max_w`` (efficient mode) each cell is
-    judged as the selector judges it (``feasibility.feasible_cells``): feasible when its peak
-    + ``peak_sigma_k``·σ of its per-step peaks is below ``p_max_w · (1 − cap_margin)``.
-    The largest b goes from the lowest f upward and stops at the second infeasible f in a
-    row (``WALK_STOP_IN_A_ROW``), both measured and recorded: one noisy cell above the cap
-    (a spike at the lowest f, or a knob that does not bind there) does not end the walk,
-    since the selector may still choose the feasible cells above it. Each next smaller b
-    starts at the previous b's highest feasible f (the lowest f if it had none) and goes up
-    the same way. Should nothing from that start up be feasible (power not monotone in b),
-    the b walks down from below the start until a feasible f, so its highest feasible f
-    below the start is still found. Cells never visited stay NaN.
-
-    **Bound on extra cells.** Compared with stopping at the first infeasible f (the paper's
-    walk), each b's walk up measures at most ``WALK_EXTRA_INFEASIBLE`` = 2 more infeasible
-    cells beyond its first infeasible one: it stops at the second in a row, and at the
-    third in all even when they are apart. Every other cell it measures is feasible, a
-    cell the selector may choose. So per b at most 3 measured cells are infeasible on the
-    way up, and on a row whose power rises with f the walk costs exactly one cell more than
-    the paper's (the confirming second infeasible f, when the row has one). On such tables
-    it finds, per b, the same highest feasible f as the full grid.
+    Without a cap every cell is profiled. Under a cap (efficient mode) each cell is judged
+    as the selector judges it (``feasibility.feasible_cells``): feasible when its peak +
+    ``peak_sigma_k``·σ of its per-step peaks is below ``options.limit.limit_w``. The
+    largest b goes from the lowest f upward and stops at the second infeasible f in a row
+    (``WALK_STOP_IN_A_ROW``; ``_efficient_row`` bounds what this costs), both measured and
+    recorded: one noisy cell above the cap (a spike at the lowest f, or a knob that does
+    not bind there) does not end the walk, since the selector may still choose the
+    feasible cells above it. Each next smaller b starts at the previous b's highest
+    feasible f (the lowest f if it had none) and goes up the same way. Should nothing from
+    that start up be feasible (power not monotone in b), the b walks down from below the
+    start until a feasible f, so its highest feasible f below the start is still found.
+    Cells never visited stay NaN.
 
     Parameters
     ----------
@@ -373,19 +377,8 @@ def profile(
         ``step_factory(b)`` returns a zero-argument function that runs ONE real training
         minibatch of size b (e.g. ``fl_client.task.make_train_step``); called once per b.
     options : ProfileOptions, optional
-        ``p_max_w`` (the cap for efficient mode; None / "none" / infinity: no cap) and
-        ``cap_margin``; ``peak_sigma_k`` (the selector's ``peak-sigma-k``, how efficient
-        mode judges a cell); ``warmup_steps`` per cell run first and discarded (≥ 0),
-        ``steps`` the least measured per cell (≥ 1; σ of the per-step peaks needs ≥ 2,
-        else it is not recorded); ``sizing``, ``min_window_s``, ``min_power_samples``,
-        ``settle_tolerance``, ``max_steps``, ``max_window_s``: how long each cell is
-        measured beyond that (``ProfileOptions``, ``CellWindow``); ``progress`` (rich bar
-        on a terminal, plain lines otherwise; False: silent) to ``progress_stream``
-        (default ``sys.stderr``); ``uncapped``: without a cap profile every cell
-        (``full``) or each b at the highest
-        frequency only (``highest``, what Eq. 4 selects per b when nothing is infeasible).
-    **settings
-        ``ProfileOptions`` fields, to build ``options`` from keywords instead.
+        The cap with its margin (``limit``), how cells are judged and measured and how
+        progress is shown (``ProfileOptions``); the default: no cap, the full grid.
 
     Returns
     -------
@@ -395,29 +388,19 @@ def profile(
         ``power_samples``, ``window_s``, ``settled`` and ``needed_window_s``, and the
         device's knob.
     """
-    opts = options if options is not None else ProfileOptions(**settings)
+    opts = options if options is not None else ProfileOptions()
     b_list = validate_batch_sizes(batch_sizes)
     tables = _new_tables((len(b_list), len(device.gpu_freqs_mhz)))
     bar = _profile_bar(opts, device, workload, (len(b_list), len(device.gpu_freqs_mhz)))
     start_s = device.now_s()
     try:
-        energy_j = _profile_rows(device, workload, b_list, step_factory, opts, tables, bar)
+        run = _Run(device, workload, step_factory, opts)
+        energy_j = _profile_rows(run, b_list, tables, bar)
     finally:
         bar.close()
         device.restore()
-    return _lut_of(
-        device,
-        workload,
-        b_list,
-        tables,
-        p_max_w=opts.cap_w,
-        cap_margin=opts.cap_margin,
-        profile_time_s=max(device.now_s() - start_s, 0.0),
-        profile_energy_j=energy_j,
-        warmup_steps=opts.warmup_steps,
-        steps=opts.steps,
-        grid=opts.grid,
-    )
+    cost = (max(device.now_s() - start_s, 0.0), energy_j)
+    return _lut_of(device, workload, b_list, tables, opts, cost)
 
 
 def _profile_bar(
@@ -425,8 +408,9 @@ def _profile_bar(
 ) -> _Progress:
     """Progress of one ``profile`` call, titled with its mode."""
     if opts.grid == "efficient":
-        margin = f" less {100 * opts.cap_margin:g}%" if opts.cap_margin else ""
-        mode = f"efficient, P_max {opts.cap_w:g} W{margin}"
+        margin = opts.limit.cap_margin
+        less = f" less {100 * margin:g}%" if margin else ""
+        mode = f"efficient, P_max {opts.limit.p_max_w:g} W{less}"
     else:
         mode = {"full": "full grid", "highest": "no cap: highest frequency per b"}[opts.grid]
     return _Progress(
@@ -438,16 +422,21 @@ def _profile_bar(
     )
 
 
+class _Run(NamedTuple):
+    """What one ``profile`` call measures with: the device, the workload, its steps and
+    the options."""
+
+    device: Device
+    workload: Workload
+    step_factory: StepFactory
+    opts: ProfileOptions
+
+
 def _profile_rows(
-    device: Device,
-    workload: Workload,
-    b_list: list[int],
-    step_factory: StepFactory,
-    opts: ProfileOptions,
-    tables: dict[str, FloatArray],
-    bar: _Progress,
+    run: _Run, b_list: list[int], tables: dict[str, FloatArray], bar: _Progress
 ) -> float:
     """Walk the rows as ``profile`` describes, largest b first; returns the energy spent."""
+    device, workload, step_factory, opts = run
     freqs = tuple(float(f) for f in device.gpu_freqs_mhz)
     window = opts.cell_window(device)
     energy_j = 0.0
@@ -486,7 +475,6 @@ def load_or_profile(
     step_factory: StepFactory,
     cache_dir: str | os.PathLike[str],
     options: ProfileOptions | None = None,
-    **settings: Any,
 ) -> tuple[LUT, bool]:
     """The cached LUT for these settings, or a new profile (then cached).
 
@@ -499,7 +487,7 @@ def load_or_profile(
 
     Parameters
     ----------
-    device, workload, batch_sizes, step_factory, options, settings
+    device, workload, batch_sizes, step_factory, options
         As in ``profile``; without a cap it profiles (and caches) the full grid, or with
         ``uncapped="highest"`` the highest frequency of each b.
     cache_dir : path
@@ -510,17 +498,17 @@ def load_or_profile(
     (LUT, bool)
         The tables, and whether they came from the cache (no profiling cost this time).
     """
-    opts = options if options is not None else ProfileOptions(**settings)
+    opts = options if options is not None else ProfileOptions()
     b_list = validate_batch_sizes(batch_sizes)
     wanted = [LUTKey.of(device, workload, b_list)]  # a full grid serves any cap
-    if opts.cap_w is not None:
+    if opts.limit.capped:
         wanted.append(
             LUTKey.of(
                 device,
                 workload,
                 b_list,
                 p_max_w=opts.cap_w,
-                cap_margin=opts.cap_margin,
+                cap_margin=opts.limit.cap_margin,
                 grid="efficient",
             )
         )

@@ -46,7 +46,8 @@ from fl_client import image_data, selector, task
 from fl_client.devices import open_device
 from fl_client.devices.simulated import DeviceSpec, load_device_spec
 from fl_client.node import workload_for
-from fl_client.profiler import profile
+from fl_client.power import PowerLimit
+from fl_client.profiler import ProfileOptions, profile
 from fl_client.r_estimation import r_from_samples
 from fl_client.selection import Selection
 from simulations.experiments import single_device_report
@@ -302,11 +303,13 @@ def _profile(cfg: SingleDeviceConfig, c: CellSpec, workload: Workload, sizes: li
             workload,
             sizes,
             lambda b: task.make_train_step(c.model, task.IMAGE_SHAPE, b, seed=c.seed),
-            p_max_w=c.cap_w,
-            warmup_steps=cfg.profile_warmup_steps,
-            steps=cfg.profile_steps,
-            progress=False,
-            uncapped=cfg.profile_uncapped,
+            ProfileOptions(
+                PowerLimit.of(c.cap_w),
+                warmup_steps=cfg.profile_warmup_steps,
+                steps=cfg.profile_steps,
+                progress=False,
+                uncapped=cfg.profile_uncapped,
+            ),
         )
     finally:
         device.close()

@@ -19,7 +19,7 @@ from fl_client import r_estimation, task
 from fl_client.devices import open_device
 from fl_client.devices.simulated import load_device_spec
 from fl_client.node import max_batch_size, workload_for
-from fl_client.profiler import profile
+from fl_client.profiler import ProfileOptions, profile
 from fl_client.r_estimation import samples_to_target
 from fl_client.selection import Tables
 from simulations.experiments.config import ExperimentConfigError
@@ -288,11 +288,7 @@ def profile_full_grid(
             workload_for(model),
             list(batch_sizes),
             lambda b: task.make_train_step(model, shape, b, seed=0),
-            p_max_w=None,
-            warmup_steps=warmup_steps,
-            steps=steps,
-            progress=False,
-            uncapped="full",
+            ProfileOptions(warmup_steps=warmup_steps, steps=steps, progress=False),
         )
     finally:
         device.close()

@@ -18,7 +18,8 @@ from fl_client.devices.base import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W, Workload
 from fl_client.lut import LUT, LUTKey, load_cached, lut_checksum, save_quietly
 from fl_client.lut_cells import median_cell, merge_cells, replace_rows, scale_cells
 from fl_client.lut_format import CELL_TABLES, LUT_VERSION, LUTFormatError
-from fl_client.profiler import load_or_profile, profile
+from fl_client.power import PowerLimit
+from fl_client.profiler import ProfileOptions, load_or_profile, profile
 from fl_client.selection import Tables
 from fl_client.selector import select_eq4
 from tests.fl_client.test_profiler import (
@@ -30,9 +31,14 @@ from tests.fl_client.test_profiler import (
 )
 
 
+def _options(p_max_w: Any = None, cap_margin: float = 0.0, **kw: Any) -> ProfileOptions:
+    """Profiling options from the flat keywords the CLI and run settings give."""
+    return ProfileOptions(PowerLimit(p_max_w, cap_margin), **kw)
+
+
 def _profiled(p_max_w: float | None = None, **kw: Any) -> LUT:
     return profile(
-        FakeDevice(), WORKLOAD, B6, CountingSteps(), p_max_w=p_max_w, progress=False, **kw
+        FakeDevice(), WORKLOAD, B6, CountingSteps(), _options(p_max_w, progress=False, **kw)
     )
 
 
@@ -337,7 +343,7 @@ def test_load_cached_answers_only_a_valid_fitting_file(
 
 
 def _cached(folder: Path, device: FakeDevice, steps: CountingSteps) -> tuple[LUT, bool]:
-    return load_or_profile(device, WORKLOAD, B6, steps, folder, progress=False)
+    return load_or_profile(device, WORKLOAD, B6, steps, folder, ProfileOptions(progress=False))
 
 
 def test_corrupt_cache_is_set_aside_and_reprofiled(
@@ -450,14 +456,16 @@ def test_merge_cells_fills_or_overwrites() -> None:
 
 def test_merge_cells_takes_one_row_into_its_place() -> None:
     lut = _profiled()
-    row = profile(FakeDevice(a_w=2.0), WORKLOAD, [32], CountingSteps(), progress=False)
+    row = profile(
+        FakeDevice(a_w=2.0), WORKLOAD, [32], CountingSteps(), ProfileOptions(progress=False)
+    )
     merged = merge_cells(lut, row, overwrite=True)
     i = B6.index(32)
     np.testing.assert_array_equal(merged.peak_power_w[i], row.peak_power_w[0])
     np.testing.assert_array_equal(
         np.delete(merged.peak_power_w, i, 0), np.delete(lut.peak_power_w, i, 0)
     )
-    alien = profile(FakeDevice(), WORKLOAD, [24], CountingSteps(), progress=False)
+    alien = profile(FakeDevice(), WORKLOAD, [24], CountingSteps(), ProfileOptions(progress=False))
     with pytest.raises(LUTFormatError, match=r"batch-sizes: \[24\] are not rows"):
         merge_cells(lut, alien, overwrite=True)
 
@@ -468,7 +476,11 @@ def test_replace_rows_drops_what_the_new_row_did_not_measure() -> None:
     lut = _profiled(p_max_w=4.0)  # every cell of b = 32 feasible on the cool fake
     i = B6.index(32)
     walk = profile(
-        FakeDevice(a_w=2.0), WORKLOAD, [32], CountingSteps(), progress=False, p_max_w=2.8
+        FakeDevice(a_w=2.0),
+        WORKLOAD,
+        [32],
+        CountingSteps(),
+        ProfileOptions(PowerLimit(2.8), progress=False),
     )
     reached = ~np.isnan(walk.time_per_sample_s[0])
     assert reached.any() and not reached.all()  # the walk stopped below the top
@@ -609,8 +621,13 @@ def test_the_window_tables_are_checked(key: str, value: object, message: str) ->
 
 def test_merge_cells_carries_how_each_cell_was_measured() -> None:
     lut = _profiled()
-    row = profile(FakeDevice(a_w=2.0), WORKLOAD, [32], CountingSteps(), progress=False,
-                  min_power_samples=7)  # fmt: skip
+    row = profile(
+        FakeDevice(a_w=2.0),
+        WORKLOAD,
+        [32],
+        CountingSteps(),
+        ProfileOptions(progress=False, min_power_samples=7),
+    )
     merged = merge_cells(lut, row, overwrite=True)
     i = B6.index(32)
     assert (merged.power_samples[i] == 7).all() and (row.power_samples == 7).all()

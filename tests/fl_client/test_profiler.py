@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from fl_client.cell_measure import (
     MAX_WINDOW_S,
+    CellOptions,
     CellWindow,
     measure_cell,
     measure_cell_with_sigma,
@@ -195,11 +196,20 @@ class CountingSteps:
         return step
 
 
+def _options(p_max_w: Any = None, cap_margin: float = 0.0, **kw: Any) -> ProfileOptions:
+    """Profiling options from the flat keywords the CLI and run settings give."""
+    return ProfileOptions(PowerLimit(p_max_w, cap_margin), **kw)
+
+
 def _profile(
     device: FakeDevice | None = None, p_max_w: float | str | None = None, **kw: Any
 ) -> LUT:
     return profile(
-        device or FakeDevice(), WORKLOAD, B6, CountingSteps(), p_max_w=p_max_w, progress=False, **kw
+        device or FakeDevice(),
+        WORKLOAD,
+        B6,
+        CountingSteps(),
+        _options(p_max_w, progress=False, **kw),
     )
 
 
@@ -210,7 +220,7 @@ def test_fake_device_implements_the_protocol() -> None:
 def test_full_grid_measures_every_cell_without_warmup_effects() -> None:
     dev = FakeDevice()
     steps = CountingSteps()
-    lut = profile(dev, WORKLOAD, B6, steps, warmup_steps=1, steps=3, progress=False)
+    lut = profile(dev, WORKLOAD, B6, steps, ProfileOptions(warmup_steps=1, steps=3, progress=False))
     assert lut.grid == "full" and lut.cells_profiled == 6 * 12 and lut.p_max_w is None
     assert lut.grid == "full" and lut.cap_margin == 0.0
     for i, b in enumerate(B6):
@@ -424,7 +434,12 @@ def test_sigma_of_the_per_step_peaks_is_recorded_for_every_measured_cell() -> No
     assert np.isnan(_profile(FakeDevice(), steps=1, sizing="fixed").peak_sigma_w).all()
     # a cell measured on its own gets its σ too
     m = measure_cell_with_sigma(
-        FakeDevice(jitter_w=jitter), WORKLOAD, 8, lambda: None, 76.8, window=CellWindow.fixed(3)
+        FakeDevice(jitter_w=jitter),
+        WORKLOAD,
+        8,
+        lambda: None,
+        76.8,
+        CellOptions(window=CellWindow.fixed(3)),
     )
     assert m.peak_sigma_w == pytest.approx(0.3) and m.measurement.steps == 3
 
@@ -439,7 +454,7 @@ def test_the_walk_judges_each_cell_by_peak_plus_k_sigma() -> None:
     # k = 0: 1.3 + 0.00512·f < 3 up to 307.2 MHz (index 3); 384, 460.8 end the walk
     assert _visited(bare, 128) == [0, 1, 2, 3, 4, 5]
     with pytest.raises(ValueError, match="peak-sigma-k"):
-        ProfileOptions(p_max_w=3.0, peak_sigma_k=-1.0)
+        ProfileOptions(PowerLimit(3.0), peak_sigma_k=-1.0)
 
 
 @settings(max_examples=300, deadline=None)
@@ -492,7 +507,9 @@ def test_the_lut_names_the_devices_knob() -> None:
 
     out = io.StringIO()
     dev = PowerLimitDevice(freqs_mhz=(100.0, 150.0, 200.0))
-    lut = profile(dev, WORKLOAD, [4, 8], CountingSteps(), progress=True, progress_stream=out)
+    lut = profile(
+        dev, WORKLOAD, [4, 8], CountingSteps(), ProfileOptions(progress=True, progress_stream=out)
+    )
     assert lut.knob == GPU_POWER_LIMIT_W and LUT.from_json(lut.to_json()).knob == lut.knob
     assert "b=8 f=100 W:" in out.getvalue()
     assert _profile(FakeDevice()).knob == GPU_FREQ_MHZ
@@ -501,7 +518,7 @@ def test_the_lut_names_the_devices_knob() -> None:
 def test_restore_is_called_when_a_step_raises() -> None:
     dev = FakeDevice()
     with pytest.raises(RuntimeError, match="out of memory"):
-        profile(dev, WORKLOAD, B6, CountingSteps(fail_after=10), progress=False)
+        profile(dev, WORKLOAD, B6, CountingSteps(fail_after=10), ProfileOptions(progress=False))
     assert dev.restores == 1 and dev.freq == dev.initial_freq
 
 
@@ -512,7 +529,7 @@ def test_restore_is_called_when_the_step_factory_raises() -> None:
         raise MemoryError(f"b={b} does not fit")
 
     with pytest.raises(MemoryError):
-        profile(dev, WORKLOAD, B6, factory, progress=False)
+        profile(dev, WORKLOAD, B6, factory, ProfileOptions(progress=False))
     assert dev.restores == 1
 
 
@@ -531,19 +548,19 @@ def test_restore_is_called_when_the_step_factory_raises() -> None:
 )
 def test_bad_settings_name_the_key(settings: dict[str, Any], key: str) -> None:
     with pytest.raises(ValueError, match=key):
-        ProfileOptions(**settings)
+        _options(**settings)
     with pytest.raises(ValueError, match=key):
-        profile(FakeDevice(), WORKLOAD, B6, CountingSteps(), progress=False, **settings)
+        profile(FakeDevice(), WORKLOAD, B6, CountingSteps(), _options(progress=False, **settings))
 
 
 def test_bad_batch_sizes_name_the_key() -> None:
     with pytest.raises(ValueError, match="batch-sizes"):
-        profile(FakeDevice(), WORKLOAD, [], CountingSteps(), progress=False)
+        profile(FakeDevice(), WORKLOAD, [], CountingSteps(), ProfileOptions(progress=False))
 
 
 def test_options_object_and_keywords_are_the_same_settings() -> None:
-    opts = ProfileOptions(p_max_w="3.5", cap_margin=0.1, steps=2, progress=False)
-    assert (opts.p_max_w, opts.cap_w, opts.grid) == (3.5, 3.5, "efficient")
+    opts = _options("3.5", 0.1, steps=2, progress=False)
+    assert (opts.limit.p_max_w, opts.cap_w, opts.grid) == (3.5, 3.5, "efficient")
     assert opts.limit.limit_w == pytest.approx(3.15)
     a = profile(FakeDevice(), WORKLOAD, B6, CountingSteps(), opts)
     b = profile(
@@ -551,16 +568,13 @@ def test_options_object_and_keywords_are_the_same_settings() -> None:
         WORKLOAD,
         B6,
         CountingSteps(),
-        p_max_w=3.5,
-        cap_margin=0.1,
-        steps=2,
-        progress=False,
+        ProfileOptions(PowerLimit(3.5, 0.1), steps=2, progress=False),
     )
     assert a.to_json().replace(a.created_utc, "") == b.to_json().replace(b.created_utc, "")
     # no cap, in any spelling: no margin either (there is nothing to keep it from)
     for none in (None, "none", math.inf):
-        uncapped = ProfileOptions(p_max_w=none, cap_margin=0.05)
-        assert uncapped.cap_w is None and uncapped.cap_margin == 0.0
+        uncapped = _options(none, 0.05)
+        assert uncapped.cap_w is None and uncapped.limit.cap_margin == 0.0
         assert not uncapped.limit.capped and uncapped.grid == "full"
     assert ProfileOptions(uncapped="highest").grid == "highest"
 
@@ -569,7 +583,13 @@ def test_progress_plain_lines_when_not_a_tty_and_silent_when_off(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     out = io.StringIO()
-    profile(FakeDevice(), WORKLOAD, [4, 8], CountingSteps(), progress=True, progress_stream=out)
+    profile(
+        FakeDevice(),
+        WORKLOAD,
+        [4, 8],
+        CountingSteps(),
+        ProfileOptions(progress=True, progress_stream=out),
+    )
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 * 12
     assert lines[0].startswith("profile fake-nano cnn-1x8x8 (full grid) [1/24] b=8 f=76.8 MHz")
@@ -579,9 +599,7 @@ def test_progress_plain_lines_when_not_a_tty_and_silent_when_off(
         WORKLOAD,
         [4, 8],
         CountingSteps(),
-        p_max_w=3.0,
-        cap_margin=0.05,
-        progress_stream=out,
+        ProfileOptions(PowerLimit(3.0, 0.05), progress_stream=out),
     )
     assert out.getvalue().startswith("profile fake-nano cnn-1x8x8 (efficient, P_max 3 W less 5%)")
     _profile(FakeDevice(), p_max_w=3.0)
@@ -594,7 +612,9 @@ def test_rich_progress_bar_on_a_terminal() -> None:
             return True
 
     out = Terminal()
-    lut = profile(FakeDevice(), WORKLOAD, [4, 8], CountingSteps(), progress_stream=out)
+    lut = profile(
+        FakeDevice(), WORKLOAD, [4, 8], CountingSteps(), ProfileOptions(progress_stream=out)
+    )
     assert lut.grid == "full"
     assert "profile fake-nano cnn-1x8x8" in out.getvalue()
 
@@ -608,7 +628,7 @@ def test_uncapped_highest_profiles_one_cell_per_batch_size_and_matches_the_full_
     full = _profile(FakeDevice())
     dev = FakeDevice()
     steps = CountingSteps()
-    top = profile(dev, WORKLOAD, B6, steps, uncapped="highest", progress=False)
+    top = profile(dev, WORKLOAD, B6, steps, ProfileOptions(uncapped="highest", progress=False))
     assert top.grid == "highest" and top.p_max_w is None and top.grid != "full"
     assert top.cells_profiled == len(B6)
     assert steps.calls == dict.fromkeys(B6, 1 + 3)  # one cell per b: warm-up + 3 measured
@@ -638,7 +658,7 @@ def _cached(
     **kw: Any,
 ) -> tuple[LUT, bool]:
     return load_or_profile(
-        device, WORKLOAD, B6, steps, folder, p_max_w=p_max_w, progress=False, **kw
+        device, WORKLOAD, B6, steps, folder, _options(p_max_w, progress=False, **kw)
     )
 
 
@@ -700,7 +720,7 @@ def test_uncapped_highest_is_cached_apart_and_a_full_grid_serves_it(tmp_path: Pa
             B6,
             steps,
             tmp_path / folder,
-            ProfileOptions(p_max_w=p_max_w, uncapped=uncapped, progress=False),
+            ProfileOptions(PowerLimit.of(p_max_w), uncapped=uncapped, progress=False),
         )
 
     lut, hit = cached("a")
@@ -733,7 +753,7 @@ def test_a_cache_that_cannot_be_written_only_costs_a_warning(
 def test_measure_cell_measures_as_profile_does_and_restores() -> None:
     device, steps = FakeDevice(), CountingSteps()
     m, time_s, energy_j = measure_cell(
-        device, WORKLOAD, 32, steps(32), 460.8, warmup_steps=1, steps=3
+        device, WORKLOAD, 32, steps(32), 460.8, CellOptions(warmup_steps=1, steps=3)
     )
     assert m.steps == 3 and m.samples == 3 * 32  # the warm-up is not in the measurement
     assert m.time_s / m.samples == pytest.approx(device.time_per_sample_s(32, 460.8))
@@ -821,7 +841,9 @@ class TraceDevice:
 
 
 def _cell(device: TraceDevice, **kw: Any) -> Any:
-    return measure_cell_with_sigma(device, WORKLOAD, 4, lambda: None, 100.0, warmup_steps=0, **kw)
+    return measure_cell_with_sigma(
+        device, WORKLOAD, 4, lambda: None, 100.0, CellOptions(warmup_steps=0, **kw)
+    )
 
 
 def test_a_slow_sensor_makes_the_cell_measure_until_its_window_and_samples() -> None:
@@ -840,12 +862,19 @@ def test_a_slow_sensor_makes_the_cell_measure_until_its_window_and_samples() -> 
     fixed = _cell(TraceDevice(lambda k: 0.1, sensor=sensor), window=CellWindow.fixed(3))
     assert fixed.measurement.steps == 3
     # the profiler records the samples, the window and that the cell settled
-    lut = profile(slow, WORKLOAD, [4], CountingSteps(), warmup_steps=0, progress=False)
+    lut = profile(
+        slow, WORKLOAD, [4], CountingSteps(), ProfileOptions(warmup_steps=0, progress=False)
+    )
     assert lut.power_samples[0, 0] == 5 and lut.window_s[0, 0] == pytest.approx(2.0)
     assert lut.settled[0, 0] == 1 and np.isnan(lut.needed_window_s).all()  # no board
     # a window and sample minimum given in the options replace the sensor's
-    short = profile(TraceDevice(lambda k: 0.1, sensor=sensor), WORKLOAD, [4], CountingSteps(),
-                    warmup_steps=0, progress=False, min_window_s=0.5)  # fmt: skip
+    short = profile(
+        TraceDevice(lambda k: 0.1, sensor=sensor),
+        WORKLOAD,
+        [4],
+        CountingSteps(),
+        ProfileOptions(warmup_steps=0, progress=False, min_window_s=0.5),
+    )
     assert short.window_s[0, 0] == pytest.approx(0.5) and short.power_samples[0, 0] == 5
 
 
@@ -890,8 +919,13 @@ def test_the_hard_cap_marks_a_cell_unsettled() -> None:
         not by_time.settled
         and 1.0 <= by_time.window_s < 1.0 + 0.01 * 1.05**by_time.measurement.steps
     )
-    lut = profile(ramp(), WORKLOAD, [4], CountingSteps(), warmup_steps=0, progress=False,
-                  max_steps=40)  # fmt: skip
+    lut = profile(
+        ramp(),
+        WORKLOAD,
+        [4],
+        CountingSteps(),
+        ProfileOptions(warmup_steps=0, progress=False, max_steps=40),
+    )
     assert (
         lut.settled[0, 0] == 0
         and int((lut.settled == 0).sum()) == 1
@@ -921,8 +955,13 @@ def test_an_emulated_device_reports_the_window_its_real_board_needs() -> None:
     cell = _cell(dev)
     assert cell.measurement.steps == 3 and cell.window_s == pytest.approx(0.06)
     assert cell.needed_window_s == pytest.approx(0.5)  # 25 steps of 20 ms
-    lut = profile(TraceDevice(lambda k: 0.02, board=board), WORKLOAD, [4], CountingSteps(),
-                  warmup_steps=0, progress=False)  # fmt: skip
+    lut = profile(
+        TraceDevice(lambda k: 0.02, board=board),
+        WORKLOAD,
+        [4],
+        CountingSteps(),
+        ProfileOptions(warmup_steps=0, progress=False),
+    )
     assert lut.needed_window_s[0, 0] == pytest.approx(0.5)
     # reported, not charged: profiling time is the emulated clock's
     assert lut.profile_time_s == pytest.approx(0.06)
@@ -956,13 +995,23 @@ def test_a_real_sensor_warms_up_until_the_step_time_is_stable() -> None:
     # a device with a real sensor (readings every 0.1 s): 5 slow first steps, then 0.1 s
     slow_start = TraceDevice(lambda k: 1.0 if k < 5 else 0.1, sensor=REAL_SENSOR)
     cell = measure_cell_with_sigma(
-        slow_start, WORKLOAD, 4, lambda: None, 100.0, warmup_steps=1, window=CellWindow(3)
+        slow_start,
+        WORKLOAD,
+        4,
+        lambda: None,
+        100.0,
+        CellOptions(warmup_steps=1, window=CellWindow(3)),
     )
     assert cell.measurement.time_s / cell.measurement.steps == pytest.approx(0.1)
     # an emulated clock (twin, replay table) models no warm-up: its asked-for steps only
     emulated = TraceDevice(lambda k: 1.0 if k < 5 else 0.1)
     cell = measure_cell_with_sigma(
-        emulated, WORKLOAD, 4, lambda: None, 100.0, warmup_steps=1, window=CellWindow(3)
+        emulated,
+        WORKLOAD,
+        4,
+        lambda: None,
+        100.0,
+        CellOptions(warmup_steps=1, window=CellWindow(3)),
     )
     assert cell.measurement.time_s / cell.measurement.steps > 0.1
 
@@ -993,8 +1042,14 @@ def test_the_cell_loop_reads_only_the_cheap_views_after_each_step() -> None:
     rng = np.random.default_rng(3)
     noise = 0.01 * (1 + 0.1 * rng.standard_normal(5000))
     window = CellWindow(3, min_window_s=1.0)
-    cell = measure_cell_with_sigma(Device(lambda k: float(noise[k])), WORKLOAD, 4, lambda: None,
-                                   100.0, warmup_steps=5, window=window)  # fmt: skip
+    cell = measure_cell_with_sigma(
+        Device(lambda k: float(noise[k])),
+        WORKLOAD,
+        4,
+        lambda: None,
+        100.0,
+        CellOptions(warmup_steps=5, window=window),
+    )
     assert cell.measurement.steps >= 100 and cell.settled
     assert len(built) <= 4  # once per measured stretch (warm-up, cell), never per step
 

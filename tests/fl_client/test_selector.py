@@ -223,7 +223,12 @@ def test_infeasible_cap_names_cap_and_lowest_measured_power():
     with pytest.raises(InfeasibleCapError) as info:
         select_eq4(Tables(time, power), [4, 8], [76.8, 153.6, 230.4], [1.0, 1.0], 3.0)
     err = info.value
-    assert (err.limit.p_max_w, err.min_power_w, err.batch_size, err.freq_mhz) == (3.0, 3.2, 4, 153.6)
+    assert (err.limit.p_max_w, err.min_power_w, err.batch_size, err.freq_mhz) == (
+        3.0,
+        3.2,
+        4,
+        153.6,
+    )
     msg = str(err)
     assert "p-max-w" in msg and "3 W" in msg and "3.200 W" in msg
     assert "b=4" in msg and "153.6 MHz" in msg
