@@ -359,8 +359,8 @@ def format_lut(lut: Any, p_max_w: float | None = None, peak_sigma_k: float = PEA
             lines.append(f"{b:>8}" + "".join(cells))
         return lines
 
-    lut_cap = Cap.parse(lut.p_max_w)
-    under = _under(lut_cap, lut.cap_margin)
+    lut_cap = Cap.parse(lut.limit.cap_w)
+    under = _under(lut_cap, lut.limit.cap_margin)
     mode = "full grid" if not lut_cap.capped else f"efficient mode for {under}"
     if lut.grid in ("highest", "on-demand"):
         mode = {"highest": "no cap, highest frequency per b", "on-demand": "cells on demand"}[
@@ -725,23 +725,24 @@ def _check_efficient_lut(lut: Any, cap: Cap, cap_margin: float) -> None:
             f"p-max-w: {cap.label}, but this LUT was profiled without a cap at each batch size's "
             "highest frequency only; use --p-max-w none, or profile under the cap"
         )
-    if lut.p_max_w is None:
+    if not lut.limit.capped:
         return
-    lut_cap = Cap.parse(lut.p_max_w)
+    lut_cap = Cap.parse(lut.limit.cap_w)
+    lut_margin = lut.limit.cap_margin
     other = ", or profile the full grid (powerfl profile without --p-max-w) to select under any cap"
     if cap != lut_cap:
         use = f"--p-max-w {lut_cap.setting}"
-        if cap_margin != lut.cap_margin:
-            use += f" --cap-margin {lut.cap_margin:g}"
+        if cap_margin != lut_margin:
+            use += f" --cap-margin {lut_margin:g}"
         raise ValueError(
             f"p-max-w: {cap.label} differs from the cap this LUT was profiled for in efficient "
-            f"mode ({_under(lut_cap, lut.cap_margin)}); use {use}{other}"
+            f"mode ({_under(lut_cap, lut_margin)}); use {use}{other}"
         )
-    if cap_margin != lut.cap_margin:
+    if cap_margin != lut_margin:
         raise ValueError(
             f"cap-margin: {cap_margin:g} differs from the margin this LUT was profiled with in "
-            f"efficient mode ({_under(lut_cap, lut.cap_margin)}); use --cap-margin "
-            f"{lut.cap_margin:g}{other}"
+            f"efficient mode ({_under(lut_cap, lut_margin)}); use --cap-margin "
+            f"{lut_margin:g}{other}"
         )
 
 

@@ -39,13 +39,17 @@ from fl_client.lut_format import (
     LUTFormatError,
     cell_table,
     checked_record,
+    limit_of_record,
     sigma_table,
     table_from_json,
 )
-from fl_client.power import PowerLimit, parse_p_max_w
+from fl_client.power import PowerLimit
 from fl_client.selector_inputs import validate_batch_sizes, validate_freqs_mhz, validate_tables
 
 log = logging.getLogger(__name__)
+
+#: No cap: the limit of every LUT but an efficient-mode one.
+NO_CAP = PowerLimit()
 
 
 def _utc_now() -> str:
@@ -81,8 +85,9 @@ class LUT:
         Highest power sample in W (LUT_power, what Eq. 4 compares with P_max).
     avg_power_w : ndarray, shape (|B|, |F|)
         Energy / time of the measured steps in W.
-    p_max_w : float or None
-        The cap efficient mode profiled for; None for a full grid.
+    limit : PowerLimit
+        The cap with its margin efficient mode profiled for (``p-max-w`` and ``cap-margin``
+        in the file); no cap (``NO_CAP``) for every other grid.
     profile_time_s : float
         Device time the profiling took (warm-up and measured steps, frequency changes).
     profile_energy_j : float
@@ -94,7 +99,7 @@ class LUT:
         its sensor measures more: ``power_samples``, ``window_s``).
     grid : str
         ``full`` (every cell; serves any cap), ``efficient`` (paper §4.1 under
-        ``p_max_w``) or ``highest`` (no cap: each b at the highest frequency only, the
+        ``limit``) or ``highest`` (no cap: each b at the highest frequency only, the
         cell Eq. 4 picks per b when nothing is infeasible) or ``on-demand`` (no cap: single
         cells that earlier versions' deadline pacing measured below f*; nothing writes
         them now; the value is kept so such cache files still load; never selected from).
@@ -124,14 +129,13 @@ class LUT:
     time_per_sample_s: FloatArray
     peak_power_w: FloatArray
     avg_power_w: FloatArray
-    p_max_w: float | None = None
+    limit: PowerLimit = NO_CAP
     profile_time_s: float = 0.0
     profile_energy_j: float = 0.0
     created_utc: str = field(default_factory=_utc_now)
     warmup_steps: int = 1
     steps: int = 3
     grid: str = ""
-    cap_margin: float = 0.0
     peak_sigma_w: FloatArray = field(default_factory=lambda: np.empty((0, 0)))
     knob: Knob = GPU_FREQ_MHZ
     power_samples: FloatArray = field(default_factory=lambda: np.empty((0, 0)))
@@ -148,8 +152,6 @@ class LUT:
         try:
             b = validate_batch_sizes(list(self.batch_sizes))
             f = validate_freqs_mhz(list(self.freqs_mhz))
-            watts = parse_p_max_w(self.p_max_w)
-            cap = None if math.isinf(watts) else watts
             time_s, peak_w = validate_tables(
                 self.time_per_sample_s, self.peak_power_w, len(b), len(f)
             )
@@ -162,6 +164,9 @@ class LUT:
             name: cell_table(getattr(self, name), np.isnan(time_s), key)
             for name, key in CELL_TABLES.items()
         }
+        if not isinstance(self.limit, PowerLimit):
+            raise LUTFormatError(f"p-max-w: the cap must be a PowerLimit, got {self.limit!r}")
+        cap = self.limit.cap_w
         if not isinstance(self.knob, Knob):
             raise LUTFormatError(f"knob: must be a Knob, got {self.knob!r}")
         grid = self.grid or ("full" if cap is None else "efficient")
@@ -174,12 +179,6 @@ class LUT:
         if grid in ("highest", "on-demand", "shared") and cap is not None:
             raise LUTFormatError(f"a {grid} LUT is made without a cap (p-max-w none)")
         object.__setattr__(self, "grid", grid)
-        margin = float(self.cap_margin)
-        if not 0.0 <= margin < 1.0 or (cap is None and margin != 0.0):
-            raise LUTFormatError(
-                f"cap-margin: must be in [0, 1), and 0 without a cap; got {self.cap_margin!r}"
-            )
-        object.__setattr__(self, "cap_margin", margin)
         shape = tuple(int(d) for d in self.input_shape)
         if not shape or any(d < 1 for d in shape):
             raise LUTFormatError(f"input-shape: must be positive sizes; got {self.input_shape}")
@@ -195,7 +194,6 @@ class LUT:
         object.__setattr__(self, "batch_sizes", tuple(b))
         object.__setattr__(self, "freqs_mhz", tuple(f))
         object.__setattr__(self, "input_shape", shape)
-        object.__setattr__(self, "p_max_w", cap)
         for name, table in (
             ("time_per_sample_s", time_s),
             ("peak_power_w", peak_w),
@@ -216,15 +214,9 @@ class LUT:
             Workload(self.model_name, self.input_shape, 0.0),
             self.batch_sizes,
             self.freqs_mhz,
-            self.p_max_w,
-            self.cap_margin,
+            self.limit,
             self.grid,
         )
-
-    @property
-    def limit(self) -> PowerLimit:
-        """The cap with its margin that profiled peaks were compared with (no cap: none)."""
-        return PowerLimit(math.inf if self.p_max_w is None else self.p_max_w, self.cap_margin)
 
     @property
     def workload_key(self) -> str:
@@ -273,8 +265,8 @@ class LUT:
             "workload-key": self.workload_key,
             "batch-sizes": list(self.batch_sizes),
             self.knob.values_key: list(self.freqs_mhz),  # freqs-mhz, or power-limits-w
-            "p-max-w": self.p_max_w,
-            "cap-margin": self.cap_margin,
+            "p-max-w": self.limit.cap_w,
+            "cap-margin": self.limit.cap_margin,
             "time-per-sample-s": table(self.time_per_sample_s),
             "peak-power-w": table(self.peak_power_w),
             "avg-power-w": table(self.avg_power_w),
@@ -333,14 +325,13 @@ class LUT:
             time_per_sample_s=time_s,
             peak_power_w=table_from_json(rec["peak-power-w"], "peak-power-w"),
             avg_power_w=table_from_json(rec["avg-power-w"], "avg-power-w"),
-            p_max_w=rec["p-max-w"],
+            limit=limit_of_record(rec["p-max-w"], rec.get("cap-margin", 0.0)),
             profile_time_s=rec["profile-time-s"],
             profile_energy_j=rec["profile-energy-j"],
             created_utc=rec["created-utc"],
             warmup_steps=rec["warmup-steps"],
             steps=rec["steps"],
             grid=rec.get("grid", ""),
-            cap_margin=rec.get("cap-margin", 0.0),
             peak_sigma_w=sigma_w,
             knob=knob,
             clocks_locked=rec.get("clocks-locked"),
@@ -392,9 +383,9 @@ class LUT:
 class LUTKey:
     """What a LUT is for: device kind, backend, workload, B, frequency table, cap and grid.
 
-    ``p_max_w`` is the bare cap an efficient-mode LUT was profiled for (None: no cap) and
-    ``cap_margin`` the share of it kept free; the profiler's walk compares peaks with
-    ``p_max_w · (1 − cap_margin)``. Both are stored as such, so a LUT profiled under 5 W
+    ``limit`` is the cap with its margin an efficient-mode LUT was profiled for (no cap:
+    ``NO_CAP``); the profiler's walk compares robust peaks with ``limit.limit_w``. The bare
+    cap and its margin name the file (as the LUT stores them), so a LUT profiled under 5 W
     with a 5% margin serves ``select --p-max-w 5 --cap-margin 0.05``.
     """
 
@@ -403,8 +394,7 @@ class LUTKey:
     workload: Workload
     batch_sizes: tuple[int, ...]
     freqs_mhz: tuple[float, ...]
-    p_max_w: float | None = None
-    cap_margin: float = 0.0
+    limit: PowerLimit = NO_CAP
     grid: str = "full"
     knob: Knob = GPU_FREQ_MHZ  # what the columns are (a LUT of another knob is another file)
 
@@ -415,8 +405,7 @@ class LUTKey:
         workload: Workload,
         batch_sizes: Sequence[int],
         *,
-        p_max_w: float | None = None,
-        cap_margin: float = 0.0,
+        limit: PowerLimit = NO_CAP,
         grid: str = "full",
     ) -> LUTKey:
         info = device.info
@@ -426,8 +415,7 @@ class LUTKey:
             workload,
             tuple(int(b) for b in batch_sizes),
             tuple(float(f) for f in device.gpu_freqs_mhz),
-            p_max_w,
-            cap_margin if p_max_w is not None else 0.0,
+            limit,
             grid,
             device_knob(device),
         )
@@ -440,10 +428,10 @@ class LUTKey:
         names never share a file.
         """
         w = self.workload
-        if self.p_max_w is None:
+        if not self.limit.capped:
             cap = self.grid
         else:
-            cap = f"pmax{float(self.p_max_w)!r}w-margin{self.cap_margin!r}"
+            cap = f"pmax{self.limit.p_max_w!r}w-margin{self.limit.cap_margin!r}"
         parts = [self.device_kind, self.backend, w.key, "b" + "-".join(map(str, self.batch_sizes))]
         fields: list[Any] = [
             self.device_kind,
@@ -451,8 +439,8 @@ class LUTKey:
             w.model_name,
             list(w.input_shape),
             list(self.batch_sizes),
-            self.p_max_w,
-            self.cap_margin,
+            self.limit.cap_w,
+            self.limit.cap_margin,
             self.grid,
         ]
         if self.knob != GPU_FREQ_MHZ:  # frequency LUTs keep the names they always had
@@ -473,8 +461,8 @@ class LUTKey:
             "batch-sizes": (lut.batch_sizes, self.batch_sizes),
             "knob": (lut.knob.key, self.knob.key),
             self.knob.values_key: (lut.freqs_mhz, self.freqs_mhz),
-            "p-max-w": (lut.p_max_w, self.p_max_w),
-            "cap-margin": (lut.cap_margin, self.cap_margin),
+            "p-max-w": (lut.limit.cap_w, self.limit.cap_w),
+            "cap-margin": (lut.limit.cap_margin, self.limit.cap_margin),
             "grid": (lut.grid, self.grid),
         }
         for key, (got, want) in expected.items():

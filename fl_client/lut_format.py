@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fl_client.devices.base import GPU_POWER_LIMIT_W
+from fl_client.power import PowerLimit, parse_p_max_w
 
 LUT_FORMAT = "powerfl-lut"
 #: 2: ``cap-margin`` stored beside the bare cap ``p-max-w`` (version 1 stored the cap less
@@ -174,6 +175,20 @@ def checked_record(text: str) -> dict[str, Any]:
 
 def _is_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def limit_of_record(p_max_w: object, cap_margin: float) -> PowerLimit:
+    """The cap with its margin a record's ``p-max-w`` and ``cap-margin`` hold (files keep
+    the two numbers; a LUT holds one ``PowerLimit``). A margin without a cap is refused."""
+    try:
+        cap_w = parse_p_max_w(p_max_w)
+    except ValueError as err:
+        raise LUTFormatError(str(err)) from None
+    if not 0.0 <= cap_margin < 1.0 or (math.isinf(cap_w) and cap_margin != 0.0):
+        raise LUTFormatError(
+            f"cap-margin: must be in [0, 1), and 0 without a cap; got {cap_margin!r}"
+        )
+    return PowerLimit(cap_w, cap_margin)
 
 
 def table_from_json(rows: list[Any], key: str) -> FloatArray:

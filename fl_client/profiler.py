@@ -41,7 +41,7 @@ from fl_client.devices.base import (
     device_knob,
 )
 from fl_client.feasibility import PEAK_SIGMA_K, feasible_cells
-from fl_client.lut import LUT, LUTKey, load_cached
+from fl_client.lut import LUT, NO_CAP, LUTKey, load_cached
 from fl_client.lut_format import FloatArray
 from fl_client.power import PowerLimit
 from fl_client.selector_inputs import validate_batch_sizes
@@ -179,8 +179,7 @@ def _lut_of(
         freqs_mhz=tuple(float(f) for f in device.gpu_freqs_mhz),
         knob=device_knob(device),
         clocks_locked=locked if isinstance(locked, bool) else None,
-        p_max_w=opts.cap_w,
-        cap_margin=opts.limit.cap_margin,
+        limit=opts.limit,
         profile_time_s=cost[0],
         profile_energy_j=cost[1],
         warmup_steps=opts.warmup_steps,
@@ -231,10 +230,6 @@ def _efficient_row(feasible: Callable[[int], bool], start: int, n_f: int) -> int
             if feasible(k):
                 return k
     return highest
-
-
-#: No cap: profiling measures the full grid (or the highest f per b).
-NO_CAP = PowerLimit()
 
 
 @dataclass(frozen=True)
@@ -313,11 +308,6 @@ class ProfileOptions:
             max(self.max_steps, self.steps),
             self.max_window_s,
         )
-
-    @property
-    def cap_w(self) -> float | None:
-        """The bare cap in W, None without one."""
-        return self.limit.cap_w
 
     def feasible(self, peak_w: float, sigma_w: float) -> bool:
         """Whether a cell is feasible by its robust peak, as the selector judges it."""
@@ -502,16 +492,7 @@ def load_or_profile(
     b_list = validate_batch_sizes(batch_sizes)
     wanted = [LUTKey.of(device, workload, b_list)]  # a full grid serves any cap
     if opts.limit.capped:
-        wanted.append(
-            LUTKey.of(
-                device,
-                workload,
-                b_list,
-                p_max_w=opts.cap_w,
-                cap_margin=opts.limit.cap_margin,
-                grid="efficient",
-            )
-        )
+        wanted.append(LUTKey.of(device, workload, b_list, limit=opts.limit, grid="efficient"))
     elif opts.uncapped == "highest":
         wanted.append(LUTKey.of(device, workload, b_list, grid="highest"))
     for key in wanted:

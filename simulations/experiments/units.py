@@ -256,7 +256,7 @@ def lut_dict(lut: LUT) -> dict[str, Any]:
             [None if math.isnan(x) else x for x in row] for row in lut.peak_sigma_w.tolist()
         ],
         "grid": lut.grid,
-        "p-max-w": lut.p_max_w,
+        "p-max-w": lut.limit.cap_w,
         "profile-time-s": lut.profile_time_s,
         "profile-energy-j": lut.profile_energy_j,
         "cells-profiled": lut.cells_profiled,

@@ -128,7 +128,7 @@ def test_profile_on_the_twin_writes_and_prints_the_lut(
     lut = LUT.load(out_path)
     assert lut.device_kind == "jetson-nano" and lut.backend == "simulated"
     assert lut.batch_sizes == (4, 8) and lut.freqs_mhz == pytest.approx(NANO_MHZ)
-    assert lut.grid == "full" and lut.p_max_w is None
+    assert lut.grid == "full" and lut.limit.cap_w is None
     [cached] = list(cache.glob("lut_*.json"))
     assert LUT.load(cached).to_json() == lut.to_json()
     assert str(cached) in out and str(out_path) in out and "(profiled)" in out
@@ -239,7 +239,7 @@ def test_profile_efficient_mode_marks_the_cap(
     # the LUT holds the bare cap and the margin
     [cached] = list(tmp_path.glob("lut_*.json"))
     lut = LUT.load(cached)
-    assert (lut.p_max_w, lut.cap_margin) == (3.0, float(margin))
+    assert (lut.limit.cap_w, lut.limit.cap_margin) == (3.0, float(margin))
 
 
 def test_a_nodes_own_cached_lut_serves_select_with_the_same_cap(
@@ -256,7 +256,7 @@ def test_a_nodes_own_cached_lut_serves_select_with_the_same_cap(
     )
     (node_file,) = (tmp_path / "cache" / "nodes").rglob("lut_*pmax5.0w-margin0.05*.json")
     lut = LUT.load(node_file)
-    assert (lut.p_max_w, lut.cap_margin) == (5.0, 0.05) and report.cap_margin == 0.05
+    assert (lut.limit.cap_w, lut.limit.cap_margin) == (5.0, 0.05) and report.cap_margin == 0.05
     r = ",".join(f"{x:g}" for x in train_config()["r"])
     argv = ["select", "--lut", str(node_file), "--r", r]
     code, out, err = run([*argv, "--p-max-w", "5", "--json"], capsys)
@@ -413,8 +413,7 @@ def small_lut(p_max_w: float | None = None, cap_margin: float = 0.0) -> LUT:
         time_per_sample_s=time_s,
         peak_power_w=peak_w,
         avg_power_w=peak_w * 0.9,
-        p_max_w=p_max_w,
-        cap_margin=cap_margin,
+        limit=PowerLimit(p_max_w, cap_margin),  # type: ignore[arg-type]
     )
 
 

@@ -77,7 +77,7 @@ def test_a_drifted_board_re_profiles_the_row_and_scales_the_others(tmp_path: Pat
     assert check.reprofiled
     new = check.lut
     # the key is kept: the same cap and margin, written over the cached file
-    assert (new.p_max_w, new.cap_margin, new.grid) == (CAP_W, MARGIN, "efficient")
+    assert (new.limit.cap_w, new.limit.cap_margin, new.grid) == (CAP_W, MARGIN, "efficient")
     cached = load_cached(path, lut.key)
     assert cached is not None and cached.to_json() == new.to_json()
     # b=32's row is measured again, on the hot board, up to the cap less its margin
@@ -115,7 +115,7 @@ def test_a_row_that_shares_no_cell_with_the_lut_scales_the_others_by_the_check(
     tables: dict[str, Any] = {
         name: np.where(keep, table, np.nan) for name, table in cell_tables(full).items()
     }
-    sparse = dataclasses.replace(full, grid="shared", p_max_w=None, cap_margin=0.0, **tables)
+    sparse = dataclasses.replace(full, grid="shared", limit=PowerLimit(), **tables)
     hot = FakeDevice(a_w=5.0)  # +4 W: b = 32's walk under the cap stops below f
     reprofile = ProfileOptions(PowerLimit(CAP_W, MARGIN), progress=False)
     ctx = MeasureContext(hot, WORKLOAD, CountingSteps(), tmp_path)

@@ -64,15 +64,14 @@ def _row_lut(
         time_per_sample_s=np.array([time_row], dtype=float),
         peak_power_w=np.array([peak_row], dtype=float),
         avg_power_w=np.array([avg_row], dtype=float),
-        p_max_w=cap,
+        limit=PowerLimit.of(cap) if not cap_margin else PowerLimit(cap, cap_margin),  # type: ignore[arg-type]
         grid=grid,
-        cap_margin=cap_margin,
     )
 
 
 def _lut_fields(lut: LUT) -> dict[str, Any]:
     names = ("device_kind", "backend", "model_name", "input_shape", "batch_sizes", "freqs_mhz")
-    tables = ("time_per_sample_s", "peak_power_w", "avg_power_w", "p_max_w", "grid")
+    tables = ("time_per_sample_s", "peak_power_w", "avg_power_w", "limit", "grid")
     return {name: getattr(lut, name) for name in names + tables}
 
 
@@ -97,8 +96,7 @@ def test_json_round_trip_keeps_nan_cells_and_metadata(p_max_w: float | None, mar
         "input_shape",
         "batch_sizes",
         "freqs_mhz",
-        "p_max_w",
-        "cap_margin",
+        "limit",
         "profile_time_s",
         "profile_energy_j",
         "created_utc",
@@ -178,7 +176,7 @@ def test_a_version_1_file_reads_as_its_cap_with_margin_0() -> None:
     del rec["cap-margin"], rec["peak-sigma-w"]
     _drop_cell_tables(rec)
     old = LUT.from_json(json.dumps(rec))
-    assert (old.p_max_w, old.cap_margin, old.grid) == (4.75, 0.0, "efficient")
+    assert (old.limit.cap_w, old.limit.cap_margin, old.grid) == (4.75, 0.0, "efficient")
     assert old.limit.limit_w == 4.75
     # written again, it is a version 2 file saying the same
     again = json.loads(old.to_json())
@@ -237,14 +235,17 @@ def test_a_lut_keeps_its_bare_cap_and_margin_apart() -> None:
         cap=5.0,
         cap_margin=0.05,
     )
-    assert lut.p_max_w == 5.0 and lut.cap_margin == 0.05
+    assert lut.limit.cap_w == 5.0 and lut.limit.cap_margin == 0.05
     assert lut.limit.limit_w == pytest.approx(4.75)
     full = _row_lut([4.0, 2.0, 1.5, 1.0], [2, 3, 4, 5], [2, 3, 4, 5])
     assert not full.limit.capped and full.grid == "full"
+    # a file's margin without a cap is refused where the file is read
+    rec = json.loads(full.to_json())
+    rec["cap-margin"] = 0.05
     with pytest.raises(LUTFormatError, match="cap-margin: must be in"):
-        _row_lut([4.0, 2.0, 1.5, 1.0], [2, 3, 4, 5], [2, 3, 4, 5], cap_margin=0.05)
+        LUT.from_json(json.dumps(rec))
     with pytest.raises(LUTFormatError, match="on-demand LUT is made without a cap"):
-        LUT(**{**_lut_fields(full), "p_max_w": 5.0, "grid": "on-demand"})
+        LUT(**{**_lut_fields(full), "limit": PowerLimit(5.0), "grid": "on-demand"})
 
 
 # --------------------------------------------------------------------------- cache key
@@ -260,8 +261,7 @@ def test_cache_keys_differ_by_device_backend_workload_batch_sizes_cap_margin_and
             "workload": WORKLOAD,
             "batch_sizes": tuple(B6),
             "freqs_mhz": NANO_FREQS_MHZ,
-            "p_max_w": None,
-            "cap_margin": 0.0,
+            "limit": PowerLimit(),
             "grid": "full",
         }
         return LUTKey(**{**fields, **over}).path(tmp_path)
@@ -272,9 +272,9 @@ def test_cache_keys_differ_by_device_backend_workload_batch_sizes_cap_margin_and
         path(backend="jetson"),
         path(workload=Workload("cnn", (3, 32, 32), 1e6)),
         path(batch_sizes=tuple(B6[:-1])),
-        path(p_max_w=5.0, grid="efficient"),
-        path(p_max_w=5.0, cap_margin=0.05, grid="efficient"),
-        path(p_max_w=4.75, grid="efficient"),
+        path(limit=PowerLimit(5.0), grid="efficient"),
+        path(limit=PowerLimit(5.0, 0.05), grid="efficient"),
+        path(limit=PowerLimit(4.75), grid="efficient"),
         path(grid="highest"),
         path(grid="on-demand"),
         path(knob=GPU_POWER_LIMIT_W),  # an NVML GPU's LUT over power limits: another file
@@ -290,12 +290,12 @@ def test_cache_keys_differ_by_device_backend_workload_batch_sizes_cap_margin_and
 
 def test_key_of_a_device_and_its_lut_agree() -> None:
     dev = FakeDevice()
-    key = LUTKey.of(dev, WORKLOAD, B6, p_max_w=3.5, cap_margin=0.05, grid="efficient")
+    key = LUTKey.of(dev, WORKLOAD, B6, limit=PowerLimit(3.5, 0.05), grid="efficient")
     assert (key.device_kind, key.backend, key.freqs_mhz) == ("fake-nano", "fake", NANO_FREQS_MHZ)
     lut = _profiled(3.5, cap_margin=0.05)
     assert key.mismatch(lut) is None
     # a key without a cap has no margin, whatever was passed
-    assert LUTKey.of(dev, WORKLOAD, B6, cap_margin=0.05).cap_margin == 0.0
+    assert LUTKey.of(dev, WORKLOAD, B6, limit=PowerLimit(None, 0.05)).limit.cap_margin == 0.0  # type: ignore[arg-type]
     assert LUTKey.of(dev, WORKLOAD, B6).mismatch(_profiled()) is None
 
 
@@ -308,13 +308,13 @@ def test_key_of_a_device_and_its_lut_agree() -> None:
         ({"workload": Workload("cnn", (3, 8, 8), 1e6)}, "input-shape is (1, 8, 8)"),
         ({"batch_sizes": (4, 8)}, "batch-sizes is (4, 8, 16, 32, 64, 128)"),
         ({"freqs_mhz": NANO_FREQS_MHZ[:-1]}, "freqs-mhz is"),
-        ({"p_max_w": 4.0}, "p-max-w is 3.5, expected 4.0"),
-        ({"cap_margin": 0.1}, "cap-margin is 0.05, expected 0.1"),
+        ({"limit": PowerLimit(4.0, 0.05)}, "p-max-w is 3.5, expected 4.0"),
+        ({"limit": PowerLimit(3.5, 0.1)}, "cap-margin is 0.05, expected 0.1"),
         ({"grid": "full"}, "grid is 'efficient', expected 'full'"),
     ],
 )
 def test_mismatch_names_what_differs(over: dict[str, Any], reason: str) -> None:
-    key = LUTKey.of(FakeDevice(), WORKLOAD, B6, p_max_w=3.5, cap_margin=0.05, grid="efficient")
+    key = LUTKey.of(FakeDevice(), WORKLOAD, B6, limit=PowerLimit(3.5, 0.05), grid="efficient")
     other = dataclasses.replace(key, **over)
     got = other.mismatch(_profiled(3.5, cap_margin=0.05))
     assert got is not None and got.startswith(reason)
@@ -335,7 +335,7 @@ def test_load_cached_answers_only_a_valid_fitting_file(
     cached = load_cached(path, key)
     assert cached is not None and cached.to_json() == lut.to_json()
     # the same file asked for under another margin does not fit: set aside
-    wrong = dataclasses.replace(key, cap_margin=0.1)
+    wrong = dataclasses.replace(key, limit=PowerLimit(3.5, 0.1))
     with caplog.at_level(logging.WARNING, logger="fl_client.lut"):
         assert load_cached(path, wrong) is None
     assert "cap-margin is 0.05, expected 0.1" in caplog.text
@@ -442,12 +442,12 @@ def test_merge_cells_fills_or_overwrites() -> None:
     filled = merge_cells(base, extra, overwrite=False)
     assert filled.time_per_sample_s[0].tolist()[:3] == [4.0, 2.0, 1.5]
     assert filled.peak_power_w[0].tolist()[:3] == [2.5, 3.5, 5.5]
-    assert math.isnan(filled.time_per_sample_s[0, 3]) and filled.p_max_w == 4.0
+    assert math.isnan(filled.time_per_sample_s[0, 3]) and filled.limit.cap_w == 4.0
     fresh = merge_cells(base, extra, overwrite=True)
     assert fresh.time_per_sample_s[0].tolist()[:3] == [5.0, 2.5, 1.5]
     assert fresh.avg_power_w[0].tolist()[:3] == [2.0, 3.0, 5.0]
     # the base keeps its cap, grid and cost; inputs are not changed
-    assert (fresh.p_max_w, fresh.grid) == (4.0, "efficient")
+    assert (fresh.limit.cap_w, fresh.grid) == (4.0, "efficient")
     assert math.isnan(base.time_per_sample_s[0, 2])
     other = LUT(**{**_lut_fields(base), "freqs_mhz": (1.0, 2.0, 3.0, 4.0)})
     with pytest.raises(LUTFormatError, match="freqs-mhz"):

@@ -316,8 +316,8 @@ def test_cap_margin_keeps_the_profiled_peak_of_the_choice_below_the_reduced_cap(
     assert m0.p_max_w == m1.p_max_w == 4.0  # the guard still watches P_max itself
     # the LUT holds the bare cap and the margin; efficient profiling walks up to the cap
     # less the margin, and the choice stays below it
-    assert (lut0.p_max_w, lut0.cap_margin) == (4.0, 0.0)
-    assert (lut1.p_max_w, lut1.cap_margin) == (4.0, 0.1)
+    assert (lut0.limit.cap_w, lut0.limit.cap_margin) == (4.0, 0.0)
+    assert (lut1.limit.cap_w, lut1.limit.cap_margin) == (4.0, 0.1)
     assert lut1.limit.limit_w == pytest.approx(3.6)
     assert peak1_w < 3.6
     # without the margin the same node picks a point whose profiled peak is in [3.6, 4) W
@@ -335,7 +335,7 @@ def test_a_nodes_own_cap_margin_wins_over_the_run_setting(tmp_path: Path) -> Non
     )
     assert m.cap_margin == 0.1
     lut, peak_w = _profiled_peak_w(tmp_path / "cache", m)
-    assert (lut.p_max_w, lut.cap_margin) == (5.0, 0.1)
+    assert (lut.limit.cap_w, lut.limit.cap_margin) == (5.0, 0.1)
     assert lut.limit.limit_w == pytest.approx(4.5) and peak_w < 4.5
 
 

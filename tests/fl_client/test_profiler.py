@@ -221,8 +221,8 @@ def test_full_grid_measures_every_cell_without_warmup_effects() -> None:
     dev = FakeDevice()
     steps = CountingSteps()
     lut = profile(dev, WORKLOAD, B6, steps, ProfileOptions(warmup_steps=1, steps=3, progress=False))
-    assert lut.grid == "full" and lut.cells_profiled == 6 * 12 and lut.p_max_w is None
-    assert lut.grid == "full" and lut.cap_margin == 0.0
+    assert lut.grid == "full" and lut.cells_profiled == 6 * 12 and lut.limit.cap_w is None
+    assert lut.grid == "full" and lut.limit.cap_margin == 0.0
     for i, b in enumerate(B6):
         for j, f in enumerate(NANO_FREQS_MHZ):
             # warm-up discarded: the cold first step leaves no trace in the tables
@@ -274,7 +274,7 @@ def test_efficient_mode_finds_the_full_grids_feasible_maxima_with_fewer_cells(
     full = _profile(FakeDevice())
     dev = FakeDevice()
     eff = _profile(dev, p_max_w=p_max_w)
-    assert eff.p_max_w == p_max_w and eff.cap_margin == 0.0 and eff.grid != "full"
+    assert eff.limit.cap_w == p_max_w and eff.limit.cap_margin == 0.0 and eff.grid != "full"
     assert eff.grid == "efficient"
     assert eff.cells_profiled < full.cells_profiled
     for i in range(len(B6)):
@@ -322,7 +322,7 @@ def test_efficient_walk_stops_below_the_cap_less_its_margin_and_stores_the_bare_
     # feasible and it goes on to 614.4 MHz (4.15 W).
     dev = FakeDevice()
     lut = _profile(dev, p_max_w=3.5, cap_margin=0.05)
-    assert lut.p_max_w == 3.5 and lut.cap_margin == 0.05  # the bare cap, and the margin
+    assert lut.limit.cap_w == 3.5 and lut.limit.cap_margin == 0.05  # the bare cap, and the margin
     assert lut.limit.limit_w == pytest.approx(3.325)
     i = B6.index(128)
     row = lut.time_per_sample_s[i]
@@ -560,7 +560,7 @@ def test_bad_batch_sizes_name_the_key() -> None:
 
 def test_options_object_and_keywords_are_the_same_settings() -> None:
     opts = _options("3.5", 0.1, steps=2, progress=False)
-    assert (opts.limit.p_max_w, opts.cap_w, opts.grid) == (3.5, 3.5, "efficient")
+    assert (opts.limit.p_max_w, opts.limit.cap_w, opts.grid) == (3.5, 3.5, "efficient")
     assert opts.limit.limit_w == pytest.approx(3.15)
     a = profile(FakeDevice(), WORKLOAD, B6, CountingSteps(), opts)
     b = profile(
@@ -574,7 +574,7 @@ def test_options_object_and_keywords_are_the_same_settings() -> None:
     # no cap, in any spelling: no margin either (there is nothing to keep it from)
     for none in (None, "none", math.inf):
         uncapped = _options(none, 0.05)
-        assert uncapped.cap_w is None and uncapped.limit.cap_margin == 0.0
+        assert uncapped.limit.cap_w is None and uncapped.limit.cap_margin == 0.0
         assert not uncapped.limit.capped and uncapped.grid == "full"
     assert ProfileOptions(uncapped="highest").grid == "highest"
 
@@ -629,7 +629,7 @@ def test_uncapped_highest_profiles_one_cell_per_batch_size_and_matches_the_full_
     dev = FakeDevice()
     steps = CountingSteps()
     top = profile(dev, WORKLOAD, B6, steps, ProfileOptions(uncapped="highest", progress=False))
-    assert top.grid == "highest" and top.p_max_w is None and top.grid != "full"
+    assert top.grid == "highest" and top.limit.cap_w is None and top.grid != "full"
     assert top.cells_profiled == len(B6)
     assert steps.calls == dict.fromkeys(B6, 1 + 3)  # one cell per b: warm-up + 3 measured
     assert dev.set_calls == [NANO_FREQS_MHZ[-1]] * len(B6)
@@ -685,10 +685,10 @@ def test_full_grid_cache_serves_any_cap_but_an_efficient_one_only_its_own(tmp_pa
     assert from_cache and lut.grid == "full"
 
     lut, from_cache = _cached(tmp_path / "b", FakeDevice(), steps, p_max_w=3.0)
-    assert not from_cache and lut.p_max_w == 3.0
+    assert not from_cache and lut.limit.cap_w == 3.0
     assert _cached(tmp_path / "b", FakeDevice(), steps, p_max_w=3.0)[1]
     lut, from_cache = _cached(tmp_path / "b", FakeDevice(), steps, p_max_w=4.0)
-    assert not from_cache and lut.p_max_w == 4.0
+    assert not from_cache and lut.limit.cap_w == 4.0
     lut, from_cache = _cached(tmp_path / "b", FakeDevice(), steps)
     assert not from_cache and lut.grid == "full"
     assert len(list((tmp_path / "b").iterdir())) == 3
@@ -697,15 +697,15 @@ def test_full_grid_cache_serves_any_cap_but_an_efficient_one_only_its_own(tmp_pa
 def test_an_efficient_cache_serves_only_its_own_cap_margin(tmp_path: Path) -> None:
     steps = CountingSteps()
     lut, hit = _cached(tmp_path, FakeDevice(), steps, p_max_w=5.0, cap_margin=0.05)
-    assert not hit and (lut.p_max_w, lut.cap_margin) == (5.0, 0.05)
+    assert not hit and (lut.limit.cap_w, lut.limit.cap_margin) == (5.0, 0.05)
     lut, hit = _cached(tmp_path, FakeDevice(), steps, p_max_w=5.0, cap_margin=0.05)
-    assert hit and (lut.p_max_w, lut.cap_margin) == (5.0, 0.05)
+    assert hit and (lut.limit.cap_w, lut.limit.cap_margin) == (5.0, 0.05)
     # another margin walks to another cap: profiled and cached apart
     lut, hit = _cached(tmp_path, FakeDevice(), steps, p_max_w=5.0, cap_margin=0.1)
-    assert not hit and (lut.p_max_w, lut.cap_margin) == (5.0, 0.1)
+    assert not hit and (lut.limit.cap_w, lut.limit.cap_margin) == (5.0, 0.1)
     # nor does the bare cap 4.75 W serve 5 W less 5%, though both walk below 4.75 W
     lut, hit = _cached(tmp_path, FakeDevice(), steps, p_max_w=4.75)
-    assert not hit and (lut.p_max_w, lut.cap_margin) == (4.75, 0.0)
+    assert not hit and (lut.limit.cap_w, lut.limit.cap_margin) == (4.75, 0.0)
     assert len(list(tmp_path.glob("lut_*.json"))) == 3
     assert _cached(tmp_path, FakeDevice(), steps, p_max_w=5.0, cap_margin=0.1)[1]
 

@@ -287,7 +287,7 @@ def test_overlapping_cells_merge_to_the_median_and_failed_cells_are_dropped() ->
     assert time_s[3, -1] == pytest.approx(2e-4)  # two nodes: the middle of both
     lut = prof.lut(profile_time_s=1.5, profile_energy_j=4.0)
     assert lut is not None
-    assert lut.grid == "shared" and lut.p_max_w is None and KindKey.of_lut(lut) == NANO_KIND
+    assert lut.grid == "shared" and lut.limit.cap_w is None and KindKey.of_lut(lut) == NANO_KIND
     assert lut.cells_profiled == 2 and np.isnan(lut.time_per_sample_s[1]).all()
     assert (lut.profile_time_s, lut.profile_energy_j) == (1.5, 4.0)
     assert lut_checksum(LUT.from_json(lut.to_json())) == lut_checksum(lut)
