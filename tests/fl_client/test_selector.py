@@ -1,4 +1,5 @@
-"""fl_client.selector: Eq. 4 against brute force, the baselines, and input errors."""
+"""fl_client.selector: Eq. 4 against brute force, the dispatch, choose_cell, the objective
+and the round context, and input errors."""
 
 from __future__ import annotations
 
@@ -13,13 +14,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from fl_client import selector
-from fl_client.devices.base import FREQ_TOLERANCE_MHZ
-from fl_client.feasibility import feasible_freq_index, feasible_freq_indices
 from fl_client.power import PowerLimit
 from fl_client.selection import InfeasibleCapError, Tables
 from fl_client.selector import METHODS, Method, Objective, choose_cell, select, select_eq4
-from fl_client.selector_baselines import select_b1, select_b2, select_fixed
-from fl_client.selector_inputs import validate_batch_sizes, validate_r
 
 NANO_FREQS_MHZ = [round(76.8 * k, 1) for k in range(1, 13)]  # 76.8 … 921.6
 B6 = [4, 8, 16, 32, 64, 128]
@@ -45,19 +42,6 @@ def brute_force_eq4_literal(time_s, power_w, batch_sizes, freqs_mhz, r, p_max_w)
         if best is None or key < best[0]:
             best = (key, b, freqs_mhz[j])
     return None if best is None else best[1:]
-
-
-def brute_force_prefix_index(row, p_max_w):
-    """The documented rule, by a plain scan: last measured j before the running max hits P_max."""
-    running, answer = -math.inf, None
-    for j, p in enumerate(row):
-        if math.isnan(p):
-            continue
-        running = max(running, p)
-        if running >= p_max_w:
-            break
-        answer = j
-    return answer
 
 
 # --------------------------------------------------------------------------- strategies
@@ -155,37 +139,6 @@ def test_paper_sized_tables_6x14(tables):
         assert len(sel.candidates) == 6
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    row=st.lists(st.one_of(POS, st.just(math.nan)), min_size=1, max_size=20),
-    cap=st.floats(0.005, 12.0),
-)
-def test_feasible_freq_index_is_the_prefix_max_rule(row, cap):
-    assert feasible_freq_index(row, cap) == brute_force_prefix_index(row, cap)
-
-
-@settings(max_examples=100, deadline=None)
-@given(row=st.lists(POS, min_size=1, max_size=20), cap=st.floats(0.005, 12.0))
-def test_feasible_freq_index_on_monotone_rows_is_eq4(row, cap):
-    row = np.cumsum(row)
-    literal = [j for j, p in enumerate(row) if p < cap]
-    assert feasible_freq_index(row, cap) == (max(literal) if literal else None)
-
-
-def test_feasible_freq_index_examples():
-    assert feasible_freq_index([1.0, 2.0, 3.0, 4.0], 3.0) == 1  # strictly below the cap
-    assert feasible_freq_index([1.0, 2.0, 3.0, 4.0], 3.0001) == 2
-    assert feasible_freq_index([5.0, 6.0], 4.0) is None
-    # a dip below the cap after a violation is not trusted
-    assert feasible_freq_index([1.0, 4.5, 2.0, 2.5], 4.0) == 0
-    # holes: the last measured cell before the boundary
-    assert feasible_freq_index([np.nan, 1.0, np.nan, 2.0, np.nan, 5.0, np.nan], 4.0) == 3
-    assert feasible_freq_index([np.nan, np.nan], 4.0) is None
-    # no cap: the highest measured frequency
-    assert feasible_freq_index([1.0, 9.0, np.nan], None) == 1
-    assert feasible_freq_index([1.0, 9.0, 10.0], math.inf) == 2
-
-
 def test_no_cap_picks_fastest_score_at_highest_frequency():
     time = np.array([[4.0, 2.0, 1.0], [3.0, 1.5, 0.6]])
     power = np.array([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0]])
@@ -275,66 +228,6 @@ def test_oracle_is_eq4_with_its_own_r():
     assert (oracle.method, oracle.batch_size, oracle.freq_mhz) == ("oracle", 16, 200.0)
 
 
-# --------------------------------------------------------------------------- baselines
-
-
-def test_b1_largest_batch_at_fixed_cap_with_whole_mhz_tolerance():
-    for cap_mhz, expected in [
-        (307, 307.2),
-        (614, 614.4),
-        (921.6, 921.6),
-        (921, 921.6),
-        (300, 230.4),
-        (10_000, 921.6),
-    ]:
-        sel = select_b1(B6, NANO_FREQS_MHZ, cap_mhz)
-        assert (sel.method, sel.batch_size, sel.freq_mhz) == ("b1", 128, expected), cap_mhz
-        assert math.isnan(sel.time_per_sample_s) and math.isnan(sel.score)
-    with pytest.raises(ValueError, match="b1-freq-cap-mhz"):
-        select_b1(B6, NANO_FREQS_MHZ, 50.0)
-
-
-def test_b1_and_b2_predictions_come_from_the_lut():
-    freqs = [100.0, 200.0, 300.0]
-    time = np.array([[3.0, 2.0, 1.0], [2.0, np.nan, np.nan], [1.5, 1.0, 0.5]])
-    power = np.where(np.isnan(time), np.nan, 4.0 - time)
-    sel = select_b1([8, 16, 32], freqs, 250.0, Tables(time, power), r=[0.2, 0.5, 1.0])
-    assert (sel.batch_size, sel.freq_mhz) == (32, 200.0)
-    assert (sel.time_per_sample_s, sel.peak_power_w, sel.score) == (1.0, 3.0, 1.0)
-    assert [c.freq_mhz for c in sel.candidates] == [200.0] * 3
-    b2 = select_b2([8, 16, 32], freqs, [0.5, 0.2, 1.0], 250.0, Tables(time, power))
-    assert (b2.method, b2.batch_size, b2.freq_mhz) == ("b2", 16, 200.0)
-    assert math.isnan(b2.time_per_sample_s)  # that cell was not profiled
-    assert b2.to_dict()["predicted-time-per-sample-s"] is None
-
-
-def test_b2_smallest_r_ties_to_larger_batch():
-    assert select_b2(B6, NANO_FREQS_MHZ, [1.0, 0.3, 0.3, 0.5, 0.8, 1.0], 614).batch_size == 16
-    assert select_b2(B6, NANO_FREQS_MHZ, [0.2, 0.3, 0.3, 0.5, 0.8, 1.0], 614).batch_size == 4
-    assert select_b2(B6, NANO_FREQS_MHZ, [1.0] * 6, 614).batch_size == 128
-
-
-@settings(max_examples=100, deadline=None)
-@given(r=st.lists(R_VALUE, min_size=6, max_size=6), cap=st.floats(76.8, 2000.0))
-def test_baselines_against_brute_force(r, cap):
-    f_expected = max(f for f in NANO_FREQS_MHZ if f <= cap + FREQ_TOLERANCE_MHZ)
-    b1 = select_b1(B6, NANO_FREQS_MHZ, cap)
-    assert (b1.batch_size, b1.freq_mhz) == (max(B6), f_expected)
-    b2 = select_b2(B6, NANO_FREQS_MHZ, r, cap)
-    best = min(range(6), key=lambda i: (r[i], -B6[i]))
-    assert (b2.batch_size, b2.freq_mhz) == (B6[best], f_expected)
-
-
-def test_fixed_validates_membership():
-    sel = select_fixed(32, 614, B6, NANO_FREQS_MHZ)
-    assert (sel.method, sel.batch_size, sel.freq_mhz) == ("fixed", 32, 614.4)
-    assert [c.batch_size for c in sel.candidates] == [32]
-    with pytest.raises(ValueError, match=r"fixed-batch-size: 12 is not one of batch-sizes"):
-        select_fixed(12, 614.4, B6, NANO_FREQS_MHZ)
-    with pytest.raises(ValueError, match=r"fixed-freq-mhz: 600 is not in the device's frequency"):
-        select_fixed(32, 600, B6, NANO_FREQS_MHZ)
-
-
 def test_dispatcher_matches_the_functions_and_rejects_unknown_methods():
     time = np.array([[2.0, 1.0], [1.2, 0.55]])
     power = np.array([[1.0, 2.0], [2.0, 4.0]])
@@ -362,37 +255,6 @@ def test_dispatcher_matches_the_functions_and_rejects_unknown_methods():
         select("b2", r=[0.5, 1.0], **common)
 
 
-# --------------------------------------------------------------------------- validation
-
-
-def test_validate_batch_sizes():
-    assert validate_batch_sizes([4, 8.0, np.int64(16)]) == [4, 8, 16]
-    cases: list[tuple[Any, str]] = [
-        ([], "empty"),
-        ([8, 4], "not strictly ascending"),
-        ([4, 4], "ascending"),
-        ([0, 4], "positive"),
-        ([4, 8.5], "positive integer"),
-        (["8"], "integer"),
-        ([True], "integer"),
-        ("4,8", "list"),
-    ]
-    for bad, what in cases:
-        with pytest.raises(ValueError, match=r"batch-sizes") as info:
-            validate_batch_sizes(bad)
-        assert what in str(info.value)
-
-
-def test_validate_r():
-    assert validate_r([0.5, 1], [4, 8]) == [0.5, 1.0]
-    assert validate_r(np.array([0.5, 1.0]), np.array([4, 8])) == [0.5, 1.0]  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"r: has 1 values but batch-sizes has 2"):
-        validate_r([0.5], [4, 8])
-    for bad in ([0.0, 1.0], [0.5, 1.01], [math.nan, 1.0], ["x", 1.0], [-0.1, 1.0]):
-        with pytest.raises(ValueError, match=r"r: value .* is not in \(0, 1\]"):
-            validate_r(bad, [4, 8])
-
-
 def test_table_errors_name_the_table():
     f = [100.0, 200.0]
     with pytest.raises(ValueError, match=r"lut_time_s: shape \(1, 2\) does not match"):
@@ -405,20 +267,6 @@ def test_table_errors_name_the_table():
         select_eq4(Tables([[np.nan, np.nan]], [[np.nan, np.nan]]), [4], f, [1.0], 5.0)
     with pytest.raises(ValueError, match=r"freqs-mhz: .* not strictly ascending"):
         select_eq4(Tables([[1.0, 1.0]], [[1.0, 1.0]]), [4], [200.0, 100.0], [1.0], 5.0)
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    hnp.arrays(
-        np.float64,
-        st.tuples(st.integers(1, 6), st.integers(1, 14)),
-        elements=st.one_of(st.floats(0.0, 20.0), st.just(math.nan)),
-    ),
-    st.one_of(st.none(), st.floats(0.1, 25.0)),
-)
-def test_vectorised_feasible_indices_equal_the_row_rule(power_w, p_max_w):
-    rows = [feasible_freq_index(row, p_max_w) for row in power_w]
-    assert feasible_freq_indices(power_w, p_max_w) == rows
 
 
 # --------------------------------------------------------------------------- choose_cell
