@@ -649,7 +649,7 @@ def cmd_select(
     out, err = out or sys.stdout, err or sys.stderr
     from fl_client.lut import LUT
     from fl_client.lut_format import LUTFormatError
-    from fl_client.selection import InfeasibleCapError, Tables
+    from fl_client.selection import InfeasibleCapError
     from fl_client.selector import Method, select
     from fl_client.settings import check_input_file
 
@@ -681,13 +681,7 @@ def cmd_select(
             method,
             batch_sizes=list(lut.batch_sizes),
             freqs_mhz=list(lut.freqs_mhz),
-            tables=Tables(
-                lut.time_per_sample_s,
-                lut.peak_power_w,
-                lut.avg_power_w,
-                lut.peak_sigma_w,
-                lut.knob,
-            ),
+            tables=lut.tables,
             r=r,
             limit=cap.with_margin(cap_margin),
         )

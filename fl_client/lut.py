@@ -44,6 +44,7 @@ from fl_client.lut_format import (
     table_from_json,
 )
 from fl_client.power import PowerLimit
+from fl_client.selection import Tables
 from fl_client.selector_inputs import validate_batch_sizes, validate_freqs_mhz, validate_tables
 
 log = logging.getLogger(__name__)
@@ -216,6 +217,17 @@ class LUT:
             self.freqs_mhz,
             self.limit,
             self.grid,
+        )
+
+    @property
+    def tables(self) -> Tables:
+        """What a selection reads: time, peak and average power, σ and the knob."""
+        return Tables(
+            self.time_per_sample_s,
+            self.peak_power_w,
+            self.avg_power_w,
+            self.peak_sigma_w,
+            self.knob,
         )
 
     @property

@@ -49,9 +49,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from fl_client.power import PowerLimit
-from fl_client.selection import Tables
-from fl_client.selector import TIE_TOLERANCE, Objective, choose_cell
+from fl_client.selector import TIE_TOLERANCE, Objective, PowerLimit, Tables, choose_cell
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]

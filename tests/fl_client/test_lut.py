@@ -502,3 +502,15 @@ def test_the_window_tables_are_checked(key: str, value: object, message: str) ->
     rec["power-samples"] = rec["power-samples"][:-1]
     with pytest.raises(LUTFormatError, match="power-samples: shape"):
         LUT.from_json(json.dumps(rec))
+
+
+def test_the_tables_a_selection_reads_are_the_luts_own() -> None:
+    lut = _profiled(3.5, cap_margin=0.05)
+    tables = lut.tables
+    assert tables.knob == lut.knob
+    np.testing.assert_array_equal(tables.time_s, lut.time_per_sample_s)
+    np.testing.assert_array_equal(tables.peak_w, lut.peak_power_w)
+    np.testing.assert_array_equal(tables.avg_w, lut.avg_power_w)
+    np.testing.assert_array_equal(tables.peak_sigma_w, lut.peak_sigma_w)
+    # what the select tool and a node choose from: Eq. 4 on them
+    assert select_eq4(tables, B6, NANO_FREQS_MHZ, [1.0] * 6, lut.limit).p_max_w == 3.5
