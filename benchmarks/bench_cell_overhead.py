@@ -26,9 +26,9 @@ from typing import Any
 
 from results_file import write_results
 
+from fl_client.cell_measure import CellOptions, CellWindow, measure_cell_with_sigma
 from fl_client.devices import Workload
 from fl_client.devices.nvml import NvmlControl, NvmlDevice
-from fl_client.profiler import CellWindow, measure_cell_with_sigma
 
 try:
     from fl_client.argparse_once import OnceParser
@@ -71,7 +71,12 @@ def _cell(step_ms: float, window_s: float) -> dict[str, Any]:
         step = BusyStep(step_ms / 1e3)
         cpu0_s = time.thread_time()
         cell = measure_cell_with_sigma(
-            dev, WORKLOAD, 32, step, dev.gpu_freqs_mhz[0], warmup_steps=3, window=window
+            dev,
+            WORKLOAD,
+            32,
+            step,
+            dev.gpu_freqs_mhz[0],
+            CellOptions(warmup_steps=3, window=window),
         )
         loop_cpu_s = time.thread_time() - cpu0_s - step.calls * step.step_s
     finally:

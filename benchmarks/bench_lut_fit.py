@@ -2,7 +2,7 @@
 
 For every digital twin (configs/devices/*.toml), model and twin seed the full (b, f) grid
 is measured twice, cell by cell as the profiler measures a cell
-(``fl_client.profiler.measure_cell``: 1 warm-up + 3 measured steps on the twin's noisy
+(``fl_client.cell_measure.measure_cell``: 1 warm-up + 3 measured steps on the twin's noisy
 clock and sensor): grid A is the reference, grid B a second, independent measurement of the
 same board. ``lut_fit.plan_cells`` then measures only the cells it chooses:
 
@@ -95,7 +95,7 @@ class Grid:
 
 def twin_grids(kind: str, model: str, seed: int) -> tuple[Grid, Grid]:
     """Grids A and B of one twin: the same board measured twice, with other noise."""
-    from fl_client import profiler, task
+    from fl_client import cell_measure, task
     from fl_client.devices import open_device
     from fl_client.devices.base import Workload
     from fl_client.devices.descriptors import load_device_spec
@@ -116,10 +116,10 @@ def twin_grids(kind: str, model: str, seed: int) -> tuple[Grid, Grid]:
         tables = np.full((4, len(BATCH_SIZES), len(freqs)), np.nan)
         for i, b in enumerate(BATCH_SIZES):
             for j, f in enumerate(freqs):
-                cell = profiler.measure_cell_with_sigma(device, workload, b, lambda: None, f)
+                cell = cell_measure.measure_cell_with_sigma(device, workload, b, lambda: None, f)
                 m = cell.measurement
                 tables[:, i, j] = (
-                    profiler.time_per_sample_s(m, b, 3),
+                    cell_measure.time_per_sample_s(m, b, 3),
                     m.peak_power_w,
                     m.avg_power_w,
                     cell.peak_sigma_w,
@@ -254,6 +254,8 @@ def selector_fn(grid: Grid, r: Sequence[float], peak_sigma_k: float = 0.0) -> Ch
     ``choose(time, peak, cap, sigma)`` judges a cell by peak + ``peak_sigma_k``·σ of its
     per-step peaks, as the runs do (σ None or k = 0: the profiled peak alone)."""
     from fl_client import selector
+    from fl_client.power import PowerLimit
+    from fl_client.selection import InfeasibleCapError, Tables
 
     rule = selector.Objective(peak_sigma_k=peak_sigma_k)
 
@@ -262,15 +264,14 @@ def selector_fn(grid: Grid, r: Sequence[float], peak_sigma_k: float = 0.0) -> Ch
     ) -> Cell | None:
         try:
             sel = selector.select(
-                "power-aware",
+                selector.Method("power-aware", objective=rule),
                 batch_sizes=list(grid.batch_sizes),
                 freqs_mhz=list(grid.freqs),
-                tables=selector.Tables(time_s, peak_w, peak_sigma_w=sigma_w),
+                tables=Tables(time_s, peak_w, peak_sigma_w=sigma_w),
                 r=list(r),
-                p_max_w=selector.PowerLimit(cap_w, CAP_MARGIN),
-                objective=rule,
+                limit=PowerLimit(cap_w, CAP_MARGIN),
             )
-        except selector.InfeasibleCapError:
+        except InfeasibleCapError:
             return None
         return grid.batch_sizes.index(sel.batch_size), grid.freqs.index(float(sel.freq_mhz))
 

@@ -58,7 +58,19 @@ def cases(sel: ModuleType, n_b: int, n_f: int) -> dict[str, Callable[[float], An
                 lambda cap: sel.select_power_aware(time_s, power_w, batch_sizes, freqs_mhz, r, cap)
             )
         ),
-        "b1": lambda cap: sel.select_b1(batch_sizes, freqs_mhz, 614.4, time_s, power_w),
+        "b1": (
+            (
+                lambda cap: sel.select(
+                    sel.Method("b1", b1_freq_cap_mhz=614.4),
+                    batch_sizes=batch_sizes,
+                    freqs_mhz=freqs_mhz,
+                    tables=sel.Tables(time_s, power_w),
+                )
+            )
+            if hasattr(sel, "Method")
+            # a module from before the baselines took Tables: the two tables positionally
+            else (lambda cap: sel.select_b1(batch_sizes, freqs_mhz, 614.4, time_s, power_w))
+        ),
     }
     if hasattr(sel, "Tables"):
         # What a node passes once its LUT has average power and σ of per-step peaks.
@@ -70,7 +82,7 @@ def cases(sel: ModuleType, n_b: int, n_f: int) -> dict[str, Callable[[float], An
             freqs_mhz=freqs_mhz,
             tables=tables,
             r=r,
-            p_max_w=sel.PowerLimit(cap, 0.05),
+            **{"limit" if hasattr(sel, "Method") else "p_max_w": sel.PowerLimit(cap, 0.05)},
         )
     return out
 

@@ -22,7 +22,7 @@ from results_file import write_results
 
 from fl_client.devices import Workload
 from fl_client.devices.nvml import NvmlControl, NvmlDevice
-from fl_client.profiler import profile
+from fl_client.profiler import ProfileOptions, profile
 
 try:
     from fl_client.argparse_once import OnceParser
@@ -54,7 +54,9 @@ def _cells(call_cost_s: float, passes: int) -> list[dict[str, Any]]:
     with virtual_sampling(vt):
         dev = NvmlDevice(nvml=nv, control=NvmlControl(lock_clocks=False))
         for n in range(passes):
-            lut = profile(dev, WORKLOAD, BATCH_SIZES, ReplaySteps(gpu), progress=False)
+            lut = profile(
+                dev, WORKLOAD, BATCH_SIZES, ReplaySteps(gpu), ProfileOptions(progress=False)
+            )
             rows.extend(_row(lut, i, b, n, gpu.trace) for i, b in enumerate(BATCH_SIZES))
         dev.close()
     return rows

@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from fl_client.selector import Selection
+from fl_client.selection import Selection
 
 
 @dataclass(frozen=True)

@@ -342,7 +342,7 @@ def cmd_profile(
     """Handler of ``powerfl profile``."""
     out, err = out or sys.stdout, err or sys.stderr
     from fl_client.devices import open_device
-    from fl_client.lut import LUTFormatError
+    from fl_client.lut_format import LUTFormatError
     from fl_client.profiler import load_or_profile, profile
     from fl_client.settings import SettingsError
 
@@ -421,8 +421,7 @@ def _profile_inputs(
     cap_margin = setting_option(args, "cap-margin") if cap.capped else 0.0
     peak_sigma_k = setting_option(args, "peak-sigma-k")
     profile_options = ProfileOptions(
-        p_max_w=cap.to_record(),
-        cap_margin=cap_margin,
+        cap.with_margin(cap_margin),
         warmup_steps=args.warmup_steps,
         steps=args.steps,
         progress=not args.quiet,
@@ -511,9 +510,11 @@ def cmd_select(
 ) -> int:
     """Handler of ``powerfl select``."""
     out, err = out or sys.stdout, err or sys.stderr
-    from fl_client.lut import LUT, LUTFormatError
+    from fl_client.lut import LUT
+    from fl_client.lut_format import LUTFormatError
     from fl_client.preflight import check_input_file
-    from fl_client.selector import InfeasibleCapError, Tables, select
+    from fl_client.selection import InfeasibleCapError
+    from fl_client.selector import Method, select
 
     try:
         cap = Cap.parse(args.p_max_w)
@@ -532,23 +533,20 @@ def cmd_select(
         b1_cap = args.b1_freq_cap_mhz
         if args.method in ("b1", "b2") and b1_cap is None:
             b1_cap = _default_b1_cap_mhz(lut.device_kind, cap)
-        selection = select(
+        method = Method(
             args.method,
-            batch_sizes=list(lut.batch_sizes),
-            freqs_mhz=list(lut.freqs_mhz),
-            tables=Tables(
-                lut.time_per_sample_s,
-                lut.peak_power_w,
-                lut.avg_power_w,
-                lut.peak_sigma_w,
-                lut.knob,
-            ),
-            r=r,
-            p_max_w=cap.with_margin(cap_margin),
-            objective=rule,
+            rule,
             b1_freq_cap_mhz=b1_cap,
             fixed_batch_size=args.fixed_batch_size,
             fixed_freq_mhz=args.fixed_freq_mhz,
+        )
+        selection = select(
+            method,
+            batch_sizes=list(lut.batch_sizes),
+            freqs_mhz=list(lut.freqs_mhz),
+            tables=lut.tables,
+            r=r,
+            limit=cap.with_margin(cap_margin),
         )
     except InfeasibleCapError as e:
         _error("select", e, err)
@@ -584,23 +582,24 @@ def _check_efficient_lut(lut: Any, cap: Cap, cap_margin: float) -> None:
             f"p-max-w: {cap.label}, but this LUT was profiled without a cap at each batch size's "
             "highest frequency only; use --p-max-w none, or profile under the cap"
         )
-    if lut.p_max_w is None:
+    if not lut.limit.capped:
         return
-    lut_cap = Cap.parse(lut.p_max_w)
+    lut_cap = Cap.parse(lut.limit.cap_w)
+    lut_margin = lut.limit.cap_margin
     other = ", or profile the full grid (powerfl profile without --p-max-w) to select under any cap"
     if cap != lut_cap:
         use = f"--p-max-w {lut_cap.setting}"
-        if cap_margin != lut.cap_margin:
-            use += f" --cap-margin {lut.cap_margin:g}"
+        if cap_margin != lut_margin:
+            use += f" --cap-margin {lut_margin:g}"
         raise ValueError(
             f"p-max-w: {cap.label} differs from the cap this LUT was profiled for in efficient "
-            f"mode ({cap_text(lut_cap, lut.cap_margin)}); use {use}{other}"
+            f"mode ({cap_text(lut_cap, lut_margin)}); use {use}{other}"
         )
-    if cap_margin != lut.cap_margin:
+    if cap_margin != lut_margin:
         raise ValueError(
             f"cap-margin: {cap_margin:g} differs from the margin this LUT was profiled with in "
-            f"efficient mode ({cap_text(lut_cap, lut.cap_margin)}); use --cap-margin "
-            f"{lut.cap_margin:g}{other}"
+            f"efficient mode ({cap_text(lut_cap, lut_margin)}); use --cap-margin "
+            f"{lut_margin:g}{other}"
         )
 
 

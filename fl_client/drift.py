@@ -11,11 +11,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fl_client.cell_measure import CellOptions, MeasureContext, measure_cell
+from fl_client.cell_measure import time_per_sample_s as measured_time_per_sample_s
 from fl_client.devices import Measurement
-from fl_client.lut import LUT, replace_rows, save_quietly, scale_cells
-from fl_client.profiler import MeasureContext, ProfileOptions, measure_cell, profile
-from fl_client.profiler import time_per_sample_s as measured_time_per_sample_s
-from fl_client.selector import PEAK_SIGMA_K
+from fl_client.feasibility import PEAK_SIGMA_K
+from fl_client.lut import LUT, save_quietly
+from fl_client.lut_cells import replace_rows, scale_cells
+from fl_client.profiler import ProfileOptions, profile
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +53,13 @@ def check_drift(
     The prediction is the selection LUT's cell. Beyond ``threshold`` (relative, on time per
     sample, peak or average power), b's row is profiled again from the lowest frequency up
     to the LUT's cap less its margin, and replaces that row of the LUT whole
-    (``lut.replace_rows``: a cell the walk did not reach is beyond the cap on this board);
+    (``lut_cells.replace_rows``: a cell the walk did not reach is beyond the cap on this board);
     the other rows are scaled by the change measured on this row (or at ``point`` where the
     row and the LUT share no cell), and the LUT is written to the cache, so the node
     re-selects from it. ``reprofile`` overrides how the row is profiled again (a shared LUT
     has no cap of its own: the node's cap is given here); otherwise the row's walk judges
     cells with ``peak_sigma_k`` (``peak-sigma-k``). The re-profiled cells bring their own σ
-    of per-step peaks; the other rows' σ scale with their peaks (``lut.scale_cells``).
+    of per-step peaks; the other rows' σ scale with their peaks (``lut_cells.scale_cells``).
     """
     batch_size, freq_mhz = point
     i = lut.batch_sizes.index(batch_size)
@@ -68,8 +70,7 @@ def check_drift(
         batch_size,
         ctx.step_factory(batch_size),
         freq_mhz,
-        warmup_steps=lut.warmup_steps,
-        steps=lut.steps,
+        CellOptions(lut.warmup_steps, lut.steps),
     )
     measured = (
         measured_time_per_sample_s(m, batch_size, lut.steps),
@@ -90,7 +91,7 @@ def check_drift(
         [batch_size],
         ctx.step_factory,
         reprofile
-        or ProfileOptions.under(
+        or ProfileOptions(
             lut.limit,
             warmup_steps=lut.warmup_steps,
             steps=lut.steps,
@@ -120,7 +121,7 @@ def check_drift(
     )
 
 
-#: The factors of ``lut.scale_cells`` and the tables each is measured on
+#: The factors of ``lut_cells.scale_cells`` and the tables each is measured on
 _FACTORS = {
     "time_factor": "time_per_sample_s",
     "peak_factor": "peak_power_w",

@@ -1,12 +1,11 @@
 """The LUT file: LUT_time / LUT_power / average power / σ of the per-step peaks per (batch
 size, GPU knob value), its JSON format, the on-disk cache (one file per device kind, backend,
-workload, B, cap and cap-margin), and merging and scaling of measured cells. Measuring lives
-in ``profiler``.
+workload, B, cap and cap-margin). Its JSON format's checks live in ``lut_format``, merging
+and scaling of measured cells in ``lut_cells``, measuring in ``profiler``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -20,11 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from fl_client.devices.base import (
     GPU_FREQ_MHZ,
-    GPU_POWER_LIMIT_W,
     Device,
     Knob,
     Workload,
@@ -32,61 +29,28 @@ from fl_client.devices.base import (
     knob_for,
 )
 from fl_client.files import set_aside, write_atomic
-from fl_client.power import PowerLimit, parse_p_max_w
-from fl_client.selector import (
-    validate_batch_sizes,
-    validate_freqs_mhz,
-    validate_tables,
+from fl_client.lut_format import (
+    CELL_TABLES,
+    CHECKSUM_KEY,
+    GRIDS,
+    LUT_FORMAT,
+    LUT_VERSION,
+    FloatArray,
+    LUTFormatError,
+    cell_table,
+    checked_record,
+    limit_of_record,
+    sigma_table,
+    table_from_json,
 )
+from fl_client.power import PowerLimit
+from fl_client.selection import Tables
+from fl_client.selector_inputs import validate_batch_sizes, validate_freqs_mhz, validate_tables
 
 log = logging.getLogger(__name__)
 
-LUT_FORMAT = "powerfl-lut"
-#: 2: ``cap-margin`` stored beside the bare cap ``p-max-w`` (version 1 stored the cap less
-#: its margin as ``p-max-w``; such files read as that cap with margin 0).
-#: 3: optional ``peak-sigma-w`` (σ of each cell's per-step peak powers) and ``knob`` (what
-#: the columns are, when not the GPU frequency in MHz), and the optional per-cell tables of
-#: how each cell was measured (``CELL_TABLES``: power samples, window, settled, the real
-#: board's window). A LUT with none of them is still written as version 2, byte for byte
-#: as before (so checksums of stored LUTs hold); versions 1 and 2, and version 3 files
-#: without them, read with σ and those tables not recorded (NaN; σ counts as 0) and the GPU
-#: frequency as the knob.
-LUT_VERSION = 3
-#: Versions ``LUT.from_json`` reads.
-LUT_VERSIONS_READ = (1, 2, 3)
-#: How much of the (b, f) grid a LUT covers; see ``LUT.grid``.
-GRIDS = ("full", "efficient", "highest", "on-demand", "shared")
-
-FloatArray = npt.NDArray[np.float64]
-
-#: Optional per-cell tables of how each cell was measured: LUT field → JSON key. NaN where
-#: not profiled or not recorded. ``settled`` is 1 (window, samples and settling met) or 0
-#: (the cell stopped at the profiler's hard cap); ``needed-window-s`` is the window the
-#: real board's sensor would have needed, recorded on emulated devices (twin, replay) only.
-CELL_TABLES = {
-    "power_samples": "power-samples",
-    "window_s": "window-s",
-    "settled": "settled",
-    "needed_window_s": "needed-window-s",
-    "time_rse": "time-rse",
-    "clock_mhz": "clock-mhz",
-    "clock_moved": "clock-moved",
-    "energy_from_counter": "energy-from-counter",
-}
-#: Cell tables that hold 1 or 0.
-_FLAG_TABLES = {
-    "settled": "1 (settled), 0 (stopped at the cap)",
-    "clock-moved": "1 (the sampled clock moved by more than one step), 0",
-    "energy-from-counter": "1 (the device's energy counter), 0 (sampled power)",
-}
-
-
-class LUTFormatError(ValueError):
-    """A LUT file or record is malformed or does not fit together."""
-
-
-#: The key of a saved LUT file that holds the SHA-256 of its canonical JSON.
-CHECKSUM_KEY = "content-sha256"
+#: No cap: the limit of every LUT but an efficient-mode one.
+NO_CAP = PowerLimit()
 
 
 def _utc_now() -> str:
@@ -122,8 +86,9 @@ class LUT:
         Highest power sample in W (LUT_power, what Eq. 4 compares with P_max).
     avg_power_w : ndarray, shape (|B|, |F|)
         Energy / time of the measured steps in W.
-    p_max_w : float or None
-        The cap efficient mode profiled for; None for a full grid.
+    limit : PowerLimit
+        The cap with its margin efficient mode profiled for (``p-max-w`` and ``cap-margin``
+        in the file); no cap (``NO_CAP``) for every other grid.
     profile_time_s : float
         Device time the profiling took (warm-up and measured steps, frequency changes).
     profile_energy_j : float
@@ -135,7 +100,7 @@ class LUT:
         its sensor measures more: ``power_samples``, ``window_s``).
     grid : str
         ``full`` (every cell; serves any cap), ``efficient`` (paper §4.1 under
-        ``p_max_w``) or ``highest`` (no cap: each b at the highest frequency only, the
+        ``limit``) or ``highest`` (no cap: each b at the highest frequency only, the
         cell Eq. 4 picks per b when nothing is infeasible) or ``on-demand`` (no cap: single
         cells that earlier versions' deadline pacing measured below f*; nothing writes
         them now; the value is kept so such cache files still load; never selected from).
@@ -165,14 +130,13 @@ class LUT:
     time_per_sample_s: FloatArray
     peak_power_w: FloatArray
     avg_power_w: FloatArray
-    p_max_w: float | None = None
+    limit: PowerLimit = NO_CAP
     profile_time_s: float = 0.0
     profile_energy_j: float = 0.0
     created_utc: str = field(default_factory=_utc_now)
     warmup_steps: int = 1
     steps: int = 3
     grid: str = ""
-    cap_margin: float = 0.0
     peak_sigma_w: FloatArray = field(default_factory=lambda: np.empty((0, 0)))
     knob: Knob = GPU_FREQ_MHZ
     power_samples: FloatArray = field(default_factory=lambda: np.empty((0, 0)))
@@ -189,8 +153,6 @@ class LUT:
         try:
             b = validate_batch_sizes(list(self.batch_sizes))
             f = validate_freqs_mhz(list(self.freqs_mhz))
-            watts = parse_p_max_w(self.p_max_w)
-            cap = None if math.isinf(watts) else watts
             time_s, peak_w = validate_tables(
                 self.time_per_sample_s, self.peak_power_w, len(b), len(f)
             )
@@ -198,11 +160,14 @@ class LUT:
             avg_w = validate_tables(time_s, self.avg_power_w, len(b), len(f))[1]
         except ValueError as err:
             raise LUTFormatError(str(err)) from None
-        sigma_w = _sigma_table(self.peak_sigma_w, np.isnan(time_s))
+        sigma_w = sigma_table(self.peak_sigma_w, np.isnan(time_s))
         cells = {
-            name: _cell_table(getattr(self, name), np.isnan(time_s), key)
+            name: cell_table(getattr(self, name), np.isnan(time_s), key)
             for name, key in CELL_TABLES.items()
         }
+        if not isinstance(self.limit, PowerLimit):
+            raise LUTFormatError(f"p-max-w: the cap must be a PowerLimit, got {self.limit!r}")
+        cap = self.limit.cap_w
         if not isinstance(self.knob, Knob):
             raise LUTFormatError(f"knob: must be a Knob, got {self.knob!r}")
         grid = self.grid or ("full" if cap is None else "efficient")
@@ -215,12 +180,6 @@ class LUT:
         if grid in ("highest", "on-demand", "shared") and cap is not None:
             raise LUTFormatError(f"a {grid} LUT is made without a cap (p-max-w none)")
         object.__setattr__(self, "grid", grid)
-        margin = float(self.cap_margin)
-        if not 0.0 <= margin < 1.0 or (cap is None and margin != 0.0):
-            raise LUTFormatError(
-                f"cap-margin: must be in [0, 1), and 0 without a cap; got {self.cap_margin!r}"
-            )
-        object.__setattr__(self, "cap_margin", margin)
         shape = tuple(int(d) for d in self.input_shape)
         if not shape or any(d < 1 for d in shape):
             raise LUTFormatError(f"input-shape: must be positive sizes; got {self.input_shape}")
@@ -236,7 +195,6 @@ class LUT:
         object.__setattr__(self, "batch_sizes", tuple(b))
         object.__setattr__(self, "freqs_mhz", tuple(f))
         object.__setattr__(self, "input_shape", shape)
-        object.__setattr__(self, "p_max_w", cap)
         for name, table in (
             ("time_per_sample_s", time_s),
             ("peak_power_w", peak_w),
@@ -257,15 +215,20 @@ class LUT:
             Workload(self.model_name, self.input_shape, 0.0),
             self.batch_sizes,
             self.freqs_mhz,
-            self.p_max_w,
-            self.cap_margin,
+            self.limit,
             self.grid,
         )
 
     @property
-    def limit(self) -> PowerLimit:
-        """The cap with its margin that profiled peaks were compared with (no cap: none)."""
-        return PowerLimit(math.inf if self.p_max_w is None else self.p_max_w, self.cap_margin)
+    def tables(self) -> Tables:
+        """What a selection reads: time, peak and average power, σ and the knob."""
+        return Tables(
+            self.time_per_sample_s,
+            self.peak_power_w,
+            self.avg_power_w,
+            self.peak_sigma_w,
+            self.knob,
+        )
 
     @property
     def workload_key(self) -> str:
@@ -314,8 +277,8 @@ class LUT:
             "workload-key": self.workload_key,
             "batch-sizes": list(self.batch_sizes),
             self.knob.values_key: list(self.freqs_mhz),  # freqs-mhz, or power-limits-w
-            "p-max-w": self.p_max_w,
-            "cap-margin": self.cap_margin,
+            "p-max-w": self.limit.cap_w,
+            "cap-margin": self.limit.cap_margin,
             "time-per-sample-s": table(self.time_per_sample_s),
             "peak-power-w": table(self.peak_power_w),
             "avg-power-w": table(self.avg_power_w),
@@ -346,19 +309,19 @@ class LUT:
             On invalid JSON, a missing, unknown or mistyped key, a wrong format/version,
             mismatching shapes, or a workload key that does not match model and shape.
         """
-        rec = _checked_record(text)
+        rec = checked_record(text)
         sigma_w = np.empty((0, 0))  # not recorded
         if "peak-sigma-w" in rec:
-            sigma_w = _table_from_json(rec["peak-sigma-w"], "peak-sigma-w")
+            sigma_w = table_from_json(rec["peak-sigma-w"], "peak-sigma-w")
         try:
             knob = knob_for(rec["knob"]) if "knob" in rec else GPU_FREQ_MHZ
         except ValueError as err:
             raise LUTFormatError(str(err)) from None
-        time_s = _table_from_json(rec["time-per-sample-s"], "time-per-sample-s")
+        time_s = table_from_json(rec["time-per-sample-s"], "time-per-sample-s")
         cells = {}
         for name, key in CELL_TABLES.items():
             if key in rec:
-                cells[name] = _table_from_json(rec[key], key)
+                cells[name] = table_from_json(rec[key], key)
                 if cells[name].shape != time_s.shape:
                     raise LUTFormatError(
                         f"{key}: shape {cells[name].shape} does not match the other tables "
@@ -372,16 +335,15 @@ class LUT:
             batch_sizes=tuple(rec["batch-sizes"]),
             freqs_mhz=tuple(rec["freqs-mhz"]),
             time_per_sample_s=time_s,
-            peak_power_w=_table_from_json(rec["peak-power-w"], "peak-power-w"),
-            avg_power_w=_table_from_json(rec["avg-power-w"], "avg-power-w"),
-            p_max_w=rec["p-max-w"],
+            peak_power_w=table_from_json(rec["peak-power-w"], "peak-power-w"),
+            avg_power_w=table_from_json(rec["avg-power-w"], "avg-power-w"),
+            limit=limit_of_record(rec["p-max-w"], rec.get("cap-margin", 0.0)),
             profile_time_s=rec["profile-time-s"],
             profile_energy_j=rec["profile-energy-j"],
             created_utc=rec["created-utc"],
             warmup_steps=rec["warmup-steps"],
             steps=rec["steps"],
             grid=rec.get("grid", ""),
-            cap_margin=rec.get("cap-margin", 0.0),
             peak_sigma_w=sigma_w,
             knob=knob,
             clocks_locked=rec.get("clocks-locked"),
@@ -426,137 +388,6 @@ class LUT:
         return lut
 
 
-def _sigma_table(sigma_w: npt.ArrayLike | None, not_profiled: npt.NDArray[np.bool_]) -> FloatArray:
-    """Check a σ-of-per-step-peaks table: the LUT's shape, NaN where not profiled, finite
-    ≥ 0 W or NaN (not recorded) elsewhere. None or an empty array give the all-NaN table
-    (a LUT has at least one profiled cell, so an empty table is never a real one)."""
-    out = np.asarray(np.nan if sigma_w is None else sigma_w, dtype=np.float64)
-    if sigma_w is None or out.size == 0:
-        return np.full(not_profiled.shape, np.nan)
-    if out.shape != not_profiled.shape:
-        raise LUTFormatError(
-            f"peak-sigma-w: shape {out.shape} does not match the other tables {not_profiled.shape}"
-        )
-    if np.isfinite(out[not_profiled]).any():
-        raise LUTFormatError("peak-sigma-w: a value in a cell that was not profiled")
-    if np.isinf(out).any() or (out < 0).any():
-        raise LUTFormatError("peak-sigma-w: measured cells must be finite and ≥ 0 W, or null")
-    return out
-
-
-def _cell_table(
-    values: npt.ArrayLike | None, not_profiled: npt.NDArray[np.bool_], key: str
-) -> FloatArray:
-    """Check one of ``CELL_TABLES``: NaN where not profiled, finite ≥ 0 or NaN (not
-    recorded) elsewhere; ``power-samples`` whole numbers and ``settled`` 0 or 1. None, an
-    empty array or one of another shape give the all-NaN table: these tables describe how
-    cells were measured, never what is selected, so a LUT whose grid was changed without
-    them (``dataclasses.replace`` taking some rows) drops them. A file is checked for the
-    shape first (``LUT.from_json``)."""
-    out = np.asarray(np.nan if values is None else values, dtype=np.float64)
-    if values is None or out.size == 0 or out.shape != not_profiled.shape:
-        return np.full(not_profiled.shape, np.nan)
-    if np.isfinite(out[not_profiled]).any():
-        raise LUTFormatError(f"{key}: a value in a cell that was not profiled")
-    known = out[~np.isnan(out)]
-    if np.isinf(known).any() or (known < 0).any():
-        raise LUTFormatError(f"{key}: measured cells must be finite and ≥ 0, or null")
-    if key == "power-samples" and (known != np.round(known)).any():
-        raise LUTFormatError(f"{key}: counts must be whole numbers")
-    if key in _FLAG_TABLES and not np.isin(known, (0.0, 1.0)).all():
-        raise LUTFormatError(f"{key}: must be {_FLAG_TABLES[key]} or null")
-    return out
-
-
-def _checked_record(text: str) -> dict[str, Any]:
-    """A LUT file's JSON object with every key present, known and of its type, its format
-    and version readable, and its integer and number lists as such (``LUT.from_json``)."""
-    try:
-        rec = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise LUTFormatError(f"not valid JSON: {err}") from None
-    if not isinstance(rec, dict):
-        raise LUTFormatError("a LUT file holds one JSON object")
-    values_key = "freqs-mhz"
-    if GPU_POWER_LIMIT_W.values_key in rec:  # the columns of a power-limit LUT, in W
-        values_key = GPU_POWER_LIMIT_W.values_key
-        if rec.get("knob") != GPU_POWER_LIMIT_W.key.replace("_", "-") or "freqs-mhz" in rec:
-            raise LUTFormatError(
-                f"{values_key}: the columns of a LUT whose knob is power-limit-w, instead of "
-                "freqs-mhz"
-            )
-        rec["freqs-mhz"] = rec.pop(values_key)  # read as the knob's values
-    expected = {
-        "format": str,
-        "version": int,
-        "device-kind": str,
-        "backend": str,
-        "model-name": str,
-        "input-shape": list,
-        "workload-key": str,
-        "batch-sizes": list,
-        "freqs-mhz": list,
-        "p-max-w": (int, float, type(None)),
-        "time-per-sample-s": list,
-        "peak-power-w": list,
-        "avg-power-w": list,
-        "profile-time-s": (int, float),
-        "profile-energy-j": (int, float),
-        "created-utc": str,
-        "warmup-steps": int,
-        "steps": int,
-    }
-    # absent in files written before they existed (and in version 3 files without σ or
-    # with the GPU frequency as the knob)
-    optional = {"grid": str, "cap-margin": (int, float), "peak-sigma-w": list, "knob": str}
-    optional.update({key: list for key in CELL_TABLES.values()})
-    missing = sorted(set(expected) - set(rec))
-    unknown = sorted(set(rec) - set(expected) - set(optional) - {"clocks-locked"})
-    if not isinstance(rec.get("clocks-locked", False), bool):
-        raise LUTFormatError("clocks-locked: must be true or false")
-    expected.update({k: v for k, v in optional.items() if k in rec})
-    if missing or unknown:
-        raise LUTFormatError(f"keys: missing {missing}, unknown {unknown}")
-    for key, kind in expected.items():
-        if not isinstance(rec[key], kind) or isinstance(rec[key], bool):  # type: ignore[arg-type]
-            raise LUTFormatError(f"{key}: wrong type {type(rec[key]).__name__}")
-    if rec["format"] != LUT_FORMAT or rec["version"] not in LUT_VERSIONS_READ:
-        raise LUTFormatError(
-            f"format: expected {LUT_FORMAT} v{LUT_VERSION}, got {rec['format']} v{rec['version']}"
-        )
-    since_3 = {"peak-sigma-w", "knob", "clocks-locked", *CELL_TABLES.values()}
-    too_new = sorted(since_3 & set(rec)) if rec["version"] < 3 else []
-    if too_new:
-        raise LUTFormatError(f"keys: {too_new} are not keys of a version {rec['version']} file")
-    for key in ("input-shape", "batch-sizes"):
-        if not all(isinstance(x, int) and not isinstance(x, bool) for x in rec[key]):
-            raise LUTFormatError(f"{key}: must be a list of integers")
-    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in rec["freqs-mhz"]):
-        raise LUTFormatError(f"{values_key}: must be a list of numbers")
-    return rec
-
-
-def _is_number(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _table_from_json(rows: list[Any], key: str) -> FloatArray:
-    if not all(isinstance(row, list) for row in rows):
-        raise LUTFormatError(f"{key}: must be a list of rows")
-    lengths = {len(row) for row in rows}
-    if len(lengths) > 1:
-        raise LUTFormatError(f"{key}: rows of different lengths {sorted(lengths)}")
-    for row in rows:
-        for x in row:
-            if x is not None and not _is_number(x):
-                raise LUTFormatError(f"{key}: cells must be numbers or null; got {x!r}")
-    n_f = lengths.pop() if lengths else 0
-    out = np.array(
-        [[math.nan if x is None else float(x) for x in row] for row in rows], dtype=np.float64
-    )
-    return out.reshape(len(rows), n_f)
-
-
 # --------------------------------------------------------------------------- cache
 
 
@@ -564,9 +395,9 @@ def _table_from_json(rows: list[Any], key: str) -> FloatArray:
 class LUTKey:
     """What a LUT is for: device kind, backend, workload, B, frequency table, cap and grid.
 
-    ``p_max_w`` is the bare cap an efficient-mode LUT was profiled for (None: no cap) and
-    ``cap_margin`` the share of it kept free; the profiler's walk compares peaks with
-    ``p_max_w · (1 − cap_margin)``. Both are stored as such, so a LUT profiled under 5 W
+    ``limit`` is the cap with its margin an efficient-mode LUT was profiled for (no cap:
+    ``NO_CAP``); the profiler's walk compares robust peaks with ``limit.limit_w``. The bare
+    cap and its margin name the file (as the LUT stores them), so a LUT profiled under 5 W
     with a 5% margin serves ``select --p-max-w 5 --cap-margin 0.05``.
     """
 
@@ -575,8 +406,7 @@ class LUTKey:
     workload: Workload
     batch_sizes: tuple[int, ...]
     freqs_mhz: tuple[float, ...]
-    p_max_w: float | None = None
-    cap_margin: float = 0.0
+    limit: PowerLimit = NO_CAP
     grid: str = "full"
     knob: Knob = GPU_FREQ_MHZ  # what the columns are (a LUT of another knob is another file)
 
@@ -587,8 +417,7 @@ class LUTKey:
         workload: Workload,
         batch_sizes: Sequence[int],
         *,
-        p_max_w: float | None = None,
-        cap_margin: float = 0.0,
+        limit: PowerLimit = NO_CAP,
         grid: str = "full",
     ) -> LUTKey:
         info = device.info
@@ -598,8 +427,7 @@ class LUTKey:
             workload,
             tuple(int(b) for b in batch_sizes),
             tuple(float(f) for f in device.gpu_freqs_mhz),
-            p_max_w,
-            cap_margin if p_max_w is not None else 0.0,
+            limit,
             grid,
             device_knob(device),
         )
@@ -612,10 +440,10 @@ class LUTKey:
         names never share a file.
         """
         w = self.workload
-        if self.p_max_w is None:
+        if not self.limit.capped:
             cap = self.grid
         else:
-            cap = f"pmax{float(self.p_max_w)!r}w-margin{self.cap_margin!r}"
+            cap = f"pmax{self.limit.p_max_w!r}w-margin{self.limit.cap_margin!r}"
         parts = [self.device_kind, self.backend, w.key, "b" + "-".join(map(str, self.batch_sizes))]
         fields: list[Any] = [
             self.device_kind,
@@ -623,8 +451,8 @@ class LUTKey:
             w.model_name,
             list(w.input_shape),
             list(self.batch_sizes),
-            self.p_max_w,
-            self.cap_margin,
+            self.limit.cap_w,
+            self.limit.cap_margin,
             self.grid,
         ]
         if self.knob != GPU_FREQ_MHZ:  # frequency LUTs keep the names they always had
@@ -645,8 +473,8 @@ class LUTKey:
             "batch-sizes": (lut.batch_sizes, self.batch_sizes),
             "knob": (lut.knob.key, self.knob.key),
             self.knob.values_key: (lut.freqs_mhz, self.freqs_mhz),
-            "p-max-w": (lut.p_max_w, self.p_max_w),
-            "cap-margin": (lut.cap_margin, self.cap_margin),
+            "p-max-w": (lut.limit.cap_w, self.limit.cap_w),
+            "cap-margin": (lut.limit.cap_margin, self.limit.cap_margin),
             "grid": (lut.grid, self.grid),
         }
         for key, (got, want) in expected.items():
@@ -671,113 +499,6 @@ def load_cached(path: Path, key: LUTKey) -> LUT | None:
         "LUT cache %s is corrupt or does not match (%s): %s; re-profiling", path, reason, kept
     )
     return None
-
-
-# --------------------------------------------------------------------------- merging
-
-
-def scale_cells(lut: LUT, *, time_factor: float, peak_factor: float, avg_factor: float) -> LUT:
-    """``lut`` with every measured cell scaled (an estimate of a uniform drift).
-
-    Used after a drift check re-profiled one row: the other rows are scaled by the change
-    measured on that row until they are measured again. σ of the per-step peaks scales
-    with the peak (``peak_factor``): a uniform drift stretches the peaks' spread alike.
-    """
-    for key, factor in (
-        ("time-factor", time_factor),
-        ("peak-factor", peak_factor),
-        ("avg-factor", avg_factor),
-    ):
-        if not (factor > 0 and math.isfinite(factor)):
-            raise ValueError(f"{key}: must be a finite number > 0, got {factor!r}")
-    return dataclasses.replace(
-        lut,
-        time_per_sample_s=lut.time_per_sample_s * time_factor,
-        peak_power_w=lut.peak_power_w * peak_factor,
-        avg_power_w=lut.avg_power_w * avg_factor,
-        peak_sigma_w=lut.peak_sigma_w * peak_factor,
-    )
-
-
-def cell_tables(lut: LUT) -> dict[str, FloatArray]:
-    """Copies of every per-cell table of ``lut`` by field name: time per sample, peak and
-    average power, σ of the per-step peaks and ``CELL_TABLES``; a cell is these taken
-    together (``merge_cells``, ``replace_rows``)."""
-    names = ("time_per_sample_s", "peak_power_w", "avg_power_w", "peak_sigma_w", *CELL_TABLES)
-    return {name: np.array(getattr(lut, name), dtype=np.float64) for name in names}
-
-
-def merge_cells(base: LUT, extra: LUT, *, overwrite: bool) -> LUT:
-    """``base`` with the measured cells of ``extra`` (same device, model, frequencies).
-
-    ``extra`` may cover only some of ``base``'s batch sizes (e.g. one re-profiled row).
-    ``overwrite=False`` only fills cells ``base`` left NaN (its own measurements win);
-    ``overwrite=True`` replaces every cell ``extra`` measured (fresh measurements win, as
-    after a drift check). The result keeps ``base``'s cap, grid and profiling cost. A cell
-    is taken whole: its time, peak and average power and the σ of its per-step peaks
-    (NaN, not recorded, where ``extra`` has none).
-
-    Raises
-    ------
-    LUTFormatError
-        When the two tables are not of the same device, backend, workload and frequency
-        table, or ``extra`` has a batch size ``base`` lacks.
-    """
-    for name in ("device_kind", "backend", "model_name", "input_shape", "freqs_mhz", "knob"):
-        if getattr(base, name) != getattr(extra, name):
-            raise LUTFormatError(
-                f"{name.replace('_', '-')}: cannot merge LUTs of {getattr(base, name)!r} and "
-                f"{getattr(extra, name)!r}"
-            )
-    unknown = sorted(set(extra.batch_sizes) - set(base.batch_sizes))
-    if unknown:
-        raise LUTFormatError(f"batch-sizes: {unknown} are not rows of the base LUT")
-    tables: dict[str, Any] = cell_tables(base)  # splatted into dataclasses.replace
-    for i_extra, b in enumerate(extra.batch_sizes):
-        i = base.batch_sizes.index(b)
-        measured = ~np.isnan(extra.time_per_sample_s[i_extra])
-        take = measured if overwrite else measured & np.isnan(tables["time_per_sample_s"][i])
-        for name, table in tables.items():
-            table[i, take] = getattr(extra, name)[i_extra, take]
-    return dataclasses.replace(base, **tables)
-
-
-def replace_rows(base: LUT, rows: LUT) -> LUT:
-    """``base`` with each row of ``rows`` replaced whole: a cell ``rows`` did not measure is
-    NaN there, whatever ``base`` held (``merge_cells`` otherwise).
-
-    After a drift check re-profiled a row, a cell of that row the walk did not reach lies
-    beyond the cap on this board; the stale value would still offer it to the selector.
-    """
-    tables: dict[str, Any] = cell_tables(base)  # splatted into dataclasses.replace
-    for b in rows.batch_sizes:
-        if b in base.batch_sizes:
-            for table in tables.values():
-                table[base.batch_sizes.index(b)] = np.nan
-    return merge_cells(dataclasses.replace(base, **tables), rows, overwrite=True)
-
-
-def median_cell(
-    measurements: Sequence[Sequence[float]],
-) -> tuple[float, float, float, float]:
-    """One cell from several measurements of it (fleet-shared slices that overlap).
-
-    Each measurement is ``(time per sample, peak, average power[, σ of per-step peaks])``.
-    Time, peak and average power are the medians of their own; σ is the one recorded with
-    the measurement whose peak is nearest the median peak (the larger σ of two as near),
-    so the cell keeps a σ that was measured with a peak like the one it reports. NaN σ:
-    not recorded.
-    """
-    if not measurements:
-        raise ValueError("measurements: need at least one (time, peak, avg[, σ]) of the cell")
-    rows = np.array(
-        [[*m[:3], m[3] if len(m) > 3 else math.nan] for m in measurements], dtype=np.float64
-    )
-    time_s, peak_w, avg_w = (float(np.median(rows[:, k])) for k in range(3))
-    gap = np.abs(rows[:, 1] - peak_w)
-    nearest = rows[gap <= gap.min(), 3]
-    sigma_w = float(np.nanmax(nearest)) if np.isfinite(nearest).any() else math.nan
-    return time_s, peak_w, avg_w, sigma_w
 
 
 def save_quietly(lut: LUT, path: Path) -> None:

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from fl_client.selector import TIE_TOLERANCE, Objective, PowerLimit, choose_cell
+from fl_client.selector import TIE_TOLERANCE, Objective, PowerLimit, Tables, choose_cell
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -601,7 +601,7 @@ def eq4_selector(r: Sequence[float], objective: Objective = PLANNING_EQ4) -> Sel
     def select(
         time_s: FloatArray, peak_w: FloatArray, avg_w: FloatArray, limit_w: float
     ) -> Cell | None:
-        return choose_cell(time_s, peak_w, avg_w, r_list, limit_w, objective=objective)
+        return choose_cell(Tables(time_s, peak_w, avg_w), r_list, limit_w, objective=objective)
 
     return select
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from fl_client.contract import Cap
 from fl_client.devices.base import GPU_FREQ_MHZ, Knob
-from fl_client.selector import PEAK_SIGMA_K
+from fl_client.feasibility import PEAK_SIGMA_K
 
 
 def knob_symbol(knob: Knob) -> str:
@@ -40,7 +40,7 @@ def format_lut(lut: Any, p_max_w: float | None = None, peak_sigma_k: float = PEA
     """
     import numpy as np
 
-    from fl_client.selector import feasible_cells
+    from fl_client.feasibility import feasible_cells
 
     cap = p_max_w if p_max_w is not None else (lut.limit.limit_w if lut.limit.capped else None)
     sigma_w = lut.peak_sigma_w
@@ -65,8 +65,8 @@ def format_lut(lut: Any, p_max_w: float | None = None, peak_sigma_k: float = PEA
             lines.append(f"{b:>8}" + "".join(cells))
         return lines
 
-    lut_cap = Cap.parse(lut.p_max_w)
-    under = cap_text(lut_cap, lut.cap_margin)
+    lut_cap = Cap.parse(lut.limit.cap_w)
+    under = cap_text(lut_cap, lut.limit.cap_margin)
     mode = "full grid" if not lut_cap.capped else f"efficient mode for {under}"
     if lut.grid in ("highest", "on-demand"):
         mode = {"highest": "no cap, highest frequency per b", "on-demand": "cells on demand"}[

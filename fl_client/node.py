@@ -25,6 +25,7 @@ import torch
 
 from fl_client import selector, task
 from fl_client.balance import BALANCE_MODES, Slack, missed_deadline
+from fl_client.cell_measure import MeasureContext
 from fl_client.contract import (
     Cap,
     NodeDescriptor,
@@ -35,6 +36,7 @@ from fl_client.contract import (
 from fl_client.devices import GPU_POWER_LIMIT_W, Device, cap_guard, locked
 from fl_client.devices.base import device_knob
 from fl_client.drift import DriftCheck, check_drift, trained_time_deviation
+from fl_client.feasibility import robust_peak_w
 from fl_client.files import set_aside
 from fl_client.lut import LUT
 from fl_client.node_context import (
@@ -45,12 +47,10 @@ from fl_client.node_context import (
     node_context,
     workload_for,
 )
-from fl_client.profiler import (
-    MeasureContext,
-    ProfileOptions,
-    load_or_profile,
-)
+from fl_client.power import PowerLimit
+from fl_client.profiler import ProfileOptions, load_or_profile
 from fl_client.r_estimation import estimate_r
+from fl_client.selection import InfeasibleCapError, Selection, Tables
 from fl_client.settings import (
     SettingsError,
     parse_batch_sizes,
@@ -121,11 +121,11 @@ class NodeRoundState:
     cfg: TrainConfig
     #: The round's cap with the node's ``cap-margin``: the one value the node's choice,
     #: profiling and drift checks judge peaks by
-    limit: selector.PowerLimit
+    limit: PowerLimit
     lut: LUT | None = None
     lut_from_cache: bool = False
     r_true: list[float] | None = None
-    choice: selector.Selection | None = None
+    choice: Selection | None = None
     run_freq_mhz: float = 0.0
     drift: DriftCheck | None = None
     cost: RoundCost = field(default_factory=RoundCost)
@@ -167,7 +167,7 @@ def lut_for_cap(
     cost = RoundCost()
     this: tuple[LUT, bool] | None = None
     for each in dict.fromkeys((cap, *caps)):
-        options = ProfileOptions.under(
+        options = ProfileOptions(
             each.with_margin(ctx.cap_margin),
             progress=False,
             uncapped="full" if ctx.settings.profile_grid == "full" else "highest",
@@ -257,7 +257,7 @@ def select_for(
     device: Device,
     objective: selector.Objective = selector.EQ4,
     context: selector.RoundContext = selector.ANY_ROUND,
-) -> selector.Selection:
+) -> Selection:
     """The round's (b*, f*) by ``selector.select``, the one dispatch of every method.
 
     Power-aware and the oracle take Eq. 4 on the LUT's measured cells under ``plan.limit``
@@ -272,28 +272,31 @@ def select_for(
     tables = (
         None
         if lut is None
-        else selector.Tables(
+        else Tables(
             lut.time_per_sample_s, lut.peak_power_w, lut.avg_power_w, lut.peak_sigma_w, lut.knob
         )
     )
-    return selector.select(
+    method = selector.Method(
         cfg.method,
-        batch_sizes=list(cfg.batch_sizes),
-        freqs_mhz=[float(f) for f in device.gpu_freqs_mhz],
-        tables=tables,
-        r=plan.r_true if cfg.method == "oracle" else list(cfg.r),
-        p_max_w=plan.limit,
-        objective=objective,
+        objective,
+        context,
         b1_freq_cap_mhz=(
             device.info.b1_freq_cap_mhz(plan.cap.watts) if cfg.method in ("b1", "b2") else None
         ),
         fixed_batch_size=cfg.fixed_batch_size,
         fixed_freq_mhz=cfg.fixed_freq_mhz,
-        context=context,
+    )
+    return selector.select(
+        method,
+        batch_sizes=list(cfg.batch_sizes),
+        freqs_mhz=[float(f) for f in device.gpu_freqs_mhz],
+        tables=tables,
+        r=plan.r_true if cfg.method == "oracle" else list(cfg.r),
+        limit=plan.limit,
     )
 
 
-def _skip_reason(plan: NodeRoundState, err: selector.InfeasibleCapError) -> RuntimeError:
+def _skip_reason(plan: NodeRoundState, err: InfeasibleCapError) -> RuntimeError:
     """A scheduled cap no configuration meets: the node skips that round, saying why."""
     spent = (
         f"; profiling for this cap took {plan.cost.time_s:.2f} s and {plan.cost.energy_j:.2f} J"
@@ -333,7 +336,7 @@ def _choose(
                 _verify_shared(ctx, measure, plan, before=before)
             plan.run_freq_mhz = plan.choice.freq_mhz
             return
-        except selector.InfeasibleCapError as err:
+        except InfeasibleCapError as err:
             log.warning("kind-lut: %s; profiling this node's own", err)
     if plan.cfg.method in NEEDS_LUT:
         plan.lut, plan.lut_from_cache, cost = lut_for_cap(
@@ -342,7 +345,7 @@ def _choose(
         plan.cost.add(cost.time_s, cost.energy_j)
     try:
         plan.choice = select_for(plan, plan.lut, measure.device, ctx.objective)
-    except selector.InfeasibleCapError as err:
+    except InfeasibleCapError as err:
         if not ctx.node.p_max_schedule:
             raise
         raise _skip_reason(plan, err) from err
@@ -368,7 +371,7 @@ def _verify_shared(
         plan.verify_by_training = True
         return
     if check is None:
-        options = ProfileOptions.under(
+        options = ProfileOptions(
             plan.limit,
             warmup_steps=plan.lut.warmup_steps,
             steps=plan.lut.steps,
@@ -511,9 +514,7 @@ def check_power(
     except ValueError:
         return None
     sigma = float(lut.peak_sigma_w[i, j]) if lut.peak_sigma_w.size else math.nan
-    promised = float(
-        selector.robust_peak_w(lut.peak_power_w[i, j], sigma, ctx.settings.peak_sigma_k)
-    )
+    promised = float(robust_peak_w(lut.peak_power_w[i, j], sigma, ctx.settings.peak_sigma_k))
     if not math.isfinite(promised) or promised <= 0:
         return None
     deviation = peak_w / promised - 1.0

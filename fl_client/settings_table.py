@@ -35,7 +35,8 @@ from fl_client.balance import BALANCE_MODES  # ``balance``: its modes, one entry
 from fl_client.contract import METHODS, SettingsError, key_of
 from fl_client.devices import BACKENDS, POWER_SOURCES, DeviceOptions, unknown_key_message
 from fl_client.devices.base import KNOB_SETTINGS
-from fl_client.selector import PEAK_SIGMA_K, TIE_TOLERANCE
+from fl_client.feasibility import PEAK_SIGMA_K
+from fl_client.selector import TIE_TOLERANCE
 from fl_client.setting_checks import (
     AsGiven,
     BatchSizes,

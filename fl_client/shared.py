@@ -17,11 +17,17 @@ from typing import Any
 import torch
 
 from fl_client import task
+from fl_client.cell_measure import (
+    CellOptions,
+    MeasureContext,
+    measure_cell_with_sigma,
+    time_per_sample_s,
+)
 from fl_client.contract import CellsReport, ProfileRequest
 from fl_client.drift import DriftCheck
-from fl_client.lut import LUT, KindKey, LUTFormatError, LUTKey, lut_checksum, save_quietly
+from fl_client.lut import LUT, KindKey, LUTKey, lut_checksum, save_quietly
+from fl_client.lut_format import LUTFormatError
 from fl_client.node_context import RoundCost, node_context, workload_for
-from fl_client.profiler import MeasureContext, measure_cell_with_sigma, time_per_sample_s
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +185,7 @@ def profile_cells(
                     else task.make_train_step(req.model, workload.input_shape, b)
                 )
             m, time_s, energy_j, sigma_w = measure_cell_with_sigma(
-                device, workload, b, factories[b], f, warmup_steps=req.warmup_steps, steps=req.steps
+                device, workload, b, factories[b], f, CellOptions(req.warmup_steps, req.steps)
             )
             cost.add(time_s, energy_j)
             rows.append(

@@ -22,7 +22,8 @@ from pathlib import Path
 from fl_client.devices.descriptors import DeviceSpec
 from fl_client.devices.simulated import power_w, time_per_sample_s
 from fl_client.files import set_aside, write_atomic
-from fl_client.lut import LUT, KindKey, LUTFormatError, lut_checksum
+from fl_client.lut import LUT, KindKey, lut_checksum
+from fl_client.lut_format import LUTFormatError
 from fl_client.names import UnsafeNameError, check_safe_name
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fl_client.contract import Cap, NodeDescriptor, NodeRow
-from fl_client.selector import PowerLimit
+from fl_client.power import PowerLimit
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,11 @@ import numpy.typing as npt
 
 from fl_client.balance import missed_deadline
 from fl_client.contract import TrainReport
+from fl_client.feasibility import PEAK_SIGMA_K
 from fl_client.lut import LUT
-from fl_client.selector import EQ4, PEAK_SIGMA_K, TIE_TOLERANCE, Objective, PowerLimit, choose_cell
+from fl_client.power import PowerLimit
+from fl_client.selection import Tables
+from fl_client.selector import EQ4, TIE_TOLERANCE, Objective, choose_cell
 
 #: The pace-setter's objective with the default tie rule and feasibility.
 PACE = EQ4.for_pace()
@@ -91,9 +94,7 @@ def best_round_time_s(
     t = np.asarray(time_s, dtype=np.float64)
     r_rows = [1.0] * t.shape[0] if r is None else [float(x) for x in r]
     energy = peak_w if avg_power_w is None else avg_power_w
-    at = choose_cell(
-        t, peak_w, energy, r_rows, limit, peak_sigma_w=peak_sigma_w, objective=objective
-    )
+    at = choose_cell(Tables(t, peak_w, energy, peak_sigma_w), r_rows, limit, objective=objective)
     if at is None:
         return math.inf
     return float(t[at]) * float(samples) * float(calibration)

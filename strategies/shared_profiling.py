@@ -30,9 +30,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fl_client.contract import Cap, CellsReport, NodeDescriptor
-from fl_client.lut import LUT, KindKey, median_cell
+from fl_client.feasibility import robust_peak_w
+from fl_client.lut import LUT, KindKey
+from fl_client.lut_cells import median_cell
 from fl_client.lut_fit import LUTFit, PlanOptions, fit_lut, next_cell, seed_cells
-from fl_client.selector import PowerLimit, robust_peak_w
+from fl_client.power import PowerLimit
 
 #: A cell to measure, as (batch size, GPU frequency in MHz).
 Cell = tuple[int, float]
@@ -77,7 +79,7 @@ class KindProfile:
 
     def tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Time per sample, peak and average power and σ of the per-step peaks, NaN where
-        not measured; where several nodes measured a cell, ``lut.median_cell`` of them."""
+        not measured; where several nodes measured a cell, ``lut_cells.median_cell`` of them."""
         b, f = self.kind.batch_sizes, self.kind.freqs_mhz
         out = [np.full((len(b), len(f)), np.nan) for _ in range(4)]
         for (bb, ff), values in self.measured.items():

@@ -163,7 +163,7 @@ class SensorSpec:
 
     The profiler measures a cell until its steps cover ``min_window_s`` of device time and
     the meter holds ``min_power_samples`` power samples (then until time and power settle,
-    ``fl_client.profiler.CellWindow``). ``update_period_s`` is how often the sensor's
+    ``fl_client.cell_measure.CellWindow``). ``update_period_s`` is how often the sensor's
     reading changes (0: every reading is new, as on an emulated clock): samples taken
     faster repeat a reading, so a backend sets ``min_window_s`` to at least
     ``min_power_samples`` update periods (``fl_client.devices.sensors``, where each

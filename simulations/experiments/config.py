@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fl_client import selector
 from fl_client.devices import key_hint
 from fl_client.names import UnsafeNameError, check_safe_name
 from fl_client.power import PowerLimit
+from fl_client.selector_inputs import validate_batch_sizes
 from fl_client.settings import fleet_path, tomllib
 from fl_client.shipped import shipped_file, shipped_names
 
@@ -180,7 +180,7 @@ class Fields:
 
     def batch_sizes(self, key: str = "batch-sizes") -> tuple[int, ...]:
         try:
-            return tuple(selector.validate_batch_sizes(self.m[key]))
+            return tuple(validate_batch_sizes(self.m[key]))
         except ValueError as exc:
             raise ExperimentConfigError(f"{self.where}: {exc}") from None
 

@@ -4,7 +4,7 @@
 A node's *best round time* is the round plan's (``strategies.round_plan.best_round_time_s``):
 its round's training samples × the least time per sample over the (b, f) cells feasible
 under its cap with its margin, judged as the nodes judge a profiled LUT (robust peak =
-peak + ``peak-sigma-k`` × σ < P_max · (1 − cap-margin), ``selector.feasible_cells``). Here
+peak + ``peak-sigma-k`` × σ < P_max · (1 − cap-margin), ``feasibility.feasible_cells``). Here
 the LUT is the twin's noiseless model (``fl_client.devices.simulated``) and σ of a cell's
 per-step peaks is the twin's sensor noise (``power-noise`` × peak), what a profiled cell
 of the twin would show. It is the cell the node that sets the pace takes (its fastest),
@@ -33,7 +33,8 @@ import numpy as np
 
 from fl_client.devices import simulated as sim
 from fl_client.devices.descriptors import load_device_spec
-from fl_client.selector import PowerLimit, feasible_cells
+from fl_client.feasibility import feasible_cells
+from fl_client.power import PowerLimit
 from fl_client.settings import load_fleet
 from fl_client.settings_table import RUN
 from fl_client.shipped import shipped_names

@@ -21,6 +21,7 @@ import numpy as np
 from fl_client import selector
 from fl_client.contract import Cap
 from fl_client.r_estimation import r_from_samples
+from fl_client.selection import InfeasibleCapError, Tables
 from simulations.experiments import report_kit as kit
 from simulations.experiments.records import write_json
 from simulations.experiments.report_kit import Doc, Output, ReportError
@@ -61,12 +62,12 @@ class Grid:
             ),
         )
 
-    def rows(self, sizes: list[int]) -> selector.Tables:
+    def rows(self, sizes: list[int]) -> Tables:
         """The rows of ``sizes`` as the node's selector reads them: time, peak and average
         power and σ of the per-step peaks (the robust feasibility of ``peak-sigma-k``)."""
         idx = [self.batch_sizes.index(b) for b in sizes]
         sigma = None if self.peak_sigma_w is None else self.peak_sigma_w[idx]
-        return selector.Tables(
+        return Tables(
             self.time_per_sample_s[idx], self.peak_power_w[idx], self.avg_power_w[idx], sigma
         )
 
@@ -78,7 +79,7 @@ class Grid:
 
 def choose(method: str, grid: Grid, cap: object, n_proxy: Samples) -> tuple[int, float]:
     """(b, f) of ``method`` under ``cap`` given the proxy's samples to target (the
-    target's, for the oracle). Raises ValueError (incl. ``selector.InfeasibleCapError``)
+    target's, for the oracle). Raises ValueError (incl. ``InfeasibleCapError``)
     when it has none."""
     sizes = grid.batch_sizes
     if method in ("b1", "b2"):
@@ -88,9 +89,8 @@ def choose(method: str, grid: Grid, cap: object, n_proxy: Samples) -> tuple[int,
         bs, r = (sizes, None) if method == "b1" else r_from_samples(n_proxy, sizes)
         if not bs:
             raise ValueError("no batch size reached the proxy's accuracy target")
-        sel = selector.select(
-            method, batch_sizes=bs, freqs_mhz=grid.freqs_mhz, r=r, b1_freq_cap_mhz=f_cap
-        )
+        how = selector.Method(method, b1_freq_cap_mhz=f_cap)
+        sel = selector.select(how, batch_sizes=bs, freqs_mhz=grid.freqs_mhz, r=r)
         return sel.batch_size, sel.freq_mhz
     bs, r = r_from_samples(n_proxy, sizes)
     if not bs:
@@ -101,7 +101,7 @@ def choose(method: str, grid: Grid, cap: object, n_proxy: Samples) -> tuple[int,
         freqs_mhz=grid.freqs_mhz,
         tables=grid.rows(bs),
         r=r,
-        p_max_w=kit.cap_of(cap).watts,
+        limit=kit.cap_of(cap).watts,
     )
     return sel.batch_size, sel.freq_mhz
 
@@ -166,7 +166,7 @@ def _matrix_cell(
             continue
         try:
             b, f = choose("power-aware", case.grid, case.cap, n_p)
-        except selector.InfeasibleCapError:
+        except InfeasibleCapError:
             notes.add("infeasible")
             continue
         except ValueError:

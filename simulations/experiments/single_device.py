@@ -46,8 +46,10 @@ from fl_client import image_data, selector, task
 from fl_client.devices import open_device
 from fl_client.devices.descriptors import DeviceSpec, load_device_spec
 from fl_client.node import workload_for
-from fl_client.profiler import profile
+from fl_client.power import PowerLimit
+from fl_client.profiler import ProfileOptions, profile
 from fl_client.r_estimation import r_from_samples
+from fl_client.selection import Selection
 from simulations.experiments import single_device_report
 from simulations.experiments.config import ExperimentConfigError
 from simulations.experiments.datasets import StudyData, study_data
@@ -301,11 +303,13 @@ def _profile(cfg: SingleDeviceConfig, c: CellSpec, workload: Workload, sizes: li
             workload,
             sizes,
             lambda b: task.make_train_step(c.model, task.IMAGE_SHAPE, b, seed=c.seed),
-            p_max_w=c.cap_w,
-            warmup_steps=cfg.profile_warmup_steps,
-            steps=cfg.profile_steps,
-            progress=False,
-            uncapped=cfg.profile_uncapped,
+            ProfileOptions(
+                PowerLimit.of(c.cap_w),
+                warmup_steps=cfg.profile_warmup_steps,
+                steps=cfg.profile_steps,
+                progress=False,
+                uncapped=cfg.profile_uncapped,
+            ),
         )
     finally:
         device.close()
@@ -313,7 +317,7 @@ def _profile(cfg: SingleDeviceConfig, c: CellSpec, workload: Workload, sizes: li
 
 def _select(
     c: CellSpec, board: Board, samples: Samples, method: str
-) -> tuple[selector.Selection, dict[str, Any]]:
+) -> tuple[Selection, dict[str, Any]]:
     """The (b, f) of ``method`` in this cell and what the record adds for it. Raises
     ValueError (incl. InfeasibleCapError, B1 without a safe band) when it has none."""
     f_cap = None if method in LUT_METHODS else board.spec.b1_freq_cap_mhz(c.cap_w)
@@ -325,9 +329,8 @@ def _select(
         raise ValueError(NOT_REACHED[method])
     if f_cap is not None:
         freqs = [float(f) for f in board.spec.gpu_freqs_mhz]
-        sel = selector.select(
-            method, batch_sizes=batch_sizes, freqs_mhz=freqs, r=r, b1_freq_cap_mhz=f_cap
-        )
+        how = selector.Method(method, b1_freq_cap_mhz=f_cap)
+        sel = selector.select(how, batch_sizes=batch_sizes, freqs_mhz=freqs, r=r)
         return sel, {}
     lut = board.lut
     assert lut is not None
@@ -337,7 +340,7 @@ def _select(
         freqs_mhz=list(lut.freqs_mhz),
         tables=lut_rows(lut, batch_sizes),
         r=r,
-        p_max_w=math.inf if c.cap_w is None else c.cap_w,
+        limit=math.inf if c.cap_w is None else c.cap_w,
     )
     extra = {
         "profile-time-s": lut.profile_time_s,

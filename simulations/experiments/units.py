@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch.utils.data import TensorDataset
 
-from fl_client import r_estimation, selector, task
+from fl_client import r_estimation, task
 from fl_client.devices import open_device
 from fl_client.devices.descriptors import load_device_spec
 from fl_client.node import max_batch_size, workload_for
-from fl_client.profiler import profile
+from fl_client.profiler import ProfileOptions, profile
 from fl_client.r_estimation import samples_to_target
+from fl_client.selection import Tables
 from simulations.experiments.config import ExperimentConfigError
 from simulations.experiments.progress import Progress
 from simulations.experiments.records import digest, read_record, write_json
@@ -255,18 +256,18 @@ def lut_dict(lut: LUT) -> dict[str, Any]:
             [None if math.isnan(x) else x for x in row] for row in lut.peak_sigma_w.tolist()
         ],
         "grid": lut.grid,
-        "p-max-w": lut.p_max_w,
+        "p-max-w": lut.limit.cap_w,
         "profile-time-s": lut.profile_time_s,
         "profile-energy-j": lut.profile_energy_j,
         "cells-profiled": lut.cells_profiled,
     }
 
 
-def lut_rows(lut: LUT, keep: Sequence[int]) -> selector.Tables:
+def lut_rows(lut: LUT, keep: Sequence[int]) -> Tables:
     """The rows of the batch sizes ``keep`` as the node's selector reads them: time, peak and
     average power, σ of the per-step peaks and the knob."""
     idx = [list(lut.batch_sizes).index(b) for b in keep]
-    return selector.Tables(
+    return Tables(
         lut.time_per_sample_s[idx],
         lut.peak_power_w[idx],
         lut.avg_power_w[idx],
@@ -287,11 +288,7 @@ def profile_full_grid(
             workload_for(model),
             list(batch_sizes),
             lambda b: task.make_train_step(model, shape, b, seed=0),
-            p_max_w=None,
-            warmup_steps=warmup_steps,
-            steps=steps,
-            progress=False,
-            uncapped="full",
+            ProfileOptions(warmup_steps=warmup_steps, steps=steps, progress=False),
         )
     finally:
         device.close()

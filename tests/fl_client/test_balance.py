@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from fl_client import balance, selector
+from fl_client import balance
 from fl_client.balance import BALANCE_MODES, Mode, Slack, energy_saved_j
 from fl_client.node import train_node
+from fl_client.selection import Selection
 from fl_client.settings import RunSettings, SettingsError
 from tests.fl_client.test_node import NODE, R_FOR_B64, initial_state, run_config, train_config
 
@@ -61,8 +62,8 @@ def test_method_md_gives_each_modes_doc_line() -> None:
     assert balance.modes_doc().count("; ") >= len(BALANCE_MODES) - 1
 
 
-def _cell(time_ms: float, energy_mj: float, b: int = 32) -> selector.Selection:
-    return selector.Selection(
+def _cell(time_ms: float, energy_mj: float, b: int = 32) -> Selection:
+    return Selection(
         method="power-aware",
         batch_size=b,
         freq_mhz=460.8,
@@ -98,8 +99,8 @@ def test_the_built_in_modes_spend_slack_as_their_docs_say() -> None:
 
 
 def test_energy_saved_counts_the_idle_wait_the_fastest_cell_would_have_had() -> None:
-    def cell(time_ms: float, energy_mj: float) -> selector.Selection:
-        return selector.Selection(
+    def cell(time_ms: float, energy_mj: float) -> Selection:
+        return Selection(
             method="power-aware",
             batch_size=32,
             freq_mhz=460.8,

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fl_client import cli_tools, lut_text, profiler, task
+from fl_client import cell_measure, cli_tools, lut_text, profiler, task
 from fl_client.contract import Cap
 from fl_client.devices import jetson_sysfs, safety
 from fl_client.devices.base import GPU_POWER_LIMIT_W
@@ -25,7 +25,9 @@ from fl_client.devices.descriptors import load_device_spec
 from fl_client.devices.replay import ReplayDevice
 from fl_client.devices.sampler import PowerMeasurement
 from fl_client.lut import LUT
-from fl_client.selector import Objective, PowerLimit, Tables, select_eq4
+from fl_client.power import PowerLimit
+from fl_client.selection import Tables
+from fl_client.selector import Method, Objective, select_eq4
 from fl_client.settings import RunSettings
 from simulations.cli import build_parser, main
 from tests.fl_client.devices.conftest import FakeGpu, make_fake_pynvml
@@ -62,7 +64,7 @@ def no_settling(monkeypatch: pytest.MonkeyPatch) -> None:
             window(self, device), settle_tolerance=math.inf, max_time_rse=math.inf
         ),
     )
-    monkeypatch.setattr(profiler, "STUCK_MIN_S", math.inf)
+    monkeypatch.setattr(cell_measure, "STUCK_MIN_S", math.inf)
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -125,7 +127,7 @@ def test_profile_on_the_twin_writes_and_prints_the_lut(
     lut = LUT.load(out_path)
     assert lut.device_kind == "jetson-nano" and lut.backend == "simulated"
     assert lut.batch_sizes == (4, 8) and lut.freqs_mhz == pytest.approx(NANO_MHZ)
-    assert lut.grid == "full" and lut.p_max_w is None
+    assert lut.grid == "full" and lut.limit.cap_w is None
     [cached] = list(cache.glob("lut_*.json"))
     assert LUT.load(cached).to_json() == lut.to_json()
     assert str(cached) in out and str(out_path) in out and "(profiled)" in out
@@ -177,7 +179,9 @@ def test_profile_on_the_twin_writes_and_prints_the_lut(
         capsys,
     )
     exact = Objective(peak_sigma_k=0.0, tie_tolerance=0.0)
-    expected = select_eq4(tables, [4, 8], lut.freqs_mhz, [1, 0.6], 2.5, objective=exact)
+    expected = select_eq4(
+        tables, [4, 8], lut.freqs_mhz, [1, 0.6], 2.5, method=Method(objective=exact)
+    )
     assert json.loads(out)["gpu-freq-mhz"] == expected.freq_mhz
     # Eq. 4 under the default cap margin: the cap less 5%
     code, out, _ = run(select, capsys)
@@ -234,7 +238,7 @@ def test_profile_efficient_mode_marks_the_cap(
     # the LUT holds the bare cap and the margin
     [cached] = list(tmp_path.glob("lut_*.json"))
     lut = LUT.load(cached)
-    assert (lut.p_max_w, lut.cap_margin) == (3.0, float(margin))
+    assert (lut.limit.cap_w, lut.limit.cap_margin) == (3.0, float(margin))
 
 
 def test_a_nodes_own_cached_lut_serves_select_with_the_same_cap(
@@ -251,7 +255,7 @@ def test_a_nodes_own_cached_lut_serves_select_with_the_same_cap(
     )
     (node_file,) = (tmp_path / "cache" / "nodes").rglob("lut_*pmax5.0w-margin0.05*.json")
     lut = LUT.load(node_file)
-    assert (lut.p_max_w, lut.cap_margin) == (5.0, 0.05) and report.cap_margin == 0.05
+    assert (lut.limit.cap_w, lut.limit.cap_margin) == (5.0, 0.05) and report.cap_margin == 0.05
     r = ",".join(f"{x:g}" for x in train_config()["r"])
     argv = ["select", "--lut", str(node_file), "--r", r]
     code, out, err = run([*argv, "--p-max-w", "5", "--json"], capsys)
@@ -410,8 +414,7 @@ def small_lut(p_max_w: float | None = None, cap_margin: float = 0.0) -> LUT:
         time_per_sample_s=time_s,
         peak_power_w=peak_w,
         avg_power_w=peak_w * 0.9,
-        p_max_w=p_max_w,
-        cap_margin=cap_margin,
+        limit=PowerLimit(p_max_w, cap_margin),  # type: ignore[arg-type]
     )
 
 

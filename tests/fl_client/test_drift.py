@@ -11,16 +11,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fl_client.cell_measure import MeasureContext
 from fl_client.devices import Measurement
 from fl_client.drift import check_drift, trained_time_deviation
-from fl_client.lut import LUT, cell_tables, load_cached
+from fl_client.lut import LUT, load_cached
+from fl_client.lut_cells import cell_tables
 from fl_client.node import train_node
-from fl_client.profiler import (
-    MeasureContext,
-    ProfileOptions,
-    load_or_profile,
-    profile,
-)
+from fl_client.power import PowerLimit
+from fl_client.profiler import ProfileOptions, load_or_profile, profile
 from tests.fl_client.test_node import (
     NODE,
     R_FOR_B64,
@@ -41,9 +39,7 @@ def _cached_lut(cache: Path) -> LUT:
         B6,
         CountingSteps(),
         cache,
-        p_max_w=CAP_W,
-        cap_margin=MARGIN,
-        progress=False,
+        ProfileOptions(PowerLimit(CAP_W, MARGIN), progress=False),
     )
     assert not hit
     return lut
@@ -81,12 +77,16 @@ def test_a_drifted_board_re_profiles_the_row_and_scales_the_others(tmp_path: Pat
     assert check.reprofiled
     new = check.lut
     # the key is kept: the same cap and margin, written over the cached file
-    assert (new.p_max_w, new.cap_margin, new.grid) == (CAP_W, MARGIN, "efficient")
+    assert (new.limit.cap_w, new.limit.cap_margin, new.grid) == (CAP_W, MARGIN, "efficient")
     cached = load_cached(path, lut.key)
     assert cached is not None and cached.to_json() == new.to_json()
     # b=32's row is measured again, on the hot board, up to the cap less its margin
     row = profile(
-        hot, WORKLOAD, [32], CountingSteps(), p_max_w=CAP_W, cap_margin=MARGIN, progress=False
+        hot,
+        WORKLOAD,
+        [32],
+        CountingSteps(),
+        ProfileOptions(PowerLimit(CAP_W, MARGIN), progress=False),
     )
     measured = ~np.isnan(row.peak_power_w[0])
     np.testing.assert_allclose(new.peak_power_w[i, measured], row.peak_power_w[0, measured])
@@ -115,9 +115,9 @@ def test_a_row_that_shares_no_cell_with_the_lut_scales_the_others_by_the_check(
     tables: dict[str, Any] = {
         name: np.where(keep, table, np.nan) for name, table in cell_tables(full).items()
     }
-    sparse = dataclasses.replace(full, grid="shared", p_max_w=None, cap_margin=0.0, **tables)
+    sparse = dataclasses.replace(full, grid="shared", limit=PowerLimit(), **tables)
     hot = FakeDevice(a_w=5.0)  # +4 W: b = 32's walk under the cap stops below f
-    reprofile = ProfileOptions(p_max_w=CAP_W, cap_margin=MARGIN, progress=False)
+    reprofile = ProfileOptions(PowerLimit(CAP_W, MARGIN), progress=False)
     ctx = MeasureContext(hot, WORKLOAD, CountingSteps(), tmp_path)
     check = check_drift(ctx, sparse, (32, f), 0.15, reprofile)
     assert check.reprofiled

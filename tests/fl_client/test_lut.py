@@ -1,5 +1,5 @@
-"""fl_client.lut: the LUT file format (strict JSON, v1 files), the cache key and files,
-merging and scaling of measured cells."""
+"""fl_client.lut and its format (fl_client.lut_format): strict JSON, v1 files, the cap read
+into one PowerLimit, the cache key and files, how each cell was measured."""
 
 from __future__ import annotations
 
@@ -15,22 +15,13 @@ import numpy as np
 import pytest
 
 from fl_client.devices.base import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W, Workload
-from fl_client.lut import (
-    CELL_TABLES,
-    LUT,
-    LUT_VERSION,
-    LUTFormatError,
-    LUTKey,
-    load_cached,
-    lut_checksum,
-    median_cell,
-    merge_cells,
-    replace_rows,
-    save_quietly,
-    scale_cells,
-)
-from fl_client.profiler import load_or_profile, profile
-from fl_client.selector import Tables, select_eq4
+from fl_client.lut import LUT, LUTKey, load_cached, lut_checksum, save_quietly
+from fl_client.lut_cells import merge_cells
+from fl_client.lut_format import CELL_TABLES, LUT_VERSION, LUTFormatError
+from fl_client.power import PowerLimit
+from fl_client.profiler import ProfileOptions, load_or_profile, profile
+from fl_client.selection import Tables
+from fl_client.selector import select_eq4
 from tests.fl_client.test_profiler import (
     B6,
     NANO_FREQS_MHZ,
@@ -40,9 +31,14 @@ from tests.fl_client.test_profiler import (
 )
 
 
+def _options(p_max_w: Any = None, cap_margin: float = 0.0, **kw: Any) -> ProfileOptions:
+    """Profiling options from the flat keywords the CLI and run settings give."""
+    return ProfileOptions(PowerLimit(p_max_w, cap_margin), **kw)
+
+
 def _profiled(p_max_w: float | None = None, **kw: Any) -> LUT:
     return profile(
-        FakeDevice(), WORKLOAD, B6, CountingSteps(), p_max_w=p_max_w, progress=False, **kw
+        FakeDevice(), WORKLOAD, B6, CountingSteps(), _options(p_max_w, progress=False, **kw)
     )
 
 
@@ -68,15 +64,14 @@ def _row_lut(
         time_per_sample_s=np.array([time_row], dtype=float),
         peak_power_w=np.array([peak_row], dtype=float),
         avg_power_w=np.array([avg_row], dtype=float),
-        p_max_w=cap,
+        limit=PowerLimit.of(cap) if not cap_margin else PowerLimit(cap, cap_margin),  # type: ignore[arg-type]
         grid=grid,
-        cap_margin=cap_margin,
     )
 
 
 def _lut_fields(lut: LUT) -> dict[str, Any]:
     names = ("device_kind", "backend", "model_name", "input_shape", "batch_sizes", "freqs_mhz")
-    tables = ("time_per_sample_s", "peak_power_w", "avg_power_w", "p_max_w", "grid")
+    tables = ("time_per_sample_s", "peak_power_w", "avg_power_w", "limit", "grid")
     return {name: getattr(lut, name) for name in names + tables}
 
 
@@ -101,8 +96,7 @@ def test_json_round_trip_keeps_nan_cells_and_metadata(p_max_w: float | None, mar
         "input_shape",
         "batch_sizes",
         "freqs_mhz",
-        "p_max_w",
-        "cap_margin",
+        "limit",
         "profile_time_s",
         "profile_energy_j",
         "created_utc",
@@ -182,7 +176,7 @@ def test_a_version_1_file_reads_as_its_cap_with_margin_0() -> None:
     del rec["cap-margin"], rec["peak-sigma-w"]
     _drop_cell_tables(rec)
     old = LUT.from_json(json.dumps(rec))
-    assert (old.p_max_w, old.cap_margin, old.grid) == (4.75, 0.0, "efficient")
+    assert (old.limit.cap_w, old.limit.cap_margin, old.grid) == (4.75, 0.0, "efficient")
     assert old.limit.limit_w == 4.75
     # written again, it is a version 2 file saying the same
     again = json.loads(old.to_json())
@@ -241,14 +235,17 @@ def test_a_lut_keeps_its_bare_cap_and_margin_apart() -> None:
         cap=5.0,
         cap_margin=0.05,
     )
-    assert lut.p_max_w == 5.0 and lut.cap_margin == 0.05
+    assert lut.limit.cap_w == 5.0 and lut.limit.cap_margin == 0.05
     assert lut.limit.limit_w == pytest.approx(4.75)
     full = _row_lut([4.0, 2.0, 1.5, 1.0], [2, 3, 4, 5], [2, 3, 4, 5])
     assert not full.limit.capped and full.grid == "full"
+    # a file's margin without a cap is refused where the file is read
+    rec = json.loads(full.to_json())
+    rec["cap-margin"] = 0.05
     with pytest.raises(LUTFormatError, match="cap-margin: must be in"):
-        _row_lut([4.0, 2.0, 1.5, 1.0], [2, 3, 4, 5], [2, 3, 4, 5], cap_margin=0.05)
+        LUT.from_json(json.dumps(rec))
     with pytest.raises(LUTFormatError, match="on-demand LUT is made without a cap"):
-        LUT(**{**_lut_fields(full), "p_max_w": 5.0, "grid": "on-demand"})
+        LUT(**{**_lut_fields(full), "limit": PowerLimit(5.0), "grid": "on-demand"})
 
 
 # --------------------------------------------------------------------------- cache key
@@ -264,8 +261,7 @@ def test_cache_keys_differ_by_device_backend_workload_batch_sizes_cap_margin_and
             "workload": WORKLOAD,
             "batch_sizes": tuple(B6),
             "freqs_mhz": NANO_FREQS_MHZ,
-            "p_max_w": None,
-            "cap_margin": 0.0,
+            "limit": PowerLimit(),
             "grid": "full",
         }
         return LUTKey(**{**fields, **over}).path(tmp_path)
@@ -276,9 +272,9 @@ def test_cache_keys_differ_by_device_backend_workload_batch_sizes_cap_margin_and
         path(backend="jetson"),
         path(workload=Workload("cnn", (3, 32, 32), 1e6)),
         path(batch_sizes=tuple(B6[:-1])),
-        path(p_max_w=5.0, grid="efficient"),
-        path(p_max_w=5.0, cap_margin=0.05, grid="efficient"),
-        path(p_max_w=4.75, grid="efficient"),
+        path(limit=PowerLimit(5.0), grid="efficient"),
+        path(limit=PowerLimit(5.0, 0.05), grid="efficient"),
+        path(limit=PowerLimit(4.75), grid="efficient"),
         path(grid="highest"),
         path(grid="on-demand"),
         path(knob=GPU_POWER_LIMIT_W),  # an NVML GPU's LUT over power limits: another file
@@ -294,12 +290,12 @@ def test_cache_keys_differ_by_device_backend_workload_batch_sizes_cap_margin_and
 
 def test_key_of_a_device_and_its_lut_agree() -> None:
     dev = FakeDevice()
-    key = LUTKey.of(dev, WORKLOAD, B6, p_max_w=3.5, cap_margin=0.05, grid="efficient")
+    key = LUTKey.of(dev, WORKLOAD, B6, limit=PowerLimit(3.5, 0.05), grid="efficient")
     assert (key.device_kind, key.backend, key.freqs_mhz) == ("fake-nano", "fake", NANO_FREQS_MHZ)
     lut = _profiled(3.5, cap_margin=0.05)
     assert key.mismatch(lut) is None
     # a key without a cap has no margin, whatever was passed
-    assert LUTKey.of(dev, WORKLOAD, B6, cap_margin=0.05).cap_margin == 0.0
+    assert LUTKey.of(dev, WORKLOAD, B6, limit=PowerLimit(None, 0.05)).limit.cap_margin == 0.0  # type: ignore[arg-type]
     assert LUTKey.of(dev, WORKLOAD, B6).mismatch(_profiled()) is None
 
 
@@ -312,13 +308,13 @@ def test_key_of_a_device_and_its_lut_agree() -> None:
         ({"workload": Workload("cnn", (3, 8, 8), 1e6)}, "input-shape is (1, 8, 8)"),
         ({"batch_sizes": (4, 8)}, "batch-sizes is (4, 8, 16, 32, 64, 128)"),
         ({"freqs_mhz": NANO_FREQS_MHZ[:-1]}, "freqs-mhz is"),
-        ({"p_max_w": 4.0}, "p-max-w is 3.5, expected 4.0"),
-        ({"cap_margin": 0.1}, "cap-margin is 0.05, expected 0.1"),
+        ({"limit": PowerLimit(4.0, 0.05)}, "p-max-w is 3.5, expected 4.0"),
+        ({"limit": PowerLimit(3.5, 0.1)}, "cap-margin is 0.05, expected 0.1"),
         ({"grid": "full"}, "grid is 'efficient', expected 'full'"),
     ],
 )
 def test_mismatch_names_what_differs(over: dict[str, Any], reason: str) -> None:
-    key = LUTKey.of(FakeDevice(), WORKLOAD, B6, p_max_w=3.5, cap_margin=0.05, grid="efficient")
+    key = LUTKey.of(FakeDevice(), WORKLOAD, B6, limit=PowerLimit(3.5, 0.05), grid="efficient")
     other = dataclasses.replace(key, **over)
     got = other.mismatch(_profiled(3.5, cap_margin=0.05))
     assert got is not None and got.startswith(reason)
@@ -339,7 +335,7 @@ def test_load_cached_answers_only_a_valid_fitting_file(
     cached = load_cached(path, key)
     assert cached is not None and cached.to_json() == lut.to_json()
     # the same file asked for under another margin does not fit: set aside
-    wrong = dataclasses.replace(key, cap_margin=0.1)
+    wrong = dataclasses.replace(key, limit=PowerLimit(3.5, 0.1))
     with caplog.at_level(logging.WARNING, logger="fl_client.lut"):
         assert load_cached(path, wrong) is None
     assert "cap-margin is 0.05, expected 0.1" in caplog.text
@@ -347,7 +343,7 @@ def test_load_cached_answers_only_a_valid_fitting_file(
 
 
 def _cached(folder: Path, device: FakeDevice, steps: CountingSteps) -> tuple[LUT, bool]:
-    return load_or_profile(device, WORKLOAD, B6, steps, folder, progress=False)
+    return load_or_profile(device, WORKLOAD, B6, steps, folder, ProfileOptions(progress=False))
 
 
 def test_corrupt_cache_is_set_aside_and_reprofiled(
@@ -436,115 +432,6 @@ def test_save_is_atomic_and_save_quietly_only_warns(
     assert LUT.load(tmp_path / "quiet.json").to_json() == lut.to_json()
 
 
-# --------------------------------------------------------------------------- merge, scale
-
-
-def test_merge_cells_fills_or_overwrites() -> None:
-    nan = math.nan
-    base = _row_lut([4.0, 2.0, nan, nan], [2.5, 3.5, nan, nan], [2, 3, nan, nan], cap=4.0)
-    extra = _row_lut([5.0, 2.5, 1.5, nan], [2.6, 3.6, 5.5, nan], [2, 3, 5, nan], cap=6.0)
-    filled = merge_cells(base, extra, overwrite=False)
-    assert filled.time_per_sample_s[0].tolist()[:3] == [4.0, 2.0, 1.5]
-    assert filled.peak_power_w[0].tolist()[:3] == [2.5, 3.5, 5.5]
-    assert math.isnan(filled.time_per_sample_s[0, 3]) and filled.p_max_w == 4.0
-    fresh = merge_cells(base, extra, overwrite=True)
-    assert fresh.time_per_sample_s[0].tolist()[:3] == [5.0, 2.5, 1.5]
-    assert fresh.avg_power_w[0].tolist()[:3] == [2.0, 3.0, 5.0]
-    # the base keeps its cap, grid and cost; inputs are not changed
-    assert (fresh.p_max_w, fresh.grid) == (4.0, "efficient")
-    assert math.isnan(base.time_per_sample_s[0, 2])
-    other = LUT(**{**_lut_fields(base), "freqs_mhz": (1.0, 2.0, 3.0, 4.0)})
-    with pytest.raises(LUTFormatError, match="freqs-mhz"):
-        merge_cells(base, other, overwrite=True)
-
-
-def test_merge_cells_takes_one_row_into_its_place() -> None:
-    lut = _profiled()
-    row = profile(FakeDevice(a_w=2.0), WORKLOAD, [32], CountingSteps(), progress=False)
-    merged = merge_cells(lut, row, overwrite=True)
-    i = B6.index(32)
-    np.testing.assert_array_equal(merged.peak_power_w[i], row.peak_power_w[0])
-    np.testing.assert_array_equal(
-        np.delete(merged.peak_power_w, i, 0), np.delete(lut.peak_power_w, i, 0)
-    )
-    alien = profile(FakeDevice(), WORKLOAD, [24], CountingSteps(), progress=False)
-    with pytest.raises(LUTFormatError, match=r"batch-sizes: \[24\] are not rows"):
-        merge_cells(lut, alien, overwrite=True)
-
-
-def test_replace_rows_drops_what_the_new_row_did_not_measure() -> None:
-    """A re-profiled row that stopped below the old row's cells replaces the row whole: the
-    stale cells above its walk are gone, every other row is kept."""
-    lut = _profiled(p_max_w=4.0)  # every cell of b = 32 feasible on the cool fake
-    i = B6.index(32)
-    walk = profile(
-        FakeDevice(a_w=2.0), WORKLOAD, [32], CountingSteps(), progress=False, p_max_w=2.8
-    )
-    reached = ~np.isnan(walk.time_per_sample_s[0])
-    assert reached.any() and not reached.all()  # the walk stopped below the top
-    new = replace_rows(lut, walk)
-    np.testing.assert_array_equal(new.peak_power_w[i], walk.peak_power_w[0])
-    assert np.isnan(new.time_per_sample_s[i, ~reached]).all()
-    assert np.isnan(new.peak_sigma_w[i, ~reached]).all()
-    np.testing.assert_array_equal(
-        np.delete(new.time_per_sample_s, i, 0), np.delete(lut.time_per_sample_s, i, 0)
-    )
-    # merge_cells would keep the stale cells above the walk: the difference
-    stale = ~reached & ~np.isnan(lut.time_per_sample_s[i])
-    assert stale.any()
-    assert not np.isnan(merge_cells(lut, walk, overwrite=True).time_per_sample_s[i, stale]).any()
-
-
-def test_merge_cells_carries_each_cells_sigma() -> None:
-    nan = math.nan
-    base = LUT(**{**_lut_fields(_row_lut([4.0, 2.0, nan, nan], [2.5, 3.5, nan, nan],
-                                         [2, 3, nan, nan], cap=4.0)),
-                  "peak_sigma_w": np.array([[0.1, 0.2, nan, nan]])})  # fmt: skip
-    extra = LUT(**{**_lut_fields(_row_lut([5.0, 2.5, 1.5, nan], [2.6, 3.6, 5.5, nan],
-                                          [2, 3, 5, nan], cap=6.0)),
-                   "peak_sigma_w": np.array([[0.3, nan, 0.5, nan]])})  # fmt: skip
-    filled = merge_cells(base, extra, overwrite=False)
-    np.testing.assert_array_equal(filled.peak_sigma_w, [[0.1, 0.2, 0.5, nan]])
-    fresh = merge_cells(base, extra, overwrite=True)  # a cell is taken whole, σ too
-    np.testing.assert_array_equal(fresh.peak_sigma_w, [[0.3, nan, 0.5, nan]])
-    # a LUT without σ (an older file) merged with one that has it
-    plain = _row_lut([4.0, 2.0, nan, nan], [2.5, 3.5, nan, nan], [2, 3, nan, nan], cap=4.0)
-    np.testing.assert_array_equal(
-        merge_cells(plain, extra, overwrite=False).peak_sigma_w, [[nan, nan, 0.5, nan]]
-    )
-
-
-def test_median_cell_carries_the_sigma_of_the_median_peak() -> None:
-    # three nodes measured one cell: the medians, and σ of the one whose peak is the median
-    t, p, a, sigma = median_cell([(1.0, 3.0, 2.0, 0.1), (1.2, 3.4, 2.2, 0.4), (1.1, 3.2, 2.1, 0.2)])
-    assert (t, p, a, sigma) == pytest.approx((1.1, 3.2, 2.1, 0.2))
-    # two: the median peak lies between them, both as near: the larger σ
-    assert median_cell([(1.0, 3.0, 2.0, 0.1), (1.2, 3.4, 2.2, 0.4)])[3] == pytest.approx(0.4)
-    # σ not recorded (a 3-tuple, or NaN) stays not recorded unless another as near has it
-    assert math.isnan(median_cell([(1.0, 3.0, 2.0)])[3])
-    assert median_cell([(1.0, 3.0, 2.0, math.nan), (1.0, 3.0, 2.0, 0.2)])[3] == 0.2
-    with pytest.raises(ValueError, match="measurements"):
-        median_cell([])
-
-
-def test_scale_cells_scales_every_measured_cell() -> None:
-    lut = _profiled(3.5)
-    lut = LUT(**{**_lut_fields(lut), "peak_sigma_w": np.where(np.isnan(lut.time_per_sample_s),
-                                                              np.nan, 0.2)})  # fmt: skip
-    scaled = scale_cells(lut, time_factor=1.5, peak_factor=1.1, avg_factor=1.2)
-    np.testing.assert_allclose(scaled.time_per_sample_s, lut.time_per_sample_s * 1.5)
-    np.testing.assert_allclose(scaled.peak_power_w, lut.peak_power_w * 1.1)
-    np.testing.assert_allclose(scaled.avg_power_w, lut.avg_power_w * 1.2)
-    np.testing.assert_allclose(scaled.peak_sigma_w, lut.peak_sigma_w * 1.1)  # with the peak
-    np.testing.assert_array_equal(
-        np.isnan(scaled.time_per_sample_s), np.isnan(lut.time_per_sample_s)
-    )
-    assert scaled.key == lut.key
-    for bad in (0.0, -1.0, math.inf, math.nan):
-        with pytest.raises(ValueError, match="time-factor"):
-            scale_cells(lut, time_factor=bad, peak_factor=1.0, avg_factor=1.0)
-
-
 # ------------------------------------------------------------------ how cells were measured
 
 
@@ -617,19 +504,13 @@ def test_the_window_tables_are_checked(key: str, value: object, message: str) ->
         LUT.from_json(json.dumps(rec))
 
 
-def test_merge_cells_carries_how_each_cell_was_measured() -> None:
-    lut = _profiled()
-    row = profile(FakeDevice(a_w=2.0), WORKLOAD, [32], CountingSteps(), progress=False,
-                  min_power_samples=7)  # fmt: skip
-    merged = merge_cells(lut, row, overwrite=True)
-    i = B6.index(32)
-    assert (merged.power_samples[i] == 7).all() and (row.power_samples == 7).all()
-    np.testing.assert_array_equal(merged.window_s[i], row.window_s[0])
-    np.testing.assert_array_equal(np.delete(merged.power_samples, i, 0),
-                                  np.delete(lut.power_samples, i, 0))  # fmt: skip
-    # an older LUT without the tables, merged with one that has them
-    plain = LUT(**{k: v for k, v in _lut_fields(lut).items() if k not in CELL_TABLES})
-    half = merge_cells(plain, row, overwrite=True)
-    assert (half.power_samples[i] == 7).all() and np.isnan(
-        np.delete(half.power_samples, i, 0)
-    ).all()
+def test_the_tables_a_selection_reads_are_the_luts_own() -> None:
+    lut = _profiled(3.5, cap_margin=0.05)
+    tables = lut.tables
+    assert tables.knob == lut.knob
+    np.testing.assert_array_equal(tables.time_s, lut.time_per_sample_s)
+    np.testing.assert_array_equal(tables.peak_w, lut.peak_power_w)
+    np.testing.assert_array_equal(tables.avg_w, lut.avg_power_w)
+    np.testing.assert_array_equal(tables.peak_sigma_w, lut.peak_sigma_w)
+    # what the select tool and a node choose from: Eq. 4 on them
+    assert select_eq4(tables, B6, NANO_FREQS_MHZ, [1.0] * 6, lut.limit).p_max_w == 3.5

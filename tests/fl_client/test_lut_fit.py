@@ -27,7 +27,7 @@ from fl_client.lut_fit import (
     plan_cells,
     seed_cells,
 )
-from fl_client.selector import PowerLimit
+from fl_client.power import PowerLimit
 
 B6 = (4, 8, 16, 32, 64, 128)
 F12 = tuple(round(76.8 * k, 1) for k in range(1, 13))  # 76.8 … 921.6 MHz
@@ -427,6 +427,7 @@ def test_plan_input_errors() -> None:
 def test_the_plans_choice_is_the_selectors(seed: int) -> None:
     """``eq4_selector`` (what planning picks by) is the node's ``selector.select``."""
     from fl_client import selector
+    from fl_client.selection import InfeasibleCapError, Tables
 
     rng = np.random.default_rng(seed)
     truth = synthetic(noise=0.03, seed=seed)
@@ -442,11 +443,11 @@ def test_the_plans_choice_is_the_selectors(seed: int) -> None:
                 "power-aware",
                 batch_sizes=list(B6),
                 freqs_mhz=list(F12),
-                tables=selector.Tables(time_s, peak),
+                tables=Tables(time_s, peak),
                 r=r,
-                p_max_w=PowerLimit(cap, 0.05),
+                limit=PowerLimit(cap, 0.05),
             )
-        except selector.InfeasibleCapError:
+        except InfeasibleCapError:
             assert mine is None
             continue
         assert mine == (B6.index(sel.batch_size), F12.index(sel.freq_mhz))

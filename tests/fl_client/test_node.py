@@ -19,8 +19,10 @@ import torch
 
 from fl_client import selector
 from fl_client.contract import Cap, NodeDescriptor, SettingsError, TrainConfig, TrainReport
+from fl_client.feasibility import PEAK_SIGMA_K
 from fl_client.lut import LUT
 from fl_client.node import describe_node, node_context, train_node
+from fl_client.selection import Selection
 from fl_client.settings import RunSettings
 from fl_client.task import build_model
 
@@ -122,7 +124,7 @@ def test_the_selection_rule_is_two_run_settings_with_the_selectors_defaults(
 ) -> None:
     defaults = RunSettings.from_config({})
     assert (defaults.peak_sigma_k, defaults.tie_tolerance) == (
-        selector.PEAK_SIGMA_K,
+        PEAK_SIGMA_K,
         selector.TIE_TOLERANCE,
     )
     ctx = node_context(run_config(tmp_path), NODE)
@@ -141,15 +143,15 @@ def test_the_node_selects_with_the_luts_sigma_and_average_power_under_its_rule(
     seen: list[dict[str, Any]] = []
     real = selector.select
 
-    def spy(method: str, **kwargs: Any) -> selector.Selection:
-        seen.append(kwargs)
+    def spy(method: selector.Method, **kwargs: Any) -> Selection:
+        seen.append({"method": method, **kwargs})
         return real(method, **kwargs)
 
     monkeypatch.setattr(selector, "select", spy)
     run = run_config(tmp_path, **{"peak-sigma-k": 1.5, "tie-tolerance": 0.05})
     _, report = train_node(run, {**NODE, "p-max-w": 5.0}, train_config(), initial_state())
     [kwargs] = seen
-    assert kwargs["objective"] == selector.Objective(peak_sigma_k=1.5, tie_tolerance=0.05)
+    assert kwargs["method"].objective == selector.Objective(peak_sigma_k=1.5, tie_tolerance=0.05)
     (path,) = (tmp_path / "cache" / "nodes").rglob("lut_*.json")
     lut = LUT.load(path)
     tables = kwargs["tables"]
@@ -314,8 +316,8 @@ def test_cap_margin_keeps_the_profiled_peak_of_the_choice_below_the_reduced_cap(
     assert m0.p_max_w == m1.p_max_w == 4.0  # the guard still watches P_max itself
     # the LUT holds the bare cap and the margin; efficient profiling walks up to the cap
     # less the margin, and the choice stays below it
-    assert (lut0.p_max_w, lut0.cap_margin) == (4.0, 0.0)
-    assert (lut1.p_max_w, lut1.cap_margin) == (4.0, 0.1)
+    assert (lut0.limit.cap_w, lut0.limit.cap_margin) == (4.0, 0.0)
+    assert (lut1.limit.cap_w, lut1.limit.cap_margin) == (4.0, 0.1)
     assert lut1.limit.limit_w == pytest.approx(3.6)
     assert peak1_w < 3.6
     # without the margin the same node picks a point whose profiled peak is in [3.6, 4) W
@@ -333,7 +335,7 @@ def test_a_nodes_own_cap_margin_wins_over_the_run_setting(tmp_path: Path) -> Non
     )
     assert m.cap_margin == 0.1
     lut, peak_w = _profiled_peak_w(tmp_path / "cache", m)
-    assert (lut.p_max_w, lut.cap_margin) == (5.0, 0.1)
+    assert (lut.limit.cap_w, lut.limit.cap_margin) == (5.0, 0.1)
     assert lut.limit.limit_w == pytest.approx(4.5) and peak_w < 4.5
 
 

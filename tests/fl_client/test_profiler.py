@@ -1,7 +1,8 @@
 """fl_client.profiler: full and efficient profiling on a fake device, the cap margin of the
-efficient walk, ``load_or_profile`` and cells measured one at a time.
+efficient walk and ``load_or_profile``.
 
-The LUT file format, the cache files and merging are tested in ``test_lut``.
+Cells measured one at a time are tested in ``test_cell_measure``; the LUT file format, the
+cache files and merging in ``test_lut`` and ``test_lut_cells``.
 """
 
 from __future__ import annotations
@@ -19,8 +20,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fl_client.cell_measure import (
+    MAX_WINDOW_S,
+    CellOptions,
+    CellWindow,
+    measure_cell_with_sigma,
+)
 from fl_client.devices.base import (
-    EXACT_SENSOR,
     GPU_FREQ_MHZ,
     GPU_POWER_LIMIT_W,
     Device,
@@ -30,29 +36,19 @@ from fl_client.devices.base import (
     SensorSpec,
     Workload,
 )
+from fl_client.feasibility import feasible_cells, feasible_freq_index
 from fl_client.lut import LUT, LUTKey
+from fl_client.power import PowerLimit
 from fl_client.profiler import (
-    MAX_WINDOW_S,
     WALK_EXTRA_INFEASIBLE,
     WALK_STOP_IN_A_ROW,
-    CellWindow,
     ProfileOptions,
     _efficient_row,
     load_or_profile,
-    measure_cell,
-    measure_cell_with_sigma,
     profile,
-    step_time_rse,
-    time_sums_rse,
-    warmup_stable,
 )
-from fl_client.selector import (
-    PowerLimit,
-    Tables,
-    feasible_cells,
-    feasible_freq_index,
-    select_eq4,
-)
+from fl_client.selection import Tables
+from fl_client.selector import select_eq4
 
 REAL_SENSOR = SensorSpec("real", 0.0, 1, 0.1)
 NANO_FREQS_MHZ = tuple(round(76.8 * k, 1) for k in range(1, 13))  # 76.8 … 921.6
@@ -196,11 +192,20 @@ class CountingSteps:
         return step
 
 
+def _options(p_max_w: Any = None, cap_margin: float = 0.0, **kw: Any) -> ProfileOptions:
+    """Profiling options from the flat keywords the CLI and run settings give."""
+    return ProfileOptions(PowerLimit(p_max_w, cap_margin), **kw)
+
+
 def _profile(
     device: FakeDevice | None = None, p_max_w: float | str | None = None, **kw: Any
 ) -> LUT:
     return profile(
-        device or FakeDevice(), WORKLOAD, B6, CountingSteps(), p_max_w=p_max_w, progress=False, **kw
+        device or FakeDevice(),
+        WORKLOAD,
+        B6,
+        CountingSteps(),
+        _options(p_max_w, progress=False, **kw),
     )
 
 
@@ -211,9 +216,9 @@ def test_fake_device_implements_the_protocol() -> None:
 def test_full_grid_measures_every_cell_without_warmup_effects() -> None:
     dev = FakeDevice()
     steps = CountingSteps()
-    lut = profile(dev, WORKLOAD, B6, steps, warmup_steps=1, steps=3, progress=False)
-    assert lut.grid == "full" and lut.cells_profiled == 6 * 12 and lut.p_max_w is None
-    assert lut.grid == "full" and lut.cap_margin == 0.0
+    lut = profile(dev, WORKLOAD, B6, steps, ProfileOptions(warmup_steps=1, steps=3, progress=False))
+    assert lut.grid == "full" and lut.cells_profiled == 6 * 12 and lut.limit.cap_w is None
+    assert lut.grid == "full" and lut.limit.cap_margin == 0.0
     for i, b in enumerate(B6):
         for j, f in enumerate(NANO_FREQS_MHZ):
             # warm-up discarded: the cold first step leaves no trace in the tables
@@ -265,7 +270,7 @@ def test_efficient_mode_finds_the_full_grids_feasible_maxima_with_fewer_cells(
     full = _profile(FakeDevice())
     dev = FakeDevice()
     eff = _profile(dev, p_max_w=p_max_w)
-    assert eff.p_max_w == p_max_w and eff.cap_margin == 0.0 and eff.grid != "full"
+    assert eff.limit.cap_w == p_max_w and eff.limit.cap_margin == 0.0 and eff.grid != "full"
     assert eff.grid == "efficient"
     assert eff.cells_profiled < full.cells_profiled
     for i in range(len(B6)):
@@ -313,7 +318,7 @@ def test_efficient_walk_stops_below_the_cap_less_its_margin_and_stores_the_bare_
     # feasible and it goes on to 614.4 MHz (4.15 W).
     dev = FakeDevice()
     lut = _profile(dev, p_max_w=3.5, cap_margin=0.05)
-    assert lut.p_max_w == 3.5 and lut.cap_margin == 0.05  # the bare cap, and the margin
+    assert lut.limit.cap_w == 3.5 and lut.limit.cap_margin == 0.05  # the bare cap, and the margin
     assert lut.limit.limit_w == pytest.approx(3.325)
     i = B6.index(128)
     row = lut.time_per_sample_s[i]
@@ -425,7 +430,12 @@ def test_sigma_of_the_per_step_peaks_is_recorded_for_every_measured_cell() -> No
     assert np.isnan(_profile(FakeDevice(), steps=1, sizing="fixed").peak_sigma_w).all()
     # a cell measured on its own gets its σ too
     m = measure_cell_with_sigma(
-        FakeDevice(jitter_w=jitter), WORKLOAD, 8, lambda: None, 76.8, window=CellWindow.fixed(3)
+        FakeDevice(jitter_w=jitter),
+        WORKLOAD,
+        8,
+        lambda: None,
+        76.8,
+        CellOptions(window=CellWindow.fixed(3)),
     )
     assert m.peak_sigma_w == pytest.approx(0.3) and m.measurement.steps == 3
 
@@ -440,7 +450,7 @@ def test_the_walk_judges_each_cell_by_peak_plus_k_sigma() -> None:
     # k = 0: 1.3 + 0.00512·f < 3 up to 307.2 MHz (index 3); 384, 460.8 end the walk
     assert _visited(bare, 128) == [0, 1, 2, 3, 4, 5]
     with pytest.raises(ValueError, match="peak-sigma-k"):
-        ProfileOptions(p_max_w=3.0, peak_sigma_k=-1.0)
+        ProfileOptions(PowerLimit(3.0), peak_sigma_k=-1.0)
 
 
 @settings(max_examples=300, deadline=None)
@@ -493,7 +503,9 @@ def test_the_lut_names_the_devices_knob() -> None:
 
     out = io.StringIO()
     dev = PowerLimitDevice(freqs_mhz=(100.0, 150.0, 200.0))
-    lut = profile(dev, WORKLOAD, [4, 8], CountingSteps(), progress=True, progress_stream=out)
+    lut = profile(
+        dev, WORKLOAD, [4, 8], CountingSteps(), ProfileOptions(progress=True, progress_stream=out)
+    )
     assert lut.knob == GPU_POWER_LIMIT_W and LUT.from_json(lut.to_json()).knob == lut.knob
     assert "b=8 f=100 W:" in out.getvalue()
     assert _profile(FakeDevice()).knob == GPU_FREQ_MHZ
@@ -502,7 +514,7 @@ def test_the_lut_names_the_devices_knob() -> None:
 def test_restore_is_called_when_a_step_raises() -> None:
     dev = FakeDevice()
     with pytest.raises(RuntimeError, match="out of memory"):
-        profile(dev, WORKLOAD, B6, CountingSteps(fail_after=10), progress=False)
+        profile(dev, WORKLOAD, B6, CountingSteps(fail_after=10), ProfileOptions(progress=False))
     assert dev.restores == 1 and dev.freq == dev.initial_freq
 
 
@@ -513,7 +525,7 @@ def test_restore_is_called_when_the_step_factory_raises() -> None:
         raise MemoryError(f"b={b} does not fit")
 
     with pytest.raises(MemoryError):
-        profile(dev, WORKLOAD, B6, factory, progress=False)
+        profile(dev, WORKLOAD, B6, factory, ProfileOptions(progress=False))
     assert dev.restores == 1
 
 
@@ -532,19 +544,19 @@ def test_restore_is_called_when_the_step_factory_raises() -> None:
 )
 def test_bad_settings_name_the_key(settings: dict[str, Any], key: str) -> None:
     with pytest.raises(ValueError, match=key):
-        ProfileOptions(**settings)
+        _options(**settings)
     with pytest.raises(ValueError, match=key):
-        profile(FakeDevice(), WORKLOAD, B6, CountingSteps(), progress=False, **settings)
+        profile(FakeDevice(), WORKLOAD, B6, CountingSteps(), _options(progress=False, **settings))
 
 
 def test_bad_batch_sizes_name_the_key() -> None:
     with pytest.raises(ValueError, match="batch-sizes"):
-        profile(FakeDevice(), WORKLOAD, [], CountingSteps(), progress=False)
+        profile(FakeDevice(), WORKLOAD, [], CountingSteps(), ProfileOptions(progress=False))
 
 
 def test_options_object_and_keywords_are_the_same_settings() -> None:
-    opts = ProfileOptions(p_max_w="3.5", cap_margin=0.1, steps=2, progress=False)
-    assert (opts.p_max_w, opts.cap_w, opts.grid) == (3.5, 3.5, "efficient")
+    opts = _options("3.5", 0.1, steps=2, progress=False)
+    assert (opts.limit.p_max_w, opts.limit.cap_w, opts.grid) == (3.5, 3.5, "efficient")
     assert opts.limit.limit_w == pytest.approx(3.15)
     a = profile(FakeDevice(), WORKLOAD, B6, CountingSteps(), opts)
     b = profile(
@@ -552,16 +564,13 @@ def test_options_object_and_keywords_are_the_same_settings() -> None:
         WORKLOAD,
         B6,
         CountingSteps(),
-        p_max_w=3.5,
-        cap_margin=0.1,
-        steps=2,
-        progress=False,
+        ProfileOptions(PowerLimit(3.5, 0.1), steps=2, progress=False),
     )
     assert a.to_json().replace(a.created_utc, "") == b.to_json().replace(b.created_utc, "")
     # no cap, in any spelling: no margin either (there is nothing to keep it from)
     for none in (None, "none", math.inf):
-        uncapped = ProfileOptions(p_max_w=none, cap_margin=0.05)
-        assert uncapped.cap_w is None and uncapped.cap_margin == 0.0
+        uncapped = _options(none, 0.05)
+        assert uncapped.limit.cap_w is None and uncapped.limit.cap_margin == 0.0
         assert not uncapped.limit.capped and uncapped.grid == "full"
     assert ProfileOptions(uncapped="highest").grid == "highest"
 
@@ -570,7 +579,13 @@ def test_progress_plain_lines_when_not_a_tty_and_silent_when_off(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     out = io.StringIO()
-    profile(FakeDevice(), WORKLOAD, [4, 8], CountingSteps(), progress=True, progress_stream=out)
+    profile(
+        FakeDevice(),
+        WORKLOAD,
+        [4, 8],
+        CountingSteps(),
+        ProfileOptions(progress=True, progress_stream=out),
+    )
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 * 12
     assert lines[0].startswith("profile fake-nano cnn-1x8x8 (full grid) [1/24] b=8 f=76.8 MHz")
@@ -580,9 +595,7 @@ def test_progress_plain_lines_when_not_a_tty_and_silent_when_off(
         WORKLOAD,
         [4, 8],
         CountingSteps(),
-        p_max_w=3.0,
-        cap_margin=0.05,
-        progress_stream=out,
+        ProfileOptions(PowerLimit(3.0, 0.05), progress_stream=out),
     )
     assert out.getvalue().startswith("profile fake-nano cnn-1x8x8 (efficient, P_max 3 W less 5%)")
     _profile(FakeDevice(), p_max_w=3.0)
@@ -595,7 +608,9 @@ def test_rich_progress_bar_on_a_terminal() -> None:
             return True
 
     out = Terminal()
-    lut = profile(FakeDevice(), WORKLOAD, [4, 8], CountingSteps(), progress_stream=out)
+    lut = profile(
+        FakeDevice(), WORKLOAD, [4, 8], CountingSteps(), ProfileOptions(progress_stream=out)
+    )
     assert lut.grid == "full"
     assert "profile fake-nano cnn-1x8x8" in out.getvalue()
 
@@ -609,8 +624,8 @@ def test_uncapped_highest_profiles_one_cell_per_batch_size_and_matches_the_full_
     full = _profile(FakeDevice())
     dev = FakeDevice()
     steps = CountingSteps()
-    top = profile(dev, WORKLOAD, B6, steps, uncapped="highest", progress=False)
-    assert top.grid == "highest" and top.p_max_w is None and top.grid != "full"
+    top = profile(dev, WORKLOAD, B6, steps, ProfileOptions(uncapped="highest", progress=False))
+    assert top.grid == "highest" and top.limit.cap_w is None and top.grid != "full"
     assert top.cells_profiled == len(B6)
     assert steps.calls == dict.fromkeys(B6, 1 + 3)  # one cell per b: warm-up + 3 measured
     assert dev.set_calls == [NANO_FREQS_MHZ[-1]] * len(B6)
@@ -639,7 +654,7 @@ def _cached(
     **kw: Any,
 ) -> tuple[LUT, bool]:
     return load_or_profile(
-        device, WORKLOAD, B6, steps, folder, p_max_w=p_max_w, progress=False, **kw
+        device, WORKLOAD, B6, steps, folder, _options(p_max_w, progress=False, **kw)
     )
 
 
@@ -666,10 +681,10 @@ def test_full_grid_cache_serves_any_cap_but_an_efficient_one_only_its_own(tmp_pa
     assert from_cache and lut.grid == "full"
 
     lut, from_cache = _cached(tmp_path / "b", FakeDevice(), steps, p_max_w=3.0)
-    assert not from_cache and lut.p_max_w == 3.0
+    assert not from_cache and lut.limit.cap_w == 3.0
     assert _cached(tmp_path / "b", FakeDevice(), steps, p_max_w=3.0)[1]
     lut, from_cache = _cached(tmp_path / "b", FakeDevice(), steps, p_max_w=4.0)
-    assert not from_cache and lut.p_max_w == 4.0
+    assert not from_cache and lut.limit.cap_w == 4.0
     lut, from_cache = _cached(tmp_path / "b", FakeDevice(), steps)
     assert not from_cache and lut.grid == "full"
     assert len(list((tmp_path / "b").iterdir())) == 3
@@ -678,15 +693,15 @@ def test_full_grid_cache_serves_any_cap_but_an_efficient_one_only_its_own(tmp_pa
 def test_an_efficient_cache_serves_only_its_own_cap_margin(tmp_path: Path) -> None:
     steps = CountingSteps()
     lut, hit = _cached(tmp_path, FakeDevice(), steps, p_max_w=5.0, cap_margin=0.05)
-    assert not hit and (lut.p_max_w, lut.cap_margin) == (5.0, 0.05)
+    assert not hit and (lut.limit.cap_w, lut.limit.cap_margin) == (5.0, 0.05)
     lut, hit = _cached(tmp_path, FakeDevice(), steps, p_max_w=5.0, cap_margin=0.05)
-    assert hit and (lut.p_max_w, lut.cap_margin) == (5.0, 0.05)
+    assert hit and (lut.limit.cap_w, lut.limit.cap_margin) == (5.0, 0.05)
     # another margin walks to another cap: profiled and cached apart
     lut, hit = _cached(tmp_path, FakeDevice(), steps, p_max_w=5.0, cap_margin=0.1)
-    assert not hit and (lut.p_max_w, lut.cap_margin) == (5.0, 0.1)
+    assert not hit and (lut.limit.cap_w, lut.limit.cap_margin) == (5.0, 0.1)
     # nor does the bare cap 4.75 W serve 5 W less 5%, though both walk below 4.75 W
     lut, hit = _cached(tmp_path, FakeDevice(), steps, p_max_w=4.75)
-    assert not hit and (lut.p_max_w, lut.cap_margin) == (4.75, 0.0)
+    assert not hit and (lut.limit.cap_w, lut.limit.cap_margin) == (4.75, 0.0)
     assert len(list(tmp_path.glob("lut_*.json"))) == 3
     assert _cached(tmp_path, FakeDevice(), steps, p_max_w=5.0, cap_margin=0.1)[1]
 
@@ -701,7 +716,7 @@ def test_uncapped_highest_is_cached_apart_and_a_full_grid_serves_it(tmp_path: Pa
             B6,
             steps,
             tmp_path / folder,
-            ProfileOptions(p_max_w=p_max_w, uncapped=uncapped, progress=False),
+            ProfileOptions(PowerLimit.of(p_max_w), uncapped=uncapped, progress=False),
         )
 
     lut, hit = cached("a")
@@ -726,292 +741,3 @@ def test_a_cache_that_cannot_be_written_only_costs_a_warning(
         lut, hit = _cached(blocker / "cache", FakeDevice(), CountingSteps())
     assert not hit and lut.grid == "full"
     assert "could not write the LUT cache" in caplog.text
-
-
-# --------------------------------------------------------------------------- single cells
-
-
-def test_measure_cell_measures_as_profile_does_and_restores() -> None:
-    device, steps = FakeDevice(), CountingSteps()
-    m, time_s, energy_j = measure_cell(
-        device, WORKLOAD, 32, steps(32), 460.8, warmup_steps=1, steps=3
-    )
-    assert m.steps == 3 and m.samples == 3 * 32  # the warm-up is not in the measurement
-    assert m.time_s / m.samples == pytest.approx(device.time_per_sample_s(32, 460.8))
-    assert m.peak_power_w == pytest.approx(device.power_w(32, 460.8))
-    assert steps.calls[32] == 1 + 3
-    # the check's cost includes the warm-up (cold, 10× slower) and the frequency change
-    assert time_s == pytest.approx(SWITCH_S + 32 * device.time_per_sample_s(32, 460.8) * 13)
-    assert energy_j > m.energy_j
-    assert device.freq == device.initial_freq and device.restores == 1
-
-
-# --------------------------------------------------------------------------- cell windows
-
-
-class TraceMeter(AccountingMeter):
-    """Steps from ``TraceDevice``'s script: step k takes ``time_of(k)`` and reads
-    ``power_of(k)`` (None: the sensor gave no sample in that step)."""
-
-    def __init__(self, device: TraceDevice) -> None:
-        self._device = device
-        self._m = Measurement()
-
-    def step(self, batch_size: int, fn: Callable[[], object]) -> None:
-        fn()
-        d = self._device
-        k = d.steps_run
-        d.steps_run += 1
-        dt, power_w = d.time_of(k), d.power_of(k)
-        d.clock_s += dt
-        m = self._m
-        m.time_s += dt
-        m.energy_j += (power_w if power_w is not None else d.last_power_w) * dt
-        if power_w is not None:
-            d.last_power_w = power_w
-            m.power_samples_w.append(power_w)
-            m.peak_power_w = max(m.peak_power_w, power_w)
-        m.steps += 1
-        m.samples += batch_size
-
-
-class TraceDevice:
-    """One frequency, steps from a script, and a power sensor (``DeviceInfo.sensor``)."""
-
-    def __init__(
-        self,
-        time_of: Callable[[int], float],
-        power_of: Callable[[int], float | None] = lambda k: 5.0,
-        sensor: SensorSpec = EXACT_SENSOR,
-        board: SensorSpec | None = None,
-    ) -> None:
-        self.time_of, self.power_of = time_of, power_of
-        self.sensor, self.board = sensor, board
-        self.steps_run = 0
-        self.clock_s = 0.0
-        self.last_power_w = 0.0
-
-    @property
-    def info(self) -> DeviceInfo:
-        return DeviceInfo(
-            "trace", "fake", (100.0,), 1 << 30, "rail", sensor=self.sensor, board_sensor=self.board
-        )
-
-    @property
-    def gpu_freqs_mhz(self) -> tuple[float, ...]:
-        return (100.0,)
-
-    def current_gpu_freq_mhz(self) -> float:
-        return 100.0
-
-    def set_gpu_freq_mhz(self, freq_mhz: float) -> None:
-        assert freq_mhz == 100.0
-
-    def restore(self) -> None:
-        pass
-
-    def now_s(self) -> float:
-        return self.clock_s
-
-    @contextmanager
-    def measure(self, workload: Workload) -> Iterator[TraceMeter]:
-        yield TraceMeter(self)
-
-    def close(self) -> None:
-        pass
-
-
-def _cell(device: TraceDevice, **kw: Any) -> Any:
-    return measure_cell_with_sigma(device, WORKLOAD, 4, lambda: None, 100.0, warmup_steps=0, **kw)
-
-
-def test_a_slow_sensor_makes_the_cell_measure_until_its_window_and_samples() -> None:
-    # 0.1 s steps; the sensor wants 1 s and 5 samples
-    sensor = SensorSpec("slow", min_window_s=1.0, min_power_samples=5)
-    fast = _cell(TraceDevice(lambda k: 0.1, sensor=sensor))
-    assert fast.measurement.steps == 10 and fast.window_s == pytest.approx(1.0)  # the window
-    assert fast.power_samples == 10 and fast.settled
-    # ... a sensor with one reading every 4th step: 5 samples take 20 steps
-    slow = TraceDevice(lambda k: 0.1, lambda k: 5.0 if k % 4 == 3 else None, sensor=sensor)
-    cell = _cell(slow)
-    assert cell.measurement.steps == 20 and cell.power_samples == 5 and cell.settled
-    assert cell.window_s == pytest.approx(2.0) and cell.time_s == pytest.approx(2.0)
-    # the fixed count is only the lower bound; ``fixed`` measures exactly it
-    assert _cell(TraceDevice(lambda k: 0.1, sensor=sensor), steps=30).measurement.steps == 30
-    fixed = _cell(TraceDevice(lambda k: 0.1, sensor=sensor), window=CellWindow.fixed(3))
-    assert fixed.measurement.steps == 3
-    # the profiler records the samples, the window and that the cell settled
-    lut = profile(slow, WORKLOAD, [4], CountingSteps(), warmup_steps=0, progress=False)
-    assert lut.power_samples[0, 0] == 5 and lut.window_s[0, 0] == pytest.approx(2.0)
-    assert lut.settled[0, 0] == 1 and np.isnan(lut.needed_window_s).all()  # no board
-    # a window and sample minimum given in the options replace the sensor's
-    short = profile(TraceDevice(lambda k: 0.1, sensor=sensor), WORKLOAD, [4], CountingSteps(),
-                    warmup_steps=0, progress=False, min_window_s=0.5)  # fmt: skip
-    assert short.window_s[0, 0] == pytest.approx(0.5) and short.power_samples[0, 0] == 5
-
-
-def test_a_noisy_then_settled_trace_stops_at_settle() -> None:
-    # a transient (caches filling, clocks and power ramping), with noise, then steady
-    noisy = (0.3, 0.2, 0.16, 0.13, 0.115, 0.105)  # then 0.1 s per step
-    peaks = (8.0, 6.5, 6.0, 5.5, 5.2, 5.1)  # then 5 W
-
-    def trace() -> TraceDevice:
-        return TraceDevice(
-            lambda k: noisy[k] if k < len(noisy) else 0.1,
-            lambda k: peaks[k] if k < len(peaks) else 5.0,
-        )
-
-    cell = _cell(trace())
-    n = cell.measurement.steps
-    assert cell.settled and len(noisy) < n < 100  # past the noise, long before the cap
-    # settled: over the last quarter of the steps the running means moved by ≤ 2%
-    k = math.ceil(n / 4)
-    times = [noisy[i] if i < len(noisy) else 0.1 for i in range(n)]
-    assert abs(sum(times) / n - sum(times[: n - k]) / (n - k)) <= 0.02 * sum(times) / n
-    # one step fewer had not settled: it stopped at the first step that did
-    m = n - 1
-    k = math.ceil(m / 4)
-    t_prev = [noisy[i] if i < len(noisy) else 0.1 for i in range(m)]
-    p_prev = [peaks[i] if i < len(peaks) else 5.0 for i in range(m)]
-    moved = [abs(sum(v) / m - sum(v[: m - k]) / (m - k)) / (sum(v) / m) for v in (t_prev, p_prev)]
-    assert max(moved) > 0.02
-    # a steady trace stops at the fixed count; a looser tolerance stops sooner
-    assert _cell(TraceDevice(lambda k: 0.1)).measurement.steps == 3
-    assert _cell(trace(), window=CellWindow(3, settle_tolerance=0.1)).measurement.steps < n
-
-
-def test_the_hard_cap_marks_a_cell_unsettled() -> None:
-    def ramp() -> TraceDevice:  # every step 5% slower (a thermal ramp): never settles
-        return TraceDevice(lambda k: 0.01 * 1.05**k)
-
-    capped = _cell(ramp(), window=CellWindow(3, max_steps=50))
-    assert capped.measurement.steps == 50 and not capped.settled
-    by_time = _cell(ramp(), window=CellWindow(3, max_window_s=1.0))
-    assert (
-        not by_time.settled
-        and 1.0 <= by_time.window_s < 1.0 + 0.01 * 1.05**by_time.measurement.steps
-    )
-    lut = profile(ramp(), WORKLOAD, [4], CountingSteps(), warmup_steps=0, progress=False,
-                  max_steps=40)  # fmt: skip
-    assert (
-        lut.settled[0, 0] == 0
-        and int((lut.settled == 0).sum()) == 1
-        and lut.power_samples[0, 0] == 40
-    )
-    back = LUT.from_json(lut.to_json())
-    assert back.settled[0, 0] == 0 and int((back.settled == 0).sum()) == 1
-    # the caps are bounds: never below the fixed count
-    with pytest.raises(ValueError, match="max-steps: must be ≥ steps"):
-        CellWindow(10, max_steps=5)
-    assert ProfileOptions(steps=10, max_steps=5).cell_window(ramp()).max_steps == 10
-    for bad, message in (
-        ({"settle_tolerance": 0.0}, "settle-tolerance"),
-        ({"min_window_s": -1.0}, "min-window-s"),
-        ({"min_window_s": math.inf}, "min-window-s"),
-        ({"min_power_samples": 1.5}, "min-power-samples"),
-        ({"max_window_s": -1.0}, "max-window-s"),
-        ({"sizing": "adaptive"}, "sizing: unknown value"),
-    ):
-        with pytest.raises(ValueError, match=message):
-            ProfileOptions(**bad)
-
-
-def test_an_emulated_device_reports_the_window_its_real_board_needs() -> None:
-    board = SensorSpec("board", min_window_s=0.5, min_power_samples=10)
-    dev = TraceDevice(lambda k: 0.02, board=board)
-    cell = _cell(dev)
-    assert cell.measurement.steps == 3 and cell.window_s == pytest.approx(0.06)
-    assert cell.needed_window_s == pytest.approx(0.5)  # 25 steps of 20 ms
-    lut = profile(TraceDevice(lambda k: 0.02, board=board), WORKLOAD, [4], CountingSteps(),
-                  warmup_steps=0, progress=False)  # fmt: skip
-    assert lut.needed_window_s[0, 0] == pytest.approx(0.5)
-    # reported, not charged: profiling time is the emulated clock's
-    assert lut.profile_time_s == pytest.approx(0.06)
-    assert lut.board_profile_time_s == pytest.approx(0.5)
-    # a step longer than the window: the measured steps are what the board needs
-    assert _cell(TraceDevice(lambda k: 0.4, board=board)).needed_window_s == pytest.approx(1.2)
-
-
-def test_step_time_rse_by_batch_means() -> None:
-    assert step_time_rse([0.01] * 9) == pytest.approx(0.0, abs=1e-12)  # equal steps
-    assert step_time_rse([0.01]) == math.inf  # one batch: nothing to judge
-    rng = np.random.default_rng(1)
-    # independent steps (20% noise): on average σ/√n, as the plain formula says
-    rses = [
-        step_time_rse((0.01 * (1 + 0.2 * rng.standard_normal(400))).tolist()) for _ in range(50)
-    ]
-    assert float(np.mean(rses)) == pytest.approx(0.2 / math.sqrt(400), rel=0.1)
-    # blocks of 10 equal steps (as a queue that drains every 10 steps): the batches see
-    # the blocks, so the error is larger than 10 independent steps' would suggest
-    blocky = np.repeat(0.01 * (1 + 0.2 * rng.standard_normal(40)), 10).tolist()
-    assert step_time_rse(blocky) > 2 * 0.2 / math.sqrt(400)
-
-
-def test_warmup_runs_until_the_step_time_is_stable() -> None:
-    assert not warmup_stable([1.0, 0.01, 0.01, 0.01, 0.01, 0.01])
-    assert warmup_stable([1.0, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01])
-    assert not warmup_stable([0.01] * 5)  # two full blocks needed
-
-
-def test_a_real_sensor_warms_up_until_the_step_time_is_stable() -> None:
-    # a device with a real sensor (readings every 0.1 s): 5 slow first steps, then 0.1 s
-    slow_start = TraceDevice(lambda k: 1.0 if k < 5 else 0.1, sensor=REAL_SENSOR)
-    cell = measure_cell_with_sigma(
-        slow_start, WORKLOAD, 4, lambda: None, 100.0, warmup_steps=1, window=CellWindow(3)
-    )
-    assert cell.measurement.time_s / cell.measurement.steps == pytest.approx(0.1)
-    # an emulated clock (twin, replay table) models no warm-up: its asked-for steps only
-    emulated = TraceDevice(lambda k: 1.0 if k < 5 else 0.1)
-    cell = measure_cell_with_sigma(
-        emulated, WORKLOAD, 4, lambda: None, 100.0, warmup_steps=1, window=CellWindow(3)
-    )
-    assert cell.measurement.time_s / cell.measurement.steps > 0.1
-
-
-def test_the_cell_loop_reads_only_the_cheap_views_after_each_step() -> None:
-    built: list[int] = []
-
-    class Counting(AccountingMeter):
-        def __init__(self, inner: AccountingMeter) -> None:
-            self._inner = inner
-            self._m = inner._m
-
-        def step(self, batch_size: int, fn: Callable[[], object]) -> None:
-            self._inner.step(batch_size, fn)  # type: ignore[attr-defined]
-
-        @property
-        def measurement(self) -> Measurement:
-            built.append(self._m.steps)
-            return self._m
-
-    class Device(TraceDevice):
-        @contextmanager
-        def measure(self, workload: Workload) -> Iterator[Counting]:  # type: ignore[override]
-            with super().measure(workload) as meter:
-                yield Counting(meter)
-
-    # 0.01 s steps with 10% noise, a 1 s window: hundreds of steps
-    rng = np.random.default_rng(3)
-    noise = 0.01 * (1 + 0.1 * rng.standard_normal(5000))
-    window = CellWindow(3, min_window_s=1.0)
-    cell = measure_cell_with_sigma(Device(lambda k: float(noise[k])), WORKLOAD, 4, lambda: None,
-                                   100.0, warmup_steps=5, window=window)  # fmt: skip
-    assert cell.measurement.steps >= 100 and cell.settled
-    assert len(built) <= 4  # once per measured stretch (warm-up, cell), never per step
-
-
-def test_the_time_error_from_running_sums_is_the_batch_means_error() -> None:
-    """``time_sums_rse`` (judged after every step from ⌊√n⌋ + 1 running sums) is the
-    batch-means error computed from the step times themselves."""
-    rng = np.random.default_rng(5)
-    for n in (2, 3, 4, 9, 10, 17, 100, 101, 999, 5000):
-        steps = 0.01 * (1 + 0.3 * rng.standard_normal(n))
-        size = max(1, math.isqrt(n))
-        k = n // size
-        if k < 2:
-            assert time_sums_rse(np.cumsum(steps).tolist()) == math.inf
-            continue
-        means = steps[n - k * size :].reshape(k, size).mean(axis=1)
-        direct = float(np.std(means, ddof=1)) / math.sqrt(k) / float(means.mean())
-        assert time_sums_rse(np.cumsum(steps).tolist()) == pytest.approx(direct, rel=1e-9)
-        assert step_time_rse(steps.tolist()) == pytest.approx(direct, rel=1e-9)

@@ -118,7 +118,9 @@ def test_schedule_profiling_rejects_unknown_values() -> None:
 
 def _cached_caps(luts: Path) -> list[tuple[float | None, float]]:
     """(bare cap, cap margin) of every LUT cached under ``luts``, no cap last."""
-    caps = [(lut.p_max_w, lut.cap_margin) for lut in map(LUT.load, luts.rglob("lut_*.json"))]
+    caps = [
+        (lut.limit.cap_w, lut.limit.cap_margin) for lut in map(LUT.load, luts.rglob("lut_*.json"))
+    ]
     return sorted(caps, key=lambda c: (c[0] is None, c[0] or 0.0))
 
 

@@ -1,4 +1,5 @@
-"""fl_client.selector: Eq. 4 against brute force, the baselines, and input errors."""
+"""fl_client.selector: Eq. 4 against brute force, the dispatch, choose_cell, the objective
+and the round context, and input errors."""
 
 from __future__ import annotations
 
@@ -13,22 +14,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from fl_client import selector
-from fl_client.selector import (
-    METHODS,
-    InfeasibleCapError,
-    Objective,
-    PowerLimit,
-    Tables,
-    choose_cell,
-    feasible_freq_index,
-    select,
-    select_b1,
-    select_b2,
-    select_eq4,
-    select_fixed,
-    validate_batch_sizes,
-    validate_r,
-)
+from fl_client.power import PowerLimit
+from fl_client.selection import InfeasibleCapError, Tables
+from fl_client.selector import METHODS, Method, Objective, choose_cell, select, select_eq4
 
 NANO_FREQS_MHZ = [round(76.8 * k, 1) for k in range(1, 13)]  # 76.8 … 921.6
 B6 = [4, 8, 16, 32, 64, 128]
@@ -54,19 +42,6 @@ def brute_force_eq4_literal(time_s, power_w, batch_sizes, freqs_mhz, r, p_max_w)
         if best is None or key < best[0]:
             best = (key, b, freqs_mhz[j])
     return None if best is None else best[1:]
-
-
-def brute_force_prefix_index(row, p_max_w):
-    """The documented rule, by a plain scan: last measured j before the running max hits P_max."""
-    running, answer = -math.inf, None
-    for j, p in enumerate(row):
-        if math.isnan(p):
-            continue
-        running = max(running, p)
-        if running >= p_max_w:
-            break
-        answer = j
-    return answer
 
 
 # --------------------------------------------------------------------------- strategies
@@ -120,9 +95,9 @@ def test_power_aware_equals_literal_eq4_where_the_papers_premise_holds(tables):
     expected = brute_force_eq4_literal(time, power, b, f, r, cap)
     if expected is None:
         with pytest.raises(InfeasibleCapError):
-            select_eq4(Tables(time, power), b, f, r, cap, objective=EXACT)
+            select_eq4(Tables(time, power), b, f, r, cap, method=Method(objective=EXACT))
         return
-    sel = select_eq4(Tables(time, power), b, f, r, cap, objective=EXACT)
+    sel = select_eq4(Tables(time, power), b, f, r, cap, method=Method(objective=EXACT))
     assert (sel.batch_size, sel.freq_mhz) == expected
     assert sel.peak_power_w < cap
     i, j = b.index(sel.batch_size), f.index(sel.freq_mhz)
@@ -157,42 +132,11 @@ def test_paper_sized_tables_6x14(tables):
     expected = brute_force_eq4_literal(time, power, b, f, r, cap)
     if expected is None:
         with pytest.raises(InfeasibleCapError):
-            select_eq4(Tables(time, power), b, f, r, cap, objective=EXACT)
+            select_eq4(Tables(time, power), b, f, r, cap, method=Method(objective=EXACT))
     else:
-        sel = select_eq4(Tables(time, power), b, f, r, cap, objective=EXACT)
+        sel = select_eq4(Tables(time, power), b, f, r, cap, method=Method(objective=EXACT))
         assert (sel.batch_size, sel.freq_mhz) == expected
         assert len(sel.candidates) == 6
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    row=st.lists(st.one_of(POS, st.just(math.nan)), min_size=1, max_size=20),
-    cap=st.floats(0.005, 12.0),
-)
-def test_feasible_freq_index_is_the_prefix_max_rule(row, cap):
-    assert feasible_freq_index(row, cap) == brute_force_prefix_index(row, cap)
-
-
-@settings(max_examples=100, deadline=None)
-@given(row=st.lists(POS, min_size=1, max_size=20), cap=st.floats(0.005, 12.0))
-def test_feasible_freq_index_on_monotone_rows_is_eq4(row, cap):
-    row = np.cumsum(row)
-    literal = [j for j, p in enumerate(row) if p < cap]
-    assert feasible_freq_index(row, cap) == (max(literal) if literal else None)
-
-
-def test_feasible_freq_index_examples():
-    assert feasible_freq_index([1.0, 2.0, 3.0, 4.0], 3.0) == 1  # strictly below the cap
-    assert feasible_freq_index([1.0, 2.0, 3.0, 4.0], 3.0001) == 2
-    assert feasible_freq_index([5.0, 6.0], 4.0) is None
-    # a dip below the cap after a violation is not trusted
-    assert feasible_freq_index([1.0, 4.5, 2.0, 2.5], 4.0) == 0
-    # holes: the last measured cell before the boundary
-    assert feasible_freq_index([np.nan, 1.0, np.nan, 2.0, np.nan, 5.0, np.nan], 4.0) == 3
-    assert feasible_freq_index([np.nan, np.nan], 4.0) is None
-    # no cap: the highest measured frequency
-    assert feasible_freq_index([1.0, 9.0, np.nan], None) == 1
-    assert feasible_freq_index([1.0, 9.0, 10.0], math.inf) == 2
 
 
 def test_no_cap_picks_fastest_score_at_highest_frequency():
@@ -232,7 +176,12 @@ def test_infeasible_cap_names_cap_and_lowest_measured_power():
     with pytest.raises(InfeasibleCapError) as info:
         select_eq4(Tables(time, power), [4, 8], [76.8, 153.6, 230.4], [1.0, 1.0], 3.0)
     err = info.value
-    assert (err.p_max_w, err.min_power_w, err.batch_size, err.freq_mhz) == (3.0, 3.2, 4, 153.6)
+    assert (err.limit.p_max_w, err.min_power_w, err.batch_size, err.freq_mhz) == (
+        3.0,
+        3.2,
+        4,
+        153.6,
+    )
     msg = str(err)
     assert "p-max-w" in msg and "3 W" in msg and "3.200 W" in msg
     assert "b=4" in msg and "153.6 MHz" in msg
@@ -256,7 +205,7 @@ def test_cap_margin_keeps_profiled_peaks_below_the_reduced_cap():
             freqs_mhz=[100.0, 200.0, 300.0],
             tables=Tables(time, power),
             r=[1.0, 1.0],
-            p_max_w=PowerLimit(5.0, 0.05),
+            limit=PowerLimit(5.0, 0.05),
         )
         == kept
     )
@@ -264,7 +213,7 @@ def test_cap_margin_keeps_profiled_peaks_below_the_reduced_cap():
     assert select_eq4(*args, PowerLimit(math.inf, 0.5)) == select_eq4(*args, math.inf)
     with pytest.raises(InfeasibleCapError) as info:
         select_eq4(*args, PowerLimit(3.1, 0.05))
-    assert info.value.cap_margin == 0.05
+    assert info.value.limit == PowerLimit(3.1, 0.05)
     assert "less cap-margin 5% (2.945 W)" in str(info.value)
     assert "Raise p-max-w above 3.158 W, lower cap-margin" in str(info.value)
 
@@ -274,69 +223,9 @@ def test_oracle_is_eq4_with_its_own_r():
     power = np.array([[1.0, 2.0], [2.0, 4.0]])
     args = (Tables(time, power), [8, 16], [100.0, 200.0])
     proxy = select_eq4(*args, [0.5, 1.0], 5.0)
-    oracle = select_eq4(*args, [1.0, 0.4], 5.0, method="oracle")
+    oracle = select_eq4(*args, [1.0, 0.4], 5.0, method=Method(name="oracle"))
     assert (proxy.method, proxy.batch_size) == ("power-aware", 8)
     assert (oracle.method, oracle.batch_size, oracle.freq_mhz) == ("oracle", 16, 200.0)
-
-
-# --------------------------------------------------------------------------- baselines
-
-
-def test_b1_largest_batch_at_fixed_cap_with_whole_mhz_tolerance():
-    for cap_mhz, expected in [
-        (307, 307.2),
-        (614, 614.4),
-        (921.6, 921.6),
-        (921, 921.6),
-        (300, 230.4),
-        (10_000, 921.6),
-    ]:
-        sel = select_b1(B6, NANO_FREQS_MHZ, cap_mhz)
-        assert (sel.method, sel.batch_size, sel.freq_mhz) == ("b1", 128, expected), cap_mhz
-        assert math.isnan(sel.time_per_sample_s) and math.isnan(sel.score)
-    with pytest.raises(ValueError, match="b1-freq-cap-mhz"):
-        select_b1(B6, NANO_FREQS_MHZ, 50.0)
-
-
-def test_b1_and_b2_predictions_come_from_the_lut():
-    freqs = [100.0, 200.0, 300.0]
-    time = np.array([[3.0, 2.0, 1.0], [2.0, np.nan, np.nan], [1.5, 1.0, 0.5]])
-    power = np.where(np.isnan(time), np.nan, 4.0 - time)
-    sel = select_b1([8, 16, 32], freqs, 250.0, time, power, r=[0.2, 0.5, 1.0])
-    assert (sel.batch_size, sel.freq_mhz) == (32, 200.0)
-    assert (sel.time_per_sample_s, sel.peak_power_w, sel.score) == (1.0, 3.0, 1.0)
-    assert [c.freq_mhz for c in sel.candidates] == [200.0] * 3
-    b2 = select_b2([8, 16, 32], freqs, [0.5, 0.2, 1.0], 250.0, time, power)
-    assert (b2.method, b2.batch_size, b2.freq_mhz) == ("b2", 16, 200.0)
-    assert math.isnan(b2.time_per_sample_s)  # that cell was not profiled
-    assert b2.to_dict()["predicted-time-per-sample-s"] is None
-
-
-def test_b2_smallest_r_ties_to_larger_batch():
-    assert select_b2(B6, NANO_FREQS_MHZ, [1.0, 0.3, 0.3, 0.5, 0.8, 1.0], 614).batch_size == 16
-    assert select_b2(B6, NANO_FREQS_MHZ, [0.2, 0.3, 0.3, 0.5, 0.8, 1.0], 614).batch_size == 4
-    assert select_b2(B6, NANO_FREQS_MHZ, [1.0] * 6, 614).batch_size == 128
-
-
-@settings(max_examples=100, deadline=None)
-@given(r=st.lists(R_VALUE, min_size=6, max_size=6), cap=st.floats(76.8, 2000.0))
-def test_baselines_against_brute_force(r, cap):
-    f_expected = max(f for f in NANO_FREQS_MHZ if f <= cap + selector.FREQ_TOLERANCE_MHZ)
-    b1 = select_b1(B6, NANO_FREQS_MHZ, cap)
-    assert (b1.batch_size, b1.freq_mhz) == (max(B6), f_expected)
-    b2 = select_b2(B6, NANO_FREQS_MHZ, r, cap)
-    best = min(range(6), key=lambda i: (r[i], -B6[i]))
-    assert (b2.batch_size, b2.freq_mhz) == (B6[best], f_expected)
-
-
-def test_fixed_validates_membership():
-    sel = select_fixed(32, 614, B6, NANO_FREQS_MHZ)
-    assert (sel.method, sel.batch_size, sel.freq_mhz) == ("fixed", 32, 614.4)
-    assert [c.batch_size for c in sel.candidates] == [32]
-    with pytest.raises(ValueError, match=r"fixed-batch-size: 12 is not one of batch-sizes"):
-        select_fixed(12, 614.4, B6, NANO_FREQS_MHZ)
-    with pytest.raises(ValueError, match=r"fixed-freq-mhz: 600 is not in the device's frequency"):
-        select_fixed(32, 600, B6, NANO_FREQS_MHZ)
 
 
 def test_dispatcher_matches_the_functions_and_rejects_unknown_methods():
@@ -347,13 +236,16 @@ def test_dispatcher_matches_the_functions_and_rejects_unknown_methods():
         "batch_sizes": [8, 16],
         "freqs_mhz": [100.0, 200.0],
     }
-    assert select("power-aware", r=[0.5, 1.0], p_max_w=5.0, **common) == select_eq4(
+    assert select("power-aware", **common, r=[0.5, 1.0], limit=5.0) == select_eq4(
         Tables(time, power), [8, 16], [100.0, 200.0], [0.5, 1.0], 5.0
     )
-    assert select("oracle", r=[1.0, 0.4], p_max_w=math.inf, **common).batch_size == 16
-    assert select("b1", b1_freq_cap_mhz=150.0, **common).freq_mhz == 100.0
-    assert select("b2", r=[0.5, 1.0], b1_freq_cap_mhz=200.0, **common).batch_size == 8
-    assert select("fixed", fixed_batch_size=16, fixed_freq_mhz=200.0, **common).batch_size == 16
+    assert select("oracle", **common, r=[1.0, 0.4], limit=math.inf).batch_size == 16
+    assert select(Method("b1", b1_freq_cap_mhz=150.0), **common).freq_mhz == 100.0
+    assert select(Method("b2", b1_freq_cap_mhz=200.0), **common, r=[0.5, 1.0]).batch_size == 8
+    assert (
+        select(Method("fixed", fixed_batch_size=16, fixed_freq_mhz=200.0), **common).batch_size
+        == 16
+    )
     assert {m for m in METHODS} == {"power-aware", "b1", "b2", "oracle", "fixed"}
     with pytest.raises(ValueError, match=r"method: unknown value 'fast'; allowed: power-aware, b1"):
         select("fast", **common)
@@ -361,37 +253,6 @@ def test_dispatcher_matches_the_functions_and_rejects_unknown_methods():
         select("power-aware", r=[0.5, 1.0], **common)
     with pytest.raises(ValueError, match=r"b1-freq-cap-mhz: required by method 'b2'"):
         select("b2", r=[0.5, 1.0], **common)
-
-
-# --------------------------------------------------------------------------- validation
-
-
-def test_validate_batch_sizes():
-    assert validate_batch_sizes([4, 8.0, np.int64(16)]) == [4, 8, 16]
-    cases: list[tuple[Any, str]] = [
-        ([], "empty"),
-        ([8, 4], "not strictly ascending"),
-        ([4, 4], "ascending"),
-        ([0, 4], "positive"),
-        ([4, 8.5], "positive integer"),
-        (["8"], "integer"),
-        ([True], "integer"),
-        ("4,8", "list"),
-    ]
-    for bad, what in cases:
-        with pytest.raises(ValueError, match=r"batch-sizes") as info:
-            validate_batch_sizes(bad)
-        assert what in str(info.value)
-
-
-def test_validate_r():
-    assert validate_r([0.5, 1], [4, 8]) == [0.5, 1.0]
-    assert validate_r(np.array([0.5, 1.0]), np.array([4, 8])) == [0.5, 1.0]  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"r: has 1 values but batch-sizes has 2"):
-        validate_r([0.5], [4, 8])
-    for bad in ([0.0, 1.0], [0.5, 1.01], [math.nan, 1.0], ["x", 1.0], [-0.1, 1.0]):
-        with pytest.raises(ValueError, match=r"r: value .* is not in \(0, 1\]"):
-            validate_r(bad, [4, 8])
 
 
 def test_table_errors_name_the_table():
@@ -408,20 +269,6 @@ def test_table_errors_name_the_table():
         select_eq4(Tables([[1.0, 1.0]], [[1.0, 1.0]]), [4], [200.0, 100.0], [1.0], 5.0)
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    hnp.arrays(
-        np.float64,
-        st.tuples(st.integers(1, 6), st.integers(1, 14)),
-        elements=st.one_of(st.floats(0.0, 20.0), st.just(math.nan)),
-    ),
-    st.one_of(st.none(), st.floats(0.1, 25.0)),
-)
-def test_vectorised_feasible_indices_equal_the_row_rule(power_w, p_max_w):
-    rows = [feasible_freq_index(row, p_max_w) for row in power_w]
-    assert selector.feasible_freq_indices(power_w, p_max_w) == rows
-
-
 # --------------------------------------------------------------------------- choose_cell
 
 
@@ -430,30 +277,33 @@ def test_choose_cell_is_eq4_on_bare_tables() -> None:
     peak = np.array([[1.0, 2.0, 3.0], [1.0, 2.5, 5.0]])
     r = [1.0, 1.0]
     exact = Objective(tie_tolerance=0.0)
-    assert choose_cell(time_s, peak, peak, r, math.inf, objective=exact) == (0, 2)
+    assert choose_cell(Tables(time_s, peak, peak), r, math.inf, objective=exact) == (0, 2)
     # within the tie tolerance the lower energy wins: 1.01 × 5 > 1.00 × 3
-    assert choose_cell(time_s, peak, peak, r, math.inf) == (0, 2)
-    assert choose_cell(time_s, peak, peak, r, 4.0) == (0, 2)
-    assert choose_cell(time_s, peak, peak, r, 2.9) == (1, 1)
-    assert choose_cell(time_s, peak, peak, r, 0.5) is None
+    assert choose_cell(Tables(time_s, peak, peak), r, math.inf) == (0, 2)
+    assert choose_cell(Tables(time_s, peak, peak), r, 4.0) == (0, 2)
+    assert choose_cell(Tables(time_s, peak, peak), r, 2.9) == (1, 1)
+    assert choose_cell(Tables(time_s, peak, peak), r, 0.5) is None
     # the cap with its margin: 3.0 W less 5% leaves 2.85 W, which 3.0 W breaks
-    assert choose_cell(time_s, peak, peak, r, PowerLimit(3.0, 0.05)) == (1, 1)
+    assert choose_cell(Tables(time_s, peak, peak), r, PowerLimit(3.0, 0.05)) == (1, 1)
     nan = np.where(peak > 2.0, np.nan, time_s)
-    assert choose_cell(nan, np.where(np.isnan(nan), np.nan, peak), peak, r, math.inf) == (0, 1)
+    assert choose_cell(Tables(nan, np.where(np.isnan(nan), np.nan, peak), peak), r, math.inf) == (
+        0,
+        1,
+    )
     # σ of the per-step peaks: 3.0 + 2·0.6 W is over 4 W
     sigma = np.full_like(peak, 0.6)
-    assert choose_cell(time_s, peak, peak, r, 4.0, peak_sigma_w=sigma) == (1, 1)
+    assert choose_cell(Tables(time_s, peak, peak, sigma), r, 4.0) == (1, 1)
 
 
 # ----------------------------------------------------------------- objective, round context
 
 
-def _context_case() -> tuple[selector.Tables, list[int], list[float], list[float]]:
+def _context_case() -> tuple[Tables, list[int], list[float], list[float]]:
     # b = 8 (r 0.3) is slow and sample-efficient; b = 32 (r 1.0) fast; avg power per cell
     time = np.array([[0.04, 0.03, 0.025], [0.02, 0.012, 0.010]])
     peak = np.array([[2.0, 3.0, 4.0], [3.0, 4.0, 5.0]])
     avg = np.array([[1.0, 1.6, 2.5], [1.5, 2.4, 3.6]])
-    return selector.Tables(time, peak, avg), [8, 32], [300.0, 600.0, 900.0], [0.3, 1.0]
+    return Tables(time, peak, avg), [8, 32], [300.0, 600.0, 900.0], [0.3, 1.0]
 
 
 def _within(budget_s: float, batch_size: int | None = None) -> selector.RoundContext:
@@ -466,7 +316,7 @@ def test_the_default_objective_and_round_context_are_eq4() -> None:
     plain = selector.select_eq4(tables, b, f, r, 6.0)
     assert (
         selector.select_eq4(
-            tables, b, f, r, 6.0, objective=selector.EQ4, context=selector.ANY_ROUND
+            tables, b, f, r, 6.0, method=Method(objective=selector.EQ4, context=selector.ANY_ROUND)
         )
         == plain
     )
@@ -477,7 +327,7 @@ def test_the_pace_setter_takes_its_fastest_cell_whatever_its_r() -> None:
     tables, b, f, r = _context_case()
     pace = selector.EQ4.for_pace()
     assert (pace.time_weight, pace.r_weight, pace.energy_weight) == (1.0, 0.0, 0.0)
-    fastest = selector.select_eq4(tables, b, f, r, 6.0, objective=pace)
+    fastest = selector.select_eq4(tables, b, f, r, 6.0, method=Method(objective=pace))
     assert (fastest.batch_size, fastest.freq_mhz) == (32, 900.0)
 
 
@@ -485,11 +335,15 @@ def test_samples_and_energy_modes_meet_the_deadline() -> None:
     tables, b, f, r = _context_case()
     # 100 samples within 3.1 s: only cells of ≤ 0.031 s per sample meet it
     samples = Objective(time_weight=0.0)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=samples, context=_within(3.1))
+    pick = selector.select_eq4(
+        tables, b, f, r, 6.0, method=Method(objective=samples, context=_within(3.1))
+    )
     # the least r that meets it (b = 8), at its least energy to accuracy among those
     assert (pick.batch_size, pick.freq_mhz) == (8, 600.0)  # 1.6 × 0.03 < 2.5 × 0.025
     energy = Objective(energy_weight=1.0)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=energy, context=_within(1.3))
+    pick = selector.select_eq4(
+        tables, b, f, r, 6.0, method=Method(objective=energy, context=_within(1.3))
+    )
     # within 1.3 s only b = 32 at 600 / 900 MHz; 2.4 × 0.012 < 3.6 × 0.010
     assert (pick.batch_size, pick.freq_mhz) == (32, 600.0)
 
@@ -498,37 +352,51 @@ def test_the_energy_mode_scores_the_energy_above_idle() -> None:
     tables, b, f, r = _context_case()
     # within 2.1 s only b = 32 meets it, at 300, 600 and 900 MHz (2.0, 1.2 and 1.0 s)
     total = Objective(energy_weight=1.0)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=total, context=_within(2.1))
+    pick = selector.select_eq4(
+        tables, b, f, r, 6.0, method=Method(objective=total, context=_within(2.1))
+    )
     # total energy per sample: 1.5 × 0.02 = 0.030, 2.4 × 0.012 = 0.0288, 3.6 × 0.010 = 0.036
     assert (pick.batch_size, pick.freq_mhz) == (32, 600.0)
     above = total.but(idle_power_w=1.2)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=above, context=_within(2.1))
+    pick = selector.select_eq4(
+        tables, b, f, r, 6.0, method=Method(objective=above, context=_within(2.1))
+    )
     # above 1.2 W idle: 0.3 × 0.02 = 0.006, 1.2 × 0.012 = 0.0144, 2.4 × 0.010 = 0.024
     assert (pick.batch_size, pick.freq_mhz) == (32, 300.0)
     # batch_size keeps one b's row: the energy mode at the node's own b* (here b = 8, whose
     # cells all miss 2.1 s: the fallback is that row's fastest cell, not b = 32's)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=above, context=_within(2.1, 8))
+    pick = selector.select_eq4(
+        tables, b, f, r, 6.0, method=Method(objective=above, context=_within(2.1, 8))
+    )
     assert (pick.batch_size, pick.freq_mhz) == (8, 900.0)
     roomy = total.but(idle_power_w=0.9)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=roomy, context=_within(5.0, 8))
+    pick = selector.select_eq4(
+        tables, b, f, r, 6.0, method=Method(objective=roomy, context=_within(5.0, 8))
+    )
     # b = 8 above 0.9 W idle: 0.04 × 0.1 = 0.004, 0.03 × 0.7 = 0.021, 0.025 × 1.6 = 0.04
     assert (pick.batch_size, pick.freq_mhz) == (8, 300.0)
     with pytest.raises(ValueError, match=r"^batch-size: 16 is not one of"):
-        selector.select_eq4(tables, b, f, r, 6.0, context=selector.RoundContext(batch_size=16))
+        selector.select_eq4(
+            tables, b, f, r, 6.0, method=Method(context=selector.RoundContext(batch_size=16))
+        )
     # idle power alone does nothing without an energy weight
     plain = Objective(idle_power_w=1.2)
     assert selector.select_eq4(
-        tables, b, f, r, 6.0, objective=plain, context=_within(2.1)
-    ) == selector.select_eq4(tables, b, f, r, 6.0, context=_within(2.1))
+        tables, b, f, r, 6.0, method=Method(objective=plain, context=_within(2.1))
+    ) == selector.select_eq4(tables, b, f, r, 6.0, method=Method(context=_within(2.1)))
 
 
 def test_a_deadline_no_cell_meets_gives_the_fastest_cell() -> None:
     tables, b, f, r = _context_case()
     least_r = Objective(time_weight=0.0)
-    pick = selector.select_eq4(tables, b, f, r, 6.0, objective=least_r, context=_within(0.1))
+    pick = selector.select_eq4(
+        tables, b, f, r, 6.0, method=Method(objective=least_r, context=_within(0.1))
+    )
     assert (pick.batch_size, pick.freq_mhz) == (32, 900.0)
     # under a 4.5 W cap the fastest feasible cell is b = 32 at 600 MHz
-    pick = selector.select_eq4(tables, b, f, r, 4.5, objective=least_r, context=_within(0.1))
+    pick = selector.select_eq4(
+        tables, b, f, r, 4.5, method=Method(objective=least_r, context=_within(0.1))
+    )
     assert (pick.batch_size, pick.freq_mhz) == (32, 600.0)
 
 

@@ -13,16 +13,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from fl_client.devices.base import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W
-from fl_client.selector import (
-    InfeasibleCapError,
-    Objective,
-    PowerLimit,
-    Tables,
-    feasible_cells,
-    feasible_freq_indices,
-    select,
-    select_eq4,
-)
+from fl_client.feasibility import feasible_cells, feasible_freq_indices
+from fl_client.power import PowerLimit
+from fl_client.selection import InfeasibleCapError, Tables
+from fl_client.selector import Method, Objective, select, select_eq4
 
 B6 = [4, 8, 16, 32, 64, 128]
 F14 = [100.0 * k for k in range(1, 15)]
@@ -156,7 +150,7 @@ def run(tables, opts):
         f,
         r,
         PowerLimit(cap, opts.margin),
-        objective=rule,
+        method=Method(objective=rule),
     )
 
 
@@ -262,7 +256,12 @@ def test_a_flat_row_takes_its_least_energy_cell():
     assert sel.energy_per_sample_j == pytest.approx(2.0)
     # literal Eq. 4 would run b=8 at 400 MHz: as fast, 75% more energy
     exact = select_eq4(
-        Tables(time, power), [8, 16], FREQS, [1.0, 1.0], 5.0, objective=Objective(tie_tolerance=0.0)
+        Tables(time, power),
+        [8, 16],
+        FREQS,
+        [1.0, 1.0],
+        5.0,
+        method=Method(objective=Objective(tie_tolerance=0.0)),
     )
     assert (exact.batch_size, exact.freq_mhz) == (8, 100.0)  # exact tie: the lower f
     # a flat row in both time and power: every cell equal, the lowest f
@@ -304,8 +303,17 @@ def test_sigma_makes_a_cell_infeasible_and_the_error_says_so():
     sel = select_eq4(Tables(time, power, peak_sigma_w=sigma), [8], [100.0, 200.0], [1.0], 5.0)
     assert sel.freq_mhz == 100.0  # 4.6 + 2 × 0.3 = 5.2 W is not below 5 W
     lenient = Objective(peak_sigma_k=1.0)
-    assert select_eq4(Tables(time, power, peak_sigma_w=sigma), [8], [100.0, 200.0], [1.0], 5.0,
-                      objective=lenient).freq_mhz == 200.0  # fmt: skip
+    assert (
+        select_eq4(
+            Tables(time, power, peak_sigma_w=sigma),
+            [8],
+            [100.0, 200.0],
+            [1.0],
+            5.0,
+            method=Method(objective=lenient),
+        ).freq_mhz
+        == 200.0
+    )
     with pytest.raises(InfeasibleCapError) as info:
         select_eq4(Tables(time, power, peak_sigma_w=sigma), [8], [100.0, 200.0], [1.0], 3.05)
     err = info.value
@@ -363,14 +371,14 @@ def test_selection_rule_from_config():
 def test_select_passes_the_rule_and_extra_tables():
     time = np.array([[1.0, 1.0, 1.0, 1.0]])
     power = np.array([[2.0, 2.5, 3.0, 3.5]])
-    common: dict[str, Any] = {"batch_sizes": [8], "freqs_mhz": FREQS, "r": [1.0], "p_max_w": 5.0}
+    common: dict[str, Any] = {"batch_sizes": [8], "freqs_mhz": FREQS, "r": [1.0], "limit": 5.0}
     grouped = select("power-aware", tables=Tables(time, power), **common)
     assert grouped.freq_mhz == 100.0
     sigma = np.array([[0.0, 0.0, 0.0, 0.0]])
     avg = power[:, ::-1].copy()  # the average makes the highest f the cheapest
     sel = select("oracle", tables=Tables(time, power, avg, sigma), **common)
     assert (sel.method, sel.freq_mhz) == ("oracle", 400.0)
-    with pytest.raises(TypeError, match="unexpected keyword arguments: lut_time_s"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'lut_time_s'"):
         select("power-aware", tables=Tables(time, power), lut_time_s=time, **common)  # type: ignore[call-arg]
 
 
@@ -379,18 +387,30 @@ def test_the_knob_labels_every_method():
     power = np.array([[100.0, 150.0]])
     limits = [100.0, 150.0]
     watts = Tables(time, power, knob=GPU_POWER_LIMIT_W)
-    sel = select("power-aware", batch_sizes=[8], freqs_mhz=limits, tables=watts, r=[1.0],
-                 p_max_w=200.0)  # fmt: skip
+    sel = select(
+        "power-aware", batch_sizes=[8], freqs_mhz=limits, tables=watts, r=[1.0], limit=200.0
+    )
     assert (sel.freq_mhz, sel.knob) == (150.0, GPU_POWER_LIMIT_W)
     d = sel.to_dict()
     assert d["gpu-power-limit-w"] == 150.0 and "gpu-freq-mhz" not in d
     assert d["candidates"][0]["gpu-power-limit-w"] == 150.0 and d["knob-unit"] == "W"
-    b1 = select("b1", batch_sizes=[8], freqs_mhz=limits, tables=watts, b1_freq_cap_mhz=120.0)
+    b1 = select(
+        Method("b1", b1_freq_cap_mhz=120.0), batch_sizes=[8], freqs_mhz=limits, tables=watts
+    )
     assert (b1.freq_mhz, b1.knob) == (100.0, GPU_POWER_LIMIT_W)
-    fixed = select("fixed", batch_sizes=[8], freqs_mhz=limits, knob=GPU_POWER_LIMIT_W,
-                   fixed_batch_size=8, fixed_freq_mhz=150.0)  # fmt: skip
+    fixed = select(
+        Method("fixed", knob=GPU_POWER_LIMIT_W, fixed_batch_size=8, fixed_freq_mhz=150.0),
+        batch_sizes=[8],
+        freqs_mhz=limits,
+    )
     assert fixed.knob is GPU_POWER_LIMIT_W
-    mhz = select("power-aware", batch_sizes=[8], freqs_mhz=limits, tables=Tables(time, power),
-                 r=[1.0], p_max_w=200.0)  # fmt: skip
+    mhz = select(
+        "power-aware",
+        batch_sizes=[8],
+        freqs_mhz=limits,
+        tables=Tables(time, power),
+        r=[1.0],
+        limit=200.0,
+    )
     assert mhz.knob is GPU_FREQ_MHZ and mhz.to_dict()["gpu-freq-mhz"] == 150.0
     assert mhz.to_dict()["predicted-energy-per-sample-j"] == pytest.approx(150.0)

@@ -12,7 +12,8 @@ import pytest
 from fl_client import task
 from fl_client.devices import simulated as sim
 from fl_client.devices.descriptors import load_device_spec
-from fl_client.selector import PEAK_SIGMA_K, PowerLimit
+from fl_client.feasibility import PEAK_SIGMA_K
+from fl_client.power import PowerLimit
 from fl_client.settings import load_fleet
 from fl_client.shipped import shipped_names
 from simulations.experiments.fleet_pace import (

@@ -12,7 +12,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MessageType, RecordDict
 
 from fl_client.contract import Cap
-from fl_client.selector import PowerLimit
+from fl_client.power import PowerLimit
 from strategies.fleet import Fleet
 from tests.strategies.test_power_aware import FLEET, TEMPLATE, FakeGrid, _handler
 

@@ -13,7 +13,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 
 from fl_client.contract import TrainConfig
 from fl_client.lut import LUT
-from fl_client.selector import EQ4, Objective, PowerLimit, Tables, select_eq4
+from fl_client.power import PowerLimit
+from fl_client.selection import Tables
+from fl_client.selector import EQ4, Method, Objective, select_eq4
 from strategies.power_aware import PowerAwareFedAvg
 from strategies.round_plan import (
     NodeForecast,
@@ -90,8 +92,14 @@ def test_the_forecast_cell_is_the_pace_setters_own_cell_within_the_tie_tolerance
     exact argmin, the rule before, said 1.00 s where the node runs 1.01 s)."""
     time = np.array([[4.0, 2.0, 1.00], [3.0, 1.5, 1.01]])
     peak = np.array([[1.0, 2.0, 5.0], [1.0, 2.5, 3.0]])  # the 1.01 s cell draws less
-    node = select_eq4(Tables(time, peak, peak), [8, 16], [300.0, 600.0, 900.0], [1.0, 1.0], 6.0,
-                      objective=EQ4.for_pace())  # fmt: skip
+    node = select_eq4(
+        Tables(time, peak, peak),
+        [8, 16],
+        [300.0, 600.0, 900.0],
+        [1.0, 1.0],
+        6.0,
+        method=Method(objective=EQ4.for_pace()),
+    )
     assert (node.batch_size, node.freq_mhz) == (16, 900.0)
     forecast = best_round_time_s(time, peak, None, PowerLimit(6.0), 10, avg_power_w=peak)
     assert forecast == pytest.approx(node.time_per_sample_s * 10) == pytest.approx(10.1)
@@ -117,7 +125,12 @@ def test_the_forecast_and_the_nodes_choice_agree_on_random_tables() -> None:
             )
             try:
                 node = select_eq4(
-                    Tables(time, peak, avg, sigma), b, f, r, limit, objective=objective
+                    Tables(time, peak, avg, sigma),
+                    b,
+                    f,
+                    r,
+                    limit,
+                    method=Method(objective=objective),
                 )
             except ValueError:  # no feasible cell
                 assert math.isinf(forecast)

@@ -17,6 +17,7 @@ from fl_client.devices.simulated import avg_power_w, power_w
 from fl_client.devices.simulated import time_per_sample_s as twin_time_per_sample_s
 from fl_client.lut import LUT, KindKey, lut_checksum
 from fl_client.node import workload_for
+from fl_client.selection import Tables
 from fl_client.selector import Objective, choose_cell
 from strategies.shared_profiling import (
     Cell,
@@ -287,7 +288,7 @@ def test_overlapping_cells_merge_to_the_median_and_failed_cells_are_dropped() ->
     assert time_s[3, -1] == pytest.approx(2e-4)  # two nodes: the middle of both
     lut = prof.lut(profile_time_s=1.5, profile_energy_j=4.0)
     assert lut is not None
-    assert lut.grid == "shared" and lut.p_max_w is None and KindKey.of_lut(lut) == NANO_KIND
+    assert lut.grid == "shared" and lut.limit.cap_w is None and KindKey.of_lut(lut) == NANO_KIND
     assert lut.cells_profiled == 2 and np.isnan(lut.time_per_sample_s[1]).all()
     assert (lut.profile_time_s, lut.profile_energy_j) == (1.5, 4.0)
     assert lut_checksum(LUT.from_json(lut.to_json())) == lut_checksum(lut)
@@ -304,7 +305,9 @@ def test_a_confirm_cell_measured_over_the_cap_has_the_cell_below_it_confirmed() 
     cap = Cap(5.0)
     limit = cap.with_margin(0.05)
     rule = Objective(peak_sigma_k=0.0, tie_tolerance=0.02)
-    pick = choose_cell(t, p, a, list(R), limit, objective=rule)  # the noiseless twin's choice
+    pick = choose_cell(
+        Tables(t, p, a), list(R), limit, objective=rule
+    )  # the noiseless twin's choice
     assert pick is not None and pick[1] > 0
     over = (B[pick[0]], f[pick[1]])
     prof = KindProfile(NANO_KIND, [11, 12], {11: [(cap, 0.05)], 12: [(cap, 0.05)]})

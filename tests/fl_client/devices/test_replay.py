@@ -18,7 +18,9 @@ from fl_client.devices.replay import (
     load_replay_tables,
     save_replay_table,
 )
-from fl_client.selector import InfeasibleCapError, Tables, feasible_freq_indices, select
+from fl_client.feasibility import feasible_freq_indices
+from fl_client.selection import InfeasibleCapError, Tables
+from fl_client.selector import select
 from fl_client.settings import REPO_ROOT
 
 EXAMPLE = REPO_ROOT / "configs" / "replay" / "example-illustrative-jetson-nano-resnet18.csv"
@@ -227,15 +229,19 @@ def test_the_selector_reads_a_power_limit_table_whose_lowest_limit_does_not_bind
         freqs_mhz=list(grid.knob_values),
         tables=tables,
         r=[1.0, 0.9, 0.8, 0.75],
-        p_max_w=133.0,
+        limit=133.0,
     )
     assert sel.freq_mhz == 125.0 and sel.knob is GPU_POWER_LIMIT_W
     assert sel.to_dict()["gpu-power-limit-w"] == 125.0 and sel.to_dict()["knob-unit"] == "W"
     with pytest.raises(InfeasibleCapError, match=r"no \(batch size, GPU power limit\).*125 W"):
         select(
-            "power-aware", batch_sizes=list(grid.batch_sizes), freqs_mhz=list(grid.knob_values),
-            tables=tables, r=[1.0] * 4, p_max_w=132.0,
-        )  # fmt: skip
+            "power-aware",
+            batch_sizes=list(grid.batch_sizes),
+            freqs_mhz=list(grid.knob_values),
+            tables=tables,
+            r=[1.0] * 4,
+            limit=132.0,
+        )
 
 
 def test_knob_and_sigma_survive_csv_and_json(tmp_path: Path):

@@ -383,11 +383,11 @@ def test_the_model_really_trains_through_the_meter(nano: DeviceSpec) -> None:
 
 def test_profiler_on_the_twin_reproduces_the_model(nano: DeviceSpec) -> None:
     """The on-device profiler, run on a noiseless twin, reads back the model's tables."""
-    from fl_client.profiler import profile
+    from fl_client.profiler import ProfileOptions, profile
 
     dev = SimulatedDevice(nano, noise=False)
     b_list = [64, 128]
-    lut = profile(dev, WORKLOAD, b_list, lambda b: lambda: None, progress=False)
+    lut = profile(dev, WORKLOAD, b_list, lambda b: lambda: None, ProfileOptions(progress=False))
     flops = WORKLOAD.flops_per_sample
     for i, b in enumerate(b_list):
         for j, f in enumerate(nano.gpu_freqs_mhz):
@@ -412,7 +412,7 @@ def test_the_twin_reports_the_window_its_real_board_would_need(
 ) -> None:
     """The twin needs no window (one exact reading per step) and profiles as before; per
     cell it reports the window the board's INA3221 would have needed, never charged."""
-    from fl_client.profiler import profile
+    from fl_client.profiler import ProfileOptions, profile
 
     dev = SimulatedDevice(nano, noise=False)
     assert dev.info.sensor.name == "twin" and dev.info.sensor.min_window_s == 0.0
@@ -422,7 +422,7 @@ def test_the_twin_reports_the_window_its_real_board_would_need(
     assert board.update_period_s == pytest.approx(0.0066)
     assert "0.5 s" in str(dev.describe()["board-sensor"])
     cnn = Workload("cnn", task.IMAGE_SHAPE, flops["cnn"])
-    lut = profile(dev, cnn, [4, 128], lambda b: lambda: None, progress=False)
+    lut = profile(dev, cnn, [4, 128], lambda b: lambda: None, ProfileOptions(progress=False))
     assert (lut.power_samples == 3).all() and (lut.settled == 1).all()  # noiseless: 3 steps
     step_s = lut.window_s / 3
     # whole steps covering the board's 0.5 s, at least the 3 measured

@@ -17,11 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fl_client.cell_measure import CellOptions, CellWindow, measure_cell_with_sigma
 from fl_client.devices import DeviceError, Workload
 from fl_client.devices.jetson import JetsonDevice
 from fl_client.devices.nvml import NvmlControl, NvmlDevice
 from fl_client.devices.sampler import PowerMeasurement, SampledOptions
-from fl_client.profiler import CellWindow, measure_cell_with_sigma, profile
+from fl_client.profiler import ProfileOptions, profile
 from tests.fl_client.devices.fakes_sysfs import build_tree
 from tests.fl_client.devices.nvml_trace import (
     JETSON_W_PER_H100_W,
@@ -57,9 +58,13 @@ def open_gpu(vt: VirtualTime, cost_s: float = 0.0, faults: Faults | None = None)
 
 def cell(dev, gpu: TraceGpu, b: int, window: CellWindow = QUICK, warmup: int = 5):
     measured = measure_cell_with_sigma(
-        dev, WORKLOAD, b, ReplaySteps(gpu)(b), dev.gpu_freqs_mhz[0], warmup_steps=warmup,
-        window=window,
-    )  # fmt: skip
+        dev,
+        WORKLOAD,
+        b,
+        ReplaySteps(gpu)(b),
+        dev.gpu_freqs_mhz[0],
+        CellOptions(warmup_steps=warmup, window=window),
+    )
     m = measured.measurement
     assert isinstance(m, PowerMeasurement)
     return measured, m
@@ -108,7 +113,9 @@ def test_a_cell_matches_the_gpu_on_the_trace(vt: VirtualTime, b: int, cost_ms: f
 def test_measure_only_cells_carry_the_sampled_clock_not_the_clock_at_open(vt: VirtualTime):
     gpu, dev = open_gpu(vt, 0.01)
     assert gpu.clock_mhz(vt.now) == 345.0  # idle GPU: the clock at open is the idle clock
-    lut = profile(dev, WORKLOAD, (32, 128), ReplaySteps(gpu), progress=False, max_window_s=3.0)
+    lut = profile(
+        dev, WORKLOAD, (32, 128), ReplaySteps(gpu), ProfileOptions(progress=False, max_window_s=3.0)
+    )
     assert lut.clocks_locked is False
     assert lut.freqs_mhz == (1980.0,)
     assert lut.clock_mhz.tolist() == [[1980.0], [1980.0]]
@@ -129,8 +136,13 @@ def test_a_profile_over_power_limits_sets_each_and_restores_the_original(
     nv.power_limit_mw = 650_000  # type: ignore[attr-defined]
     dev = NvmlDevice(nvml=nv, control=NvmlControl(knob="power-limit", power_limit_step_w=250.0))
     assert dev.gpu_freqs_mhz == (200.0, 450.0, 700.0)
-    lut = profile(dev, WORKLOAD, (128,), ReplaySteps(gpu), progress=False, max_window_s=3.0,
-                  uncapped="full")  # fmt: skip
+    lut = profile(
+        dev,
+        WORKLOAD,
+        (128,),
+        ReplaySteps(gpu),
+        ProfileOptions(progress=False, max_window_s=3.0, uncapped="full"),
+    )
     sets = [c for c in nv.calls if c[0] == "nvmlDeviceSetPowerManagementLimit"]
     assert len(sets) == 4  # one per column, then the original back
     assert nv.power_limit_mw == 650_000
@@ -228,8 +240,8 @@ def test_a_sensor_stuck_once_is_measured_again(vt: VirtualTime, caplog):
 
 def test_profiling_twice_gives_the_same_time_per_sample(vt: VirtualTime):
     gpu, dev = open_gpu(vt, 0.01)
-    first = profile(dev, WORKLOAD, BATCH_SIZES, ReplaySteps(gpu), progress=False)
-    again = profile(dev, WORKLOAD, BATCH_SIZES, ReplaySteps(gpu), progress=False)
+    first = profile(dev, WORKLOAD, BATCH_SIZES, ReplaySteps(gpu), ProfileOptions(progress=False))
+    again = profile(dev, WORKLOAD, BATCH_SIZES, ReplaySteps(gpu), ProfileOptions(progress=False))
     ratio = again.time_per_sample_s / first.time_per_sample_s
     assert np.abs(ratio - 1).max() < 0.03
     assert (first.time_rse[first.settled == 1] <= 0.01).all()
