@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from fl_client import checkpoint, task
+from fl_client import checkpoint, data_splits, model_zoo, task
 from fl_client.argparse_once import OnceParser
 from fl_client.r_estimation import samples_to_target
 
@@ -32,12 +32,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     torch.set_num_threads(args.threads)
-    splits = task.load_splits(args.dataset, 0)
+    splits = data_splits.load_splits(args.dataset, 0)
     starts: dict[str, dict[str, torch.Tensor]] = {}
     torch.manual_seed(0)
-    starts["scratch"] = task.build_model(args.model).state_dict()
+    starts["scratch"] = model_zoo.build_model(args.model).state_dict()
     for path in args.checkpoint:
-        model = task.build_model(args.model)
+        model = model_zoo.build_model(args.model)
         torch.manual_seed(0)
         weights = checkpoint.load_into(model, path)
         starts[f"{Path(path).name} ({weights.sha256[:8]})"] = model.state_dict()

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from fl_client import selector, task
+from fl_client import model_zoo, selector, task
 from fl_client.balance import BALANCE_MODES, Slack, missed_deadline
 from fl_client.contract import (
     Cap,
@@ -573,7 +573,7 @@ def train_node(
         _choose(ctx, measure, plan, state, data)
         _balance(ctx, device, plan, cfg.local_epochs * len(data[0]))
         epochs, max_samples = _local_work(cfg, plan, len(data[0]))
-        model = task.build_model(cfg.model).to(task.compute_device())  # where it was profiled
+        model = model_zoo.build_model(cfg.model).to(task.compute_device())  # where it was profiled
         model.load_state_dict(dict(state))
         assert plan.choice is not None
         lr = task.scaled_lr(cfg.lr_ref, cfg.b_ref, plan.choice.batch_size)

@@ -170,7 +170,7 @@ def parse_federated(data: Mapping[str, Any], where: str, options: FileOptions) -
     """Validate a parsed federated experiment: unknown keys, bad values, empty sweeps, fleet
     files that do not load or do not fit the scenario are errors naming the key, raised
     before any training starts."""
-    from fl_client import task
+    from fl_client import model_zoo
 
     m = merge_scale(data, where, DEFAULTS, options)
     f = Fields(m, where, DEFAULTS)
@@ -183,7 +183,7 @@ def parse_federated(data: Mapping[str, Any], where: str, options: FileOptions) -
         fleet=text("fleet"),
         methods=str_list("methods", STUDY_METHODS),
         seeds=integer("seeds", 1),
-        model=text("model", tuple(task.MODEL_NAMES)),
+        model=text("model", tuple(model_zoo.MODEL_NAMES)),
         partitioning=text("partitioning", choices("partitioning")),
         dirichlet_alpha=number("dirichlet-alpha", 0.0),
         num_rounds=integer("num-rounds", 1),

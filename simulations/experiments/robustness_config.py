@@ -161,7 +161,7 @@ def parse_robustness(data: Mapping[str, Any], where: str, options: FileOptions) 
     """Validate a parsed robustness experiment; every error names the key. The fleets'
     files and data splits are checked by the study's plan (``robustness.check_fleets``),
     which needs the generated fleets written."""
-    from fl_client import task
+    from fl_client import model_zoo
 
     m = merge_scale(data, where, DEFAULTS, options)
     f = Fields(m, where, DEFAULTS)
@@ -177,7 +177,7 @@ def parse_robustness(data: Mapping[str, Any], where: str, options: FileOptions) 
         seeds=f.integer("seeds", 1),
         arms=arms,
         ratio_against=f.str_list("ratio-against", names),
-        model=f.text("model", tuple(task.MODEL_NAMES)),
+        model=f.text("model", tuple(model_zoo.MODEL_NAMES)),
         partitioning=f.text("partitioning", PARTITIONINGS),
         dirichlet_alpha=f.number("dirichlet-alpha", 0.0),
         num_rounds=f.integer("num-rounds", 1),

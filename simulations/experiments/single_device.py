@@ -42,12 +42,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from fl_client import image_data, selector, task
+from fl_client import image_data, model_zoo, selector, task
 from fl_client.devices import open_device
 from fl_client.devices.simulated import DeviceSpec, load_device_spec
 from fl_client.node import workload_for
 from fl_client.profiler import profile
-from fl_client.r_estimation import r_from_samples
+from fl_client.r_cache import r_from_samples
 from simulations.experiments import single_device_report
 from simulations.experiments.config import ExperimentConfigError
 from simulations.experiments.datasets import StudyData, study_data
@@ -300,7 +300,7 @@ def _profile(cfg: SingleDeviceConfig, c: CellSpec, workload: Workload, sizes: li
             device,
             workload,
             sizes,
-            lambda b: task.make_train_step(c.model, task.IMAGE_SHAPE, b, seed=c.seed),
+            lambda b: task.make_train_step(c.model, model_zoo.IMAGE_SHAPE, b, seed=c.seed),
             p_max_w=c.cap_w,
             warmup_steps=cfg.profile_warmup_steps,
             steps=cfg.profile_steps,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch.utils.data import TensorDataset
 
-from fl_client import r_estimation, selector, task
+from fl_client import model_zoo, r_estimation, selector, task
 from fl_client.devices import open_device
 from fl_client.devices.simulated import load_device_spec
 from fl_client.node import max_batch_size, workload_for
@@ -107,7 +107,7 @@ def initial_state(model_name: str, seed: int) -> dict[str, torch.Tensor]:
     """The weights every run of ``seed`` starts from (proxy and target alike)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(INIT_SEED_OFFSET + seed)
-        model = task.build_model(model_name)
+        model = model_zoo.build_model(model_name)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -279,7 +279,7 @@ def profile_full_grid(
     model: str, device_kind: str, batch_sizes: Sequence[int], *, warmup_steps: int, steps: int
 ) -> LUT:
     """Every (b, f) of ``device_kind``'s twin (seed 0) for ``model``, real steps on the host."""
-    shape = task.input_shape_for(model)
+    shape = model_zoo.input_shape_for(model)
     device = open_device(device_kind, "simulated", seed=0)
     try:
         return profile(

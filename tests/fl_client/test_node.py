@@ -20,9 +20,9 @@ import torch
 from fl_client import selector
 from fl_client.contract import Cap, NodeDescriptor, SettingsError, TrainConfig, TrainReport
 from fl_client.lut import LUT
+from fl_client.model_zoo import build_model
 from fl_client.node import describe_node, node_context, train_node
 from fl_client.settings import RunSettings
-from fl_client.task import build_model
 
 NODE: dict[str, Any] = {
     "device": "jetson-nano",

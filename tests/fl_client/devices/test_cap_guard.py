@@ -15,8 +15,8 @@ from fl_client.devices.simulated import (
     load_device_spec,
     power_w,
 )
+from fl_client.model_zoo import train_flops_per_sample
 from fl_client.settings import REPO_ROOT
-from fl_client.task import train_flops_per_sample
 
 EXAMPLE = REPO_ROOT / "configs" / "replay" / "example-illustrative-jetson-nano-resnet18.csv"
 CNN = Workload("cnn", (3, 32, 32), train_flops_per_sample("cnn"))
