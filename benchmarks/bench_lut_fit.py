@@ -54,6 +54,7 @@ from fl_client import lut_fit, lut_plan
 from fl_client.argparse_once import OnceParser
 from fl_client.lut_fit import FloatArray
 from fl_client.lut_plan import Cell
+from fl_client.power import PowerLimit
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH_SIZES = (4, 8, 16, 32, 64, 128)
@@ -367,10 +368,9 @@ def compare(
         plan = lut_plan.plan_cells(
             ref.batch_sizes,
             ref.freqs,
-            ref.caps_w,
+            [PowerLimit(cap, CAP_MARGIN) for cap in ref.caps_w],
             r,
             source.lookup(),
-            cap_margin=CAP_MARGIN,
             options=_with_select(options, choose),
         )
         m_t, m_p, _ = plan.measured_tables()

@@ -25,7 +25,7 @@ import torch
 
 from fl_client import checkpoint, data_splits, model_zoo, task
 from fl_client.argparse_once import OnceParser
-from fl_client.r_estimation import samples_to_target
+from fl_client.r_estimation import InitialModel, TargetRun, samples_to_target
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -46,16 +46,17 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         for b in args.batch_sizes:
             t0 = time.perf_counter()
             n, curve, seen = samples_to_target(
-                args.model,
-                state,
+                InitialModel(args.model, state),
                 splits.pool,
                 splits.test,
-                batch_size=b,
-                lr=task.scaled_lr(args.lr_ref, args.b_ref, b),
-                target_accuracy=args.target,
-                eval_every_samples=args.eval_every,
-                max_samples=args.max_samples,
-                seed=0,
+                TargetRun(
+                    batch_size=b,
+                    lr=task.scaled_lr(args.lr_ref, args.b_ref, b),
+                    target_accuracy=args.target,
+                    eval_every_samples=args.eval_every,
+                    max_samples=args.max_samples,
+                    seed=0,
+                ),
             )
             out.append(
                 {

@@ -285,23 +285,17 @@ def as_tensors(data: Data) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @dataclass(frozen=True)
-class PartitionSpec:
-    """How the pool is split over the nodes: the run settings ``partitioning``,
-    ``dirichlet-alpha``, ``seed``, ``dataset`` and ``classes-per-node`` (``of(settings)``).
+class PartitionSpec(partitions.Partitioning):
+    """How the run's pool is split over the nodes: a ``partitions.Partitioning`` (the run
+    settings ``partitioning``, ``dirichlet-alpha``, ``seed`` and ``classes-per-node``) of
+    the run's ``dataset`` (``of(settings)``); ``seed`` also seeds the slices and each node's
+    local split.
 
     The defaults are those of ``client_data`` and ``split_report`` without a spec.
     """
 
-    #: ``partitioning``: one of ``PARTITIONINGS``.
-    partitioning: str = "dirichlet"
-    #: ``dirichlet-alpha``: Dirichlet concentration, > 0; only for ``dirichlet``.
-    alpha: float = 0.5
-    #: ``seed``: seed of the slices, the partition and each node's local split.
-    seed: int = 0
     #: ``dataset``: ``digits`` (the embedded default) or another; see ``load_splits``.
     dataset: str = DEFAULT_DATASET
-    #: ``classes-per-node``: classes each node holds; only for ``pathological``.
-    classes_per_node: int = CLASSES_PER_NODE
 
     @classmethod
     def of(cls, settings: RunSettings) -> PartitionSpec:
@@ -332,36 +326,13 @@ class PartitionSpec:
 
     def parts(self, num_partitions: int) -> tuple[np.ndarray, ...]:
         """Each node's positions in the pool (cached per split)."""
-        return _partitions(
-            num_partitions,
-            self.partitioning,
-            float(self.alpha),
-            self.seed,
-            self.dataset,
-            int(self.classes_per_node),
-        )
+        return _partitions(self, num_partitions)
 
 
 @lru_cache(maxsize=16)
-def _partitions(
-    num_partitions: int,
-    partitioning: str,
-    alpha: float,
-    seed: int,
-    dataset: str = DEFAULT_DATASET,
-    classes_per_node: int = CLASSES_PER_NODE,
-) -> tuple[np.ndarray, ...]:
-    labels = as_tensors(load_splits(dataset, seed).pool)[1].numpy()
-    return tuple(
-        partitions.partition(
-            labels,
-            num_partitions,
-            partitioning,
-            alpha=alpha,
-            seed=seed,
-            classes_per_node=classes_per_node,
-        )
-    )
+def _partitions(spec: PartitionSpec, num_partitions: int) -> tuple[np.ndarray, ...]:
+    labels = as_tensors(load_splits(spec.dataset, spec.seed).pool)[1].numpy()
+    return tuple(partitions.partition(labels, num_partitions, spec))
 
 
 def client_data(
@@ -416,16 +387,11 @@ def split_report(
     spec.check(0, num_partitions)
     splits = load_splits(spec.dataset, spec.seed)
     parts = spec.parts(num_partitions)
-    detail = {
-        "dirichlet": f"dirichlet-alpha {spec.alpha:g}, ",
-        "pathological": f"classes-per-node {spec.classes_per_node}, ",
-    }.get(spec.partitioning, "")
     return partitions.SplitReport.of(
         as_tensors(splits.pool)[1].numpy(),
         list(parts),
+        spec,
         dataset=spec.dataset,
-        partitioning=spec.partitioning,
-        detail=f"{detail}seed {spec.seed}",
         names=names,
         class_names=splits.class_names,
     )

@@ -52,6 +52,7 @@ __all__ = [
     "fit_lut",
     "grid_axes",
     "mape",
+    "refit_lut",
     "valid_cells",
 ]
 
@@ -419,7 +420,6 @@ def fit_lut(
     peak_w: npt.ArrayLike,
     avg_w: npt.ArrayLike | None = None,
     options: FitOptions | None = None,
-    warm: LUTFit | None = None,
 ) -> LUTFit:
     """Fit the model to the measured cells of a LUT; predict every cell.
 
@@ -433,9 +433,6 @@ def fit_lut(
     avg_w : array_like, optional
         Measured average power (W); the peak where not given.
     options : FitOptions, optional
-    warm : LUTFit, optional
-        An earlier fit of the same axes (e.g. before one more cell was measured): its
-        parameters are the only start (faster); otherwise several starts are tried.
 
     Returns
     -------
@@ -446,37 +443,78 @@ def fit_lut(
     ValueError
         Bad axes or table shapes, or fewer than 2 usable cells.
     """
-    opts = options or FitOptions()
-    u, lphi = grid_axes(batch_sizes, freqs_mhz)
+    cells = _Cells.of(batch_sizes, freqs_mhz, (time_s, peak_w, avg_w))
+    return _fit(cells, options or FitOptions(), None)
+
+
+def refit_lut(
+    warm: LUTFit,
+    time_s: npt.ArrayLike,
+    peak_w: npt.ArrayLike,
+    avg_w: npt.ArrayLike | None = None,
+    options: FitOptions | None = None,
+) -> LUTFit:
+    """``fit_lut`` on the axes of an earlier fit ``warm`` (e.g. before one more cell was
+    measured), started from its parameters only: faster than ``fit_lut``'s several starts.
+    """
+    cells = _Cells.of(warm.batch_sizes, warm.freqs_mhz, (time_s, peak_w, avg_w))
+    return _fit(cells, options or FitOptions(), warm)
+
+
+@dataclass(frozen=True)
+class _Cells:
+    """The measured tables of ``fit_lut`` on their grid: the axes, u and log φ of every
+    cell, time, peak and average power, and which cells are usable."""
+
+    batch_sizes: tuple[int, ...]
+    freqs_mhz: tuple[float, ...]
+    u: FloatArray
+    lphi: FloatArray
+    tables: tuple[FloatArray, FloatArray, FloatArray]
+    ok: BoolArray
+
+    @classmethod
+    def of(
+        cls,
+        batch_sizes: Sequence[int],
+        freqs_mhz: Sequence[float],
+        tables: tuple[npt.ArrayLike, npt.ArrayLike, npt.ArrayLike | None],
+    ) -> _Cells:
+        u, lphi = grid_axes(batch_sizes, freqs_mhz)
+        shape = u.shape
+        t = np.asarray(tables[0], dtype=np.float64)
+        p = np.asarray(tables[1], dtype=np.float64)
+        a = p if tables[2] is None else np.asarray(tables[2], dtype=np.float64)
+        if t.shape != shape or p.shape != shape or a.shape != shape:
+            raise ValueError(f"tables: expected shape {shape}, got {t.shape}, {p.shape}, {a.shape}")
+        ok = valid_cells(t, p, a)
+        if int(ok.sum()) < 2:
+            raise ValueError(f"fit_lut: needs at least 2 measured cells, got {int(ok.sum())}")
+        b = tuple(int(x) for x in batch_sizes)
+        return cls(b, tuple(float(x) for x in freqs_mhz), u, lphi, (t, p, a), ok)
+
+
+def _fit(cells: _Cells, opts: FitOptions, warm: LUTFit | None) -> LUTFit:
+    """``fit_lut``: each quantity's parametric fit (from ``warm``'s parameters when given,
+    else from several starts), then its residual correction."""
+    u, lphi, ok = cells.u, cells.lphi, cells.ok
     shape = u.shape
-    t = np.asarray(time_s, dtype=np.float64)
-    p = np.asarray(peak_w, dtype=np.float64)
-    a = p if avg_w is None else np.asarray(avg_w, dtype=np.float64)
-    if t.shape != shape or p.shape != shape or a.shape != shape:
-        raise ValueError(f"tables: expected shape {shape}, got {t.shape}, {p.shape}, {a.shape}")
-    ok = valid_cells(t, p, a)
-    if int(ok.sum()) < 2:
-        raise ValueError(f"fit_lut: needs at least 2 measured cells, got {int(ok.sum())}")
     rows = np.broadcast_to(np.arange(shape[0])[:, None], shape)
     u_axis = u[:, 0].copy()
-    b_ratio = max(float(batch_sizes[-1]) / float(batch_sizes[0]), 1.0 + 1e-9)
+    b_ratio = max(float(cells.batch_sizes[-1]) / float(cells.batch_sizes[0]), 1.0 + 1e-9)
     x_all = np.stack([u.ravel(), np.exp(lphi).ravel()], axis=1)
     x_meas = x_all[ok.ravel()]
     low = float(lphi.min())
     grid = _Data(rows.ravel(), u.ravel(), lphi.ravel(), np.zeros(u.size), u_axis, low)
 
     out: dict[str, tuple[FloatArray, FloatArray, FloatArray]] = {}
-    for name, values in (("time", t), ("peak", p), ("avg", a)):
+    for name, values in zip(("time", "peak", "avg"), cells.tables, strict=True):
         data = _Data(rows[ok], u[ok], lphi[ok], np.log(values[ok]), u_axis, low)
         if name == "time":
             problem, starts = _time_problem(data, opts, b_ratio)
         else:
             problem, starts = _power_problem(data, opts)
-        same_axes = warm is not None and (warm.batch_sizes, warm.freqs_mhz) == (
-            tuple(int(x) for x in batch_sizes),
-            tuple(float(x) for x in freqs_mhz),
-        )
-        if warm is not None and same_axes:
+        if warm is not None:
             starts = [np.array(getattr(warm, f"{name}_params"))]
         params = _best_fit(problem, starts, opts.max_iter)
         log_pred = problem.model(params, grid)[0].reshape(shape)
@@ -484,8 +522,8 @@ def fit_lut(
         mean, sd = _residual_gp(x_meas, res, x_all, opts)
         out[name] = (np.exp(log_pred + mean.reshape(shape)), sd.reshape(shape), params)
     return LUTFit(
-        batch_sizes=tuple(int(b) for b in batch_sizes),
-        freqs_mhz=tuple(float(f) for f in freqs_mhz),
+        batch_sizes=cells.batch_sizes,
+        freqs_mhz=cells.freqs_mhz,
         time_per_sample_s=out["time"][0],
         peak_power_w=out["peak"][0],
         avg_power_w=out["avg"][0],

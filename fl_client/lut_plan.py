@@ -29,9 +29,11 @@ from fl_client.lut_fit import (
     LUTFit,
     fit_lut,
     grid_axes,
+    refit_lut,
     valid_cells,
 )
-from fl_client.selector import TIE_TOLERANCE, Objective, PowerLimit, choose_cell
+from fl_client.power import PowerLimit
+from fl_client.selector import TIE_TOLERANCE, Objective, choose_cell
 
 #: A cell as (row, column): (index into batch sizes, index into frequencies).
 Cell = tuple[int, int]
@@ -275,7 +277,9 @@ class _State:
     def fit(self, opts: FitOptions, warm: LUTFit | None) -> LUTFit | None:
         if int(self.measured.sum()) < 2:
             return None
-        return fit_lut(self.b, self.f, self.time, self.peak, self.avg, opts, warm)
+        if warm is None:
+            return fit_lut(self.b, self.f, self.time, self.peak, self.avg, opts)
+        return refit_lut(warm, self.time, self.peak, self.avg, opts)
 
     def filled(self, fit: LUTFit) -> tuple[FloatArray, FloatArray, FloatArray]:
         keep = self.measured
@@ -376,10 +380,9 @@ class _Ctx:
 def plan_cells(
     batch_sizes: Sequence[int],
     freqs_mhz: Sequence[float],
-    caps_w: Sequence[float],
+    limits: Sequence[PowerLimit],
     r: Sequence[float],
     measure: MeasureFn,
-    cap_margin: float = 0.0,
     options: PlanOptions | None = None,
 ) -> PlannedLUT:
     """Measure a few cells, fit, then measure only where the fit is unsure; per cap a choice.
@@ -402,15 +405,14 @@ def plan_cells(
     ----------
     batch_sizes, freqs_mhz : sequence
         B and F, strictly ascending.
-    caps_w : sequence of float
-        The caps to serve in W (``math.inf``: no cap); duplicates are served once.
+    limits : sequence of PowerLimit
+        The caps to serve, each with its margin (``PowerLimit()``: no cap); a cap given
+        twice is served once.
     r : sequence of float
         Eq. 3's r_b per batch size.
     measure : callable
         ``measure(b, f) -> (time per sample s, peak W, average W)`` of one cell, measured
         as the profiler measures a cell (e.g. ``profiler.measure_cell``).
-    cap_margin : float
-        Share of each cap kept free (the selector's ``cap-margin``).
     options : PlanOptions, optional
 
     Returns
@@ -423,8 +425,8 @@ def plan_cells(
     grid_axes(b, f)
     if len(r) != len(b) or not all(0 < float(x) <= 1 for x in r):
         raise ValueError(f"r: expected {len(b)} values in (0, 1], got {list(r)!r}")
-    caps = _distinct_caps(caps_w)
-    limits = {cap: PowerLimit(cap, cap_margin).limit_w for cap in caps}  # margin checked
+    limits_w = _distinct_limits(limits)
+    caps = list(limits_w)
     select = opts.select or eq4_selector(r, opts.objective)
     ctx = _Ctx(select, np.asarray(r, dtype=np.float64)[:, None], opts)
     state = _State(b, f, measure)
@@ -438,7 +440,7 @@ def plan_cells(
         ranked = []
         for k, cap in enumerate(caps):
             if opts.pool_budget or spent[cap] < opts.cells_per_cap:
-                cand = _candidate(state, fit, limits[cap], ctx)
+                cand = _candidate(state, fit, limits_w[cap], ctx)
                 if cand is not None:
                     ranked.append((cand[1], -k, cap, cand[0]))
         if not ranked:
@@ -448,9 +450,9 @@ def plan_cells(
         spent[cap] += 1
         extra += 1
         fit = state.fit(opts.fit, fit) or fit
-    settled = [_candidate(state, fit, limits[cap], ctx) is None for cap in caps]
+    settled = [_candidate(state, fit, limits_w[cap], ctx) is None for cap in caps]
     return _result(
-        state, fit, limits, list(zip(spent.values(), settled, strict=True)), select, len(seeds)
+        state, fit, limits_w, list(zip(spent.values(), settled, strict=True)), select, len(seeds)
     )
 
 
@@ -466,17 +468,22 @@ def _first_fit(state: _State, opts: FitOptions) -> LUTFit:
     return fit
 
 
-def _distinct_caps(caps_w: Sequence[float]) -> list[float]:
-    caps: list[float] = []
-    for c in caps_w:
-        x = math.inf if c is None else float(c)
-        if math.isnan(x) or x <= 0:
-            raise ValueError(f"p-max-w: must be > 0 W or inf (no cap), got {c!r}")
-        if x not in caps:
-            caps.append(x)
-    if not caps:
-        raise ValueError("caps_w: give at least one cap (inf: no cap)")
-    return sorted(caps)
+def _distinct_limits(limits: Sequence[PowerLimit]) -> dict[float, float]:
+    """Each distinct cap in W → what a robust peak must stay below under it
+    (``PowerLimit.limit_w``), by ascending cap (no cap last)."""
+    by_cap: dict[float, PowerLimit] = {}
+    for limit in limits:
+        if not isinstance(limit, PowerLimit):
+            raise TypeError(f"limits: expected PowerLimit values, got {limit!r}")
+        seen = by_cap.setdefault(limit.p_max_w, limit)
+        if seen != limit:
+            raise ValueError(
+                f"cap-margin: the cap {limit.p_max_w:g} W is given with two margins, "
+                f"{seen.cap_margin:g} and {limit.cap_margin:g}"
+            )
+    if not by_cap:
+        raise ValueError("limits: give at least one cap (PowerLimit(): no cap)")
+    return {cap: by_cap[cap].limit_w for cap in sorted(by_cap)}
 
 
 def _result(

@@ -92,17 +92,29 @@ class TargetRun:
     seed: int
 
 
+@dataclass(frozen=True, eq=False)
+class InitialModel:
+    """The model every training run to a target starts from: its name (for r, one of
+    ``fl_client.model_zoo.MODEL_NAMES``), its weights (the federated run's initial global
+    model), and the sha256 of the checkpoint they were read from (the ``initial-weights``
+    run setting; "" when none). The sha256 is part of r's cache key when given, so an
+    estimate from other weights is never reused (the weights' own hash is in the key as
+    well)."""
+
+    model_name: str
+    state_dict: Mapping[str, torch.Tensor]
+    weights_sha256: str = ""
+
+
 def samples_to_target(
-    model_name: str,
-    initial_state_dict: Mapping[str, torch.Tensor],
+    start: InitialModel,
     proxy_train: data_splits.Data,
     proxy_eval: data_splits.Data,
-    run: TargetRun | None = None,
+    run: TargetRun,
     on_eval: ProgressFn | None = None,
     device: torch.device | str | None = None,
-    **settings: Any,
 ) -> tuple[int | None, list[tuple[int, float]], int]:
-    """Train one (b, seed) from ``initial_state_dict`` until the proxy target accuracy.
+    """Train ``run`` = one (b, seed) from ``start`` until the proxy target accuracy.
 
     Minibatches of exactly ``batch_size`` samples are drawn from a stream of seeded
     permutations of ``proxy_train`` (a minibatch may span two epochs, so every step has the
@@ -112,19 +124,16 @@ def samples_to_target(
     budget's end); when ``eval_every_samples`` is a multiple of b that is exactly the
     schedule, otherwise the next step boundary after it.
 
-    ``run`` (or its fields as keywords, ``settings``) says what to train.
-
     Returns
     -------
     (int or None, list of (int, float), int)
         Samples processed when the target was first reached (``None`` if not within
         ``max_samples``), the evaluation points, and the samples processed in all.
     """
-    run = run if run is not None else TargetRun(**settings)
     batch_size, eval_every_samples = run.batch_size, run.eval_every_samples
     max_samples, target_accuracy = run.max_samples, run.target_accuracy
-    model = model_zoo.build_model(model_name)
-    model.load_state_dict(dict(initial_state_dict))
+    model = model_zoo.build_model(start.model_name)
+    model.load_state_dict(dict(start.state_dict))
     if device is not None:
         model.to(device)
     dev = model_zoo.model_device(model)
@@ -181,29 +190,25 @@ class ROptions:
 
 
 def estimate_r(
-    model_name: str,
-    initial_state_dict: Mapping[str, torch.Tensor],
+    start: InitialModel,
     proxy_train: data_splits.Data,
     proxy_eval: data_splits.Data,
     batch_sizes: Sequence[int],
-    options: ROptions | None = None,
+    options: ROptions,
     cache_dir: str | os.PathLike[str] | None = None,
-    weights_sha256: str = "",
-    **settings: Any,
 ) -> REstimate:
     """Estimate r (Eq. 3) on the proxy set, reading and writing an on-disk cache.
 
     Parameters
     ----------
-    model_name : str
-        One of ``fl_client.model_zoo.MODEL_NAMES``.
-    initial_state_dict : mapping of str to Tensor
-        The weights every run starts from (the federated run's initial global model).
+    start : InitialModel
+        The model (one of ``fl_client.model_zoo.MODEL_NAMES``), the weights every run starts
+        from, and the sha256 of their checkpoint (part of the cache key when given).
     proxy_train, proxy_eval : TensorDataset or (Tensor, Tensor)
         The server's proxy data D_S: trained on, and evaluated on.
     batch_sizes : sequence of int
         B, positive and strictly ascending (``batch-sizes``).
-    options : ROptions, optional
+    options : ROptions
         ``target_accuracy`` in (0, 1); ``lr_ref`` (Adam at ``b_ref``; b trains at
         lr_ref·sqrt(b/b_ref)); ``eval_every_samples``, the evaluation period, the same for
         every b (a multiple of max(B) makes the schedule exact for every b);
@@ -212,12 +217,6 @@ def estimate_r(
         when False.
     cache_dir : path, optional
         Where estimates are cached (keyed by ``cache_key``); no caching if ``None``.
-    weights_sha256 : str, optional
-        sha256 of the checkpoint ``initial_state_dict`` was read from (the
-        ``initial-weights`` run setting); part of the cache key when given, so an estimate
-        from other weights is never reused (the weights' own hash is in the key as well).
-    **settings
-        ``ROptions`` fields as keywords, instead of ``options``.
 
     Returns
     -------
@@ -231,13 +230,39 @@ def estimate_r(
     TargetNotReachedError
         No batch size reached the target within ``max_samples``.
     """
-    opts = options if options is not None else ROptions(**settings)
+    opts = options
     sizes = validate_settings(batch_sizes, opts)
+    model_name = start.model_name
     if model_name not in model_zoo.MODEL_NAMES:
         raise ValueError(
             f"model: unknown model {model_name!r}; allowed: {', '.join(model_zoo.MODEL_NAMES)}"
         )
     lrs = {b: task.scaled_lr(opts.lr_ref, opts.b_ref, b) for b in sizes}
+    record = _settings_record(opts, lrs, (proxy_train, proxy_eval), start.weights_sha256)
+    inputs = cache_inputs(model_name, start.state_dict, proxy_train, proxy_eval, sizes, record)
+    key = cache_key(inputs)
+    path = None
+    if cache_dir is not None:
+        path = Path(cache_dir) / f"r-{model_name}-{key[:24]}.json"
+        cached = read_cache(path, inputs)
+        if cached is not None:
+            log.info("r estimate read from cache %s", path)
+            return cached
+
+    est = _compute(_Job(start, proxy_train, proxy_eval, sizes, lrs, record, key), opts.progress)
+    if path is not None:
+        write_cache(path, est, inputs)
+    return est
+
+
+def _settings_record(
+    opts: ROptions,
+    lrs: Mapping[int, float],
+    proxy: tuple[data_splits.Data, data_splits.Data],
+    weights_sha256: str,
+) -> dict[str, Any]:
+    """What an estimate depends on besides the model, its weights and the data: the
+    settings, the lr of each b, the proxy sets' sizes and the checkpoint's sha256."""
     record: dict[str, Any] = {
         "target_accuracy": float(opts.target_accuracy),
         "lr_ref": float(opts.lr_ref),
@@ -248,36 +273,19 @@ def estimate_r(
         "optimizer": "adam",
         "lr_scaling": "sqrt",
         "lr_by_batch_size": {str(b): lr for b, lr in lrs.items()},
-        "proxy_train_size": len(data_splits.as_tensors(proxy_train)[0]),
-        "proxy_eval_size": len(data_splits.as_tensors(proxy_eval)[0]),
+        "proxy_train_size": len(data_splits.as_tensors(proxy[0])[0]),
+        "proxy_eval_size": len(data_splits.as_tensors(proxy[1])[0]),
     }
     if weights_sha256:
         record["initial_weights_sha256"] = weights_sha256
-    inputs = cache_inputs(model_name, initial_state_dict, proxy_train, proxy_eval, sizes, record)
-    key = cache_key(inputs)
-    path = None
-    if cache_dir is not None:
-        path = Path(cache_dir) / f"r-{model_name}-{key[:24]}.json"
-        cached = read_cache(path, inputs)
-        if cached is not None:
-            log.info("r estimate read from cache %s", path)
-            return cached
-
-    est = _compute(
-        _Job(model_name, initial_state_dict, proxy_train, proxy_eval, sizes, lrs, record, key),
-        opts.progress,
-    )
-    if path is not None:
-        write_cache(path, est, inputs)
-    return est
+    return record
 
 
 @dataclass(frozen=True)
 class _Job:
-    """What ``_compute`` trains: model, weights, proxy data, B, lr per b, settings, key."""
+    """What ``_compute`` trains: the start, proxy data, B, lr per b, settings, key."""
 
-    model_name: str
-    initial_state_dict: Mapping[str, torch.Tensor]
+    start: InitialModel
     proxy_train: data_splits.Data
     proxy_eval: data_splits.Data
     sizes: list[int]
@@ -287,16 +295,11 @@ class _Job:
 
 
 def _compute(job: _Job, progress: bool) -> REstimate:
-    settings, sizes, lrs = job.settings, job.sizes, job.lrs
-    seeds: list[int] = settings["seeds"]
-    target, max_samples = settings["target_accuracy"], settings["max_samples"]
-    runs = [(seed, b) for seed in seeds for b in sizes]
-    per_b: dict[int, list[int | None]] = {b: [] for b in sizes}
-    curves: dict[int, list[tuple[tuple[int, float], ...]]] = {b: [] for b in sizes}
-    cost_samples = 0
+    settings, sizes = job.settings, job.sizes
+    target = settings["target_accuracy"]
     t0 = time.perf_counter()
     bar = ProgressBar(
-        len(runs),
+        len(settings["seeds"]) * len(sizes),
         enabled=progress,
         title="r estimation",
         terminal_only=True,
@@ -304,40 +307,12 @@ def _compute(job: _Job, progress: bool) -> REstimate:
         logger=log,
     )
     with bar.running():
-        for seed, b in runs:
-            bar.start(f"r: seed {seed} b={b}", "0 samples")
-            t_run = time.perf_counter()
-            n_acc, curve, used = samples_to_target(
-                job.model_name,
-                job.initial_state_dict,
-                job.proxy_train,
-                job.proxy_eval,
-                on_eval=lambda n: bar.detail(f"{n}/{max_samples} samples"),
-                batch_size=b,
-                lr=lrs[b],
-                target_accuracy=target,
-                eval_every_samples=settings["eval_every_samples"],
-                max_samples=max_samples,
-                seed=seed,
-            )
-            per_b[b].append(n_acc)
-            curves[b].append(tuple(curve))
-            cost_samples += used
-            best = max((a for _, a in curve), default=float("nan"))
-            bar.done(
-                f"r: seed {seed} b={b} lr={lrs[b]:.2e}: "
-                + (
-                    f"target {target:.2f} reached at {n_acc} samples"
-                    if n_acc is not None
-                    else f"target {target:.2f} NOT reached in {used} samples (best {best:.3f})"
-                )
-                + f" ({time.perf_counter() - t_run:.1f} s)"
-            )
+        per_b, curves, cost_samples = _train_runs(job, bar)
     cost_time_s = time.perf_counter() - t0
 
     eq3 = derive_r(sizes, per_b)
     est = REstimate(
-        model_name=job.model_name,
+        model_name=job.start.model_name,
         batch_sizes=eq3.batch_sizes,
         r=eq3.r,
         all_batch_sizes=tuple(sizes),
@@ -356,10 +331,66 @@ def _compute(job: _Job, progress: bool) -> REstimate:
         for b, row in zip(sizes, est.table(), strict=True)
     )
     bar.report(
-        f"r estimate ({job.model_name}, proxy target {target:.2f}): {summary}; "
+        f"r estimate ({job.start.model_name}, proxy target {target:.2f}): {summary}; "
         f"cost {cost_time_s:.1f} s, {cost_samples} samples"
     )
-    if not eq3.batch_sizes:
+    _check_reached(est, settings)
+    return est
+
+
+def _train_runs(
+    job: _Job, bar: ProgressBar
+) -> tuple[dict[int, list[int | None]], dict[int, list[tuple[tuple[int, float], ...]]], int]:
+    """Every (seed, b) run of ``job`` to the target: per b, the samples to target and the
+    evaluation curve of each seed, and the samples processed in all."""
+    settings, lrs = job.settings, job.lrs
+    target, max_samples = settings["target_accuracy"], settings["max_samples"]
+    per_b: dict[int, list[int | None]] = {b: [] for b in job.sizes}
+    curves: dict[int, list[tuple[tuple[int, float], ...]]] = {b: [] for b in job.sizes}
+    cost_samples = 0
+    for seed, b in [(seed, b) for seed in settings["seeds"] for b in job.sizes]:
+        bar.start(f"r: seed {seed} b={b}", "0 samples")
+        t_run = time.perf_counter()
+        run = TargetRun(
+            batch_size=b,
+            lr=lrs[b],
+            target_accuracy=target,
+            eval_every_samples=settings["eval_every_samples"],
+            max_samples=max_samples,
+            seed=seed,
+        )
+        n_acc, curve, used = samples_to_target(
+            job.start,
+            job.proxy_train,
+            job.proxy_eval,
+            run,
+            on_eval=lambda n: bar.detail(f"{n}/{max_samples} samples"),
+        )
+        per_b[b].append(n_acc)
+        curves[b].append(tuple(curve))
+        cost_samples += used
+        best = max((a for _, a in curve), default=float("nan"))
+        bar.done(
+            f"r: seed {seed} b={b} lr={lrs[b]:.2e}: "
+            + (
+                f"target {target:.2f} reached at {n_acc} samples"
+                if n_acc is not None
+                else f"target {target:.2f} NOT reached in {used} samples (best {best:.3f})"
+            )
+            + f" ({time.perf_counter() - t_run:.1f} s)"
+        )
+    return per_b, curves, cost_samples
+
+
+def _check_reached(est: REstimate, settings: Mapping[str, Any]) -> None:
+    """The budget rule's outcome: ``TargetNotReachedError`` when no batch size reached the
+    target, a warning naming those that did not."""
+    sizes, target, max_samples = (
+        list(est.all_batch_sizes),
+        settings["target_accuracy"],
+        settings["max_samples"],
+    )
+    if not est.batch_sizes:
         raise TargetNotReachedError(
             f"r estimation: no batch size in {sizes} reached proxy-target-accuracy "
             f"{target} within max-samples={max_samples} (best proxy accuracy "
@@ -367,16 +398,15 @@ def _compute(job: _Job, progress: bool) -> REstimate:
             "(or lr-ref)",
             est,
         )
-    if eq3.unreached:
+    if est.unreached:
         log.warning(
             "r estimation: batch sizes %s did not reach proxy-target-accuracy %.2f within "
             "max-samples=%d for every seed; they are excluded from the batch sizes sent "
             "to clients",
-            list(eq3.unreached),
+            list(est.unreached),
             target,
             max_samples,
         )
-    return est
 
 
 def round0_model(settings: RunSettings) -> tuple[torch.nn.Module, InitialWeights | None]:
@@ -412,20 +442,20 @@ def estimate_run_r(
     splits = data_splits.load_splits(settings.proxy_dataset or settings.dataset, seed=settings.seed)
     try:
         return estimate_r(
-            settings.model,
-            state,
+            InitialModel(settings.model, state, weights_sha256),
             splits.proxy_train,
             splits.proxy_eval,
             settings.batch_sizes,
-            target_accuracy=settings.proxy_target_accuracy,
-            lr_ref=settings.lr_ref,
-            b_ref=settings.b_ref,
-            eval_every_samples=settings.r_eval_every_samples,
-            max_samples=settings.r_max_samples,
-            seeds=tuple(range(settings.r_seeds)),
+            ROptions(
+                target_accuracy=settings.proxy_target_accuracy,
+                lr_ref=settings.lr_ref,
+                b_ref=settings.b_ref,
+                eval_every_samples=settings.r_eval_every_samples,
+                max_samples=settings.r_max_samples,
+                seeds=tuple(range(settings.r_seeds)),
+                progress=progress,
+            ),
             cache_dir=resolve_path(settings.cache_dir) / "r",
-            weights_sha256=weights_sha256,
-            progress=progress,
         )
     except TargetNotReachedError as err:
         best = _best_accuracy(err.estimate)

@@ -78,16 +78,24 @@ def _run_step(step_runner: StepRunner | None, batch_size: int, fn: Callable[[], 
         step_runner(batch_size, fn)
 
 
+@dataclass(frozen=True)
+class TrainOptions:
+    """How ``train`` trains: minibatch size b, Adam's learning rate (see ``scaled_lr``), the
+    passes over the data, the seed of the minibatch order, and an optional budget: stop
+    after the minibatch that brings the processed samples to ``max_samples``."""
+
+    batch_size: int
+    lr: float
+    epochs: int = 1
+    seed: int = 0
+    max_samples: int | None = None
+
+
 def train(
     model: nn.Module,
     data: Data,
-    *,
-    batch_size: int,
-    lr: float,
-    epochs: int = 1,
-    seed: int = 0,
+    options: TrainOptions,
     step_runner: StepRunner | None = None,
-    max_samples: int | None = None,
 ) -> TrainResult:
     """Train ``model`` in place with Adam on shuffled minibatches of ``data``.
 
@@ -101,26 +109,19 @@ def train(
         The model; trained on the device its parameters live on.
     data : TensorDataset or (Tensor, Tensor)
         Training images and labels.
-    batch_size : int
-        Minibatch size b.
-    lr : float
-        Adam learning rate (see ``scaled_lr``).
-    epochs : int
-        Passes over ``data``.
-    seed : int
-        Seed of the minibatch order.
+    options : TrainOptions
+        Minibatch size, learning rate, epochs, seed of the minibatch order, sample budget.
     step_runner : callable, optional
         ``step_runner(actual_batch_size, fn)`` is called for every minibatch with a zero-arg
         ``fn`` doing forward, backward and the optimizer step; a device meter uses it to
         account for device time and power. By default ``fn`` is just called.
-    max_samples : int, optional
-        Stop after the minibatch that brings the processed samples to this many.
 
     Returns
     -------
     TrainResult
         Examples, steps, samples processed and the mean training loss.
     """
+    batch_size, epochs, max_samples = options.batch_size, options.epochs, options.max_samples
     if batch_size < 1:
         raise ValueError(f"batch-size: must be ≥ 1, got {batch_size!r}")
     if epochs < 1:
@@ -128,8 +129,8 @@ def train(
     x_all, y_all = as_tensors(data)
     n = len(x_all)
     device = model_device(model)
-    optimizer = make_optimizer(model, lr)
-    gen = torch.Generator().manual_seed(seed)
+    optimizer = make_optimizer(model, options.lr)
+    gen = torch.Generator().manual_seed(options.seed)
     model.train()
     losses: list[torch.Tensor] = []  # read back once, after the last step
     samples = 0

@@ -3,7 +3,6 @@ training runs to an accuracy target, and full-grid LUTs on a device's digital tw
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import time
@@ -20,7 +19,7 @@ from fl_client.devices import open_device
 from fl_client.devices.simulated import load_device_spec
 from fl_client.node import max_batch_size, workload_for
 from fl_client.profiler import profile
-from fl_client.r_estimation import samples_to_target
+from fl_client.r_estimation import InitialModel, samples_to_target
 from simulations.experiments.config import ExperimentConfigError
 from simulations.experiments.progress import Progress
 from simulations.experiments.records import digest, read_record, write_json
@@ -151,9 +150,6 @@ class TargetRun(r_estimation.TargetRun):
             seed=seed,
         )
 
-    def kwargs(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 def train_images(
     model: str,
@@ -166,11 +162,10 @@ def train_images(
     (Adam, ``fl_client.r_estimation.samples_to_target``)."""
     train_set, eval_set = sets
     return samples_to_target(
-        model,
-        initial_state(model, run.seed),
+        InitialModel(model, initial_state(model, run.seed)),
         train_set,
         eval_set,
-        **run.kwargs(),
+        run,
         on_eval=on_eval,
         device=device,
     )

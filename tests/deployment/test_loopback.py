@@ -393,7 +393,7 @@ def _pretrained(path: Path) -> tuple[str, float]:
     splits = data_splits.load_splits("digits", seed=7)
     torch.manual_seed(123)
     model = model_zoo.build_model("cnn")
-    task.train(model, splits.proxy_train, batch_size=32, lr=3e-3, epochs=3)
+    task.train(model, splits.proxy_train, task.TrainOptions(batch_size=32, lr=3e-3, epochs=3))
     checkpoint.save(model.state_dict(), path)
     return checkpoint.file_sha256(path), task.evaluate(model, splits.test)[1]
 

@@ -7,6 +7,7 @@ power with a voltage knee), none of them the digital twin's formula.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,11 @@ from fl_client.selector import PowerLimit
 B6 = (4, 8, 16, 32, 64, 128)
 F12 = tuple(round(76.8 * k, 1) for k in range(1, 13))  # 76.8 … 921.6 MHz
 REPO = Path(__file__).resolve().parents[2]
+
+
+def limits(caps_w: Sequence[float], cap_margin: float = 0.0) -> list[PowerLimit]:
+    """Each cap with the same margin."""
+    return [PowerLimit(cap, cap_margin) for cap in caps_w]
 
 
 def _limit_w(cap_w: float) -> float:

@@ -12,7 +12,7 @@ import torch
 
 from fl_client import checkpoint, data_splits, model_zoo
 from fl_client.checkpoint import CheckpointError
-from fl_client.r_estimation import estimate_r
+from fl_client.r_estimation import InitialModel, ROptions, estimate_r
 
 
 def _cnn_state(seed: int = 3, num_classes: int = 10) -> dict[str, torch.Tensor]:
@@ -165,20 +165,20 @@ def test_the_checkpoints_sha256_keys_the_r_cache(tmp_path: Path) -> None:
     """Another checkpoint, even with the same tensors, never reuses a cached r."""
     splits = data_splits.load_digits_splits(0)
     state = _cnn_state()
-    kwargs = {
-        "target_accuracy": 0.3,
-        "lr_ref": 0.005,
-        "b_ref": 64,
-        "eval_every_samples": 64,
-        "max_samples": 640,
-        "seeds": (0,),
-        "cache_dir": tmp_path / "r",
-        "progress": False,
-    }
-    data = (splits.proxy_train, splits.proxy_eval, [32, 64])
-    a = estimate_r("cnn", state, *data, weights_sha256="a" * 64, **kwargs)  # type: ignore[arg-type]
-    again = estimate_r("cnn", state, *data, weights_sha256="a" * 64, **kwargs)  # type: ignore[arg-type]
-    other = estimate_r("cnn", state, *data, weights_sha256="b" * 64, **kwargs)  # type: ignore[arg-type]
+    options = ROptions(
+        target_accuracy=0.3,
+        lr_ref=0.005,
+        b_ref=64,
+        eval_every_samples=64,
+        max_samples=640,
+        seeds=(0,),
+        progress=False,
+    )
+    data = (splits.proxy_train, splits.proxy_eval, [32, 64], options)
+    cache_dir = tmp_path / "r"
+    a = estimate_r(InitialModel("cnn", state, "a" * 64), *data, cache_dir=cache_dir)
+    again = estimate_r(InitialModel("cnn", state, "a" * 64), *data, cache_dir=cache_dir)
+    other = estimate_r(InitialModel("cnn", state, "b" * 64), *data, cache_dir=cache_dir)
     assert again.from_cache and again.cache_key == a.cache_key
     assert not other.from_cache and other.cache_key != a.cache_key
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from fl_client import data_splits, model_zoo, partitions
+from fl_client.partitions import Partitioning
 
 # --- digits splits -----------------------------------------------------------------------
 
@@ -84,7 +85,9 @@ def test_partition_spec_defaults_and_the_run_settings() -> None:
     )
     # The spec is the partitioner's input as it was: the same parts for the same values.
     labels = data_splits.as_tensors(data_splits.load_splits("digits", 4).pool)[1].numpy()
-    expected = partitions.partition(labels, 5, "pathological", seed=4, classes_per_node=3)
+    expected = partitions.partition(
+        labels, 5, Partitioning("pathological", seed=4, classes_per_node=3)
+    )
     for got, want in zip(data_splits.PartitionSpec.of(settings).parts(5), expected, strict=True):
         assert np.array_equal(got, want)
 

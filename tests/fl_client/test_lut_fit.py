@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from fl_client.lut_fit import FitOptions, fit_error, fit_lut, mape
+from fl_client.lut_fit import FitOptions, fit_error, fit_lut, mape, refit_lut
 from fl_client.lut_plan import seed_cells
 from tests.fl_client.lut_tables import (
     B6,
@@ -121,3 +121,18 @@ def test_mape() -> None:
     assert mape([1.1, 2.0, np.nan], [1.0, 2.0, 3.0]) == pytest.approx(5.0)
     assert mape([1.1, 2.0], [1.0, 2.0], mask=[False, True]) == 0.0
     assert math.isnan(mape([np.nan], [1.0]))
+
+
+def test_refit_starts_from_the_earlier_fit_on_its_axes() -> None:
+    truth = synthetic()
+    cells = seed_cells(6, 12, 8)
+    warm = fit_lut(B6, F12, *only(cells, truth))
+    more = only([*cells, (2, 5), (3, 9)], truth)
+    again = refit_lut(warm, *more)
+    fresh = fit_lut(B6, F12, *more)
+    assert (again.batch_sizes, again.freqs_mhz) == (warm.batch_sizes, warm.freqs_mhz)
+    assert again.n_cells == warm.n_cells + 2 == 10
+    assert np.allclose(again.time_per_sample_s, fresh.time_per_sample_s, rtol=0.05)
+    assert np.allclose(again.peak_power_w, fresh.peak_power_w, rtol=0.05)
+    with pytest.raises(ValueError, match="tables: expected shape"):
+        refit_lut(warm, more[0][:, :5], more[1][:, :5], more[2][:, :5])

@@ -23,6 +23,7 @@ from tests.fl_client.lut_tables import (
     REPO,
     _limit_w,
     grid_measure,
+    limits,
     only,
     synthetic,
 )
@@ -55,7 +56,7 @@ def test_plan_respects_budgets(pool: bool, seeds: int, per_cap: int) -> None:
     log: list[tuple[int, float]] = []
     truth = synthetic(noise=0.01)
     opts = PlanOptions(seed_cells=seeds, cells_per_cap=per_cap, pool_budget=pool)
-    plan = plan_cells(B6, F12, CAPS, R_SQRT, grid_measure(truth, log), 0.05, opts)
+    plan = plan_cells(B6, F12, limits(CAPS, 0.05), R_SQRT, grid_measure(truth, log), opts)
     assert len(log) == len(plan.cells) <= seeds + per_cap * len(CAPS)
     assert len(set(log)) == len(log)  # no cell measured twice
     assert plan.seed_count == seeds
@@ -65,7 +66,7 @@ def test_plan_respects_budgets(pool: bool, seeds: int, per_cap: int) -> None:
 
 
 def test_plan_caps_are_served_once_sorted() -> None:
-    plan = plan_cells(B6, F12, [6.0, 3.0, math.inf, 6.0], R_SQRT, grid_measure(synthetic()))
+    plan = plan_cells(B6, F12, limits([6.0, 3.0, math.inf, 6.0]), R_SQRT, grid_measure(synthetic()))
     assert [c.cap_w for c in plan.choices] == [3.0, 6.0, math.inf]
     assert plan.choice_for(math.inf).cap_w == math.inf
     with pytest.raises(KeyError):
@@ -77,7 +78,7 @@ def test_chosen_cell_is_measured_and_eq4_on_the_measured_cells(seed: int) -> Non
     truth = synthetic(noise=0.015, seed=seed)
     rng = np.random.default_rng(seed)
     r = sorted(rng.uniform(0.2, 1.0, 6))
-    plan = plan_cells(B6, F12, CAPS, r, grid_measure(truth), cap_margin=0.05)
+    plan = plan_cells(B6, F12, limits(CAPS, 0.05), r, grid_measure(truth))
     m_t, m_p, m_a = plan.measured_tables()
     assert np.array_equal(np.isnan(m_t), ~plan.measured)
     select = eq4_selector(r)
@@ -105,7 +106,7 @@ def _boundary_cells(peak: np.ndarray, limit: float) -> set[tuple[int, int]]:
 @pytest.mark.parametrize("seed", range(3))
 def test_a_boundary_cell_is_measured_for_each_cap(seed: int) -> None:
     truth = synthetic(noise=0.01, seed=seed)
-    plan = plan_cells(B6, F12, CAPS, R_SQRT, grid_measure(truth), cap_margin=0.05)
+    plan = plan_cells(B6, F12, limits(CAPS, 0.05), R_SQRT, grid_measure(truth))
     measured = {(int(i), int(j)) for i, j in np.argwhere(plan.measured)}
     for cap in CAPS[:-1]:
         boundary = _boundary_cells(truth[1], cap * 0.95)
@@ -121,7 +122,7 @@ def test_plan_matches_the_full_grid_choice() -> None:
         truth = synthetic(noise=0.01, seed=seed)
         for gamma in (0.0, 0.5, 0.8):
             r = [(b / 128) ** gamma for b in B6]
-            plan = plan_cells(B6, F12, CAPS, r, grid_measure(truth), cap_margin=0.05)
+            plan = plan_cells(B6, F12, limits(CAPS, 0.05), r, grid_measure(truth))
             select = eq4_selector(r)
             for choice in plan.choices:
                 full = select(*truth, _limit_w(choice.cap_w))
@@ -142,7 +143,7 @@ def test_next_cell_names_the_cell_plan_cells_measures_next() -> None:
     r = R_SQRT
     log: list[tuple[int, float]] = []
     opts = PlanOptions(pool_budget=False, cells_per_cap=1)
-    plan_cells(B6, F12, [3.0], r, grid_measure(truth, log), cap_margin=0.05, options=opts)
+    plan_cells(B6, F12, limits([3.0], 0.05), r, grid_measure(truth, log), options=opts)
     seeds = [(B6.index(b), F12.index(f)) for b, f in log[:-1]]  # all but the planned cell
     tables = only(seeds, truth)
     tried = ~np.isnan(tables[0])
@@ -163,7 +164,7 @@ def test_plan_survives_failed_cells() -> None:
         t, p, a = inner(b, f)
         return (math.nan, p, a) if (b, f) in failing else (t, p, a)
 
-    plan = plan_cells(B6, F12, CAPS, R_SQRT, measure, cap_margin=0.05)
+    plan = plan_cells(B6, F12, limits(CAPS, 0.05), R_SQRT, measure)
     assert len(log) <= 8 + 2 * len(CAPS)
     assert Counter(log).most_common(1)[0][1] == 1  # a failed cell is not measured again
     assert not _measured_cells(plan) & failing
@@ -183,15 +184,15 @@ def test_plan_with_every_seed_failing_but_two() -> None:
             return (math.nan, math.nan, math.nan)
         return float(truth[0][i, j]), float(truth[1][i, j]), float(truth[2][i, j])
 
-    plan = plan_cells(B6, F12, [math.inf], [1.0] * 6, measure)
+    plan = plan_cells(B6, F12, limits([math.inf]), [1.0] * 6, measure)
     assert int(plan.measured.sum()) == 2
     assert len(plan.cells) <= 8 + 2
     with pytest.raises(ValueError, match="fewer than 2"):
-        plan_cells(B6, F12, [math.inf], [1.0] * 6, lambda b, f: (math.nan,) * 3)
+        plan_cells(B6, F12, limits([math.inf]), [1.0] * 6, lambda b, f: (math.nan,) * 3)
 
 
 def test_plan_when_no_cell_is_feasible_reports_none() -> None:
-    plan = plan_cells(B6, F12, [1.0, math.inf], R_SQRT, grid_measure(synthetic()))
+    plan = plan_cells(B6, F12, limits([1.0, math.inf]), R_SQRT, grid_measure(synthetic()))
     assert plan.choice_for(1.0).batch_size is None
     assert plan.choice_for(math.inf).batch_size is not None
 
@@ -217,7 +218,7 @@ def test_plan_on_the_replay_table_matches_its_full_grid() -> None:
     for gamma in (0.0, 0.5):
         r_vec = [(b / b_axis[-1]) ** gamma for b in b_axis]
         caps = (4.5, 5.0, 7.0, math.inf)
-        plan = plan_cells(b_axis, f_axis, caps, r_vec, measure, cap_margin=0.05)
+        plan = plan_cells(b_axis, f_axis, limits(caps, 0.05), r_vec, measure)
         assert len(plan.cells) <= 8 + 2 * len(caps)
         assert fit_error(plan.fit, t, p).time_mape_pct < 2.0
         select = eq4_selector(r_vec)
@@ -229,23 +230,21 @@ def test_plan_on_the_replay_table_matches_its_full_grid() -> None:
 def test_plan_input_errors() -> None:
     measure = grid_measure(synthetic())
     with pytest.raises(ValueError, match="r:"):
-        plan_cells(B6, F12, CAPS, [1.0] * 5, measure)
+        plan_cells(B6, F12, limits(CAPS), [1.0] * 5, measure)
     with pytest.raises(ValueError, match="r:"):
-        plan_cells(B6, F12, CAPS, [0.0] + [1.0] * 5, measure)
-    with pytest.raises(ValueError, match="p-max-w"):
-        plan_cells(B6, F12, [0.0], R_SQRT, measure)
-    with pytest.raises(ValueError, match="p-max-w"):
-        plan_cells(B6, F12, [math.nan], R_SQRT, measure)
-    with pytest.raises(ValueError, match="caps_w"):
+        plan_cells(B6, F12, limits(CAPS), [0.0] + [1.0] * 5, measure)
+    with pytest.raises(ValueError, match="limits"):
         plan_cells(B6, F12, [], R_SQRT, measure)
+    with pytest.raises(TypeError, match="limits"):
+        plan_cells(B6, F12, [3.0], R_SQRT, measure)  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="cap-margin: the cap 3 W is given with two margins"):
+        plan_cells(B6, F12, [PowerLimit(3.0, 0.05), PowerLimit(3.0)], R_SQRT, measure)
     with pytest.raises(ValueError, match="seed_cells"):
         PlanOptions(seed_cells=1)
     with pytest.raises(ValueError, match="cells_per_cap"):
         PlanOptions(cells_per_cap=-1)
     with pytest.raises(ValueError, match="min_chance"):
         PlanOptions(min_chance=1.5)
-    with pytest.raises(ValueError, match="cap-margin"):
-        plan_cells(B6, F12, CAPS, R_SQRT, measure, cap_margin=1.0)
 
 
 # --------------------------------------------------------------------------- Eq. 4

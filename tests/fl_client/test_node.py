@@ -254,7 +254,7 @@ def test_the_oracles_r_is_keyed_by_the_checkpoints_sha256(
     real = node.estimate_r
 
     def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(kwargs["weights_sha256"])
+        calls.append(args[0].weights_sha256)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(node, "estimate_r", counted)

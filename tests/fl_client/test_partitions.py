@@ -14,6 +14,7 @@ import torch
 
 from fl_client import data_splits, image_data, model_zoo, partitions
 from fl_client.contract import SettingsError
+from fl_client.partitions import Partitioning
 from tests.image_npz import REAL_DATA_ROOT, write_image_npz
 
 LABELS = np.arange(1000) % 10
@@ -47,8 +48,8 @@ def hf_offline(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("partitioning", ["iid", "dirichlet", "pathological"])
 def test_each_partitioner_is_seeded_disjoint_and_leaves_no_node_empty(partitioning):
-    parts = partitions.partition(LABELS, 6, partitioning, alpha=0.5, seed=3)
-    again = partitions.partition(LABELS, 6, partitioning, alpha=0.5, seed=3)
+    parts = partitions.partition(LABELS, 6, Partitioning(partitioning, alpha=0.5, seed=3))
+    again = partitions.partition(LABELS, 6, Partitioning(partitioning, alpha=0.5, seed=3))
     assert all(np.array_equal(p, q) for p, q in zip(parts, again, strict=True))
     joined = np.concatenate(parts)
     assert len(joined) == len(np.unique(joined)) and min(map(len, parts)) > 0
@@ -71,24 +72,30 @@ def label_skew(parts: list[np.ndarray], labels: np.ndarray) -> float:
 
 
 def test_iid_parts_are_near_equal_and_cover_the_pool_once():
-    parts = partitions.partition(np.zeros(101, dtype=np.int64), 4, "iid", seed=1)
+    parts = partitions.partition(np.zeros(101, dtype=np.int64), 4, Partitioning("iid", seed=1))
     assert sorted(len(p) for p in parts) == [25, 25, 25, 26]
     np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(101))
 
 
 def test_dirichlet_keeps_its_min_size_and_skews_the_labels_more_than_iid():
     labels = data_splits.as_tensors(data_splits.load_digits_splits(seed=7).pool)[1].numpy()
-    parts = partitions.partition(labels, 8, "dirichlet", alpha=0.5, seed=7, min_size=20)
+    parts = partitions.partition(
+        labels, 8, Partitioning("dirichlet", alpha=0.5, seed=7, min_size=20)
+    )
     np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(len(labels)))
     assert min(len(p) for p in parts) >= 20
-    other = partitions.partition(labels, 8, "dirichlet", alpha=0.5, seed=8, min_size=20)
+    other = partitions.partition(
+        labels, 8, Partitioning("dirichlet", alpha=0.5, seed=8, min_size=20)
+    )
     assert not all(np.array_equal(p, q) for p, q in zip(parts, other, strict=True))
-    iid = partitions.partition(labels, 8, "iid", seed=7)
+    iid = partitions.partition(labels, 8, Partitioning("iid", seed=7))
     assert label_skew(parts, labels) > 2 * label_skew(iid, labels)
 
 
 def test_pathological_gives_each_node_its_number_of_classes():
-    parts = partitions.partition(LABELS, 5, "pathological", classes_per_node=3, seed=0)
+    parts = partitions.partition(
+        LABELS, 5, Partitioning("pathological", classes_per_node=3, seed=0)
+    )
     assert [len(np.unique(LABELS[p])) for p in parts] == [3] * 5
 
 
@@ -96,7 +103,7 @@ def test_iid_is_flower_datasets_iid_partitioner_over_the_seeded_shuffle():
     from datasets import Dataset
     from flwr_datasets.partitioner import IidPartitioner
 
-    ours = partitions.partition(np.zeros(50, dtype=int), 4, "iid", seed=9)
+    ours = partitions.partition(np.zeros(50, dtype=int), 4, Partitioning("iid", seed=9))
     ds = Dataset.from_dict({"label": [0] * 50, "index": list(range(50))}).shuffle(seed=9)
     theirs = IidPartitioner(num_partitions=4)
     theirs.dataset = ds
@@ -119,18 +126,21 @@ def test_iid_is_flower_datasets_iid_partitioner_over_the_seeded_shuffle():
 )
 def test_bad_partition_settings_name_the_key(kwargs, key):
     args = {"num_partitions": 4, "partitioning": "dirichlet", **kwargs}
+    num_partitions = args.pop("num_partitions")
     with pytest.raises(SettingsError, match=key):
-        partitions.partition(LABELS, **args)
+        partitions.partition(LABELS, num_partitions, Partitioning(**args))
 
 
 def test_a_split_that_would_leave_a_node_empty_is_refused_naming_the_key():
     # Label 0 has 2 samples but 3 nodes need it (first class assigned deterministically).
     labels = np.array([0, 0] + [1] * 50 + [2] * 50)
     with pytest.raises(SettingsError, match="classes-per-node"):
-        partitions.partition(labels, 7, "pathological", classes_per_node=1, seed=0)
+        partitions.partition(labels, 7, Partitioning("pathological", classes_per_node=1, seed=0))
     # A Dirichlet split that cannot give every node min_size samples.
     with pytest.raises(SettingsError, match="dirichlet-alpha: no Dirichlet"):
-        partitions.partition(LABELS, 20, "dirichlet", alpha=0.001, seed=0, min_size=45)
+        partitions.partition(
+            LABELS, 20, Partitioning("dirichlet", alpha=0.001, seed=0, min_size=45)
+        )
 
 
 def test_client_data_uses_the_partitioner_and_rejects_empty_nodes():

@@ -16,7 +16,13 @@ from torch.utils.data import TensorDataset
 
 from fl_client import data_splits, model_zoo, r_cache, r_estimation, task
 from fl_client.r_cache import REstimate
-from fl_client.r_estimation import TargetNotReachedError, estimate_r
+from fl_client.r_estimation import (
+    InitialModel,
+    ROptions,
+    TargetNotReachedError,
+    TargetRun,
+    estimate_r,
+)
 
 
 def blobs(n: int, seed: int) -> TensorDataset:
@@ -47,7 +53,10 @@ SETTINGS: dict[str, Any] = {
 def run(init_state: dict[str, torch.Tensor], **overrides: Any) -> REstimate:
     kwargs = {**SETTINGS, **overrides}
     batch_sizes = kwargs.pop("batch_sizes", (4, 16))
-    return estimate_r("cnn", init_state, blobs(48, 1), blobs(24, 2), batch_sizes, **kwargs)
+    cache_dir = kwargs.pop("cache_dir", None)
+    start = InitialModel("cnn", init_state)
+    options = ROptions(**kwargs)
+    return estimate_r(start, blobs(48, 1), blobs(24, 2), batch_sizes, options, cache_dir)
 
 
 @pytest.fixture
@@ -57,7 +66,7 @@ def count_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     real = r_estimation.samples_to_target
 
     def counting(*args: Any, **kwargs: Any) -> Any:
-        calls.append(kwargs["batch_size"])
+        calls.append(args[3].batch_size)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(r_estimation, "samples_to_target", counting)
@@ -72,9 +81,10 @@ def same_result(a: REstimate, b: REstimate) -> bool:
 def fake_samples_to_target(table: dict[int, int | None]) -> Any:
     """A stand-in for ``samples_to_target`` returning N_s_acc(b) from ``table``."""
 
-    def fake(*_args: Any, batch_size: int, max_samples: int, **_kw: Any) -> Any:
-        n = table[batch_size]
-        used = max_samples if n is None else n
+    def fake(*args: Any, **_kw: Any) -> Any:
+        run: TargetRun = args[3]
+        n = table[run.batch_size]
+        used = run.max_samples if n is None else n
         return n, [(used, 0.95 if n is not None else 0.2)], used
 
     return fake
@@ -111,9 +121,10 @@ def test_eq3_and_budget_rule_exclude_unreached_batch_size(
 def test_b_reached_for_only_some_seeds_counts_as_unreached(
     init_state: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def fake(*_a: Any, batch_size: int, seed: int, max_samples: int, **_kw: Any) -> Any:
-        n = None if (batch_size == 16 and seed == 1) else 32 * batch_size
-        return n, [], max_samples if n is None else n
+    def fake(*args: Any, **_kw: Any) -> Any:
+        run: TargetRun = args[3]
+        n = None if (run.batch_size == 16 and run.seed == 1) else 32 * run.batch_size
+        return n, [], run.max_samples if n is None else n
 
     monkeypatch.setattr(r_estimation, "samples_to_target", fake)
     est = run(init_state, batch_sizes=(4, 16), seeds=(0, 1))
@@ -129,8 +140,8 @@ def test_unreachable_target_raises_with_advice(init_state: Any) -> None:
     )
     with pytest.raises(TargetNotReachedError, match="proxy-target-accuracy") as err:
         estimate_r(
-            "cnn", init_state, blobs(48, 1), noise, (16, 32),
-            **{**SETTINGS, "target_accuracy": 0.99, "max_samples": 32},
+            InitialModel("cnn", init_state), blobs(48, 1), noise, (16, 32),
+            ROptions(**{**SETTINGS, "target_accuracy": 0.99, "max_samples": 32}),
         )  # fmt: skip
     assert "max-samples" in str(err.value)
     assert err.value.estimate.unreached == (16, 32)

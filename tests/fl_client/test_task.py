@@ -44,7 +44,9 @@ def test_train_reduces_loss_and_runs_every_minibatch_through_step_runner() -> No
         calls.append(batch_size)
         fn()
 
-    res = task.train(model, data, batch_size=16, lr=3e-3, epochs=3, seed=1, step_runner=runner)
+    res = task.train(
+        model, data, task.TrainOptions(batch_size=16, lr=3e-3, epochs=3, seed=1), step_runner=runner
+    )
     assert calls == [16, 16, 8] * 3
     assert (res.num_examples, res.steps, res.samples) == (40, 9, 120)
     assert math.isfinite(res.mean_loss)
@@ -58,7 +60,9 @@ def test_train_is_seeded_and_respects_max_samples() -> None:
     for _ in range(2):
         torch.manual_seed(0)
         model = model_zoo.build_model("cnn")
-        res = task.train(model, data, batch_size=8, lr=1e-3, epochs=5, seed=4, max_samples=20)
+        res = task.train(
+            model, data, task.TrainOptions(batch_size=8, lr=1e-3, epochs=5, seed=4, max_samples=20)
+        )
         assert (res.steps, res.samples) == (3, 24)
         states.append(task.state_hash(model))
     assert states[0] == states[1]

@@ -174,7 +174,7 @@ def test_tiny_finetune_study_runs_and_reports(tmp_path: Path) -> None:
     splits = data_splits.load_splits("digits", 0)
     torch.manual_seed(0)
     model = model_zoo.build_model("cnn")
-    task.train(model, splits.proxy_train, batch_size=32, lr=3e-3, epochs=3)
+    task.train(model, splits.proxy_train, task.TrainOptions(batch_size=32, lr=3e-3, epochs=3))
     weights = tmp_path / "w.safetensors"
     checkpoint.save(model.state_dict(), weights)
     path = tmp_path / "ft.toml"
