@@ -135,8 +135,8 @@ def checked_torch_device(setting: str, where: str) -> str:
 
 
 class TargetRun(r_estimation.TargetRun):
-    """One training run to an accuracy target (``fl_client.r_estimation.TargetRun``, whose
-    fields are the keywords of the training functions), built from a study's settings."""
+    """One training run to an accuracy target (``fl_client.r_estimation.TargetRun``, what
+    the training functions train), built from a study's settings."""
 
     @classmethod
     def of(cls, cfg: TrainingSettings, batch_size: int, target: float, seed: int) -> TargetRun:
