@@ -27,7 +27,7 @@ from typing import Any
 from results_file import write_results
 
 from fl_client.devices import Workload
-from fl_client.devices.nvml import NvmlDevice
+from fl_client.devices.nvml import NvmlControl, NvmlDevice
 from fl_client.profiler import CellWindow, measure_cell_with_sigma
 
 try:
@@ -64,7 +64,7 @@ def _cell(step_ms: float, window_s: float) -> dict[str, Any]:
     nv = make_fake_pynvml(gpu)
     rng = random.Random(1)
     nv.nvmlDeviceGetPowerUsage = lambda h: int(300_000 + 50_000 * rng.random())  # type: ignore[attr-defined]
-    dev = NvmlDevice(lock_clocks=False, nvml=nv)
+    dev = NvmlDevice(nvml=nv, control=NvmlControl(lock_clocks=False))
     try:
         # never settled: every cell runs to its window, so cells of one window compare
         window = CellWindow(3, window_s, 1, max_window_s=window_s, max_time_rse=0.0)

@@ -100,7 +100,8 @@ def twin_grids(kind: str, model: str, seed: int) -> tuple[Grid, Grid]:
     from fl_client import model_zoo, profiler
     from fl_client.devices import open_device
     from fl_client.devices.base import Workload
-    from fl_client.devices.simulated import load_device_spec, power_w, time_per_sample_s
+    from fl_client.devices.descriptors import load_device_spec
+    from fl_client.devices.simulated import power_w, time_per_sample_s
 
     shape = tuple(model_zoo.input_shape_for(model))
     flops = model_zoo.train_flops_per_sample(model, shape)
@@ -161,7 +162,7 @@ def _full_tables(
 def replay_grids(folder: Path, rng: np.random.Generator) -> list[Grid]:
     """Every replay table (CSV) in ``folder`` that is a full grid over GPU frequency, as is
     and with noise."""
-    from fl_client.devices.simulated import load_device_spec
+    from fl_client.devices.descriptors import load_device_spec
 
     out = []
     for path in sorted(folder.glob("*.csv")):
@@ -478,7 +479,7 @@ def print_table(title: str, rows: list[tuple[str, dict[str, Any]]]) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from fl_client.devices.simulated import available_device_kinds
+    from fl_client.devices.descriptors import available_device_kinds
 
     t0 = time.perf_counter()
     options = lut_plan.PlanOptions(pool_budget=not args.strict_budget)

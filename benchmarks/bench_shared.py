@@ -260,7 +260,7 @@ def print_table(groups: dict[str, dict[str, Any]]) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from fl_client.devices.simulated import available_device_kinds
+    from fl_client.devices.descriptors import available_device_kinds
 
     t0 = time.perf_counter()
     rows: list[dict[str, Any]] = []

@@ -21,7 +21,7 @@ from typing import Any
 from results_file import write_results
 
 from fl_client.devices import Workload
-from fl_client.devices.nvml import NvmlDevice
+from fl_client.devices.nvml import NvmlControl, NvmlDevice
 from fl_client.profiler import profile
 
 try:
@@ -52,7 +52,7 @@ def _cells(call_cost_s: float, passes: int) -> list[dict[str, Any]]:
     nv = make_trace_pynvml(gpu, call_cost_s=call_cost_s)
     rows: list[dict[str, Any]] = []
     with virtual_sampling(vt):
-        dev = NvmlDevice(lock_clocks=False, nvml=nv)
+        dev = NvmlDevice(nvml=nv, control=NvmlControl(lock_clocks=False))
         for n in range(passes):
             lut = profile(dev, WORKLOAD, BATCH_SIZES, ReplaySteps(gpu), progress=False)
             rows.extend(_row(lut, i, b, n, gpu.trace) for i, b in enumerate(BATCH_SIZES))

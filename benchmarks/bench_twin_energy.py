@@ -25,15 +25,8 @@ from results_file import write_results
 
 from fl_client import model_zoo
 from fl_client.argparse_once import OnceParser
-from fl_client.devices.simulated import (
-    DEVICE_KINDS,
-    DeviceSpec,
-    avg_power_w,
-    energy_per_sample_j,
-    load_device_spec,
-    power_w,
-    time_per_sample_s,
-)
+from fl_client.devices.descriptors import DEVICE_KINDS, DeviceSpec, load_device_spec
+from fl_client.devices.simulated import avg_power_w, energy_per_sample_j, power_w, time_per_sample_s
 
 BATCH_SIZES = (4, 8, 16, 32, 64, 128)
 

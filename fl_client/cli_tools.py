@@ -741,7 +741,7 @@ def _check_efficient_lut(lut: Any, cap: Cap, cap_margin: float) -> None:
 
 
 def _default_b1_cap_mhz(device_kind: str, cap: Cap) -> float:
-    from fl_client.devices.simulated import DeviceSpecError, load_device_spec
+    from fl_client.devices.descriptors import DeviceSpecError, load_device_spec
 
     try:
         spec = load_device_spec(device_kind)

@@ -73,7 +73,7 @@ class DescriptorFolder:
     def active(cls) -> DescriptorFolder:
         """The folder the twins read; a ``POWERFL_CONFIG_DIR`` that is not a folder is a
         SettingsError naming it."""
-        from fl_client.devices.simulated import (
+        from fl_client.devices.descriptors import (
             CONFIG_DIR_ENV,
             available_device_kinds,
             device_config_dir,

@@ -466,7 +466,7 @@ def _node_from_mapping(entry: Mapping[str, Any], where: str, default_name: str) 
         )
     device = str(entry["device"])
     if backend == "simulated":
-        from fl_client.devices.simulated import DEVICE_KINDS
+        from fl_client.devices.descriptors import DEVICE_KINDS
 
         if device not in DEVICE_KINDS:
             raise SettingsError(
@@ -646,7 +646,7 @@ def device_table_mhz(node: NodeSettings) -> tuple[float, ...] | None:
     replay nodes, whose table is known only once the device is opened."""
     if node.backend != "simulated":
         return None
-    from fl_client.devices.simulated import available_device_kinds, load_device_spec
+    from fl_client.devices.descriptors import available_device_kinds, load_device_spec
 
     if node.device not in available_device_kinds():
         return None
@@ -679,8 +679,8 @@ def check_device_files(fleet: list[NodeSettings]) -> None:
     replay table reads, before any engine starts: a SettingsError naming the node, the
     file and the key, instead of one error per node once the run is going."""
     from fl_client.devices.base import DeviceError
+    from fl_client.devices.descriptors import load_device_spec
     from fl_client.devices.replay import load_replay_tables
-    from fl_client.devices.simulated import load_device_spec
 
     descriptors = DescriptorFolder.active()
     seen: set[str] = set()
@@ -731,7 +731,7 @@ def check_method_serves_nodes(settings: RunSettings, fleet: list[NodeSettings]) 
     and the choices, unless ``allow-untrained-nodes`` accepts such a node."""
     if settings.method not in BAND_METHODS or settings.allow_untrained_nodes:
         return
-    from fl_client.devices.simulated import available_device_kinds, descriptor_b1_bands
+    from fl_client.devices.descriptors import available_device_kinds, descriptor_b1_bands
 
     kinds = available_device_kinds()
     unserved: list[str] = []

@@ -80,7 +80,7 @@ SCHEDULE_FORMS = (
 
 
 def _device_kinds() -> tuple[str, ...]:
-    from fl_client.devices.simulated import DEVICE_KINDS
+    from fl_client.devices.descriptors import DEVICE_KINDS
 
     return DEVICE_KINDS
 

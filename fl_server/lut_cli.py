@@ -75,7 +75,7 @@ def add_lut_commands(sub: Any) -> None:
 def _twin(kind: KindKey) -> TwinModel | None:
     """The kind's twin (its device descriptor, when one exists) with the model's FLOPs."""
     from fl_client import model_zoo
-    from fl_client.devices.simulated import available_device_kinds, load_device_spec
+    from fl_client.devices.descriptors import available_device_kinds, load_device_spec
 
     if kind.device_kind not in available_device_kinds():
         return None
@@ -85,7 +85,7 @@ def _twin(kind: KindKey) -> TwinModel | None:
 
 def _expected_kind(args: argparse.Namespace) -> KindKey:
     from fl_client import model_zoo
-    from fl_client.devices.simulated import load_device_spec
+    from fl_client.devices.descriptors import load_device_spec
 
     defaults = app_defaults()
     model = args.model or str(defaults.get("model", "cnn"))

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from fl_client.devices.simulated import DeviceSpec, power_w, time_per_sample_s
+from fl_client.devices.descriptors import DeviceSpec
+from fl_client.devices.simulated import power_w, time_per_sample_s
 from fl_client.files import set_aside, write_atomic
 from fl_client.lut import LUT, KindKey, LUTFormatError, lut_checksum
 from fl_client.names import UnsafeNameError, check_safe_name

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields, replace
-from typing import Any, TypedDict
+from typing import Any
 
 from fl_client.devices.base import (
     GPU_FREQ_MHZ,
@@ -33,6 +33,7 @@ from fl_client.devices.base import (
     check_knob_setting,
     locked,
 )
+from fl_client.devices.guard import DEFAULT_CAP_WINDOW_S
 from fl_client.devices.names import (
     AUTO_ORDER,
     BACKENDS,
@@ -40,7 +41,7 @@ from fl_client.devices.names import (
     key_hint,
     unknown_key_message,
 )
-from fl_client.devices.sampler import DEFAULT_CAP_WINDOW_S, DEFAULT_SAMPLE_RATE_HZ
+from fl_client.devices.sampler import DEFAULT_SAMPLE_RATE_HZ, SampledOptions
 
 log = logging.getLogger(__name__)
 
@@ -101,83 +102,124 @@ class DeviceOptions:
         for key in config:
             if key not in known:
                 raise ValueError(unknown_key_message(str(key), known, where))
-
-        def number(key: str, default: float) -> float:
-            raw = config.get(key, default)
-            try:
-                value = float(raw)
-            except (TypeError, ValueError):
-                raise ValueError(f"{key}: expected a number, got {raw!r}") from None
-            if not math.isfinite(value) or value <= 0:  # inf: a rate, window or step of none
-                raise ValueError(f"{key}: must be > 0 and finite, got {raw!r}")
-            return value
-
-        def text(key: str) -> str | None:
-            raw = config.get(key)
-            return None if raw is None or str(raw).strip() == "" else str(raw)
-
-        power_source = text("power-source") or "auto"
-        if power_source not in POWER_SOURCES:
-            raise ValueError(
-                f"power-source: unknown {power_source!r}; allowed: {', '.join(POWER_SOURCES)}"
-            )
-        rails_raw = config.get("power-rails", ())
-        rails = rails_raw.split(",") if isinstance(rails_raw, str) else list(rails_raw)
-        lock_raw = config.get("lock-clocks")
-        lock_clocks: bool | None
-        if lock_raw is None or str(lock_raw).lower() in ("", "auto"):
-            lock_clocks = None
-        elif str(lock_raw).lower() in ("true", "1", "yes"):
-            lock_clocks = True
-        elif str(lock_raw).lower() in ("false", "0", "no"):
-            lock_clocks = False
-        else:
-            raise ValueError(f"lock-clocks: expected true, false or auto, got {lock_raw!r}")
-        try:
-            nvml_index = int(config.get("nvml-index", 0))
-        except (TypeError, ValueError, OverflowError):
-            raise ValueError(
-                f"nvml-index: expected an integer, got {config.get('nvml-index')!r}"
-            ) from None
-        slowdown = number("twin-slowdown", 1.0)
-        if slowdown < 1.0:
-            raise ValueError(f"twin-slowdown: must be ≥ 1 (a step-time factor), got {slowdown!r}")
-        extra_raw = config.get("twin-extra-power-w", 0.0)
-        try:
-            extra_w = float(extra_raw)
-        except (TypeError, ValueError):
-            raise ValueError(f"twin-extra-power-w: expected W ≥ 0, got {extra_raw!r}") from None
-        if not (0.0 <= extra_w < math.inf):
-            raise ValueError(f"twin-extra-power-w: expected W ≥ 0, got {extra_raw!r}")
-        from_raw = config.get("twin-drift-from-round", 1)
-        try:
-            from_round = int(from_raw)
-        except (TypeError, ValueError, OverflowError):  # OverflowError: inf
-            from_round = 0
-        if isinstance(from_raw, bool) or from_round < 1:
-            raise ValueError(f"twin-drift-from-round: expected an integer ≥ 1, got {from_raw!r}")
-        knob = check_knob_setting(config.get("knob"))
-        if knob == GPU_POWER_LIMIT_W.setting and lock_clocks is False:
-            raise ValueError(
-                "knob: power-limit sets the GPU's power limit, and lock-clocks = false means "
-                "change nothing on the GPU (measure only); use one of the two"
-            )
+        # checked in this order: with two bad keys, the first one here is named
         return cls(
-            knob=knob,
-            power_limit_step_w=number("power-limit-step-w", 25.0),
-            twin_slowdown=slowdown,
-            twin_extra_power_w=extra_w,
-            twin_drift_from_round=from_round,
-            sysfs_root=text("sysfs-root") or "/",
-            state_dir=text("state-dir"),
-            power_source=power_source,
-            power_rails=tuple(str(r).strip() for r in rails if str(r).strip()),
-            sample_rate_hz=number("sample-rate-hz", DEFAULT_SAMPLE_RATE_HZ),
-            cap_window_s=number("cap-window-s", DEFAULT_CAP_WINDOW_S),
-            replay_table=text("replay-table"),
-            nvml_index=nvml_index,
-            lock_clocks=lock_clocks,
+            power_source=_power_source(config),
+            power_rails=_power_rails(config),
+            lock_clocks=_lock_clocks(config),
+            nvml_index=_nvml_index(config),
+            twin_slowdown=_twin_slowdown(config),
+            twin_extra_power_w=_twin_extra_power_w(config),
+            twin_drift_from_round=_twin_drift_from_round(config),
+            knob=_knob(config),
+            power_limit_step_w=_positive(config, "power-limit-step-w", cls.power_limit_step_w),
+            sysfs_root=_text(config, "sysfs-root") or cls.sysfs_root,
+            state_dir=_text(config, "state-dir"),
+            sample_rate_hz=_positive(config, "sample-rate-hz", cls.sample_rate_hz),
+            cap_window_s=_positive(config, "cap-window-s", cls.cap_window_s),
+            replay_table=_text(config, "replay-table"),
         )
+
+    def sampled(self) -> SampledOptions:
+        """The options every sampled hardware backend (jetson, nvml) takes alike."""
+        return SampledOptions(self.state_dir, self.sample_rate_hz, self.cap_window_s)
+
+
+# ------------------------------------------------------------------------------ one option each
+
+
+def _positive(config: Mapping[str, Any], key: str, default: float) -> float:
+    """A rate, window or step: a finite number > 0 (inf would mean none)."""
+    raw = config.get(key, default)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key}: expected a number, got {raw!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{key}: must be > 0 and finite, got {raw!r}")
+    return value
+
+
+def _text(config: Mapping[str, Any], key: str) -> str | None:
+    """A path or name; None when absent or blank."""
+    raw = config.get(key)
+    return None if raw is None or str(raw).strip() == "" else str(raw)
+
+
+def _power_source(config: Mapping[str, Any]) -> str:
+    power_source = _text(config, "power-source") or "auto"
+    if power_source not in POWER_SOURCES:
+        raise ValueError(
+            f"power-source: unknown {power_source!r}; allowed: {', '.join(POWER_SOURCES)}"
+        )
+    return power_source
+
+
+def _power_rails(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """Comma-separated text or a list; blank names dropped."""
+    raw = config.get("power-rails", ())
+    rails = raw.split(",") if isinstance(raw, str) else list(raw)
+    return tuple(str(r).strip() for r in rails if str(r).strip())
+
+
+def _lock_clocks(config: Mapping[str, Any]) -> bool | None:
+    raw = config.get("lock-clocks")
+    if raw is None or str(raw).lower() in ("", "auto"):
+        return None
+    if str(raw).lower() in ("true", "1", "yes"):
+        return True
+    if str(raw).lower() in ("false", "0", "no"):
+        return False
+    raise ValueError(f"lock-clocks: expected true, false or auto, got {raw!r}")
+
+
+def _nvml_index(config: Mapping[str, Any]) -> int:
+    try:
+        return int(config.get("nvml-index", 0))
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(
+            f"nvml-index: expected an integer, got {config.get('nvml-index')!r}"
+        ) from None
+
+
+def _twin_slowdown(config: Mapping[str, Any]) -> float:
+    slowdown = _positive(config, "twin-slowdown", 1.0)
+    if slowdown < 1.0:
+        raise ValueError(f"twin-slowdown: must be ≥ 1 (a step-time factor), got {slowdown!r}")
+    return slowdown
+
+
+def _twin_extra_power_w(config: Mapping[str, Any]) -> float:
+    raw = config.get("twin-extra-power-w", 0.0)
+    try:
+        extra_w = float(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"twin-extra-power-w: expected W ≥ 0, got {raw!r}") from None
+    if not (0.0 <= extra_w < math.inf):
+        raise ValueError(f"twin-extra-power-w: expected W ≥ 0, got {raw!r}")
+    return extra_w
+
+
+def _twin_drift_from_round(config: Mapping[str, Any]) -> int:
+    raw = config.get("twin-drift-from-round", 1)
+    try:
+        from_round = int(raw)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: inf
+        from_round = 0
+    if isinstance(raw, bool) or from_round < 1:
+        raise ValueError(f"twin-drift-from-round: expected an integer ≥ 1, got {raw!r}")
+    return from_round
+
+
+def _knob(config: Mapping[str, Any]) -> str:
+    """The knob; power-limit with lock-clocks = false is a contradiction, refused."""
+    knob = check_knob_setting(config.get("knob"))
+    if knob == GPU_POWER_LIMIT_W.setting and _lock_clocks(config) is False:
+        raise ValueError(
+            "knob: power-limit sets the GPU's power limit, and lock-clocks = false means "
+            "change nothing on the GPU (measure only); use one of the two"
+        )
+    return knob
 
 
 @dataclass(frozen=True)
@@ -187,22 +229,6 @@ class BackendStatus:
     backend: str
     available: bool
     reason: str
-
-
-class _SampledOptions(TypedDict):
-    """The options every sampled hardware backend (jetson, nvml) takes alike."""
-
-    state_dir: str | None
-    sample_rate_hz: float
-    cap_window_s: float
-
-
-def _sampled(options: DeviceOptions) -> _SampledOptions:
-    return _SampledOptions(
-        state_dir=options.state_dir,
-        sample_rate_hz=options.sample_rate_hz,
-        cap_window_s=options.cap_window_s,
-    )
 
 
 #: Backends that set the GPU power limit (the ``power-limit`` knob).
@@ -233,7 +259,8 @@ def _check_replay_knob(device: Device, knob: str) -> None:
 def _open_backend(kind: str, backend: str, seed: int, options: DeviceOptions) -> Device:
     check_knob_backend(backend, options.knob)
     if backend == "simulated":
-        from fl_client.devices.simulated import SimulatedDevice, load_device_spec
+        from fl_client.devices.descriptors import load_device_spec
+        from fl_client.devices.simulated import SimulatedDevice
 
         return SimulatedDevice(
             load_device_spec(kind),
@@ -249,18 +276,14 @@ def _open_backend(kind: str, backend: str, seed: int, options: DeviceOptions) ->
             root=options.sysfs_root,
             power_source=options.power_source,
             power_rails=options.power_rails or None,
-            **_sampled(options),
+            sampled=options.sampled(),
         )
     if backend == "nvml":
-        from fl_client.devices.nvml import NvmlDevice
+        from fl_client.devices.nvml import NvmlControl, NvmlDevice
 
+        control = NvmlControl(options.lock_clocks, options.knob, options.power_limit_step_w)
         return NvmlDevice(
-            kind,
-            index=options.nvml_index,
-            lock_clocks=options.lock_clocks,
-            knob=options.knob,
-            power_limit_step_w=options.power_limit_step_w,
-            **_sampled(options),
+            kind, index=options.nvml_index, control=control, sampled=options.sampled()
         )
     if backend == "replay":
         from fl_client.devices.replay import ReplayDevice
@@ -280,7 +303,8 @@ def detect_backends(kind: str = "", options: DeviceOptions | None = None) -> lis
     """Which backends could open here, without changing anything or opening a device."""
     opts = options or DeviceOptions()
     out = []
-    from fl_client.devices.jetson import find_gpu_devfreq, find_power_rails
+    from fl_client.devices.jetson_power import find_power_rails
+    from fl_client.devices.jetson_sysfs import find_gpu_devfreq
 
     node = find_gpu_devfreq(opts.sysfs_root)
     if node is None:
@@ -293,7 +317,7 @@ def detect_backends(kind: str = "", options: DeviceOptions | None = None) -> lis
             )
         )
     try:
-        from fl_client.devices.nvml import gpu_count
+        from fl_client.devices.nvml_lib import gpu_count
 
         count = gpu_count()
         out.append(
@@ -316,7 +340,7 @@ def detect_backends(kind: str = "", options: DeviceOptions | None = None) -> lis
 
 def _simulated_status(kind: str) -> BackendStatus:
     try:
-        from fl_client.devices.simulated import DEVICE_KINDS
+        from fl_client.devices.descriptors import DEVICE_KINDS
     except ImportError as err:
         return BackendStatus("simulated", False, f"twin not available ({err})")
     if kind in DEVICE_KINDS:

@@ -9,7 +9,7 @@ emulated clock on. The cap guard sees each step's power held over its emulated t
 from __future__ import annotations
 
 from fl_client.devices.base import Measurement
-from fl_client.devices.sampler import CapGuard, CapGuarded, guard_step, with_guard_figures
+from fl_client.devices.guard import CapGuard, CapGuarded, guard_step, with_guard_figures
 
 
 class EmulatedDevice(CapGuarded):

@@ -36,12 +36,12 @@ the NVML index. Integer entries assume CUDA's order matches NVML's (PCI bus orde
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import math
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -58,30 +58,32 @@ from fl_client.devices.base import (
     check_knob_setting,
     level_below,
 )
-from fl_client.devices.sampler import (
-    DEFAULT_CAP_WINDOW_S,
-    DEFAULT_SAMPLE_RATE_HZ,
-    SampledDevice,
-    SensorReadError,
+from fl_client.devices.nvml_lib import (
+    CUDA_VISIBLE_ENV,
+    NO_PERMISSION,
+    NOT_SUPPORTED,
+    PERMISSION_HINT,
+    SAVED_LIMIT_KEY,
+    cuda_to_nvml_index,
+    import_pynvml,
+    mw_to_w,
+    nvml_error_code,
+    nvml_text,
+    put_back,
 )
+from fl_client.devices.sampler import SampledDevice, SampledOptions, SensorReadError
 from fl_client.devices.sensors import nvml_sensor
 
 log = logging.getLogger(__name__)
 
 BACKEND = "nvml"
 POWER_RAIL = "nvml:gpu-board"  # NVML reports the whole board of the GPU
-CUDA_VISIBLE_ENV = "CUDA_VISIBLE_DEVICES"
-_NO_PERMISSION = 4  # NVML_ERROR_NO_PERMISSION
-_NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED
 #: nvml.h's field id of the instantaneous power (older pynvml releases lack the constant).
 NVML_FI_DEV_POWER_INSTANT = 186
 #: ``c_nvmlValue_t`` member per ``NVML_VALUE_TYPE_*`` (0 double, 1 unsigned int, ...).
 _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
-PERMISSION_HINT = "run the SuperNode as root (or set lock-clocks = false to measure only)"
 #: The power-limit grid's default step in W (Zeus's power-limit optimizer steps by 25 W).
 DEFAULT_POWER_LIMIT_STEP_W = 25.0
-#: The state file's key of the power limit found before the first change (mW, as NVML).
-SAVED_LIMIT_KEY = "power-limit-mw"
 
 
 def power_limit_grid_w(min_w: float, max_w: float, step_w: float) -> tuple[float, ...]:
@@ -102,60 +104,6 @@ def power_limit_grid_w(min_w: float, max_w: float, step_w: float) -> tuple[float
     return tuple(sorted(set(values)))
 
 
-def _w(mw: object) -> float:
-    return float(mw) / 1000.0  # type: ignore[arg-type]
-
-
-def _put_back(nv: ModuleType, handle: Any, settings: Mapping[str, Any], name: str) -> None:
-    """Put back what a state file saved: the power limit it holds, else reset the clocks
-    (NVML cannot read back an earlier lock). DeviceError (permission: DevicePermissionError)
-    naming the GPU and what failed."""
-    if SAVED_LIMIT_KEY in settings:
-        mw = int(settings[SAVED_LIMIT_KEY])
-        what = f"restore the power limit of {name} to {mw / 1000:g} W"
-
-        def call() -> None:
-            nv.nvmlDeviceSetPowerManagementLimit(handle, mw)
-    else:
-        what = f"reset the locked clocks of {name}"
-
-        def call() -> None:
-            nv.nvmlDeviceResetGpuLockedClocks(handle)
-
-    try:
-        call()
-    except Exception as err:
-        code = _code(nv, err)
-        if code is None:
-            raise
-        if code == _NO_PERMISSION:
-            raise DevicePermissionError(
-                f"nvml: no permission to {what}: {PERMISSION_HINT}"
-            ) from None
-        raise DeviceError(f"nvml: could not {what}: {err}") from None
-
-
-def import_pynvml() -> ModuleType:
-    """The ``pynvml`` module, or DeviceUnavailableError saying how to install it."""
-    try:
-        return importlib.import_module("pynvml")
-    except ImportError:
-        raise DeviceUnavailableError(
-            "nvml: pynvml is not installed (pip install nvidia-ml-py, or powerfl[nvml])"
-        ) from None
-
-
-def _code(nvml: ModuleType, err: BaseException) -> int | None:
-    if not isinstance(err, getattr(nvml, "NVMLError", ())):
-        return None
-    value = getattr(err, "value", None)
-    return value if isinstance(value, int) else None
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
@@ -164,59 +112,21 @@ class _NoInstantPowerError(Exception):
     """The GPU (or driver, or pynvml) does not report instantaneous power."""
 
 
-def _visible_entries(visible: str) -> list[str]:
-    """CUDA's parse of CUDA_VISIBLE_DEVICES: the list ends at the first invalid entry."""
-    entries = []
-    for raw in visible.split(","):
-        entry = raw.strip()
-        is_index = entry.isdigit()
-        if not (is_index or entry.upper().startswith(("GPU-", "MIG-"))):
-            break
-        entries.append(entry)
-    return entries
+@dataclass(frozen=True)
+class NvmlControl:
+    """What the nvml backend may change on the GPU, and how.
 
-
-def cuda_to_nvml_index(index: int, visible: str | None, uuids: Sequence[str]) -> int:
-    """The NVML index of the GPU this process calls ``cuda:index``.
-
-    ``visible`` is ``CUDA_VISIBLE_DEVICES`` (None: unset, every GPU visible in NVML's
-    order); ``uuids`` are the GPUs' UUIDs in NVML order. Entries are NVML indices or
-    ``GPU-`` UUIDs, abbreviated to any unique prefix as CUDA allows.
+    ``lock_clocks``: None changes the GPU's settings when running as root (else
+    measure-only), False is always measure-only (never touches the clocks or the power
+    limit), True requires root and fails without it. ``knob``: ``frequency`` (locked
+    clocks), ``power-limit`` (power limits from the GPU's range in steps of
+    ``power_limit_step_w``; needs root) or ``auto`` (locked clocks where the GPU lists its
+    clocks, else power limits, when root).
     """
-    if index < 0:
-        raise DeviceUnavailableError(f"nvml-index: must be ≥ 0, got {index}")
-    if visible is None:
-        if index >= len(uuids):
-            raise DeviceUnavailableError(
-                f"nvml-index: GPU {index} does not exist; this machine has {len(uuids)} GPU(s)"
-            )
-        return index
-    entries = _visible_entries(visible)
-    if index >= len(entries):
-        raise DeviceUnavailableError(
-            f"nvml-index: {CUDA_VISIBLE_ENV}={visible!r} makes {len(entries)} GPU(s) "
-            f"visible, so there is no cuda:{index}"
-        )
-    entry = entries[index]
-    where = f"{CUDA_VISIBLE_ENV}={visible!r}, entry {entry!r}"
-    if entry.isdigit():
-        if int(entry) >= len(uuids):
-            raise DeviceUnavailableError(
-                f"nvml-index: {where}: this machine has {len(uuids)} GPU(s)"
-            )
-        return int(entry)
-    if entry.upper().startswith("MIG-"):
-        raise DeviceUnavailableError(
-            f"nvml-index: {where} is a MIG instance; NVML power and clocks are per GPU, so "
-            "the nvml backend needs a whole GPU"
-        )
-    matches = [i for i, u in enumerate(uuids) if u.lower().startswith(entry.lower())]
-    if len(matches) != 1:
-        what = "no GPU" if not matches else f"{len(matches)} GPUs"
-        raise DeviceUnavailableError(
-            f"nvml-index: {where} matches {what}; GPUs here: {', '.join(uuids) or '(none)'}"
-        )
-    return matches[0]
+
+    lock_clocks: bool | None = None
+    knob: str = GPU_FREQ_MHZ.setting
+    power_limit_step_w: float = DEFAULT_POWER_LIMIT_STEP_W
 
 
 class NvmlDevice(SampledDevice):
@@ -224,12 +134,9 @@ class NvmlDevice(SampledDevice):
     measure-only.
 
     ``index`` is the CUDA device index in this process (mapped through
-    ``CUDA_VISIBLE_DEVICES``). ``lock_clocks``: None changes the GPU's settings when running
-    as root (else measure-only), False is always measure-only (never touches the clocks or
-    the power limit), True requires root and fails without it. ``knob``: ``frequency``
-    (locked clocks), ``power-limit`` (power limits from the GPU's range in steps of
-    ``power_limit_step_w``; needs root) or ``auto`` (locked clocks where the GPU lists its
-    clocks, else power limits, when root).
+    ``CUDA_VISIBLE_DEVICES``); ``control``: what may be changed on the GPU (``NvmlControl``);
+    ``sampled``: the sampling rate, the cap guard's window and the state folder; ``nvml``:
+    the ``pynvml`` module (tests pass a fake).
     """
 
     def __init__(
@@ -237,17 +144,14 @@ class NvmlDevice(SampledDevice):
         kind: str = "",
         *,
         index: int = 0,
-        lock_clocks: bool | None = None,
-        state_dir: str | os.PathLike[str] | None = None,
-        sample_rate_hz: float = DEFAULT_SAMPLE_RATE_HZ,
-        cap_window_s: float = DEFAULT_CAP_WINDOW_S,
+        control: NvmlControl | None = None,
+        sampled: SampledOptions | None = None,
         nvml: ModuleType | None = None,
-        knob: str = GPU_FREQ_MHZ.setting,
-        power_limit_step_w: float = DEFAULT_POWER_LIMIT_STEP_W,
     ) -> None:
-        knob = check_knob_setting(knob)
+        control, sampled = control or NvmlControl(), sampled or SampledOptions()
+        knob = check_knob_setting(control.knob)
         if knob != GPU_FREQ_MHZ.setting:
-            power_limit_grid_w(1.0, 1.0, power_limit_step_w)  # the step, checked before NVML
+            power_limit_grid_w(1.0, 1.0, control.power_limit_step_w)  # checked before NVML
         self._nvml = nv = nvml if nvml is not None else import_pynvml()
         try:
             nv.nvmlInit()
@@ -259,24 +163,24 @@ class NvmlDevice(SampledDevice):
             self.cuda_index = index
             self.index = self._nvml_index(index)
             self._handle = nv.nvmlDeviceGetHandleByIndex(self.index)
-            self.name = _text(nv.nvmlDeviceGetName(self._handle))
-            self.uuid = _text(nv.nvmlDeviceGetUUID(self._handle))
+            self.name = nvml_text(nv.nvmlDeviceGetName(self._handle))
+            self.uuid = nvml_text(nv.nvmlDeviceGetUUID(self._handle))
             total_bytes = int(nv.nvmlDeviceGetMemoryInfo(self._handle).total)
             self._supported_mhz = self._supported_clocks_mhz()
             self._has_energy_counter = self._probe_energy_counter()
             self._probed = False
             self.power_reading = self._probe_power_reading()
             self._probed = True
-            self._init_sampling(sample_rate_hz, cap_window_s)
+            self._init_sampling(sampled)
             self._locked_mhz: float | None = None  # the knob's value set now (MHz or W)
             self._original_limit_mw: int | None = None
             self.power_limit_range_w = self._read_power_limit_range_w()
-            self._record = safety.GpuStateRecord(state_dir, BACKEND, self.uuid)
-            self.measure_only, self._knob = self._decide_mode(lock_clocks, knob)
+            self._record = safety.GpuStateRecord(sampled.state_dir, BACKEND, self.uuid)
+            self.measure_only, self._knob = self._decide_mode(control.lock_clocks, knob)
             self._handle_leftover()
             if self._knob is GPU_POWER_LIMIT_W:
                 assert self.power_limit_range_w is not None  # _decide_mode checked it
-                freqs = power_limit_grid_w(*self.power_limit_range_w, power_limit_step_w)
+                freqs = power_limit_grid_w(*self.power_limit_range_w, control.power_limit_step_w)
             elif self.measure_only:
                 freqs = (self._unlocked_label_mhz(),)
             else:
@@ -306,7 +210,7 @@ class NvmlDevice(SampledDevice):
             try:
                 return float(get_max(self._handle, nv.NVML_CLOCK_GRAPHICS))
             except Exception as err:
-                if _code(nv, err) is None:
+                if nvml_error_code(nv, err) is None:
                     raise
         log.warning(
             "nvml: %s reports neither its clocks nor its highest clock; its LUT column is the "
@@ -321,7 +225,7 @@ class NvmlDevice(SampledDevice):
         try:
             return getattr(self._nvml, name)(self._handle, *args)
         except Exception as err:
-            if _code(self._nvml, err) is None and not isinstance(err, OSError):
+            if nvml_error_code(self._nvml, err) is None and not isinstance(err, OSError):
                 raise
             raise SensorReadError(
                 f"nvml: {name} failed on {self.name} ({self.uuid}): {err}"
@@ -350,15 +254,15 @@ class NvmlDevice(SampledDevice):
         try:
             lo_mw, hi_mw = get(self._handle)
         except Exception as err:
-            if _code(nv, err) is None:
+            if nvml_error_code(nv, err) is None:
                 raise
             log.info("nvml: power-limit range not reported (%s)", err)
             return None
-        return (_w(lo_mw), _w(hi_mw)) if 0 < lo_mw <= hi_mw else None
+        return (mw_to_w(lo_mw), mw_to_w(hi_mw)) if 0 < lo_mw <= hi_mw else None
 
     def power_limit_w(self) -> float:
         """The power limit in force now, in W (read only)."""
-        return _w(self._call("nvmlDeviceGetPowerManagementLimit"))
+        return mw_to_w(self._call("nvmlDeviceGetPowerManagementLimit"))
 
     def _decide_mode(self, lock_clocks: bool | None, knob: str) -> tuple[bool, Knob]:
         """(measure-only, knob) for the ``lock_clocks`` and ``knob`` settings."""
@@ -400,7 +304,7 @@ class NvmlDevice(SampledDevice):
         if visible is None:  # only the count matters
             return cuda_to_nvml_index(cuda_index, None, [""] * count)
         uuids = [
-            _text(nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(i))) for i in range(count)
+            nvml_text(nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(i))) for i in range(count)
         ]
         return cuda_to_nvml_index(cuda_index, visible, uuids)
 
@@ -440,7 +344,7 @@ class NvmlDevice(SampledDevice):
                 self._record.path,
             )
             return
-        _put_back(self._nvml, self._handle, state.settings, self.name)
+        put_back(self._nvml, self._handle, state.settings, self.name)
         safety.clear_state(self._record.path)
         log.warning("nvml: put back the %s a killed run left changed on %s", what, self.name)
 
@@ -450,7 +354,7 @@ class NvmlDevice(SampledDevice):
             mem_mhz = max(int(m) for m in nv.nvmlDeviceGetSupportedMemoryClocks(h))
             gpu_mhz = nv.nvmlDeviceGetSupportedGraphicsClocks(h, mem_mhz)
         except Exception as err:
-            if _code(nv, err) is None:
+            if nvml_error_code(nv, err) is None:
                 raise
             log.info("nvml: supported clocks not reported (%s)", err)
             return ()
@@ -460,7 +364,7 @@ class NvmlDevice(SampledDevice):
         try:
             self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
         except Exception as err:
-            if _code(self._nvml, err) is None:
+            if nvml_error_code(self._nvml, err) is None:
                 raise
             return False
         return True
@@ -483,10 +387,10 @@ class NvmlDevice(SampledDevice):
         try:
             value = get_values(self._handle, [field_id])[0]
         except Exception as err:
-            code = _code(nv, err)
+            code = nvml_error_code(nv, err)
             if code is None:
                 raise
-            if code != _NOT_SUPPORTED and self._probed:
+            if code != NOT_SUPPORTED and self._probed:
                 raise  # a failure mid-run, not a GPU without the field
             raise _NoInstantPowerError(str(err)) from None
         if value.nvmlReturn != 0:
@@ -561,7 +465,7 @@ class NvmlDevice(SampledDevice):
         try:
             nv.nvmlDeviceSetPowerManagementLimit(self._handle, round(limit_w * 1000))
         except Exception as err:
-            code = _code(nv, err)
+            code = nvml_error_code(nv, err)
             if code is None:
                 raise
             if first:  # nothing was changed: no state to keep
@@ -569,7 +473,7 @@ class NvmlDevice(SampledDevice):
                 self._original_limit_mw = None
             else:
                 self._restore_after_failed_lock()
-            if code == _NO_PERMISSION:
+            if code == NO_PERMISSION:
                 raise DevicePermissionError(
                     f"nvml: no permission to set the power limit of {self.name}: "
                     "run the SuperNode as root"
@@ -585,11 +489,11 @@ class NvmlDevice(SampledDevice):
         try:
             nv.nvmlDeviceSetGpuLockedClocks(self._handle, int(freq_mhz), int(freq_mhz))
         except Exception as err:
-            code = _code(nv, err)
+            code = nvml_error_code(nv, err)
             if code is None:
                 raise
             self._restore_after_failed_lock()
-            if code == _NO_PERMISSION:
+            if code == NO_PERMISSION:
                 raise DevicePermissionError(
                     f"nvml: no permission to lock the clocks of {self.name}: {PERMISSION_HINT}"
                 ) from None
@@ -640,10 +544,10 @@ class NvmlDevice(SampledDevice):
         try:
             self._nvml.nvmlDeviceResetGpuLockedClocks(self._handle)
         except Exception as err:
-            code = _code(self._nvml, err)
+            code = nvml_error_code(self._nvml, err)
             if code is None:
                 raise
-            if code == _NO_PERMISSION:
+            if code == NO_PERMISSION:
                 raise DevicePermissionError(
                     f"nvml: no permission to reset the locked clocks of {self.name}: "
                     f"{PERMISSION_HINT}"
@@ -662,7 +566,7 @@ class NvmlDevice(SampledDevice):
             if self._original_limit_mw is not None:
                 saved = {SAVED_LIMIT_KEY: self._original_limit_mw}
                 try:
-                    _put_back(self._nvml, self._handle, saved, self.name)
+                    put_back(self._nvml, self._handle, saved, self.name)
                 except DeviceError as err:
                     log.error(
                         "%s; the state file %s stays: as root, run `powerfl devices --restore`",
@@ -684,7 +588,7 @@ class NvmlDevice(SampledDevice):
             except _NoInstantPowerError:
                 pass  # a transient refusal: this one sample is the average
             except Exception as err:
-                if _code(self._nvml, err) is None:
+                if nvml_error_code(self._nvml, err) is None:
                     raise
                 raise SensorReadError(
                     f"nvml: nvmlDeviceGetFieldValues failed on {self.name} ({self.uuid}): {err}"
@@ -738,9 +642,9 @@ class NvmlDevice(SampledDevice):
         get_default = getattr(self._nvml, "nvmlDeviceGetPowerManagementDefaultLimit", None)
         if get_default is not None:
             try:
-                out["power-limit-default-w"] = _w(get_default(self._handle))
+                out["power-limit-default-w"] = mw_to_w(get_default(self._handle))
             except Exception as err:
-                if _code(self._nvml, err) is None:
+                if nvml_error_code(self._nvml, err) is None:
                     raise
         return out
 
@@ -757,26 +661,9 @@ def restore_saved_settings(settings: Mapping[str, Any], nvml: ModuleType | None 
         try:
             handle = nv.nvmlDeviceGetHandleByUUID(str(settings["uuid"]))
         except Exception as err:
-            if _code(nv, err) is None:
+            if nvml_error_code(nv, err) is None:
                 raise
             raise DeviceError(f"nvml: GPU {settings['uuid']} not found: {err}") from None
-        _put_back(nv, handle, settings, f"GPU {settings['uuid']}")
-    finally:
-        nv.nvmlShutdown()
-
-
-def gpu_count(nvml: ModuleType | None = None) -> int:
-    """How many GPUs NVML sees (DeviceUnavailableError when it cannot be used)."""
-    nv = nvml if nvml is not None else import_pynvml()
-    try:
-        nv.nvmlInit()
-    except Exception as err:
-        raise DeviceUnavailableError(f"nvml: cannot initialise NVML ({err})") from None
-    try:
-        return int(nv.nvmlDeviceGetCount())
-    except Exception as err:
-        if _code(nv, err) is None:
-            raise
-        raise DeviceUnavailableError(f"nvml: cannot count GPUs ({err})") from None
+        put_back(nv, handle, settings, f"GPU {settings['uuid']}")
     finally:
         nv.nvmlShutdown()

@@ -35,10 +35,10 @@ from fl_client.devices.base import (
     knob_for,
     level_below,
 )
+from fl_client.devices.descriptors import descriptor_b1_bands, descriptor_board_sensor
 from fl_client.devices.emulated import EmulatedDevice, EmulatedMeter
-from fl_client.devices.sampler import CapGuard
+from fl_client.devices.guard import CapGuard
 from fl_client.devices.sensors import REPLAY_SENSOR
-from fl_client.devices.simulated import descriptor_b1_bands, descriptor_board_sensor
 
 BACKEND = "replay"
 #: Written into JSON tables; /2 added the knob column (power_limit_w) and
@@ -421,7 +421,7 @@ class ReplayMeter(EmulatedMeter):
 
 def _twin_memory_bytes(kind: str) -> int | None:
     try:
-        from fl_client.devices.simulated import load_device_spec
+        from fl_client.devices.descriptors import load_device_spec
 
         value = getattr(load_device_spec(kind), "memory_bytes", None)
     except Exception:  # no twin for this kind (or no twin module): the table must say

@@ -1,4 +1,4 @@
-"""Power sampling on real hardware: a sampler thread, energy by integration, the cap guard.
+"""Power sampling on real hardware: a sampler thread, energy by integration, the meter.
 
 The hardware backends (``jetson``, ``nvml``) share one wall-clock Meter and one base class
 (``SampledDevice``) built here. A measurement is one window over steps run back to back, as
@@ -6,7 +6,8 @@ training runs them: a background thread samples power (default 20 Hz; the paper'
 missed short peaks), the energy counter where the device has one, and the clock; the
 training thread reads no sensor and adds no synchronize. Energy is the counter's over the
 window where there is one (its updates placed in time, ``counter_energy_j``), else the
-trapezoidal integral of the sampled power over exactly the window's time.
+trapezoidal integral of the sampled power over exactly the window's time. The sampler
+feeds each sample to the cap guard armed around training (``fl_client.devices.guard``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import bisect
 import itertools
 import logging
 import math
+import os
 import sys
 import threading
 import time
@@ -27,8 +29,13 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from fl_client.devices.base import GPU_FREQ_MHZ, DeviceInfo, Measurement, Workload
-from fl_client.power import parse_p_max_w
+from fl_client.devices.base import Measurement, Workload
+from fl_client.devices.guard import (
+    DEFAULT_CAP_WINDOW_S,
+    CapGuard,
+    CapGuarded,
+    with_guard_figures,
+)
 
 if TYPE_CHECKING:
     from fl_client.devices.safety import GpuStateRecord
@@ -36,7 +43,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_SAMPLE_RATE_HZ = 20.0
-DEFAULT_CAP_WINDOW_S = 1.0
 
 PowerReader = Callable[[], float]
 Clock = Callable[[], float]
@@ -73,6 +79,33 @@ class SensorReadError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class SensorReaders:
+    """What the sampler thread reads: power (W) with every sample, the device's energy
+    counter (J; None: it has none) with every sample too, and the GPU clock (MHz; None: not
+    read) with every ``clock_every``-th. ``clock_step_mhz`` is the smallest step of the
+    device's clock table (0: unknown): a window whose sampled clock moves by more is flagged
+    (``PowerMeasurement.clock_moved``)."""
+
+    read_power_w: PowerReader
+    read_energy_j: Callable[[], float] | None = None
+    read_clock_mhz: Callable[[], float] | None = None
+    clock_every: int = 4
+    clock_step_mhz: float = 0.0
+
+
+@dataclass(frozen=True)
+class SampledOptions:
+    """What every sampled hardware backend (jetson, nvml) takes alike: power samples per
+    second, how long sampled power may stay above P_max before the cap guard steps the GPU
+    down (``cap_window_s``), and where the state file of the GPU settings it changes is kept
+    (None: ``$POWERFL_STATE_DIR``, else ``~/.cache/powerfl/state``)."""
+
+    state_dir: str | os.PathLike[str] | None = None
+    sample_rate_hz: float = DEFAULT_SAMPLE_RATE_HZ
+    cap_window_s: float = DEFAULT_CAP_WINDOW_S
+
+
+@dataclass(frozen=True)
 class SampleSeries:
     """What the sampler read, in time order: power (W) at every sample, the energy counter
     (J, NaN without one) and the clock (MHz, NaN where not read) at the samples that read
@@ -85,10 +118,11 @@ class SampleSeries:
 
 
 class PowerSampler:
-    """Samples ``read_power_w`` at ``rate_hz`` in a daemon thread, keeping (time, power) pairs.
+    """Samples ``readers.read_power_w`` at ``rate_hz`` in a daemon thread, keeping (time,
+    power) pairs.
 
-    ``read_energy_j`` (a device's energy counter) is read with every sample and
-    ``read_clock_mhz`` with every ``clock_every``-th, both in the same thread, so the
+    ``readers.read_energy_j`` (a device's energy counter) is read with every sample and
+    ``readers.read_clock_mhz`` with every ``clock_every``-th, both in the same thread, so the
     training thread never reads a sensor. ``clock`` and the readers are injectable so tests
     run on a synthetic trace; ``on_sample(t_s, power_w)`` (e.g. the cap guard) is called
     after each sample. A failed read is counted (``read_errors``), the first failure's
@@ -97,20 +131,18 @@ class PowerSampler:
 
     def __init__(
         self,
-        read_power_w: PowerReader,
+        readers: SensorReaders,
         *,
         rate_hz: float = DEFAULT_SAMPLE_RATE_HZ,
         clock: Clock = time.monotonic,
         on_sample: Callable[[float, float], None] | None = None,
-        read_energy_j: Callable[[], float] | None = None,
-        read_clock_mhz: Callable[[], float] | None = None,
-        clock_every: int = 4,
     ) -> None:
         self.rate_hz = validate_rate_hz(rate_hz)
-        self._read = read_power_w
-        self._read_energy = read_energy_j
-        self._read_clock = read_clock_mhz
-        self._clock_every = max(int(clock_every), 1)
+        self.readers = readers
+        self._read = readers.read_power_w
+        self._read_energy = readers.read_energy_j
+        self._read_clock = readers.read_clock_mhz
+        self._clock_every = max(int(readers.clock_every), 1)
         self._clock = clock
         self._on_sample = on_sample
         self._lock = threading.Lock()
@@ -290,76 +322,6 @@ def _interpolate(times_s: Sequence[float], powers_w: Sequence[float], t_s: float
     return p_a + (p_b - p_a) * (t_s - t_a) / (t_b - t_a)
 
 
-class CapGuard:
-    """Watches sampled power against P_max during training.
-
-    Power above ``p_max_w`` for ``window_s`` or longer calls ``on_violation`` (the backend
-    steps the GPU frequency down one level), counted; time above the cap is interpolated.
-    """
-
-    def __init__(
-        self,
-        p_max_w: float,
-        *,
-        window_s: float = DEFAULT_CAP_WINDOW_S,
-        on_violation: Callable[[], None] | None = None,
-    ) -> None:
-        if not math.isfinite(parse_p_max_w(p_max_w)):
-            raise ValueError(f"p-max-w: the cap guard needs a finite cap > 0 W, got {p_max_w!r}")
-        if not (math.isfinite(window_s) and window_s >= 0):
-            raise ValueError(f"cap-window-s: must be ≥ 0 s, got {window_s!r}")
-        self.p_max_w = float(p_max_w)
-        self.window_s = float(window_s)
-        self._on_violation = on_violation
-        self.cap_violations = 0
-        self.time_over_cap_s = 0.0
-        self.step_down_errors = 0  # step-downs that raised (counted, logged once)
-        self._last: tuple[float, float] | None = None
-        self._over_since_s: float | None = None
-        self._lock = threading.Lock()
-
-    def update(self, t_s: float, power_w: float) -> None:
-        fire = False
-        with self._lock:
-            cap = self.p_max_w
-            crossing_s = t_s
-            if self._last is not None:
-                t_a, p_a = self._last
-                dt = t_s - t_a
-                if dt > 0:
-                    if p_a > cap and power_w > cap:
-                        self.time_over_cap_s += dt
-                    elif p_a > cap or power_w > cap:
-                        # Linear crossing between the two samples.
-                        crossing_s = t_a + dt * (cap - p_a) / (power_w - p_a)
-                        self.time_over_cap_s += (
-                            (t_s - crossing_s) if power_w > cap else (crossing_s - t_a)
-                        )
-            self._last = (t_s, power_w)
-            if power_w > cap:
-                if self._over_since_s is None:
-                    self._over_since_s = crossing_s
-                if t_s - self._over_since_s >= self.window_s:
-                    self.cap_violations += 1
-                    self._over_since_s = t_s  # the next step down needs another full window
-                    fire = True
-            else:
-                self._over_since_s = None
-        if fire and self._on_violation is not None:
-            try:
-                self._on_violation()
-            except Exception as err:  # the sampler thread must live on and keep counting
-                self.step_down_errors += 1
-                if self.step_down_errors == 1:
-                    log.warning(
-                        "cap guard: stepping the GPU down failed (%s: %s); still counting "
-                        "the time over the %.3g W cap",
-                        type(err).__name__,
-                        err,
-                        self.p_max_w,
-                    )
-
-
 @dataclass
 class PowerMeasurement(Measurement):
     """A Measurement from a real power sensor, with the cap guard's figures.
@@ -488,12 +450,11 @@ class SampledMeter:
         power_rail: str,
         guard: CapGuard | None = None,
         synchronize: Callable[[], None] = cuda_synchronize,
-        clock_step_mhz: float = 0.0,
     ) -> None:
         self._sampler = sampler
         self._guard = guard
         self._sync = synchronize
-        self._clock_step_mhz = clock_step_mhz
+        self._clock_step_mhz = sampler.readers.clock_step_mhz
         self._rail = power_rail
         self._steps = 0
         self._samples = 0
@@ -580,36 +541,21 @@ class SampledMeter:
 
 @contextmanager
 def sampled_measurement(
-    read_power_w: PowerReader,
+    readers: SensorReaders,
     *,
     power_rail: str,
     rate_hz: float = DEFAULT_SAMPLE_RATE_HZ,
     clock: Clock = time.monotonic,
     guard: CapGuard | None = None,
-    energy_counter_j: Callable[[], float] | None = None,
-    read_clock_mhz: Callable[[], float] | None = None,
-    clock_step_mhz: float = 0.0,
     synchronize: Callable[[], None] = cuda_synchronize,
 ) -> Iterator[SampledMeter]:
-    """A running sampler and the Meter of one window on top of it (``SampledMeter``); the
-    window closes and the thread stops on the way out."""
-    sampler = PowerSampler(
-        read_power_w,
-        rate_hz=rate_hz,
-        clock=clock,
-        on_sample=guard.update if guard is not None else None,
-        read_energy_j=energy_counter_j,
-        read_clock_mhz=read_clock_mhz,
-    )
+    """A running sampler of ``readers`` and the Meter of one window on top of it
+    (``SampledMeter``); the window closes and the thread stops on the way out."""
+    on_sample = guard.update if guard is not None else None
+    sampler = PowerSampler(readers, rate_hz=rate_hz, clock=clock, on_sample=on_sample)
     sampler.start()
     try:
-        meter = SampledMeter(
-            sampler,
-            power_rail=power_rail,
-            guard=guard,
-            synchronize=synchronize,
-            clock_step_mhz=clock_step_mhz,
-        )
+        meter = SampledMeter(sampler, power_rail=power_rail, guard=guard, synchronize=synchronize)
     except BaseException:
         sampler.stop()
         raise
@@ -620,105 +566,6 @@ def sampled_measurement(
 
 
 _D = TypeVar("_D", bound="SampledDevice")
-_M = TypeVar("_M", bound=Measurement)
-
-
-def with_guard_figures(m: _M, guard: CapGuard | None) -> _M:
-    """``m`` with the cap guard's ``cap_violations`` and ``time_over_cap_s`` (every meter's
-    ``measurement``; without a guard, ``m`` as it is)."""
-    if guard is not None:
-        m.cap_violations = guard.cap_violations
-        m.time_over_cap_s = guard.time_over_cap_s
-    return m
-
-
-def guard_step(guard: CapGuard | None, t0_s: float, t1_s: float, power_w: float) -> None:
-    """Feed one emulated step (power ``power_w`` held over ``[t0_s, t1_s]``) to ``guard``.
-
-    The digital twin and the replay backend report one power per step on an emulated clock;
-    this gives the guard the two samples that bracket the step.
-    """
-    if guard is not None:
-        guard.update(t0_s, power_w)
-        guard.update(t1_s, power_w)
-
-
-class CapGuarded:
-    """The cap guard of a device: armed around training only, by ``with dev.cap_guard(p):``.
-
-    Profiling must measure the configurations above the cap (that is how it finds the
-    feasible ones), so the guard is off unless armed. While armed, meters opened inside the
-    block get a ``CapGuard`` from ``_new_guard()`` that calls ``step_down_gpu_freq_mhz``
-    whenever power stays above P_max for ``cap_window_s``. Subclasses set ``_info`` and
-    implement ``step_down_gpu_freq_mhz``.
-    """
-
-    _info: DeviceInfo
-    cap_window_s: float = DEFAULT_CAP_WINDOW_S
-    _armed_p_max_w: float | None = None
-
-    @property
-    def info(self) -> DeviceInfo:
-        return self._info
-
-    @property
-    def gpu_freqs_mhz(self) -> tuple[float, ...]:
-        """The frequency table (ascending) of ``info``."""
-        return self._info.gpu_freqs_mhz
-
-    def step_down_gpu_freq_mhz(self) -> float | None:
-        """Lock one frequency level lower; None when not locked or already lowest."""
-        raise NotImplementedError
-
-    @contextmanager
-    def cap_guard(self, p_max_w: float | None, *, window_s: float | None = None) -> Iterator[None]:
-        """Arm the guard at ``p_max_w`` (None or inf: no cap, nothing armed) inside the block."""
-        armed = p_max_w is not None and not math.isinf(p_max_w)
-        window = self.cap_window_s if window_s is None else window_s
-        if p_max_w is not None and armed:
-            CapGuard(p_max_w, window_s=window)  # validate now, not in the sampler thread
-        saved = (self._armed_p_max_w, self.cap_window_s)
-        self._armed_p_max_w, self.cap_window_s = (p_max_w if armed else None), window
-        try:
-            yield
-        finally:
-            self._armed_p_max_w, self.cap_window_s = saved
-
-    def _new_guard(self) -> CapGuard | None:
-        p_max_w = self._armed_p_max_w
-        if p_max_w is None:
-            return None
-        window_s = self.cap_window_s
-        backend = self._info.backend
-        stuck_told = False
-
-        knob = getattr(self, "knob", GPU_FREQ_MHZ)
-
-        def step_down() -> None:
-            nonlocal stuck_told
-            new_value = self.step_down_gpu_freq_mhz()
-            if new_value is not None:
-                log.warning(
-                    "%s: power above P_max %.2f W for %.1f s: %s stepped down to %g %s",
-                    backend,
-                    p_max_w,
-                    window_s,
-                    knob.label,
-                    new_value,
-                    knob.unit,
-                )
-            elif not stuck_told:  # said once; the violations keep being counted
-                stuck_told = True
-                log.warning(
-                    "%s: power above P_max %.2f W for %.1f s and the %s cannot go "
-                    "lower (lowest level, or not set): the cap is not met",
-                    backend,
-                    p_max_w,
-                    window_s,
-                    knob.label,
-                )
-
-        return CapGuard(p_max_w, window_s=window_s, on_violation=step_down)
 
 
 class SampledDevice(CapGuarded):
@@ -732,11 +579,11 @@ class SampledDevice(CapGuarded):
     sample_rate_hz: float = DEFAULT_SAMPLE_RATE_HZ
     _record: GpuStateRecord  # the GPU settings found at open, saved while they are changed
 
-    def _init_sampling(self, sample_rate_hz: float, cap_window_s: float) -> None:
+    def _init_sampling(self, options: SampledOptions) -> None:
         """Set the sampling rate (validated) and the cap guard's window; a lock for the
         GPU settings (the cap guard changes them from the sampler thread)."""
-        self.sample_rate_hz = validate_rate_hz(sample_rate_hz)
-        self.cap_window_s = cap_window_s
+        self.sample_rate_hz = validate_rate_hz(options.sample_rate_hz)
+        self.cap_window_s = options.cap_window_s
         self._lock = threading.RLock()
 
     @property
@@ -783,15 +630,18 @@ class SampledDevice(CapGuarded):
     @contextmanager
     def measure(self, workload: Workload) -> Iterator[SampledMeter]:
         """Time and power of the steps run through the meter (wall clock, sampled power)."""
-        with sampled_measurement(
+        readers = SensorReaders(
             self.read_power_w,
+            read_energy_j=self.energy_counter_j(),
+            read_clock_mhz=self.current_gpu_freq_mhz,
+            clock_step_mhz=self.clock_step_mhz,
+        )
+        with sampled_measurement(
+            readers,
             power_rail=self._info.power_rail,
             rate_hz=self.sample_rate_hz,
             clock=self.now_s,
             guard=self._new_guard(),
-            energy_counter_j=self.energy_counter_j(),
-            read_clock_mhz=self.current_gpu_freq_mhz,
-            clock_step_mhz=self.clock_step_mhz,
         ) as meter:
             yield meter
 

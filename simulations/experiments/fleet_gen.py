@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from fl_client.devices import simulated as sim
+from fl_client.devices.descriptors import DEVICE_KINDS, load_device_spec
 
 #: Fleet size (nodes, counts included), inclusive.
 MIN_NODES, MAX_NODES = 6, 16
@@ -70,7 +70,7 @@ class GeneratedFleet:
 def cap_range_w(kind: str) -> tuple[float, float]:
     """(lowest, highest) cap drawn for ``kind``: its lowest B1 band, and its highest finite
     published power mode (``nvpmodel-budgets-w`` or ``suggested-caps-w``)."""
-    spec = sim.load_device_spec(kind)
+    spec = load_device_spec(kind)
     low = spec.b1_freq_caps[0].min_p_max_w
     published = [w for _, w in spec.nvpmodel_budgets_w] + list(spec.suggested_caps_w)
     high = max(w for w in published if math.isfinite(w))
@@ -84,7 +84,7 @@ def _cap_label(p_max_w: float) -> str:
     return f"{p_max_w:g}".replace(".", "p") + "w"
 
 
-def generate_fleet(seed: int, kinds: Sequence[str] = sim.DEVICE_KINDS) -> GeneratedFleet:
+def generate_fleet(seed: int, kinds: Sequence[str] = DEVICE_KINDS) -> GeneratedFleet:
     """The fleet of ``seed``: entries of 1–4 boards of a kind from ``kinds`` (uniform), each
     at a cap drawn in the kind's range (``cap_range_w``, rounded to ``CAP_STEP_W``) or none,
     until the fleet size drawn in [6, 16] is reached. Node names are unique and made of

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from fl_client.devices import simulated as sim
+from fl_client.devices.descriptors import load_device_spec
 from fl_client.selector import PowerLimit, feasible_cells
 from fl_client.settings import load_fleet
 from fl_client.settings_table import RUN
@@ -91,7 +92,7 @@ def node_pace(
 
     Raises ValueError naming the node when no cell is feasible under its cap.
     """
-    spec = sim.load_device_spec(device)
+    spec = load_device_spec(device)
     freqs = spec.gpu_freqs_mhz
     time_s = np.array(
         [[sim.time_per_sample_s(spec, b, f, flops_per_sample) for f in freqs] for b in batch_sizes]

@@ -152,7 +152,6 @@ class RobustnessConfig(StudyConfig):
             "r-max-samples": self.r_max_samples,
             "r-eval-every-samples": self.r_eval_every_samples,
             "profile-grid": self.profile_grid,
-            "pacing": "off",
             "drift-check-every": 0,
         }
 

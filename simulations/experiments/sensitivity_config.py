@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fl_client import model_zoo
-from fl_client.devices.simulated import available_device_kinds
+from fl_client.devices.descriptors import available_device_kinds
 from fl_client.image_data import SHARED_SUBSETS
 from simulations.experiments.config import (
     TORCH_DEVICES,

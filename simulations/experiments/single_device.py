@@ -44,7 +44,7 @@ import torch
 
 from fl_client import image_data, model_zoo, selector, task
 from fl_client.devices import open_device
-from fl_client.devices.simulated import DeviceSpec, load_device_spec
+from fl_client.devices.descriptors import DeviceSpec, load_device_spec
 from fl_client.node import workload_for
 from fl_client.profiler import profile
 from fl_client.r_cache import r_from_samples

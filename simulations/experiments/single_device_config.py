@@ -114,7 +114,7 @@ def parse_single_device(
     data: Mapping[str, Any], where: str, options: FileOptions
 ) -> SingleDeviceConfig:
     """Validate a parsed single-device experiment file (errors name ``where`` and the key)."""
-    from fl_client.devices.simulated import available_device_kinds
+    from fl_client.devices.descriptors import available_device_kinds
 
     m = merge_scale(data, where, DEFAULTS, options)
     f = Fields(m, where, DEFAULTS)

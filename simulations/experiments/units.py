@@ -16,7 +16,7 @@ from torch.utils.data import TensorDataset
 
 from fl_client import model_zoo, r_estimation, selector, task
 from fl_client.devices import open_device
-from fl_client.devices.simulated import load_device_spec
+from fl_client.devices.descriptors import load_device_spec
 from fl_client.node import max_batch_size, workload_for
 from fl_client.profiler import profile
 from fl_client.r_estimation import InitialModel, samples_to_target

@@ -18,13 +18,12 @@ import pytest
 
 from fl_client import cli_tools, model_zoo, profiler
 from fl_client.contract import Cap
-from fl_client.devices import jetson as jetson_mod
-from fl_client.devices import safety
+from fl_client.devices import jetson_sysfs, safety
 from fl_client.devices.base import GPU_POWER_LIMIT_W
 from fl_client.devices.cli import cmd_devices
+from fl_client.devices.descriptors import load_device_spec
 from fl_client.devices.replay import ReplayDevice
 from fl_client.devices.sampler import PowerMeasurement
-from fl_client.devices.simulated import load_device_spec
 from fl_client.lut import LUT
 from fl_client.selector import Objective, PowerLimit, Tables, select_eq4
 from fl_client.settings import RunSettings
@@ -304,7 +303,9 @@ def test_profile_without_write_permission_is_a_clear_error(
     fake = build_tree(tmp_path / "root", "orin-nano-jp6")
     real_access = os.access
     monkeypatch.setattr(
-        jetson_mod.os, "access", lambda p, mode: False if mode == os.W_OK else real_access(p, mode)
+        jetson_sysfs.os,
+        "access",
+        lambda p, mode: False if mode == os.W_OK else real_access(p, mode),
     )
     argv = ["profile", "--backend", "jetson", "--sysfs-root", str(fake.root), "--model", "cnn"]
     code, out, err = run([*argv, "--batch-sizes", "4", "--cache-dir", str(tmp_path), *FAST], capsys)

@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fl_client.client_app import make_client_app
 from fl_client.contract import CellsReport, ProfileRequest, TrainReport
-from fl_client.devices.simulated import load_device_spec
+from fl_client.devices.descriptors import load_device_spec
 from fl_client.devices.simulated import power_w as twin_power_w
 from fl_client.devices.simulated import time_per_sample_s as twin_time_per_sample_s
 from fl_client.lut import LUT, KindKey

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fl_client.contract import Cap, SettingsError
-from fl_client.devices.sampler import CapGuard
+from fl_client.devices.guard import CapGuard
 from fl_client.power import PowerLimit, check_cap_margin, parse_p_max_w
 
 

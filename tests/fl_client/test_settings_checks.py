@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fl_client.devices import DeviceOptions
-from fl_client.devices.simulated import DeviceSpecError, load_device_spec
+from fl_client.devices.descriptors import DeviceSpecError, load_device_spec
 from fl_client.settings import (
     MIN_ROUND_TIMEOUT_S,
     MODEL_NAMES,

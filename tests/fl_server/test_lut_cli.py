@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fl_client.devices.simulated import load_device_spec
+from fl_client.devices.descriptors import load_device_spec
 from fl_client.lut import KindKey, lut_checksum
 from fl_client.settings import SettingsError
 from fl_server.lut_cli import add_lut_commands

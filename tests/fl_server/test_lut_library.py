@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fl_client.devices.simulated import load_device_spec, power_w, time_per_sample_s
+from fl_client.devices.descriptors import load_device_spec
+from fl_client.devices.simulated import power_w, time_per_sample_s
 from fl_client.lut import LUT, KindKey, lut_checksum
 from fl_client.model_zoo import train_flops_per_sample
 from fl_server.lut_library import LibraryError, LUTLibrary, read_entry

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from fl_client.devices import simulated as sim
+from fl_client.devices.descriptors import DEVICE_KINDS, load_device_spec
 from fl_client.settings import load_fleet, tomllib
 from simulations.cli import main
 from simulations.experiments.fleet_gen import (
@@ -37,8 +37,8 @@ def test_different_seeds_give_different_fleets():
 
 
 def test_cap_ranges_run_from_the_lowest_band_to_the_highest_power_mode():
-    for kind in sim.DEVICE_KINDS:
-        spec = sim.load_device_spec(kind)
+    for kind in DEVICE_KINDS:
+        spec = load_device_spec(kind)
         low, high = cap_range_w(kind)
         assert low == spec.b1_freq_caps[0].min_p_max_w
         assert high == max(w for _, w in spec.nvpmodel_budgets_w)
@@ -53,7 +53,7 @@ def test_a_fleet_is_within_its_ranges(seed):
     names = [e.name for e in fleet.entries]
     assert len(set(names)) == len(names)
     for e in fleet.entries:
-        assert e.device in sim.DEVICE_KINDS
+        assert e.device in DEVICE_KINDS
         assert 1 <= e.count <= MAX_BOARDS
         assert SAFE_NAME.match(e.name), e.name
         if not math.isinf(e.p_max_w):
@@ -64,9 +64,9 @@ def test_a_fleet_is_within_its_ranges(seed):
 
 def test_the_draws_cover_kinds_sizes_caps_between_modes_and_no_cap():
     entries = [e for s in SEEDS for e in generate_fleet(s).entries]
-    assert {e.device for e in entries} == set(sim.DEVICE_KINDS)
+    assert {e.device for e in entries} == set(DEVICE_KINDS)
     assert any(math.isinf(e.p_max_w) for e in entries)
-    published = {w for k in sim.DEVICE_KINDS for _, w in sim.load_device_spec(k).nvpmodel_budgets_w}
+    published = {w for k in DEVICE_KINDS for _, w in load_device_spec(k).nvpmodel_budgets_w}
     assert any(not math.isinf(e.p_max_w) and e.p_max_w not in published for e in entries)
     sizes = {generate_fleet(s).num_nodes for s in SEEDS}
     assert min(sizes) < 9 and max(sizes) > 13  # the size range is used, not one value

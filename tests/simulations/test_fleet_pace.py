@@ -11,6 +11,7 @@ import pytest
 
 from fl_client import model_zoo
 from fl_client.devices import simulated as sim
+from fl_client.devices.descriptors import load_device_spec
 from fl_client.selector import PEAK_SIGMA_K, PowerLimit
 from fl_client.settings import load_fleet
 from fl_client.shipped import shipped_names
@@ -53,7 +54,7 @@ def test_a_nodes_pace_is_its_fastest_cell_feasible_under_its_cap():
     flops = model_zoo.train_flops_per_sample("cnn")
     limit = PowerLimit(4.5, 0.05)
     p = node_pace("nano", "jetson-nano", limit, flops)
-    spec = sim.load_device_spec("jetson-nano")
+    spec = load_device_spec("jetson-nano")
 
     def robust(b: int, f: float) -> float:
         return sim.power_w(spec, b, f, flops) * (1 + PEAK_SIGMA_K * spec.power_noise)

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from fl_client.contract import Cap, CellsReport, NodeDescriptor, TrainConfig
-from fl_client.devices.simulated import DeviceSpec, avg_power_w, load_device_spec, power_w
+from fl_client.devices.descriptors import DeviceSpec, load_device_spec
+from fl_client.devices.simulated import avg_power_w, power_w
 from fl_client.devices.simulated import time_per_sample_s as twin_time_per_sample_s
 from fl_client.lut import LUT, KindKey, lut_checksum
 from fl_client.node import workload_for

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from fl_client.devices import B1Band, DeviceInfo, base, open_device
-from fl_client.devices.replay import ReplayDevice, ReplayRow, ReplayTable
-from fl_client.devices.simulated import (
+from fl_client.devices.descriptors import (
     DeviceSpecError,
     descriptor_b1_bands,
     device_config_dir,
     load_device_spec,
 )
+from fl_client.devices.replay import ReplayDevice, ReplayRow, ReplayTable
 
 NANO_MHZ = tuple(round(76.8 * k, 1) for k in range(1, 13))
 NANO_BANDS = (B1Band(4.5, 307.2), B1Band(7.0, 614.4), B1Band(math.inf, 921.6))

@@ -7,6 +7,7 @@ import argparse
 import io
 import json
 import logging
+import math
 import re
 import subprocess
 import sys
@@ -28,7 +29,8 @@ from fl_client.devices.cli import add_devices_parser, cmd_devices
 from fl_client.devices.jetson import JetsonDevice
 from fl_client.devices.nvml import NvmlDevice
 from fl_client.devices.replay import ReplayDevice
-from fl_client.settings import REPO_ROOT
+from fl_client.devices.sampler import SampledOptions
+from fl_client.settings import REPO_ROOT, SettingsError, node_settings
 from tests.fl_client.devices.fakes_sysfs import build_tree
 
 EXAMPLE = str(REPO_ROOT / "configs" / "replay" / "example-illustrative-jetson-nano-resnet18.csv")
@@ -45,6 +47,9 @@ def test_every_module_imports_without_vendor_libraries():
         "import fl_client.devices, fl_client.devices.jetson, fl_client.devices.nvml\n"
         "import fl_client.devices.replay, fl_client.devices.safety, fl_client.devices.sampler\n"
         "import fl_client.devices.cli, fl_client.devices.simulated\n"
+        "import fl_client.devices.descriptors, fl_client.devices.guard\n"
+        "import fl_client.devices.jetson_power, fl_client.devices.jetson_sysfs\n"
+        "import fl_client.devices.nvml_lib\n"
         "bad = [m for m in ('torch', 'flwr', 'fl_client.task', 'fl_client.selector', "
         "'fl_client.profiler', 'fl_client.node', 'fl_client.settings') if m in sys.modules]\n"
         "assert not bad, f'the device layer must not import {bad}'\n"
@@ -205,19 +210,47 @@ def test_option_keys_are_the_fields_in_kebab_case():
     assert not any("_" in k for k in keys)
 
 
-@pytest.mark.parametrize(
-    ("config", "key"),
-    [
-        ({"sample-rate-hz": 0}, "sample-rate-hz"),
-        ({"cap-window-s": -1}, "cap-window-s"),
-        ({"lock-clocks": "maybe"}, "lock-clocks"),
-        ({"nvml-index": "first"}, "nvml-index"),
-        ({"power-source": "tegrastats"}, "power-source"),
-    ],
-)
-def test_bad_options_name_the_key(config: dict[str, object], key: str):
-    with pytest.raises(ValueError, match=key):
-        DeviceOptions.from_config(config)
+#: A bad value of every device option that has one (paths and rail names are free text).
+BAD_OPTIONS = [
+    ("power-source", "tegrastats", "unknown 'tegrastats'; allowed: auto, sysfs, jtop"),
+    ("sample-rate-hz", 0, "must be > 0 and finite, got 0"),
+    ("sample-rate-hz", math.inf, "must be > 0 and finite, got inf"),
+    ("cap-window-s", -1, "must be > 0 and finite, got -1"),
+    ("cap-window-s", "soon", "expected a number, got 'soon'"),
+    ("nvml-index", "first", "expected an integer, got 'first'"),
+    ("lock-clocks", "maybe", "expected true, false or auto, got 'maybe'"),
+    ("knob", "mhz", "unknown value 'mhz'; allowed: frequency, power-limit, auto"),
+    ("power-limit-step-w", 0, "must be > 0 and finite, got 0"),
+    ("twin-slowdown", 0.5, "must be ≥ 1 (a step-time factor), got 0.5"),
+    ("twin-extra-power-w", -1, "expected W ≥ 0, got -1"),
+    ("twin-drift-from-round", 0, "expected an integer ≥ 1, got 0"),
+    ("twin-drift-from-round", True, "expected an integer ≥ 1, got True"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "message"), BAD_OPTIONS)
+def test_bad_options_name_the_key(key: str, value: object, message: str):
+    with pytest.raises(ValueError, match=re.escape(f"{key}: {message}")):
+        DeviceOptions.from_config({key: value})
+
+
+@pytest.mark.parametrize(("key", "value", "message"), BAD_OPTIONS)
+def test_a_bad_node_device_option_is_refused_naming_the_node_and_the_key(
+    key: str, value: object, message: str
+):
+    with pytest.raises(SettingsError, match=re.escape(f"node-config (x): {key}: {message}")):
+        node_settings({"name": "x", "device": "jetson-nano", key: value}, None)
+
+
+def test_power_limit_with_lock_clocks_false_is_refused_naming_both():
+    with pytest.raises(ValueError, match=r"knob: power-limit .* lock-clocks = false"):
+        DeviceOptions.from_config({"lock-clocks": "no", "knob": "power-limit"})
+
+
+def test_sampled_options_carry_the_state_folder_rate_and_window():
+    opts = DeviceOptions(state_dir="/s", sample_rate_hz=40.0, cap_window_s=2.0)
+    assert opts.sampled() == SampledOptions("/s", 40.0, 2.0)
+    assert DeviceOptions().sampled() == SampledOptions()
 
 
 def test_detect_backends(tmp_path: Path, fake_pynvml: types.ModuleType):

@@ -22,17 +22,13 @@ from fl_client.devices import (
     InvalidFrequencyError,
     Workload,
     base,
+    jetson_power,
+    jetson_sysfs,
     locked,
 )
-from fl_client.devices import jetson as jetson_mod
-from fl_client.devices.jetson import (
-    Ina3221Monitor,
-    JetsonDevice,
-    find_gpu_devfreq,
-    find_power_rails,
-    write_sysfs,
-)
-from fl_client.devices.sampler import PowerMeasurement
+from fl_client.devices.jetson import JetsonDevice
+from fl_client.devices.jetson_sysfs import find_gpu_devfreq, write_sysfs
+from fl_client.devices.sampler import PowerMeasurement, SampledOptions
 from tests.fl_client.devices.fakes_sysfs import BOARDS, FakeJetson, build_tree
 
 # The tables as published for each board (MHz), independent of the fake's own encoding.
@@ -55,13 +51,21 @@ def board(request: pytest.FixtureRequest, tmp_path: Path) -> FakeJetson:
     return build_tree(tmp_path / "root", request.param)
 
 
-def open_jetson(fake: FakeJetson, state_dir: Path, **kwargs: object) -> JetsonDevice:
-    return JetsonDevice(fake.board.kind, root=fake.root, state_dir=state_dir, **kwargs)  # type: ignore[arg-type]
+def open_jetson(
+    fake: FakeJetson,
+    state_dir: Path,
+    *,
+    sample_rate_hz: float = SampledOptions.sample_rate_hz,
+    cap_window_s: float = SampledOptions.cap_window_s,
+    **kwargs: object,
+) -> JetsonDevice:
+    sampled = SampledOptions(state_dir, sample_rate_hz, cap_window_s)
+    return JetsonDevice(fake.board.kind, root=fake.root, sampled=sampled, **kwargs)  # type: ignore[arg-type]
 
 
 def test_discovers_gpu_node_table_rail_kind_and_memory(board: FakeJetson, state_dir: Path):
     assert find_gpu_devfreq(board.root) == board.class_node
-    dev = JetsonDevice("", root=board.root, state_dir=state_dir)
+    dev = JetsonDevice("", root=board.root, sampled=SampledOptions(state_dir=state_dir))
     assert dev.devfreq_node.name == board.board.devfreq_name
     assert list(dev.gpu_freqs_mhz) == EXPECTED_MHZ[board.board.key]
     assert dev.info.backend == "jetson"
@@ -180,7 +184,7 @@ def test_read_only_limits_fail_before_any_write(
     dev = open_jetson(fake, state_dir, writer=kernel_like_writer(writes))
     real_access = os.access
     monkeypatch.setattr(
-        jetson_mod.os,
+        jetson_sysfs.os,
         "access",
         lambda p, mode: False if mode == os.W_OK else real_access(p, mode),
     )
@@ -223,29 +227,6 @@ def test_lock_that_does_not_hold_is_an_error_and_restored(tmp_path: Path, state_
     assert not dev.state_file.exists()
 
 
-def test_power_rails_skip_nc_and_shunt_sum(tmp_path: Path):
-    fake = build_tree(tmp_path / "root", "agx-orin-jp5")
-    names = [r.name for r in find_power_rails(fake.root)]
-    assert names == ["VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0", "VDDQ_VDD2_1V8AO"]
-    monitor = Ina3221Monitor.discover(fake.root)
-    assert monitor is not None
-    # hwmon: mV × mA → W
-    assert monitor.read_rails_w()["VDD_GPU_SOC"] == pytest.approx(19.968 * 0.520)
-    fake.set_channel("VDD_GPU_SOC", 19_968, 1_000)
-    assert monitor.read_power_w() == pytest.approx(
-        19.968 * 1.0 + 19.968 * 0.18 + 4.984 * 0.72 + 4.992 * 0.15
-    )
-
-
-def test_iio_rails_read_milliwatts(tmp_path: Path):
-    fake = build_tree(tmp_path / "root", "nano-jp4")
-    fake.set_channel("POM_5V_IN", 5_000, 1_000)
-    monitor = Ina3221Monitor.discover(fake.root)
-    assert monitor is not None and monitor.rail_label == "POM_5V_IN"
-    assert monitor.read_power_w() == pytest.approx(5.0)
-    assert set(monitor.read_rails_w()) == {"POM_5V_IN", "POM_5V_GPU", "POM_5V_CPU"}
-
-
 def test_power_rails_can_be_chosen(tmp_path: Path, state_dir: Path):
     fake = build_tree(tmp_path / "root", "orin-nano-jp6")
     dev = open_jetson(fake, state_dir, power_rails=["VDD_CPU_GPU_CV"])
@@ -258,7 +239,7 @@ def test_power_rails_can_be_chosen(tmp_path: Path, state_dir: Path):
 def test_not_a_jetson_is_unavailable(tmp_path: Path, state_dir: Path):
     (tmp_path / "sys" / "class" / "devfreq").mkdir(parents=True)
     with pytest.raises(DeviceUnavailableError, match="no GPU devfreq node"):
-        JetsonDevice("", root=tmp_path, state_dir=state_dir)
+        JetsonDevice("", root=tmp_path, sampled=SampledOptions(state_dir=state_dir))
 
 
 def test_known_node_name_found_without_of_node(tmp_path: Path, state_dir: Path):
@@ -317,11 +298,6 @@ def test_jtop_service_down_says_how_to_start_it(
     fake = build_tree(tmp_path / "root", "nano-jp4", with_power=False)
     with pytest.raises(DeviceUnavailableError, match=r"systemctl restart jtop"):
         open_jetson(fake, state_dir, power_source="jtop")
-
-
-def test_permission_message_names_jtop_cannot_set_frequency():
-    msg = jetson_mod.permission_message(Path("/sys/x/min_freq"))
-    assert "cannot set the GPU frequency" in msg
 
 
 def test_meter_accounts_wall_time_and_sampled_energy(tmp_path: Path, state_dir: Path):
@@ -420,7 +396,7 @@ def test_real_jetson_round_trip():
     before = dev.original_settings
     with locked(dev, dev.gpu_freqs_mhz[0]):
         assert dev.locked_gpu_freq_mhz() == dev.gpu_freqs_mhz[0]
-    after = jetson_mod.DevfreqGpu(dev.devfreq_node).read_settings()
+    after = jetson_sysfs.DevfreqGpu(dev.devfreq_node).read_settings()
     assert (after.min_freq_hz, after.max_freq_hz) == (before.min_freq_hz, before.max_freq_hz)
     dev.close()
 
@@ -431,11 +407,11 @@ def test_real_jetson_round_trip():
 def test_sysfs_root_may_be_the_sysfs_mount_itself(tmp_path: Path, state_dir: Path):
     fake = build_tree(tmp_path / "root", "orin-nano-jp6")
     mount = fake.root / "sys"
-    assert jetson_mod.sysfs_root(mount).sys == mount
-    assert jetson_mod.sysfs_root(mount).proc == fake.root / "proc"
-    assert jetson_mod.sysfs_root(fake.root).sys == mount
+    assert jetson_sysfs.sysfs_root(mount).sys == mount
+    assert jetson_sysfs.sysfs_root(mount).proc == fake.root / "proc"
+    assert jetson_sysfs.sysfs_root(fake.root).sys == mount
     assert find_gpu_devfreq(mount) == fake.class_node
-    dev = JetsonDevice("", root=mount, state_dir=state_dir)
+    dev = JetsonDevice("", root=mount, sampled=SampledOptions(state_dir=state_dir))
     assert dev.info.kind == "jetson-orin-nano"  # /proc found next to the mount
     assert dev.info.memory_bytes == fake.board.meminfo_kb * 1024
     assert dev.info.power_rail == "VDD_IN"
@@ -447,7 +423,7 @@ def test_sysfs_root_may_be_the_sysfs_mount_itself(tmp_path: Path, state_dir: Pat
 
 def test_wrong_sysfs_root_names_the_path_and_both_forms(tmp_path: Path, state_dir: Path):
     with pytest.raises(DeviceUnavailableError) as info:
-        JetsonDevice("", root=tmp_path / "nowhere", state_dir=state_dir)
+        JetsonDevice("", root=tmp_path / "nowhere", sampled=SampledOptions(state_dir=state_dir))
     msg = str(info.value)
     assert f"{tmp_path / 'nowhere' / 'sys' / 'class' / 'devfreq'} does not exist" in msg
     assert "sysfs mount itself" in msg and "sys/sys" not in msg
@@ -480,27 +456,11 @@ def test_unreadable_channel_is_named(tmp_path: Path, state_dir: Path):
     folder = hwmon_dir(fake)
     (folder / "curr3_input").unlink()
     (folder / "curr3_input").mkdir()  # reading it fails like an unreadable file
-    scan = jetson_mod.scan_ina3221(fake.root)
+    scan = jetson_power.scan_ina3221(fake.root)
     assert [r.name for r in scan.rails] == ["VDD_IN", "VDD_CPU_GPU_CV"]
     assert any("VDD_SOC" in p and "curr3_input" in p for p in scan.problems)
     with pytest.raises(DeviceError, match=r"VDD_SOC not found.*unreadable: VDD_SOC: .*curr3"):
         open_jetson(fake, state_dir, power_rails=["VDD_SOC"])
-
-
-def test_chip_without_channel_folders_says_driver_not_bound(tmp_path: Path):
-    fake = build_tree(tmp_path / "root", "nano-jp4")
-    chip = fake.root / "sys" / "bus" / "i2c" / "devices" / "6-0040"
-    for path in sorted((chip / "iio:device0").iterdir()):
-        path.unlink()
-    (chip / "iio:device0").rmdir()
-    scan = jetson_mod.scan_ina3221(fake.root)
-    assert scan.rails == [] and scan.chips == ["6-0040"]
-    assert "no iio:deviceN or hwmon/hwmonN folder" in scan.why_none()
-
-
-def test_no_chip_at_all_is_still_no_ina3221(tmp_path: Path):
-    fake = build_tree(tmp_path / "root", "nano-jp4", with_power=False)
-    assert "no INA3221 under" in jetson_mod.scan_ina3221(fake.root).why_none()
 
 
 def test_garbage_in_sysfs_names_the_file(tmp_path: Path, state_dir: Path):
@@ -511,7 +471,7 @@ def test_garbage_in_sysfs_names_the_file(tmp_path: Path, state_dir: Path):
         dev.current_gpu_freq_mhz()
     dev.close()
     (fake.node / "available_frequencies").write_text("76800000 oops\n")
-    with pytest.raises(jetson_mod.SysfsFormatError, match="available_frequencies: expected"):
+    with pytest.raises(jetson_sysfs.SysfsFormatError, match="available_frequencies: expected"):
         open_jetson(fake, state_dir)
 
 
@@ -560,7 +520,11 @@ def test_board_without_descriptor_has_no_b1_bands(
     monkeypatch: pytest.MonkeyPatch,
 ):
     monkeypatch.setattr(base, "_NO_BANDS_LOGGED", set())
-    dev = JetsonDevice("", root=build_tree(tmp_path / "r", "tx2-jp4").root, state_dir=state_dir)
+    dev = JetsonDevice(
+        "",
+        root=build_tree(tmp_path / "r", "tx2-jp4").root,
+        sampled=SampledOptions(state_dir=state_dir),
+    )
     assert dev.info.kind == "jetson-tx2" and dev.info.b1_bands == ()
     assert dev.info.b1_freq_cap_mhz(5.0) == 1300.5
     assert dev.info.b1_freq_cap_mhz(math.inf) == 1300.5
@@ -582,7 +546,11 @@ def test_the_power_sensor_says_what_a_profiled_cell_needs(
     assert slow.info.sensor.min_window_s == pytest.approx(10.0)  # 10 samples at 1 Hz
     slow.close()
     # a board without a descriptor: the INA3221 defaults
-    tx2 = JetsonDevice("", root=build_tree(tmp_path / "r", "tx2-jp4").root, state_dir=state_dir)
+    tx2 = JetsonDevice(
+        "",
+        root=build_tree(tmp_path / "r", "tx2-jp4").root,
+        sampled=SampledOptions(state_dir=state_dir),
+    )
     assert tx2.info.sensor.name == "ina3221-sysfs" and tx2.info.sensor.min_window_s == 0.5
     tx2.close()
     # jtop: readings change once per the service's interval (its own, not the one asked for)

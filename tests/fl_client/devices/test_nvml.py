@@ -22,14 +22,10 @@ from fl_client.devices import (
     locked,
     safety,
 )
-from fl_client.devices.nvml import (
-    NvmlDevice,
-    cuda_to_nvml_index,
-    gpu_count,
-    restore_saved_settings,
-)
-from fl_client.devices.sampler import PowerMeasurement
+from fl_client.devices.nvml import NvmlControl, NvmlDevice, restore_saved_settings
+from fl_client.devices.sampler import PowerMeasurement, SampledOptions
 from tests.fl_client.devices.conftest import FakeGpu, make_fake_pynvml
+from tests.fl_client.devices.test_nvml_lib import UUIDS
 
 WORKLOAD = Workload("resnet18", (3, 32, 32), 1e9)
 
@@ -90,7 +86,7 @@ def test_not_root_is_measure_only(fake_pynvml: types.ModuleType, fake_gpu: FakeG
 def test_lock_clocks_false_never_touches_clocks_even_as_root(
     fake_pynvml: types.ModuleType, fake_gpu: FakeGpu, as_root: None
 ):
-    dev = NvmlDevice(lock_clocks=False)
+    dev = NvmlDevice(control=NvmlControl(lock_clocks=False))
     assert dev.measure_only and dev.gpu_freqs_mhz == (1980.0,)
     with locked(dev, 1980.0):
         pass
@@ -102,7 +98,7 @@ def test_lock_clocks_true_without_root_is_a_permission_error(
     fake_pynvml: types.ModuleType, not_root: None
 ):
     with pytest.raises(DevicePermissionError, match="needs root"):
-        NvmlDevice(lock_clocks=True)
+        NvmlDevice(control=NvmlControl(lock_clocks=True))
 
 
 def test_driver_refusing_the_lock_is_a_permission_error(
@@ -128,7 +124,7 @@ def test_gpu_without_clock_list_is_measure_only(
 def test_meter_uses_energy_counter_when_supported(
     fake_pynvml: types.ModuleType, fake_gpu: FakeGpu, not_root: None
 ):
-    dev = NvmlDevice(sample_rate_hz=100.0)
+    dev = NvmlDevice(sampled=SampledOptions(sample_rate_hz=100.0))
     assert dev.has_energy_counter
     before_mj = fake_gpu.energy_mj
     with dev.measure(WORKLOAD) as meter:
@@ -162,7 +158,7 @@ def test_meter_falls_back_to_sampled_energy(
 def test_cap_guard_steps_locked_clock_down(
     fake_pynvml: types.ModuleType, fake_gpu: FakeGpu, as_root: None
 ):
-    dev = NvmlDevice(cap_window_s=0.0, sample_rate_hz=100.0)
+    dev = NvmlDevice(sampled=SampledOptions(cap_window_s=0.0, sample_rate_hz=100.0))
     with locked(dev, 1980.0), dev.cap_guard(100.0), dev.measure(WORKLOAD) as meter:
         meter.step(8, lambda: time.sleep(0.03))
     m = meter.measurement
@@ -200,7 +196,6 @@ def test_bytes_name_and_bad_index(fake_pynvml: types.ModuleType, fake_gpu: FakeG
     assert NvmlDevice().info.kind == "tesla-v100-sxm2-16gb"
     with pytest.raises(DeviceUnavailableError, match="GPU 3 does not exist"):
         NvmlDevice(index=3)
-    assert gpu_count() == 1
 
 
 def test_missing_pynvml_is_unavailable_with_install_hint(no_pynvml: None):
@@ -212,7 +207,7 @@ def test_missing_pynvml_is_unavailable_with_install_hint(no_pynvml: None):
 def test_real_gpu_measure_only():
     """On a machine with an NVIDIA GPU: read power and energy, never change clocks."""
     try:
-        dev = NvmlDevice(lock_clocks=False)
+        dev = NvmlDevice(control=NvmlControl(lock_clocks=False))
     except DeviceUnavailableError as err:
         pytest.skip(str(err))
     try:
@@ -245,7 +240,7 @@ def test_refused_lock_and_refused_reset_keep_the_permission_message(
     assert not list(state_dir.glob("nvml-*.json"))  # no state file left behind
     dev.close()
     # Later opens work, measure-only or not, and never touch the clocks.
-    NvmlDevice(lock_clocks=False).close()
+    NvmlDevice(control=NvmlControl(lock_clocks=False)).close()
     NvmlDevice().close()
     assert resets(fake_gpu) == 0
 
@@ -325,55 +320,10 @@ def test_lock_whose_state_cannot_be_saved_is_undone(
 ):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    dev = NvmlDevice(state_dir=blocker / "state")
+    dev = NvmlDevice(sampled=SampledOptions(state_dir=blocker / "state"))
     with pytest.raises(DeviceError, match="POWERFL_STATE_DIR"):
         dev.set_gpu_freq_mhz(1410.0)
     assert fake_gpu.locked is None and resets(fake_gpu) == 1
-
-
-# ----------------------------------------------------------------- CUDA_VISIBLE_DEVICES
-
-UUIDS = [
-    "GPU-aaaa1111-0000-0000-0000-000000000000",
-    "GPU-bbbb2222-0000-0000-0000-000000000000",
-    "GPU-bbbb3333-0000-0000-0000-000000000000",
-]
-
-
-@pytest.mark.parametrize(
-    ("index", "visible", "expected"),
-    [
-        (0, None, 0),
-        (2, None, 2),
-        (0, "2,0", 2),
-        (1, "2,0", 0),
-        (0, " 1 ", 1),
-        (0, "GPU-bbbb3333-0000-0000-0000-000000000000", 2),
-        (0, "GPU-bbbb2", 1),  # an abbreviated UUID, as CUDA allows
-        (1, "gpu-aaaa,2", 2),
-        (0, "1,-1,0", 1),  # CUDA stops at the first invalid entry
-    ],
-)
-def test_cuda_index_maps_to_nvml_index(index: int, visible: str | None, expected: int):
-    assert cuda_to_nvml_index(index, visible, UUIDS) == expected
-
-
-@pytest.mark.parametrize(
-    ("index", "visible", "message"),
-    [
-        (3, None, "GPU 3 does not exist; this machine has 3"),
-        (0, "", r"CUDA_VISIBLE_DEVICES='' makes 0 GPU\(s\) visible, so there is no cuda:0"),
-        (1, "1,-1,0", "makes 1 GPU"),
-        (0, "7", r"entry '7': this machine has 3 GPU\(s\)"),
-        (0, "GPU-bbbb", "matches 2 GPUs"),
-        (0, "GPU-ffff", "matches no GPU; GPUs here: GPU-aaaa1111"),
-        (0, "MIG-0c7b4a35-8f1e-5bd9-a8c6-0e5d3a0f2b11", "MIG instance"),
-        (-1, None, "must be ≥ 0"),
-    ],
-)
-def test_bad_cuda_visible_devices_name_the_setting(index: int, visible: str | None, message: str):
-    with pytest.raises(DeviceUnavailableError, match=message):
-        cuda_to_nvml_index(index, visible, UUIDS)
 
 
 def test_device_follows_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch, not_root: None):

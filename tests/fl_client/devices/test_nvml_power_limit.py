@@ -33,8 +33,8 @@ from fl_client.devices import (
     safety,
 )
 from fl_client.devices.cli import devices_report, restore_command
-from fl_client.devices.nvml import NvmlDevice, power_limit_grid_w
-from fl_client.devices.sampler import PowerMeasurement
+from fl_client.devices.nvml import NvmlControl, NvmlDevice, power_limit_grid_w
+from fl_client.devices.sampler import PowerMeasurement, SampledOptions
 from fl_client.settings import REPO_ROOT
 from tests.fl_client.devices.conftest import FakeGpu, await_line
 
@@ -72,7 +72,7 @@ def test_the_grid_steps_down_from_the_highest_limit_to_the_lowest():
 def test_the_power_limit_knob_selects_over_watts(
     fake_pynvml: types.ModuleType, h100: FakeGpu, as_root: None
 ):
-    dev = NvmlDevice(knob="power-limit")
+    dev = NvmlDevice(control=NvmlControl(knob="power-limit"))
     assert dev.knob is GPU_POWER_LIMIT_W and not dev.measure_only
     assert dev.gpu_freqs_mhz == H100_GRID_W  # the knob's values, W
     assert not dev.clocks_locked  # cells record the clock sampled while they ran
@@ -83,7 +83,7 @@ def test_the_power_limit_knob_selects_over_watts(
     assert d["power-limit-default-w"] == 700.0
     assert limit_sets(h100) == []  # opening and describing change nothing
     dev.close()
-    coarse = NvmlDevice(knob="power-limit", power_limit_step_w=150.0)
+    coarse = NvmlDevice(control=NvmlControl(knob="power-limit", power_limit_step_w=150.0))
     assert coarse.gpu_freqs_mhz == (200.0, 250.0, 400.0, 550.0, 700.0)
     coarse.close()
 
@@ -94,7 +94,7 @@ def test_the_power_limit_knob_selects_over_watts(
 def test_set_and_restore_the_original_limit(
     fake_pynvml: types.ModuleType, h100: FakeGpu, as_root: None, state_dir: Path
 ):
-    dev = NvmlDevice(knob="power-limit")
+    dev = NvmlDevice(control=NvmlControl(knob="power-limit"))
     with locked(dev, 300.0):
         assert h100.power_limit_mw == 300_000
         assert dev.power_limit_w() == 300.0
@@ -115,7 +115,7 @@ def test_set_and_restore_the_original_limit(
 def test_an_exception_and_close_restore(
     fake_pynvml: types.ModuleType, h100: FakeGpu, as_root: None, state_dir: Path
 ):
-    dev = NvmlDevice(knob="power-limit")
+    dev = NvmlDevice(control=NvmlControl(knob="power-limit"))
     with pytest.raises(RuntimeError, match="training crashed"), locked(dev, 400.0):
         raise RuntimeError("training crashed")
     assert h100.power_limit_mw == ORIGINAL_MW and state_files(state_dir) == []
@@ -131,7 +131,7 @@ def test_a_failing_restore_is_loud_and_keeps_the_state_file(
     state_dir: Path,
     caplog: pytest.LogCaptureFixture,
 ):
-    dev = NvmlDevice(knob="power-limit")
+    dev = NvmlDevice(control=NvmlControl(knob="power-limit"))
     dev.set_gpu_freq_mhz(300.0)
     h100.limit_error = 4  # e.g. the permission was taken away mid-run
     with (
@@ -153,7 +153,7 @@ def test_a_refused_first_set_changes_nothing_and_leaves_no_file(
     fake_pynvml: types.ModuleType, h100: FakeGpu, as_root: None, state_dir: Path
 ):
     h100.limit_error = 4  # NVML_ERROR_NO_PERMISSION (e.g. a container without the cap)
-    dev = NvmlDevice(knob="power-limit")
+    dev = NvmlDevice(control=NvmlControl(knob="power-limit"))
     with pytest.raises(DevicePermissionError, match="no permission to set the power limit"):
         dev.set_gpu_freq_mhz(300.0)
     assert state_files(state_dir) == [] and h100.power_limit_mw == ORIGINAL_MW
@@ -164,7 +164,7 @@ def test_a_refused_first_set_changes_nothing_and_leaves_no_file(
 def test_a_refused_step_down_puts_the_original_back(
     fake_pynvml: types.ModuleType, h100: FakeGpu, as_root: None, state_dir: Path
 ):
-    dev = NvmlDevice(knob="power-limit")
+    dev = NvmlDevice(control=NvmlControl(knob="power-limit"))
     dev.set_gpu_freq_mhz(300.0)
     calls = {"n": 0}
     real_set = fake_pynvml.nvmlDeviceSetPowerManagementLimit
@@ -185,7 +185,10 @@ def test_a_refused_step_down_puts_the_original_back(
 def test_cap_guard_steps_the_limit_down(
     fake_pynvml: types.ModuleType, h100: FakeGpu, as_root: None
 ):
-    dev = NvmlDevice(knob="power-limit", cap_window_s=0.0, sample_rate_hz=100.0)
+    dev = NvmlDevice(
+        control=NvmlControl(knob="power-limit"),
+        sampled=SampledOptions(cap_window_s=0.0, sample_rate_hz=100.0),
+    )
     with locked(dev, 700.0), dev.cap_guard(100.0), dev.measure(WORKLOAD) as meter:
         meter.step(8, lambda: time.sleep(0.03))  # the fake draws 123.456 W > 100 W
     m = meter.measurement
@@ -200,7 +203,7 @@ def test_cap_guard_steps_the_limit_down(
 def test_a_limit_outside_the_range_is_refused_before_anything_changes(
     fake_pynvml: types.ModuleType, h100: FakeGpu, as_root: None, state_dir: Path
 ):
-    dev = NvmlDevice(knob="power-limit")
+    dev = NvmlDevice(control=NvmlControl(knob="power-limit"))
     for watts in (800.0, 150.0, float("nan")):
         with pytest.raises(
             InvalidFrequencyError,
@@ -218,30 +221,30 @@ def test_the_power_limit_knob_needs_root_a_range_and_no_measure_only(
     fake_pynvml: types.ModuleType, h100: FakeGpu, not_root: None, monkeypatch: pytest.MonkeyPatch
 ):
     with pytest.raises(DevicePermissionError, match=r"setting the power limit .* needs root"):
-        NvmlDevice(knob="power-limit")
+        NvmlDevice(control=NvmlControl(knob="power-limit"))
     with pytest.raises(ValueError, match="lock-clocks = false means change nothing"):
-        NvmlDevice(knob="power-limit", lock_clocks=False)
+        NvmlDevice(control=NvmlControl(knob="power-limit", lock_clocks=False))
     monkeypatch.setattr("os.geteuid", lambda: 0)
     h100.power_limit_range_mw = None  # NVML_ERROR_NOT_SUPPORTED
     with pytest.raises(DeviceUnavailableError, match="reports no power-limit range"):
-        NvmlDevice(knob="power-limit")
+        NvmlDevice(control=NvmlControl(knob="power-limit"))
     with pytest.raises(ValueError, match="knob: unknown value 'watts'; allowed: frequency, "):
-        NvmlDevice(knob="watts")
+        NvmlDevice(control=NvmlControl(knob="watts"))
     assert limit_sets(h100) == []
 
 
 def test_auto_takes_the_clocks_where_they_lock_else_the_power_limit(
     fake_pynvml: types.ModuleType, h100: FakeGpu, as_root: None, monkeypatch: pytest.MonkeyPatch
 ):
-    dev = NvmlDevice(knob="auto")
+    dev = NvmlDevice(control=NvmlControl(knob="auto"))
     assert dev.knob is GPU_FREQ_MHZ and dev.clocks_locked
     dev.close()
     h100.clocks_supported = False  # no clock list to lock
-    dev = NvmlDevice(knob="auto")
+    dev = NvmlDevice(control=NvmlControl(knob="auto"))
     assert dev.knob is GPU_POWER_LIMIT_W and dev.gpu_freqs_mhz == H100_GRID_W
     dev.close()
     monkeypatch.setattr("os.geteuid", lambda: 1000)  # without root: measure only
-    dev = NvmlDevice(knob="auto")
+    dev = NvmlDevice(control=NvmlControl(knob="auto"))
     assert dev.knob is GPU_FREQ_MHZ and dev.measure_only
     dev.close()
 
@@ -294,7 +297,8 @@ import os, sys, time
 from pathlib import Path
 os.geteuid = lambda: 0  # as root, on the fake GPU
 from tests.fl_client.devices.conftest import FakeGpu, make_fake_pynvml
-from fl_client.devices.nvml import NvmlDevice
+from fl_client.devices.nvml import NvmlControl, NvmlDevice
+from fl_client.devices.sampler import SampledOptions
 limit_file = Path(sys.argv[1])
 gpu = FakeGpu(power_limit_mw=int(limit_file.read_text()))
 nv = make_fake_pynvml(gpu)
@@ -305,7 +309,8 @@ def set_and_persist(h, mw):  # the GPU outlives the process: its limit lives in 
     tmp.write_text(str(h.power_limit_mw))
     os.replace(tmp, limit_file)
 nv.nvmlDeviceSetPowerManagementLimit = set_and_persist
-dev = NvmlDevice(knob="power-limit", nvml=nv, state_dir=sys.argv[2])
+sampled = SampledOptions(state_dir=sys.argv[2])
+dev = NvmlDevice(nvml=nv, control=NvmlControl(knob="power-limit"), sampled=sampled)
 dev.set_gpu_freq_mhz(300.0)
 print("SET", flush=True)
 if sys.argv[3] == "raise":
@@ -373,12 +378,16 @@ def test_sigkill_leaves_a_state_file_that_the_next_open_restores(
     from tests.fl_client.devices.conftest import make_fake_pynvml
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    dev = NvmlDevice(knob="power-limit", nvml=make_fake_pynvml(gpu), state_dir=state_dir)
+    dev = NvmlDevice(
+        nvml=make_fake_pynvml(gpu),
+        control=NvmlControl(knob="power-limit"),
+        sampled=SampledOptions(state_dir=state_dir),
+    )
     assert gpu.power_limit_mw == ORIGINAL_MW and state_files(state_dir) == []
     dev.close()
     # A clock-knob open as root restores a leftover power limit too.
     gpu = _killed(tmp_path, state_dir)
-    NvmlDevice(nvml=make_fake_pynvml(gpu), state_dir=state_dir).close()
+    NvmlDevice(nvml=make_fake_pynvml(gpu), sampled=SampledOptions(state_dir=state_dir)).close()
     assert gpu.power_limit_mw == ORIGINAL_MW and state_files(state_dir) == []
 
 
@@ -395,7 +404,9 @@ def test_sigkill_then_measure_only_open_warns_and_restore_command_restores(
     module = make_fake_pynvml(gpu)
     monkeypatch.setitem(sys.modules, "pynvml", module)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    NvmlDevice(state_dir=state_dir).close()  # measure-only: leaves it, says so
+    NvmlDevice(
+        sampled=SampledOptions(state_dir=state_dir)
+    ).close()  # measure-only: leaves it, says so
     assert gpu.power_limit_mw == 300_000 and len(state_files(state_dir)) == 1
     assert "power limit" in caplog.text and "powerfl devices --restore" in caplog.text
     out = io.StringIO()

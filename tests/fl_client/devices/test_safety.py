@@ -18,6 +18,7 @@ import pytest
 from fl_client.devices import DeviceError, safety
 from fl_client.devices.cli import restore_command
 from fl_client.devices.jetson import JetsonDevice
+from fl_client.devices.sampler import SampledOptions
 from fl_client.settings import REPO_ROOT
 from tests.fl_client.devices.conftest import await_line
 from tests.fl_client.devices.fakes_sysfs import FakeJetson, build_tree
@@ -28,7 +29,8 @@ LOCKED_HZ = 460_800_000
 SCRIPT = """
 import sys, time
 from fl_client.devices.jetson import JetsonDevice
-dev = JetsonDevice("jetson-nano", root=sys.argv[1], state_dir=sys.argv[2])
+from fl_client.devices.sampler import SampledOptions
+dev = JetsonDevice("jetson-nano", root=sys.argv[1], sampled=SampledOptions(state_dir=sys.argv[2]))
 dev.set_gpu_freq_mhz(460.8)
 print("LOCKED", flush=True)
 if sys.argv[3] == "raise":
@@ -115,7 +117,7 @@ def test_sigkill_leaves_state_that_the_next_open_restores(nano: FakeJetson, stat
     saved = safety.load_state(path)
     assert (saved.settings["min-freq-hz"], saved.settings["max-freq-hz"]) == ORIGINAL
     assert saved.pid == proc.pid and not saved.owner_alive()
-    dev = JetsonDevice("jetson-nano", root=nano.root, state_dir=state_dir)
+    dev = JetsonDevice("jetson-nano", root=nano.root, sampled=SampledOptions(state_dir=state_dir))
     assert limits(nano) == ORIGINAL
     assert safety.leftover_states(state_dir) == []
     assert (dev.original_settings.min_freq_hz, dev.original_settings.max_freq_hz) == ORIGINAL
@@ -135,7 +137,7 @@ def test_sigkill_then_restore_command(nano: FakeJetson, state_dir: Path):
 
 
 def test_restore_leftovers_leaves_files_of_live_owners(nano: FakeJetson, state_dir: Path):
-    dev = JetsonDevice("jetson-nano", root=nano.root, state_dir=state_dir)
+    dev = JetsonDevice("jetson-nano", root=nano.root, sampled=SampledOptions(state_dir=state_dir))
     dev.set_gpu_freq_mhz(307.2)
     data = json.loads(dev.state_file.read_text())
     data["pid"] = os.getppid()
@@ -174,7 +176,9 @@ def test_corrupt_and_unknown_state_files_are_reported(state_dir: Path):
 def test_unwritable_state_dir_is_a_clear_error(nano: FakeJetson, tmp_path: Path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    dev = JetsonDevice("jetson-nano", root=nano.root, state_dir=blocker / "state")
+    dev = JetsonDevice(
+        "jetson-nano", root=nano.root, sampled=SampledOptions(state_dir=blocker / "state")
+    )
     with pytest.raises(DeviceError, match="POWERFL_STATE_DIR"):
         dev.set_gpu_freq_mhz(307.2)
     assert limits(nano) == ORIGINAL  # nothing changed before the state was safe

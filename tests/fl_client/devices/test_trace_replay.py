@@ -19,8 +19,8 @@ import pytest
 
 from fl_client.devices import DeviceError, Workload
 from fl_client.devices.jetson import JetsonDevice
-from fl_client.devices.nvml import NvmlDevice
-from fl_client.devices.sampler import PowerMeasurement
+from fl_client.devices.nvml import NvmlControl, NvmlDevice
+from fl_client.devices.sampler import PowerMeasurement, SampledOptions
 from fl_client.profiler import CellWindow, measure_cell_with_sigma, profile
 from tests.fl_client.devices.fakes_sysfs import build_tree
 from tests.fl_client.devices.nvml_trace import (
@@ -52,7 +52,7 @@ def vt() -> Iterator[VirtualTime]:
 def open_gpu(vt: VirtualTime, cost_s: float = 0.0, faults: Faults | None = None):
     gpu = TraceGpu(vt, TRACE)
     nv = make_trace_pynvml(gpu, call_cost_s=cost_s, faults=faults)
-    return gpu, NvmlDevice(lock_clocks=False, nvml=nv)
+    return gpu, NvmlDevice(nvml=nv, control=NvmlControl(lock_clocks=False))
 
 
 def cell(dev, gpu: TraceGpu, b: int, window: CellWindow = QUICK, warmup: int = 5):
@@ -127,7 +127,7 @@ def test_a_profile_over_power_limits_sets_each_and_restores_the_original(
     gpu = TraceGpu(vt, TRACE)
     nv = make_trace_pynvml(gpu, call_cost_s=0.01)
     nv.power_limit_mw = 650_000  # type: ignore[attr-defined]
-    dev = NvmlDevice(knob="power-limit", power_limit_step_w=250.0, nvml=nv)
+    dev = NvmlDevice(nvml=nv, control=NvmlControl(knob="power-limit", power_limit_step_w=250.0))
     assert dev.gpu_freqs_mhz == (200.0, 450.0, 700.0)
     lut = profile(dev, WORKLOAD, (128,), ReplaySteps(gpu), progress=False, max_window_s=3.0,
                   uncapped="full")  # fmt: skip
@@ -184,7 +184,11 @@ def test_sample_rate_is_the_samplers_rate(vt: VirtualTime):
     rates = {}
     for hz in (10.0, 20.0):
         gpu = TraceGpu(vt, TRACE)
-        dev = NvmlDevice(lock_clocks=False, nvml=make_trace_pynvml(gpu), sample_rate_hz=hz)
+        dev = NvmlDevice(
+            nvml=make_trace_pynvml(gpu),
+            control=NvmlControl(lock_clocks=False),
+            sampled=SampledOptions(sample_rate_hz=hz),
+        )
         _, m = cell(dev, gpu, 128)
         rates[hz] = len(m.power_samples_w) / m.time_s
     assert rates[10.0] == pytest.approx(10.0, rel=0.1)
@@ -240,7 +244,7 @@ def jetson(tmp_path: Path, vt: VirtualTime, state_dir: Path):
     gpu = TraceGpu(vt, TRACE)
     fake = build_tree(tmp_path / "orin", "orin-nano-jp6")
     board = JetsonTraceBoard(gpu, fake)
-    dev = JetsonDevice(fake.board.kind, root=fake.root, state_dir=state_dir)
+    dev = JetsonDevice(fake.board.kind, root=fake.root, sampled=SampledOptions(state_dir=state_dir))
     yield gpu, board, dev
     dev.close()
 

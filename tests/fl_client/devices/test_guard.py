@@ -1,20 +1,19 @@
-"""The cap guard on the emulated backends (digital twin, replay) and through the factory's
-``cap_guard`` helper: armed only inside the block, steps the frequency down one level when
-power stays above P_max for the window, reports ``cap_violations`` and ``time_over_cap_s``."""
+"""The cap guard: on its own, on the emulated backends (digital twin, replay) and through the
+factory's ``cap_guard`` helper: armed only inside the block, steps the frequency down one
+level when power stays above P_max for the window, reports ``cap_violations`` and
+``time_over_cap_s``."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 
 from fl_client.devices import DeviceOptions, Measurement, Workload, cap_guard, locked, open_device
+from fl_client.devices.descriptors import load_device_spec
+from fl_client.devices.guard import CapGuard, guard_step
 from fl_client.devices.replay import ReplayDevice
-from fl_client.devices.sampler import CapGuard, guard_step
-from fl_client.devices.simulated import (
-    SimulatedDevice,
-    highest_feasible_freq_mhz,
-    load_device_spec,
-    power_w,
-)
+from fl_client.devices.simulated import SimulatedDevice, highest_feasible_freq_mhz, power_w
 from fl_client.model_zoo import train_flops_per_sample
 from fl_client.settings import REPO_ROOT
 
@@ -126,3 +125,49 @@ def test_replay_step_down_needs_a_lock():
     assert dev.step_down_gpu_freq_mhz() is None  # lowest level
     dev.set_gpu_freq_mhz(153.6)
     assert dev.step_down_gpu_freq_mhz() == 76.8 and dev.current_gpu_freq_mhz() == 76.8
+
+
+def test_cap_guard_counts_violations_and_time_over_cap():
+    fired: list[int] = []
+    guard = CapGuard(5.0, window_s=1.0, on_violation=lambda: fired.append(1))
+    # 4 W → 6 W crosses 5 W at 0.25 s; 6 W → 4 W crosses back at 1.75 s
+    for t, p in [(0.0, 4.0), (0.5, 6.0), (1.0, 6.0), (1.5, 6.0), (2.0, 4.0), (2.5, 4.0)]:
+        guard.update(t, p)
+    assert guard.time_over_cap_s == pytest.approx(1.5)
+    assert guard.cap_violations == 1  # over the cap 0.25 → 1.5 s ≥ 1 s window
+    assert fired == [1]
+
+
+def test_cap_guard_needs_a_full_window_between_steps_down():
+    guard = CapGuard(5.0, window_s=1.0)
+    for i in range(31):  # 3 s at 9 W, sampled at 10 Hz
+        guard.update(i * 0.1, 9.0)
+    assert guard.cap_violations == 3
+    assert guard.time_over_cap_s == pytest.approx(3.0)
+
+
+def test_cap_guard_keeps_counting_when_it_cannot_step_down(caplog):
+    def refuse() -> None:
+        raise RuntimeError("clock lock refused")
+
+    guard = CapGuard(5.0, window_s=1.0, on_violation=refuse)
+    for i in range(31):  # 3 s at 9 W; every step down fails
+        guard.update(i * 0.1, 9.0)
+    assert guard.cap_violations == 3 and guard.step_down_errors == 3
+    assert guard.time_over_cap_s == pytest.approx(3.0)
+    warned = [r for r in caplog.records if "stepping the GPU down failed" in r.getMessage()]
+    assert len(warned) == 1 and "clock lock refused" in warned[0].getMessage()
+
+
+def test_cap_guard_short_peaks_do_not_step_down():
+    guard = CapGuard(5.0, window_s=1.0)
+    for i in range(40):  # 0.2 s spikes every second
+        guard.update(i * 0.1, 8.0 if i % 10 in (3, 4) else 4.0)
+    assert guard.cap_violations == 0
+    assert guard.time_over_cap_s > 0
+
+
+@pytest.mark.parametrize("p_max_w", [0.0, -1.0, math.nan, math.inf])
+def test_cap_guard_needs_a_finite_cap(p_max_w: float):
+    with pytest.raises(ValueError, match="p-max-w"):
+        CapGuard(p_max_w)
