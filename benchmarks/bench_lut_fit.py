@@ -4,7 +4,7 @@ For every digital twin (configs/devices/*.toml), model and twin seed the full (b
 is measured twice, cell by cell as the profiler measures a cell
 (``fl_client.cell_measure.measure_cell``: 1 warm-up + 3 measured steps on the twin's noisy
 clock and sensor): grid A is the reference, grid B a second, independent measurement of the
-same board. ``lut_fit.plan_cells`` then measures only the cells it chooses:
+same board. ``lut_plan.plan_cells`` then measures only the cells it chooses:
 
 * "twin, same draws": from grid A's cells, so the plan sees exactly the values the full
   profile saw and every difference in the choice is the fit's doing;
@@ -50,9 +50,11 @@ from typing import Any
 import numpy as np
 from results_file import write_results
 
-from fl_client import lut_fit
+from fl_client import lut_fit, lut_plan
 from fl_client.argparse_once import OnceParser
-from fl_client.lut_fit import Cell, FloatArray
+from fl_client.lut_fit import FloatArray
+from fl_client.lut_plan import Cell
+from fl_client.power import PowerLimit
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH_SIZES = (4, 8, 16, 32, 64, 128)
@@ -82,7 +84,7 @@ class Grid:
     #: σ of each cell's per-step peaks (twins; None: a table without it, judged as σ = 0)
     sigma_w: FloatArray | None = None
 
-    def lookup(self) -> lut_fit.MeasureFn:
+    def lookup(self) -> lut_plan.MeasureFn:
         def measure(b: int, f: float) -> tuple[float, float, float]:
             i, j = self.batch_sizes.index(b), self.freqs.index(f)
             return float(self.time_s[i, j]), float(self.peak_w[i, j]), float(self.avg_w[i, j])
@@ -95,14 +97,14 @@ class Grid:
 
 def twin_grids(kind: str, model: str, seed: int) -> tuple[Grid, Grid]:
     """Grids A and B of one twin: the same board measured twice, with other noise."""
-    from fl_client import cell_measure, task
+    from fl_client import cell_measure, model_zoo
     from fl_client.devices import open_device
     from fl_client.devices.base import Workload
     from fl_client.devices.descriptors import load_device_spec
     from fl_client.devices.simulated import power_w, time_per_sample_s
 
-    shape = tuple(task.input_shape_for(model))
-    flops = task.train_flops_per_sample(model, shape)
+    shape = tuple(model_zoo.input_shape_for(model))
+    flops = model_zoo.train_flops_per_sample(model, shape)
     workload = Workload(model, shape, flops)
     spec = load_device_spec(kind)
     freqs = tuple(float(f) for f in spec.gpu_freqs_mhz)
@@ -348,7 +350,7 @@ def _seed_mape(ref: Grid) -> tuple[float, float]:
     """MAPE of time and peak of the fit to the 8 seed cells alone, over all cells of ``ref``."""
     mask = np.zeros(ref.time_s.shape, dtype=bool)
     n_b, n_f = ref.time_s.shape
-    for cell in lut_fit.seed_cells(n_b, n_f, 8):
+    for cell in lut_plan.seed_cells(n_b, n_f, 8):
         mask[cell] = True
     t, p, a = (np.where(mask, x, np.nan) for x in (ref.time_s, ref.peak_w, ref.avg_w))
     fit = lut_fit.fit_lut(ref.batch_sizes, ref.freqs, t, p, a)
@@ -357,7 +359,7 @@ def _seed_mape(ref: Grid) -> tuple[float, float]:
 
 
 def compare(
-    ref: Grid, source: Grid, group: str, options: lut_fit.PlanOptions
+    ref: Grid, source: Grid, group: str, options: lut_plan.PlanOptions
 ) -> tuple[list[Case], list[PlanStats]]:
     """Plan on ``source``'s cells and compare with full grid ``ref``, for every r profile."""
     cases, stats = [], []
@@ -365,13 +367,12 @@ def compare(
     for r_name, gamma in R_PROFILES.items():
         r = r_vector(ref.batch_sizes, gamma)
         choose = selector_fn(ref, r)
-        plan = lut_fit.plan_cells(
+        plan = lut_plan.plan_cells(
             ref.batch_sizes,
             ref.freqs,
-            ref.caps_w,
+            [PowerLimit(cap, CAP_MARGIN) for cap in ref.caps_w],
             r,
             source.lookup(),
-            cap_margin=CAP_MARGIN,
             options=_with_select(options, choose),
         )
         m_t, m_p, _ = plan.measured_tables()
@@ -395,11 +396,11 @@ def compare(
     return cases, stats
 
 
-def _with_select(options: lut_fit.PlanOptions, choose: Choose) -> lut_fit.PlanOptions:
+def _with_select(options: lut_plan.PlanOptions, choose: Choose) -> lut_plan.PlanOptions:
     def select(t: FloatArray, p: FloatArray, a: FloatArray, cap: float) -> Cell | None:
         return choose(t, p, cap)
 
-    return lut_fit.PlanOptions(
+    return lut_plan.PlanOptions(
         seed_cells=options.seed_cells,
         cells_per_cap=options.cells_per_cap,
         pool_budget=options.pool_budget,
@@ -482,7 +483,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from fl_client.devices.descriptors import available_device_kinds
 
     t0 = time.perf_counter()
-    options = lut_fit.PlanOptions(pool_budget=not args.strict_budget)
+    options = lut_plan.PlanOptions(pool_budget=not args.strict_budget)
     cases: list[Case] = []
     stats: list[PlanStats] = []
     full_grid = []

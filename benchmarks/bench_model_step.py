@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from results_file import write_results
 
-from fl_client import task
+from fl_client import model_zoo, task
 from fl_client.argparse_once import OnceParser
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -39,7 +39,7 @@ def _sync(device: torch.device) -> None:
 def time_steps(model: str, batch_size: int, args: argparse.Namespace) -> dict[str, Any]:
     """Per-step host seconds of ``model`` at ``batch_size`` (after the warm-up)."""
     device = torch.device(args.torch_device)
-    step = task.make_train_step(model, task.IMAGE_SHAPE, batch_size, device=device)
+    step = task.make_train_step(model, model_zoo.IMAGE_SHAPE, batch_size, device=device)
     for _ in range(args.warmup):
         step()
     _sync(device)
@@ -77,8 +77,8 @@ def main() -> None:
     args = p.parse_args()
     models = [m for m in args.models.split(",") if m]
     for m in models:
-        if m not in task.MODEL_NAMES:
-            p.error(f"--models: unknown model {m!r}; allowed: {', '.join(task.MODEL_NAMES)}")
+        if m not in model_zoo.MODEL_NAMES:
+            p.error(f"--models: unknown model {m!r}; allowed: {', '.join(model_zoo.MODEL_NAMES)}")
     if args.steps < 1 or args.warmup < 0 or args.threads < 1:
         p.error("--steps and --threads must be ≥ 1, --warmup ≥ 0")
     torch.set_num_threads(args.threads)

@@ -23,21 +23,21 @@ from typing import Any
 
 import torch
 
-from fl_client import checkpoint, task
+from fl_client import checkpoint, data_splits, model_zoo, task
 from fl_client.argparse_once import OnceParser
-from fl_client.r_estimation import samples_to_target
+from fl_client.r_estimation import InitialModel, TargetRun, samples_to_target
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     torch.set_num_threads(args.threads)
-    splits = task.load_splits(args.dataset, 0)
+    splits = data_splits.load_splits(args.dataset, 0)
     starts: dict[str, dict[str, torch.Tensor]] = {}
     torch.manual_seed(0)
-    starts["scratch"] = task.build_model(args.model).state_dict()
+    starts["scratch"] = model_zoo.build_model(args.model).state_dict()
     for path in args.checkpoint:
-        model = task.build_model(args.model)
+        model = model_zoo.build_model(args.model)
         torch.manual_seed(0)
         weights = checkpoint.load_into(model, path)
         starts[f"{Path(path).name} ({weights.sha256[:8]})"] = model.state_dict()
@@ -46,16 +46,17 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         for b in args.batch_sizes:
             t0 = time.perf_counter()
             n, curve, seen = samples_to_target(
-                args.model,
-                state,
+                InitialModel(args.model, state),
                 splits.pool,
                 splits.test,
-                batch_size=b,
-                lr=task.scaled_lr(args.lr_ref, args.b_ref, b),
-                target_accuracy=args.target,
-                eval_every_samples=args.eval_every,
-                max_samples=args.max_samples,
-                seed=0,
+                TargetRun(
+                    batch_size=b,
+                    lr=task.scaled_lr(args.lr_ref, args.b_ref, b),
+                    target_accuracy=args.target,
+                    eval_every_samples=args.eval_every,
+                    max_samples=args.max_samples,
+                    seed=0,
+                ),
             )
             out.append(
                 {

@@ -23,7 +23,7 @@ from typing import Any
 
 from results_file import write_results
 
-from fl_client import task
+from fl_client import model_zoo
 from fl_client.argparse_once import OnceParser
 from fl_client.devices.descriptors import DEVICE_KINDS, DeviceSpec, load_device_spec
 from fl_client.devices.simulated import avg_power_w, energy_per_sample_j, power_w, time_per_sample_s
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    flops = {m: task.train_flops_per_sample(m) for m in models}
+    flops = {m: model_zoo.train_flops_per_sample(m) for m in models}
     results: dict[str, Any] = {
         "command": "python benchmarks/bench_twin_energy.py " + " ".join(argv or sys.argv[1:]),
         "python": platform.python_version(),
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['fmax-over-least']:>14.3f}{r['fmin-over-least']:>14.3f}"
             f"{r['above-idle-at-least-over-least']:>17.3f}"
         )
-    r18 = flops.get("resnet18") or task.train_flops_per_sample("resnet18")
+    r18 = flops.get("resnet18") or model_zoo.train_flops_per_sample("resnet18")
     pubs = published(r18)
     results["published"] = pubs
     print("\nPublished board figures (numbers from the papers' text) beside the twins")

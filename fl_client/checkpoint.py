@@ -245,9 +245,9 @@ def load_into(model: nn.Module, path: str | Path, key: str = KEY) -> InitialWeig
 
 def check(path: str | Path, model_name: str, key: str = KEY) -> InitialWeights:
     """Refuse a checkpoint that cannot be used for ``model_name``, before anything starts."""
-    from fl_client import task
+    from fl_client import model_zoo
 
-    return load_into(task.build_model(model_name), path, key)
+    return load_into(model_zoo.build_model(model_name), path, key)
 
 
 def save(

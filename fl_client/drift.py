@@ -64,19 +64,7 @@ def check_drift(
     batch_size, freq_mhz = point
     i = lut.batch_sizes.index(batch_size)
     j = freq_index(lut.freqs_mhz, freq_mhz)
-    m, time_s, energy_j = measure_cell(
-        ctx.device,
-        ctx.workload,
-        batch_size,
-        ctx.step_factory(batch_size),
-        freq_mhz,
-        CellOptions(lut.warmup_steps, lut.steps),
-    )
-    measured = (
-        measured_time_per_sample_s(m, batch_size, lut.steps),
-        m.peak_power_w,
-        m.avg_power_w,
-    )
+    measured, time_s, energy_j = _measure_point(ctx, lut, point)
     predicted = (
         lut.time_per_sample_s[i, j],
         lut.peak_power_w[i, j],
@@ -85,21 +73,7 @@ def check_drift(
     deviation = max(abs(x / float(p) - 1.0) for x, p in zip(measured, predicted, strict=True))
     if not deviation > threshold:
         return DriftCheck(deviation, False, lut, time_s, energy_j)
-    row = profile(
-        ctx.device,
-        ctx.workload,
-        [batch_size],
-        ctx.step_factory,
-        reprofile
-        or ProfileOptions(
-            lut.limit,
-            warmup_steps=lut.warmup_steps,
-            steps=lut.steps,
-            progress=False,
-            uncapped="full",
-            peak_sigma_k=peak_sigma_k,
-        ),
-    )
+    row = _reprofile_row(ctx, lut, batch_size, reprofile, peak_sigma_k)
     ratios = [x / float(p) for x, p in zip(measured, predicted, strict=True)]
     at_point = dict(zip(_FACTORS, ratios, strict=True))
     factors = _drift_factors(lut, row, i, at_point)
@@ -118,6 +92,54 @@ def check_drift(
         new_lut,
         time_s + row.profile_time_s,
         energy_j + row.profile_energy_j,
+    )
+
+
+def _measure_point(
+    ctx: MeasureContext, lut: LUT, point: tuple[int, float]
+) -> tuple[tuple[float, float, float], float, float]:
+    """``point`` = (b, f) measured as the profiler measured the LUT's cells: (time per
+    sample, peak, average power), and the device time and energy the measuring took."""
+    batch_size, freq_mhz = point
+    m, time_s, energy_j = measure_cell(
+        ctx.device,
+        ctx.workload,
+        batch_size,
+        ctx.step_factory(batch_size),
+        freq_mhz,
+        CellOptions(lut.warmup_steps, lut.steps),
+    )
+    measured = (
+        measured_time_per_sample_s(m, batch_size, lut.steps),
+        m.peak_power_w,
+        m.avg_power_w,
+    )
+    return measured, time_s, energy_j
+
+
+def _reprofile_row(
+    ctx: MeasureContext,
+    lut: LUT,
+    batch_size: int,
+    reprofile: ProfileOptions | None,
+    peak_sigma_k: float,
+) -> LUT:
+    """b's row profiled again: with ``reprofile``, else under the LUT's own cap and margin
+    with its steps, judging cells with ``peak_sigma_k``."""
+    return profile(
+        ctx.device,
+        ctx.workload,
+        [batch_size],
+        ctx.step_factory,
+        reprofile
+        or ProfileOptions(
+            lut.limit,
+            warmup_steps=lut.warmup_steps,
+            steps=lut.steps,
+            progress=False,
+            uncapped="full",
+            peak_sigma_k=peak_sigma_k,
+        ),
     )
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from fl_client import selector, task
+from fl_client import model_zoo, selector, task
 from fl_client.balance import BALANCE_MODES, Slack, missed_deadline
 from fl_client.cell_measure import MeasureContext
 from fl_client.contract import (
@@ -49,7 +49,7 @@ from fl_client.node_context import (
 )
 from fl_client.power import PowerLimit
 from fl_client.profiler import ProfileOptions, load_or_profile
-from fl_client.r_estimation import estimate_r
+from fl_client.r_estimation import InitialModel, ROptions, estimate_r
 from fl_client.selection import InfeasibleCapError, Selection, Tables
 from fl_client.settings import (
     SettingsError,
@@ -228,20 +228,20 @@ def oracle_r(
             log.warning("corrupt oracle r cache %s: recomputing", path)
     s = ctx.settings
     est = estimate_r(
-        cfg.model,
-        dict(state),
+        InitialModel(cfg.model, dict(state), cfg.initial_weights_sha256 or ""),
         data[0],
         data[1],
         batch_sizes,
-        target_accuracy=s.proxy_target_accuracy,
-        lr_ref=cfg.lr_ref,
-        b_ref=cfg.b_ref,
-        eval_every_samples=s.r_eval_every_samples,
-        max_samples=s.r_max_samples,
-        seeds=(s.seed,),
+        ROptions(
+            target_accuracy=s.proxy_target_accuracy,
+            lr_ref=cfg.lr_ref,
+            b_ref=cfg.b_ref,
+            eval_every_samples=s.r_eval_every_samples,
+            max_samples=s.r_max_samples,
+            seeds=(s.seed,),
+            progress=False,
+        ),
         cache_dir=ctx.cache_dir / "r",
-        weights_sha256=cfg.initial_weights_sha256 or "",
-        progress=False,
     )
     # Batch sizes that never reach the target on this node's data get r = 1 (the worst).
     r_by_b = dict(zip(est.batch_sizes, est.r, strict=True))
@@ -574,7 +574,7 @@ def train_node(
         _choose(ctx, measure, plan, state, data)
         _balance(ctx, device, plan, cfg.local_epochs * len(data[0]))
         epochs, max_samples = _local_work(cfg, plan, len(data[0]))
-        model = task.build_model(cfg.model).to(task.compute_device())  # where it was profiled
+        model = model_zoo.build_model(cfg.model).to(task.compute_device())  # where it was profiled
         model.load_state_dict(dict(state))
         assert plan.choice is not None
         lr = task.scaled_lr(cfg.lr_ref, cfg.b_ref, plan.choice.batch_size)
@@ -586,12 +586,14 @@ def train_node(
             result = task.train(
                 model,
                 data[0],
-                batch_size=plan.choice.batch_size,
-                lr=lr,
-                epochs=epochs,
-                seed=s.seed * 10_000 + cfg.server_round,
+                task.TrainOptions(
+                    batch_size=plan.choice.batch_size,
+                    lr=lr,
+                    epochs=epochs,
+                    seed=s.seed * 10_000 + cfg.server_round,
+                    max_samples=max_samples,
+                ),
                 step_runner=meter.step,
-                max_samples=max_samples,
             )
             if step_hook is not None:
                 step_hook()

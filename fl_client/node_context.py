@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fl_client import task
+from fl_client import data_splits, model_zoo
 from fl_client.devices import Device, DeviceOptions, Workload, open_device
 from fl_client.selector import Objective
 from fl_client.settings import NodeSettings, RunSettings, load_fleet, node_settings, resolve_path
@@ -44,8 +44,8 @@ class NodeContext:
 
     def local_data(self) -> tuple[Any, Any]:
         """This node's (training, validation) split of the run's data."""
-        spec = task.PartitionSpec.of(self.settings)
-        return task.client_data(self.partition_id, self.num_partitions, spec=spec)
+        spec = data_splits.PartitionSpec.of(self.settings)
+        return data_splits.client_data(self.partition_id, self.num_partitions, spec=spec)
 
     def open_device(self, server_round: int = 0) -> Device:
         return open_device(
@@ -80,22 +80,22 @@ def _node_context_cached(key: str) -> NodeContext:
 @functools.lru_cache(maxsize=8)
 def workload_for(model_name: str) -> Workload:
     """Model, input shape, FLOPs per sample and parameter count of ``model_name``."""
-    shape = task.input_shape_for(model_name)
+    shape = model_zoo.input_shape_for(model_name)
     return Workload(
         model_name=model_name,
         input_shape=shape,
-        flops_per_sample=task.train_flops_per_sample(model_name, shape),
-        param_count=task.param_count(task.build_model(model_name)),
+        flops_per_sample=model_zoo.train_flops_per_sample(model_name, shape),
+        param_count=model_zoo.param_count(model_zoo.build_model(model_name)),
     )
 
 
 def max_batch_size(model_name: str, batch_sizes: list[int], memory_bytes: int) -> int:
     """Largest b in ``batch_sizes`` whose training footprint fits the device (0 if none)."""
-    model = task.build_model(model_name)
-    shape = task.input_shape_for(model_name)
+    model = model_zoo.build_model(model_name)
+    shape = model_zoo.input_shape_for(model_name)
     budget = MEMORY_SHARE_FOR_TRAINING * memory_bytes
     fitting = [
-        b for b in batch_sizes if task.estimate_train_memory_bytes(model, shape, b) <= budget
+        b for b in batch_sizes if model_zoo.estimate_train_memory_bytes(model, shape, b) <= budget
     ]
     return max(fitting, default=0)
 

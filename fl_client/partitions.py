@@ -140,34 +140,15 @@ def _pathological(
         ) from None
 
 
-def partition(
-    labels: np.ndarray | Sequence[int],
-    num_partitions: int,
-    partitioning: str = "dirichlet",
-    *,
-    alpha: float = 0.5,
-    seed: int = 0,
-    min_size: int = MIN_PARTITION_SIZE,
-    classes_per_node: int = CLASSES_PER_NODE,
-) -> list[np.ndarray]:
-    """Split a pool over ``num_partitions`` nodes with a Flower Datasets partitioner.
+@dataclass(frozen=True)
+class Partitioning:
+    """How a pool is split over the nodes: the partitioner and its knobs (the run settings
+    ``partitioning``, ``dirichlet-alpha``, ``seed`` and ``classes-per-node``).
 
-    * ``iid``: the pool shuffled with ``seed`` (as ``FederatedDataset`` does), then
-      ``IidPartitioner``'s contiguous, near-equal shards;
-    * ``dirichlet``: ``DirichletPartitioner`` (label skew, class shares per node from
-      Dir(``alpha``), self-balancing, every node ≥ ``min_size`` samples; the draw is
-      repeated, at most 1,100 times, until it is);
-    * ``pathological``: ``PathologicalPartitioner`` (each node holds ``classes_per_node``
-      classes, the first one assigned deterministically, the paper's mode).
-
-    Parameters
+    Attributes
     ----------
-    labels : array-like of int
-        Label of each sample of the pool.
-    num_partitions : int
-        Number of nodes.
     partitioning : {"dirichlet", "iid", "pathological"}
-        Which partitioner.
+        Which partitioner (``PARTITIONINGS``).
     alpha : float
         Dirichlet concentration (``dirichlet-alpha``), > 0; only for ``dirichlet``.
     seed : int
@@ -176,6 +157,49 @@ def partition(
         Smallest Dirichlet partition.
     classes_per_node : int
         Classes per node (``classes-per-node``); only for ``pathological``.
+    """
+
+    partitioning: str = "dirichlet"
+    alpha: float = 0.5
+    seed: int = 0
+    min_size: int = MIN_PARTITION_SIZE
+    classes_per_node: int = CLASSES_PER_NODE
+
+    @property
+    def detail(self) -> str:
+        """The knobs that shape this split, for a report's title: its own knob
+        (``dirichlet-alpha``, ``classes-per-node``) and the seed."""
+        own = {
+            "dirichlet": f"dirichlet-alpha {self.alpha:g}, ",
+            "pathological": f"classes-per-node {self.classes_per_node}, ",
+        }.get(self.partitioning, "")
+        return f"{own}seed {self.seed}"
+
+
+def partition(
+    labels: np.ndarray | Sequence[int],
+    num_partitions: int,
+    how: Partitioning = Partitioning(),
+) -> list[np.ndarray]:
+    """Split a pool over ``num_partitions`` nodes with a Flower Datasets partitioner.
+
+    * ``iid``: the pool shuffled with ``how.seed`` (as ``FederatedDataset`` does), then
+      ``IidPartitioner``'s contiguous, near-equal shards;
+    * ``dirichlet``: ``DirichletPartitioner`` (label skew, class shares per node from
+      Dir(``how.alpha``), self-balancing, every node ≥ ``how.min_size`` samples; the draw
+      is repeated, at most 1,100 times, until it is);
+    * ``pathological``: ``PathologicalPartitioner`` (each node holds
+      ``how.classes_per_node`` classes, the first one assigned deterministically, the
+      paper's mode).
+
+    Parameters
+    ----------
+    labels : array-like of int
+        Label of each sample of the pool.
+    num_partitions : int
+        Number of nodes.
+    how : Partitioning
+        Which partitioner, and its knobs.
 
     Returns
     -------
@@ -191,41 +215,45 @@ def partition(
         ``classes-per-node``).
     """
     y = np.asarray(labels)
-    n = len(y)
-    if partitioning not in PARTITIONINGS:
-        raise SettingsError(
-            f"partitioning: unknown value {partitioning!r}; allowed: {', '.join(PARTITIONINGS)}"
-        )
-    if partitioning == "dirichlet":
-        check_alpha(alpha)
-    check_num_partitions(num_partitions, n)
-    if partitioning == "dirichlet" and min_size * num_partitions > n:
-        raise SettingsError(
-            f"min_size: {num_partitions} partitions of at least {min_size} samples need "
-            f"{min_size * num_partitions} samples, only {n} available"
-        )
+    _check(len(y), num_partitions, how)
     _flwr_datasets_quiet()
     ds = _labels_dataset(y)
-    if partitioning == "iid":
+    if how.partitioning == "iid":
         from flwr_datasets.partitioner import IidPartitioner
 
         iid = IidPartitioner(num_partitions=num_partitions)
-        iid.dataset = ds.shuffle(seed=seed)
+        iid.dataset = ds.shuffle(seed=how.seed)
         parts = _parts_of(iid, num_partitions)
-    elif partitioning == "dirichlet":
-        parts = _dirichlet(ds, num_partitions, alpha, seed, min_size)
+    elif how.partitioning == "dirichlet":
+        parts = _dirichlet(ds, num_partitions, how.alpha, how.seed, how.min_size)
     else:
-        parts = _pathological(ds, y, num_partitions, classes_per_node, seed)
+        parts = _pathological(ds, y, num_partitions, how.classes_per_node, how.seed)
     empty = [i for i, p in enumerate(parts) if len(p) == 0]
     if empty:
         key = {"iid": "num-partitions", "dirichlet": "dirichlet-alpha"}.get(
-            partitioning, "classes-per-node"
+            how.partitioning, "classes-per-node"
         )
         raise SettingsError(
-            f"{key}: the {partitioning} split leaves node(s) {', '.join(map(str, empty))} "
+            f"{key}: the {how.partitioning} split leaves node(s) {', '.join(map(str, empty))} "
             f"of {num_partitions} with no samples"
         )
     return parts
+
+
+def _check(n: int, num_partitions: int, how: Partitioning) -> None:
+    """The settings of ``partition`` for a pool of ``n`` samples."""
+    if how.partitioning not in PARTITIONINGS:
+        raise SettingsError(
+            f"partitioning: unknown value {how.partitioning!r}; allowed: {', '.join(PARTITIONINGS)}"
+        )
+    if how.partitioning == "dirichlet":
+        check_alpha(how.alpha)
+    check_num_partitions(num_partitions, n)
+    if how.partitioning == "dirichlet" and how.min_size * num_partitions > n:
+        raise SettingsError(
+            f"min_size: {num_partitions} partitions of at least {how.min_size} samples need "
+            f"{how.min_size * num_partitions} samples, only {n} available"
+        )
 
 
 # --------------------------------------------------------------------------- the report
@@ -241,7 +269,7 @@ class SplitReport:
 
     dataset: str
     partitioning: str
-    detail: str  # e.g. "alpha 0.5, seed 7"
+    detail: str  # e.g. "dirichlet-alpha 0.5, seed 7" (``Partitioning.detail``)
     names: tuple[str, ...]
     counts: tuple[tuple[int, ...], ...]
     class_names: tuple[str, ...]
@@ -251,14 +279,14 @@ class SplitReport:
         cls,
         labels: np.ndarray,
         parts: Sequence[np.ndarray],
+        how: Partitioning,
         *,
         dataset: str,
-        partitioning: str,
-        detail: str = "",
         names: Sequence[str] | None = None,
         class_names: Sequence[str] | None = None,
     ) -> SplitReport:
-        """The report of ``parts`` (positions in ``labels``, one array per node)."""
+        """The report of ``parts`` (positions in ``labels``, one array per node), split
+        ``how`` from ``dataset``."""
         y = np.asarray(labels, dtype=np.int64)
         k = max(int(y.max()) + 1 if len(y) else 0, len(class_names or ()))
         node_names = tuple(names) if names is not None else tuple(map(str, range(len(parts))))
@@ -269,7 +297,7 @@ class SplitReport:
             for p in parts
         )
         classes = tuple(class_names) if class_names else tuple(map(str, range(k)))
-        return cls(dataset, partitioning, detail, node_names, counts, classes)
+        return cls(dataset, how.partitioning, how.detail, node_names, counts, classes)
 
     def sizes(self) -> list[int]:
         """Samples per node."""

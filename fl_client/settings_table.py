@@ -59,7 +59,7 @@ from fl_client.setting_checks import (
 Scope = Literal["run", "node", "run+node"]
 ReadBy = Literal["server", "node", "both"]
 
-#: The ``model`` setting's values: the image models ``fl_client.task`` builds (its
+#: The ``model`` setting's values: the image models ``fl_client.model_zoo`` builds (its
 #: ``MODEL_NAMES``; a test keeps the two equal). Named here so that checking a command's
 #: settings never imports PyTorch.
 MODEL_NAMES = ("cnn", "resnet18", "mobilenetv2")

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from fl_client import task
+from fl_client import model_zoo, task
 from fl_client.cell_measure import (
     CellOptions,
     MeasureContext,
@@ -163,7 +163,7 @@ def profile_cells(
     req = ProfileRequest.from_config(config)
     s = ctx.settings
     torch.set_num_threads(1)
-    model = task.build_model(req.model).to(task.compute_device())  # as profiling's steps
+    model = model_zoo.build_model(req.model).to(task.compute_device())  # as profiling's steps
     model.load_state_dict(dict(state))
     workload = workload_for(req.model)
     steps = None

@@ -1,7 +1,7 @@
 """The paper's next-character model: a decoder-only character transformer (pure PyTorch).
 
 It lives in ``fl_client`` so a node can profile and train it like the image models
-(``fl_client.task.build_model("char-transformer")``); the text data rules (vocabulary,
+(``fl_client.model_zoo.build_model("char-transformer")``); the text data rules (vocabulary,
 corpora) are in ``simulations.experiments.text``.
 
 The paper's model has 6 layers, 256-dim embeddings, 6 heads and sequence length 64. 256 is
@@ -25,7 +25,7 @@ EMBED_DIM = 256
 NUM_LAYERS = 6
 NUM_HEADS = 8  # the paper's 6 does not divide 256
 
-#: name → (embed_dim, num_layers, num_heads) of the text models ``fl_client.task`` builds.
+#: name → (embed_dim, num_layers, num_heads) of the text models ``fl_client.model_zoo`` builds.
 TEXT_MODELS: dict[str, tuple[int, int, int]] = {
     "char-transformer": (EMBED_DIM, NUM_LAYERS, NUM_HEADS),
     "char-transformer-mini": (64, 2, 4),

@@ -67,24 +67,24 @@ def add_lut_commands(sub: Any) -> None:
 
 def _twin(kind: KindKey) -> TwinModel | None:
     """The kind's twin (its device descriptor, when one exists) with the model's FLOPs."""
-    from fl_client import task
+    from fl_client import model_zoo
     from fl_client.devices.descriptors import available_device_kinds, load_device_spec
 
     if kind.device_kind not in available_device_kinds():
         return None
-    flops = task.train_flops_per_sample(kind.model_name, tuple(kind.input_shape))
+    flops = model_zoo.train_flops_per_sample(kind.model_name, tuple(kind.input_shape))
     return TwinModel(load_device_spec(kind.device_kind), flops)
 
 
 def _expected_kind(args: argparse.Namespace) -> KindKey:
-    from fl_client import task
+    from fl_client import model_zoo
     from fl_client.devices.descriptors import load_device_spec
 
     defaults = app_defaults()
     model = args.model or str(defaults.get("model", "cnn"))
-    if model not in task.MODEL_NAMES:
+    if model not in model_zoo.MODEL_NAMES:
         raise SettingsError(
-            f"--model: unknown model {model!r}; allowed: {', '.join(task.MODEL_NAMES)}"
+            f"--model: unknown model {model!r}; allowed: {', '.join(model_zoo.MODEL_NAMES)}"
         )
     batch_sizes = parse_batch_sizes(args.batch_sizes or defaults.get("batch-sizes", ""))
     try:
@@ -92,7 +92,12 @@ def _expected_kind(args: argparse.Namespace) -> KindKey:
     except (ValueError, FileNotFoundError) as err:
         raise SettingsError(f"--device: {err}") from None
     return KindKey(
-        args.device, args.backend, model, task.input_shape_for(model), tuple(batch_sizes), freqs
+        args.device,
+        args.backend,
+        model,
+        model_zoo.input_shape_for(model),
+        tuple(batch_sizes),
+        freqs,
     )
 
 

@@ -14,7 +14,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
-from fl_client import checkpoint, task
+from fl_client import checkpoint, data_splits, model_zoo, task
 from fl_client.contract import TrainConfig
 from fl_client.effective import check_effective
 from fl_client.files import check_run_records
@@ -96,7 +96,7 @@ def make_strategy(
     if settings.shared_profiling == "fleet":
         shared = SharedProfiling(
             library=LUTLibrary(resolve_path(settings.cache_dir) / "library"),
-            input_shape=task.input_shape_for(settings.model),
+            input_shape=model_zoo.input_shape_for(settings.model),
             options=SharedOptions(
                 seed_cells=settings.shared_seed_cells,
                 cells_per_cap=settings.shared_cells_per_cap,
@@ -290,7 +290,7 @@ def run_server(
     )
     state = {k: v.clone() for k, v in model.state_dict().items()}
     r_est = estimate_proxy_r(settings, rec, state, weights)
-    test_set = task.load_splits(settings.dataset, seed=settings.seed).test
+    test_set = data_splits.load_splits(settings.dataset, seed=settings.seed).test
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> dict[str, float]:
         model.load_state_dict(arrays.to_torch_state_dict())

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch.utils.data import TensorDataset
 
-from fl_client import checkpoint, task
+from fl_client import checkpoint, data_splits, model_zoo, task
 from fl_client.progress import ProgressBar
 from fl_client.settings import SettingsError
 
@@ -73,8 +73,10 @@ def resume_path(out: Path) -> Path:
 
 def training_sets(dataset: str, seed: int) -> tuple[TensorDataset, TensorDataset]:
     """(train, test): every image of ``dataset`` but its test set, and its test set."""
-    splits = task.load_splits(dataset, seed)
-    parts = [task.as_tensors(d) for d in (splits.pool, splits.proxy_train, splits.proxy_eval)]
+    splits = data_splits.load_splits(dataset, seed)
+    parts = [
+        data_splits.as_tensors(d) for d in (splits.pool, splits.proxy_train, splits.proxy_eval)
+    ]
     train = TensorDataset(torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts]))
     return train, splits.test
 
@@ -104,16 +106,15 @@ def pretrain(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Train, write ``out`` and its JSON record, return the record (see the module)."""
-    if settings.model not in task.MODEL_NAMES:
-        raise SettingsError(
-            f"--model: unknown model {settings.model!r}; allowed: {', '.join(task.MODEL_NAMES)}"
-        )
-    task.check_dataset(settings.dataset)
+    if settings.model not in model_zoo.MODEL_NAMES:
+        allowed = ", ".join(model_zoo.MODEL_NAMES)
+        raise SettingsError(f"--model: unknown model {settings.model!r}; allowed: {allowed}")
+    data_splits.check_dataset(settings.dataset)
     train_set, test_set = training_sets(settings.dataset, settings.seed)
-    x_train, y_train = task.as_tensors(train_set)
+    x_train, y_train = data_splits.as_tensors(train_set)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(settings.seed)
-    model = task.build_model(settings.model).to(device)
+    model = model_zoo.build_model(settings.model).to(device)
     optimizer = task.make_optimizer(model, settings.lr)
     history: list[dict[str, float]] = []
     elapsed_s = 0.0

@@ -86,19 +86,21 @@ def check_partitions(
     settings: Any, num_nodes: int, names: Sequence[str] | None = None
 ) -> SplitReport:
     """Refuse a dataset that cannot be used (``dataset``) or a fleet its data cannot be split
-    over, before any engine starts; return each node's share (``task.split_report``)."""
-    from fl_client import task
+    over, before any engine starts; return each node's share (``data_splits.split_report``)."""
+    from fl_client import data_splits
 
-    task.check_dataset(settings.dataset)
+    data_splits.check_dataset(settings.dataset)
     if getattr(settings, "proxy_dataset", ""):
         try:
-            task.check_dataset(settings.proxy_dataset)
+            data_splits.check_dataset(settings.proxy_dataset)
         except SettingsError as err:  # its message names ``dataset``: say which one
             raise SettingsError(f"proxy-{err}") from None
     try:
-        return task.split_report(num_nodes, spec=task.PartitionSpec.of(settings), names=names)
+        return data_splits.split_report(
+            num_nodes, spec=data_splits.PartitionSpec.of(settings), names=names
+        )
     except ValueError as err:  # SettingsError too: the split's own checks name their key
-        pool = task.load_splits(settings.dataset, settings.seed).sizes()["pool"]
+        pool = data_splits.load_splits(settings.dataset, settings.seed).sizes()["pool"]
         raise SettingsError(
             f"fleet: the {pool} training images of {settings.dataset} cannot be split over "
             f"{num_nodes} nodes: {err}"

@@ -3,7 +3,7 @@
 Nodes of one kind (device kind, backend, model, input shape, B, frequency table) see the
 same LUT up to unit-to-unit spread, so they measure it together, in a few exchanges:
 
-1. **seed** — a few cells spread over the (b, f) grid (``fl_client.lut_fit.seed_cells``,
+1. **seed** — a few cells spread over the (b, f) grid (``fl_client.lut_plan.seed_cells``,
    8 by default), dealt round-robin to the kind's nodes, so each measures a disjoint slice;
 2. **confirm** (up to three times) — a fit of time and power to the cells measured so
    far (``fl_client.lut_fit.fit_lut``) says, per distinct cap of the kind, where it is
@@ -33,7 +33,8 @@ from fl_client.contract import Cap, CellsReport, NodeDescriptor
 from fl_client.feasibility import robust_peak_w
 from fl_client.lut import LUT, KindKey
 from fl_client.lut_cells import median_cell
-from fl_client.lut_fit import LUTFit, PlanOptions, fit_lut, next_cell, seed_cells
+from fl_client.lut_fit import LUTFit, fit_lut
+from fl_client.lut_plan import PlanOptions, next_cell, seed_cells
 from fl_client.power import PowerLimit
 
 #: A cell to measure, as (batch size, GPU frequency in MHz).
@@ -146,7 +147,7 @@ def cell_cost(cell: Cell) -> float:
 def cheap_seeds(
     batch_sizes: Sequence[int], freqs_mhz: Sequence[float], count: int, floor_mhz: float = 0.0
 ) -> list[Cell]:
-    """``lut_fit.seed_cells`` over the frequencies at or above ``floor_mhz`` (the kind's
+    """``lut_plan.seed_cells`` over the frequencies at or above ``floor_mhz`` (the kind's
     lowest B1 band frequency: no cap of the kind has its choice below it, and the cells
     there are the dearest to measure, every step at the slowest clocks), with one more
     expensive corner moved: the largest b at the lowest f is never a choice, so its row is
@@ -227,7 +228,7 @@ def confirm_requests(
     * when the cell last asked for this cap was measured over it (peak + k·σ, the
       selection rule), the next lower frequency of its row: the boundary of the row the
       fit found best, where it was too hopeful;
-    * else the cell ``lut_fit.next_cell`` names, as ``plan_cells`` chooses: the fit's Eq. 4
+    * else the cell ``lut_plan.next_cell`` names, as ``plan_cells`` chooses: the fit's Eq. 4
       choice when not measured yet; else the unmeasured cell with the best chance, by the
       fit and its uncertainty, of being feasible and better than the best measured one;
       else the cell above the best measured one in its row while it may be feasible;

@@ -29,7 +29,7 @@ coefficients of each board and their sources are in its TOML file.
 
 Noiseless peak power (W) and time per sample (ms) on the Jetson Nano twin for the default
 small ``cnn`` (16 MFLOP/sample) and ResNet18 (3.33 GFLOP/sample) at 3×32×32, from
-``_calibration_table({m: fl_client.task.train_flops_per_sample(m) for m in ("cnn",
+``_calibration_table({m: fl_client.model_zoo.train_flops_per_sample(m) for m in ("cnn",
 "resnet18")})``::
 
                         307.2 MHz         460.8 MHz         614.4 MHz         921.6 MHz

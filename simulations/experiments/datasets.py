@@ -1,6 +1,6 @@
-"""Target and proxy data of the experiments, built from ``fl_client.task``'s digits slices.
+"""Target and proxy data of the experiments, built from ``fl_client.data_splits``' digits slices.
 
-* target ``digits``: the client pool of ``task.load_digits_splits(0)`` (1,047 images),
+* target ``digits``: the client pool of ``data_splits.load_digits_splits(0)`` (1,047 images),
   split per seed, stratified, into train / test (``target-test-fraction``, 80/20 as in
   the paper); ``target-train-size`` > 0 keeps a stratified subset of the train split.
 * proxy ``digits-rotated``: the proxy slices (``proxy-train`` 300 / ``proxy-eval`` 150
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch.utils.data import TensorDataset
 
-from fl_client import image_data, task
+from fl_client import data_splits, image_data
 
 #: The fixed slices of the digits set every experiment uses (disjointness of proxy/target).
 SPLIT_SEED = 0
@@ -121,7 +121,7 @@ def _stratified_subset(ds: TensorDataset, size: int, seed: int) -> TensorDataset
         return ds
     from sklearn.model_selection import train_test_split
 
-    x, y = task.as_tensors(ds)
+    x, y = data_splits.as_tensors(ds)
     idx = np.arange(len(y))
     keep, _ = train_test_split(idx, train_size=size, stratify=y.numpy(), random_state=seed)
     t = torch.from_numpy(np.sort(keep))
@@ -146,7 +146,7 @@ def _npz_target_pool(settings: DataSettings) -> tuple[torch.Tensor, torch.Tensor
             keep, train_size=settings.image_subset_size, stratify=y, random_state=SPLIT_SEED
         )
         keep = np.sort(keep)
-    x, _, _ = task.standardise(task.images_to_tensor(arrays.x_train[keep]))
+    x, _, _ = data_splits.standardise(data_splits.images_to_tensor(arrays.x_train[keep]))
     return x, torch.from_numpy(y[keep])
 
 
@@ -156,9 +156,9 @@ def _npz_proxy(settings: DataSettings) -> tuple[TensorDataset, TensorDataset]:
     with the train split's statistics, each cut to its size setting when > 0."""
     arrays = _npz(settings, settings.proxy)
     assert arrays.x_test is not None and arrays.y_test is not None  # an npz has both
-    ref = task.images_to_tensor(arrays.x_train)
-    x_tr, mean, std = task.standardise(ref)
-    x_ev = ((task.images_to_tensor(arrays.x_test) - mean) / std).contiguous()
+    ref = data_splits.images_to_tensor(arrays.x_train)
+    x_tr, mean, std = data_splits.standardise(ref)
+    x_ev = ((data_splits.images_to_tensor(arrays.x_test) - mean) / std).contiguous()
     train = TensorDataset(x_tr, torch.from_numpy(arrays.y_train))
     ev = TensorDataset(x_ev, torch.from_numpy(arrays.y_test))
     return (
@@ -197,11 +197,11 @@ def study_data(settings: DataSettings, seed: int) -> StudyData:
     from sklearn.model_selection import train_test_split
 
     check_settings(settings)
-    splits = task.load_digits_splits(SPLIT_SEED)
+    splits = data_splits.load_digits_splits(SPLIT_SEED)
     if settings.target in NPZ_DATASETS:
         x, y = _npz_target_pool(settings)
     else:
-        x, y = task.as_tensors(splits.pool)
+        x, y = data_splits.as_tensors(splits.pool)
     idx = np.arange(len(y))
     tr, te = train_test_split(
         idx, test_size=settings.target_test_fraction, stratify=y.numpy(), random_state=seed
@@ -214,7 +214,7 @@ def study_data(settings: DataSettings, seed: int) -> StudyData:
 
     def proxy_set(ds: TensorDataset, size: int, offset: int) -> TensorDataset:
         ds = _stratified_subset(ds, size, SPLIT_SEED)
-        px, py = task.as_tensors(ds)
+        px, py = data_splits.as_tensors(ds)
         if settings.proxy == "digits-rotated":
             px = rotate_and_noise(
                 px, settings.proxy_rotate_deg, settings.proxy_noise_std, TRANSFORM_SEED + offset

@@ -136,7 +136,7 @@ def parse_finetune(data: Mapping[str, Any], where: str, options: FileOptions) ->
 def _preflight(cfg: FinetuneConfig, where: str) -> Preflight:
     """The datasets load (the data kit's subsets need ``../shared/data``), the fleet splits
     the data, a given checkpoint fits the model."""
-    from fl_client import checkpoint, task
+    from fl_client import checkpoint, data_splits
     from fl_client.settings import load_fleet
     from simulations.experiments.units import checked_torch_device
     from simulations.run import check_partitions
@@ -147,7 +147,7 @@ def _preflight(cfg: FinetuneConfig, where: str) -> Preflight:
     for key, name in named.items():
         if name:
             try:
-                task.check_dataset(name)
+                data_splits.check_dataset(name)
             except SettingsError as exc:
                 raise config_error(where, key, str(exc)) from None
     nodes = load_fleet(cfg.fleet)

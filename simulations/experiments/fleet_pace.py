@@ -148,9 +148,9 @@ def fleet_pace(
 
     ``samples``: node name → its round's training samples (default: 1 each, equal shares).
     """
-    from fl_client import task  # torch: only when a pace is computed
+    from fl_client import model_zoo  # torch: only when a pace is computed
 
-    rule = PaceRule(task.train_flops_per_sample(model), batch_sizes, peak_sigma_k)
+    rule = PaceRule(model_zoo.train_flops_per_sample(model), batch_sizes, peak_sigma_k)
     nodes = []
     for node in load_fleet(fleet):
         margin = cap_margin if node.cap_margin is None else node.cap_margin

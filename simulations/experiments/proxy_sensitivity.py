@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from fl_client import image_data, task
+from fl_client import data_splits, image_data, model_zoo
 from simulations.experiments import sensitivity_report
 from simulations.experiments.config import ExperimentConfigError
 from simulations.experiments.datasets import rotate_and_noise
@@ -168,7 +168,7 @@ def _npz_subset(cfg: SensitivityConfig, name: str) -> tuple[torch.Tensor, torch.
     under ``data-root``), standardised per channel, at 3×32×32."""
     arrays = image_data.load_npz(name, cfg.data_root or None)
     keep = _stratified_keep(arrays.y_train, cfg.image_subset_size)
-    x, _, _ = task.standardise(task.images_to_tensor(arrays.x_train[keep]))
+    x, _, _ = data_splits.standardise(data_splits.images_to_tensor(arrays.x_train[keep]))
     return x, torch.from_numpy(arrays.y_train[keep])
 
 
@@ -238,7 +238,7 @@ def image_sets(cfg: SensitivityConfig, name: str, seed: int) -> tuple[TensorData
     elif name in NPZ_DATASETS:
         x, y = _npz_subset(cfg, name)
     else:
-        x, y = task.as_tensors(task.load_digits_splits(0).pool)
+        x, y = data_splits.as_tensors(data_splits.load_digits_splits(0).pool)
     idx = np.arange(len(y))
     tr, te = train_test_split(
         idx, test_size=cfg.test_fraction, stratify=y.numpy(), random_state=seed
@@ -305,7 +305,7 @@ def _train_text(
     device = resolve_torch_device(cfg.torch_device)
     splits = _text(cfg, t.dataset)
     tx, ty = windows(splits.test, cfg.eval_windows, seed=VIEW_SEED)
-    net = task.build_model(cfg.model)
+    net = model_zoo.build_model(cfg.model)
     net.load_state_dict(initial_state(cfg.model, t.seed))
     result = samples_to_target_text(
         net.to(device),

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fl_client import task
+from fl_client import model_zoo
 from fl_client.devices.descriptors import available_device_kinds
 from fl_client.image_data import SHARED_SUBSETS
 from simulations.experiments.config import (
@@ -144,7 +144,7 @@ def parse_sensitivity(
     ds = f.str_list("datasets", IMAGE_DATASETS + TEXT_DATASETS, min_len=2)
     kind = _task_of(ds, where)
     accuracy = _accuracy(m["accuracy"], ds, where)
-    models = task.TEXT_MODEL_NAMES if kind == "text" else task.MODEL_NAMES
+    models = model_zoo.TEXT_MODEL_NAMES if kind == "text" else model_zoo.MODEL_NAMES
     caps = f.caps()
     devices = f.str_list("devices", tuple(available_device_kinds()))
     return SensitivityConfig(

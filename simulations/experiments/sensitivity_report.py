@@ -20,7 +20,7 @@ import numpy as np
 
 from fl_client import selector
 from fl_client.contract import Cap
-from fl_client.r_estimation import r_from_samples
+from fl_client.r_cache import r_from_samples
 from fl_client.selection import InfeasibleCapError, Tables
 from simulations.experiments import report_kit as kit
 from simulations.experiments.records import write_json

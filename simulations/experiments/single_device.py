@@ -42,13 +42,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from fl_client import image_data, selector, task
+from fl_client import image_data, model_zoo, selector, task
 from fl_client.devices import open_device
 from fl_client.devices.descriptors import DeviceSpec, load_device_spec
 from fl_client.node import workload_for
 from fl_client.power import PowerLimit
 from fl_client.profiler import ProfileOptions, profile
-from fl_client.r_estimation import r_from_samples
+from fl_client.r_cache import r_from_samples
 from fl_client.selection import Selection
 from simulations.experiments import single_device_report
 from simulations.experiments.config import ExperimentConfigError
@@ -302,7 +302,7 @@ def _profile(cfg: SingleDeviceConfig, c: CellSpec, workload: Workload, sizes: li
             device,
             workload,
             sizes,
-            lambda b: task.make_train_step(c.model, task.IMAGE_SHAPE, b, seed=c.seed),
+            lambda b: task.make_train_step(c.model, model_zoo.IMAGE_SHAPE, b, seed=c.seed),
             ProfileOptions(
                 PowerLimit.of(c.cap_w),
                 warmup_steps=cfg.profile_warmup_steps,

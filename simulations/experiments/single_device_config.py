@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from fl_client import task
+from fl_client import model_zoo
 from simulations.experiments.config import (
     STUDY_METHODS,
     TORCH_DEVICES,
@@ -134,7 +134,7 @@ def parse_single_device(
         scale=options.scale,
         devices=str_list("devices", tuple(available_device_kinds())),
         caps_w=f.caps(),
-        models=str_list("models", task.MODEL_NAMES),
+        models=str_list("models", model_zoo.MODEL_NAMES),
         methods=str_list("methods", STUDY_METHODS),
         target=target,
         proxy=proxy,

@@ -3,7 +3,6 @@ training runs to an accuracy target, and full-grid LUTs on a device's digital tw
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import time
@@ -15,12 +14,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch.utils.data import TensorDataset
 
-from fl_client import r_estimation, task
+from fl_client import model_zoo, r_estimation, task
 from fl_client.devices import open_device
 from fl_client.devices.descriptors import load_device_spec
 from fl_client.node import max_batch_size, workload_for
 from fl_client.profiler import ProfileOptions, profile
-from fl_client.r_estimation import samples_to_target
+from fl_client.r_estimation import InitialModel, samples_to_target
 from fl_client.selection import Tables
 from simulations.experiments.config import ExperimentConfigError
 from simulations.experiments.progress import Progress
@@ -108,7 +107,7 @@ def initial_state(model_name: str, seed: int) -> dict[str, torch.Tensor]:
     """The weights every run of ``seed`` starts from (proxy and target alike)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(INIT_SEED_OFFSET + seed)
-        model = task.build_model(model_name)
+        model = model_zoo.build_model(model_name)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -137,8 +136,8 @@ def checked_torch_device(setting: str, where: str) -> str:
 
 
 class TargetRun(r_estimation.TargetRun):
-    """One training run to an accuracy target (``fl_client.r_estimation.TargetRun``, whose
-    fields are the keywords of the training functions), built from a study's settings."""
+    """One training run to an accuracy target (``fl_client.r_estimation.TargetRun``, what
+    the training functions train), built from a study's settings."""
 
     @classmethod
     def of(cls, cfg: TrainingSettings, batch_size: int, target: float, seed: int) -> TargetRun:
@@ -152,9 +151,6 @@ class TargetRun(r_estimation.TargetRun):
             seed=seed,
         )
 
-    def kwargs(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 def train_images(
     model: str,
@@ -167,11 +163,10 @@ def train_images(
     (Adam, ``fl_client.r_estimation.samples_to_target``)."""
     train_set, eval_set = sets
     return samples_to_target(
-        model,
-        initial_state(model, run.seed),
+        InitialModel(model, initial_state(model, run.seed)),
         train_set,
         eval_set,
-        **run.kwargs(),
+        run,
         on_eval=on_eval,
         device=device,
     )
@@ -280,7 +275,7 @@ def profile_full_grid(
     model: str, device_kind: str, batch_sizes: Sequence[int], *, warmup_steps: int, steps: int
 ) -> LUT:
     """Every (b, f) of ``device_kind``'s twin (seed 0) for ``model``, real steps on the host."""
-    shape = task.input_shape_for(model)
+    shape = model_zoo.input_shape_for(model)
     device = open_device(device_kind, "simulated", seed=0)
     try:
         return profile(

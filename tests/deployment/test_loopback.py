@@ -388,12 +388,12 @@ class FaultRun:
 def _pretrained(path: Path) -> tuple[str, float]:
     """A checkpoint trained a little on the proxy set (seed 7, the run's): its sha256 and
     its accuracy on the server's test set."""
-    from fl_client import checkpoint, task
+    from fl_client import checkpoint, data_splits, model_zoo, task
 
-    splits = task.load_splits("digits", seed=7)
+    splits = data_splits.load_splits("digits", seed=7)
     torch.manual_seed(123)
-    model = task.build_model("cnn")
-    task.train(model, splits.proxy_train, batch_size=32, lr=3e-3, epochs=3)
+    model = model_zoo.build_model("cnn")
+    task.train(model, splits.proxy_train, task.TrainOptions(batch_size=32, lr=3e-3, epochs=3))
     checkpoint.save(model.state_dict(), path)
     return checkpoint.file_sha256(path), task.evaluate(model, splits.test)[1]
 

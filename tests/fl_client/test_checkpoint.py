@@ -10,21 +10,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from fl_client import checkpoint, task
+from fl_client import checkpoint, data_splits, model_zoo
 from fl_client.checkpoint import CheckpointError
-from fl_client.r_estimation import estimate_r
+from fl_client.r_estimation import InitialModel, ROptions, estimate_r
 
 
 def _cnn_state(seed: int = 3, num_classes: int = 10) -> dict[str, torch.Tensor]:
     torch.manual_seed(seed)
-    return task.build_model("cnn", num_classes).state_dict()
+    return model_zoo.build_model("cnn", num_classes).state_dict()
 
 
 def test_a_safetensors_checkpoint_loads_the_exact_weights(tmp_path: Path) -> None:
     state = _cnn_state()
     path = tmp_path / "w.safetensors"
     checkpoint.save(state, path, {"model": "cnn"})
-    model = task.build_model("cnn")
+    model = model_zoo.build_model("cnn")
     weights = checkpoint.load_into(model, path)
     for k, v in model.state_dict().items():
         assert torch.equal(v, state[k]), k
@@ -38,7 +38,7 @@ def test_a_torch_state_dict_loads_with_weights_only(tmp_path: Path) -> None:
     state = _cnn_state()
     path = tmp_path / "w.pt"
     torch.save(state, path)
-    model = task.build_model("cnn")
+    model = model_zoo.build_model("cnn")
     checkpoint.load_into(model, path)
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
 
@@ -131,7 +131,7 @@ def test_the_first_mismatched_key_is_named_with_both_shapes(tmp_path: Path) -> N
 
 def test_another_models_checkpoint_is_refused_naming_a_missing_key(tmp_path: Path) -> None:
     path = tmp_path / "resnet.safetensors"
-    checkpoint.save(task.build_model("resnet18").state_dict(), path)
+    checkpoint.save(model_zoo.build_model("resnet18").state_dict(), path)
     with pytest.raises(CheckpointError, match=r"lacks features\.0\.weight \(the model's is "):
         checkpoint.check(path, "cnn")
     extra = _cnn_state()
@@ -146,7 +146,7 @@ def test_a_head_for_other_classes_is_replaced_and_recorded(tmp_path: Path) -> No
     path = tmp_path / "five.safetensors"
     checkpoint.save(five, path)
     torch.manual_seed(11)
-    model = task.build_model("cnn")
+    model = model_zoo.build_model("cnn")
     own_head = model.state_dict()["head.weight"].clone()
     weights = checkpoint.load_into(model, path)
     assert weights.new_layers == ("head.weight", "head.bias")
@@ -154,8 +154,8 @@ def test_a_head_for_other_classes_is_replaced_and_recorded(tmp_path: Path) -> No
     assert torch.equal(after["head.weight"], own_head)  # the model's own seeded init
     assert torch.equal(after["features.0.weight"], five["features.0.weight"])
     assert weights.to_record()["initial-weights-new-layers"] == ["head.weight", "head.bias"]
-    assert checkpoint.head_keys(task.build_model("resnet18")) == ("fc.weight", "fc.bias")
-    assert checkpoint.head_keys(task.build_model("mobilenetv2")) == (
+    assert checkpoint.head_keys(model_zoo.build_model("resnet18")) == ("fc.weight", "fc.bias")
+    assert checkpoint.head_keys(model_zoo.build_model("mobilenetv2")) == (
         "classifier.1.weight",
         "classifier.1.bias",
     )
@@ -163,22 +163,22 @@ def test_a_head_for_other_classes_is_replaced_and_recorded(tmp_path: Path) -> No
 
 def test_the_checkpoints_sha256_keys_the_r_cache(tmp_path: Path) -> None:
     """Another checkpoint, even with the same tensors, never reuses a cached r."""
-    splits = task.load_digits_splits(0)
+    splits = data_splits.load_digits_splits(0)
     state = _cnn_state()
-    kwargs = {
-        "target_accuracy": 0.3,
-        "lr_ref": 0.005,
-        "b_ref": 64,
-        "eval_every_samples": 64,
-        "max_samples": 640,
-        "seeds": (0,),
-        "cache_dir": tmp_path / "r",
-        "progress": False,
-    }
-    data = (splits.proxy_train, splits.proxy_eval, [32, 64])
-    a = estimate_r("cnn", state, *data, weights_sha256="a" * 64, **kwargs)  # type: ignore[arg-type]
-    again = estimate_r("cnn", state, *data, weights_sha256="a" * 64, **kwargs)  # type: ignore[arg-type]
-    other = estimate_r("cnn", state, *data, weights_sha256="b" * 64, **kwargs)  # type: ignore[arg-type]
+    options = ROptions(
+        target_accuracy=0.3,
+        lr_ref=0.005,
+        b_ref=64,
+        eval_every_samples=64,
+        max_samples=640,
+        seeds=(0,),
+        progress=False,
+    )
+    data = (splits.proxy_train, splits.proxy_eval, [32, 64], options)
+    cache_dir = tmp_path / "r"
+    a = estimate_r(InitialModel("cnn", state, "a" * 64), *data, cache_dir=cache_dir)
+    again = estimate_r(InitialModel("cnn", state, "a" * 64), *data, cache_dir=cache_dir)
+    other = estimate_r(InitialModel("cnn", state, "b" * 64), *data, cache_dir=cache_dir)
     assert again.from_cache and again.cache_key == a.cache_key
     assert not other.from_cache and other.cache_key != a.cache_key
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fl_client import cell_measure, cli_tools, lut_text, profiler, task
+from fl_client import cell_measure, cli_tools, lut_text, model_zoo, profiler
 from fl_client.contract import Cap
 from fl_client.devices import jetson_sysfs, safety
 from fl_client.devices.base import GPU_POWER_LIMIT_W
@@ -87,7 +87,7 @@ def test_powerfl_has_the_device_commands() -> None:
     assert float(args.cap_margin) == cli_tools.DEFAULT_CAP_MARGIN == 0.05
     with pytest.raises(SystemExit):
         parser.parse_args(["profile", "--model", "cnn"])  # --batch-sizes is required
-    assert cli_tools.MODEL_NAMES == task.MODEL_NAMES
+    assert cli_tools.MODEL_NAMES == model_zoo.MODEL_NAMES
 
 
 @pytest.mark.parametrize("key", ["cap-margin", "peak-sigma-k", "tie-tolerance"])

@@ -12,7 +12,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 
 from fl_client.client_app import make_client_app
 from fl_client.contract import Cap, NodeDescriptor, TrainConfig, TrainReport
-from fl_client.task import build_model
+from fl_client.model_zoo import build_model
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 

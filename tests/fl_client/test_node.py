@@ -21,10 +21,10 @@ from fl_client import selector
 from fl_client.contract import Cap, NodeDescriptor, SettingsError, TrainConfig, TrainReport
 from fl_client.feasibility import PEAK_SIGMA_K
 from fl_client.lut import LUT
+from fl_client.model_zoo import build_model
 from fl_client.node import describe_node, node_context, train_node
 from fl_client.selection import Selection
 from fl_client.settings import RunSettings
-from fl_client.task import build_model
 
 NODE: dict[str, Any] = {
     "device": "jetson-nano",
@@ -256,7 +256,7 @@ def test_the_oracles_r_is_keyed_by_the_checkpoints_sha256(
     real = node.estimate_r
 
     def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(kwargs["weights_sha256"])
+        calls.append(args[0].weights_sha256)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(node, "estimate_r", counted)

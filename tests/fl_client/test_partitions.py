@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from fl_client import image_data, partitions, task
+from fl_client import data_splits, image_data, model_zoo, partitions
 from fl_client.contract import SettingsError
+from fl_client.partitions import Partitioning
 from tests.image_npz import REAL_DATA_ROOT, write_image_npz
 
 LABELS = np.arange(1000) % 10
-PATHOLOGICAL_1 = task.PartitionSpec("pathological", seed=1)
+PATHOLOGICAL_1 = data_splits.PartitionSpec("pathological", seed=1)
 
 
 @pytest.fixture
@@ -36,10 +37,10 @@ def hf_offline(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-home" / "datasets")
     image_data.load_hf_cached.cache_clear()
-    task.load_splits.cache_clear()
+    data_splits.load_splits.cache_clear()
     yield tmp_path
     image_data.load_hf_cached.cache_clear()
-    task.load_splits.cache_clear()
+    data_splits.load_splits.cache_clear()
 
 
 # --------------------------------------------------------------------------- partitioners
@@ -47,8 +48,8 @@ def hf_offline(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("partitioning", ["iid", "dirichlet", "pathological"])
 def test_each_partitioner_is_seeded_disjoint_and_leaves_no_node_empty(partitioning):
-    parts = partitions.partition(LABELS, 6, partitioning, alpha=0.5, seed=3)
-    again = partitions.partition(LABELS, 6, partitioning, alpha=0.5, seed=3)
+    parts = partitions.partition(LABELS, 6, Partitioning(partitioning, alpha=0.5, seed=3))
+    again = partitions.partition(LABELS, 6, Partitioning(partitioning, alpha=0.5, seed=3))
     assert all(np.array_equal(p, q) for p, q in zip(parts, again, strict=True))
     joined = np.concatenate(parts)
     assert len(joined) == len(np.unique(joined)) and min(map(len, parts)) > 0
@@ -71,24 +72,30 @@ def label_skew(parts: list[np.ndarray], labels: np.ndarray) -> float:
 
 
 def test_iid_parts_are_near_equal_and_cover_the_pool_once():
-    parts = partitions.partition(np.zeros(101, dtype=np.int64), 4, "iid", seed=1)
+    parts = partitions.partition(np.zeros(101, dtype=np.int64), 4, Partitioning("iid", seed=1))
     assert sorted(len(p) for p in parts) == [25, 25, 25, 26]
     np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(101))
 
 
 def test_dirichlet_keeps_its_min_size_and_skews_the_labels_more_than_iid():
-    labels = task.as_tensors(task.load_digits_splits(seed=7).pool)[1].numpy()
-    parts = partitions.partition(labels, 8, "dirichlet", alpha=0.5, seed=7, min_size=20)
+    labels = data_splits.as_tensors(data_splits.load_digits_splits(seed=7).pool)[1].numpy()
+    parts = partitions.partition(
+        labels, 8, Partitioning("dirichlet", alpha=0.5, seed=7, min_size=20)
+    )
     np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(len(labels)))
     assert min(len(p) for p in parts) >= 20
-    other = partitions.partition(labels, 8, "dirichlet", alpha=0.5, seed=8, min_size=20)
+    other = partitions.partition(
+        labels, 8, Partitioning("dirichlet", alpha=0.5, seed=8, min_size=20)
+    )
     assert not all(np.array_equal(p, q) for p, q in zip(parts, other, strict=True))
-    iid = partitions.partition(labels, 8, "iid", seed=7)
+    iid = partitions.partition(labels, 8, Partitioning("iid", seed=7))
     assert label_skew(parts, labels) > 2 * label_skew(iid, labels)
 
 
 def test_pathological_gives_each_node_its_number_of_classes():
-    parts = partitions.partition(LABELS, 5, "pathological", classes_per_node=3, seed=0)
+    parts = partitions.partition(
+        LABELS, 5, Partitioning("pathological", classes_per_node=3, seed=0)
+    )
     assert [len(np.unique(LABELS[p])) for p in parts] == [3] * 5
 
 
@@ -96,7 +103,7 @@ def test_iid_is_flower_datasets_iid_partitioner_over_the_seeded_shuffle():
     from datasets import Dataset
     from flwr_datasets.partitioner import IidPartitioner
 
-    ours = partitions.partition(np.zeros(50, dtype=int), 4, "iid", seed=9)
+    ours = partitions.partition(np.zeros(50, dtype=int), 4, Partitioning("iid", seed=9))
     ds = Dataset.from_dict({"label": [0] * 50, "index": list(range(50))}).shuffle(seed=9)
     theirs = IidPartitioner(num_partitions=4)
     theirs.dataset = ds
@@ -119,28 +126,31 @@ def test_iid_is_flower_datasets_iid_partitioner_over_the_seeded_shuffle():
 )
 def test_bad_partition_settings_name_the_key(kwargs, key):
     args = {"num_partitions": 4, "partitioning": "dirichlet", **kwargs}
+    num_partitions = args.pop("num_partitions")
     with pytest.raises(SettingsError, match=key):
-        partitions.partition(LABELS, **args)
+        partitions.partition(LABELS, num_partitions, Partitioning(**args))
 
 
 def test_a_split_that_would_leave_a_node_empty_is_refused_naming_the_key():
     # Label 0 has 2 samples but 3 nodes need it (first class assigned deterministically).
     labels = np.array([0, 0] + [1] * 50 + [2] * 50)
     with pytest.raises(SettingsError, match="classes-per-node"):
-        partitions.partition(labels, 7, "pathological", classes_per_node=1, seed=0)
+        partitions.partition(labels, 7, Partitioning("pathological", classes_per_node=1, seed=0))
     # A Dirichlet split that cannot give every node min_size samples.
     with pytest.raises(SettingsError, match="dirichlet-alpha: no Dirichlet"):
-        partitions.partition(LABELS, 20, "dirichlet", alpha=0.001, seed=0, min_size=45)
+        partitions.partition(
+            LABELS, 20, Partitioning("dirichlet", alpha=0.001, seed=0, min_size=45)
+        )
 
 
 def test_client_data_uses_the_partitioner_and_rejects_empty_nodes():
-    total = sum(sum(map(len, task.client_data(p, 5, spec=PATHOLOGICAL_1))) for p in range(5))
-    assert 0 < total <= len(task.load_digits_splits(1).pool)
-    train, _ = task.client_data(0, 5, spec=PATHOLOGICAL_1)
-    assert len(train.tensors[1].unique()) <= task.CLASSES_PER_NODE
-    pool = len(task.load_digits_splits(1).pool)
+    total = sum(sum(map(len, data_splits.client_data(p, 5, spec=PATHOLOGICAL_1))) for p in range(5))
+    assert 0 < total <= len(data_splits.load_digits_splits(1).pool)
+    train, _ = data_splits.client_data(0, 5, spec=PATHOLOGICAL_1)
+    assert len(train.tensors[1].unique()) <= data_splits.CLASSES_PER_NODE
+    pool = len(data_splits.load_digits_splits(1).pool)
     with pytest.raises(SettingsError, match="num-partitions"):
-        task.client_data(0, pool + 1, spec=task.PartitionSpec("iid", seed=1))
+        data_splits.client_data(0, pool + 1, spec=data_splits.PartitionSpec("iid", seed=1))
 
 
 def test_flower_datasets_is_not_imported_with_task():
@@ -165,8 +175,8 @@ def test_flower_datasets_is_not_imported_with_task():
 
 def test_split_report_has_a_line_per_node_and_saves_plot_and_json(tmp_path):
     names = [f"node-{i}" for i in range(4)]
-    spec = task.PartitionSpec("dirichlet", alpha=0.5, seed=7)
-    report = task.split_report(4, spec=spec, names=names)
+    spec = data_splits.PartitionSpec("dirichlet", alpha=0.5, seed=7)
+    report = data_splits.split_report(4, spec=spec, names=names)
     lines = report.lines()
     assert len(lines) == 5 and "digits over 4 nodes: dirichlet" in lines[0]
     assert "dirichlet-alpha 0.5" in lines[0]
@@ -175,7 +185,7 @@ def test_split_report_has_a_line_per_node_and_saves_plot_and_json(tmp_path):
         assert line.count("[") == 1  # the label histogram
     # The report's counts are exactly what client_data hands each node.
     for i in range(4):
-        train, val = task.client_data(i, 4, spec=spec)
+        train, val = data_splits.client_data(i, 4, spec=spec)
         labels = torch.cat([train.tensors[1], val.tensors[1]]).numpy()
         assert list(report.counts[i]) == np.bincount(labels, minlength=10).tolist()
     written = report.save(tmp_path / "run")
@@ -183,12 +193,12 @@ def test_split_report_has_a_line_per_node_and_saves_plot_and_json(tmp_path):
     assert (tmp_path / "run" / "split.png").read_bytes()[:4] == b"\x89PNG"
     data = json.loads((tmp_path / "run" / "split.json").read_text())
     assert [n["node"] for n in data["nodes"]] == names
-    assert sum(n["samples"] for n in data["nodes"]) == len(task.load_digits_splits(7).pool)
+    assert sum(n["samples"] for n in data["nodes"]) == len(data_splits.load_digits_splits(7).pool)
 
 
 def test_split_report_names_must_match_the_nodes():
     with pytest.raises(ValueError, match="names"):
-        task.split_report(3, spec=task.PartitionSpec("iid"), names=["a", "b"])
+        data_splits.split_report(3, spec=data_splits.PartitionSpec("iid"), names=["a", "b"])
 
 
 # --------------------------------------------------------------------------- npz datasets
@@ -198,15 +208,17 @@ def test_a_good_npz_reads_and_becomes_a_run_dataset(tmp_path):
     path = write_image_npz(tmp_path / "kit.npz", n_train=700, n_test=80)
     arrays = image_data.read_npz(path)
     assert arrays.x_train.shape == (700, 32, 32, 3) and arrays.classes[0] == "class0"
-    splits = task.load_splits(str(path), 0)
+    splits = data_splits.load_splits(str(path), 0)
     assert splits.sizes() == {"proxy-train": 300, "proxy-eval": 150, "test": 80, "pool": 250}
-    x, y = task.as_tensors(splits.pool)
-    assert x.shape[1:] == task.IMAGE_SHAPE and x.dtype == torch.float32
+    x, y = data_splits.as_tensors(splits.pool)
+    assert x.shape[1:] == model_zoo.IMAGE_SHAPE and x.dtype == torch.float32
     assert set(y.tolist()) == set(range(10))
     ids = np.concatenate([splits.indices[k] for k in ("proxy-train", "proxy-eval", "pool")])
     assert len(np.unique(ids)) == 700  # the proxy slices and the pool are disjoint
-    task.check_dataset(str(path))
-    train, val = task.client_data(1, 3, spec=task.PartitionSpec("iid", dataset=str(path)))
+    data_splits.check_dataset(str(path))
+    train, val = data_splits.client_data(
+        1, 3, spec=data_splits.PartitionSpec("iid", dataset=str(path))
+    )
     assert len(train) + len(val) in (83, 84)
 
 
@@ -228,7 +240,7 @@ def test_a_bad_npz_is_refused_naming_the_file_and_what_it_lacks(tmp_path, kwargs
         image_data.read_npz(path)
     assert str(path) in str(err.value) and lacks in str(err.value)
     with pytest.raises(SettingsError, match="dataset: ") as err2:
-        task.check_dataset(str(path))
+        data_splits.check_dataset(str(path))
     assert str(path) in str(err2.value)
 
 
@@ -248,7 +260,7 @@ def test_a_missing_kit_subset_names_the_data_root(tmp_path):
 def test_a_too_small_dataset_is_refused_naming_the_key(tmp_path):
     path = write_image_npz(tmp_path / "small.npz", n_train=100)
     with pytest.raises(SettingsError, match=r"dataset: .* has 100 training images"):
-        task.check_dataset(str(path))
+        data_splits.check_dataset(str(path))
 
 
 @pytest.mark.skipif(
@@ -286,12 +298,12 @@ def _small_images(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 def test_a_local_hugging_face_dataset_is_a_run_dataset(hf_offline):
     folder = hf_offline / "saved"
     _hf_dataset_dict().save_to_disk(str(folder))  # type: ignore[attr-defined]
-    task.check_dataset(str(folder))
-    splits = task.load_splits(str(folder), 0)
+    data_splits.check_dataset(str(folder))
+    splits = data_splits.load_splits(str(folder), 0)
     assert splits.sizes()["test"] == 40 and splits.sizes()["pool"] == 520 - 450
     assert splits.class_names[:2] == ("c0", "c1")
-    assert task.as_tensors(splits.test)[0].shape[1:] == task.IMAGE_SHAPE  # 8×8 → 32×32
-    report = task.split_report(2, spec=task.PartitionSpec("iid", dataset=str(folder)))
+    assert data_splits.as_tensors(splits.test)[0].shape[1:] == model_zoo.IMAGE_SHAPE  # 8×8 → 32×32
+    report = data_splits.split_report(2, spec=data_splits.PartitionSpec("iid", dataset=str(folder)))
     assert sum(report.sizes()) == 70 and report.class_names[0] == "c0"
 
 
@@ -309,18 +321,18 @@ def test_an_unknown_dataset_name_is_an_error_naming_the_key_and_nothing_is_downl
     hf_offline,
 ):
     with pytest.raises(SettingsError) as err:
-        task.check_dataset("no-such-org/no-such-dataset")
+        data_splits.check_dataset("no-such-org/no-such-dataset")
     msg = str(err.value)
     assert msg.startswith("dataset: 'no-such-org/no-such-dataset'") and "Hugging Face" in msg
     with pytest.raises(SettingsError, match="dataset: must be a dataset name"):
-        task.check_dataset("  ")
+        data_splits.check_dataset("  ")
 
 
 def test_a_dataset_without_the_expected_columns_names_them(hf_offline):
     folder = hf_offline / "nolabel"
     _hf_dataset_dict(label="target").save_to_disk(str(folder))  # type: ignore[attr-defined]
     with pytest.raises(SettingsError) as err:
-        task.check_dataset(str(folder))
+        data_splits.check_dataset(str(folder))
     msg = str(err.value)
     assert msg.startswith("dataset: ") and "has columns img, target" in msg
     assert "lacks a label column (label or labels or fine_label)" in msg

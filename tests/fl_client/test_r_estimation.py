@@ -14,15 +14,22 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from fl_client import r_estimation, task
-from fl_client.r_estimation import REstimate, TargetNotReachedError, estimate_r
+from fl_client import data_splits, model_zoo, r_cache, r_estimation, task
+from fl_client.r_cache import REstimate
+from fl_client.r_estimation import (
+    InitialModel,
+    ROptions,
+    TargetNotReachedError,
+    TargetRun,
+    estimate_r,
+)
 
 
 def blobs(n: int, seed: int) -> TensorDataset:
     """Two separable classes of 3×32×32 images (mean +1 vs −1, plus noise)."""
     gen = torch.Generator().manual_seed(seed)
     y = torch.arange(n) % 2
-    x = torch.randn(n, *task.IMAGE_SHAPE, generator=gen) * 0.5
+    x = torch.randn(n, *model_zoo.IMAGE_SHAPE, generator=gen) * 0.5
     x += (1.0 - 2.0 * y.float()).view(-1, 1, 1, 1)
     return TensorDataset(x, y)
 
@@ -30,7 +37,7 @@ def blobs(n: int, seed: int) -> TensorDataset:
 @pytest.fixture(scope="module")
 def init_state() -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
-    return dict(task.build_model("cnn").state_dict())
+    return dict(model_zoo.build_model("cnn").state_dict())
 
 
 SETTINGS: dict[str, Any] = {
@@ -46,7 +53,10 @@ SETTINGS: dict[str, Any] = {
 def run(init_state: dict[str, torch.Tensor], **overrides: Any) -> REstimate:
     kwargs = {**SETTINGS, **overrides}
     batch_sizes = kwargs.pop("batch_sizes", (4, 16))
-    return estimate_r("cnn", init_state, blobs(48, 1), blobs(24, 2), batch_sizes, **kwargs)
+    cache_dir = kwargs.pop("cache_dir", None)
+    start = InitialModel("cnn", init_state)
+    options = ROptions(**kwargs)
+    return estimate_r(start, blobs(48, 1), blobs(24, 2), batch_sizes, options, cache_dir)
 
 
 @pytest.fixture
@@ -56,7 +66,7 @@ def count_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     real = r_estimation.samples_to_target
 
     def counting(*args: Any, **kwargs: Any) -> Any:
-        calls.append(kwargs["batch_size"])
+        calls.append(args[3].batch_size)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(r_estimation, "samples_to_target", counting)
@@ -71,9 +81,10 @@ def same_result(a: REstimate, b: REstimate) -> bool:
 def fake_samples_to_target(table: dict[int, int | None]) -> Any:
     """A stand-in for ``samples_to_target`` returning N_s_acc(b) from ``table``."""
 
-    def fake(*_args: Any, batch_size: int, max_samples: int, **_kw: Any) -> Any:
-        n = table[batch_size]
-        used = max_samples if n is None else n
+    def fake(*args: Any, **_kw: Any) -> Any:
+        run: TargetRun = args[3]
+        n = table[run.batch_size]
+        used = run.max_samples if n is None else n
         return n, [(used, 0.95 if n is not None else 0.2)], used
 
     return fake
@@ -110,9 +121,10 @@ def test_eq3_and_budget_rule_exclude_unreached_batch_size(
 def test_b_reached_for_only_some_seeds_counts_as_unreached(
     init_state: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def fake(*_a: Any, batch_size: int, seed: int, max_samples: int, **_kw: Any) -> Any:
-        n = None if (batch_size == 16 and seed == 1) else 32 * batch_size
-        return n, [], max_samples if n is None else n
+    def fake(*args: Any, **_kw: Any) -> Any:
+        run: TargetRun = args[3]
+        n = None if (run.batch_size == 16 and run.seed == 1) else 32 * run.batch_size
+        return n, [], run.max_samples if n is None else n
 
     monkeypatch.setattr(r_estimation, "samples_to_target", fake)
     est = run(init_state, batch_sizes=(4, 16), seeds=(0, 1))
@@ -122,14 +134,14 @@ def test_b_reached_for_only_some_seeds_counts_as_unreached(
 
 def test_unreachable_target_raises_with_advice(init_state: Any) -> None:
     # Labels of the evaluation set are random: no model gets 99% on them.
-    x, _ = task.as_tensors(blobs(24, 2))
+    x, _ = data_splits.as_tensors(blobs(24, 2))
     noise = TensorDataset(
         x, torch.randint(0, 10, (24,), generator=torch.Generator().manual_seed(3))
     )
     with pytest.raises(TargetNotReachedError, match="proxy-target-accuracy") as err:
         estimate_r(
-            "cnn", init_state, blobs(48, 1), noise, (16, 32),
-            **{**SETTINGS, "target_accuracy": 0.99, "max_samples": 32},
+            InitialModel("cnn", init_state), blobs(48, 1), noise, (16, 32),
+            ROptions(**{**SETTINGS, "target_accuracy": 0.99, "max_samples": 32}),
         )  # fmt: skip
     assert "max-samples" in str(err.value)
     assert err.value.estimate.unreached == (16, 32)
@@ -168,7 +180,7 @@ def test_cache_hit_returns_identical_result_without_training(
 
 def test_cache_key_changes_with_every_setting(init_state: Any) -> None:
     def cache_key(*args: Any) -> str:
-        return r_estimation.cache_key(r_estimation.cache_inputs(*args))
+        return r_cache.cache_key(r_cache.cache_inputs(*args))
 
     data = (blobs(48, 1), blobs(24, 2))
     base = {"target_accuracy": 0.9, "lr_ref": 3e-3, "b_ref": 16}
@@ -262,7 +274,7 @@ def test_cache_round_trip_records_inputs_and_checksum(
 ) -> None:
     first, path = cached
     data = json.loads(path.read_text())
-    assert data["format"] == r_estimation.CACHE_FORMAT
+    assert data["format"] == r_cache.CACHE_FORMAT
     assert data["cache_key"] == first.cache_key
     inputs = data["inputs"]
     assert inputs["model_name"] == "cnn" and inputs["batch_sizes"] == [4, 16, 32]
@@ -273,7 +285,7 @@ def test_cache_round_trip_records_inputs_and_checksum(
     assert len(data["checksum"]) == 64 and data["estimate"] == first.to_json()
     again = run(init_state, cache_dir=tmp_path, **CACHED)
     assert again.from_cache and again == first and count_runs == []  # verified, no training
-    assert r_estimation.read_cache(path, inputs) == first
+    assert r_cache.read_cache(path, inputs) == first
 
 
 def test_cache_with_a_tampered_r_is_refused_and_recomputed(
@@ -283,7 +295,7 @@ def test_cache_with_a_tampered_r_is_refused_and_recomputed(
     data = json.loads(path.read_text())
     data["estimate"]["r"] = [0.9, 1.0]  # b4 made to look better than its samples say
     del data["checksum"]
-    data["checksum"] = r_estimation._checksum(data)  # a consistent checksum: only r lies
+    data["checksum"] = r_cache._checksum(data)  # a consistent checksum: only r lies
     path.write_text(json.dumps(data))
     again = refused_and_recomputed(
         init_state, tmp_path, caplog, path, "r contradicts its stored samples: r of b4 is 0.9"
@@ -300,7 +312,7 @@ def test_cache_with_r_of_an_unreached_batch_size_is_refused(
     est["batch_sizes"], est["r"], est["reached"] = [4, 16, 32], [0.5, 1.0, 0.25], [True] * 3
     est["unreached"] = []
     del data["checksum"]
-    data["checksum"] = r_estimation._checksum(data)
+    data["checksum"] = r_cache._checksum(data)
     path.write_text(json.dumps(data))
     refused_and_recomputed(init_state, tmp_path, caplog, path, "r contradicts its stored samples")
 
@@ -325,7 +337,7 @@ def test_cache_made_from_other_inputs_is_refused(
     data = json.loads(path.read_text())
     data["inputs"]["proxy_eval"] = "0" * 64
     del data["checksum"]
-    data["checksum"] = r_estimation._checksum(data)
+    data["checksum"] = r_cache._checksum(data)
     path.write_text(json.dumps(data))
     refused_and_recomputed(init_state, tmp_path, caplog, path, "other inputs (proxy_eval differ)")
 
@@ -344,7 +356,7 @@ def test_old_format_cache_is_stale_and_recomputed(
         again = run(init_state, cache_dir=tmp_path, **CACHED)
     assert f"r cache {path} is of the older format" in caplog.text
     assert not again.from_cache and again.r == (0.5, 1.0) and count_runs == [4, 16, 32] * 2
-    assert json.loads(path.read_text())["format"] == r_estimation.CACHE_FORMAT
+    assert json.loads(path.read_text())["format"] == r_cache.CACHE_FORMAT
 
 
 def test_json_roundtrip(init_state: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -48,9 +48,9 @@ def test_unknown_keys_are_refused_everywhere_with_the_nearest_key(tmp_path: Path
 
 
 def test_model_names_match_the_models_task_builds() -> None:
-    from fl_client import task
+    from fl_client import model_zoo
 
-    assert MODEL_NAMES == task.MODEL_NAMES
+    assert MODEL_NAMES == model_zoo.MODEL_NAMES
 
 
 # ----------------------------------------------------------------------- the round plan

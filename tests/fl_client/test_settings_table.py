@@ -174,9 +174,9 @@ def test_overrides_are_checked_against_the_run_settings() -> None:
 
 
 def test_the_model_choice_is_the_task_modules() -> None:
-    from fl_client import task
+    from fl_client import model_zoo
 
-    assert settings_table.MODEL_NAMES == task.MODEL_NAMES
+    assert settings_table.MODEL_NAMES == model_zoo.MODEL_NAMES
 
 
 def test_only_round_timeout_takes_inf_among_run_numbers() -> None:

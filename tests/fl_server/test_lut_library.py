@@ -16,7 +16,7 @@ import pytest
 from fl_client.devices.descriptors import load_device_spec
 from fl_client.devices.simulated import power_w, time_per_sample_s
 from fl_client.lut import LUT, KindKey, lut_checksum
-from fl_client.task import train_flops_per_sample
+from fl_client.model_zoo import train_flops_per_sample
 from fl_server.lut_library import LibraryError, LUTLibrary, read_entry
 
 FREQS = (307.2, 614.4, 921.6)

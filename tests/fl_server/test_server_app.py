@@ -11,7 +11,7 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, Error, Message
 
-from fl_client import checkpoint, task
+from fl_client import checkpoint, model_zoo
 from fl_client.contract import Cap, TrainConfig
 from fl_client.settings import RunSettings
 from fl_server.server_app import Rounds, make_strategy, run_rounds
@@ -33,8 +33,8 @@ def test_every_train_config_names_the_checkpoint_the_run_started_from(tmp_path: 
     node never sees the file); a run from random weights sends none."""
     torch.manual_seed(0)
     path = tmp_path / "w.safetensors"
-    checkpoint.save(task.build_model("cnn").state_dict(), path)
-    weights = checkpoint.load_into(task.build_model("cnn"), path)
+    checkpoint.save(model_zoo.build_model("cnn").state_dict(), path)
+    weights = checkpoint.load_into(model_zoo.build_model("cnn"), path)
     settings = _settings(tmp_path, method="oracle")
     strategy = make_strategy(settings, R_EST, weights)
     sent = TrainConfig.from_config(strategy.template.to_config())

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fl_client import checkpoint, task
+from fl_client import checkpoint, data_splits, model_zoo, task
 from simulations.cli import main
 from simulations.experiments.config import ExperimentConfigError, FileOptions
 from simulations.experiments.finetune import FinetuneConfig, plan, samples_to_target
@@ -171,10 +171,10 @@ def test_the_report_shows_busy_energy_and_r_from_any_cell_of_a_start(tmp_path: P
 def test_tiny_finetune_study_runs_and_reports(tmp_path: Path) -> None:
     fleet = tmp_path / "fleet.toml"
     fleet.write_text(TINY_FLEET)
-    splits = task.load_splits("digits", 0)
+    splits = data_splits.load_splits("digits", 0)
     torch.manual_seed(0)
-    model = task.build_model("cnn")
-    task.train(model, splits.proxy_train, batch_size=32, lr=3e-3, epochs=3)
+    model = model_zoo.build_model("cnn")
+    task.train(model, splits.proxy_train, task.TrainOptions(batch_size=32, lr=3e-3, epochs=3))
     weights = tmp_path / "w.safetensors"
     checkpoint.save(model.state_dict(), weights)
     path = tmp_path / "ft.toml"

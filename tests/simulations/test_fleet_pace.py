@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from fl_client import task
+from fl_client import model_zoo
 from fl_client.devices import simulated as sim
 from fl_client.devices.descriptors import load_device_spec
 from fl_client.feasibility import PEAK_SIGMA_K
@@ -58,7 +58,7 @@ def test_the_default_fleets_stragglers_are_its_4_5_w_nanos():
 def test_a_nodes_pace_is_its_fastest_cell_feasible_under_its_cap():
     """Every faster cell of the twin breaks the cap with its margin (robust peak =
     peak + k·σ, σ the twin's power noise); the chosen one does not."""
-    flops = task.train_flops_per_sample("cnn")
+    flops = model_zoo.train_flops_per_sample("cnn")
     limit = PowerLimit(4.5, 0.05)
     p = node_pace("nano", "jetson-nano", limit, PaceRule(flops))
     spec = load_device_spec("jetson-nano")
@@ -90,7 +90,7 @@ def test_a_nodes_data_share_scales_its_round_time():
 
 
 def test_a_cap_no_cell_meets_is_an_error_naming_the_node():
-    flops = task.train_flops_per_sample("cnn")
+    flops = model_zoo.train_flops_per_sample("cnn")
     with pytest.raises(ValueError, match=r"agx: no .* feasible under 5 W"):
         node_pace("agx", "jetson-agx-orin", PowerLimit(5.0, 0.05), PaceRule(flops))
 

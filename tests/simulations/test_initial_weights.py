@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from fl_client import checkpoint, task
+from fl_client import checkpoint, data_splits, model_zoo, task
 from simulations.cli import main
 
 TWO = (
@@ -30,7 +30,7 @@ class _Evil:
 
 def _cnn_state(seed: int) -> dict[str, torch.Tensor]:
     torch.manual_seed(seed)
-    return task.build_model("cnn").state_dict()
+    return model_zoo.build_model("cnn").state_dict()
 
 
 def _bad_checkpoint(tmp_path: Path, kind: str) -> Path:
@@ -114,11 +114,11 @@ def test_a_run_starts_from_the_checkpoint_and_a_changed_one_recomputes_r(
     tmp_path: Path,
 ) -> None:
     (tmp_path / "two.toml").write_text(TWO)
-    splits = task.load_splits("digits", 7)
+    splits = data_splits.load_splits("digits", 7)
     # weights trained a little on the proxy: round 0's accuracy is theirs, not chance
     torch.manual_seed(0)
-    model = task.build_model("cnn")
-    task.train(model, splits.proxy_train, batch_size=32, lr=3e-3, epochs=3)
+    model = model_zoo.build_model("cnn")
+    task.train(model, splits.proxy_train, task.TrainOptions(batch_size=32, lr=3e-3, epochs=3))
     _, acc = task.evaluate(model, splits.test)
     assert acc > 0.5
     weights = tmp_path / "w.safetensors"
@@ -132,7 +132,9 @@ def test_a_run_starts_from_the_checkpoint_and_a_changed_one_recomputes_r(
     r_files = sorted((tmp_path / "cache" / "r").glob("r-*.json"))
     assert len(r_files) == 1
     # the same file changed after r was cached: its sha256 differs, r is estimated again
-    task.train(model, splits.proxy_train, batch_size=32, lr=3e-3, epochs=1, seed=1)
+    task.train(
+        model, splits.proxy_train, task.TrainOptions(batch_size=32, lr=3e-3, epochs=1, seed=1)
+    )
     checkpoint.save(model.state_dict(), weights)
     second = _simulate(tmp_path, weights, tmp_path / "runs2")
     assert second["settings"]["initial_weights_sha256"] == checkpoint.file_sha256(weights) != sha

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fl_client import checkpoint, task
+from fl_client import checkpoint, data_splits, model_zoo, task
 from simulations import pretrain
 from simulations.cli import main
 
@@ -40,9 +40,9 @@ def test_pretrain_writes_a_checkpoint_that_a_run_can_start_from(tmp_path: Path, 
     assert record["command"].startswith("powerfl ") and "--epochs 2" in record["command"]
     assert record["sha256"] == checkpoint.file_sha256(out)
     assert not pretrain.resume_path(out).exists()
-    model = task.build_model("cnn")
+    model = model_zoo.build_model("cnn")
     checkpoint.load_into(model, out)
-    _, acc = task.evaluate(model, task.load_splits("digits", 0).test)
+    _, acc = task.evaluate(model, data_splits.load_splits("digits", 0).test)
     assert acc == pytest.approx(record["accuracy"])
     assert acc > 0.5  # two epochs on 1,497 digits: far above chance (0.1)
     assert checkpoint.read_metadata(out)["accuracy"] == record["accuracy"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from fl_client import task
+from fl_client import model_zoo, task
 from simulations.cli import main
 from simulations.experiments.config import ExperimentConfigError, FileOptions
 from simulations.experiments.records import load_all
@@ -214,16 +214,16 @@ def test_missing_corpus_is_an_error_before_training(tmp_path, capsys):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("name", task.TEXT_MODEL_NAMES)
+@pytest.mark.parametrize("name", model_zoo.TEXT_MODEL_NAMES)
 def test_text_models_profile_like_image_models(name):
-    shape = task.input_shape_for(name)
+    shape = model_zoo.input_shape_for(name)
     assert shape == (64,)
-    model = task.build_model(name)
+    model = model_zoo.build_model(name)
     assert model(torch.zeros(2, *shape, dtype=torch.int64)).shape == (2, 96, 64)
     task.make_train_step(name, shape, 2, seed=0, device="cpu")()  # one step, random chars
-    assert task.train_flops_per_sample(name, shape) > 0
-    small = task.estimate_train_memory_bytes(model, shape, 4)
-    assert task.estimate_train_memory_bytes(model, shape, 64) > small > 0
+    assert model_zoo.train_flops_per_sample(name, shape) > 0
+    small = model_zoo.estimate_train_memory_bytes(model, shape, 4)
+    assert model_zoo.estimate_train_memory_bytes(model, shape, 64) > small > 0
 
 
 def _fake_fashion_mnist(root: Path, n_train: int = 300) -> None:

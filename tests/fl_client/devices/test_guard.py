@@ -14,8 +14,8 @@ from fl_client.devices.descriptors import load_device_spec
 from fl_client.devices.guard import CapGuard, guard_step
 from fl_client.devices.replay import ReplayDevice
 from fl_client.devices.simulated import SimulatedDevice, highest_feasible_freq_mhz, power_w
+from fl_client.model_zoo import train_flops_per_sample
 from fl_client.settings import REPO_ROOT
-from fl_client.task import train_flops_per_sample
 
 EXAMPLE = REPO_ROOT / "configs" / "replay" / "example-illustrative-jetson-nano-resnet18.csv"
 CNN = Workload("cnn", (3, 32, 32), train_flops_per_sample("cnn"))

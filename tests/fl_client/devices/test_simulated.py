@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from fl_client import task
+from fl_client import model_zoo
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,7 +38,7 @@ from fl_client.devices.simulated import (
 
 REPO = Path(__file__).resolve().parents[3]
 SHIPPED = REPO / "configs" / "devices"
-MODELS = task.MODEL_NAMES  # cnn, resnet18, mobilenetv2
+MODELS = model_zoo.MODEL_NAMES  # cnn, resnet18, mobilenetv2
 B_PAPER = (4, 8, 16, 32, 64, 128)
 NANO_TOML = (SHIPPED / "jetson-nano.toml").read_text()
 
@@ -52,7 +52,7 @@ def _shipped_descriptors(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="module")
 def flops() -> dict[str, float]:
     """Real fwd+bwd FLOPs per 3×32×32 sample of every model (torch's FLOP counter)."""
-    return {m: task.train_flops_per_sample(m) for m in MODELS}
+    return {m: model_zoo.train_flops_per_sample(m) for m in MODELS}
 
 
 @pytest.fixture(scope="module")
@@ -253,7 +253,7 @@ def test_energy_per_sample_is_avg_power_times_time(
 # The device
 # ---------------------------------------------------------------------------------------
 
-WORKLOAD = Workload("resnet18", task.IMAGE_SHAPE, 3.33e9)
+WORKLOAD = Workload("resnet18", model_zoo.IMAGE_SHAPE, 3.33e9)
 
 
 def test_frequency_control_and_restore(nano: DeviceSpec) -> None:
@@ -353,16 +353,16 @@ def test_meter_follows_frequency_changes_and_rejects_bad_steps(nano: DeviceSpec)
     )
     with (
         pytest.raises(ValueError, match="flops-per-sample"),
-        dev.measure(Workload("cnn", task.IMAGE_SHAPE, 0.0)),
+        dev.measure(Workload("cnn", model_zoo.IMAGE_SHAPE, 0.0)),
     ):
         pass
 
 
 def test_the_model_really_trains_through_the_meter(nano: DeviceSpec) -> None:
     torch.manual_seed(0)
-    model = task.build_model("cnn")
+    model = model_zoo.build_model("cnn")
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    x, y = torch.randn(16, *task.IMAGE_SHAPE), torch.randint(0, 10, (16,))
+    x, y = torch.randn(16, *model_zoo.IMAGE_SHAPE), torch.randint(0, 10, (16,))
     losses: list[float] = []
 
     def step() -> None:
@@ -373,7 +373,7 @@ def test_the_model_really_trains_through_the_meter(nano: DeviceSpec) -> None:
         losses.append(loss.item())
 
     dev = SimulatedDevice(nano, seed=0)
-    workload = Workload("cnn", task.IMAGE_SHAPE, task.train_flops_per_sample("cnn"))
+    workload = Workload("cnn", model_zoo.IMAGE_SHAPE, model_zoo.train_flops_per_sample("cnn"))
     with dev.measure(workload) as meter:
         for _ in range(30):
             meter.step(16, step)
@@ -421,7 +421,7 @@ def test_the_twin_reports_the_window_its_real_board_would_need(
     assert (board.min_window_s, board.min_power_samples) == (0.5, 10)
     assert board.update_period_s == pytest.approx(0.0066)
     assert "0.5 s" in str(dev.describe()["board-sensor"])
-    cnn = Workload("cnn", task.IMAGE_SHAPE, flops["cnn"])
+    cnn = Workload("cnn", model_zoo.IMAGE_SHAPE, flops["cnn"])
     lut = profile(dev, cnn, [4, 128], lambda b: lambda: None, ProfileOptions(progress=False))
     assert (lut.power_samples == 3).all() and (lut.settled == 1).all()  # noiseless: 3 steps
     step_s = lut.window_s / 3
