@@ -55,6 +55,25 @@ def _value(settings: RunSettings, key: str) -> Any:
 def idle_settings(settings: RunSettings, methods: Sequence[str]) -> list[IdleSetting]:
     """The settings of ``settings`` away from their defaults that none of ``methods`` (the
     runs of one command) reads."""
+    return [*_round_plan_idle(settings, methods), *_tracking_idle(settings)]
+
+
+def _tracking_idle(settings: RunSettings) -> list[IdleSetting]:
+    """``tracking-uri`` without tracking: nothing logs there."""
+    if settings.tracking != "none" or not settings.tracking_uri:
+        return []
+    return [
+        IdleSetting(
+            "tracking-uri",
+            settings.tracking_uri,
+            'tracking = "none" logs nowhere',
+            'set tracking = "mlflow" or leave tracking-uri out',
+        )
+    ]
+
+
+def _round_plan_idle(settings: RunSettings, methods: Sequence[str]) -> list[IdleSetting]:
+    """The round plan's settings (``BALANCE_KEYS``, ``balance``) that no method reads."""
     changed = [k for k in BALANCE_KEYS if _value(settings, k) != _default(k)]
     if settings.balance == "off":
         return [

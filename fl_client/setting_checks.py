@@ -9,6 +9,7 @@ Markdown of ``docs/configuration.md``'s "allowed" column. Free of Flower and PyT
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -175,6 +176,23 @@ class PathText(Check):
 
     def allowed(self) -> str:
         return "a path (a string)"
+
+
+@dataclass(frozen=True)
+class TrackingURI(Check):
+    """A tracking store's URI with its scheme (``sqlite:///runs/mlflow.db``,
+    ``http://host:5000``), or empty (the default store)."""
+
+    def parse(self, key: str, raw: object) -> str:
+        text = raw or ""
+        if not isinstance(text, str) or (
+            text.strip() and not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*:\S+", text.strip())
+        ):
+            raise SettingsError(f"{key}: expected {self.allowed()}, got {raw!r}")
+        return text.strip()
+
+    def allowed(self) -> str:
+        return "a URI with its scheme (`http://host:5000`, `sqlite:///path/mlflow.db`) or empty"
 
 
 @dataclass(frozen=True)

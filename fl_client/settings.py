@@ -188,9 +188,7 @@ def check_partitioner_keys(typed: Mapping[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class RunSettings:
-    """Validated run settings (``[tool.flwr.app.config]`` plus overrides): one field per
-    entry of ``fl_client.settings_table.RUN_SETTINGS``, in its order, where each key's
-    default, check and meaning are declared."""
+    """Validated run settings: one field per ``settings_table.RUN_SETTINGS`` entry, in order."""
 
     method: str
     fleet: str
@@ -241,6 +239,8 @@ class RunSettings:
     idle_accounting: str
     initial_weights: str
     proxy_dataset: str
+    tracking: str
+    tracking_uri: str
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:

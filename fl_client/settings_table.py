@@ -54,6 +54,7 @@ from fl_client.setting_checks import (
     Range,
     SafeName,
     Text,
+    TrackingURI,
 )
 
 Scope = Literal["run", "node", "run+node"]
@@ -65,6 +66,8 @@ ReadBy = Literal["server", "node", "both"]
 MODEL_NAMES = ("cnn", "resnet18", "mobilenetv2")
 #: ``partitioning``: Flower Datasets' partitioners a run can split its data with.
 PARTITIONINGS = ("iid", "dirichlet", "pathological")
+#: ``tracking``: where finished runs are logged besides their folders (``simulations.tracking``).
+TRACKERS = ("none", "mlflow")
 #: The shortest ``round-timeout-s`` taken as meant. Every node's first reply needs a fresh
 #: worker process to start, import the client app (PyTorch, Flower) and build the model
 #: before it can answer the QUERY round: the import alone took 16–22 s on this project's
@@ -339,6 +342,15 @@ RUN_SETTINGS: tuple[Setting, ...] = (
     Setting("proxy-dataset", str, "", DatasetName(optional=True), read_by="server", doc=
         "where the server's proxy set for r comes from (empty: the run's `dataset`), checked "
         "before any engine starts like `dataset`"),
+    Setting("tracking", str, "none", Choice(TRACKERS), read_by="server", doc=
+        "experiment tracking by `powerfl simulate` and the studies: `mlflow` logs each finished"
+        " run to MLflow (its settings as params, per-round metrics with step = round, per-node"
+        " totals, its folder's files as artifacts; `pip install 'powerfl[tracking]'`); a "
+        "tracking failure costs a warning, never the run ([Tracking runs in "
+        "MLflow](simulation.md#tracking-runs-in-mlflow))"),
+    Setting("tracking-uri", str, "", TrackingURI(), read_by="server", doc=
+        "where `tracking = \"mlflow\"` logs: an MLflow tracking server or store by URI; empty: "
+        "a local store in `output-dir` (`mlflow.db`, its files in `mlartifacts/`)"),
 )
 # fmt: on
 

@@ -28,6 +28,7 @@ from simulations.run import (
     stop_engine,
 )
 from simulations.superlink import RuntimeRunError
+from simulations.tracking import log_pictures
 
 
 def package_version() -> str:
@@ -343,6 +344,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for s in summaries:
         print(f"  {s['method']:<12} {s['run-dir']}")
     print_run_pictures(summaries)
+    log_pictures(settings, [s["run-dir"] for s in summaries if s.get("run-dir")])
     sys.stdout.flush()
     failed = [s["method"] for s in summaries if not any_node_trained(s)]
     if failed:

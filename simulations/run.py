@@ -38,6 +38,7 @@ from fl_client.settings import (
 from simulations.processes import descendants, terminate
 from simulations.runtime import MIN_FLOWER, flower_version
 from simulations.superlink import FLOWER_ENV
+from simulations.tracking import check_tracking, log_run
 
 if TYPE_CHECKING:
     from fl_client.partitions import SplitReport
@@ -77,6 +78,7 @@ def preflight(overrides: dict[str, Any]) -> tuple[RunSettings, list[NodeSettings
     settings = RunSettings.from_config(overrides)
     fleet = load_fleet(settings.fleet)
     check_before_start(settings, fleet)
+    check_tracking(settings)
     if settings.run_dir:
         check_run_records(resolve_path(settings.run_dir))
     return settings, fleet
@@ -181,6 +183,7 @@ def simulate(
             release_run_folder(resolve_path(settings.run_dir))
     if summary.get("run-dir"):
         split.save(Path(summary["run-dir"]))
+        log_run(settings, summary["run-dir"])  # tracking = "mlflow": never fails the run
     return summary
 
 

@@ -76,3 +76,15 @@ def test_balance_in_a_comparison_where_some_methods_plan_is_named_for_the_others
     line = check_effective(settings, ["power-aware", "b1", "b2"], typed=["balance"])
     assert line is not None
     assert 'balance = "steps": b1, b2 plans no round and runs without it' in line
+
+
+def test_a_tracking_uri_without_tracking_is_refused_typed_and_named_carried() -> None:
+    settings = RunSettings.from_config({"tracking-uri": "http://host:5000"})
+    with pytest.raises(SettingsError) as err:
+        check_effective(settings, ["power-aware"], typed=["tracking-uri"])
+    assert str(err.value).startswith("tracking-uri: 'http://host:5000' would take no effect")
+    assert 'set tracking = "mlflow"' in str(err.value)
+    line = check_effective(settings, ["power-aware"], typed=["num-rounds"])
+    assert line is not None and 'tracking-uri = "http://host:5000"' in line
+    tracked = RunSettings.from_config({"tracking": "mlflow", "tracking-uri": "http://host:5000"})
+    assert idle_settings(tracked, ["b1"]) == []

@@ -23,6 +23,7 @@ from fl_client.setting_checks import (
     PathText,
     Range,
     SafeName,
+    TrackingURI,
 )
 from fl_client.settings import RunSettings, node_entry_keys
 from fl_client.settings_table import (
@@ -125,6 +126,8 @@ def test_every_entry_says_who_reads_it_and_where_it_is_set() -> None:
         (OptionalNumber("a batch size ≥ 1", integer=True), ("8", 8), "8.0", "got '8.0'"),
         (OptionalNumber("a frequency > 0"), (921.6, 921.6), -1, "a frequency > 0 (0: not set)"),
         (PathText(), (" a/b ", "a/b"), 3, "expected a path (a string), got 3"),
+        (TrackingURI(), (" http://host:5000 ", "http://host:5000"), "runs/x", "got 'runs/x'"),
+        (TrackingURI(), ("", ""), "sqlite:///a b", "a URI with its scheme"),
     ],
 )
 def test_a_check_validates_and_names_the_key(
