@@ -74,7 +74,7 @@ def _hook() -> None:
 
     run_round = power_aware.aggregate_round
 
-    def observed(mode: str, base: Any, replies: Any, weight_key: str, server_round: int = 0):  # type: ignore[no-untyped-def]
+    def observed(mode: str, base: Any, replies: Any, weight_key: str, server_round: int = 0) -> Any:
         works = [aggregation.node_work(c) for c in replies]
         if base is not None and None not in works and len(set(works)) > 1:
             first = next(iter(replies[0].array_records.values()))
@@ -87,7 +87,7 @@ def _hook() -> None:
             ROWS[-1]["round"] = server_round
         return run_round(mode, base, replies, weight_key, server_round)
 
-    power_aware.aggregate_round = observed  # type: ignore[assignment]
+    power_aware.aggregate_round = observed
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
