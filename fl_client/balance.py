@@ -169,7 +169,8 @@ BALANCE_MODES: dict[str, Mode] = {
         reselect=_least_r,
     ),
     "steps": Mode(
-        doc="`steps`: its Eq. 4 cell with more local steps, as many whole minibatches as fit",
+        doc="`steps`: its Eq. 4 cell with more local steps, as many whole minibatches as fit, "
+        "at most `max-work-share` times its local work",
         label="balance = steps",
         work_share=_more_steps,
         report=_share_report,
