@@ -47,12 +47,13 @@ rate in ``local-steps`` and ``local-lr``):
 **Capped weights** (``capped_weights``, ``aggregation = "fedavg-capped"``). FedNova's rule
 extrapolates: a node whose work is below τ_eff has its update scaled up by τ_eff/‖a_i‖₁.
 That is right when Δ_i grows in proportion to the work; with Adam on non-IID data it does
-not. On a generated fleet (4 Nanos at 6 W, 2 AGX Orins at 55 W, ``balance = "steps"``) the
-Orins ran 5× the Nanos' work and their updates were only about 2× as long (‖Δ_i‖/‖a_i‖₁ of
-15–23 against 40–60), so FedNova scaled the Nanos' updates 2.2–2.5-fold, took steps 1.5–1.7×
-FedAvg's, and the accuracy swung by 10–20 points between rounds. The capped rule is FedAvg
+not. On a generated fleet (4 Nanos at 6 W, 2 AGX Orins at 55 W, ``balance = "steps"``,
+``benchmarks/bench_update_norms.py``) the Orins ran 5.75× the smallest work and their
+updates were only 1.6–2.1× as long (‖Δ‖ ∝ work^0.3), so FedNova scaled the shortest
+updates 2.3-fold, took steps 1.3–1.5× FedAvg's, and the accuracy swung by up to 13 points
+between rounds (docs/method.md, "Aggregation"). The capped rule is FedAvg
 with node i's weight p_i·min(1, τ_eff/‖a_i‖₁), normalised to sum 1: the new model is a
-weighted mean of the nodes' models (no update is scaled up); a node that did more than the
+weighted mean of the nodes' models (weights ≥ 0 that sum to 1: no update is extrapolated); a node that did more than the
 fleet's mean work counts as if it had done τ_eff, so extra work cannot pull the model
 toward its own optimum; equal work is FedAvg exactly.
 

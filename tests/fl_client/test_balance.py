@@ -128,6 +128,6 @@ def test_steps_runs_at_most_max_work_share_and_says_when_it_bounds() -> None:
     roomy = Slack(own, fastest, budget_s=8.0, work=1000, idle_power_w=math.nan, max_work_share=8)
     assert steps.work_share(roomy, own) == pytest.approx(4.0)
     assert steps.report(roomy, own) == {"work_share": pytest.approx(4.0), "work_share_capped": 0.0}
-    assert RunSettings.from_config({}).max_work_share == 8.0
+    assert RunSettings.from_config({}).max_work_share == 16.0
     with pytest.raises(SettingsError, match="max-work-share"):
         RunSettings.from_config({"max-work-share": 0.5})

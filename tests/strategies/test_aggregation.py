@@ -166,7 +166,7 @@ def _reply(x: float, samples: float, steps: float, bn: float = 0.0) -> RecordDic
     return RecordDict({"arrays": arrays, "metrics": MetricRecord(dict(metrics))})
 
 
-def test_fedavg_capped_never_scales_an_update_up_and_caps_extra_work() -> None:
+def test_fedavg_capped_is_a_weighted_mean_that_caps_extra_work() -> None:
     # equal data; works 1 and 3 (τ_eff = 2): the short node keeps its data weight, the long
     # one counts as if it had done 2 (weight 2/3 of its share), normalised: 0.6 and 0.4
     base = ArrayRecord({"w": Array(np.zeros(1)), "bn.running_mean": Array(np.zeros(1))})
