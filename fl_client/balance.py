@@ -25,7 +25,8 @@ class Slack:
 
     ``choice`` is its Eq. 4 cell, ``fastest`` its fastest feasible cell; ``budget_s`` the
     round's deadline less its reserve (``deadline-margin``); ``work`` the round's training
-    samples × its time calibration; ``idle_power_w`` its board's idle power (NaN: unknown).
+    samples × its time calibration; ``idle_power_w`` its board's idle power (NaN: unknown);
+    ``max_work_share`` the most of its local work it may run (``max-work-share``).
     """
 
     choice: Selection
@@ -33,6 +34,7 @@ class Slack:
     budget_s: float
     work: float
     idle_power_w: float
+    max_work_share: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,9 @@ class Mode:
         (``Slack``, the cell it runs) → the share of its local work it runs (default 1).
     report : callable
         (``Slack``, the cell it runs) → ``TrainReport`` fields the mode adds.
+    reads : tuple of str
+        The run settings only this mode reads (a run with another mode refuses or warns
+        about them: ``fl_client.effective``).
     """
 
     doc: str
@@ -81,6 +86,7 @@ class Mode:
     reselect: Callable[[Slack], Reselect] | None = None
     work_share: Callable[[Slack, Selection], float] = _all_of_it
     report: Callable[[Slack, Selection], Mapping[str, float]] = _nothing
+    reads: tuple[str, ...] = ()
 
 
 #: A local time counts as over its deadline only beyond this share of it, whatever the
@@ -119,10 +125,23 @@ def _least_r(slack: Slack) -> Reselect:
     return Reselect({"time_weight": 0.0})
 
 
-def _more_steps(slack: Slack, chosen: Selection) -> float:
-    """Whole extra work that still fits the budget."""
+def _fitting_share(slack: Slack, chosen: Selection) -> float:
+    """The share of its local work that fits the budget at ``chosen`` (at least 1)."""
     at_choice = chosen.time_per_sample_s * slack.work
     return max(1.0, slack.budget_s / at_choice) if at_choice > 0 else 1.0
+
+
+def _more_steps(slack: Slack, chosen: Selection) -> float:
+    """Extra work that still fits the budget, at most ``max_work_share`` of it."""
+    return min(_fitting_share(slack, chosen), slack.max_work_share)
+
+
+def _share_report(slack: Slack, chosen: Selection) -> Mapping[str, float]:
+    fits = _fitting_share(slack, chosen)
+    return {
+        "work_share": min(fits, slack.max_work_share),
+        "work_share_capped": float(fits > slack.max_work_share),
+    }
 
 
 def _least_energy_at_own_b(slack: Slack) -> Reselect:
@@ -150,9 +169,12 @@ BALANCE_MODES: dict[str, Mode] = {
         reselect=_least_r,
     ),
     "steps": Mode(
-        doc="`steps`: its Eq. 4 cell with more local steps, as many whole minibatches as fit",
+        doc="`steps`: its Eq. 4 cell with more local steps, as many whole minibatches as fit, "
+        "at most `max-work-share` times its local work",
         label="balance = steps",
         work_share=_more_steps,
+        report=_share_report,
+        reads=("max-work-share",),
     ),
     "energy": Mode(
         doc="`energy`: at its own b* (so its updates are those of `off`), the frequency of "

@@ -437,6 +437,9 @@ class TrainReport:
     # with ``balance = "energy"`` what its cell is predicted to save
     fastest_time_s: float | None = None
     predicted_energy_saved_j: float | None = None
+    # ... with ``steps``: the share of its local work it ran; 1 when max-work-share bound it
+    work_share: float | None = None
+    work_share_capped: float | None = None
     deadline_s: float | None = None
     slack_s: float | None = None
     deadline_miss: float | None = None

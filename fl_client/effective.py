@@ -18,6 +18,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fl_client.balance import BALANCE_MODES
 from fl_client.settings import DEPRECATED_KEYS, RunSettings, SettingsError
 from fl_client.settings_table import RUN
 
@@ -48,6 +49,11 @@ def _default(key: str) -> Any:
     return RUN[key].value
 
 
+def _reader(key: str) -> str:
+    """The ``balance`` mode that reads ``key`` (one of its ``Mode.reads``)."""
+    return next(name for name, m in BALANCE_MODES.items() if key in m.reads)
+
+
 def _value(settings: RunSettings, key: str) -> Any:
     return getattr(settings, key.replace("-", "_"))
 
@@ -75,6 +81,21 @@ def _tracking_idle(settings: RunSettings) -> list[IdleSetting]:
 def _round_plan_idle(settings: RunSettings, methods: Sequence[str]) -> list[IdleSetting]:
     """The round plan's settings (``BALANCE_KEYS``, ``balance``) that no method reads."""
     changed = [k for k in BALANCE_KEYS if _value(settings, k) != _default(k)]
+    own = BALANCE_MODES[settings.balance].reads
+    other = [k for m in BALANCE_MODES.values() for k in m.reads if k not in own]
+    if settings.balance != "off" and any(m in PLANNING_METHODS for m in methods):
+        return [
+            IdleSetting(
+                k,
+                _value(settings, k),
+                f'only balance = "{_reader(k)}" reads it, and this run has balance = '
+                f'"{settings.balance}"',
+                f"leave {k} out",
+            )
+            for k in dict.fromkeys(other)
+            if _value(settings, k) != _default(k)
+        ]
+    changed += [k for k in dict.fromkeys(other) if _value(settings, k) != _default(k)]
     if settings.balance == "off":
         return [
             IdleSetting(

@@ -450,7 +450,7 @@ def _balance(ctx: NodeContext, device: Device, plan: NodeRoundState, samples: in
         plan.choice, plan.work_share = pace, s.straggler_work
     else:
         budget_s = cfg.deadline_s * (1.0 - s.deadline_margin)
-        slack = Slack(plan.choice, fastest, budget_s, work, idle_power_w(device))
+        slack = Slack(plan.choice, fastest, budget_s, work, idle_power_w(device), s.max_work_share)
         if mode.reselect is not None:
             ask = mode.reselect(slack)
             objective = ctx.objective.but(**ask.changes)

@@ -215,6 +215,7 @@ class RunSettings:
     fixed_freq_mhz: float | None
     balance: str
     straggler_work: float
+    max_work_share: float
     round_deadline_s: float
     critical_r_weight: float
     deadline_margin: float

@@ -247,6 +247,10 @@ RUN_SETTINGS: tuple[Setting, ...] = (
             read_by="node", doc=
         "the share of its local work the node that sets the pace runs, with `balance` on (1: "
         "all of it)"),
+    Setting("max-work-share", float, 16.0, Range(1.0, math.inf), read_by="node", doc=
+        "with `balance = \"steps\"`: the most a node with slack runs of its local work (16: up "
+        "to 16 times it, however long the deadline); the round's warnings name the nodes it "
+        "bounds"),
     Setting("round-deadline-s", float, 0.0, Range(0.0, math.inf), read_by="server", doc=
         "a fixed round deadline in seconds of local training time, with `balance` on; 0: the "
         "critical node's best predicted round time (`pacing-deadline-s` is its deprecated "
@@ -323,11 +327,15 @@ RUN_SETTINGS: tuple[Setting, ...] = (
         "the run's nodes are the fleet file's (Flower's partition *i* is fleet node *i*), so "
         "the server names a node that failed by its fleet entry; `powerfl simulate --engine "
         "runtime` sets it (the in-process engine hands the fleet to the server itself)"),
-    Setting("aggregation", str, "fedavg", Choice(("fedavg", "fednova")), read_by="server", doc=
+    Setting("aggregation", str, "fedavg", Choice(("fedavg", "fednova", "fedavg-capped")),
+            read_by="server", doc=
         "how the server combines the nodes' arrays each round: `fedavg` (weighted by local "
-        "samples) or `fednova` (FedNova's normalised averaging: each node's update divided by"
-        " its local work, `local-steps` × `local-lr`, then scaled by the fleet's mean work; "
-        "FedAvg exactly when every node did equal work) "
+        "samples), `fednova` (FedNova's normalised averaging: each node's update divided by"
+        " its local work, `local-steps` × `local-lr`, then scaled by the fleet's mean work) "
+        "or `fedavg-capped` (FedAvg with the weight of a node that did more than the "
+        "fleet's mean work scaled down to that mean: the new model is a weighted mean of the "
+        "nodes' models, no update extrapolated); the last two "
+        "are FedAvg exactly when every node did equal work "
         "([Aggregation](method.md#aggregation))"),
     Setting("idle-accounting", str, "on", Choice(("on", "off")), read_by="server", doc=
         "`on`: the headline fleet energy (`fleet-energy-j`, `fleet-energy-to-target-j`, the "

@@ -10,6 +10,10 @@
   work is FedAvg exactly (Flower's code, the same floats). A round in which a node did not
   report its work (an older node), or whose global arrays are unknown, is aggregated with
   FedAvg, and the returned warning says so.
+* ``fedavg-capped``: FedAvg with each node's data weight times min(1, τ_eff/work)
+  (``fednova.capped_weights``), for every floating array: the new model is a weighted mean
+  of the nodes' models, and extra work cannot pull it toward one node's optimum. Equal
+  work, or a node that reported none, is FedAvg as above.
 """
 
 from __future__ import annotations
@@ -85,11 +89,14 @@ def aggregate_round(
             if lacking
             else "the round's global arrays are unknown"
         )
-        warning = f"aggregation: fednova: {why}; round {server_round} aggregated with FedAvg"
+        warning = f"aggregation: {mode}: {why}; round {server_round} aggregated with FedAvg"
         return aggregate_arrayrecords(list(replies), weight_key), warning
     if len(set(works)) == 1:  # equal work: FedNova is FedAvg
         return aggregate_arrayrecords(list(replies), weight_key), None
     weights = [_metric(c, weight_key) or 0.0 for c in replies]
+    if mode == "fedavg-capped":
+        capped = fednova.capped_weights(weights, [w for w in works if w is not None])
+        return _weighted_mean(replies, capped, weights), None
     names = list(base.keys())
     base_np = [base[k].numpy() for k in names]
     local = [[_arrays(c)[k].numpy() for k in names] for c in replies]
@@ -109,3 +116,18 @@ def aggregate_round(
     for i, value in zip(rest, avg, strict=True):
         new[names[i]] = value
     return ArrayRecord({k: Array(np.asarray(new[k])) for k in names}), None
+
+
+def _weighted_mean(
+    replies: Sequence[RecordDict], weights: Sequence[float], data_weights: Sequence[float]
+) -> ArrayRecord:
+    """Each iterate array the ``weights``-mean of the replies' arrays; the rest (BatchNorm's
+    statistics, integer arrays) their ``data_weights``-mean, as FedAvg."""
+    local = [_arrays(c) for c in replies]
+    names = list(local[0].keys())
+    out: dict[str, Array] = {}
+    for name in names:
+        values = [[arrays[name].numpy()] for arrays in local]
+        w = weights if is_iterate(name, values[0][0]) else data_weights
+        out[name] = Array(np.asarray(fednova.fedavg(values, w)[0]))
+    return ArrayRecord(out)

@@ -44,6 +44,19 @@ rate in ``local-steps`` and ``local-lr``):
   per coordinate whatever the gradient's size, so Δ_i grows with τ_i·η_i as the
   normalisation assumes.)
 
+**Capped weights** (``capped_weights``, ``aggregation = "fedavg-capped"``). FedNova's rule
+extrapolates: a node whose work is below τ_eff has its update scaled up by τ_eff/‖a_i‖₁.
+That is right when Δ_i grows in proportion to the work; with Adam on non-IID data it does
+not. On a generated fleet (4 Nanos at 6 W, 2 AGX Orins at 55 W, ``balance = "steps"``,
+``benchmarks/bench_update_norms.py``) the Orins ran 5.75× the smallest work and their
+updates were only 1.6–2.1× as long (‖Δ‖ ∝ work^0.3), so FedNova scaled the shortest
+updates 2.3-fold, took steps 1.3–1.5× FedAvg's, and the accuracy swung by up to 14 points
+between rounds (docs/method.md, "Aggregation"). The capped rule is FedAvg with node i's
+weight p_i·min(1, τ_eff/‖a_i‖₁), normalised to sum 1: the new model is a weighted mean of
+the nodes' models (weights ≥ 0 that sum to 1: no update is extrapolated); a node that did
+more than the fleet's mean work counts as if it had done τ_eff, so extra work cannot pull
+the model toward its own optimum; equal work is FedAvg exactly.
+
 Arrays that are not iterates of the optimiser (BatchNorm's running statistics and step
 counter, integer arrays) have no gradient-step update to normalise: ``aggregation``
 averages them as FedAvg does.
@@ -103,6 +116,22 @@ def fedavg(updated: Sequence[Arrays], weights: Sequence[float]) -> list[npt.NDAr
             acc = np.rint(acc)  # a counter stays a whole number
         out.append(acc.astype(first.dtype, copy=False))
     return out
+
+
+def capped_weights(weights: Sequence[float], works: Sequence[float]) -> list[float]:
+    """FedAvg's weights with the work capped at the fleet's mean (``aggregation =
+    "fedavg-capped"``, see the module docstring): p_i·min(1, τ_eff/‖a_i‖₁), normalised to
+    sum 1, where τ_eff = Σ p_i ‖a_i‖₁.
+
+    Raises ValueError for a work that is not a finite number > 0.
+    """
+    p = _weights(weights, len(works))
+    a = np.asarray(works, dtype=np.float64)
+    if not (np.all(np.isfinite(a)) and np.all(a > 0)):
+        raise ValueError(f"works: every node's work must be a finite number > 0, got {a}")
+    tau_eff = float(np.dot(p, a))
+    w = p * np.minimum(1.0, tau_eff / a)
+    return (w / w.sum()).tolist()
 
 
 def fednova(

@@ -224,6 +224,8 @@ class RoundPlanner:
     calibration: dict[int, float] = field(default_factory=dict, init=False)
     _last: dict[int, TrainReport] = field(default_factory=dict, init=False)  # node -> report
     _measured_s: dict[int, float] = field(default_factory=dict, init=False)  # node -> a miss
+    _capped: set[int] = field(default_factory=set, init=False)  # bounded by max-work-share
+    _capped_named: set[int] = field(default_factory=set, init=False)  # ... and warned about
 
     @property
     def deadline_s(self) -> float | None:
@@ -293,7 +295,9 @@ class RoundPlanner:
 
     def observe(self, node_id: int, report: TrainReport) -> None:
         """Keep the node's report and calibration (measured / LUT-predicted time of its
-        round) for the next plan."""
+        round) for the next plan, and whether ``max-work-share`` bounded its work."""
+        if report.work_share_capped:
+            self._capped.add(node_id)
         predicted = report.predicted_time_s
         if predicted is not None and predicted > 0 and report.train_time_s > 0:
             self.calibration[node_id] = report.train_time_s / predicted
@@ -310,6 +314,14 @@ class RoundPlanner:
         warnings, late, entry = round_record(
             plan, self.settings, server_round, measured_time_s, names
         )
+        first = sorted(names.get(n, str(n)) for n in self._capped - self._capped_named)
+        if first:  # once per node and run
+            warnings.append(
+                f"max-work-share: {', '.join(first)} ran the most extra work it allows in "
+                f"round {server_round}; the deadline left room for more"
+            )
+            self._capped_named |= self._capped
+        self._capped.clear()
         self._measured_s.update(late)
         self.log.append(entry)
         return warnings

@@ -117,3 +117,18 @@ def test_energy_saved_counts_the_idle_wait_the_fastest_cell_would_have_had() -> 
     assert energy_saved_j(fastest, slow, 1000, 2.0) == pytest.approx(1.0)
     # an unknown idle power counts 0: the slower cell then costs 1 J more
     assert energy_saved_j(fastest, slow, 1000, math.nan) == pytest.approx(-1.0)
+
+
+def test_steps_runs_at_most_max_work_share_and_says_when_it_bounds() -> None:
+    own, fastest = _cell(2.0, 6.0, b=64), _cell(1.0, 5.0)
+    steps = BALANCE_MODES["steps"]
+    # the deadline leaves room for 4 times the work; a bound of 3 takes 3 and says so
+    bounded = Slack(own, fastest, budget_s=8.0, work=1000, idle_power_w=math.nan, max_work_share=3)
+    assert steps.work_share(bounded, own) == pytest.approx(3.0)
+    assert steps.report(bounded, own) == {"work_share": 3.0, "work_share_capped": 1.0}
+    roomy = Slack(own, fastest, budget_s=8.0, work=1000, idle_power_w=math.nan, max_work_share=8)
+    assert steps.work_share(roomy, own) == pytest.approx(4.0)
+    assert steps.report(roomy, own) == {"work_share": pytest.approx(4.0), "work_share_capped": 0.0}
+    assert RunSettings.from_config({}).max_work_share == 16.0
+    with pytest.raises(SettingsError, match="max-work-share"):
+        RunSettings.from_config({"max-work-share": 0.5})

@@ -88,3 +88,17 @@ def test_a_tracking_uri_without_tracking_is_refused_typed_and_named_carried() ->
     assert line is not None and 'tracking-uri = "http://host:5000"' in line
     tracked = RunSettings.from_config({"tracking": "mlflow", "tracking-uri": "http://host:5000"})
     assert idle_settings(tracked, ["b1"]) == []
+
+
+def test_a_key_only_another_balance_mode_reads_is_refused_naming_its_mode() -> None:
+    settings = RunSettings.from_config({"balance": "energy", "max-work-share": 2.0})
+    with pytest.raises(SettingsError) as err:
+        check_effective(settings, ["power-aware"], typed=["balance", "max-work-share"])
+    text = str(err.value)
+    assert text.startswith("max-work-share: 2.0 would take no effect")
+    assert 'only balance = "steps" reads it' in text and 'balance = "energy"' in text
+    steps = RunSettings.from_config({"balance": "steps", "max-work-share": 2.0})
+    assert check_effective(steps, ["power-aware"], typed=["balance", "max-work-share"]) is None
+    off = RunSettings.from_config({"max-work-share": 2.0})
+    with pytest.raises(SettingsError, match='balance = "off" plans no round'):
+        check_effective(off, ["power-aware"], typed=["max-work-share"])

@@ -156,3 +156,47 @@ def test_an_unknown_aggregation_is_refused_before_start_naming_the_key() -> None
         RunSettings.from_config({"aggregation": "nova"})
     assert RunSettings.from_config({}).aggregation == "fedavg"
     assert RunSettings.from_config({"aggregation": "fednova"}).aggregation == "fednova"
+
+
+def _reply(x: float, samples: float, steps: float, bn: float = 0.0) -> RecordDict:
+    metrics = report(11, num_examples=samples, local_steps=steps, local_lr=0.1).to_metrics()
+    arrays = ArrayRecord(
+        {"w": Array(np.array([x], dtype=np.float64)), "bn.running_mean": Array(np.array([bn]))}
+    )
+    return RecordDict({"arrays": arrays, "metrics": MetricRecord(dict(metrics))})
+
+
+def test_fedavg_capped_is_a_weighted_mean_that_caps_extra_work() -> None:
+    # equal data; works 1 and 3 (τ_eff = 2): the short node keeps its data weight, the long
+    # one counts as if it had done 2 (weight 2/3 of its share), normalised: 0.6 and 0.4
+    base = ArrayRecord({"w": Array(np.zeros(1)), "bn.running_mean": Array(np.zeros(1))})
+    replies = [_reply(1.0, 10.0, 1.0, bn=1.0), _reply(10.0, 10.0, 3.0, bn=3.0)]
+    capped, warning = aggregate_round("fedavg-capped", base, replies, "num-examples")
+    nova, _ = aggregate_round("fednova", base, replies, "num-examples")
+    avg, _ = aggregate_round("fedavg", base, replies, "num-examples")
+    assert warning is None
+    assert capped["w"].numpy()[0] == pytest.approx(0.6 * 1.0 + 0.4 * 10.0)
+    assert capped["bn.running_mean"].numpy()[0] == pytest.approx(2.0)  # data weights, as FedAvg
+    assert avg["w"].numpy()[0] == pytest.approx(5.5)
+    # FedNova scales the short node's update up (1 → 2/1 of it): a point no node reached
+    assert nova["w"].numpy()[0] == pytest.approx(2 * (0.5 * 1.0 + 0.5 * 10.0 / 3.0))
+    # the capped model lies between the nodes' models (a weighted mean)
+    assert 1.0 <= capped["w"].numpy()[0] <= 10.0
+
+
+def test_fedavg_capped_with_equal_work_is_flowers_fedavg_exactly() -> None:
+    base = ArrayRecord({"w": Array(np.zeros(1)), "bn.running_mean": Array(np.zeros(1))})
+    replies = [_reply(1.0, 10.0, 2.0), _reply(4.0, 30.0, 2.0)]
+    capped, _ = aggregate_round("fedavg-capped", base, replies, "num-examples")
+    avg, _ = aggregate_round("fedavg", base, replies, "num-examples")
+    np.testing.assert_array_equal(capped["w"].numpy(), avg["w"].numpy())
+
+
+def test_fedavg_capped_through_the_strategy_stays_near_the_optimum() -> None:
+    capped, warnings = _rounds("fedavg-capped", quad.ROUNDS)
+    assert not warnings
+    x = capped["x"].numpy()
+    gap_capped = float(np.linalg.norm(x - quad.global_optimum()))
+    avg, _ = _rounds("fedavg", quad.ROUNDS)
+    gap_avg = float(np.linalg.norm(avg["x"].numpy() - quad.global_optimum()))
+    assert gap_capped < gap_avg  # extra work pulls it less toward one node's optimum

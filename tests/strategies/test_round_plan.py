@@ -318,3 +318,25 @@ def test_a_node_failing_mid_round_does_not_stall_the_plan() -> None:
     # the next plan goes on from what it knows (the crashed node's last report still counts)
     third = _configs(strategy, grid, 3)
     assert set(third) == {11, 12, 13} and third[12].critical
+
+
+def test_a_node_bounded_by_max_work_share_is_named_once_per_run() -> None:
+    planner = RoundPlanner(PlanSettings("steps"), local_epochs=2)
+    lut_of = {1: _lut()}.get
+    planner.begin(1, [1, 2], _Fleet(), lut_of)
+    planner.observe(1, report(11, num_examples=10.0, train_time_s=18.0, predicted_time_s=15.0))
+    planner.observe(2, report(12, num_examples=10.0, fastest_time_s=4.0))
+    for rnd in (2, 3):
+        assert planner.begin(rnd, [1, 2], _Fleet(), lut_of) is not None
+        planner.observe(1, report(11, num_examples=10.0, train_time_s=30.0))
+        capped = report(12, num_examples=10.0, work_share=8.0, work_share_capped=1.0)
+        planner.observe(2, capped)
+        warnings = planner.record(rnd, {1: 30.0, 2: 3.0}, {1: "a", 2: "b"})
+        named = [w for w in warnings if w.startswith("max-work-share")]
+        if rnd == 2:
+            assert named == [
+                "max-work-share: b ran the most extra work it allows in round 2; the "
+                "deadline left room for more"
+            ]
+        else:
+            assert named == []
