@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fl_client.argparse_once import OnceParser
-from fl_client.effective import check_effective
+from fl_client.effective import check_effective, named_by_caller
 from fl_client.settings import (
     SettingsError,
     check_partitioner_keys,
@@ -338,14 +338,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for method in methods:
         _progress.start(method)
         try:
-            summary = simulate(
-                {**overrides, "method": method},
-                backend=args.backend,
-                num_cpus_per_node=args.num_cpus,
-                num_gpus_per_node=args.num_gpus,
-                engine=engine,
-                ray_address=args.ray_address,
-            )
+            with named_by_caller():  # the warning above is said once, not once more per run
+                summary = simulate(
+                    {**overrides, "method": method},
+                    backend=args.backend,
+                    num_cpus_per_node=args.num_cpus,
+                    num_gpus_per_node=args.num_gpus,
+                    engine=engine,
+                    ray_address=args.ray_address,
+                )
         except RuntimeRunError as err:  # the run's status and its log's tail, no traceback
             print(f"powerfl: error: {method}: {err}", file=sys.stderr, flush=True)
             return 1
