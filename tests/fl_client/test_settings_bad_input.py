@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ def _takes_inf(setting: Setting) -> bool:
     return bool(getattr(setting.check, "inf_ok", False))
 
 
-def _cases(settings: list[Setting], values: dict[str, object]) -> list[object]:
+def _cases(settings: list[Setting], values: Mapping[str, object]) -> list[object]:
     return [
         pytest.param(s, value, id=f"{s.key}={label}")
         for s in settings
