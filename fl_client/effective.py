@@ -14,7 +14,9 @@ No PyTorch, no Flower: the CLI checks before any engine starts, the server at it
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import contextlib
+import os
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +29,9 @@ from fl_client.settings_table import RUN
 PLANNING_METHODS = ("power-aware", "oracle")
 #: The round plan's own settings: read only when ``balance`` is not ``off``.
 BALANCE_KEYS = ("straggler-work", "round-deadline-s", "critical-r-weight", "deadline-margin")
+#: Set while a command that has named the settings without effect runs its runs (their
+#: servers, in this process or started from it, inherit it): they do not name them again.
+NAMED_ENV = "POWERFL_IDLE_SETTINGS_NAMED"
 
 
 @dataclass(frozen=True)
@@ -149,3 +154,23 @@ def check_effective(
     if not parts:
         return None
     return "settings that take no effect in this run: " + "; ".join(parts)
+
+
+@contextlib.contextmanager
+def named_by_caller() -> Iterator[None]:
+    """Inside the block, the runs' servers leave the warning line of ``check_effective`` to
+    the command that started them (``powerfl simulate`` said it once, before its runs)."""
+    before = os.environ.get(NAMED_ENV)
+    os.environ[NAMED_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(NAMED_ENV, None)
+        else:
+            os.environ[NAMED_ENV] = before
+
+
+def named_by_caller_already() -> bool:
+    """Whether the command that started this run has named the idle settings already."""
+    return bool(os.environ.get(NAMED_ENV))

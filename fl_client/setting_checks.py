@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from fl_client.contract import Cap, SettingsError, parse_batch_sizes
 from fl_client.devices import DeviceOptions
@@ -253,7 +253,9 @@ class DatasetName(Check):
 
 @dataclass(frozen=True)
 class CapCheck(Check):
-    """A power cap (``Cap.parse``): watts > 0, or ``"none"``."""
+    """A power cap (``Cap.parse``): watts > 0, or ``"none"`` (also written ``inf``)."""
+
+    inf_ok: ClassVar[bool] = True  # inf is no cap, as for ``Number(inf_ok=True)``
 
     def parse(self, key: str, raw: object) -> Cap:
         return Cap.parse(raw, key)

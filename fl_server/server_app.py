@@ -16,7 +16,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fl_client import checkpoint, data_splits, model_zoo, task
 from fl_client.contract import TrainConfig
-from fl_client.effective import check_effective
+from fl_client.effective import check_effective, named_by_caller_already
 from fl_client.files import check_run_records
 from fl_client.r_estimation import estimate_run_r, round0_model
 from fl_client.settings import (
@@ -243,6 +243,8 @@ def settings_notes(settings: RunSettings, run_config: Mapping[str, Any]) -> list
     and what to write instead, and the settings that take no effect in this run (the run
     config is shared by runs, so a line, not a refusal: ``fl_client.effective``)."""
     notes = translate_deprecated(run_config, app_defaults())[1]
+    if named_by_caller_already():  # powerfl simulate said it once, before its runs
+        return notes
     idle = check_effective(settings, [settings.method])
     return notes if idle is None else [*notes, idle]
 

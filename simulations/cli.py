@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fl_client.argparse_once import OnceParser
-from fl_client.effective import check_effective
+from fl_client.effective import check_effective, named_by_caller
 from fl_client.preflight import check_writable_dir
 from fl_client.settings import SettingsError, check_partitioner_keys, key_values, with_app_paths
 from simulations.run import (
@@ -178,6 +179,14 @@ class SimulateProgress:
             self.finished.append((self.method, run_dir))
         self.method = None
 
+    def drop_empty_run_dirs(self) -> None:
+        """Remove the current method's run folders that hold nothing (stopped before its
+        first record), once its engine has stopped."""
+        for folder in self.run_dirs():
+            with contextlib.suppress(OSError):
+                if not any(folder.iterdir()):
+                    folder.rmdir()
+
     def run_dirs(self) -> list[Path]:
         """Folders the current method's run created since it started."""
         if self.method is None:
@@ -325,14 +334,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for method in methods:
         _progress.start(method)
         try:
-            summary = simulate(
-                {**overrides, "method": method},
-                backend=args.backend,
-                num_cpus_per_node=args.num_cpus,
-                num_gpus_per_node=args.num_gpus,
-                engine=engine,
-                ray_address=args.ray_address,
-            )
+            with named_by_caller():  # the warning above is said once, not once more per run
+                summary = simulate(
+                    {**overrides, "method": method},
+                    backend=args.backend,
+                    num_cpus_per_node=args.num_cpus,
+                    num_gpus_per_node=args.num_gpus,
+                    engine=engine,
+                    ray_address=args.ray_address,
+                )
         except RuntimeRunError as err:  # the run's status and its log's tail, no traceback
             print(f"powerfl: error: {method}: {err}", file=sys.stderr, flush=True)
             return 1
@@ -538,14 +548,19 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(argv).parse_args(argv)
+    try:
+        args = build_parser(argv).parse_args(argv)
+    except KeyboardInterrupt:  # while the commands load: nothing has started
+        print("powerfl: interrupted before the command started; nothing written", file=sys.stderr)
+        return 130
     if args.command not in INTERRUPTIBLE or getattr(args, "experiment_command", "") == "report":
         return _run(args)
-    try:
-        with interruptible():
+    # the clean-up runs inside: a second signal ends it at once, with the same line
+    with interruptible(lambda signum: stopped_line(signum, args)):
+        try:
             return _run(args)
-    except RunInterrupted as intr:
-        exit_interrupted(intr, args)
+        except RunInterrupted as intr:
+            exit_interrupted(intr, args)
 
 
 def exit_interrupted(intr: RunInterrupted, args: argparse.Namespace) -> NoReturn:
@@ -553,12 +568,20 @@ def exit_interrupted(intr: RunInterrupted, args: argparse.Namespace) -> NoReturn
     the process with 128 + the signal's number. ``os._exit``: the run's own threads (the
     ServerApp's, which Flower does not make a daemon) must not keep the process alive."""
     stop_engine()  # the signal handler has set fl_server.results.RUN_STOPPED
-    print(interrupted_line(intr, args), file=sys.stderr, flush=True)
+    print(stopped_line(intr.signum, args), file=sys.stderr, flush=True)
     sys.stdout.flush()
     from fl_client.devices import safety  # a GPU locked in this process: the run is over
 
     safety.restore_all()
     os._exit(intr.exit_code)
+
+
+def stopped_line(signum: int, args: argparse.Namespace) -> str:
+    """Once the engine has stopped: the current method's run folders that hold nothing go
+    (stopped before its first record), and the line that says what stopped."""
+    if _progress is not None:
+        _progress.drop_empty_run_dirs()
+    return interrupted_line(RunInterrupted(signum), args)
 
 
 def interrupted_line(intr: RunInterrupted, args: argparse.Namespace) -> str:

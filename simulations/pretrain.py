@@ -134,64 +134,26 @@ def pretrain(
         )
     if history:
         bar.report(f"resuming after epoch {len(history)} of {budget} from {resume}")
-    n = len(x_train)
     with bar.running():
         while len(history) < budget and not _reached(history, settings):
             epoch = len(history) + 1
-            bar.start(f"epoch {epoch}/{budget}", f"{n} images")
+            bar.start(f"epoch {epoch}/{budget}", f"{len(x_train)} images")
             t0 = time.perf_counter()
-            gen = torch.Generator().manual_seed(settings.seed * 100_003 + epoch)
-            order = torch.randperm(n, generator=gen)
-            model.train()
-            losses = []
-            for start in range(0, n, settings.batch_size):
-                ids = order[start : start + settings.batch_size]
-                xb, yb = x_train[ids].to(device), y_train[ids].to(device)
-                losses.append(task.train_step(model, optimizer, xb, yb))
+            train_loss = _train_epoch(model, optimizer, (x_train, y_train), settings, epoch)
             loss, acc = task.evaluate(model, test_set)
             elapsed_s += time.perf_counter() - t0
             history.append(
                 {
                     "epoch": epoch,
-                    "train-loss": float(sum(losses) / len(losses)),
+                    "train-loss": train_loss,
                     "test-loss": float(loss),
                     "test-accuracy": float(acc),
                 }
             )
-            torch.save(
-                {
-                    "settings": settings.trajectory(),
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "history": history,
-                    "elapsed-s": elapsed_s,
-                },
-                resume.with_name(resume.name + ".tmp"),
-            )
-            resume.with_name(resume.name + ".tmp").replace(resume)
-            bar.done(
-                f"epoch {epoch}: test accuracy {acc:.3f}, "
-                f"train loss {history[-1]['train-loss']:.3f}"
-            )
-    accuracy = history[-1]["test-accuracy"] if history else float("nan")
-    record: dict[str, Any] = {
-        "record-version": RECORD_VERSION,
-        "model": settings.model,
-        "dataset": settings.dataset,
-        "accuracy": accuracy,
-        "seed": settings.seed,
-        "epochs": len(history),
-        "target-accuracy": settings.target_accuracy,
-        "target-reached": None if settings.target_accuracy is None else _reached(history, settings),
-        "batch-size": settings.batch_size,
-        "lr": settings.lr,
-        "train-images": n,
-        "test-images": len(test_set),
-        "torch-device": str(device),
-        "train-time-s": round(elapsed_s, 3),
-        "history": history,
-        "command": shlex.join(command),
-    }
+            _save_resume(resume, settings, model, optimizer, history, elapsed_s)
+            bar.done(f"epoch {epoch}: test accuracy {acc:.3f}, train loss {train_loss:.3f}")
+    record = _record(settings, history, (len(x_train), len(test_set)), device, elapsed_s)
+    record["command"] = shlex.join(command)
     model.cpu()
     meta = {k: v for k, v in record.items() if k not in NOT_IN_CHECKPOINT}
     checkpoint.save(model.state_dict(), out, meta)
@@ -199,6 +161,79 @@ def pretrain(
     sidecar(out).write_text(json.dumps(record, indent=2) + "\n")
     resume.unlink(missing_ok=True)
     return record
+
+
+def _train_epoch(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: tuple[torch.Tensor, torch.Tensor],
+    settings: PretrainSettings,
+    epoch: int,
+) -> float:
+    """One epoch over ``data`` in the epoch's seeded order; its mean training loss."""
+    x_train, y_train = data
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(settings.seed * 100_003 + epoch)
+    order = torch.randperm(len(x_train), generator=gen)
+    model.train()
+    losses = []
+    for start in range(0, len(x_train), settings.batch_size):
+        ids = order[start : start + settings.batch_size]
+        xb, yb = x_train[ids].to(device), y_train[ids].to(device)
+        losses.append(task.train_step(model, optimizer, xb, yb))
+    return float(sum(losses) / len(losses))
+
+
+def _save_resume(
+    resume: Path,
+    settings: PretrainSettings,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    history: list[dict[str, float]],
+    elapsed_s: float,
+) -> None:
+    """The last finished epoch, through a temporary file and a rename: an interruption
+    leaves the previous epoch's file whole, and no temporary file."""
+    tmp = resume.with_name(resume.name + ".tmp")
+    try:
+        state = {
+            "settings": settings.trajectory(),
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "history": history,
+            "elapsed-s": elapsed_s,
+        }
+        torch.save(state, tmp)
+        tmp.replace(resume)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _record(
+    settings: PretrainSettings,
+    history: list[dict[str, float]],
+    images: tuple[int, int],
+    device: torch.device,
+    elapsed_s: float,
+) -> dict[str, Any]:
+    """The record of a finished pre-training (less its command and the file's sha256)."""
+    return {
+        "record-version": RECORD_VERSION,
+        "model": settings.model,
+        "dataset": settings.dataset,
+        "accuracy": history[-1]["test-accuracy"] if history else float("nan"),
+        "seed": settings.seed,
+        "epochs": len(history),
+        "target-accuracy": settings.target_accuracy,
+        "target-reached": None if settings.target_accuracy is None else _reached(history, settings),
+        "batch-size": settings.batch_size,
+        "lr": settings.lr,
+        "train-images": images[0],
+        "test-images": images[1],
+        "torch-device": str(device),
+        "train-time-s": round(elapsed_s, 3),
+        "history": history,
+    }
 
 
 def _reached(history: list[dict[str, float]], settings: PretrainSettings) -> bool:

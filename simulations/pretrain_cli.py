@@ -7,10 +7,13 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fl_client.preflight import check_writable_file
 from fl_client.settings import MODEL_NAMES, SettingsError
+
+if TYPE_CHECKING:
+    from simulations.run import RunInterrupted
 
 TORCH_DEVICES = ("auto", "cuda", "cpu")
 
@@ -96,7 +99,39 @@ def command_of(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
+    """Handler of ``powerfl pretrain``: 0 done, 1 target not reached, 128 + the signal's
+    number when a signal stopped it (one line: what is kept, how to go on)."""
     out = check_writable_file(Path(args.out).expanduser().absolute(), "--out")
+    from simulations.run import RunInterrupted, interruptible
+
+    try:
+        with interruptible():
+            return _pretrain(args, out)
+    except RunInterrupted as intr:
+        print(interrupted_line(intr, out), file=sys.stderr, flush=True)
+        return intr.exit_code
+
+
+def interrupted_line(intr: RunInterrupted, out: Path) -> str:
+    """What an interrupted pre-training kept and how to go on, in one line."""
+    name = intr.name
+    pretrain = sys.modules.get("simulations.pretrain")
+    resume_path = getattr(pretrain, "resume_path", None)
+    if resume_path is None:  # stopped while PyTorch loaded: nothing was touched
+        return f"powerfl pretrain: interrupted by {name} before training started; nothing written"
+    resume = resume_path(out)
+    if not resume.is_file():
+        return (
+            f"powerfl pretrain: interrupted by {name} before its first epoch finished; no "
+            "epoch to keep"
+        )
+    return (
+        f"powerfl pretrain: interrupted by {name}; its finished epochs are kept in {resume}: "
+        "run the same command again to go on from there"
+    )
+
+
+def _pretrain(args: argparse.Namespace, out: Path) -> int:
     from simulations import pretrain
     from simulations.experiments.units import resolve_torch_device
 

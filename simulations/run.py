@@ -20,7 +20,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -270,17 +270,34 @@ class RunInterrupted(KeyboardInterrupt):
 _handlers_lock = threading.Lock()
 _installed: dict[int, Any] = {}  # signal -> the handler found before ours
 _interrupted: list[int] = []
+#: ``interruptible(last_words=...)``: the line a second signal prints when it ends the
+#: process at once (the first one's clean-up cut short), once the engine is killed.
+_last_words: list[Callable[[int], str]] = []
+#: The real stderr while ``_quiet`` points file descriptor 2 at /dev/null.
+_real_stderr_fd: list[int] = []
 
 
 def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
     if _interrupted:  # a second signal while the first one's clean-up runs: end now
         kill_descendants(grace_s=0.0)
+        _say_last_words(_interrupted[0])
         os._exit(128 + signum)
     _interrupted.append(signum)
-    results = sys.modules.get("fl_server.results")
-    if results is not None:  # a ServerApp thread winding down writes no summary.json
-        results.RUN_STOPPED.set()
+    # A ServerApp thread winding down writes no summary.json. The module may be half
+    # imported (the signal came during its import, before it has the event): no ServerApp
+    # of this process runs then.
+    stopped = getattr(sys.modules.get("fl_server.results"), "RUN_STOPPED", None)
+    if stopped is not None:
+        stopped.set()
     raise RunInterrupted(signum)
+
+
+def _say_last_words(signum: int) -> None:
+    if not _last_words:
+        return
+    fd = _real_stderr_fd[-1] if _real_stderr_fd else 2
+    with contextlib.suppress(Exception):  # ending at once: a line that fails is no reason to stay
+        os.write(fd, (_last_words[-1](signum) + "\n").encode())
 
 
 def reinstall_handlers() -> None:
@@ -295,9 +312,11 @@ def reinstall_handlers() -> None:
 
 
 @contextlib.contextmanager
-def interruptible() -> Iterator[None]:
+def interruptible(last_words: Callable[[int], str] | None = None) -> Iterator[None]:
     """Inside the block, SIGINT, SIGTERM and SIGHUP raise ``RunInterrupted`` in the main
-    thread (once; a second signal ends the process at once, engine included).
+    thread (once; a second signal ends the process at once, engine included, after
+    printing ``last_words(first signal)`` when given: what was stopped, what is kept; it
+    may tidy up first, the engine being gone by then).
 
     A signal the process was told to ignore (``nohup``, a background job without job
     control) stays ignored. Outside the main thread this does nothing.
@@ -305,6 +324,8 @@ def interruptible() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    if last_words is not None:
+        _last_words.append(last_words)
     with _handlers_lock:
         for signum in STOP_SIGNALS:
             previous = signal.getsignal(signum)
@@ -320,6 +341,8 @@ def interruptible() -> Iterator[None]:
             for signum, previous in list(_installed.items()):
                 signal.signal(signum, previous)
                 del _installed[signum]
+        if last_words is not None:
+            _last_words.remove(last_words)
 
 
 def start_ray(init_args: dict[str, Any]) -> None:
@@ -367,6 +390,7 @@ def _quiet() -> Iterator[None]:
             stream.flush()
     saved = [os.dup(1), os.dup(2)]
     devnull = os.open(os.devnull, os.O_WRONLY)
+    _real_stderr_fd.append(saved[1])
     try:
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
@@ -377,6 +401,7 @@ def _quiet() -> Iterator[None]:
                 stream.flush()
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
+        _real_stderr_fd.remove(saved[1])
         for fd in (*saved, devnull):
             os.close(fd)
 

@@ -285,23 +285,20 @@ def run_in_runtime(
     check_flower()
     config = with_app_paths(overrides)
     settings = RunSettings.from_config(config)
-    num_nodes = opts.num_nodes
-    if num_nodes is None:
-        num_nodes = len(load_fleet(settings.fleet))
+    num_nodes = len(load_fleet(settings.fleet)) if opts.num_nodes is None else opts.num_nodes
+    resources = opts.resources or NodeResources()
     fed = federation_config(
-        num_nodes,
-        opts.resources or NodeResources(),
-        ray_address=opts.ray_address,
-        backend=opts.backend,
+        num_nodes, resources, ray_address=opts.ray_address, backend=opts.backend
     )
-    root = Path(tempfile.mkdtemp(prefix="powerfl-rt-", dir=opts.workdir))
-    run_dir, private_out = _claim_output(config, settings)
-    run_config = {k: config_value(k, v) for k, v in config.items() if v is not None}
-
+    root = Path(opts.workdir or tempfile.gettempdir()) / f"powerfl-rt-{secrets.token_hex(6)}"
+    run_dir = private_out = None
     link = LocalSuperLink(root, ray_address=opts.ray_address)
     stream: RunStream | None = None
     keep = True  # the private folder, for a run that failed
     try:
+        root.mkdir(mode=0o700, parents=True)  # in the try: a signal now leaves no folder
+        run_dir, private_out = _claim_output(config, settings)
+        run_config = {k: config_value(k, v) for k, v in config.items() if v is not None}
         app = stage_app(root / "app", run_config)
         run_config_file = root / "run-config.toml"
         with run_config_file.open("wb") as fh:
@@ -333,15 +330,17 @@ def run_in_runtime(
         keep = opts.keep_files
         raise
     finally:
-        if stream is not None:
-            stream.stop()
-        link.stop()
-        if not keep:
-            shutil.rmtree(root, ignore_errors=True)
-        for folder in (run_dir, private_out):  # a run that wrote nothing leaves no folder
-            with contextlib.suppress(OSError):
-                if folder is not None and not any(folder.iterdir()):
-                    folder.rmdir()
+        try:
+            if stream is not None:
+                stream.stop()
+            link.stop()
+        finally:  # also when a signal comes while the processes are stopped
+            if not keep:
+                shutil.rmtree(root, ignore_errors=True)
+            for folder in (run_dir, private_out):  # a run that wrote nothing leaves no folder
+                with contextlib.suppress(OSError):
+                    if folder is not None and not any(folder.iterdir()):
+                        folder.rmdir()
 
 
 def _claim_output(config: dict[str, Any], settings: RunSettings) -> tuple[Path | None, Path | None]:

@@ -188,14 +188,16 @@ class SharedExchange:
                 entry.update(source="fleet-shared", cells=lut.cells_profiled)
                 try:
                     self.setup.library.put(lut, "fleet-shared")
-                except (OSError, ValueError) as err:  # unwritable, or a name it refuses
+                except OSError as err:
                     entry["library"] = f"not saved: {err}"
-                    log.warning(
-                        "LUT library: could not save the LUT of %s (%s); this run uses it, a "
-                        "later run profiles the kind again; make the library folder writable "
-                        "to keep it",
-                        kind.label,
+                    _not_saved(kind, err, "make the library folder writable to keep it")
+                except ValueError as err:  # the library refuses the kind's names
+                    entry["library"] = f"not saved: {err}"
+                    _not_saved(
+                        kind,
                         err,
+                        "the library refuses the kind's device kind, backend or model name "
+                        "as a file name; a writable folder would not help",
                     )
             luts.log.append(entry)
 
@@ -219,6 +221,16 @@ class SharedExchange:
         kept = self.setup.library.set_aside(kind, reason)
         entry.update(source="library, set aside", **{"set-aside": f"{reason}; {kept}"})
         luts.kind_luts.pop(kind, None)
+
+
+def _not_saved(kind: KindKey, err: Exception, why: str) -> None:
+    log.warning(
+        "LUT library: could not save the LUT of %s (%s); this run uses it, a later run "
+        "profiles the kind again; %s",
+        kind.label,
+        err,
+        why,
+    )
 
 
 @dataclass(frozen=True)

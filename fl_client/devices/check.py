@@ -14,6 +14,12 @@ faster than the profiler does, and reports what the readings show:
 
 What it cannot prove: that the sensor measures the rail the cap is about (compare with an
 external meter once), or how it behaves at other loads and temperatures.
+
+An emulated backend has no sensor to test (``check_emulated``): the digital twin's readings
+are its power model's figures and a replay's are its table's cells, one per step on an
+emulated clock. There the check runs no step on the host (it would time the host, not the
+device), reports the figures the backend gives for the load and says what it cannot tell:
+nothing about a real sensor, and, on a replay, nothing about enforcing a cap.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fl_client.devices.base import Device, DeviceError, Workload
+from fl_client.devices.emulated import EmulatedDevice
 
 #: The sampling rate of the check: fast enough to see a 100 ms sensor update several times.
 CHECK_SAMPLE_RATE_HZ = 50.0
@@ -38,6 +45,10 @@ ENFORCING_UPDATE_S = 0.25
 MIN_MARGIN_PCT = 2.0
 #: A sampled vs counter disagreement above this says the power readings are biased.
 MAX_COUNTER_DIFF_PCT = 5.0
+
+
+#: The most modelled steps ``check_emulated`` accounts (each costs no host time).
+EMULATED_MAX_STEPS = 10_000
 
 
 class SensorCheckError(DeviceError):
@@ -218,6 +229,134 @@ def check_sensor(
         margin_pct=margin,
         verdict=text,
     )
+
+
+@dataclass(frozen=True)
+class EmulatedCheck:
+    """What ``check_emulated`` read from an emulated backend (kebab-case keys in
+    ``to_dict``): the backend's own figures for the load, and what they cannot tell."""
+
+    device: str
+    backend: str
+    source: str
+    batch_size: int
+    knob: str
+    window_s: float
+    steps: int
+    step_time_s: float
+    avg_power_w: float
+    peak_power_w: float
+    board_sensor: str | None
+    readings: str
+    cap: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "backend": self.backend,
+            "sensor": None,
+            "source": self.source,
+            "batch-size": self.batch_size,
+            "knob": self.knob,
+            "window-s": self.window_s,
+            "steps": self.steps,
+            "step-time-s": self.step_time_s,
+            "avg-power-w": self.avg_power_w,
+            "peak-power-w": self.peak_power_w,
+            "board-sensor": self.board_sensor,
+            "readings": self.readings,
+            "can-enforce-cap": None,
+            "cap": self.cap,
+        }
+
+
+def is_emulated(device: Device) -> bool:
+    """Whether ``device`` runs on an emulated clock (twin, replay): it has no sensor."""
+    return isinstance(device, EmulatedDevice)
+
+
+def _emulated_source(device: Device, workload: Workload) -> tuple[str, str, str]:
+    """(source, what the readings are, what the check can say about a cap) per backend."""
+    table_for = getattr(device, "table_for", None)
+    if callable(table_for):
+        table = table_for(workload)
+        knob = table.knob
+        values = ", ".join(f"{f:g}" for f in table.freqs_mhz)
+        source = (
+            f"replay table {table.device}/{table.model}: {len(table.rows)} cells, batch sizes "
+            f"{', '.join(map(str, table.batch_sizes))} × {knob.label} {values} {knob.unit}"
+            + (f" ({table.source})" if table.source else "")
+        )
+        return (
+            source,
+            "no sensor: each reading is the table's cell for (b, "
+            f"{knob.label}), measured elsewhere and averaged over its window",
+            "no cap enforcement: nothing here runs on a GPU; the replay's cap guard only "
+            "moves to the table's next lower cell",
+        )
+    spec_source = getattr(getattr(device, "spec", None), "source", "")
+    return (
+        "the digital twin's power model" + (f" ({spec_source})" if spec_source else ""),
+        "no sensor: each reading is the model's figure for one step on the emulated clock",
+        "not judged: a twin has no sensor; in a simulation its cap guard sees each modelled "
+        "step's peak; run --check on the board to judge the board's sensor",
+    )
+
+
+def check_emulated(
+    device: Device, workload: Workload, batch_size: int, *, seconds: float = 5.0
+) -> EmulatedCheck:
+    """The emulated backend's figures for ``batch_size`` at the device's current knob value
+    over ``seconds`` of emulated time (at most ``EMULATED_MAX_STEPS`` steps); no step runs
+    on the host (module docstring)."""
+    if not is_emulated(device):
+        raise ValueError(f"check_emulated: {device.info.backend} is not an emulated backend")
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"seconds: must be a number of seconds > 0, got {seconds!r}")
+    source, readings, cap = _emulated_source(device, workload)
+    with device.measure(workload) as meter:
+        while meter.time_s < seconds and meter.measurement.steps < EMULATED_MAX_STEPS:
+            meter.step(batch_size, lambda: None)
+    m = meter.measurement
+    info = device.info
+    knob = getattr(device, "knob", None)
+    unit, label = (knob.unit, knob.label) if knob is not None else ("MHz", "GPU frequency")
+    board = info.board_sensor
+    return EmulatedCheck(
+        device=f"{info.kind} ({info.backend})",
+        backend=info.backend,
+        source=source,
+        batch_size=batch_size,
+        knob=f"{label} {device.current_gpu_freq_mhz():g} {unit}",
+        window_s=m.time_s,
+        steps=m.steps,
+        step_time_s=m.time_s / m.steps if m.steps else math.nan,
+        avg_power_w=m.avg_power_w,
+        peak_power_w=m.peak_power_w,
+        board_sensor=board.label if board is not None else None,
+        readings=readings,
+        cap=cap,
+    )
+
+
+def emulated_text(check: EmulatedCheck) -> list[str]:
+    """The emulated check as lines of text."""
+    board = (
+        f"{check.board_sensor} (the real board's: run --check there)"
+        if check.board_sensor
+        else "none known"
+    )
+    return [
+        f"check of {check.device}: {check.steps} modelled steps over {check.window_s:.2f} s "
+        "of emulated time, none run on the host",
+        f"  figures from      {check.source}",
+        f"  load              b={check.batch_size} at {check.knob}: step "
+        f"{check.step_time_s:.4g} s, avg {check.avg_power_w:.2f} W, "
+        f"peak {check.peak_power_w:.2f} W",
+        f"  sensor            {check.readings}",
+        f"  board sensor      {board}",
+        f"  can enforce a cap {check.cap}",
+    ]
 
 
 def check_text(check: SensorCheck) -> list[str]:

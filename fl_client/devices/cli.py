@@ -31,7 +31,16 @@ from fl_client.devices import (
     detect_backends,
     open_device,
 )
-from fl_client.devices.check import SensorCheckError, check_sensor, check_text
+from fl_client.devices.check import (
+    EmulatedCheck,
+    SensorCheck,
+    SensorCheckError,
+    check_emulated,
+    check_sensor,
+    check_text,
+    emulated_text,
+    is_emulated,
+)
 from fl_client.devices.safety import STATE_DIR_ENV, resolve_state_dir, restore_leftovers
 
 EXIT_BAD_INPUT = 2
@@ -99,7 +108,8 @@ def add_devices_parser(
         help="power-sensor self-test: a few seconds of a known load, measure only (no clock "
         "or power limit is changed); reports the sensor's update period, sampled vs counter "
         "energy, peak/average, the clock during the load and whether it can enforce a cap. "
-        "Exits 1 without usable power readings",
+        "Exits 1 without usable power readings. On the twin or a replay table (no sensor) "
+        "it reports the model's or the table's figures for the load instead, in seconds",
     )
     p.add_argument(
         "--check-seconds",
@@ -145,11 +155,17 @@ def check_command(
     except (DeviceError, ValueError, ImportError, FileNotFoundError) as e:
         print(f"devices: {type(e).__name__}: {e}", file=err)
         return 1
+    result: SensorCheck | EmulatedCheck
     try:
         workload, step = load(args.check_model, args.check_batch_size)
-        result = check_sensor(
-            device, workload, args.check_batch_size, step, seconds=args.check_seconds
-        )
+        if is_emulated(device):  # no sensor: the backend's figures, no step on the host
+            result = check_emulated(
+                device, workload, args.check_batch_size, seconds=args.check_seconds
+            )
+        else:
+            result = check_sensor(
+                device, workload, args.check_batch_size, step, seconds=args.check_seconds
+            )
     except SensorCheckError as e:
         print(f"devices: sensor check failed: {e}", file=err)
         return 1
@@ -161,7 +177,8 @@ def check_command(
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str), file=out)
     else:
-        print("\n".join(check_text(result)), file=out)
+        lines = emulated_text(result) if isinstance(result, EmulatedCheck) else check_text(result)
+        print("\n".join(lines), file=out)
     return 0
 
 

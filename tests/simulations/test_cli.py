@@ -413,3 +413,40 @@ def test_the_comparison_shows_energy_with_and_without_idle_waiting(capsys, accou
         assert all(x in rows["ours"] for x in ("80.0", "60.0")) and "140.0" not in out
         assert f"{77 / 80:.2f}× less fleet energy to target" in out
         assert "without idle waiting" not in out
+
+
+def test_a_setting_without_effect_is_named_once_per_command_not_again_by_each_server(
+    tmp_path, capsys, monkeypatch
+):
+    """``--methods power-aware,b1 -c balance=samples``: b1 plans no round. The command names
+    it once before its runs; each run's server (here the real ``settings_notes``, as
+    ``run_server`` prints them, in the environment the run inherits) does not again."""
+    from fl_client.effective import named_by_caller_already
+    from fl_client.settings import RunSettings
+    from fl_server.server_app import settings_notes
+    from simulations import cli
+    from simulations.runtime import RuntimeRunError
+
+    servers: list[str] = []
+
+    def fake_simulate(overrides, **kwargs):
+        servers.append(overrides["method"])
+        settings = RunSettings.from_config(overrides)
+        for note in settings_notes(settings, overrides):
+            print(f"settings: {note}", file=sys.stderr)
+        if len(servers) == 2:
+            raise RuntimeRunError("stopped here: the notes are what this test reads")
+        return {"method": overrides["method"], "run-dir": str(tmp_path)}
+
+    monkeypatch.setattr(cli, "simulate", fake_simulate)
+    monkeypatch.setattr(cli, "check_runtime", lambda args, n: None)
+    argv = ["simulate", "--methods", "power-aware,b1", "-c", "balance=samples"]
+    assert main([*argv, "--output-dir", str(tmp_path / "runs")]) == 1
+    err = capsys.readouterr().err
+    assert servers == ["power-aware", "b1"]
+    assert err.count("take no effect") == 1, err
+    assert 'balance = "samples": b1 plans no round' in err
+    assert not named_by_caller_already()  # the command's runs only: the process is as before
+    # a server started without the command (a deployment) still names it
+    b1 = RunSettings.from_config({"method": "b1", "balance": "samples"})
+    assert any("take no effect" in n for n in settings_notes(b1, {"balance": "samples"}))

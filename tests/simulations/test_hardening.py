@@ -715,3 +715,106 @@ def test_a_signal_while_a_record_is_written_leaves_the_old_file_or_none(
         files.write_atomic(target, '{"round": 2}')
     assert json.loads(target.read_text()) == {"round": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+# ------------------------- signals right after the data split, and during clean-up (issue 31)
+
+#: The data split and r estimation made instant (their interruption is tested above): the
+#: run reaches the engine's start at once.
+QUICK_START = """
+from simulations import run as _run, runtime as _runtime
+class _Split:
+    def lines(self, most): return ["data split (stand-in)"]
+    def save(self, folder): pass
+_run.check_partitions = lambda *args, **kw: _Split()
+_run.estimate_r_before_start = lambda settings: None
+def _signal(where):
+    print(f"test: SIGINT {where}", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGINT)
+"""
+#: SIGINT while ``fl_server.results`` is being imported (it is in ``sys.modules`` without
+#: its ``RUN_STOPPED`` yet), as the engine's start first imports it.
+DURING_RESULTS_IMPORT = """
+import importlib.abc, importlib.machinery
+class _SignalOnImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "fl_server.results":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        real = spec.loader.exec_module
+        def exec_module(module):
+            _signal("while fl_server.results is imported")
+            real(module)
+        spec.loader.exec_module = exec_module
+        return spec
+sys.meta_path.insert(0, _SignalOnImport())
+"""
+#: SIGINT as soon as the run's folder and the staged app's private folder exist.
+AFTER_RUN_FOLDER = """
+_claim = _runtime._claim_output
+def _claim_output(*args, **kw):
+    out = _claim(*args, **kw)
+    _signal("after the run folder was made")
+    return out
+_runtime._claim_output = _claim_output
+"""
+#: A second SIGINT while the first one's clean-up runs (a user pressing Ctrl-C twice).
+TWICE = """
+def _stop_engine(*args, **kw):
+    _signal("again during the clean-up")
+    time.sleep(30)
+cli.stop_engine = _stop_engine
+"""
+
+
+def _simulate_signalled(tmp_path: Path, *patches: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "two.toml").write_text(TWO)
+    (tmp_path / "tmp").mkdir()
+    argv = ["simulate", "--methods", "b1", "--fleet", "two.toml", "--output-dir", "runs"]
+    return subprocess.run(
+        [sys.executable, "-c", SIGNAL_AT.format(patch="import time\n" + "\n".join(patches)),
+         *argv, "-c", "cache-dir='cache'"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        env={**_env(tmp_path), "TMPDIR": str(tmp_path / "tmp")},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+
+
+def _no_run_started_line(tmp_path: Path) -> str:
+    return (
+        "powerfl simulate: interrupted by SIGINT during b1 (method 1 of 1); it had written no "
+        "records yet; a simulation does not resume mid-run: run the same command again, it "
+        f"reuses the LUTs and r cached in {tmp_path / 'cache'}"
+    )
+
+
+@pytest.mark.parametrize("moment", [DURING_RESULTS_IMPORT, AFTER_RUN_FOLDER])
+def test_ctrl_c_right_after_the_data_split_ends_in_one_line_and_leaves_no_folder(
+    tmp_path: Path, moment: str
+) -> None:
+    done = _simulate_signalled(tmp_path, QUICK_START, moment)
+    assert "test: SIGINT" in done.stderr  # the signal came at that moment
+    assert done.returncode == 130, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1] == _no_run_started_line(tmp_path)
+    assert [ln for ln in lines if "interrupted" in ln] == lines[-1:]
+    _nothing_left(tmp_path)
+
+
+def _nothing_left(tmp_path: Path) -> None:
+    assert list((tmp_path / "tmp").iterdir()) == []  # no staged app left
+    runs = tmp_path / "runs"
+    assert not runs.exists() or list(runs.iterdir()) == []  # no empty run folder
+
+
+def test_a_second_ctrl_c_during_the_clean_up_still_says_what_stopped(tmp_path: Path) -> None:
+    """It ends the process at once (the clean-up cut short), with the same one line."""
+    done = _simulate_signalled(tmp_path, QUICK_START, AFTER_RUN_FOLDER, TWICE)
+    assert "test: SIGINT again during the clean-up" in done.stderr
+    assert done.returncode == 130, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1] == _no_run_started_line(tmp_path)
+    assert [ln for ln in lines if "interrupted" in ln] == lines[-1:]
+    _nothing_left(tmp_path)

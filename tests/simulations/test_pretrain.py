@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from fl_client import checkpoint, data_splits, model_zoo, task
+from fl_client.settings import REPO_ROOT
 from simulations import pretrain
 from simulations.cli import main
 
@@ -146,3 +151,64 @@ def test_an_unknown_dataset_is_refused_with_exit_2(tmp_path: Path, capsys) -> No
     assert main([*argv, "--dataset", str(tmp_path / "none.npz")]) == 2
     assert "dataset:" in capsys.readouterr().err
     assert not out.exists()
+
+
+#: SIGINT at a moment of the second epoch, in a ``powerfl pretrain`` of its own process.
+SIGINT_AT = """
+import os, signal, sys
+from simulations import cli, pretrain
+calls = []
+def at_second(real):
+    def wrapped(*args, **kw):
+        calls.append(1)
+        out = real(*args, **kw)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+    return wrapped
+{patch}
+sys.exit(cli.main(sys.argv[1:]))
+"""
+#: after the second epoch's evaluation (before its resume file); after its resume file was
+#: written to the temporary file, before the rename.
+MOMENTS = {
+    "evaluation": "pretrain.task.evaluate = at_second(pretrain.task.evaluate)",
+    "resume-file": "pretrain.torch.save = at_second(pretrain.torch.save)",
+}
+
+
+@pytest.mark.parametrize("moment", MOMENTS)
+def test_ctrl_c_during_pretraining_says_what_is_kept_in_one_line(
+    tmp_path: Path, moment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cnn.safetensors"
+    argv = ["pretrain", "--model", "cnn", "--dataset", "digits", "--epochs", "2", "--out",
+            str(out), "--torch-device", "cpu", "--quiet"]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", SIGINT_AT.format(patch=MOMENTS[moment]), *argv],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    assert done.returncode == 130, done.stderr
+    assert "Traceback" not in done.stderr
+    resume = pretrain.resume_path(out)
+    assert done.stderr.strip().splitlines() == [
+        f"powerfl pretrain: interrupted by SIGINT; its finished epochs are kept in {resume}: "
+        "run the same command again to go on from there"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [resume.name]  # no temporary file
+    if moment == "resume-file":  # the first epoch's file is whole: the command goes on
+        assert main(argv) == 0, capsys.readouterr().err
+        assert json.loads(pretrain.sidecar(out).read_text())["epochs"] == 2
+        assert not resume.exists()
+
+
+def test_ctrl_c_before_the_first_epoch_finished_says_nothing_was_kept(tmp_path: Path) -> None:
+    from simulations.pretrain_cli import interrupted_line
+    from simulations.run import RunInterrupted
+
+    line = interrupted_line(RunInterrupted(signal.SIGINT), tmp_path / "cnn.safetensors")
+    assert line == (
+        "powerfl pretrain: interrupted by SIGINT before its first epoch finished; no epoch to keep"
+    )

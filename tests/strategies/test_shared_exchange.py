@@ -470,6 +470,24 @@ def test_a_read_only_library_keeps_the_finished_profiling_for_the_run(
         assert _kind_lut(strategy, node) is not None
     assert all(e["library"].startswith("not saved: ") for e in strategy.luts.log)
     assert "LUT library: could not save the LUT of" in caplog.text
+    assert "make the library folder writable" in caplog.text
+
+
+def test_a_name_the_library_refuses_is_named_as_the_reason_not_the_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refuse(self: LUTLibrary, lut: LUT, source: str) -> Path:
+        unsafe = dataclasses.replace(KindKey.of_lut(lut), model_name="..")
+        return self.path_for(unsafe)  # the library's own refusal of a name
+
+    monkeypatch.setattr(LUTLibrary, "put", refuse)
+    strategy = _strategy(tmp_path / "library")
+    with caplog.at_level(logging.WARNING):
+        strategy.shared_phase(BatchGrid(list(FLEET), _handler()), _zeros(), 1, timeout_s=5)
+    assert set(strategy.luts.kind_luts) == {NANO_KIND, ORIN_KIND}  # the run uses what it measured
+    assert all("model-name" in e["library"] for e in strategy.luts.log)
+    assert "refuses the kind's device kind, backend or model name" in caplog.text
+    assert "writable" not in caplog.text.replace("a writable folder would not help", "")
 
 
 def test_a_library_lut_a_nodes_round_disagrees_with_is_set_aside_and_profiled_again(
