@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-import numpy.typing as npt
 
 from fl_client.balance import missed_deadline
 from fl_client.contract import TrainReport
@@ -70,31 +69,26 @@ class RoundPlan:
 
 
 def best_round_time_s(
-    time_s: npt.ArrayLike,
-    peak_w: npt.ArrayLike,
-    peak_sigma_w: npt.ArrayLike | None,
+    tables: Tables,
     limit: PowerLimit,
     samples: float,
     *,
     calibration: float = 1.0,
     objective: Objective = PACE,
     r: Sequence[float] | None = None,
-    avg_power_w: npt.ArrayLike | None = None,
 ) -> float:
     """A node's predicted round time at the cell it would set the pace with: the cell the
-    node itself chooses (``selector.choose_cell``) with the pace-setter's objective
-    (``Objective.for_pace``: by default its fastest feasible cell under ``limit``, the
-    least time per sample, near-ties within ``tie_tolerance`` to the least energy to
+    node itself chooses (``selector.choose_cell``) on its ``tables`` with the pace-setter's
+    objective (``Objective.for_pace``: by default its fastest feasible cell under ``limit``,
+    the least time per sample, near-ties within ``tie_tolerance`` to the least energy to
     accuracy; with ``critical-r-weight`` w > 0 the least time × r_b^w), so the forecast and
     the node's own cell are the same by construction. ``r``: r_b per row (None: 1 each; a
-    row without an r, NaN, is never chosen); ``avg_power_w``: the tie-break's energy basis
-    (None: the peak). × ``samples`` (its round's local training samples) ×
-    ``calibration`` (its measured / predicted time of an earlier round). inf when no cell is
-    feasible."""
-    t = np.asarray(time_s, dtype=np.float64)
+    row without an r, NaN, is never chosen). × ``samples`` (its round's local training
+    samples) × ``calibration`` (its measured / predicted time of an earlier round). inf
+    when no cell is feasible."""
+    t = np.asarray(tables.time_s, dtype=np.float64)
     r_rows = [1.0] * t.shape[0] if r is None else [float(x) for x in r]
-    energy = peak_w if avg_power_w is None else avg_power_w
-    at = choose_cell(Tables(t, peak_w, energy, peak_sigma_w), r_rows, limit, objective=objective)
+    at = choose_cell(tables, r_rows, limit, objective=objective)
     if at is None:
         return math.inf
     return float(t[at]) * float(samples) * float(calibration)
@@ -275,16 +269,16 @@ class RoundPlanner:
             and last is not None
             and (limit := fleet.limit_of(node_id, server_round)) is not None
         ):
+            tables = Tables(
+                lut.time_per_sample_s, lut.peak_power_w, lut.avg_power_w, lut.peak_sigma_w
+            )
             best = best_round_time_s(
-                lut.time_per_sample_s,
-                lut.peak_power_w,
-                lut.peak_sigma_w,
+                tables,
                 limit,
                 self.local_epochs * last.num_examples,
                 calibration=self.calibration.get(node_id, 1.0),
                 objective=self.settings.pace_objective,
                 r=fleet.r_rows(lut.batch_sizes),
-                avg_power_w=lut.avg_power_w,
             )
             if math.isfinite(best):
                 return NodeForecast(node_id, best, "lut")

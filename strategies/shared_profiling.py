@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -33,7 +34,7 @@ from fl_client.contract import Cap, CellsReport, NodeDescriptor
 from fl_client.feasibility import robust_peak_w
 from fl_client.lut import LUT, KindKey
 from fl_client.lut_cells import median_cell
-from fl_client.lut_fit import LUTFit, fit_lut
+from fl_client.lut_fit import fit_lut
 from fl_client.lut_plan import PlanOptions, next_cell, seed_cells
 from fl_client.power import PowerLimit
 
@@ -255,7 +256,9 @@ def confirm_requests(
         for limit, nodes in sorted(by_limit.items(), key=lambda kv: kv[0].limit_w):
             if sum(prof.spent.values()) >= opts.cells_per_cap * len(by_limit):
                 break  # the kind's pool of confirm cells is spent
-            cell = _confirm_cell(prof, fit, (time_s, robust_w, avg_w), tried, limit, r_of, plan)
+            tables = (time_s, robust_w, avg_w)
+            fitted = partial(next_cell, fit, tables, tried, r=r_of[prof.kind], options=plan)
+            cell = _confirm_cell(prof, robust_w, tried, limit, fitted)
             if cell is None:
                 continue
             i, j = cell
@@ -270,18 +273,17 @@ def confirm_requests(
 
 def _confirm_cell(
     prof: KindProfile,
-    fit: LUTFit,
-    tables: tuple[np.ndarray, np.ndarray, np.ndarray],
+    robust_w: np.ndarray,
     tried: np.ndarray,
     limit: PowerLimit,
-    r_of: Mapping[KindKey, Sequence[float]],
-    plan: PlanOptions,
+    fitted_next: Callable[[PowerLimit], tuple[int, int] | None],
 ) -> tuple[int, int] | None:
-    """The (row, column) ``confirm_requests`` asks for next for one cap with its margin."""
-    robust_w = tables[1]
+    """The (row, column) ``confirm_requests`` asks for next for one cap with its margin:
+    the cell below the last one asked for when that one proved over the cap (``robust_w``,
+    the robust peak), else the fit's next cell (``fitted_next``: ``next_cell``)."""
     prev = prof.last.get(limit)
     if prev is not None and prev[1] > 0 and robust_w[prev] >= limit.limit_w:
         below = (prev[0], prev[1] - 1)
         if not tried[below]:
             return below
-    return next_cell(fit, tables, tried, limit, r_of[prof.kind], plan)
+    return fitted_next(limit)

@@ -35,6 +35,7 @@ from fl_client.devices import simulated as sim
 from fl_client.devices.descriptors import load_device_spec
 from fl_client.feasibility import feasible_cells
 from fl_client.power import PowerLimit
+from fl_client.selection import Tables
 from fl_client.settings import load_fleet
 from fl_client.settings_table import RUN
 from fl_client.shipped import shipped_names
@@ -109,9 +110,7 @@ def node_pace(
     )
     sigma_w = spec.power_noise * peak_w
     best = best_round_time_s(
-        time_s,
-        peak_w,
-        sigma_w,
+        Tables(time_s, peak_w, peak_sigma_w=sigma_w),
         limit,
         samples,
         objective=PACE.but(peak_sigma_k=peak_sigma_k, tie_tolerance=0.0),

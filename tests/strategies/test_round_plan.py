@@ -44,46 +44,50 @@ PEAK = np.array([[1.0, 2.0, 3.0], [1.5, 2.5, 5.0]])
 
 
 def test_best_round_time_is_the_fastest_feasible_cell_times_the_work() -> None:
-    assert best_round_time_s(TIME, PEAK, None, PowerLimit(), 10) == pytest.approx(8.0)
+    assert best_round_time_s(Tables(TIME, PEAK), PowerLimit(), 10) == pytest.approx(8.0)
     # 5 W less 5%: the 5 W cell is out, the 3 W one is the fastest left
-    assert best_round_time_s(TIME, PEAK, None, PowerLimit(5.0, 0.05), 10) == pytest.approx(10.0)
+    assert best_round_time_s(Tables(TIME, PEAK), PowerLimit(5.0, 0.05), 10) == pytest.approx(10.0)
     # σ of the per-step peaks counts as the selector counts it (peak + 2σ)
     sigma = np.full_like(PEAK, 0.6)
     limit = PowerLimit(4.0)
-    assert best_round_time_s(TIME, PEAK, sigma, limit, 10) == pytest.approx(15.0)
-    assert best_round_time_s(TIME, PEAK, sigma, limit, 10, calibration=1.2) == pytest.approx(18.0)
-    assert math.isinf(best_round_time_s(TIME, PEAK, None, PowerLimit(0.9), 10))
+    assert best_round_time_s(Tables(TIME, PEAK, peak_sigma_w=sigma), limit, 10) == pytest.approx(
+        15.0
+    )
+    assert best_round_time_s(
+        Tables(TIME, PEAK, peak_sigma_w=sigma), limit, 10, calibration=1.2
+    ) == pytest.approx(18.0)
+    assert math.isinf(best_round_time_s(Tables(TIME, PEAK), PowerLimit(0.9), 10))
 
 
 def test_with_an_r_weight_the_pace_cell_is_the_least_time_times_r_to_that_weight() -> None:
     no_cap = PowerLimit()
     # r 0.5 for the first row: time × r is 2, 1, 0.5 there against 3, 1.5, 0.8 (w = 1)
     r = [0.5, 1.0]
-    assert best_round_time_s(TIME, PEAK, None, no_cap, 10, r=r) == pytest.approx(8.0)  # w = 0
+    assert best_round_time_s(Tables(TIME, PEAK), no_cap, 10, r=r) == pytest.approx(8.0)  # w = 0
     assert best_round_time_s(
-        TIME, PEAK, None, no_cap, 10, r=r, objective=EQ4.for_pace(1.0)
+        Tables(TIME, PEAK), no_cap, 10, r=r, objective=EQ4.for_pace(1.0)
     ) == pytest.approx(10.0)
     # w = 0.5: 1 × 0.5^0.5 = 0.71 still beats 0.8
     assert best_round_time_s(
-        TIME, PEAK, None, no_cap, 10, r=r, objective=EQ4.for_pace(0.5)
+        Tables(TIME, PEAK), no_cap, 10, r=r, objective=EQ4.for_pace(0.5)
     ) == pytest.approx(10.0)
     # r 0.9: 0.9 > 0.8, the fastest cell again; a b without r (NaN) is left out
     assert (
-        best_round_time_s(TIME, PEAK, None, no_cap, 10, r=[0.9, 1.0], objective=EQ4.for_pace(1.0))
+        best_round_time_s(Tables(TIME, PEAK), no_cap, 10, r=[0.9, 1.0], objective=EQ4.for_pace(1.0))
         == 8.0
     )
     nan_r = [0.9, math.nan]
     assert (
-        best_round_time_s(TIME, PEAK, None, no_cap, 10, r=nan_r, objective=EQ4.for_pace(1.0))
+        best_round_time_s(Tables(TIME, PEAK), no_cap, 10, r=nan_r, objective=EQ4.for_pace(1.0))
         == 10.0
     )
     # the cap still decides what is feasible: under 2.6 W each row's last cell is out, and
     # 2 s × 0.5 = 1 beats 1.5 s × 1 (without r the 1.5 s cell is the fastest)
     capped = best_round_time_s(
-        TIME, PEAK, None, PowerLimit(2.6), 10, r=r, objective=EQ4.for_pace(1.0)
+        Tables(TIME, PEAK), PowerLimit(2.6), 10, r=r, objective=EQ4.for_pace(1.0)
     )
     assert capped == pytest.approx(20.0)
-    assert best_round_time_s(TIME, PEAK, None, PowerLimit(2.6), 10, r=r) == pytest.approx(15.0)
+    assert best_round_time_s(Tables(TIME, PEAK), PowerLimit(2.6), 10, r=r) == pytest.approx(15.0)
 
 
 def test_the_forecast_cell_is_the_pace_setters_own_cell_within_the_tie_tolerance() -> None:
@@ -101,11 +105,11 @@ def test_the_forecast_cell_is_the_pace_setters_own_cell_within_the_tie_tolerance
         method=Method(objective=EQ4.for_pace()),
     )
     assert (node.batch_size, node.freq_mhz) == (16, 900.0)
-    forecast = best_round_time_s(time, peak, None, PowerLimit(6.0), 10, avg_power_w=peak)
+    forecast = best_round_time_s(Tables(time, peak, peak), PowerLimit(6.0), 10)
     assert forecast == pytest.approx(node.time_per_sample_s * 10) == pytest.approx(10.1)
     # with no tie tolerance both take the exact fastest cell
     exact = Objective(tie_tolerance=0.0).for_pace()
-    assert best_round_time_s(time, peak, None, PowerLimit(6.0), 10, objective=exact) == 10.0
+    assert best_round_time_s(Tables(time, peak), PowerLimit(6.0), 10, objective=exact) == 10.0
 
 
 def test_the_forecast_and_the_nodes_choice_agree_on_random_tables() -> None:
@@ -121,7 +125,7 @@ def test_the_forecast_and_the_nodes_choice_agree_on_random_tables() -> None:
         for w in (0.0, 0.5, 1.0):
             objective = Objective(tie_tolerance=0.02, peak_sigma_k=2.0).for_pace(w)
             forecast = best_round_time_s(
-                time, peak, sigma, limit, 100, objective=objective, r=r, avg_power_w=avg
+                Tables(time, peak, avg, sigma), limit, 100, objective=objective, r=r
             )
             try:
                 node = select_eq4(
