@@ -56,12 +56,13 @@ class NodeForecast:
 class RoundPlan:
     """The round's deadline (s of local training time) and who sets the pace.
 
-    ``critical`` are the pace-setting nodes; ``unmeetable`` the nodes whose best round time
-    is over a fixed deadline (they run at their fastest cell); ``fixed`` whether
+    ``deadline_s`` is None when there is none (no node has a forecast yet); ``critical``
+    are the pace-setting nodes; ``unmeetable`` the nodes whose best round time is over a
+    fixed deadline (they run at their fastest cell); ``fixed`` whether
     ``round-deadline-s`` set the deadline.
     """
 
-    deadline_s: float
+    deadline_s: float | None
     critical: frozenset[int]
     unmeetable: frozenset[int]
     fixed: bool
@@ -97,15 +98,15 @@ def best_round_time_s(
 def plan_round(forecasts: Sequence[NodeForecast], round_deadline_s: float = 0.0) -> RoundPlan:
     """The round's plan from each node's forecast (``round_deadline_s`` > 0 fixes the
     deadline). Nodes without a finite forecast are left out of the pace; with none at all
-    the deadline is inf (no node is held back)."""
+    there is no deadline (None: no node is held back)."""
     if not (round_deadline_s >= 0 and math.isfinite(round_deadline_s)):
         raise ValueError(f"round-deadline-s: must be a number ≥ 0; got {round_deadline_s!r}")
     known = [f for f in forecasts if math.isfinite(f.best_time_s) and f.best_time_s > 0]
     pace = max((f.best_time_s for f in known), default=math.inf)
     critical = frozenset(f.node_id for f in known if f.best_time_s >= pace * (1.0 - EQUAL_PACE))
     fixed = round_deadline_s > 0
-    deadline = round_deadline_s if fixed else pace
-    unmeetable = frozenset(f.node_id for f in known if fixed and f.best_time_s > deadline)
+    deadline = round_deadline_s if fixed else (pace if known else None)
+    unmeetable = frozenset(f.node_id for f in known if fixed and f.best_time_s > round_deadline_s)
     return RoundPlan(deadline, critical, unmeetable, fixed, tuple(forecasts))
 
 
@@ -225,7 +226,7 @@ class RoundPlanner:
     def deadline_s(self) -> float | None:
         """This round's deadline (None: no plan, or a plan without a finite one)."""
         plan = self.plan
-        return plan.deadline_s if plan is not None and math.isfinite(plan.deadline_s) else None
+        return None if plan is None else plan.deadline_s
 
     def is_critical(self, node_id: int) -> bool:
         """Whether ``node_id`` sets this round's pace."""
@@ -303,7 +304,7 @@ class RoundPlanner:
         """The plan's record of the round (``round_record``): its warnings are returned, the
         late nodes' measured times kept for the next plan, its entry added to ``log``."""
         plan = self.plan
-        if plan is None or not math.isfinite(plan.deadline_s):
+        if plan is None or plan.deadline_s is None:
             return []
         warnings, late, entry = round_record(
             plan, self.settings, server_round, measured_time_s, names
