@@ -33,6 +33,7 @@ SCRIPTS = [
     ("benchmarks/bench_trace_replay.py", [], "--passes", "1", "2"),
     ("benchmarks/bench_transfer.py", [], "--model", "cnn", "resnet18"),
     ("benchmarks/bench_twin_energy.py", [], "--models", "cnn", "resnet18"),
+    ("benchmarks/bench_update_norms.py", [], "--seed", "1", "2"),
 ]
 
 
