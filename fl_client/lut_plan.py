@@ -191,13 +191,6 @@ class PlannedLUT(GridTables):
             np.where(keep, self.avg_power_w, np.nan),
         )
 
-    def choice_for(self, cap_w: float) -> CapChoice:
-        """The choice for ``cap_w`` (``math.inf``: no cap); KeyError if it was not planned."""
-        for c in self.choices:
-            if c.cap_w == cap_w or (math.isinf(c.cap_w) and math.isinf(cap_w)):
-                return c
-        raise KeyError(f"p-max-w: {cap_w!r} was not among the planned caps")
-
 
 def seed_cells(n_b: int, n_f: int, count: int = 8) -> list[Cell]:
     """``count`` cells spread over a (n_b, n_f) grid: corners, every row, then max-min.
@@ -413,7 +406,7 @@ def plan_cells(
         Eq. 3's r_b per batch size.
     measure : callable
         ``measure(b, f) -> (time per sample s, peak W, average W)`` of one cell, measured
-        as the profiler measures a cell (e.g. ``profiler.measure_cell``).
+        as the profiler measures a cell (e.g. ``cell_measure.measure_cell``).
     options : PlanOptions, optional
 
     Returns

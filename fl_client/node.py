@@ -72,9 +72,6 @@ log = logging.getLogger(__name__)
 NEEDS_LUT = ("power-aware", "oracle")
 
 
-# --------------------------------------------------------------------------- context
-
-
 # --------------------------------------------------------------------------- QUERY
 
 
@@ -489,9 +486,6 @@ def _check_drift(ctx: NodeContext, measure: MeasureContext, plan: NodeRoundState
         peak_sigma_k=ctx.settings.peak_sigma_k,
     )
     plan.cost.add(plan.drift.time_s, plan.drift.energy_j)
-
-
-# --------------------------------------------------------------------------- PROFILE
 
 
 # --------------------------------------------------------------------------- TRAIN
