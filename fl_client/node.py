@@ -277,8 +277,8 @@ def select_for(
         cfg.method,
         objective,
         context,
-        b1_freq_cap_mhz=(
-            device.info.b1_freq_cap_mhz(plan.cap.watts) if cfg.method in ("b1", "b2") else None
+        b1_max_freq_mhz=(
+            device.info.b1_max_freq_mhz(plan.cap.watts) if cfg.method in ("b1", "b2") else None
         ),
         fixed_batch_size=cfg.fixed_batch_size,
         fixed_freq_mhz=cfg.fixed_freq_mhz,
