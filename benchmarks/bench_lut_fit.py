@@ -53,7 +53,7 @@ from results_file import write_results
 from fl_client import lut_fit, lut_plan
 from fl_client.argparse_once import OnceParser
 from fl_client.lut_fit import FloatArray
-from fl_client.lut_plan import Cell
+from fl_client.lut_plan import GridCell
 from fl_client.power import PowerLimit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,7 +63,7 @@ CAP_MARGIN = 0.05  # the run settings' default cap-margin
 R_PROFILES = {"flat": 0.0, "sqrt": 0.5, "steep": 0.8}
 REPLAY_NOISE = 0.012  # relative σ of time and peak added in the "replay+noise" variant
 #: ``choose(time, peak, cap_w[, sigma])``: Eq. 4's cell, None when none is feasible
-Choose = Callable[..., "Cell | None"]
+Choose = Callable[..., "GridCell | None"]
 
 
 @dataclass
@@ -263,7 +263,7 @@ def selector_fn(grid: Grid, r: Sequence[float], peak_sigma_k: float = 0.0) -> Ch
 
     def choose(
         time_s: FloatArray, peak_w: FloatArray, cap_w: float, sigma_w: FloatArray | None = None
-    ) -> Cell | None:
+    ) -> GridCell | None:
         try:
             sel = selector.select(
                 selector.Method("power-aware", objective=rule),
@@ -290,8 +290,8 @@ class Case:
     model: str
     r: str
     cap_w: float
-    full: Cell | None
-    fitted: Cell | None
+    full: GridCell | None
+    fitted: GridCell | None
     ratio: float
     regret: float = math.nan  # noiseless time to target of ``fitted`` over the optimum
     regret_full: float = math.nan
@@ -317,7 +317,7 @@ class PlanStats:
     unsettled: int
 
 
-def _ratio(ref: Grid, r: Sequence[float], fitted: Cell | None, full: Cell | None) -> float:
+def _ratio(ref: Grid, r: Sequence[float], fitted: GridCell | None, full: GridCell | None) -> float:
     if fitted == full:
         return 1.0
     if fitted is None or full is None:
@@ -325,7 +325,7 @@ def _ratio(ref: Grid, r: Sequence[float], fitted: Cell | None, full: Cell | None
     return float(ref.time_s[fitted] * r[fitted[0]] / (ref.time_s[full] * r[full[0]]))
 
 
-def _case(ref: Grid, r_name: str, cap: float, chosen: Cell | None, group: str) -> Case:
+def _case(ref: Grid, r_name: str, cap: float, chosen: GridCell | None, group: str) -> Case:
     """Compare ``chosen`` with full grid A's choice (and, for twins, the noiseless optimum)."""
     r = r_vector(ref.batch_sizes, R_PROFILES[r_name])
     choose = selector_fn(ref, r)
@@ -336,7 +336,7 @@ def _case(ref: Grid, r_name: str, cap: float, chosen: Cell | None, group: str) -
         true_t, true_p = ref.truth
         best = choose(true_t, true_p, cap)
 
-        def regret(cell: Cell | None) -> float:
+        def regret(cell: GridCell | None) -> float:
             if cell is None or best is None:
                 return math.inf
             return float(true_t[cell] * r[cell[0]] / (true_t[best] * r[best[0]]))
@@ -397,7 +397,7 @@ def compare(
 
 
 def _with_select(options: lut_plan.PlanOptions, choose: Choose) -> lut_plan.PlanOptions:
-    def select(t: FloatArray, p: FloatArray, a: FloatArray, cap: float) -> Cell | None:
+    def select(t: FloatArray, p: FloatArray, a: FloatArray, cap: float) -> GridCell | None:
         return choose(t, p, cap)
 
     return lut_plan.PlanOptions(

@@ -41,6 +41,12 @@ def make_tables(
     return time_s, power_w, batch_sizes, freqs_mhz
 
 
+def _b1_field(method: type) -> str:
+    """The name of ``Method``'s B1 frequency field in a selector module of any version."""
+    names = getattr(method, "__dataclass_fields__", {})
+    return "b1_max_freq_mhz" if "b1_max_freq_mhz" in names else "b1_freq_cap_mhz"
+
+
 def cases(sel: ModuleType, n_b: int, n_f: int) -> dict[str, Callable[[float], Any]]:
     """Per case, a call of the selector under a given cap (cases the module lacks: none)."""
     time_s, power_w, batch_sizes, freqs_mhz = make_tables(n_b, n_f, seed=0)
@@ -61,7 +67,8 @@ def cases(sel: ModuleType, n_b: int, n_f: int) -> dict[str, Callable[[float], An
         "b1": (
             (
                 lambda cap: sel.select(
-                    sel.Method("b1", b1_freq_cap_mhz=614.4),
+                    # a module from before the field's rename: ``b1_freq_cap_mhz``
+                    sel.Method("b1", **{_b1_field(sel.Method): 614.4}),
                     batch_sizes=batch_sizes,
                     freqs_mhz=freqs_mhz,
                     tables=sel.Tables(time_s, power_w),

@@ -65,16 +65,14 @@ from results_file import write_results
 from fl_client.argparse_once import OnceParser
 from fl_client.contract import Cap, CellsReport, NodeDescriptor
 from fl_client.devices import open_device
+from fl_client.lut_plan import BF, GridCell
 from strategies.shared_profiling import (
-    Cell,
     KindProfile,
     SharedOptions,
     exchanges,
     kinds_of,
 )
 
-#: A cell of a grid as its (row, column) index.
-Index = tuple[int, int]
 #: Measured steps and the warm-up of a profiled cell: the device time a cell costs.
 STEPS_PER_CELL = 1 + 3
 
@@ -122,7 +120,7 @@ def run_protocol(
     sigma = grid_b.sigma_w if peak_sigma_k > 0 else None
     cost = 0.0
 
-    def measure(requests: dict[int, list[Cell]]) -> None:
+    def measure(requests: dict[int, list[BF]]) -> None:
         nonlocal cost
         for cells in requests.values():
             idx = [(grid_b.batch_sizes.index(b), grid_b.freqs.index(f)) for b, f in cells]
@@ -149,7 +147,7 @@ def run_protocol(
     return prof, cost
 
 
-def to_target(cell: Index | None, time_s: np.ndarray, r: Sequence[float]) -> float:
+def to_target(cell: GridCell | None, time_s: np.ndarray, r: Sequence[float]) -> float:
     """Time to target of ``cell`` (row, column) by ``time_s``: time per sample × r_b."""
     return math.inf if cell is None else float(time_s[cell] * r[cell[0]])
 

@@ -187,11 +187,6 @@ BALANCE_MODES: dict[str, Mode] = {
 }
 
 
-def modes_doc() -> str:
-    """Every mode's doc line, in order, as one sentence list (for settings help)."""
-    return "; ".join(m.doc for m in BALANCE_MODES.values())
-
-
 __all__ = [
     "BALANCE_MODES",
     "DEADLINE_RTOL",
@@ -200,5 +195,4 @@ __all__ = [
     "Slack",
     "energy_saved_j",
     "missed_deadline",
-    "modes_doc",
 ]

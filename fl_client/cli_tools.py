@@ -530,13 +530,13 @@ def cmd_select(
         except (LUTFormatError, OSError) as e:
             raise ValueError(f"lut: {path} is not a valid LUT file ({e})") from None
         _check_efficient_lut(lut, cap, cap_margin)
-        b1_cap = args.b1_freq_cap_mhz
-        if args.method in ("b1", "b2") and b1_cap is None:
-            b1_cap = _default_b1_cap_mhz(lut.device_kind, cap)
+        b1_mhz = args.b1_freq_cap_mhz
+        if args.method in ("b1", "b2") and b1_mhz is None:
+            b1_mhz = _default_b1_max_freq_mhz(lut.device_kind, cap)
         method = Method(
             args.method,
             rule,
-            b1_freq_cap_mhz=b1_cap,
+            b1_max_freq_mhz=b1_mhz,
             fixed_batch_size=args.fixed_batch_size,
             fixed_freq_mhz=args.fixed_freq_mhz,
         )
@@ -563,7 +563,7 @@ def cmd_select(
         }
         print(json.dumps(record, indent=2), file=out)
     else:
-        text = format_selection(selection, r, b1_freq_cap_mhz=b1_cap, cap_margin=cap_margin)
+        text = format_selection(selection, r, b1_max_freq_mhz=b1_mhz, cap_margin=cap_margin)
         print(text, file=out)
     return 0
 
@@ -603,7 +603,7 @@ def _check_efficient_lut(lut: Any, cap: Cap, cap_margin: float) -> None:
         )
 
 
-def _default_b1_cap_mhz(device_kind: str, cap: Cap) -> float:
+def _default_b1_max_freq_mhz(device_kind: str, cap: Cap) -> float:
     from fl_client.devices.descriptors import DeviceSpecError, load_device_spec
 
     try:
@@ -613,4 +613,4 @@ def _default_b1_cap_mhz(device_kind: str, cap: Cap) -> float:
             f"b1-freq-cap-mhz: no B1 frequency bands known for {device_kind!r} ({e}); give "
             "--b1-freq-cap-mhz"
         ) from None
-    return float(spec.b1_freq_cap_mhz(cap.watts))  # a cap below every band: ValueError
+    return float(spec.b1_max_freq_mhz(cap.watts))  # a cap below every band: ValueError

@@ -37,16 +37,20 @@ from fl_client.selection import Tables
 from fl_client.selector import TIE_TOLERANCE, Objective, choose_cell
 
 #: A cell as (row, column): (index into batch sizes, index into frequencies).
-Cell = tuple[int, int]
+GridCell = tuple[int, int]
+#: A cell as its values: (batch size, GPU frequency in MHz).
+BF = tuple[int, float]
 #: ``measure(b, f_mhz) -> (time per sample s, peak power W, average power W)``.
 MeasureFn = Callable[[int, float], tuple[float, float, float]]
 #: ``select(time, peak, avg, limit_w) -> (i, j) or None``: the cell Eq. 4 picks from tables
 #: with NaN where not measured, under a cap with its margin (``PowerLimit.limit_w``;
 #: ``math.inf``: no cap); None when no cell is feasible. ``eq4_selector`` makes the default.
-SelectFn = Callable[[FloatArray, FloatArray, FloatArray, float], "Cell | None"]
+SelectFn = Callable[[FloatArray, FloatArray, FloatArray, float], "GridCell | None"]
 
 __all__ = [
+    "BF",
     "CapChoice",
+    "GridCell",
     "PlanOptions",
     "PlannedLUT",
     "eq4_selector",
@@ -71,7 +75,7 @@ def eq4_selector(r: Sequence[float], objective: Objective = PLANNING_EQ4) -> Sel
 
     def select(
         time_s: FloatArray, peak_w: FloatArray, avg_w: FloatArray, limit_w: float
-    ) -> Cell | None:
+    ) -> GridCell | None:
         return choose_cell(Tables(time_s, peak_w, avg_w), r_list, limit_w, objective=objective)
 
     return select
@@ -176,7 +180,7 @@ class PlannedLUT(GridTables):
     """
 
     measured: BoolArray
-    cells: tuple[tuple[int, float], ...]
+    cells: tuple[BF, ...]
     choices: tuple[CapChoice, ...]
     fit: LUTFit
     seed_count: int
@@ -191,15 +195,8 @@ class PlannedLUT(GridTables):
             np.where(keep, self.avg_power_w, np.nan),
         )
 
-    def choice_for(self, cap_w: float) -> CapChoice:
-        """The choice for ``cap_w`` (``math.inf``: no cap); KeyError if it was not planned."""
-        for c in self.choices:
-            if c.cap_w == cap_w or (math.isinf(c.cap_w) and math.isinf(cap_w)):
-                return c
-        raise KeyError(f"p-max-w: {cap_w!r} was not among the planned caps")
 
-
-def seed_cells(n_b: int, n_f: int, count: int = 8) -> list[Cell]:
+def seed_cells(n_b: int, n_f: int, count: int = 8) -> list[GridCell]:
     """``count`` cells spread over a (n_b, n_f) grid: corners, every row, then max-min.
 
     First the four corners (lowest and highest b at the lowest and highest f), then one
@@ -214,9 +211,9 @@ def seed_cells(n_b: int, n_f: int, count: int = 8) -> list[Cell]:
     count = min(max(count, 0), n_b * n_f)
     ys = np.arange(n_b) / max(n_b - 1, 1)
     xs = np.arange(n_f) / max(n_f - 1, 1)
-    chosen: list[Cell] = []
+    chosen: list[GridCell] = []
 
-    def farthest(rows: Sequence[int]) -> Cell:
+    def farthest(rows: Sequence[int]) -> GridCell:
         best, best_d = (rows[0], n_f - 1), -1.0
         for i in sorted(rows, reverse=True):
             for j in range(n_f - 1, -1, -1):
@@ -261,13 +258,13 @@ class _State:
         self.peak = np.full(shape, np.nan)
         self.avg = np.full(shape, np.nan)
         self.tried = np.zeros(shape, dtype=bool)
-        self.cells: list[tuple[int, float]] = []
+        self.cells: list[BF] = []
 
     @property
     def measured(self) -> BoolArray:
         return valid_cells(self.time, self.peak, self.avg)
 
-    def measure(self, cell: Cell) -> None:
+    def measure(self, cell: GridCell) -> None:
         i, j = cell
         self.tried[i, j] = True
         self.cells.append((self.b[i], self.f[j]))
@@ -291,7 +288,9 @@ class _State:
         )
 
 
-def _candidate(state: _State, fit: LUTFit, limit_w: float, ctx: _Ctx) -> tuple[Cell, float] | None:
+def _candidate(
+    state: _State, fit: LUTFit, limit_w: float, ctx: _Ctx
+) -> tuple[GridCell, float] | None:
     """The unmeasured cell most worth measuring under ``limit_w`` (a cap with its margin,
     ``PowerLimit.limit_w``) and its priority, or None.
 
@@ -334,7 +333,7 @@ def next_cell(
     limit: PowerLimit,
     r: Sequence[float],
     options: PlanOptions | None = None,
-) -> Cell | None:
+) -> GridCell | None:
     """The unmeasured cell most worth measuring next under ``limit``, as ``plan_cells`` picks
     it (``_candidate``), from tables measured elsewhere (NaN: not measured) and the cells
     already tried; None: the cap is settled.
@@ -354,7 +353,7 @@ def next_cell(
 
 
 def _chance_better(
-    fit: LUTFit, tables: tuple[FloatArray, FloatArray], picked: Cell, ctx: _Ctx
+    fit: LUTFit, tables: tuple[FloatArray, FloatArray], picked: GridCell, ctx: _Ctx
 ) -> FloatArray:
     """Per cell, the chance (if feasible) that the selector would prefer it to ``picked``:
     a better score (``Objective.scores``), or a tie within the objective's tolerance with
@@ -413,7 +412,7 @@ def plan_cells(
         Eq. 3's r_b per batch size.
     measure : callable
         ``measure(b, f) -> (time per sample s, peak W, average W)`` of one cell, measured
-        as the profiler measures a cell (e.g. ``profiler.measure_cell``).
+        as the profiler measures a cell (e.g. ``cell_measure.measure_cell``).
     options : PlanOptions, optional
 
     Returns

@@ -137,7 +137,7 @@ def format_selection(
     selection: Any,
     r: Sequence[float],
     *,
-    b1_freq_cap_mhz: float | None = None,
+    b1_max_freq_mhz: float | None = None,
     cap_margin: float = 0.0,
 ) -> str:
     """The choice and the candidate set (Eq. 4's C) as text; the knob named in its unit
@@ -146,8 +146,8 @@ def format_selection(
     symbol, unit = knob_symbol(knob), knob.unit
     if selection.method in ("power-aware", "oracle"):
         under = f" under {cap_text(Cap.parse(selection.p_max_w), cap_margin)}"
-    elif b1_freq_cap_mhz is not None:
-        under = f" at the fixed frequency cap {b1_freq_cap_mhz:g} {unit}"
+    elif b1_max_freq_mhz is not None:
+        under = f" at the fixed frequency cap {b1_max_freq_mhz:g} {unit}"
     else:
         under = ""
     head = f"{symbol} {unit}"

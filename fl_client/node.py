@@ -72,9 +72,6 @@ log = logging.getLogger(__name__)
 NEEDS_LUT = ("power-aware", "oracle")
 
 
-# --------------------------------------------------------------------------- context
-
-
 # --------------------------------------------------------------------------- QUERY
 
 
@@ -280,8 +277,8 @@ def select_for(
         cfg.method,
         objective,
         context,
-        b1_freq_cap_mhz=(
-            device.info.b1_freq_cap_mhz(plan.cap.watts) if cfg.method in ("b1", "b2") else None
+        b1_max_freq_mhz=(
+            device.info.b1_max_freq_mhz(plan.cap.watts) if cfg.method in ("b1", "b2") else None
         ),
         fixed_batch_size=cfg.fixed_batch_size,
         fixed_freq_mhz=cfg.fixed_freq_mhz,
@@ -489,9 +486,6 @@ def _check_drift(ctx: NodeContext, measure: MeasureContext, plan: NodeRoundState
         peak_sigma_k=ctx.settings.peak_sigma_k,
     )
     plan.cost.add(plan.drift.time_s, plan.drift.energy_j)
-
-
-# --------------------------------------------------------------------------- PROFILE
 
 
 # --------------------------------------------------------------------------- TRAIN

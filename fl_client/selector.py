@@ -227,7 +227,7 @@ class Method:
         Power-aware's and the oracle's, with ``peak-sigma-k`` and ``tie-tolerance``.
     context : RoundContext
         Power-aware's and the oracle's round: its budget and batch size.
-    b1_freq_cap_mhz : float or None
+    b1_max_freq_mhz : float or None
         B1's and B2's fixed safe frequency.
     fixed_batch_size, fixed_freq_mhz : int / float or None
         The (b, f) of ``fixed``.
@@ -238,7 +238,7 @@ class Method:
     name: str = "power-aware"
     objective: Objective = EQ4
     context: RoundContext = ANY_ROUND
-    b1_freq_cap_mhz: float | None = None
+    b1_max_freq_mhz: float | None = None
     fixed_batch_size: int | None = None
     fixed_freq_mhz: float | None = None
     knob: Knob | None = None
@@ -492,8 +492,8 @@ def select(
         ``power-aware`` and ``oracle`` need the tables, ``r`` (for the oracle: measured on
         the client's data) and ``limit`` (the cap with its margin, ``PowerLimit``, or a
         bare cap; pass ``math.inf`` or ``"none"`` for no cap: a forgotten cap is an error
-        here, not "no cap"); ``b1`` needs ``Method.b1_freq_cap_mhz``; ``b2`` needs ``r``
-        and ``b1_freq_cap_mhz``; ``fixed`` needs ``fixed_batch_size`` and
+        here, not "no cap"); ``b1`` needs ``Method.b1_max_freq_mhz``; ``b2`` needs ``r``
+        and ``b1_max_freq_mhz``; ``fixed`` needs ``fixed_batch_size`` and
         ``fixed_freq_mhz``. The tables are optional for the baselines (predictions only).
     batch_sizes, freqs_mhz, r, limit
         As in the per-method functions.
@@ -521,11 +521,11 @@ def select(
         tables = need("lut-time-s", tables)
         return select_eq4(tables, batch_sizes, freqs_mhz, need("r", r), need("p-max-w", limit), how)
     if how.name == "b1":
-        cap = need("b1-freq-cap-mhz", how.b1_freq_cap_mhz)
-        sel = select_b1(batch_sizes, freqs_mhz, cap, tables, r=r)
+        max_mhz = need("b1-freq-cap-mhz", how.b1_max_freq_mhz)
+        sel = select_b1(batch_sizes, freqs_mhz, max_mhz, tables, r=r)
     elif how.name == "b2":
-        cap = need("b1-freq-cap-mhz", how.b1_freq_cap_mhz)
-        sel = select_b2(batch_sizes, freqs_mhz, need("r", r), cap, tables)
+        max_mhz = need("b1-freq-cap-mhz", how.b1_max_freq_mhz)
+        sel = select_b2(batch_sizes, freqs_mhz, need("r", r), max_mhz, tables)
     else:
         b = need("fixed-batch-size", how.fixed_batch_size)
         f = need("fixed-freq-mhz", how.fixed_freq_mhz)

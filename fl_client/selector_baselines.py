@@ -53,33 +53,33 @@ def _grid(
     return _Grid(b_list, f_list, r_list, time_s, power_w)
 
 
-def _table_freq_at_or_below(freqs_mhz: Sequence[float], cap_mhz: float, key: str) -> int:
-    """Index of the highest table frequency ≤ ``cap_mhz`` (within FREQ_TOLERANCE_MHZ)."""
-    if isinstance(cap_mhz, bool) or not isinstance(cap_mhz, numbers.Real):
-        raise ValueError(f"{key}: must be a frequency in MHz; got {cap_mhz!r}")
-    cap = float(cap_mhz)
-    if math.isnan(cap) or cap <= 0:
-        raise ValueError(f"{key}: must be a frequency in MHz > 0; got {cap_mhz!r}")
-    j = int(np.searchsorted(np.asarray(freqs_mhz), cap + FREQ_TOLERANCE_MHZ, side="right")) - 1
+def _table_freq_at_or_below(freqs_mhz: Sequence[float], max_mhz: float, key: str) -> int:
+    """Index of the highest table frequency ≤ ``max_mhz`` (within FREQ_TOLERANCE_MHZ)."""
+    if isinstance(max_mhz, bool) or not isinstance(max_mhz, numbers.Real):
+        raise ValueError(f"{key}: must be a frequency in MHz; got {max_mhz!r}")
+    f_max = float(max_mhz)
+    if math.isnan(f_max) or f_max <= 0:
+        raise ValueError(f"{key}: must be a frequency in MHz > 0; got {max_mhz!r}")
+    j = int(np.searchsorted(np.asarray(freqs_mhz), f_max + FREQ_TOLERANCE_MHZ, side="right")) - 1
     if j < 0:
         raise ValueError(
-            f"{key}: {cap:g} MHz is below the lowest table frequency {freqs_mhz[0]:g} MHz"
+            f"{key}: {f_max:g} MHz is below the lowest table frequency {freqs_mhz[0]:g} MHz"
         )
     return j
 
 
-def _select_at_fixed_cap(
+def _select_at_fixed_freq(
     method: str,
     batch_index: int,
     inputs: tuple[list[int], Sequence[float], list[float] | None],
-    b1_freq_cap_mhz: float,
+    b1_max_freq_mhz: float,
     tables: Tables | None,
 ) -> Selection:
-    """B1/B2: every b runs at the highest table frequency at or below the fixed cap.
+    """B1/B2: every b runs at the highest table frequency at or below the fixed maximum frequency.
     ``inputs``: the validated batch sizes, the frequency table and r (None: no score)."""
     b_list, freqs_mhz, r_list = inputs
     f_list = validate_freqs_mhz(freqs_mhz)
-    j = _table_freq_at_or_below(f_list, b1_freq_cap_mhz, "b1-freq-cap-mhz")
+    j = _table_freq_at_or_below(f_list, b1_max_freq_mhz, "b1-freq-cap-mhz")
     candidates = _grid(b_list, f_list, r_list, tables).candidates_at(j)
     return selection_of(method, candidates[batch_index], None, candidates)
 
@@ -87,7 +87,7 @@ def _select_at_fixed_cap(
 def select_b1(
     batch_sizes: Sequence[int],
     freqs_mhz: Sequence[float],
-    b1_freq_cap_mhz: float,
+    b1_max_freq_mhz: float,
     tables: Tables | None = None,
     *,
     r: Sequence[float] | None = None,
@@ -100,7 +100,7 @@ def select_b1(
         B; pass only the batch sizes that fit in the device's memory — the largest is used.
     freqs_mhz : sequence of float
         The device's frequency table in MHz, ascending.
-    b1_freq_cap_mhz : float
+    b1_max_freq_mhz : float
         The device's fixed safe frequency for the P_max band (Nano: 307 / 614 / 921.6 MHz
         for 4.5 W / 7 W / no cap); the highest table frequency ≤ it (within
         ``FREQ_TOLERANCE_MHZ``) is used.
@@ -117,8 +117,8 @@ def select_b1(
     """
     b_list = validate_batch_sizes(batch_sizes)
     r_list = None if r is None else validate_r(r, b_list)
-    return _select_at_fixed_cap(
-        "b1", len(b_list) - 1, (b_list, freqs_mhz, r_list), b1_freq_cap_mhz, tables
+    return _select_at_fixed_freq(
+        "b1", len(b_list) - 1, (b_list, freqs_mhz, r_list), b1_max_freq_mhz, tables
     )
 
 
@@ -126,7 +126,7 @@ def select_b2(
     batch_sizes: Sequence[int],
     freqs_mhz: Sequence[float],
     r: Sequence[float],
-    b1_freq_cap_mhz: float,
+    b1_max_freq_mhz: float,
     tables: Tables | None = None,
 ) -> Selection:
     """Baseline 2: the b with the smallest proxy r (fewest samples to accuracy), B1's frequency.
@@ -142,7 +142,7 @@ def select_b2(
     b_list = validate_batch_sizes(batch_sizes)
     r_list = validate_r(r, b_list)
     best = min(range(len(b_list)), key=lambda i: (r_list[i], -b_list[i]))
-    return _select_at_fixed_cap("b2", best, (b_list, freqs_mhz, r_list), b1_freq_cap_mhz, tables)
+    return _select_at_fixed_freq("b2", best, (b_list, freqs_mhz, r_list), b1_max_freq_mhz, tables)
 
 
 def select_fixed(

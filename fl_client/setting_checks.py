@@ -236,7 +236,7 @@ class OptionalNumber(Check):
 @dataclass(frozen=True)
 class DatasetName(Check):
     """A dataset's name (stripped); with ``optional``, empty too (the run's dataset).
-    Whether it can be loaded is ``task.check_dataset``'s to say, before any engine starts."""
+    Whether it can be loaded is ``data_splits.check_dataset``'s to say, before any engine starts."""
 
     optional: bool = False
 

@@ -308,14 +308,6 @@ class Progress:
     #: None: not reached)
     target_index: int | None
 
-    @property
-    def target_time_s(self) -> float | None:
-        return None if self.target_index is None else self.time_s[self.target_index]
-
-    @property
-    def target_energy_j(self) -> float | None:
-        return None if self.target_index is None else self.energy_j[self.target_index]
-
 
 def progress(run: RunRecords, label: str | None = None) -> Progress:
     """``run``'s progress curve, labelled ``label`` (default: its method)."""

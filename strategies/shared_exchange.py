@@ -13,9 +13,10 @@ from flwr.serverapp import Grid
 
 from fl_client.contract import CellsReport, ProfileRequest, TrainConfig, TrainReport
 from fl_client.lut import LUT, KindKey
+from fl_client.lut_plan import BF
 from strategies.aggregation import aggregate_round
 from strategies.fleet import Fleet
-from strategies.shared_profiling import Cell, KindProfile, SharedOptions, exchanges, kinds_of
+from strategies.shared_profiling import KindProfile, SharedOptions, exchanges, kinds_of
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ class SharedExchange:
         self,
         step: _Step,
         arrays: ArrayRecord,
-        requests: dict[int, list[Cell]],
+        requests: dict[int, list[BF]],
         kinds: dict[KindKey, KindProfile],
     ) -> ArrayRecord:
         """One synchronous profiling exchange: send each node its cells, merge the replies

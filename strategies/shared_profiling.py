@@ -35,11 +35,8 @@ from fl_client.feasibility import robust_peak_w
 from fl_client.lut import LUT, KindKey
 from fl_client.lut_cells import median_cell
 from fl_client.lut_fit import fit_lut
-from fl_client.lut_plan import PlanOptions, next_cell, seed_cells
+from fl_client.lut_plan import BF, GridCell, PlanOptions, next_cell, seed_cells
 from fl_client.power import PowerLimit
-
-#: A cell to measure, as (batch size, GPU frequency in MHz).
-Cell = tuple[int, float]
 
 
 @dataclass(frozen=True)
@@ -65,10 +62,10 @@ class KindProfile:
     nodes: list[int]
     caps: dict[int, list[tuple[Cap, float]]]  # node -> every (cap, cap-margin) it runs under
     #: per cell, every measurement of it: (time per sample, peak, average power, σ)
-    measured: dict[Cell, list[tuple[float, ...]]] = field(default_factory=dict)
+    measured: dict[BF, list[tuple[float, ...]]] = field(default_factory=dict)
     spent: dict[PowerLimit, int] = field(default_factory=dict)  # cap with margin -> cells
     #: cap with its margin -> the (row, column) of the last confirm cell asked for it
-    last: dict[PowerLimit, tuple[int, int]] = field(default_factory=dict)
+    last: dict[PowerLimit, GridCell] = field(default_factory=dict)
     #: The lowest frequency the seeds go to: the lowest of its nodes' ``profile-floor-mhz``
     #: (0: a node without one, seeds over the whole grid)
     floor_mhz: float = 0.0
@@ -138,7 +135,7 @@ def kinds_of(
     return kinds
 
 
-def cell_cost(cell: Cell) -> float:
+def cell_cost(cell: BF) -> float:
     """Relative device time of measuring a cell: its steps process ∝ b samples, each taking
     ∝ 1/f when the GPU clock binds (an upper bound where it does not)."""
     b, f = cell
@@ -147,7 +144,7 @@ def cell_cost(cell: Cell) -> float:
 
 def cheap_seeds(
     batch_sizes: Sequence[int], freqs_mhz: Sequence[float], count: int, floor_mhz: float = 0.0
-) -> list[Cell]:
+) -> list[BF]:
     """``lut_plan.seed_cells`` over the frequencies at or above ``floor_mhz`` (the kind's
     lowest B1 band frequency: no cap of the kind has its choice below it, and the cells
     there are the dearest to measure, every step at the slowest clocks), with one more
@@ -159,7 +156,7 @@ def cheap_seeds(
     lowest = min(lowest, max(len(freqs_mhz) - 2, 0))  # at least two frequencies to fit
     freqs = list(freqs_mhz[lowest:])
     f_min_useful = next(j for j, f in enumerate(freqs) if f >= (freqs[0] + freqs[-1]) / 2)
-    out: list[Cell] = []
+    out: list[BF] = []
     for i, j in seed_cells(len(batch_sizes), len(freqs), count):
         if i == len(batch_sizes) - 1 and j < f_min_useful and len(batch_sizes) > 1:
             j = f_min_useful
@@ -169,14 +166,12 @@ def cheap_seeds(
     return out
 
 
-def deal(
-    cells: Sequence[Cell], nodes: Sequence[int], load: dict[int, float]
-) -> dict[int, list[Cell]]:
+def deal(cells: Sequence[BF], nodes: Sequence[int], load: dict[int, float]) -> dict[int, list[BF]]:
     """Cells to nodes, costliest first, each to the node with the least load so far (the
     exchange lasts as long as its busiest node), ties to the node first in ``nodes`` (the
     kind's nodes by name: the same slices in every run, whatever ids Flower gives the
     nodes); ``load`` is updated."""
-    out: dict[int, list[Cell]] = defaultdict(list)
+    out: dict[int, list[BF]] = defaultdict(list)
     order = {n: i for i, n in enumerate(nodes)}
     for cell in sorted(cells, key=cell_cost, reverse=True):
         node = min(nodes, key=lambda n: (load.get(n, 0.0), order[n]))
@@ -185,12 +180,10 @@ def deal(
     return out
 
 
-def seed_requests(
-    kinds: Mapping[KindKey, KindProfile], opts: SharedOptions
-) -> dict[int, list[Cell]]:
+def seed_requests(kinds: Mapping[KindKey, KindProfile], opts: SharedOptions) -> dict[int, list[BF]]:
     """Exchange 1: each kind's seed cells (``cheap_seeds``) dealt over its nodes in disjoint
     slices of about equal device time."""
-    out: dict[int, list[Cell]] = {}
+    out: dict[int, list[BF]] = {}
     for prof in kinds.values():
         seeds = cheap_seeds(
             prof.kind.batch_sizes, prof.kind.freqs_mhz, opts.seed_cells, prof.floor_mhz
@@ -203,7 +196,7 @@ def exchanges(
     kinds: Mapping[KindKey, KindProfile],
     r_of: Mapping[KindKey, Sequence[float]],
     opts: SharedOptions,
-) -> Iterator[dict[int, list[Cell]]]:
+) -> Iterator[dict[int, list[BF]]]:
     """The requests of each exchange in turn: the seeds, then up to
     ``opts.confirm_exchanges`` confirm exchanges, ending early once no cap asks for a cell.
 
@@ -222,7 +215,7 @@ def confirm_requests(
     kinds: Mapping[KindKey, KindProfile],
     r_of: Mapping[KindKey, Sequence[float]],
     opts: SharedOptions,
-) -> dict[int, list[Cell]]:
+) -> dict[int, list[BF]]:
     """One confirm exchange: per distinct cap of a kind, ONE cell where a fit to the
     kind's measured cells is unsure, measured by a node under that cap:
 
@@ -239,7 +232,7 @@ def confirm_requests(
     The kind's caps draw on one pool of ``cells_per_cap`` × distinct caps cells: a settled
     cap leaves its share to a cap the fit is still unsure of.
     """
-    out: dict[int, list[Cell]] = defaultdict(list)
+    out: dict[int, list[BF]] = defaultdict(list)
     load: dict[int, float] = {}
     plan = PlanOptions(tie_tolerance=opts.tie_tolerance)
     for kind, prof in kinds.items():
@@ -276,7 +269,7 @@ def _confirm_cell(
     robust_w: np.ndarray,
     tried: np.ndarray,
     limit: PowerLimit,
-    fitted_next: Callable[[PowerLimit], tuple[int, int] | None],
+    fitted_next: Callable[[PowerLimit], GridCell | None],
 ) -> tuple[int, int] | None:
     """The (row, column) ``confirm_requests`` asks for next for one cap with its margin:
     the cell below the last one asked for when that one proved over the cap (``robust_w``,

@@ -257,11 +257,11 @@ class DeviceInfo:
         if not self.b1_bands:
             return 0.0
         try:
-            return min((self.b1_freq_cap_mhz(w) for w in caps_w), default=0.0)
+            return min((self.b1_max_freq_mhz(w) for w in caps_w), default=0.0)
         except ValueError:
             return 0.0
 
-    def b1_freq_cap_mhz(self, p_max_w: float | None) -> float:
+    def b1_max_freq_mhz(self, p_max_w: float | None) -> float:
         """B1's fixed GPU frequency in MHz under the cap ``p_max_w`` (inf or None: no cap).
 
         The band with the largest lower bound ≤ P_max applies, and its frequency is taken

@@ -83,13 +83,13 @@ def choose(method: str, grid: Grid, cap: object, n_proxy: Samples) -> tuple[int,
     when it has none."""
     sizes = grid.batch_sizes
     if method in ("b1", "b2"):
-        f_cap = grid.b1_freq_mhz.get(kit.cap_of(cap))
-        if f_cap is None:
+        b1_mhz = grid.b1_freq_mhz.get(kit.cap_of(cap))
+        if b1_mhz is None:
             raise ValueError("no safe B1 frequency band for this cap")
         bs, r = (sizes, None) if method == "b1" else r_from_samples(n_proxy, sizes)
         if not bs:
             raise ValueError("no batch size reached the proxy's accuracy target")
-        how = selector.Method(method, b1_freq_cap_mhz=f_cap)
+        how = selector.Method(method, b1_max_freq_mhz=b1_mhz)
         sel = selector.select(how, batch_sizes=bs, freqs_mhz=grid.freqs_mhz, r=r)
         return sel.batch_size, sel.freq_mhz
     bs, r = r_from_samples(n_proxy, sizes)

@@ -320,16 +320,16 @@ def _select(
 ) -> tuple[Selection, dict[str, Any]]:
     """The (b, f) of ``method`` in this cell and what the record adds for it. Raises
     ValueError (incl. InfeasibleCapError, B1 without a safe band) when it has none."""
-    f_cap = None if method in LUT_METHODS else board.spec.b1_freq_cap_mhz(c.cap_w)
+    b1_mhz = None if method in LUT_METHODS else board.spec.b1_max_freq_mhz(c.cap_w)
     role = R_ROLE[method]
     batch_sizes, r = (
         (board.sizes, None) if role is None else r_from_samples(samples.of(role), board.sizes)
     )
     if not batch_sizes:
         raise ValueError(NOT_REACHED[method])
-    if f_cap is not None:
+    if b1_mhz is not None:
         freqs = [float(f) for f in board.spec.gpu_freqs_mhz]
-        how = selector.Method(method, b1_freq_cap_mhz=f_cap)
+        how = selector.Method(method, b1_max_freq_mhz=b1_mhz)
         sel = selector.select(how, batch_sizes=batch_sizes, freqs_mhz=freqs, r=r)
         return sel, {}
     lut = board.lut

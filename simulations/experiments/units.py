@@ -295,7 +295,7 @@ def b1_bands(device_kind: str, caps_w: Sequence[float | None]) -> dict[str, floa
     out: dict[str, float | None] = {}
     for cap in caps_w:
         try:
-            out[cap_label(cap)] = spec.b1_freq_cap_mhz(cap)
+            out[cap_label(cap)] = spec.b1_max_freq_mhz(cap)
         except ValueError:
             out[cap_label(cap)] = None
     return out

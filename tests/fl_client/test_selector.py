@@ -240,8 +240,8 @@ def test_dispatcher_matches_the_functions_and_rejects_unknown_methods():
         Tables(time, power), [8, 16], [100.0, 200.0], [0.5, 1.0], 5.0
     )
     assert select("oracle", **common, r=[1.0, 0.4], limit=math.inf).batch_size == 16
-    assert select(Method("b1", b1_freq_cap_mhz=150.0), **common).freq_mhz == 100.0
-    assert select(Method("b2", b1_freq_cap_mhz=200.0), **common, r=[0.5, 1.0]).batch_size == 8
+    assert select(Method("b1", b1_max_freq_mhz=150.0), **common).freq_mhz == 100.0
+    assert select(Method("b2", b1_max_freq_mhz=200.0), **common, r=[0.5, 1.0]).batch_size == 8
     assert (
         select(Method("fixed", fixed_batch_size=16, fixed_freq_mhz=200.0), **common).batch_size
         == 16

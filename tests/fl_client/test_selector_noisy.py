@@ -395,7 +395,7 @@ def test_the_knob_labels_every_method():
     assert d["gpu-power-limit-w"] == 150.0 and "gpu-freq-mhz" not in d
     assert d["candidates"][0]["gpu-power-limit-w"] == 150.0 and d["knob-unit"] == "W"
     b1 = select(
-        Method("b1", b1_freq_cap_mhz=120.0), batch_sizes=[8], freqs_mhz=limits, tables=watts
+        Method("b1", b1_max_freq_mhz=120.0), batch_sizes=[8], freqs_mhz=limits, tables=watts
     )
     assert (b1.freq_mhz, b1.knob) == (100.0, GPU_POWER_LIMIT_W)
     fixed = select(

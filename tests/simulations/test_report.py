@@ -212,8 +212,8 @@ def test_progress_is_the_recorded_accuracy_time_and_energy(tmp_path: Path) -> No
     assert curve.target_accuracy == TARGET
     s = run.summary
     assert s["round-to-target"] == 3 and curve.target_index == 3
-    assert curve.target_time_s == pytest.approx(s["sim-time-to-target-s"])
-    assert curve.target_energy_j == pytest.approx(
+    assert curve.time_s[3] == pytest.approx(s["sim-time-to-target-s"])
+    assert curve.energy_j[3] == pytest.approx(
         s["fleet-busy-energy-to-target-j"] + s["fleet-idle-energy-to-target-j"]
     )
 
@@ -222,7 +222,7 @@ def test_a_run_that_misses_the_target_has_no_target_point(tmp_path: Path) -> Non
     run = load_run(fabricated_run(tmp_path / "run", slower=2.0))  # accuracy halved
     curve = progress(run, "slow")
     assert curve.label == "slow" and max(curve.accuracy) < TARGET
-    assert curve.target_index is None and curve.target_time_s is None
+    assert curve.target_index is None
     assert table_row(run)[3:6] == ("-", "-", "-")
 
 

@@ -87,7 +87,8 @@ def test_progress_draws_every_run_and_the_target(tmp_path: Path) -> None:
         assert len(flat) == 1
         stars = [ln for ln in ax.lines if ln.get_marker() == "*"]
         first = progress(runs[0])
-        at = first.target_time_s if attr == "time_s" else first.target_energy_j
+        assert first.target_index is not None
+        at = getattr(first, attr)[first.target_index]
         assert [(s.get_xdata()[0], s.get_ydata()[0]) for s in stars] == [
             (pytest.approx(at), pytest.approx(0.74))
         ]

@@ -25,12 +25,12 @@ from flwr.app import (
 
 from fl_client.contract import Cap, NodeDescriptor, ProfileRequest, TrainConfig
 from fl_client.lut import LUT, KindKey, lut_checksum
+from fl_client.lut_plan import BF
 from fl_server.lut_library import LUTLibrary
 from fl_server.server_app import Rounds, run_rounds
 from strategies import aggregation
 from strategies.power_aware import PowerAwareFedAvg
 from strategies.shared_exchange import SharedProfiling
-from strategies.shared_profiling import Cell
 from tests.strategies.test_power_aware import FakeGrid, report
 from tests.strategies.test_shared_profiling import (
     FLEET,
@@ -69,7 +69,7 @@ class BatchGrid(FakeGrid):
         return [b for b in self.batches if b and b[0].metadata.message_type == PROFILE]
 
 
-def _cells_of(msg: Message) -> list[Cell]:
+def _cells_of(msg: Message) -> list[BF]:
     return ProfileRequest.from_config(dict(msg.content.config_records["config"])).cells
 
 
@@ -132,7 +132,7 @@ def _kind_lut(strategy: PowerAwareFedAvg, node_id: int, server_round: int = 1) -
     return None if cfg.kind_lut is None else LUT.from_json(cfg.kind_lut)
 
 
-def _requested(grid: BatchGrid, nodes: Iterable[int]) -> set[Cell]:
+def _requested(grid: BatchGrid, nodes: Iterable[int]) -> set[BF]:
     nodes = set(nodes)
     return {
         c
@@ -143,7 +143,7 @@ def _requested(grid: BatchGrid, nodes: Iterable[int]) -> set[Cell]:
     }
 
 
-def _lut_cells(lut: LUT) -> set[Cell]:
+def _lut_cells(lut: LUT) -> set[BF]:
     ii, jj = np.nonzero(~np.isnan(lut.time_per_sample_s))
     return {(lut.batch_sizes[i], lut.freqs_mhz[j]) for i, j in zip(ii, jj, strict=True)}
 

@@ -16,11 +16,11 @@ from fl_client.devices.descriptors import DeviceSpec, load_device_spec
 from fl_client.devices.simulated import avg_power_w, power_w
 from fl_client.devices.simulated import time_per_sample_s as twin_time_per_sample_s
 from fl_client.lut import LUT, KindKey, lut_checksum
+from fl_client.lut_plan import BF
 from fl_client.node import workload_for
 from fl_client.selection import Tables
 from fl_client.selector import Objective, choose_cell
 from strategies.shared_profiling import (
-    Cell,
     KindProfile,
     SharedOptions,
     cell_cost,
@@ -79,7 +79,7 @@ NANO_KIND = KindKey("jetson-nano", "simulated", "cnn", SHAPE, B, tuple(NANO.gpu_
 ORIN_KIND = KindKey("jetson-agx-orin", "simulated", "cnn", SHAPE, B, tuple(ORIN.gpu_freqs_mhz))
 
 
-def _twin(spec: DeviceSpec, cell: Cell, spread: float = 1.0) -> tuple[float, float, float]:
+def _twin(spec: DeviceSpec, cell: BF, spread: float = 1.0) -> tuple[float, float, float]:
     """The twin's noiseless time per sample, peak and average power of ``cell``."""
     b, f = cell
     return (
@@ -90,7 +90,7 @@ def _twin(spec: DeviceSpec, cell: Cell, spread: float = 1.0) -> tuple[float, flo
 
 
 def _cells_report(
-    spec: DeviceSpec, cells: Iterable[Cell], spread: float = 1.0, **over: Any
+    spec: DeviceSpec, cells: Iterable[BF], spread: float = 1.0, **over: Any
 ) -> CellsReport:
     cells = list(cells)
     values = [_twin(spec, c, spread) for c in cells]
@@ -111,7 +111,7 @@ def _batch_sizes(fleet: dict[int, NodeDescriptor]) -> dict[int, list[int]]:
     return {n: [b for b in B if b <= d.max_batch_size] for n, d in fleet.items()}
 
 
-def _all(requests: dict[int, list[Cell]]) -> list[Cell]:
+def _all(requests: dict[int, list[BF]]) -> list[BF]:
     return [c for cells in requests.values() for c in cells]
 
 
@@ -215,7 +215,7 @@ def test_a_kinds_floor_is_the_lowest_of_its_nodes() -> None:
 # --------------------------------------------------------------------------- confirm
 
 
-def _measure(kinds: dict[KindKey, KindProfile], requests: dict[int, list[Cell]]) -> None:
+def _measure(kinds: dict[KindKey, KindProfile], requests: dict[int, list[BF]]) -> None:
     """Every requested cell measured on the twin of its node's kind."""
     for prof in kinds.values():
         spec = NANO if prof.kind.device_kind == NANO.kind else ORIN

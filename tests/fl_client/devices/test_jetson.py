@@ -503,13 +503,13 @@ def test_jtop_can_sum_chosen_rails(
 def test_b1_bands_come_from_the_boards_descriptor(tmp_path: Path, state_dir: Path):
     nano = open_jetson(build_tree(tmp_path / "nano", "nano-jp4"), state_dir)
     assert [b.freq_mhz for b in nano.info.b1_bands] == [307.2, 614.4, 921.6]
-    assert nano.info.b1_freq_cap_mhz(4.5) == 307.2
-    assert nano.info.b1_freq_cap_mhz(math.inf) == 921.6
+    assert nano.info.b1_max_freq_mhz(4.5) == 307.2
+    assert nano.info.b1_max_freq_mhz(math.inf) == 921.6
     with pytest.raises(ValueError, match="below the lowest B1 band of jetson-nano"):
-        nano.info.b1_freq_cap_mhz(3.0)
+        nano.info.b1_max_freq_mhz(3.0)
     nano.close()
     orin = open_jetson(build_tree(tmp_path / "orin", "agx-orin-jp5"), state_dir)
-    assert orin.info.b1_freq_cap_mhz(30.0) == 726.75
+    assert orin.info.b1_max_freq_mhz(30.0) == 726.75
     orin.close()
 
 
@@ -526,8 +526,8 @@ def test_board_without_descriptor_has_no_b1_bands(
         sampled=SampledOptions(state_dir=state_dir),
     )
     assert dev.info.kind == "jetson-tx2" and dev.info.b1_bands == ()
-    assert dev.info.b1_freq_cap_mhz(5.0) == 1300.5
-    assert dev.info.b1_freq_cap_mhz(math.inf) == 1300.5
+    assert dev.info.b1_max_freq_mhz(5.0) == 1300.5
+    assert dev.info.b1_max_freq_mhz(math.inf) == 1300.5
     assert caplog.text.count("no frequency bands known for jetson-tx2") == 1
     dev.close()
 

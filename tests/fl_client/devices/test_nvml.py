@@ -380,6 +380,6 @@ def test_nvml_device_has_no_b1_bands(
 ):
     dev = NvmlDevice()
     assert dev.info.b1_bands == ()
-    assert dev.info.b1_freq_cap_mhz(math.inf) == 1980.0
-    assert dev.info.b1_freq_cap_mhz(100.0) == 1980.0
+    assert dev.info.b1_max_freq_mhz(math.inf) == 1980.0
+    assert dev.info.b1_max_freq_mhz(100.0) == 1980.0
     dev.close()

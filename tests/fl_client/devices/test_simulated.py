@@ -111,17 +111,17 @@ def test_fig2_b8_reaches_a_higher_frequency_than_b32_yet_b32_is_faster_per_sampl
 
 
 def test_b1_bands_of_the_paper_on_the_nano(nano: DeviceSpec) -> None:
-    assert nano.b1_freq_cap_mhz(4.5) == 307.2
-    assert nano.b1_freq_cap_mhz(5.0) == 307.2
-    assert nano.b1_freq_cap_mhz(7.0) == 614.4
-    assert nano.b1_freq_cap_mhz(20.0) == 614.4
-    assert nano.b1_freq_cap_mhz(math.inf) == 921.6
-    assert nano.b1_freq_cap_mhz(None) == 921.6
+    assert nano.b1_max_freq_mhz(4.5) == 307.2
+    assert nano.b1_max_freq_mhz(5.0) == 307.2
+    assert nano.b1_max_freq_mhz(7.0) == 614.4
+    assert nano.b1_max_freq_mhz(20.0) == 614.4
+    assert nano.b1_max_freq_mhz(math.inf) == 921.6
+    assert nano.b1_max_freq_mhz(None) == 921.6
     with pytest.raises(ValueError, match=r"p-max-w: 4 W is below the lowest B1 band"):
-        nano.b1_freq_cap_mhz(4.0)
+        nano.b1_max_freq_mhz(4.0)
     for bad in (0.0, -1.0, math.nan):
         with pytest.raises(ValueError, match="p-max-w"):
-            nano.b1_freq_cap_mhz(bad)
+            nano.b1_max_freq_mhz(bad)
 
 
 @pytest.mark.parametrize("kind", DEVICE_KINDS)
@@ -232,7 +232,7 @@ def test_default_fleets_caps_have_a_b1_band(specs: dict[str, DeviceSpec]) -> Non
             raw = node.get("p-max-w", "none")
             p_max_w = math.inf if str(raw).lower() == "none" else float(raw)
             spec = specs[node["device"]]
-            assert spec.b1_freq_cap_mhz(p_max_w) in spec.gpu_freqs_mhz, (path.name, node)
+            assert spec.b1_max_freq_mhz(p_max_w) in spec.gpu_freqs_mhz, (path.name, node)
 
 
 def test_energy_per_sample_is_avg_power_times_time(
