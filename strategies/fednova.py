@@ -49,8 +49,8 @@ extrapolates: a node whose work is below τ_eff has its update scaled up by τ_e
 That is right when Δ_i grows in proportion to the work; with Adam on non-IID data it does
 not. On a generated fleet (4 Nanos at 6 W, 2 AGX Orins at 55 W, ``balance = "steps"``,
 ``benchmarks/bench_update_norms.py``) the Orins ran 5.75× the smallest work and their
-updates were only 1.6–2.1× as long (‖Δ‖ ∝ work^0.3), so FedNova scaled the shortest
-updates 2.3-fold, took steps 1.3–1.5× FedAvg's, and the accuracy swung by up to 14 points
+updates were only 1.6–2.3× as long (‖Δ‖ ∝ work^0.27–0.48), so FedNova scaled the shortest
+updates 2.5-fold, took steps 1.4–1.6× FedAvg's, and the accuracy swung by up to 14 points
 between rounds (docs/method.md, "Aggregation"). The capped rule is FedAvg with node i's
 weight p_i·min(1, τ_eff/‖a_i‖₁), normalised to sum 1: the new model is a weighted mean of
 the nodes' models (weights ≥ 0 that sum to 1: no update is extrapolated); a node that did
