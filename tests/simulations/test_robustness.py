@@ -37,7 +37,7 @@ def _write(tmp_path: Path, body: str) -> Path:
 # --------------------------------------------------------------------------- the file
 
 
-def test_the_shipped_file_declares_the_six_arms_over_generated_and_shipped_fleets():
+def test_the_shipped_file_declares_the_seven_arms_over_generated_and_shipped_fleets():
     cfg = load_config(SHIPPED)
     assert [a.name for a in cfg.arms] == [
         "b1",
@@ -45,6 +45,7 @@ def test_the_shipped_file_declares_the_six_arms_over_generated_and_shipped_fleet
         "samples",
         "steps-fednova",
         "steps-fedavg",
+        "steps-capped",
         "energy",
     ]
     assert len(cfg.generated_fleets) >= 12 and cfg.seeds == 5
@@ -94,7 +95,7 @@ def test_overrides_cut_the_study_down(tmp_path):
     cfg = load_config(SHIPPED, opts)
     assert cfg.seeds == 2 and cfg.fleets == () and cfg.generated_fleets == (2, 6)
     cells = robustness.plan(cfg, tmp_path)
-    assert len(cells) == 2 * 2 * 6
+    assert len(cells) == 2 * 2 * 7
 
 
 # --------------------------------------------------------------------------- the plan
