@@ -87,7 +87,8 @@ def _round_plan_idle(settings: RunSettings, methods: Sequence[str]) -> list[Idle
     """The round plan's settings (``BALANCE_KEYS``, ``balance``) that no method reads."""
     changed = [k for k in BALANCE_KEYS if _value(settings, k) != _default(k)]
     own = BALANCE_MODES[settings.balance].reads
-    other = [k for m in BALANCE_MODES.values() for k in m.reads if k not in own]
+    others = dict.fromkeys(k for m in BALANCE_MODES.values() for k in m.reads if k not in own)
+    other_changed = [k for k in others if _value(settings, k) != _default(k)]
     if settings.balance != "off" and any(m in PLANNING_METHODS for m in methods):
         return [
             IdleSetting(
@@ -97,10 +98,9 @@ def _round_plan_idle(settings: RunSettings, methods: Sequence[str]) -> list[Idle
                 f'"{settings.balance}"',
                 f"leave {k} out",
             )
-            for k in dict.fromkeys(other)
-            if _value(settings, k) != _default(k)
+            for k in other_changed
         ]
-    changed += [k for k in dict.fromkeys(other) if _value(settings, k) != _default(k)]
+    changed += other_changed
     if settings.balance == "off":
         return [
             IdleSetting(
@@ -111,8 +111,6 @@ def _round_plan_idle(settings: RunSettings, methods: Sequence[str]) -> list[Idle
             )
             for k in changed
         ]
-    if any(m in PLANNING_METHODS for m in methods):
-        return []
     runs = ", ".join(methods)
     why = f"only {' and '.join(PLANNING_METHODS)} plan a round, and this run's methods are {runs}"
     remedy = "add power-aware to --methods or leave {key} out"

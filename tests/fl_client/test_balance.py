@@ -97,20 +97,7 @@ def test_the_built_in_modes_spend_slack_as_their_docs_say() -> None:
 
 
 def test_energy_saved_counts_the_idle_wait_the_fastest_cell_would_have_had() -> None:
-    def cell(time_ms: float, energy_mj: float) -> Selection:
-        return Selection(
-            method="power-aware",
-            batch_size=32,
-            freq_mhz=460.8,
-            time_per_sample_s=time_ms / 1e3,
-            peak_power_w=4.0,
-            score=math.nan,
-            p_max_w=None,
-            candidates=(),
-            energy_per_sample_j=energy_mj / 1e3,
-        )
-
-    fastest, slow = cell(1.0, 5.0), cell(2.0, 6.0)
+    fastest, slow = _cell(1.0, 5.0), _cell(2.0, 6.0)
     # 1000 samples: 5 J in 1 s then 1 s idle at 2 W, against 6 J in 2 s: 1 J saved
     assert energy_saved_j(fastest, slow, 1000, 2.0) == pytest.approx(1.0)
     # an unknown idle power counts 0: the slower cell then costs 1 J more
