@@ -180,10 +180,18 @@ RUN_SETTINGS: tuple[Setting, ...] = (
     Setting("seed", int, 7, Integer(lo=0), read_by="both", doc=
         "seeds the data split, the partitions, the twins' sensor noise and the training order"),
     Setting("num-rounds", int, 20, Integer(lo=1), read_by="server", doc=
-        "round budget: the run stops after this many rounds or at `target-accuracy`, "
-        "whichever comes first"),
+        "round budget: the run stops after this many rounds or once it reaches "
+        "`target-accuracy` (`target-window`), whichever comes first"),
     Setting("target-accuracy", float, 0.85, Number(lo=0.0, hi=1.0), read_by="server", doc=
-        "test accuracy of the global model at which the run stops"),
+        "test accuracy of the global model at which the run stops, reached as "
+        "`target-window` says"),
+    Setting("target-window", int, 3, Integer(lo=1), read_by="server", doc=
+        "the run reaches `target-accuracy` at the first round whose mean global accuracy "
+        "over its last `target-window` evaluated rounds reaches it (a full window: never "
+        "before round `target-window`), so a lucky round does not decide it; 1: the first "
+        "round at the target. The run stops there; its summary also gives the first round "
+        "at the target (`first-round-at-target`). A window longer than `num-rounds` is "
+        "allowed with a warning at start (the run cannot reach the target by it)"),
     Setting("local-epochs", int, 5, Integer(lo=1), read_by="both", doc=
         "local work per round, in passes over the node's data (the same samples whatever b\\* "
         "is)"),

@@ -414,3 +414,16 @@ def test_node_config_refuses_unsafe_names_and_bad_partitions(
 ) -> None:
     with pytest.raises(SettingsError, match=message):
         node_settings({"device": "jetson-nano", **node_config}, None)
+
+
+@pytest.mark.parametrize("window", [0, -2, 2.5, "three", True])
+def test_a_bad_target_window_is_refused_naming_the_key(window: object) -> None:
+    with pytest.raises(SettingsError, match=r"^target-window: .*an integer ≥ 1"):
+        RunSettings.from_config({"target-window": window})
+
+
+def test_the_target_window_defaults_to_three_rounds_and_takes_any_whole_number() -> None:
+    assert RunSettings.from_config({}).target_window == 3
+    assert RunSettings.from_config({"target-window": 1}).target_window == 1
+    # longer than the round budget: allowed, the server names it at start (window_note)
+    assert RunSettings.from_config({"target-window": 30, "num-rounds": 5}).target_window == 30

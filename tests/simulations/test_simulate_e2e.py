@@ -71,7 +71,7 @@ def test_small_fleet_trains_under_caps_with_rising_accuracy(tmp_path):
     rounds = _read_jsonl(run_dir / "rounds.jsonl")
     nodes = _read_jsonl(run_dir / "nodes.jsonl")
 
-    assert summary["record-version"] == 3
+    assert summary["record-version"] == 4
     assert [r["server-round"] for r in rounds] == [1, 2, 3]
     # the headline counts idle waiting (idle-accounting = on): its parts, round by round
     assert summary["fleet-energy-j"] == pytest.approx(
