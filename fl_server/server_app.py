@@ -288,10 +288,11 @@ def run_server(
         if settings.run_dir
         else new_run_dir(settings.output_dir, settings.method)
     )
+    target = Target(settings.target_accuracy, settings.target_window)
     rec = RunRecorder(
         run_dir,
         method=settings.method,
-        target=Target(settings.target_accuracy, settings.target_window),
+        target=target,
         balance=settings.balance,
         idle_accounting=settings.idle_accounting,
     )
@@ -332,7 +333,6 @@ def run_server(
     strategy = make_strategy(settings, r_est, weights)
     strategy.fleet.query(grid, settings.round_timeout_s)
     record_fleet(strategy.fleet, rec, fleet)
-    target = Target(settings.target_accuracy, settings.target_window)
     rounds = Rounds(settings.num_rounds, settings.round_timeout_s, target)
     initial = ArrayRecord(model.state_dict())
     final = run_rounds(strategy, grid, initial, rounds, evaluate, rec.record_round)
