@@ -127,7 +127,7 @@ def _mean(
     local = [_arrays(c) for c in replies]
     names = list(local[0].keys())
     for arrays in local[1:]:
-        if list(arrays.keys()) != names:
+        if set(arrays.keys()) != set(names):
             raise ValueError(f"aggregation: the replies' arrays differ: {names} and {list(arrays)}")
     out: dict[str, Array] = {}
     for name in names:

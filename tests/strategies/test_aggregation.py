@@ -202,3 +202,10 @@ def test_fedavg_capped_through_the_strategy_stays_near_the_optimum() -> None:
     avg, _ = _rounds("fedavg", quad.ROUNDS)
     gap_avg = float(np.linalg.norm(avg["x"].numpy() - quad.global_optimum()))
     assert gap_capped < gap_avg  # extra work pulls it less toward one node's optimum
+
+
+def test_replies_with_other_arrays_are_refused_naming_them() -> None:
+    other = _reply(2.0, 10.0, 1.0)
+    del other.array_records["arrays"]["bn.running_mean"]
+    with pytest.raises(ValueError, match="the replies' arrays differ"):
+        aggregate_round("fedavg", None, [_reply(1.0, 10.0, 1.0), other], "num-examples")
