@@ -39,7 +39,8 @@ one thread):
     mobilenetv2    64    12782 ( 10770)       8529 (  6582)     1.50
     mobilenetv2   128 skipped: a step takes over 1.0 s
 
-(load average 0.6 when it started; a second run at load 4 read cnn 1.02–1.59, noisier).
+(load average 0.6 at the start, 1.5 at the end; this run's JSON is
+``benchmarks/results/train_step.json``; a second run at load 4 read cnn 1.02–1.59).
 ResNet18 at b = 16, 32, 64 with ``--max-step-s 10 --repeats 3``: 0.84, 0.96, 0.91.
 """
 

@@ -69,8 +69,11 @@ def host_layout(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     convolution and max-pool kernels then run in that layout, and a single-threaded SmallCNN
     Adam step got 1.5× faster per sample at b ≥ 16, 1.3–1.4× at b = 4 and 8
     (``benchmarks/bench_train_step.py``). Only the input changes: the weights stay
-    contiguous, so state dicts, their hashes and the arrays a node sends are as before; the
-    kernels sum in another order, so losses and weights may differ in the last bits.
+    contiguous, so state dicts, their hashes and the arrays a node sends are as before. The
+    kernels sum in another order: one step's loss and gradients agree with the contiguous
+    step's to about 1e-6 (relative), but over many Adam steps the weights drift apart as
+    far as they do from a 1e-7 relative nudge of the initial weights, so a run's per-round
+    accuracies differ (docs/benchmarks.md).
     Anything else (text models' 2-D batches, the other image models, any CUDA tensor) is
     returned as it is, and so is a batch already in channels_last (no copy).
     """
