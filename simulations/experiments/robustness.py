@@ -5,10 +5,10 @@ Every arm of the file (a method and its run-setting overrides: B1, power-aware w
 ones it lists and ``generated-fleets`` drawn by ``fleet_gen`` from fixed seeds, for every
 seed: the same non-IID split and initial weights for every arm of a (fleet, seed) pair, so
 the report pairs them. Cells are the federated study's (``federated.Cell``, a record under
-``records/cells/`` with the run's summary and per-round records) and run fleet by fleet,
-seed by seed, so a study cut short holds whole pairs; rerunning the command skips finished
-cells. Each cell has a fresh cache (every power-aware run pays its own profiling) except
-the proxy r, shared (host time, the same for every arm).
+``records/cells/`` with the run's summary and per-round records) and run seed by seed,
+fleet by fleet, so a study cut short holds whole pairs over every fleet; rerunning the
+command skips finished cells. Each cell has a fresh cache (every power-aware run pays its
+own profiling) except the proxy r, shared (host time, the same for every arm).
 
 With ``engine = "in-process-warm"`` (the default) the cells run one after another in one
 long-lived worker process (``cell_worker.CellWorker``), which loads PyTorch and the app
@@ -89,13 +89,14 @@ def check_fleets(cfg: RobustnessConfig, fleets: dict[str, Path]) -> None:
 
 
 def plan(cfg: RobustnessConfig, out: Path) -> list[Cell]:
-    """Every cell, fleet by fleet, seed by seed, arm by arm; ``uses`` is
-    ``(FLEET, ARM)``. Arms with identical settings share one cell."""
+    """Every cell, seed by seed, fleet by fleet, arm by arm (a study cut short covers every
+    fleet at its first seeds); ``uses`` is ``(FLEET, ARM)``. Arms with identical settings
+    share one cell."""
     fleets = fleet_files(cfg, out)
     texts = {label: path.read_text(encoding="utf-8") for label, path in fleets.items()}
     cells: dict[tuple[tuple[str, Any], ...], tuple[str, list[tuple[str, str]]]] = {}
-    for label, path in fleets.items():
-        for seed in cfg.seed_list():
+    for seed in cfg.seed_list():
+        for label, path in fleets.items():
             base = {**cfg.base_overrides(), "seed": seed, "fleet": str(path)}
             for arm in cfg.arms:
                 ov = tuple(sorted({**base, **arm.overrides()}.items()))

@@ -114,7 +114,7 @@ def test_overrides_cut_the_study_down(tmp_path):
 # --------------------------------------------------------------------------- the plan
 
 
-def test_the_plan_runs_every_arm_on_every_fleet_and_seed_fleet_by_fleet(tmp_path):
+def test_the_plan_runs_every_arm_on_every_fleet_and_seed_seed_by_seed(tmp_path):
     cfg = load_config(
         _write(
             tmp_path, 'fleets = ["default", "straggler-2x"]\ngenerated-fleets = [3]\nseeds = 2\n'
@@ -124,8 +124,8 @@ def test_the_plan_runs_every_arm_on_every_fleet_and_seed_fleet_by_fleet(tmp_path
     assert len(cells) == 3 * 2 * 6
     assert len({c.key() for c in cells}) == len(cells)
     fleets = [c.uses[0][0] for c in cells]
-    assert fleets == ["default"] * 12 + ["straggler-2x"] * 12 + ["gen-3"] * 12
-    assert [c.seed for c in cells[:12]] == [0] * 6 + [1] * 6
+    assert fleets == (["default"] * 6 + ["straggler-2x"] * 6 + ["gen-3"] * 6) * 2
+    assert [c.seed for c in cells] == [0] * 18 + [1] * 18
     assert {u[1] for c in cells for u in c.uses} == {a.name for a in cfg.arms}
     fedavg = next(c for c in cells if c.uses == (("gen-3", "steps-fedavg"),))
     assert fedavg.settings["aggregation"] == "fedavg" and fedavg.settings["balance"] == "steps"
