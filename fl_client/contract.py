@@ -327,7 +327,7 @@ class NodeDescriptor:
     backend: str
     p_max: Cap
     p_max_schedule: str  # ``format_schedule`` form; "" without a schedule
-    gpu_freqs_mhz: tuple[float, ...]
+    knob_values: tuple[float, ...]
     memory_bytes: int
     power_rail: str
     max_batch_size: int
@@ -337,7 +337,7 @@ class NodeDescriptor:
     #: b, so for every b the fastest feasible frequency is at or above it); 0: no floor
     #: known (a device without bands, or a cap below its lowest band)
     profile_floor_mhz: float = 0.0
-    #: What ``gpu_freqs_mhz`` holds: the GPU frequency (``frequency``, MHz) or the GPU power
+    #: What ``knob_values`` holds: the GPU frequency (``frequency``, MHz) or the GPU power
     #: limit (``power-limit``, W). On the wire a power limit's values go under
     #: ``gpu-power-limits-w`` with ``knob``, never under ``gpu-freqs-mhz``; the frequency
     #: path sends neither key, as before.
@@ -375,7 +375,7 @@ class NodeDescriptor:
             backend=str(_required(cfg, "backend", where)),
             p_max=Cap.parse(_required(cfg, "p-max-w", where)),
             p_max_schedule=str(cfg.get("p-max-schedule", "")),
-            gpu_freqs_mhz=_required(cfg, values_key, where, _floats),
+            knob_values=_required(cfg, values_key, where, _floats),
             memory_bytes=_required(cfg, "memory-bytes", where, int),
             power_rail=str(cfg.get("power-rail", "")),
             max_batch_size=_required(cfg, "max-batch-size", where, int),

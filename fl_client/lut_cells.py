@@ -64,7 +64,7 @@ def merge_cells(base: LUT, extra: LUT, *, overwrite: bool) -> LUT:
         When the two tables are not of the same device, backend, workload and frequency
         table, or ``extra`` has a batch size ``base`` lacks.
     """
-    for name in ("device_kind", "backend", "model_name", "input_shape", "freqs_mhz", "knob"):
+    for name in ("device_kind", "backend", "model_name", "input_shape", "knob_values", "knob"):
         if getattr(base, name) != getattr(extra, name):
             raise LUTFormatError(
                 f"{name.replace('_', '-')}: cannot merge LUTs of {getattr(base, name)!r} and "

@@ -572,7 +572,7 @@ class SampledDevice(CapGuarded):
     """What the hardware backends (jetson, nvml) share: wall clock, sampled meter, cap guard.
 
     Subclasses set ``_info`` and ``_record``, call ``_init_sampling``, and implement
-    ``read_power_w``, ``restore``, ``step_down_gpu_freq_mhz`` and (if they hold resources)
+    ``read_power_w``, ``restore``, ``step_down_knob_value`` and (if they hold resources)
     ``_release``.
     """
 
@@ -600,7 +600,7 @@ class SampledDevice(CapGuarded):
         """The device's own energy counter in J, if it has one (else power is integrated)."""
         return None
 
-    def current_gpu_freq_mhz(self) -> float:
+    def current_knob_value(self) -> float:
         raise NotImplementedError
 
     @property
@@ -614,7 +614,7 @@ class SampledDevice(CapGuarded):
     @property
     def clock_table_mhz(self) -> tuple[float, ...]:
         """Every clock the GPU may run at (the locked-frequency table by default)."""
-        return self.gpu_freqs_mhz
+        return self.knob_values
 
     @property
     def clocks_locked(self) -> bool:
@@ -633,7 +633,7 @@ class SampledDevice(CapGuarded):
         readers = SensorReaders(
             self.read_power_w,
             read_energy_j=self.energy_counter_j(),
-            read_clock_mhz=self.current_gpu_freq_mhz,
+            read_clock_mhz=self.current_knob_value,
             clock_step_mhz=self.clock_step_mhz,
         )
         with sampled_measurement(
