@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 def knob_index(knob_values: tuple[float, ...], knob_value: float) -> int:
-    """The index of the table frequency nearest ``knob_value``."""
+    """The index of the knob value in ``knob_values`` nearest ``knob_value``."""
     return min(range(len(knob_values)), key=lambda j: abs(knob_values[j] - knob_value))
 
 
@@ -80,9 +80,10 @@ def check_drift(
     new_lut = replace_rows(scale_cells(lut, **factors), row)
     save_quietly(new_lut, new_lut.key.path(ctx.cache_dir))
     log.info(
-        "drift check: b=%d f=%g MHz off by %.0f%% (> %.0f%%): re-profiled that row",
+        "drift check: b=%d f=%g %s off by %.0f%% (> %.0f%%): re-profiled that row",
         batch_size,
         knob_value,
+        lut.knob.unit,
         100 * deviation,
         100 * threshold,
     )

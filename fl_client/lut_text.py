@@ -30,7 +30,8 @@ def cap_text(cap: Cap, cap_margin: float) -> str:
 
 
 def format_lut(lut: Any, p_max_w: float | None = None, peak_sigma_k: float = PEAK_SIGMA_K) -> str:
-    """The tables of a LUT as text: rows = batch sizes, columns = the knob's values (MHz).
+    """The tables of a LUT as text: rows = batch sizes, columns = the knob's values (in
+    ``lut.knob.unit``: MHz, or W for a power limit).
 
     Cells not profiled (efficient mode) show ``-``; cells that are not feasible by the
     selector's rule (peak + ``peak_sigma_k``·σ of the per-step peaks) against what

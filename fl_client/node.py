@@ -402,11 +402,12 @@ def _settle_shared(ctx: NodeContext, measure: MeasureContext, plan: NodeRoundSta
         return
     refuse(measure, LUT.from_json(plan.cfg.kind_lut))
     log.warning(
-        "kind-lut: this board ran (b=%d, %g MHz) %.0f%% off its kind's LUT (time %s, peak "
+        "kind-lut: this board ran (b=%d, %g %s) %.0f%% off its kind's LUT (time %s, peak "
         "%s, cap-guard step-downs %d; drift-threshold %.0f%%): the next round measures the "
         "cell first and re-profiles the row if it is still off",
         plan.choice.batch_size,
         plan.run_knob_value,
+        device_knob(measure.device).unit,
         100 * deviation if math.isfinite(deviation) else math.nan,
         "n/a" if time_dev is None else f"{100 * time_dev:+.0f}%",
         "n/a" if plan.power_check is None else f"{100 * plan.power_check[0]:+.0f}%",

@@ -106,8 +106,8 @@ def cells_disagree(new: LUT, known: LUT, tolerance: float) -> str:
                 a, o = float(table_new[i, j]), float(table_old[i, j])
                 if math.isfinite(a) and math.isfinite(o) and o > 0 and abs(a / o - 1) > tolerance:
                     return (
-                        f"cell (b={b}, f={f:g} MHz) {what} {a:.4g} {unit} against the library's "
-                        f"measured {o:.4g} {unit} ({100 * (a / o - 1):+.0f}%)"
+                        f"cell (b={b}, f={f:g} {known.knob.unit}) {what} {a:.4g} {unit} "
+                        f"against the library's measured {o:.4g} {unit} ({100 * (a / o - 1):+.0f}%)"
                     )
     return ""
 

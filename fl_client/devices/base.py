@@ -55,9 +55,10 @@ class Knob:
 
     A device sets one knob: the GPU frequency (Jetson devfreq, NVML locked clocks) or a GPU
     power limit (NVML ``nvmlDeviceSetPowerManagementLimit``, as Zeus does, and the Zeus
-    traces). The selector reads tables of either. The Device protocol's ``knob_values``
-    and ``set_knob_value`` carry the values of the device's knob (``device.knob``);
-    every record names the knob and writes its values under the knob's own key and unit.
+    traces). The selector reads tables of either. The Device protocol's ``knob_values``,
+    ``current_knob_value`` and ``set_knob_value`` carry the values of the device's knob
+    (``device.knob``) in its unit; every record names the knob and writes its values under
+    the knob's own key and unit.
 
     Attributes
     ----------
@@ -348,28 +349,30 @@ class Meter(Protocol):
 
 @runtime_checkable
 class Device(Protocol):
-    """A GPU whose frequency can be locked and whose power can be read.
+    """A GPU whose knob (``device_knob``: its frequency, or its power limit) can be set and
+    whose power can be read.
 
-    Implementations restore the frequency settings they found whatever happens:
+    Implementations restore the knob settings they found whatever happens:
     ``restore()`` is idempotent and is also called by ``close()`` and on exit.
     """
 
     @property
     def info(self) -> DeviceInfo:
-        """Descriptor (kind, backend, frequency table, memory, rail)."""
+        """Descriptor (kind, backend, the knob's values, memory, rail)."""
 
     @property
     def knob_values(self) -> tuple[float, ...]:
-        """Available GPU frequencies in MHz, ascending."""
+        """The knob's values, ascending: GPU frequencies in MHz, or power limits in W."""
 
     def current_knob_value(self) -> float:
-        """The frequency the GPU runs at (or is locked to) now."""
+        """The knob's value now: the frequency the GPU runs at (or is locked to), or the
+        power limit in force."""
 
-    def set_knob_value(self, freq_mhz: float) -> None:
-        """Lock the GPU at ``freq_mhz`` (must be one of ``knob_values``)."""
+    def set_knob_value(self, knob_value: float) -> None:
+        """Set the knob to ``knob_value`` (must be one of ``knob_values``)."""
 
     def restore(self) -> None:
-        """Put back the frequency settings found when the device was opened."""
+        """Put back the knob settings found when the device was opened."""
 
     def now_s(self) -> float:
         """Device clock in seconds (emulated on the twin)."""
@@ -381,14 +384,14 @@ class Device(Protocol):
         """Restore and release resources."""
 
 
-def locked(device: Device, freq_mhz: float) -> AbstractContextManager[Device]:
-    """Context manager: lock ``device`` at ``freq_mhz`` and restore on the way out."""
+def locked(device: Device, knob_value: float) -> AbstractContextManager[Device]:
+    """Context manager: set ``device``'s knob to ``knob_value`` and restore on the way out."""
     from contextlib import contextmanager
 
     @contextmanager
     def _lock() -> Iterator[Device]:
         try:
-            device.set_knob_value(freq_mhz)
+            device.set_knob_value(knob_value)
             yield device
         finally:
             device.restore()

@@ -182,7 +182,7 @@ class JetsonDevice(SampledDevice):
     def original_settings(self) -> DevfreqSettings:
         return self._original
 
-    def current_knob_value(self) -> float:
+    def read_clock_mhz(self) -> float:
         return hz_to_mhz(self._gpu.cur_freq_hz())
 
     def locked_gpu_freq_mhz(self) -> float | None:
@@ -252,7 +252,7 @@ class JetsonDevice(SampledDevice):
             "devfreq-node": str(self._gpu.node),
             "of-node-name": self._gpu.of_node_name,
             "gpu-freqs-mhz": list(self.knob_values),
-            "cur-freq-mhz": self.current_knob_value(),
+            "cur-freq-mhz": self.read_clock_mhz(),
             "min-freq-mhz": hz_to_mhz(now.min_freq_hz),
             "max-freq-mhz": hz_to_mhz(now.max_freq_hz),
             "governor": now.governor,

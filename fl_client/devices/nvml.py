@@ -217,7 +217,7 @@ class NvmlDevice(SampledDevice):
             "clock read now (cells still record the clock sampled while they ran)",
             self.name,
         )
-        return self.current_knob_value()
+        return self.read_clock_mhz()
 
     def _call(self, name: str, *args: Any) -> Any:
         """``pynvml.<name>(handle, *args)``; an NVML failure is a SensorReadError naming the
@@ -403,27 +403,31 @@ class NvmlDevice(SampledDevice):
     def has_energy_counter(self) -> bool:
         return self._has_energy_counter
 
-    def current_knob_value(self) -> float:
+    def read_clock_mhz(self) -> float:
         return float(self._call("nvmlDeviceGetClockInfo", self._nvml.NVML_CLOCK_GRAPHICS))
 
-    def set_knob_value(self, freq_mhz: float) -> None:
-        """Lock the clock at ``freq_mhz``, or with the power-limit knob set the power limit
-        to that many W (a value of ``knob_values`` either way)."""
+    def current_knob_value(self) -> float:
+        """The clock in MHz, or with the power-limit knob the power limit in force, in W."""
+        return self.power_limit_w() if self._knob is GPU_POWER_LIMIT_W else self.read_clock_mhz()
+
+    def set_knob_value(self, knob_value: float) -> None:
+        """Lock the clock at ``knob_value`` MHz, or with the power-limit knob set the power
+        limit to that many W (a value of ``knob_values`` either way)."""
         if self._knob is GPU_POWER_LIMIT_W:
-            limit_w = self._grid_limit_w(freq_mhz)
+            limit_w = self._grid_limit_w(knob_value)
             with self._lock:
                 self._set_limit_w(limit_w)
             return
-        match = next((f for f in self.knob_values if abs(f - freq_mhz) < 1e-3), None)
+        match = next((f for f in self.knob_values if abs(f - knob_value) < 1e-3), None)
         if match is None:
             if self.measure_only:
                 raise InvalidFrequencyError(
                     f"gpu-freq-mhz: {self.name} is measure-only (locking clocks needs root "
                     f"and lock-clocks not false); its only column is its unlocked clock, "
-                    f"labelled {self.knob_values[0]:g} MHz (its highest), not {freq_mhz:g} MHz"
+                    f"labelled {self.knob_values[0]:g} MHz (its highest), not {knob_value:g} MHz"
                 )
             raise InvalidFrequencyError(
-                f"gpu-freq-mhz: {freq_mhz:g} MHz is not a supported clock of {self.name}; "
+                f"gpu-freq-mhz: {knob_value:g} MHz is not a supported clock of {self.name}; "
                 f"allowed: {', '.join(f'{f:g}' for f in self.knob_values)}"
             )
         if self.measure_only:
@@ -620,7 +624,7 @@ class NvmlDevice(SampledDevice):
             "knob": self._knob.setting,
             **grid,
             "supported-clocks-mhz": list(self._supported_mhz),
-            "cur-freq-mhz": self.current_knob_value(),
+            "cur-freq-mhz": self.read_clock_mhz(),
             "memory-bytes": self._info.memory_bytes,
             "power-rail": POWER_RAIL,
             "power-reading": self.power_reading,

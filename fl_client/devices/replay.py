@@ -500,7 +500,7 @@ class ReplayDevice(EmulatedDevice):
         self._knob_value_set = None
 
     def step_down_knob_value(self) -> float | None:
-        """Lock the next lower table frequency; None when not locked or already lowest."""
+        """Set the next lower knob value; None when not set or already the lowest."""
         lower = level_below(self.knob_values, self._knob_value_set)
         if lower is not None:
             self._knob_value_set = lower

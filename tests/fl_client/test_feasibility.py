@@ -33,19 +33,19 @@ def brute_force_prefix_index(row, p_max_w):
     row=st.lists(st.one_of(POS, st.just(math.nan)), min_size=1, max_size=20),
     cap=st.floats(0.005, 12.0),
 )
-def test_feasible_freq_index_is_the_prefix_max_rule(row, cap):
+def test_feasible_knob_index_is_the_prefix_max_rule(row, cap):
     assert feasible_knob_index(row, cap) == brute_force_prefix_index(row, cap)
 
 
 @settings(max_examples=100, deadline=None)
 @given(row=st.lists(POS, min_size=1, max_size=20), cap=st.floats(0.005, 12.0))
-def test_feasible_freq_index_on_monotone_rows_is_eq4(row, cap):
+def test_feasible_knob_index_on_monotone_rows_is_eq4(row, cap):
     row = np.cumsum(row)
     literal = [j for j, p in enumerate(row) if p < cap]
     assert feasible_knob_index(row, cap) == (max(literal) if literal else None)
 
 
-def test_feasible_freq_index_examples():
+def test_feasible_knob_index_examples():
     assert feasible_knob_index([1.0, 2.0, 3.0, 4.0], 3.0) == 1  # strictly below the cap
     assert feasible_knob_index([1.0, 2.0, 3.0, 4.0], 3.0001) == 2
     assert feasible_knob_index([5.0, 6.0], 4.0) is None

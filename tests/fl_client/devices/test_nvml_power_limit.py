@@ -88,6 +88,23 @@ def test_the_power_limit_knob_selects_over_watts(
     coarse.close()
 
 
+def test_the_knob_value_now_is_the_limit_in_watts_and_the_clock_stays_in_mhz(
+    fake_pynvml: types.ModuleType, h100: FakeGpu, as_root: None
+):
+    """Under the power-limit knob the device's current knob value is the limit in force
+    (W), never the clock; the clock the sampler reads beside power is still MHz."""
+    dev = NvmlDevice(control=NvmlControl(knob="power-limit"))
+    assert dev.current_knob_value() == ORIGINAL_MW / 1000  # the limit found, W
+    with locked(dev, 300.0):
+        assert dev.current_knob_value() == 300.0 in dev.knob_values
+        assert dev.read_clock_mhz() == h100.clock_mhz
+    assert dev.describe()["cur-freq-mhz"] == h100.clock_mhz
+    dev.close()
+    clocks = NvmlDevice()  # the frequency knob: its knob value is the clock
+    assert clocks.knob is GPU_FREQ_MHZ and clocks.current_knob_value() == h100.clock_mhz
+    clocks.close()
+
+
 # --------------------------------------------------------------------------- restore paths
 
 

@@ -205,7 +205,9 @@ def test_a_power_limit_table_names_its_knob_and_unit():
     with pytest.raises(InvalidFrequencyError, match=r"gpu-power-limit-w: 110 W is not in"):
         dev.set_knob_value(110.0)
     with dev.measure(RESNET) as meter, locked(dev, 150.0):
+        assert dev.current_knob_value() == 150.0  # the limit set, in W
         meter.step(64, lambda: None)
+    assert dev.current_knob_value() == dev.knob_values[-1] == 250.0  # restored: the highest
     assert meter.measurement.time_s == pytest.approx(0.13332)
     with pytest.raises(DeviceError, match=r"at power_limit_w=150.*GPU power limit values 100"):
         table.row(48, 150.0)
