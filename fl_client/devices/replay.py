@@ -524,11 +524,14 @@ class ReplayDevice(EmulatedDevice):
         yield ReplayMeter(self, self.table_for(workload), self._new_guard())
 
     def describe(self) -> dict[str, Any]:
+        """What ``powerfl devices`` shows; the knob's values under its own key and unit
+        (``gpu-freqs-mhz`` / ``cur-freq-mhz``, or ``power-limits-w`` / ``power-limit-w``)."""
+        freq = self._knob is GPU_FREQ_MHZ
         return {
             "kind": self._info.kind,
             "backend": BACKEND,
-            "gpu-freqs-mhz": list(self.knob_values),
-            "cur-freq-mhz": self.current_knob_value(),
+            "gpu-freqs-mhz" if freq else self._knob.values_key: list(self.knob_values),
+            "cur-freq-mhz" if freq else "power-limit-w": self.current_knob_value(),
             "knob": self._knob.key,
             "knob-unit": self._knob.unit,
             "memory-bytes": self._info.memory_bytes,

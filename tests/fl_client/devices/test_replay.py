@@ -201,7 +201,9 @@ def test_a_power_limit_table_names_its_knob_and_unit():
     assert table.row(64, 125.0).peak_power_sigma_w == 0.5
     dev = ReplayDevice([table])
     assert dev.knob is GPU_POWER_LIMIT_W and dev.knob_values[0] == 100.0
-    assert dev.describe()["knob-unit"] == "W"
+    described = dev.describe()
+    assert described["knob-unit"] == "W" and described["power-limits-w"] == list(dev.knob_values)
+    assert "gpu-freqs-mhz" not in described and "cur-freq-mhz" not in described
     with pytest.raises(InvalidFrequencyError, match=r"gpu-power-limit-w: 110 W is not in"):
         dev.set_knob_value(110.0)
     with dev.measure(RESNET) as meter, locked(dev, 150.0):
