@@ -393,7 +393,7 @@ class LUT:
 
 @dataclass(frozen=True)
 class LUTKey:
-    """What a LUT is for: device kind, backend, workload, B, frequency table, cap and grid.
+    """What a LUT is for: device kind, backend, workload, B, knob values, cap and grid.
 
     ``limit`` is the cap with its margin an efficient-mode LUT was profiled for (no cap:
     ``NO_CAP``); the profiler's walk compares robust peaks with ``limit.limit_w``. The bare
@@ -515,7 +515,7 @@ def save_quietly(lut: LUT, path: Path) -> None:
 @dataclass(frozen=True)
 class KindKey:
     """Nodes of one kind see the same LUT up to unit-to-unit spread: same device kind,
-    backend, model, input shape, B and frequency table. Fleet-shared profiling measures one
+    backend, model, input shape, B and knob values. Fleet-shared profiling measures one
     LUT per kind (``grid="shared"``: no cap, the cells the kind's caps need)."""
 
     device_kind: str

@@ -165,7 +165,7 @@ def _lut_of(
     opts: ProfileOptions,
     cost: tuple[float, float],
 ) -> LUT:
-    """The LUT of ``tables`` measured on ``device`` (its frequency table as columns) as
+    """The LUT of ``tables`` measured on ``device`` (its knob's values as columns) as
     ``opts`` say, at ``cost`` (device time in s, energy in J)."""
     info = device.info
     by_field: dict[str, Any] = {field: tables[name] for name, field in _TABLES.items()}
@@ -358,7 +358,7 @@ def profile(
     Parameters
     ----------
     device : Device
-        The GPU to profile; its frequency table gives the columns.
+        The GPU to profile; its knob's values (``knob_values``) give the columns.
     workload : Workload
         Model and input shape (the LUT's key).
     batch_sizes : sequence of int

@@ -5,9 +5,8 @@ Pure functions over the lookup tables the profiler measures (``fl_client.profile
 at batch size ``batch_sizes[i]`` and knob value ``knob_values[j]``; NaN marks a cell that was
 not profiled (efficient mode). Optional tables: average power (energy tie-break) and σ of the
 per-step peaks (feasibility margin). The knob is the GPU frequency in MHz unless the tables
-say otherwise (``Knob``: e.g. a GPU power limit in W, as NVML GPUs and Zeus traces have); the
-parameter keeps its ``knob_values`` name for the frequency case. NumPy only: no torch, no
-Flower.
+say otherwise (``Knob``: e.g. a GPU power limit in W, as NVML GPUs and Zeus traces have).
+NumPy only: no torch, no Flower.
 
 The values a choice reads and returns live in ``fl_client.selection``, the input checks in
 ``fl_client.selector_inputs``, feasibility (the robust peak against the cap) in

@@ -116,14 +116,15 @@ def validate_r_for(r: Sequence[object], b: list[int]) -> list[float]:
 
 
 def validate_knob_values(knob_values: Sequence[object]) -> list[float]:
-    """Check a frequency table: non-empty, finite values > 0 MHz, strictly ascending.
+    """Check the knob's values (MHz, or W for a power limit): non-empty, finite, > 0,
+    strictly ascending.
 
     Raises
     ------
     ValueError
         Naming ``freqs-mhz`` and what is allowed.
     """
-    allowed = "a non-empty, strictly ascending list of positive MHz values"
+    allowed = "a non-empty, strictly ascending list of positive values (MHz, or W)"
     try:
         out = [float(f) for f in knob_values]  # type: ignore[arg-type]
     except (TypeError, ValueError):
