@@ -75,7 +75,7 @@ def _cell(step_ms: float, window_s: float) -> dict[str, Any]:
             WORKLOAD,
             32,
             step,
-            dev.gpu_freqs_mhz[0],
+            dev.knob_values[0],
             CellOptions(warmup_steps=3, window=window),
         )
         loop_cpu_s = time.thread_time() - cpu0_s - step.calls * step.step_s

@@ -268,14 +268,14 @@ def selector_fn(grid: Grid, r: Sequence[float], peak_sigma_k: float = 0.0) -> Ch
             sel = selector.select(
                 selector.Method("power-aware", objective=rule),
                 batch_sizes=list(grid.batch_sizes),
-                freqs_mhz=list(grid.freqs),
+                knob_values=list(grid.freqs),
                 tables=Tables(time_s, peak_w, peak_sigma_w=sigma_w),
                 r=list(r),
                 limit=PowerLimit(cap_w, CAP_MARGIN),
             )
         except InfeasibleCapError:
             return None
-        return grid.batch_sizes.index(sel.batch_size), grid.freqs.index(float(sel.freq_mhz))
+        return grid.batch_sizes.index(sel.batch_size), grid.freqs.index(float(sel.knob_value))
 
     return choose
 

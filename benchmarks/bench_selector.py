@@ -33,12 +33,12 @@ def make_tables(
 ) -> tuple[np.ndarray, np.ndarray, list[int], list[float]]:
     rng = np.random.default_rng(seed)
     batch_sizes = [2 ** (i + 2) for i in range(n_b)]
-    freqs_mhz = list(np.linspace(114.75, 1300.5, n_f))
+    knob_values = list(np.linspace(114.75, 1300.5, n_f))
     b = np.array(batch_sizes, dtype=float)[:, None]
-    f = np.array(freqs_mhz)[None, :]
+    f = np.array(knob_values)[None, :]
     power_w = 1.5 + 0.004 * f * (1 + np.log2(b) / 4) + rng.normal(0, 0.05, (n_b, n_f))
     time_s = 1e-3 * (1 + 8 / b) * (1300.5 / f) * (1 + rng.normal(0, 0.01, (n_b, n_f)))
-    return time_s, power_w, batch_sizes, freqs_mhz
+    return time_s, power_w, batch_sizes, knob_values
 
 
 def _b1_field(method: type) -> str:
@@ -49,19 +49,21 @@ def _b1_field(method: type) -> str:
 
 def cases(sel: ModuleType, n_b: int, n_f: int) -> dict[str, Callable[[float], Any]]:
     """Per case, a call of the selector under a given cap (cases the module lacks: none)."""
-    time_s, power_w, batch_sizes, freqs_mhz = make_tables(n_b, n_f, seed=0)
+    time_s, power_w, batch_sizes, knob_values = make_tables(n_b, n_f, seed=0)
     r = list(np.linspace(0.3, 1.0, n_b))
     out: dict[str, Callable[[float], Any]] = {
         # Eq. 4 on the two tables (a module from before issue 13: positionally).
         "power-aware": (
             (
                 lambda cap: sel.select_eq4(
-                    sel.Tables(time_s, power_w), batch_sizes, freqs_mhz, r, cap
+                    sel.Tables(time_s, power_w), batch_sizes, knob_values, r, cap
                 )
             )
             if hasattr(sel, "Tables")
             else (
-                lambda cap: sel.select_power_aware(time_s, power_w, batch_sizes, freqs_mhz, r, cap)
+                lambda cap: sel.select_power_aware(
+                    time_s, power_w, batch_sizes, knob_values, r, cap
+                )
             )
         ),
         "b1": (
@@ -70,13 +72,13 @@ def cases(sel: ModuleType, n_b: int, n_f: int) -> dict[str, Callable[[float], An
                     # a module from before the field's rename: ``b1_freq_cap_mhz``
                     sel.Method("b1", **{_b1_field(sel.Method): 614.4}),
                     batch_sizes=batch_sizes,
-                    freqs_mhz=freqs_mhz,
+                    knob_values=knob_values,
                     tables=sel.Tables(time_s, power_w),
                 )
             )
             if hasattr(sel, "Method")
             # a module from before the baselines took Tables: the two tables positionally
-            else (lambda cap: sel.select_b1(batch_sizes, freqs_mhz, 614.4, time_s, power_w))
+            else (lambda cap: sel.select_b1(batch_sizes, knob_values, 614.4, time_s, power_w))
         ),
     }
     if hasattr(sel, "Tables"):
@@ -86,7 +88,7 @@ def cases(sel: ModuleType, n_b: int, n_f: int) -> dict[str, Callable[[float], An
         out["power-aware+avg+sigma"] = lambda cap: sel.select(
             "power-aware",
             batch_sizes=batch_sizes,
-            freqs_mhz=freqs_mhz,
+            knob_values=knob_values,
             tables=tables,
             r=r,
             **{"limit" if hasattr(sel, "Method") else "p_max_w": sel.PowerLimit(cap, 0.05)},

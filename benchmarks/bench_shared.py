@@ -94,7 +94,7 @@ def fleet_of(grid: Grid) -> dict[int, NodeDescriptor]:
             backend="simulated",
             p_max=cap,
             p_max_schedule="",
-            gpu_freqs_mhz=grid.freqs,
+            knob_values=grid.freqs,
             memory_bytes=8 << 30,
             power_rail=info.power_rail,
             max_batch_size=max(grid.batch_sizes),

@@ -79,7 +79,7 @@ def _row(lut: Any, i: int, b: int, n: int, trace: Trace) -> dict[str, Any]:
     return _truth(trace, b) | {
         "pass": n + 1,
         "batch-size": b,
-        "freq-mhz": float(lut.freqs_mhz[0]),
+        "freq-mhz": float(lut.knob_values[0]),
         "time-per-sample-ms": 1e3 * float(lut.time_per_sample_s[i, 0]),
         "peak-power-w": float(lut.peak_power_w[i, 0]),
         "avg-power-w": float(lut.avg_power_w[i, 0]),

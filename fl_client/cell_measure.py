@@ -435,7 +435,7 @@ def measure_cell_with_sigma(
     workload: Workload,
     batch_size: int,
     step: Callable[[], object],
-    freq_mhz: float,
+    knob_value: float,
     options: CellOptions | None = None,
 ) -> CellMeasurement:
     """Measure one (b, f) cell as ``profile`` does (warm-up, then at least ``steps`` steps,
@@ -449,7 +449,7 @@ def measure_cell_with_sigma(
     rule = opts.window_on(device)
     start_s = device.now_s()
     try:
-        device.set_gpu_freq_mhz(freq_mhz)
+        device.set_knob_value(knob_value)
         cell = measure_locked(device, workload, batch_size, step, opts.warmup_steps, rule)
     finally:
         device.restore()
@@ -461,9 +461,9 @@ def measure_cell(
     workload: Workload,
     batch_size: int,
     step: Callable[[], object],
-    freq_mhz: float,
+    knob_value: float,
     options: CellOptions | None = None,
 ) -> tuple[Measurement, float, float]:
     """``measure_cell_with_sigma`` without σ: the measurement, device time and energy."""
-    cell = measure_cell_with_sigma(device, workload, batch_size, step, freq_mhz, options)
+    cell = measure_cell_with_sigma(device, workload, batch_size, step, knob_value, options)
     return cell.measurement, cell.time_s, cell.energy_j

@@ -214,14 +214,14 @@ class RecordingDevice:
         return self.device.info
 
     @property
-    def gpu_freqs_mhz(self) -> tuple[float, ...]:
-        return self.device.gpu_freqs_mhz
+    def knob_values(self) -> tuple[float, ...]:
+        return self.device.knob_values
 
-    def current_gpu_freq_mhz(self) -> float:
-        return self.device.current_gpu_freq_mhz()
+    def current_knob_value(self) -> float:
+        return self.device.current_knob_value()
 
-    def set_gpu_freq_mhz(self, freq_mhz: float) -> None:
-        self.device.set_gpu_freq_mhz(freq_mhz)
+    def set_knob_value(self, knob_value: float) -> None:
+        self.device.set_knob_value(knob_value)
 
     def restore(self) -> None:
         self.device.restore()
@@ -275,7 +275,7 @@ def energy_check(measurements: Sequence[Measurement]) -> dict[str, float] | None
 
 def _cells(lut: Any) -> Iterator[tuple[int, int]]:
     for i in range(len(lut.batch_sizes)):
-        for j in range(len(lut.freqs_mhz)):
+        for j in range(len(lut.knob_values)):
             if not math.isnan(lut.time_per_sample_s[i, j]):
                 yield i, j
 
@@ -298,7 +298,7 @@ def lut_to_replay_table(lut: Any, *, power_rail: str, memory_bytes: int, source:
         rows.append(
             ReplayRow(
                 batch_size=b,
-                freq_mhz=float(lut.freqs_mhz[j]),
+                knob_value=float(lut.knob_values[j]),
                 time_per_step_s=float(lut.time_per_sample_s[i, j]) * b,
                 peak_power_w=peak_w,
                 avg_power_w=min(avg_w, peak_w) if avg_w > 0 else peak_w,
@@ -537,14 +537,14 @@ def cmd_select(
         method = Method(
             args.method,
             rule,
-            b1_max_freq_mhz=b1_mhz,
+            b1_max_knob_value=b1_mhz,
             fixed_batch_size=args.fixed_batch_size,
-            fixed_freq_mhz=args.fixed_freq_mhz,
+            fixed_knob_value=args.fixed_freq_mhz,
         )
         selection = select(
             method,
             batch_sizes=list(lut.batch_sizes),
-            freqs_mhz=list(lut.freqs_mhz),
+            knob_values=list(lut.knob_values),
             tables=lut.tables,
             r=r,
             limit=cap.with_margin(cap_margin),
@@ -564,7 +564,7 @@ def cmd_select(
         }
         print(json.dumps(record, indent=2), file=out)
     else:
-        text = format_selection(selection, r, b1_max_freq_mhz=b1_mhz, cap_margin=cap_margin)
+        text = format_selection(selection, r, b1_max_knob_value=b1_mhz, cap_margin=cap_margin)
         print(text, file=out)
     return 0
 
@@ -614,4 +614,4 @@ def _default_b1_max_freq_mhz(device_kind: str, cap: Cap) -> float:
             f"b1-freq-cap-mhz: no B1 frequency bands known for {device_kind!r} ({e}); give "
             "--b1-freq-cap-mhz"
         ) from None
-    return float(spec.b1_max_freq_mhz(cap.watts))  # a cap below every band: ValueError
+    return float(spec.b1_max_knob_value(cap.watts))  # a cap below every band: ValueError

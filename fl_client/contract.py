@@ -311,10 +311,10 @@ def format_schedule(schedule: Sequence[tuple[int, Cap]]) -> str:
     return ",".join(f"{r}:{cap.setting}" for r, cap in schedule)
 
 
-#: The knob's names in the QUERY reply (``Knob.setting``) and the key of a power limit's
-#: values there.
+#: The knob's names in the QUERY reply (``Knob.setting``) and the keys of its values there
+#: (``NodeDescriptor.knob_values``): a frequency table in MHz, or power limits in W.
 KNOB_FREQUENCY, KNOB_POWER_LIMIT = GPU_FREQ_MHZ.setting, GPU_POWER_LIMIT_W.setting
-POWER_LIMITS_KEY = "gpu-power-limits-w"
+FREQS_KEY, POWER_LIMITS_KEY = "gpu-freqs-mhz", "gpu-power-limits-w"
 
 
 @dataclass(frozen=True)
@@ -327,7 +327,7 @@ class NodeDescriptor:
     backend: str
     p_max: Cap
     p_max_schedule: str  # ``format_schedule`` form; "" without a schedule
-    gpu_freqs_mhz: tuple[float, ...]
+    knob_values: tuple[float, ...]
     memory_bytes: int
     power_rail: str
     max_batch_size: int
@@ -337,23 +337,23 @@ class NodeDescriptor:
     #: b, so for every b the fastest feasible frequency is at or above it); 0: no floor
     #: known (a device without bands, or a cap below its lowest band)
     profile_floor_mhz: float = 0.0
-    #: What ``gpu_freqs_mhz`` holds: the GPU frequency (``frequency``, MHz) or the GPU power
+    #: What ``knob_values`` holds: the GPU frequency (``frequency``, MHz) or the GPU power
     #: limit (``power-limit``, W). On the wire a power limit's values go under
     #: ``gpu-power-limits-w`` with ``knob``, never under ``gpu-freqs-mhz``; the frequency
     #: path sends neither key, as before.
     knob: str = "frequency"
 
     def to_config(self) -> dict[str, Any]:
+        # the knob's values go on the wire under the knob's own key and unit
+        values_key = FREQS_KEY if self.knob == KNOB_FREQUENCY else POWER_LIMITS_KEY
+        keys = {"p_max": "p-max-w", "knob_values": values_key}
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             wire = value.to_wire() if isinstance(value, Cap) else value
-            key = "p-max-w" if f.name == "p_max" else key_of(f.name)
-            out[key] = list(wire) if isinstance(wire, tuple) else wire
+            out[keys.get(f.name, key_of(f.name))] = list(wire) if isinstance(wire, tuple) else wire
         if self.knob == KNOB_FREQUENCY:
             del out["knob"]
-        else:
-            out[POWER_LIMITS_KEY] = out.pop("gpu-freqs-mhz")
         return out
 
     @classmethod
@@ -365,7 +365,7 @@ class NodeDescriptor:
                 f"{where}: knob: unknown value {knob!r}; allowed: {KNOB_FREQUENCY}, "
                 f"{KNOB_POWER_LIMIT}"
             )
-        values_key = POWER_LIMITS_KEY if knob == KNOB_POWER_LIMIT else "gpu-freqs-mhz"
+        values_key = POWER_LIMITS_KEY if knob == KNOB_POWER_LIMIT else FREQS_KEY
         for key in ("node-name", "device", "backend"):  # file names on the server (LUT library)
             check_safe_name(_required(cfg, key, where), key, where, SettingsError)
         return cls(
@@ -375,7 +375,7 @@ class NodeDescriptor:
             backend=str(_required(cfg, "backend", where)),
             p_max=Cap.parse(_required(cfg, "p-max-w", where)),
             p_max_schedule=str(cfg.get("p-max-schedule", "")),
-            gpu_freqs_mhz=_required(cfg, values_key, where, _floats),
+            knob_values=_required(cfg, values_key, where, _floats),
             memory_bytes=_required(cfg, "memory-bytes", where, int),
             power_rail=str(cfg.get("power-rail", "")),
             max_batch_size=_required(cfg, "max-batch-size", where, int),

@@ -22,9 +22,9 @@ from fl_client.profiler import ProfileOptions, profile
 log = logging.getLogger(__name__)
 
 
-def freq_index(freqs_mhz: tuple[float, ...], freq_mhz: float) -> int:
-    """The index of the table frequency nearest ``freq_mhz``."""
-    return min(range(len(freqs_mhz)), key=lambda j: abs(freqs_mhz[j] - freq_mhz))
+def knob_index(knob_values: tuple[float, ...], knob_value: float) -> int:
+    """The index of the knob value in ``knob_values`` nearest ``knob_value``."""
+    return min(range(len(knob_values)), key=lambda j: abs(knob_values[j] - knob_value))
 
 
 @dataclass(frozen=True)
@@ -61,9 +61,9 @@ def check_drift(
     cells with ``peak_sigma_k`` (``peak-sigma-k``). The re-profiled cells bring their own σ
     of per-step peaks; the other rows' σ scale with their peaks (``lut_cells.scale_cells``).
     """
-    batch_size, freq_mhz = point
+    batch_size, knob_value = point
     i = lut.batch_sizes.index(batch_size)
-    j = freq_index(lut.freqs_mhz, freq_mhz)
+    j = knob_index(lut.knob_values, knob_value)
     measured, time_s, energy_j = _measure_point(ctx, lut, point)
     predicted = (
         lut.time_per_sample_s[i, j],
@@ -80,9 +80,10 @@ def check_drift(
     new_lut = replace_rows(scale_cells(lut, **factors), row)
     save_quietly(new_lut, new_lut.key.path(ctx.cache_dir))
     log.info(
-        "drift check: b=%d f=%g MHz off by %.0f%% (> %.0f%%): re-profiled that row",
+        "drift check: b=%d f=%g %s off by %.0f%% (> %.0f%%): re-profiled that row",
         batch_size,
-        freq_mhz,
+        knob_value,
+        lut.knob.unit,
         100 * deviation,
         100 * threshold,
     )
@@ -100,13 +101,13 @@ def _measure_point(
 ) -> tuple[tuple[float, float, float], float, float]:
     """``point`` = (b, f) measured as the profiler measured the LUT's cells: (time per
     sample, peak, average power), and the device time and energy the measuring took."""
-    batch_size, freq_mhz = point
+    batch_size, knob_value = point
     m, time_s, energy_j = measure_cell(
         ctx.device,
         ctx.workload,
         batch_size,
         ctx.step_factory(batch_size),
-        freq_mhz,
+        knob_value,
         CellOptions(lut.warmup_steps, lut.steps),
     )
     measured = (

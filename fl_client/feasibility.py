@@ -81,7 +81,7 @@ def robust_peak_w(
     return peak + k * np.fmax(np.asarray(sigma_w, dtype=np.float64), 0.0)  # fmax(NaN, 0) is 0
 
 
-def feasible_freq_index(power_row_w: npt.ArrayLike, p_max_w: float | None) -> int | None:
+def feasible_knob_index(power_row_w: npt.ArrayLike, p_max_w: float | None) -> int | None:
     """The highest index j such that every measured cell at or below j is below P_max.
 
     This is the paper's Eq. 4 j_i on rows whose power rises with f, kept for code that
@@ -112,11 +112,11 @@ def feasible_freq_index(power_row_w: npt.ArrayLike, p_max_w: float | None) -> in
     row = np.asarray(power_row_w, dtype=np.float64)
     if row.ndim != 1:
         raise ValueError(f"power_row_w: must be one row (1-D), got shape {row.shape}")
-    return feasible_freq_indices(row[None, :], p_max_w)[0]
+    return feasible_knob_indices(row[None, :], p_max_w)[0]
 
 
-def feasible_freq_indices(power_w: FloatArray, p_max_w: float | None) -> list[int | None]:
-    """``feasible_freq_index`` of every row of a (|B|, |F|) table, vectorised."""
+def feasible_knob_indices(power_w: FloatArray, p_max_w: float | None) -> list[int | None]:
+    """``feasible_knob_index`` of every row of a (|B|, |F|) table, vectorised."""
     cap = math.inf if p_max_w is None else float(p_max_w)
     measured = ~np.isnan(power_w)
     running_max = np.maximum.accumulate(np.where(measured, power_w, -np.inf), axis=1)

@@ -45,7 +45,7 @@ from fl_client.lut_format import (
 )
 from fl_client.power import PowerLimit
 from fl_client.selection import Tables
-from fl_client.selector_inputs import validate_batch_sizes, validate_freqs_mhz, validate_tables
+from fl_client.selector_inputs import validate_batch_sizes, validate_knob_values, validate_tables
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def _utc_now() -> str:
 class LUT:
     """The profiled lookup tables of one (device, backend, model, input shape).
 
-    Rows follow ``batch_sizes``, columns ``freqs_mhz``; NaN marks a cell that was not
+    Rows follow ``batch_sizes``, columns ``knob_values``; NaN marks a cell that was not
     profiled (efficient mode), in the time and power tables at once (σ may be NaN in a
     profiled cell too: not recorded). Arrays are read-only copies.
 
@@ -77,7 +77,7 @@ class LUT:
         Shape of one sample.
     batch_sizes : tuple of int
         B, strictly ascending.
-    freqs_mhz : tuple of float
+    knob_values : tuple of float
         The device's knob values, strictly ascending: its frequency table in MHz, or the
         values of ``knob``.
     time_per_sample_s : ndarray, shape (|B|, |F|)
@@ -126,7 +126,7 @@ class LUT:
     model_name: str
     input_shape: tuple[int, ...]
     batch_sizes: tuple[int, ...]
-    freqs_mhz: tuple[float, ...]
+    knob_values: tuple[float, ...]
     time_per_sample_s: FloatArray
     peak_power_w: FloatArray
     avg_power_w: FloatArray
@@ -152,7 +152,7 @@ class LUT:
     def __post_init__(self) -> None:
         try:
             b = validate_batch_sizes(list(self.batch_sizes))
-            f = validate_freqs_mhz(list(self.freqs_mhz))
+            f = validate_knob_values(list(self.knob_values))
             time_s, peak_w = validate_tables(
                 self.time_per_sample_s, self.peak_power_w, len(b), len(f)
             )
@@ -193,7 +193,7 @@ class LUT:
                 f"warmup-steps / steps: need ≥ 0 / ≥ 1; got {self.warmup_steps} / {self.steps}"
             )
         object.__setattr__(self, "batch_sizes", tuple(b))
-        object.__setattr__(self, "freqs_mhz", tuple(f))
+        object.__setattr__(self, "knob_values", tuple(f))
         object.__setattr__(self, "input_shape", shape)
         for name, table in (
             ("time_per_sample_s", time_s),
@@ -214,7 +214,7 @@ class LUT:
             self.backend,
             Workload(self.model_name, self.input_shape, 0.0),
             self.batch_sizes,
-            self.freqs_mhz,
+            self.knob_values,
             self.limit,
             self.grid,
         )
@@ -276,7 +276,7 @@ class LUT:
             "input-shape": list(self.input_shape),
             "workload-key": self.workload_key,
             "batch-sizes": list(self.batch_sizes),
-            self.knob.values_key: list(self.freqs_mhz),  # freqs-mhz, or power-limits-w
+            self.knob.values_key: list(self.knob_values),  # freqs-mhz, or power-limits-w
             "p-max-w": self.limit.cap_w,
             "cap-margin": self.limit.cap_margin,
             "time-per-sample-s": table(self.time_per_sample_s),
@@ -333,7 +333,7 @@ class LUT:
             model_name=rec["model-name"],
             input_shape=tuple(rec["input-shape"]),
             batch_sizes=tuple(rec["batch-sizes"]),
-            freqs_mhz=tuple(rec["freqs-mhz"]),
+            knob_values=tuple(rec["freqs-mhz"]),
             time_per_sample_s=time_s,
             peak_power_w=table_from_json(rec["peak-power-w"], "peak-power-w"),
             avg_power_w=table_from_json(rec["avg-power-w"], "avg-power-w"),
@@ -393,7 +393,7 @@ class LUT:
 
 @dataclass(frozen=True)
 class LUTKey:
-    """What a LUT is for: device kind, backend, workload, B, frequency table, cap and grid.
+    """What a LUT is for: device kind, backend, workload, B, knob values, cap and grid.
 
     ``limit`` is the cap with its margin an efficient-mode LUT was profiled for (no cap:
     ``NO_CAP``); the profiler's walk compares robust peaks with ``limit.limit_w``. The bare
@@ -405,7 +405,7 @@ class LUTKey:
     backend: str
     workload: Workload
     batch_sizes: tuple[int, ...]
-    freqs_mhz: tuple[float, ...]
+    knob_values: tuple[float, ...]
     limit: PowerLimit = NO_CAP
     grid: str = "full"
     knob: Knob = GPU_FREQ_MHZ  # what the columns are (a LUT of another knob is another file)
@@ -426,7 +426,7 @@ class LUTKey:
             info.backend,
             workload,
             tuple(int(b) for b in batch_sizes),
-            tuple(float(f) for f in device.gpu_freqs_mhz),
+            tuple(float(f) for f in device.knob_values),
             limit,
             grid,
             device_knob(device),
@@ -472,7 +472,7 @@ class LUTKey:
             "input-shape": (lut.input_shape, tuple(self.workload.input_shape)),
             "batch-sizes": (lut.batch_sizes, self.batch_sizes),
             "knob": (lut.knob.key, self.knob.key),
-            self.knob.values_key: (lut.freqs_mhz, self.freqs_mhz),
+            self.knob.values_key: (lut.knob_values, self.knob_values),
             "p-max-w": (lut.limit.cap_w, self.limit.cap_w),
             "cap-margin": (lut.limit.cap_margin, self.limit.cap_margin),
             "grid": (lut.grid, self.grid),
@@ -515,7 +515,7 @@ def save_quietly(lut: LUT, path: Path) -> None:
 @dataclass(frozen=True)
 class KindKey:
     """Nodes of one kind see the same LUT up to unit-to-unit spread: same device kind,
-    backend, model, input shape, B and frequency table. Fleet-shared profiling measures one
+    backend, model, input shape, B and knob values. Fleet-shared profiling measures one
     LUT per kind (``grid="shared"``: no cap, the cells the kind's caps need)."""
 
     device_kind: str
@@ -523,7 +523,7 @@ class KindKey:
     model_name: str
     input_shape: tuple[int, ...]
     batch_sizes: tuple[int, ...]
-    freqs_mhz: tuple[float, ...]
+    knob_values: tuple[float, ...]
 
     @classmethod
     def of_lut(cls, lut: LUT) -> KindKey:
@@ -533,7 +533,7 @@ class KindKey:
             lut.model_name,
             tuple(lut.input_shape),
             tuple(lut.batch_sizes),
-            tuple(lut.freqs_mhz),
+            tuple(lut.knob_values),
         )
 
     @property
@@ -552,7 +552,7 @@ class KindKey:
                 self.model_name,
                 list(self.input_shape),
                 list(self.batch_sizes),
-                list(self.freqs_mhz),
+                list(self.knob_values),
             ]
         )
         return hashlib.sha256(exact.encode()).hexdigest()[:12]
@@ -564,7 +564,7 @@ class KindKey:
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine != theirs:
                 out.append(f"{name.replace('_', '-')} is {theirs!r}, expected {mine!r}")
-        if self.freqs_mhz != other.freqs_mhz:
+        if self.knob_values != other.knob_values:
             out.append("freqs-mhz: the frequency tables differ")
         return out
 

@@ -61,14 +61,14 @@ def merge_cells(base: LUT, extra: LUT, *, overwrite: bool) -> LUT:
     Raises
     ------
     LUTFormatError
-        When the two tables are not of the same device, backend, workload and frequency
-        table, or ``extra`` has a batch size ``base`` lacks.
+        When the two tables are not of the same device, backend, workload and knob
+        values, or ``extra`` has a batch size ``base`` lacks.
     """
-    for name in ("device_kind", "backend", "model_name", "input_shape", "freqs_mhz", "knob"):
+    for name in ("device_kind", "backend", "model_name", "input_shape", "knob_values", "knob"):
         if getattr(base, name) != getattr(extra, name):
+            key = base.knob.values_key if name == "knob_values" else name.replace("_", "-")
             raise LUTFormatError(
-                f"{name.replace('_', '-')}: cannot merge LUTs of {getattr(base, name)!r} and "
-                f"{getattr(extra, name)!r}"
+                f"{key}: cannot merge LUTs of {getattr(base, name)!r} and {getattr(extra, name)!r}"
             )
     unknown = sorted(set(extra.batch_sizes) - set(base.batch_sizes))
     if unknown:

@@ -118,14 +118,14 @@ class GridTables:
 
     Attributes
     ----------
-    batch_sizes, freqs_mhz : tuple
+    batch_sizes, knob_values : tuple
         The axes (rows, columns).
     time_per_sample_s, peak_power_w, avg_power_w : ndarray, shape (|B|, |F|)
         The cells: what ``LUTFit`` predicts, what ``PlannedLUT`` measured or fitted.
     """
 
     batch_sizes: tuple[int, ...]
-    freqs_mhz: tuple[float, ...]
+    knob_values: tuple[float, ...]
     time_per_sample_s: FloatArray
     peak_power_w: FloatArray
     avg_power_w: FloatArray
@@ -158,17 +158,17 @@ class LUTFit(GridTables):
 
 
 def grid_axes(
-    batch_sizes: Sequence[int], freqs_mhz: Sequence[float]
+    batch_sizes: Sequence[int], knob_values: Sequence[float]
 ) -> tuple[FloatArray, FloatArray]:
     """u (scaled log2 b) and log φ (log f / f_max) on the grid, each (|B|, |F|)."""
     b = np.asarray(batch_sizes, dtype=np.float64)
-    f = np.asarray(freqs_mhz, dtype=np.float64)
+    f = np.asarray(knob_values, dtype=np.float64)
     if b.ndim != 1 or f.ndim != 1 or b.size == 0 or f.size == 0:
-        raise ValueError("batch_sizes and freqs_mhz: need non-empty 1-D axes")
+        raise ValueError("batch_sizes and knob_values: need non-empty 1-D axes")
     if not (np.all(np.isfinite(b)) and np.all(b > 0) and np.all(np.diff(b) > 0)):
         raise ValueError(f"batch_sizes: must be > 0 and strictly ascending; got {list(b)}")
     if not (np.all(np.isfinite(f)) and np.all(f > 0) and np.all(np.diff(f) > 0)):
-        raise ValueError(f"freqs_mhz: must be > 0 and strictly ascending; got {list(f)}")
+        raise ValueError(f"knob_values: must be > 0 and strictly ascending; got {list(f)}")
     lb = np.log2(b)
     span = lb[-1] - lb[0]
     u = (lb - lb[0]) / span if span > 0 else np.zeros_like(lb)
@@ -415,7 +415,7 @@ def valid_cells(time_s: FloatArray, peak_w: FloatArray, avg_w: FloatArray) -> Bo
 
 def fit_lut(
     batch_sizes: Sequence[int],
-    freqs_mhz: Sequence[float],
+    knob_values: Sequence[float],
     time_s: npt.ArrayLike,
     peak_w: npt.ArrayLike,
     avg_w: npt.ArrayLike | None = None,
@@ -425,7 +425,7 @@ def fit_lut(
 
     Parameters
     ----------
-    batch_sizes, freqs_mhz : sequence
+    batch_sizes, knob_values : sequence
         The axes, strictly ascending.
     time_s, peak_w : array_like, shape (|B|, |F|)
         Measured time per sample (s) and peak power (W); NaN where not measured. Cells that
@@ -443,7 +443,7 @@ def fit_lut(
     ValueError
         Bad axes or table shapes, or fewer than 2 usable cells.
     """
-    cells = _Cells.of(batch_sizes, freqs_mhz, (time_s, peak_w, avg_w))
+    cells = _Cells.of(batch_sizes, knob_values, (time_s, peak_w, avg_w))
     return _fit(cells, options or FitOptions(), None)
 
 
@@ -457,7 +457,7 @@ def refit_lut(
     """``fit_lut`` on the axes of an earlier fit ``warm`` (e.g. before one more cell was
     measured), started from its parameters only: faster than ``fit_lut``'s several starts.
     """
-    cells = _Cells.of(warm.batch_sizes, warm.freqs_mhz, (time_s, peak_w, avg_w))
+    cells = _Cells.of(warm.batch_sizes, warm.knob_values, (time_s, peak_w, avg_w))
     return _fit(cells, options or FitOptions(), warm)
 
 
@@ -467,7 +467,7 @@ class _Cells:
     cell, time, peak and average power, and which cells are usable."""
 
     batch_sizes: tuple[int, ...]
-    freqs_mhz: tuple[float, ...]
+    knob_values: tuple[float, ...]
     u: FloatArray
     lphi: FloatArray
     tables: tuple[FloatArray, FloatArray, FloatArray]
@@ -477,10 +477,10 @@ class _Cells:
     def of(
         cls,
         batch_sizes: Sequence[int],
-        freqs_mhz: Sequence[float],
+        knob_values: Sequence[float],
         tables: tuple[npt.ArrayLike, npt.ArrayLike, npt.ArrayLike | None],
     ) -> _Cells:
-        u, lphi = grid_axes(batch_sizes, freqs_mhz)
+        u, lphi = grid_axes(batch_sizes, knob_values)
         shape = u.shape
         t = np.asarray(tables[0], dtype=np.float64)
         p = np.asarray(tables[1], dtype=np.float64)
@@ -491,7 +491,7 @@ class _Cells:
         if int(ok.sum()) < 2:
             raise ValueError(f"fit_lut: needs at least 2 measured cells, got {int(ok.sum())}")
         b = tuple(int(x) for x in batch_sizes)
-        return cls(b, tuple(float(x) for x in freqs_mhz), u, lphi, (t, p, a), ok)
+        return cls(b, tuple(float(x) for x in knob_values), u, lphi, (t, p, a), ok)
 
 
 def _fit(cells: _Cells, opts: FitOptions, warm: LUTFit | None) -> LUTFit:
@@ -523,7 +523,7 @@ def _fit(cells: _Cells, opts: FitOptions, warm: LUTFit | None) -> LUTFit:
         out[name] = (np.exp(log_pred + mean.reshape(shape)), sd.reshape(shape), params)
     return LUTFit(
         batch_sizes=cells.batch_sizes,
-        freqs_mhz=cells.freqs_mhz,
+        knob_values=cells.knob_values,
         time_per_sample_s=out["time"][0],
         peak_power_w=out["peak"][0],
         avg_power_w=out["avg"][0],

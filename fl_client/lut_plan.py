@@ -145,7 +145,7 @@ class PlanOptions:
 class CapChoice:
     """What ``plan_cells`` decided for one cap.
 
-    ``batch_size`` / ``freq_mhz`` are the measured cell Eq. 4 picks from the measured cells
+    ``batch_size`` / ``knob_value`` are the measured cell Eq. 4 picks from the measured cells
     (None: no measured cell is feasible), ``cells`` how many cells this cap added and
     ``settled`` whether the fit left no cell with a real chance of being better (False:
     the budget ran out first).
@@ -153,7 +153,7 @@ class CapChoice:
 
     cap_w: float
     batch_size: int | None
-    freq_mhz: float | None
+    knob_value: float | None
     cells: int
     settled: bool
 
@@ -342,7 +342,7 @@ def next_cell(
     the caller's rule adds σ) and average power.
     """
     opts = options or PlanOptions()
-    b, f = fit.batch_sizes, fit.freqs_mhz
+    b, f = fit.batch_sizes, fit.knob_values
     state = _State(b, f, lambda *_: (math.nan, math.nan, math.nan))
     state.time, state.peak, state.avg = (np.array(t, dtype=np.float64) for t in tables)
     state.tried = np.asarray(tried, dtype=bool) | state.measured
@@ -379,7 +379,7 @@ class _Ctx:
 
 def plan_cells(
     batch_sizes: Sequence[int],
-    freqs_mhz: Sequence[float],
+    knob_values: Sequence[float],
     limits: Sequence[PowerLimit],
     r: Sequence[float],
     measure: MeasureFn,
@@ -403,7 +403,7 @@ def plan_cells(
 
     Parameters
     ----------
-    batch_sizes, freqs_mhz : sequence
+    batch_sizes, knob_values : sequence
         B and F, strictly ascending.
     limits : sequence of PowerLimit
         The caps to serve, each with its margin (``PowerLimit()``: no cap); a cap given
@@ -421,7 +421,7 @@ def plan_cells(
     """
     opts = options or PlanOptions()
     b = tuple(int(x) for x in batch_sizes)
-    f = tuple(float(x) for x in freqs_mhz)
+    f = tuple(float(x) for x in knob_values)
     grid_axes(b, f)
     if len(r) != len(b) or not all(0 < float(x) <= 1 for x in r):
         raise ValueError(f"r: expected {len(b)} values in (0, 1], got {list(r)!r}")
@@ -503,7 +503,7 @@ def _result(
     t, p, a = state.filled(fit)
     return PlannedLUT(
         batch_sizes=state.b,
-        freqs_mhz=state.f,
+        knob_values=state.f,
         time_per_sample_s=t,
         peak_power_w=p,
         avg_power_w=a,

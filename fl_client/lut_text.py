@@ -30,7 +30,8 @@ def cap_text(cap: Cap, cap_margin: float) -> str:
 
 
 def format_lut(lut: Any, p_max_w: float | None = None, peak_sigma_k: float = PEAK_SIGMA_K) -> str:
-    """The tables of a LUT as text: rows = batch sizes, columns = the knob's values (MHz).
+    """The tables of a LUT as text: rows = batch sizes, columns = the knob's values (in
+    ``lut.knob.unit``: MHz, or W for a power limit).
 
     Cells not profiled (efficient mode) show ``-``; cells that are not feasible by the
     selector's rule (peak + ``peak_sigma_k``·σ of the per-step peaks) against what
@@ -47,7 +48,7 @@ def format_lut(lut: Any, p_max_w: float | None = None, peak_sigma_k: float = PEA
     has_sigma = bool(np.isfinite(sigma_w).any())
     infeasible = ~feasible_cells(lut.peak_power_w, cap, peak_sigma_w=sigma_w,
                                  peak_sigma_k=peak_sigma_k)  # fmt: skip
-    heads = [f"{f:g}" for f in lut.freqs_mhz]
+    heads = [f"{f:g}" for f in lut.knob_values]
     width = max(8, *(len(h) + 1 for h in heads))
 
     corner = f"b \\ {lut.knob.unit}"
@@ -56,7 +57,7 @@ def format_lut(lut: Any, p_max_w: float | None = None, peak_sigma_k: float = PEA
         lines = [title, f"{corner:>8}" + "".join(f"{h:>{width}}" for h in heads)]
         for i, b in enumerate(lut.batch_sizes):
             cells = []
-            for j in range(len(lut.freqs_mhz)):
+            for j in range(len(lut.knob_values)):
                 x = float(table[i, j])
                 text = "-" if math.isnan(x) else fmt(x)
                 if mark and cap is not None and not math.isnan(x) and infeasible[i, j]:
@@ -137,7 +138,7 @@ def format_selection(
     selection: Any,
     r: Sequence[float],
     *,
-    b1_max_freq_mhz: float | None = None,
+    b1_max_knob_value: float | None = None,
     cap_margin: float = 0.0,
 ) -> str:
     """The choice and the candidate set (Eq. 4's C) as text; the knob named in its unit
@@ -146,14 +147,14 @@ def format_selection(
     symbol, unit = knob_symbol(knob), knob.unit
     if selection.method in ("power-aware", "oracle"):
         under = f" under {cap_text(Cap.parse(selection.p_max_w), cap_margin)}"
-    elif b1_max_freq_mhz is not None:
-        under = f" at the fixed frequency cap {b1_max_freq_mhz:g} {unit}"
+    elif b1_max_knob_value is not None:
+        under = f" at the fixed frequency cap {b1_max_knob_value:g} {unit}"
     else:
         under = ""
     head = f"{symbol} {unit}"
     lines = [
         f"{selection.method}: b* = {selection.batch_size}, {symbol}* = "
-        f"{selection.freq_mhz:g} {unit}{under}; predicted "
+        f"{selection.knob_value:g} {unit}{under}; predicted "
         f"{1e3 * selection.time_per_sample_s:.4g} ms/sample, peak {selection.peak_power_w:.2f} W",
         "",
         f"{'':2}{'b':>6} {head:>9} {'ms/sample':>10} {'peak W':>8} {'r':>7} {'score':>10}",
@@ -161,7 +162,7 @@ def format_selection(
     r_by_b = dict(zip([c.batch_size for c in selection.candidates], r, strict=False))
     for c in selection.candidates:
         chosen = "*" if c.batch_size == selection.batch_size else " "
-        f = "-" if c.freq_mhz is None else f"{c.freq_mhz:g}"
+        f = "-" if c.knob_value is None else f"{c.knob_value:g}"
         t = "-" if math.isnan(c.time_per_sample_s) else f"{1e3 * c.time_per_sample_s:.4g}"
         pw = "-" if math.isnan(c.peak_power_w) else f"{c.peak_power_w:.2f}"
         rb = r_by_b.get(c.batch_size)

@@ -98,7 +98,7 @@ def describe_node(
         backend=info.backend,
         p_max=ctx.node.p_max,
         p_max_schedule=format_schedule(ctx.node.p_max_schedule),
-        gpu_freqs_mhz=tuple(float(f) for f in info.gpu_freqs_mhz),
+        knob_values=tuple(float(f) for f in info.knob_values),
         memory_bytes=int(info.memory_bytes),
         power_rail=info.power_rail,
         max_batch_size=max_batch_size(model_name, batch_sizes, info.memory_bytes),
@@ -123,7 +123,7 @@ class NodeRoundState:
     lut_from_cache: bool = False
     r_true: list[float] | None = None
     choice: Selection | None = None
-    run_freq_mhz: float = 0.0
+    run_knob_value: float = 0.0
     #: The drift check of this node's own LUT (``drift-check-every``)
     drift: DriftCheck | None = None
     #: Fleet-shared profiling: the check of the chosen cell of its kind's LUT on this board
@@ -278,16 +278,16 @@ def select_for(
         cfg.method,
         objective,
         context,
-        b1_max_freq_mhz=(
-            device.info.b1_max_freq_mhz(plan.cap.watts) if cfg.method in ("b1", "b2") else None
+        b1_max_knob_value=(
+            device.info.b1_max_knob_value(plan.cap.watts) if cfg.method in ("b1", "b2") else None
         ),
         fixed_batch_size=cfg.fixed_batch_size,
-        fixed_freq_mhz=cfg.fixed_freq_mhz,
+        fixed_knob_value=cfg.fixed_freq_mhz,
     )
     return selector.select(
         method,
         batch_sizes=list(cfg.batch_sizes),
-        freqs_mhz=[float(f) for f in device.gpu_freqs_mhz],
+        knob_values=[float(f) for f in device.knob_values],
         tables=tables,
         r=plan.r_true if cfg.method == "oracle" else list(cfg.r),
         limit=plan.limit,
@@ -332,7 +332,7 @@ def _choose(
             if known != VERIFIED:
                 before = known == REFUSED or ctx.settings.shared_verify == "before"
                 _verify_shared(ctx, measure, plan, before=before)
-            plan.run_freq_mhz = plan.choice.freq_mhz
+            plan.run_knob_value = plan.choice.knob_value
             return
         except InfeasibleCapError as err:
             log.warning("kind-lut: %s; profiling this node's own", err)
@@ -347,7 +347,7 @@ def _choose(
         if not ctx.node.p_max_schedule:
             raise
         raise _skip_reason(plan, err) from err
-    plan.run_freq_mhz = plan.choice.freq_mhz
+    plan.run_knob_value = plan.choice.knob_value
 
 
 def _verify_shared(
@@ -363,7 +363,7 @@ def _verify_shared(
     ``drift-threshold`` that row is re-profiled under this node's own cap and the choice
     made again. The checked (or corrected) copy is kept, so later rounds measure nothing."""
     assert plan.lut is not None and plan.choice is not None and plan.cfg.kind_lut is not None
-    point = (plan.choice.batch_size, plan.choice.freq_mhz)
+    point = (plan.choice.batch_size, plan.choice.knob_value)
     check = own_cell_check(measure, plan.lut, point, ctx.settings.drift_threshold)
     if check is None and not before:
         plan.verify_by_training = True
@@ -403,11 +403,12 @@ def _settle_shared(ctx: NodeContext, measure: MeasureContext, plan: NodeRoundSta
         return
     refuse(measure, LUT.from_json(plan.cfg.kind_lut))
     log.warning(
-        "kind-lut: this board ran (b=%d, %g MHz) %.0f%% off its kind's LUT (time %s, peak "
+        "kind-lut: this board ran (b=%d, %g %s) %.0f%% off its kind's LUT (time %s, peak "
         "%s, cap-guard step-downs %d; drift-threshold %.0f%%): the next round measures the "
         "cell first and re-profiles the row if it is still off",
         plan.choice.batch_size,
-        plan.run_freq_mhz,
+        plan.run_knob_value,
+        device_knob(measure.device).unit,
         100 * deviation if math.isfinite(deviation) else math.nan,
         "n/a" if time_dev is None else f"{100 * time_dev:+.0f}%",
         "n/a" if plan.power_check is None else f"{100 * plan.power_check[0]:+.0f}%",
@@ -456,7 +457,7 @@ def _balance(ctx: NodeContext, device: Device, plan: NodeRoundState, samples: in
             plan.choice = select_for(plan, plan.lut, device, objective, context)
         plan.work_share = mode.work_share(slack, plan.choice)
         plan.mode_report = dict(mode.report(slack, plan.choice))
-    plan.run_freq_mhz = plan.choice.freq_mhz
+    plan.run_knob_value = plan.choice.knob_value
 
 
 def _local_work(cfg: TrainConfig, plan: NodeRoundState, n_samples: int) -> tuple[int, int | None]:
@@ -478,7 +479,7 @@ def _check_drift(ctx: NodeContext, measure: MeasureContext, plan: NodeRoundState
         return
     if k <= 0 or plan.cfg.server_round % k != 0:
         return
-    point = (plan.choice.batch_size, plan.run_freq_mhz)
+    point = (plan.choice.batch_size, plan.run_knob_value)
     plan.drift = check_drift(
         measure,
         plan.lut,
@@ -505,7 +506,7 @@ def check_power(
         return None
     try:
         i = lut.batch_sizes.index(choice.batch_size)
-        j = lut.freqs_mhz.index(plan.run_freq_mhz)
+        j = lut.knob_values.index(plan.run_knob_value)
     except ValueError:
         return None
     sigma = float(lut.peak_sigma_w[i, j]) if lut.peak_sigma_w.size else math.nan
@@ -574,7 +575,7 @@ def train_node(
         assert plan.choice is not None
         lr = task.scaled_lr(cfg.lr_ref, cfg.b_ref, plan.choice.batch_size)
         with (
-            locked(device, plan.run_freq_mhz),
+            locked(device, plan.run_knob_value),
             cap_guard(device, plan.cap.watts),
             device.measure(workload) as meter,
         ):
@@ -616,7 +617,7 @@ def _report(
     extra: dict[str, float] = {}
     # The knob in its own unit: a power limit goes under gpu-power-limit-w, and
     # gpu-freq-mhz then holds the clock sampled during training (NaN: not read)
-    limit_w = float(plan.run_freq_mhz) if device_knob(device) == GPU_POWER_LIMIT_W else None
+    limit_w = float(plan.run_knob_value) if device_knob(device) == GPU_POWER_LIMIT_W else None
     sampled_mhz = float(getattr(m, "clock_mhz", math.nan))
     if limit_w is not None:
         extra["gpu_power_limit_w"] = limit_w
@@ -641,7 +642,7 @@ def _report(
         if plan.drift.reprofiled:
             again = select_for(plan, plan.drift.lut, device, ctx.objective)
             extra["drift_batch_size"] = float(again.batch_size)
-            extra["drift_freq_mhz"] = float(again.freq_mhz)
+            extra["drift_freq_mhz"] = float(again.knob_value)
     if limit_w is not None and "drift_freq_mhz" in extra:  # the knob's value in W, its own key
         extra["drift_power_limit_w"] = extra.pop("drift_freq_mhz")
     return TrainReport(
@@ -654,7 +655,7 @@ def _report(
         p_max_w=plan.cap.to_wire(),
         cap_margin=ctx.cap_margin,
         batch_size=float(choice.batch_size),
-        gpu_freq_mhz=float(plan.run_freq_mhz) if limit_w is None else sampled_mhz,
+        gpu_freq_mhz=float(plan.run_knob_value) if limit_w is None else sampled_mhz,
         profile_time_s=plan.cost.time_s,
         profile_energy_j=plan.cost.energy_j,
         cap_violations=float(m.cap_violations),

@@ -79,7 +79,7 @@ class _Progress:
             self._bar.start()
             self._task = self._bar.add_task(title, total=total)
 
-    def cell(self, b: int, freq_mhz: float, cell: CellMeasurement) -> None:
+    def cell(self, b: int, knob_value: float, cell: CellMeasurement) -> None:
         self._done += 1
         if not self._enabled:
             return
@@ -90,7 +90,7 @@ class _Progress:
         ran_at = f", clock {clock_mhz:g} MHz" if math.isfinite(clock_mhz) else ""
         moved = " (moved)" if ran_at and getattr(m, "clock_moved", False) else ""
         what = (
-            f"b={b} f={freq_mhz:g} {self._knob.unit}: {tps_ms:.3f} ms/sample, "
+            f"b={b} f={knob_value:g} {self._knob.unit}: {tps_ms:.3f} ms/sample, "
             f"peak {m.peak_power_w:.2f} W, avg {m.avg_power_w:.2f} W{ran_at}{moved} "
             f"({m.steps} steps, {cell.window_s:.3g} s, {cell.power_samples} samples"
             f"{unsettled})"
@@ -165,7 +165,7 @@ def _lut_of(
     opts: ProfileOptions,
     cost: tuple[float, float],
 ) -> LUT:
-    """The LUT of ``tables`` measured on ``device`` (its frequency table as columns) as
+    """The LUT of ``tables`` measured on ``device`` (its knob's values as columns) as
     ``opts`` say, at ``cost`` (device time in s, energy in J)."""
     info = device.info
     by_field: dict[str, Any] = {field: tables[name] for name, field in _TABLES.items()}
@@ -176,7 +176,7 @@ def _lut_of(
         model_name=workload.model_name,
         input_shape=tuple(workload.input_shape),
         batch_sizes=tuple(batch_sizes),
-        freqs_mhz=tuple(float(f) for f in device.gpu_freqs_mhz),
+        knob_values=tuple(float(f) for f in device.knob_values),
         knob=device_knob(device),
         clocks_locked=locked if isinstance(locked, bool) else None,
         limit=opts.limit,
@@ -358,7 +358,7 @@ def profile(
     Parameters
     ----------
     device : Device
-        The GPU to profile; its frequency table gives the columns.
+        The GPU to profile; its knob's values (``knob_values``) give the columns.
     workload : Workload
         Model and input shape (the LUT's key).
     batch_sizes : sequence of int
@@ -380,8 +380,8 @@ def profile(
     """
     opts = options if options is not None else ProfileOptions()
     b_list = validate_batch_sizes(batch_sizes)
-    tables = _new_tables((len(b_list), len(device.gpu_freqs_mhz)))
-    bar = _profile_bar(opts, device, workload, (len(b_list), len(device.gpu_freqs_mhz)))
+    tables = _new_tables((len(b_list), len(device.knob_values)))
+    bar = _profile_bar(opts, device, workload, (len(b_list), len(device.knob_values)))
     start_s = device.now_s()
     try:
         run = _Run(device, workload, step_factory, opts)
@@ -427,7 +427,7 @@ def _profile_rows(
 ) -> float:
     """Walk the rows as ``profile`` describes, largest b first; returns the energy spent."""
     device, workload, step_factory, opts = run
-    freqs = tuple(float(f) for f in device.gpu_freqs_mhz)
+    freqs = tuple(float(f) for f in device.knob_values)
     window = opts.cell_window(device)
     energy_j = 0.0
     start_j = 0  # efficient mode: where the next (smaller) b starts
@@ -439,7 +439,7 @@ def _profile_rows(
             """Profile (b, freqs[j]) into the tables; whether it is feasible (robust peak
             below the cap less its margin; always without a cap)."""
             nonlocal energy_j
-            device.set_gpu_freq_mhz(freqs[j])
+            device.set_knob_value(freqs[j])
             measured = measure_locked(device, workload, b, step, opts.warmup_steps, window)
             energy_j += measured.energy_j
             _record(tables, i, j, measured, b)

@@ -28,12 +28,12 @@ class InfeasibleCapError(ValueError):
         peak where no σ was recorded).
     batch_size : int
         Batch size of the cell where ``min_power_w`` was measured.
-    freq_mhz : float
+    knob_value : float
         Knob value of that cell (MHz for the GPU frequency).
     sigma_term_w : float
         The k·σ part of ``min_power_w``.
     knob : Knob
-        What ``freq_mhz`` is.
+        What ``knob_value`` is.
     """
 
     def __init__(
@@ -41,14 +41,14 @@ class InfeasibleCapError(ValueError):
         limit: PowerLimit,
         min_power_w: float,
         batch_size: int,
-        freq_mhz: float,
+        knob_value: float,
         sigma_term_w: float = 0.0,
         knob: Knob = GPU_FREQ_MHZ,
     ):
         self.limit = limit
         self.min_power_w = min_power_w
         self.batch_size = batch_size
-        self.freq_mhz = freq_mhz
+        self.knob_value = knob_value
         self.sigma_term_w = sigma_term_w
         self.knob = knob
         margin = limit.cap_margin
@@ -66,7 +66,7 @@ class InfeasibleCapError(ValueError):
             fix += ", lower peak-sigma-k"
         super().__init__(
             f"p-max-w: no (batch size, {knob.label}) runs below {cap}; {lowest} "
-            f"(b={batch_size}, f={freq_mhz:g} {knob.unit}). {fix} or add smaller batch "
+            f"(b={batch_size}, f={knob_value:g} {knob.unit}). {fix} or add smaller batch "
             f"sizes / lower {knob.label} values."
         )
 
@@ -74,7 +74,7 @@ class InfeasibleCapError(ValueError):
 class Candidate(NamedTuple):
     """One row of the candidate set C: a batch size and the knob value it would run at.
 
-    ``freq_mhz`` is None when no profiled cell of this b is feasible; the predictions are
+    ``knob_value`` is None when no profiled cell of this b is feasible; the predictions are
     NaN when there is no such cell or no profiled cell to predict from.
     ``energy_per_sample_j`` is the energy basis of the tie-break (average power × time per
     sample, or peak power × time without an average-power table); NaN for the baselines.
@@ -82,7 +82,7 @@ class Candidate(NamedTuple):
     """
 
     batch_size: int
-    freq_mhz: float | None
+    knob_value: float | None
     time_per_sample_s: float
     peak_power_w: float
     score: float
@@ -99,7 +99,7 @@ class Selection:
         One of ``METHODS``.
     batch_size : int
         b*.
-    freq_mhz : float
+    knob_value : float
         f*, a value of the knob's table (MHz for the GPU frequency; see ``knob``).
     time_per_sample_s : float
         Predicted training time per sample at (b*, f*); NaN if that cell was not profiled
@@ -117,12 +117,12 @@ class Selection:
     energy_per_sample_j : float
         Predicted energy per sample at (b*, f*) (see ``Candidate``); NaN for the baselines.
     knob : Knob
-        What ``freq_mhz`` is: ``GPU_FREQ_MHZ`` unless the tables' knob is another.
+        What ``knob_value`` is: ``GPU_FREQ_MHZ`` unless the tables' knob is another.
     """
 
     method: str
     batch_size: int
-    freq_mhz: float
+    knob_value: float
     time_per_sample_s: float
     peak_power_w: float
     score: float
@@ -140,7 +140,7 @@ class Selection:
         return {
             "method": self.method,
             "batch-size": self.batch_size,
-            key: self.freq_mhz,
+            key: self.knob_value,
             "knob-unit": self.knob.unit,
             "predicted-time-per-sample-s": _none_if_nan(self.time_per_sample_s),
             "predicted-peak-power-w": _none_if_nan(self.peak_power_w),
@@ -150,7 +150,7 @@ class Selection:
             "candidates": [
                 {
                     "batch-size": c.batch_size,
-                    key: c.freq_mhz,
+                    key: c.knob_value,
                     "time-per-sample-s": _none_if_nan(c.time_per_sample_s),
                     "peak-power-w": _none_if_nan(c.peak_power_w),
                     "energy-per-sample-j": _none_if_nan(c.energy_per_sample_j),

@@ -2,12 +2,11 @@
 
 Pure functions over the lookup tables the profiler measures (``fl_client.profiler``):
 ``lut_time_s[i, j]`` is the time per training sample and ``lut_power_w[i, j]`` the peak power
-at batch size ``batch_sizes[i]`` and knob value ``freqs_mhz[j]``; NaN marks a cell that was
+at batch size ``batch_sizes[i]`` and knob value ``knob_values[j]``; NaN marks a cell that was
 not profiled (efficient mode). Optional tables: average power (energy tie-break) and σ of the
 per-step peaks (feasibility margin). The knob is the GPU frequency in MHz unless the tables
-say otherwise (``Knob``: e.g. a GPU power limit in W, as NVML GPUs and Zeus traces have); the
-parameter keeps its ``freqs_mhz`` name for the frequency case. NumPy only: no torch, no
-Flower.
+say otherwise (``Knob``: e.g. a GPU power limit in W, as NVML GPUs and Zeus traces have).
+NumPy only: no torch, no Flower.
 
 The values a choice reads and returns live in ``fl_client.selection``, the input checks in
 ``fl_client.selector_inputs``, feasibility (the robust peak against the cap) in
@@ -53,7 +52,7 @@ from fl_client.selector_baselines import select_b1, select_b2, select_fixed
 from fl_client.selector_inputs import (
     validate_aux_table,
     validate_batch_sizes,
-    validate_freqs_mhz,
+    validate_knob_values,
     validate_r_for,
     validate_tables,
 )
@@ -227,9 +226,9 @@ class Method:
         Power-aware's and the oracle's, with ``peak-sigma-k`` and ``tie-tolerance``.
     context : RoundContext
         Power-aware's and the oracle's round: its budget and batch size.
-    b1_max_freq_mhz : float or None
+    b1_max_knob_value : float or None
         B1's and B2's fixed safe frequency.
-    fixed_batch_size, fixed_freq_mhz : int / float or None
+    fixed_batch_size, fixed_knob_value : int / float or None
         The (b, f) of ``fixed``.
     knob : Knob or None
         What the baselines' choice is when no tables are given (with tables, theirs).
@@ -238,9 +237,9 @@ class Method:
     name: str = "power-aware"
     objective: Objective = EQ4
     context: RoundContext = ANY_ROUND
-    b1_max_freq_mhz: float | None = None
+    b1_max_knob_value: float | None = None
     fixed_batch_size: int | None = None
-    fixed_freq_mhz: float | None = None
+    fixed_knob_value: float | None = None
     knob: Knob | None = None
 
     def __post_init__(self) -> None:
@@ -269,10 +268,10 @@ class _Checked(NamedTuple):
 
 
 def _check_eq4(
-    tables: Tables, batch_sizes: Sequence[int], freqs_mhz: Sequence[float], r: Sequence[float]
+    tables: Tables, batch_sizes: Sequence[int], knob_values: Sequence[float], r: Sequence[float]
 ) -> _Checked:
     b_list = validate_batch_sizes(batch_sizes)
-    f_list = validate_freqs_mhz(freqs_mhz)
+    f_list = validate_knob_values(knob_values)
     r_list = validate_r_for(r, b_list)
     time_s, peak_w = validate_tables(tables.time_s, tables.peak_w, len(b_list), len(f_list))
     energy_w, sigma_w = peak_w, None
@@ -293,7 +292,7 @@ def _check_eq4(
 def select_eq4(
     tables: Tables,
     batch_sizes: Sequence[int],
-    freqs_mhz: Sequence[float],
+    knob_values: Sequence[float],
     r: Sequence[float],
     limit: PowerLimit | float | str | None,
     method: Method | None = None,
@@ -325,7 +324,7 @@ def select_eq4(
 
     ``candidates`` has, per b, the cell that b would use: its least-energy tied cell when
     it has one, else its fastest feasible cell (the lower f on equal scores), else
-    ``freq_mhz`` None. The selection is one of them.
+    ``knob_value`` None. The selection is one of them.
 
     Parameters
     ----------
@@ -333,7 +332,7 @@ def select_eq4(
         LUT_time, LUT_power, optional average power and σ of per-step peaks, and the knob.
     batch_sizes : sequence of int
         B, strictly ascending (rows of the tables).
-    freqs_mhz : sequence of float
+    knob_values : sequence of float
         The knob's values, strictly ascending (columns); MHz for the GPU frequency.
     r : sequence of float
         Eq. 3's r_b per batch size, each in (0, 1].
@@ -356,7 +355,7 @@ def select_eq4(
     if method.name not in ("power-aware", "oracle"):
         raise ValueError(f"method: {method.name!r} is not an Eq. 4 method (power-aware, oracle)")
     objective, context = method.objective, method.context
-    c = _check_eq4(tables, batch_sizes, freqs_mhz, r)
+    c = _check_eq4(tables, batch_sizes, knob_values, r)
     limit = PowerLimit.of(limit)
     robust = robust_peak_w(c.peak_w, c.sigma_w, objective.peak_sigma_k)
     feasible = robust < limit.limit_w  # NaN < limit is False
@@ -479,7 +478,7 @@ def select(
     method: Method | str,
     *,
     batch_sizes: Sequence[int],
-    freqs_mhz: Sequence[float],
+    knob_values: Sequence[float],
     tables: Tables | None = None,
     r: Sequence[float] | None = None,
     limit: PowerLimit | float | str | None = None,
@@ -492,10 +491,10 @@ def select(
         ``power-aware`` and ``oracle`` need the tables, ``r`` (for the oracle: measured on
         the client's data) and ``limit`` (the cap with its margin, ``PowerLimit``, or a
         bare cap; pass ``math.inf`` or ``"none"`` for no cap: a forgotten cap is an error
-        here, not "no cap"); ``b1`` needs ``Method.b1_max_freq_mhz``; ``b2`` needs ``r``
-        and ``b1_max_freq_mhz``; ``fixed`` needs ``fixed_batch_size`` and
-        ``fixed_freq_mhz``. The tables are optional for the baselines (predictions only).
-    batch_sizes, freqs_mhz, r, limit
+        here, not "no cap"); ``b1`` needs ``Method.b1_max_knob_value``; ``b2`` needs ``r``
+        and ``b1_max_knob_value``; ``fixed`` needs ``fixed_batch_size`` and
+        ``fixed_knob_value``. The tables are optional for the baselines (predictions only).
+    batch_sizes, knob_values, r, limit
         As in the per-method functions.
     tables : Tables, optional
         The profiled tables and their knob.
@@ -519,16 +518,18 @@ def select(
 
     if how.name in ("power-aware", "oracle"):
         tables = need("lut-time-s", tables)
-        return select_eq4(tables, batch_sizes, freqs_mhz, need("r", r), need("p-max-w", limit), how)
+        return select_eq4(
+            tables, batch_sizes, knob_values, need("r", r), need("p-max-w", limit), how
+        )
     if how.name == "b1":
-        max_mhz = need("b1-freq-cap-mhz", how.b1_max_freq_mhz)
-        sel = select_b1(batch_sizes, freqs_mhz, max_mhz, tables, r=r)
+        max_mhz = need("b1-freq-cap-mhz", how.b1_max_knob_value)
+        sel = select_b1(batch_sizes, knob_values, max_mhz, tables, r=r)
     elif how.name == "b2":
-        max_mhz = need("b1-freq-cap-mhz", how.b1_max_freq_mhz)
-        sel = select_b2(batch_sizes, freqs_mhz, need("r", r), max_mhz, tables)
+        max_mhz = need("b1-freq-cap-mhz", how.b1_max_knob_value)
+        sel = select_b2(batch_sizes, knob_values, need("r", r), max_mhz, tables)
     else:
         b = need("fixed-batch-size", how.fixed_batch_size)
-        f = need("fixed-freq-mhz", how.fixed_freq_mhz)
-        sel = select_fixed(b, f, batch_sizes, freqs_mhz, tables, r=r)
+        f = need("fixed-freq-mhz", how.fixed_knob_value)
+        sel = select_fixed(b, f, batch_sizes, knob_values, tables, r=r)
     knob = tables.knob if tables is not None else how.knob or GPU_FREQ_MHZ
     return sel if knob == GPU_FREQ_MHZ else dataclasses.replace(sel, knob=knob)

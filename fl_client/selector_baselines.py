@@ -16,7 +16,7 @@ from fl_client.devices.base import FREQ_TOLERANCE_MHZ
 from fl_client.selection import Candidate, Selection, Tables, selection_of
 from fl_client.selector_inputs import (
     validate_batch_sizes,
-    validate_freqs_mhz,
+    validate_knob_values,
     validate_r,
     validate_tables,
 )
@@ -53,17 +53,17 @@ def _grid(
     return _Grid(b_list, f_list, r_list, time_s, power_w)
 
 
-def _table_freq_at_or_below(freqs_mhz: Sequence[float], max_mhz: float, key: str) -> int:
+def _table_freq_at_or_below(knob_values: Sequence[float], max_mhz: float, key: str) -> int:
     """Index of the highest table frequency ≤ ``max_mhz`` (within FREQ_TOLERANCE_MHZ)."""
     if isinstance(max_mhz, bool) or not isinstance(max_mhz, numbers.Real):
         raise ValueError(f"{key}: must be a frequency in MHz; got {max_mhz!r}")
     f_max = float(max_mhz)
     if math.isnan(f_max) or f_max <= 0:
         raise ValueError(f"{key}: must be a frequency in MHz > 0; got {max_mhz!r}")
-    j = int(np.searchsorted(np.asarray(freqs_mhz), f_max + FREQ_TOLERANCE_MHZ, side="right")) - 1
+    j = int(np.searchsorted(np.asarray(knob_values), f_max + FREQ_TOLERANCE_MHZ, side="right")) - 1
     if j < 0:
         raise ValueError(
-            f"{key}: {f_max:g} MHz is below the lowest table frequency {freqs_mhz[0]:g} MHz"
+            f"{key}: {f_max:g} MHz is below the lowest table frequency {knob_values[0]:g} MHz"
         )
     return j
 
@@ -72,22 +72,22 @@ def _select_at_fixed_freq(
     method: str,
     batch_index: int,
     inputs: tuple[list[int], Sequence[float], list[float] | None],
-    b1_max_freq_mhz: float,
+    b1_max_knob_value: float,
     tables: Tables | None,
 ) -> Selection:
     """B1/B2: every b runs at the highest table frequency at or below the fixed maximum frequency.
     ``inputs``: the validated batch sizes, the frequency table and r (None: no score)."""
-    b_list, freqs_mhz, r_list = inputs
-    f_list = validate_freqs_mhz(freqs_mhz)
-    j = _table_freq_at_or_below(f_list, b1_max_freq_mhz, "b1-freq-cap-mhz")
+    b_list, knob_values, r_list = inputs
+    f_list = validate_knob_values(knob_values)
+    j = _table_freq_at_or_below(f_list, b1_max_knob_value, "b1-freq-cap-mhz")
     candidates = _grid(b_list, f_list, r_list, tables).candidates_at(j)
     return selection_of(method, candidates[batch_index], None, candidates)
 
 
 def select_b1(
     batch_sizes: Sequence[int],
-    freqs_mhz: Sequence[float],
-    b1_max_freq_mhz: float,
+    knob_values: Sequence[float],
+    b1_max_knob_value: float,
     tables: Tables | None = None,
     *,
     r: Sequence[float] | None = None,
@@ -98,9 +98,9 @@ def select_b1(
     ----------
     batch_sizes : sequence of int
         B; pass only the batch sizes that fit in the device's memory — the largest is used.
-    freqs_mhz : sequence of float
+    knob_values : sequence of float
         The device's frequency table in MHz, ascending.
-    b1_max_freq_mhz : float
+    b1_max_knob_value : float
         The device's fixed safe frequency for the P_max band (Nano: 307 / 614 / 921.6 MHz
         for 4.5 W / 7 W / no cap); the highest table frequency ≤ it (within
         ``FREQ_TOLERANCE_MHZ``) is used.
@@ -118,15 +118,15 @@ def select_b1(
     b_list = validate_batch_sizes(batch_sizes)
     r_list = None if r is None else validate_r(r, b_list)
     return _select_at_fixed_freq(
-        "b1", len(b_list) - 1, (b_list, freqs_mhz, r_list), b1_max_freq_mhz, tables
+        "b1", len(b_list) - 1, (b_list, knob_values, r_list), b1_max_knob_value, tables
     )
 
 
 def select_b2(
     batch_sizes: Sequence[int],
-    freqs_mhz: Sequence[float],
+    knob_values: Sequence[float],
     r: Sequence[float],
-    b1_max_freq_mhz: float,
+    b1_max_knob_value: float,
     tables: Tables | None = None,
 ) -> Selection:
     """Baseline 2: the b with the smallest proxy r (fewest samples to accuracy), B1's frequency.
@@ -142,14 +142,16 @@ def select_b2(
     b_list = validate_batch_sizes(batch_sizes)
     r_list = validate_r(r, b_list)
     best = min(range(len(b_list)), key=lambda i: (r_list[i], -b_list[i]))
-    return _select_at_fixed_freq("b2", best, (b_list, freqs_mhz, r_list), b1_max_freq_mhz, tables)
+    return _select_at_fixed_freq(
+        "b2", best, (b_list, knob_values, r_list), b1_max_knob_value, tables
+    )
 
 
 def select_fixed(
     batch_size: int,
-    freq_mhz: float,
+    knob_value: float,
     batch_sizes: Sequence[int],
-    freqs_mhz: Sequence[float],
+    knob_values: Sequence[float],
     tables: Tables | None = None,
     *,
     r: Sequence[float] | None = None,
@@ -160,10 +162,10 @@ def select_fixed(
     ----------
     batch_size : int
         ``fixed-batch-size``; must be one of ``batch_sizes``.
-    freq_mhz : float
+    knob_value : float
         ``fixed-freq-mhz``; must match a table frequency within ``FREQ_TOLERANCE_MHZ`` (the
         table's value is used).
-    batch_sizes, freqs_mhz, tables, r
+    batch_sizes, knob_values, tables, r
         As in ``select_b1``.
 
     Returns
@@ -172,17 +174,17 @@ def select_fixed(
         With ``method="fixed"``; only the chosen b appears in ``candidates``.
     """
     b_list = validate_batch_sizes(batch_sizes)
-    f_list = validate_freqs_mhz(freqs_mhz)
+    f_list = validate_knob_values(knob_values)
     r_list = None if r is None else validate_r(r, b_list)
     if isinstance(batch_size, bool) or batch_size not in b_list:
         raise ValueError(f"fixed-batch-size: {batch_size!r} is not one of batch-sizes {b_list}")
-    if isinstance(freq_mhz, bool) or not isinstance(freq_mhz, numbers.Real):
-        raise ValueError(f"fixed-freq-mhz: must be a frequency in MHz; got {freq_mhz!r}")
-    gaps = np.abs(np.asarray(f_list) - float(freq_mhz))
+    if isinstance(knob_value, bool) or not isinstance(knob_value, numbers.Real):
+        raise ValueError(f"fixed-freq-mhz: must be a frequency in MHz; got {knob_value!r}")
+    gaps = np.abs(np.asarray(f_list) - float(knob_value))
     j = int(np.argmin(gaps))
     if not gaps[j] <= FREQ_TOLERANCE_MHZ:
         raise ValueError(
-            f"fixed-freq-mhz: {freq_mhz!r} is not in the device's frequency table "
+            f"fixed-freq-mhz: {knob_value!r} is not in the device's frequency table "
             f"({', '.join(f'{f:g}' for f in f_list)} MHz)"
         )
     i = b_list.index(int(batch_size))

@@ -115,24 +115,25 @@ def validate_r_for(r: Sequence[object], b: list[int]) -> list[float]:
     return [float(x) for x in r]  # type: ignore[arg-type]  # each checked to be Real
 
 
-def validate_freqs_mhz(freqs_mhz: Sequence[object]) -> list[float]:
-    """Check a frequency table: non-empty, finite values > 0 MHz, strictly ascending.
+def validate_knob_values(knob_values: Sequence[object]) -> list[float]:
+    """Check the knob's values (MHz, or W for a power limit): non-empty, finite, > 0,
+    strictly ascending.
 
     Raises
     ------
     ValueError
         Naming ``freqs-mhz`` and what is allowed.
     """
-    allowed = "a non-empty, strictly ascending list of positive MHz values"
+    allowed = "a non-empty, strictly ascending list of positive values (MHz, or W)"
     try:
-        out = [float(f) for f in freqs_mhz]  # type: ignore[arg-type]
+        out = [float(f) for f in knob_values]  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise ValueError(f"freqs-mhz: must be {allowed}; got {freqs_mhz!r}") from None
+        raise ValueError(f"freqs-mhz: must be {allowed}; got {knob_values!r}") from None
     # The common case: 0 < f0 < f1 < ... < inf (NaN fails every comparison).
     if out and _ascending_above_zero(out, float):
         return out
     if not out or not all(math.isfinite(f) and f > 0 for f in out):
-        raise ValueError(f"freqs-mhz: must be {allowed}; got {freqs_mhz!r}")
+        raise ValueError(f"freqs-mhz: must be {allowed}; got {knob_values!r}")
     raise ValueError(f"freqs-mhz: {out} is not strictly ascending; must be {allowed}")
 
 

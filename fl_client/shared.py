@@ -57,7 +57,7 @@ def shared_lut(
         measure.workload.model_name,
         tuple(measure.workload.input_shape),
         tuple(batch_sizes),
-        tuple(float(f) for f in measure.device.gpu_freqs_mhz),
+        tuple(float(f) for f in measure.device.knob_values),
     )
     diff = mine.differences(KindKey.of_lut(lut))
     if diff:
@@ -125,7 +125,7 @@ def own_cell_check(
         own = json.loads(path.read_text())[f"{point[0]}@{point[1]!r}"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    i, j = lut.batch_sizes.index(point[0]), lut.freqs_mhz.index(point[1])
+    i, j = lut.batch_sizes.index(point[0]), lut.knob_values.index(point[1])
     predicted = (lut.time_per_sample_s[i, j], lut.peak_power_w[i, j], lut.avg_power_w[i, j])
     deviation = max(abs(float(x) / float(p) - 1.0) for x, p in zip(own, predicted, strict=True))
     if deviation > threshold:

@@ -98,7 +98,7 @@ def cells_disagree(new: LUT, known: LUT, tolerance: float) -> str:
     """The first cell both LUTs measured whose time per sample or peak power differs by
     more than ``tolerance`` (relative to ``known``), in words; "" when none does."""
     for i, b in enumerate(known.batch_sizes):
-        for j, f in enumerate(known.freqs_mhz):
+        for j, f in enumerate(known.knob_values):
             for what, table_new, table_old, unit in (
                 ("peak power", new.peak_power_w, known.peak_power_w, "W"),
                 ("time per sample", new.time_per_sample_s, known.time_per_sample_s, "s"),
@@ -106,8 +106,8 @@ def cells_disagree(new: LUT, known: LUT, tolerance: float) -> str:
                 a, o = float(table_new[i, j]), float(table_old[i, j])
                 if math.isfinite(a) and math.isfinite(o) and o > 0 and abs(a / o - 1) > tolerance:
                     return (
-                        f"cell (b={b}, f={f:g} MHz) {what} {a:.4g} {unit} against the library's "
-                        f"measured {o:.4g} {unit} ({100 * (a / o - 1):+.0f}%)"
+                        f"cell (b={b}, f={f:g} {known.knob.unit}) {what} {a:.4g} {unit} "
+                        f"against the library's measured {o:.4g} {unit} ({100 * (a / o - 1):+.0f}%)"
                     )
     return ""
 
@@ -136,7 +136,7 @@ def cells_off_twin(new: LUT, twin: TwinModel) -> str:
     ``TWIN_TIME_FACTOR`` from the twin's, in words; "" when every cell is in range."""
     spec, flops = twin.spec, twin.flops_per_sample
     for i, b in enumerate(new.batch_sizes):
-        for j, f in enumerate(new.freqs_mhz):
+        for j, f in enumerate(new.knob_values):
             peak, tps = float(new.peak_power_w[i, j]), float(new.time_per_sample_s[i, j])
             if not (math.isfinite(peak) and math.isfinite(tps)):
                 continue  # not profiled

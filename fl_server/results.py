@@ -231,6 +231,15 @@ def knob_label(totals: dict[str, Any]) -> str:
     return f"{totals['gpu-freq-mhz']:g}" if totals["gpu-freq-mhz"] is not None else "-"
 
 
+def knob_header(nodes: dict[str, dict[str, Any]]) -> str:
+    """The heading of the ``f*`` column: ``f* MHz`` when every node's knob is the GPU
+    frequency, ``limit* W`` when every node's is the GPU power limit, both when mixed."""
+    limits = [t.get("gpu-power-limit-w") is not None for t in nodes.values()]
+    if limits and all(limits):
+        return "limit* W"
+    return "f* MHz / limit* W" if any(limits) else "f* MHz"
+
+
 def make_console() -> Console:
     """A console for run output: 120 columns when not on a terminal (logs, CI), so
     tables are not squeezed to rich's default of 80."""
@@ -574,7 +583,7 @@ def node_table(summ: dict[str, Any]) -> Table:
         "device",
         "cap",
         "b*",
-        "f* MHz",
+        knob_header(summ["nodes"]),
         "peak W",
         "train s",
         "profile s",

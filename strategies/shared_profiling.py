@@ -79,7 +79,7 @@ class KindProfile:
     def tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Time per sample, peak and average power and σ of the per-step peaks, NaN where
         not measured; where several nodes measured a cell, ``lut_cells.median_cell`` of them."""
-        b, f = self.kind.batch_sizes, self.kind.freqs_mhz
+        b, f = self.kind.batch_sizes, self.kind.knob_values
         out = [np.full((len(b), len(f)), np.nan) for _ in range(4)]
         for (bb, ff), values in self.measured.items():
             i, j = b.index(bb), f.index(ff)
@@ -99,7 +99,7 @@ class KindProfile:
             model_name=k.model_name,
             input_shape=k.input_shape,
             batch_sizes=k.batch_sizes,
-            freqs_mhz=k.freqs_mhz,
+            knob_values=k.knob_values,
             time_per_sample_s=time_s,
             peak_power_w=peak_w,
             avg_power_w=avg_w,
@@ -126,7 +126,7 @@ def kinds_of(
             model,
             tuple(input_shape),
             tuple(batch_sizes[node_id]),
-            tuple(d.gpu_freqs_mhz),
+            tuple(d.knob_values),
         )
         prof = kinds.setdefault(kind, KindProfile(kind, [], {}, floor_mhz=d.profile_floor_mhz))
         prof.floor_mhz = min(prof.floor_mhz, d.profile_floor_mhz)
@@ -143,7 +143,7 @@ def cell_cost(cell: BF) -> float:
 
 
 def cheap_seeds(
-    batch_sizes: Sequence[int], freqs_mhz: Sequence[float], count: int, floor_mhz: float = 0.0
+    batch_sizes: Sequence[int], knob_values: Sequence[float], count: int, floor_mhz: float = 0.0
 ) -> list[BF]:
     """``lut_plan.seed_cells`` over the frequencies at or above ``floor_mhz`` (the kind's
     lowest B1 band frequency: no cap of the kind has its choice below it, and the cells
@@ -152,9 +152,9 @@ def cheap_seeds(
     seeded at the middle of the seeded band instead (the first f ≥ (f_low + f_max) / 2).
     The confirm exchanges measure lower in that row where the fit puts a cap's choice
     there, and below the floor too."""
-    lowest = next((j for j, f in enumerate(freqs_mhz) if f >= floor_mhz), 0)
-    lowest = min(lowest, max(len(freqs_mhz) - 2, 0))  # at least two frequencies to fit
-    freqs = list(freqs_mhz[lowest:])
+    lowest = next((j for j, f in enumerate(knob_values) if f >= floor_mhz), 0)
+    lowest = min(lowest, max(len(knob_values) - 2, 0))  # at least two frequencies to fit
+    freqs = list(knob_values[lowest:])
     f_min_useful = next(j for j, f in enumerate(freqs) if f >= (freqs[0] + freqs[-1]) / 2)
     out: list[BF] = []
     for i, j in seed_cells(len(batch_sizes), len(freqs), count):
@@ -186,7 +186,7 @@ def seed_requests(kinds: Mapping[KindKey, KindProfile], opts: SharedOptions) -> 
     out: dict[int, list[BF]] = {}
     for prof in kinds.values():
         seeds = cheap_seeds(
-            prof.kind.batch_sizes, prof.kind.freqs_mhz, opts.seed_cells, prof.floor_mhz
+            prof.kind.batch_sizes, prof.kind.knob_values, opts.seed_cells, prof.floor_mhz
         )
         out.update(deal(seeds, prof.nodes, {}))
     return out
@@ -240,7 +240,7 @@ def confirm_requests(
         robust_w = robust_peak_w(peak_w, sigma_w, opts.peak_sigma_k)  # the selector's rule
         if np.count_nonzero(~np.isnan(time_s)) < 2:
             continue  # too little to fit: the kind's nodes profile their own
-        fit = fit_lut(kind.batch_sizes, kind.freqs_mhz, time_s, peak_w, avg_w)
+        fit = fit_lut(kind.batch_sizes, kind.knob_values, time_s, peak_w, avg_w)
         by_limit: dict[PowerLimit, list[int]] = defaultdict(list)
         for node_id, caps in prof.caps.items():
             for cap, margin in caps:
@@ -258,7 +258,7 @@ def confirm_requests(
             tried[i, j] = True
             prof.last[limit] = cell
             prof.spent[limit] = prof.spent.get(limit, 0) + 1
-            todo = [(kind.batch_sizes[i], kind.freqs_mhz[j])]
+            todo = [(kind.batch_sizes[i], kind.knob_values[j])]
             for node, assigned in deal(todo, nodes, load).items():
                 out[node].extend(assigned)
     return dict(out)

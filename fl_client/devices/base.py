@@ -55,9 +55,10 @@ class Knob:
 
     A device sets one knob: the GPU frequency (Jetson devfreq, NVML locked clocks) or a GPU
     power limit (NVML ``nvmlDeviceSetPowerManagementLimit``, as Zeus does, and the Zeus
-    traces). The selector reads tables of either. The Device protocol's ``gpu_freqs_mhz``
-    and ``set_gpu_freq_mhz`` carry the values of the device's knob (``device.knob``);
-    every record names the knob and writes its values under the knob's own key and unit.
+    traces). The selector reads tables of either. The Device protocol's ``knob_values``,
+    ``current_knob_value`` and ``set_knob_value`` carry the values of the device's knob
+    (``device.knob``) in its unit; every record names the knob and writes its values under
+    the knob's own key and unit.
 
     Attributes
     ----------
@@ -106,7 +107,7 @@ def knob_for(key: str) -> Knob:
 
 
 def device_knob(device: object) -> Knob:
-    """The knob a device's ``gpu_freqs_mhz`` are values of: the GPU frequency unless the
+    """The knob a device's ``knob_values`` are values of: the GPU frequency unless the
     device names another (``device.knob``: an NVML GPU selecting over power limits, a
     replay table of a power limit)."""
     knob = getattr(device, "knob", GPU_FREQ_MHZ)
@@ -229,7 +230,7 @@ class DeviceInfo:
 
     kind: str  # e.g. "jetson-nano"
     backend: str  # "simulated" | "jetson" | "nvml" | "replay"
-    gpu_freqs_mhz: tuple[float, ...]
+    knob_values: tuple[float, ...]
     memory_bytes: int
     power_rail: str  # which rail the power readings (and the cap) refer to
     b1_bands: tuple[B1Band, ...] = ()
@@ -257,11 +258,11 @@ class DeviceInfo:
         if not self.b1_bands:
             return 0.0
         try:
-            return min((self.b1_max_freq_mhz(w) for w in caps_w), default=0.0)
+            return min((self.b1_max_knob_value(w) for w in caps_w), default=0.0)
         except ValueError:
             return 0.0
 
-    def b1_max_freq_mhz(self, p_max_w: float | None) -> float:
+    def b1_max_knob_value(self, p_max_w: float | None) -> float:
         """B1's fixed GPU frequency in MHz under the cap ``p_max_w`` (inf or None: no cap).
 
         The band with the largest lower bound ≤ P_max applies, and its frequency is taken
@@ -280,9 +281,9 @@ class DeviceInfo:
                     self.kind,
                     self.backend,
                     self.kind,
-                    max(self.gpu_freqs_mhz),
+                    max(self.knob_values),
                 )
-            return float(max(self.gpu_freqs_mhz))
+            return float(max(self.knob_values))
         eligible = [band for band in self.b1_bands if band.min_p_max_w <= p]
         if not eligible:
             bands = ", ".join(b.label for b in self.b1_bands)
@@ -292,11 +293,11 @@ class DeviceInfo:
                 f"(bands: {bands})"
             )
         band_mhz = eligible[-1].freq_mhz
-        below = [f for f in self.gpu_freqs_mhz if f <= band_mhz + FREQ_TOLERANCE_MHZ]
+        below = [f for f in self.knob_values if f <= band_mhz + FREQ_TOLERANCE_MHZ]
         if not below:
             raise ValueError(
                 f"b1-freq-caps of {self.kind}: band frequency {band_mhz:g} MHz is below every "
-                f"frequency of this device ({', '.join(f'{f:g}' for f in self.gpu_freqs_mhz)})"
+                f"frequency of this device ({', '.join(f'{f:g}' for f in self.knob_values)})"
             )
         return float(max(below))
 
@@ -348,28 +349,30 @@ class Meter(Protocol):
 
 @runtime_checkable
 class Device(Protocol):
-    """A GPU whose frequency can be locked and whose power can be read.
+    """A GPU whose knob (``device_knob``: its frequency, or its power limit) can be set and
+    whose power can be read.
 
-    Implementations restore the frequency settings they found whatever happens:
+    Implementations restore the knob settings they found whatever happens:
     ``restore()`` is idempotent and is also called by ``close()`` and on exit.
     """
 
     @property
     def info(self) -> DeviceInfo:
-        """Descriptor (kind, backend, frequency table, memory, rail)."""
+        """Descriptor (kind, backend, the knob's values, memory, rail)."""
 
     @property
-    def gpu_freqs_mhz(self) -> tuple[float, ...]:
-        """Available GPU frequencies in MHz, ascending."""
+    def knob_values(self) -> tuple[float, ...]:
+        """The knob's values, ascending: GPU frequencies in MHz, or power limits in W."""
 
-    def current_gpu_freq_mhz(self) -> float:
-        """The frequency the GPU runs at (or is locked to) now."""
+    def current_knob_value(self) -> float:
+        """The knob's value now: the frequency the GPU runs at (or is locked to), or the
+        power limit in force."""
 
-    def set_gpu_freq_mhz(self, freq_mhz: float) -> None:
-        """Lock the GPU at ``freq_mhz`` (must be one of ``gpu_freqs_mhz``)."""
+    def set_knob_value(self, knob_value: float) -> None:
+        """Set the knob to ``knob_value`` (must be one of ``knob_values``)."""
 
     def restore(self) -> None:
-        """Put back the frequency settings found when the device was opened."""
+        """Put back the knob settings found when the device was opened."""
 
     def now_s(self) -> float:
         """Device clock in seconds (emulated on the twin)."""
@@ -381,14 +384,14 @@ class Device(Protocol):
         """Restore and release resources."""
 
 
-def locked(device: Device, freq_mhz: float) -> AbstractContextManager[Device]:
-    """Context manager: lock ``device`` at ``freq_mhz`` and restore on the way out."""
+def locked(device: Device, knob_value: float) -> AbstractContextManager[Device]:
+    """Context manager: set ``device``'s knob to ``knob_value`` and restore on the way out."""
     from contextlib import contextmanager
 
     @contextmanager
     def _lock() -> Iterator[Device]:
         try:
-            device.set_gpu_freq_mhz(freq_mhz)
+            device.set_knob_value(knob_value)
             yield device
         finally:
             device.restore()

@@ -281,7 +281,7 @@ def _emulated_source(device: Device, workload: Workload) -> tuple[str, str, str]
     if callable(table_for):
         table = table_for(workload)
         knob = table.knob
-        values = ", ".join(f"{f:g}" for f in table.freqs_mhz)
+        values = ", ".join(f"{f:g}" for f in table.knob_values)
         source = (
             f"replay table {table.device}/{table.model}: {len(table.rows)} cells, batch sizes "
             f"{', '.join(map(str, table.batch_sizes))} × {knob.label} {values} {knob.unit}"
@@ -327,7 +327,7 @@ def check_emulated(
         backend=info.backend,
         source=source,
         batch_size=batch_size,
-        knob=f"{label} {device.current_gpu_freq_mhz():g} {unit}",
+        knob=f"{label} {device.current_knob_value():g} {unit}",
         window_s=m.time_s,
         steps=m.steps,
         step_time_s=m.time_s / m.steps if m.steps else math.nan,

@@ -245,8 +245,8 @@ def devices_report(kind: str, backend: str, options: DeviceOptions) -> dict[str,
             report["device"] = {
                 "kind": info.kind,
                 "backend": info.backend,
-                "gpu-freqs-mhz": list(info.gpu_freqs_mhz),
-                "cur-freq-mhz": device.current_gpu_freq_mhz(),
+                "gpu-freqs-mhz": list(info.knob_values),
+                "cur-freq-mhz": device.current_knob_value(),
                 "memory-bytes": info.memory_bytes,
                 "power-rail": info.power_rail,
             }

@@ -164,7 +164,7 @@ class DeviceSpec:
         return DeviceInfo(
             kind=self.kind,
             backend=TWIN_BACKEND,
-            gpu_freqs_mhz=self.gpu_freqs_mhz,
+            knob_values=self.gpu_freqs_mhz,
             memory_bytes=self.memory_bytes,
             power_rail=self.power_rail,
             b1_bands=self.b1_freq_caps,
@@ -183,14 +183,14 @@ class DeviceSpec:
             source=INA3221_SOURCE + where,
         )
 
-    def b1_max_freq_mhz(self, p_max_w: float | None) -> float:
+    def b1_max_knob_value(self, p_max_w: float | None) -> float:
         """B1's fixed frequency for the cap ``p_max_w`` (None or inf: no cap).
 
         The band with the largest lower bound ≤ P_max applies. A cap below the lowest band
         has no safe B1 frequency: that is an error, never a silent violation. Same rule as
-        ``DeviceInfo.b1_max_freq_mhz`` (this spec's bands lie in its own table).
+        ``DeviceInfo.b1_max_knob_value`` (this spec's bands lie in its own table).
         """
-        return self.info().b1_max_freq_mhz(p_max_w)
+        return self.info().b1_max_knob_value(p_max_w)
 
     def freq_index(self, freq_mhz: float) -> int:
         """Index of ``freq_mhz`` in the table (within ``FREQ_TOLERANCE_MHZ``)."""

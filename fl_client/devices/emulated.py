@@ -15,13 +15,13 @@ from fl_client.devices.guard import CapGuard, CapGuarded, guard_step, with_guard
 class EmulatedDevice(CapGuarded):
     """A device on an emulated clock: ``now_s`` is the device time its steps added up to.
 
-    Subclasses set ``_info`` and implement ``current_gpu_freq_mhz``, ``restore`` and
-    ``step_down_gpu_freq_mhz``.
+    Subclasses set ``_info`` and implement ``current_knob_value``, ``restore`` and
+    ``step_down_knob_value``.
     """
 
     _clock_s: float = 0.0
 
-    def current_gpu_freq_mhz(self) -> float:
+    def current_knob_value(self) -> float:
         raise NotImplementedError
 
     def now_s(self) -> float:

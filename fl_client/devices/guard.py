@@ -122,9 +122,9 @@ class CapGuarded:
 
     Profiling must measure the configurations above the cap (that is how it finds the
     feasible ones), so the guard is off unless armed. While armed, meters opened inside the
-    block get a ``CapGuard`` from ``_new_guard()`` that calls ``step_down_gpu_freq_mhz``
+    block get a ``CapGuard`` from ``_new_guard()`` that calls ``step_down_knob_value``
     whenever power stays above P_max for ``cap_window_s``. Subclasses set ``_info`` and
-    implement ``step_down_gpu_freq_mhz``.
+    implement ``step_down_knob_value``.
     """
 
     _info: DeviceInfo
@@ -136,11 +136,11 @@ class CapGuarded:
         return self._info
 
     @property
-    def gpu_freqs_mhz(self) -> tuple[float, ...]:
+    def knob_values(self) -> tuple[float, ...]:
         """The frequency table (ascending) of ``info``."""
-        return self._info.gpu_freqs_mhz
+        return self._info.knob_values
 
-    def step_down_gpu_freq_mhz(self) -> float | None:
+    def step_down_knob_value(self) -> float | None:
         """Lock one frequency level lower; None when not locked or already lowest."""
         raise NotImplementedError
 
@@ -170,7 +170,7 @@ class CapGuarded:
 
         def step_down() -> None:
             nonlocal stuck_told
-            new_value = self.step_down_gpu_freq_mhz()
+            new_value = self.step_down_knob_value()
             if new_value is not None:
                 log.warning(
                     "%s: power above P_max %.2f W for %.1f s: %s stepped down to %g %s",

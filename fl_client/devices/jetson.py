@@ -148,7 +148,7 @@ class JetsonDevice(SampledDevice):
         self._info = DeviceInfo(
             kind=kind,
             backend=BACKEND,
-            gpu_freqs_mhz=tuple(hz_to_mhz(f) for f in self._freqs_hz),
+            knob_values=tuple(hz_to_mhz(f) for f in self._freqs_hz),
             memory_bytes=memory_bytes(self.root),
             power_rail=self._power.rail_label,
             b1_bands=descriptor_b1_bands(kind),
@@ -182,7 +182,7 @@ class JetsonDevice(SampledDevice):
     def original_settings(self) -> DevfreqSettings:
         return self._original
 
-    def current_gpu_freq_mhz(self) -> float:
+    def read_clock_mhz(self) -> float:
         return hz_to_mhz(self._gpu.cur_freq_hz())
 
     def locked_gpu_freq_mhz(self) -> float | None:
@@ -194,10 +194,10 @@ class JetsonDevice(SampledDevice):
                 return freq_hz
         raise InvalidFrequencyError(
             f"gpu-freq-mhz: {freq_mhz:g} MHz is not in the {self._info.kind} table; allowed: "
-            + ", ".join(f"{f:g}" for f in self.gpu_freqs_mhz)
+            + ", ".join(f"{f:g}" for f in self.knob_values)
         )
 
-    def set_gpu_freq_mhz(self, freq_mhz: float) -> None:
+    def set_knob_value(self, freq_mhz: float) -> None:
         freq_hz = self._freq_hz(freq_mhz)
         with self._lock:
             self._lock_hz(freq_hz)
@@ -218,7 +218,7 @@ class JetsonDevice(SampledDevice):
         self._locked_hz = freq_hz
         log.info("jetson: GPU locked at %g MHz", hz_to_mhz(freq_hz))
 
-    def step_down_gpu_freq_mhz(self) -> float | None:
+    def step_down_knob_value(self) -> float | None:
         """Lock one table level lower (the cap guard's move); None if not locked or lowest."""
         with self._lock:
             lower = level_below(self._freqs_hz, self._locked_hz)
@@ -251,8 +251,8 @@ class JetsonDevice(SampledDevice):
             "backend": BACKEND,
             "devfreq-node": str(self._gpu.node),
             "of-node-name": self._gpu.of_node_name,
-            "gpu-freqs-mhz": list(self.gpu_freqs_mhz),
-            "cur-freq-mhz": self.current_gpu_freq_mhz(),
+            "gpu-freqs-mhz": list(self.knob_values),
+            "cur-freq-mhz": self.read_clock_mhz(),
             "min-freq-mhz": hz_to_mhz(now.min_freq_hz),
             "max-freq-mhz": hz_to_mhz(now.max_freq_hz),
             "governor": now.governor,

@@ -172,7 +172,7 @@ class NvmlDevice(SampledDevice):
             self.power_reading = self._probe_power_reading()
             self._probed = True
             self._init_sampling(sampled)
-            self._locked_mhz: float | None = None  # the knob's value set now (MHz or W)
+            self._knob_value_set: float | None = None  # the knob's value set now (MHz or W)
             self._original_limit_mw: int | None = None
             self.power_limit_range_w = self._read_power_limit_range_w()
             self._record = safety.GpuStateRecord(sampled.state_dir, BACKEND, self.uuid)
@@ -191,7 +191,7 @@ class NvmlDevice(SampledDevice):
         self._info = DeviceInfo(
             kind=kind or _slug(self.name),
             backend=BACKEND,
-            gpu_freqs_mhz=freqs,
+            knob_values=freqs,
             memory_bytes=total_bytes,
             power_rail=POWER_RAIL,
             sensor=nvml_sensor(self.power_reading, self.sample_rate_hz),
@@ -217,7 +217,7 @@ class NvmlDevice(SampledDevice):
             "clock read now (cells still record the clock sampled while they ran)",
             self.name,
         )
-        return self.current_gpu_freq_mhz()
+        return self.read_clock_mhz()
 
     def _call(self, name: str, *args: Any) -> Any:
         """``pynvml.<name>(handle, *args)``; an NVML failure is a SensorReadError naming the
@@ -241,7 +241,7 @@ class NvmlDevice(SampledDevice):
 
     @property
     def knob(self) -> Knob:
-        """What ``gpu_freqs_mhz`` and ``set_gpu_freq_mhz`` carry: the GPU frequency (MHz) or
+        """What ``knob_values`` and ``set_knob_value`` carry: the GPU frequency (MHz) or
         the GPU power limit (W)."""
         return self._knob
 
@@ -403,28 +403,32 @@ class NvmlDevice(SampledDevice):
     def has_energy_counter(self) -> bool:
         return self._has_energy_counter
 
-    def current_gpu_freq_mhz(self) -> float:
+    def read_clock_mhz(self) -> float:
         return float(self._call("nvmlDeviceGetClockInfo", self._nvml.NVML_CLOCK_GRAPHICS))
 
-    def set_gpu_freq_mhz(self, freq_mhz: float) -> None:
-        """Lock the clock at ``freq_mhz``, or with the power-limit knob set the power limit
-        to that many W (a value of ``gpu_freqs_mhz`` either way)."""
+    def current_knob_value(self) -> float:
+        """The clock in MHz, or with the power-limit knob the power limit in force, in W."""
+        return self.power_limit_w() if self._knob is GPU_POWER_LIMIT_W else self.read_clock_mhz()
+
+    def set_knob_value(self, knob_value: float) -> None:
+        """Lock the clock at ``knob_value`` MHz, or with the power-limit knob set the power
+        limit to that many W (a value of ``knob_values`` either way)."""
         if self._knob is GPU_POWER_LIMIT_W:
-            limit_w = self._grid_limit_w(freq_mhz)
+            limit_w = self._grid_limit_w(knob_value)
             with self._lock:
                 self._set_limit_w(limit_w)
             return
-        match = next((f for f in self.gpu_freqs_mhz if abs(f - freq_mhz) < 1e-3), None)
+        match = next((f for f in self.knob_values if abs(f - knob_value) < 1e-3), None)
         if match is None:
             if self.measure_only:
                 raise InvalidFrequencyError(
                     f"gpu-freq-mhz: {self.name} is measure-only (locking clocks needs root "
                     f"and lock-clocks not false); its only column is its unlocked clock, "
-                    f"labelled {self.gpu_freqs_mhz[0]:g} MHz (its highest), not {freq_mhz:g} MHz"
+                    f"labelled {self.knob_values[0]:g} MHz (its highest), not {knob_value:g} MHz"
                 )
             raise InvalidFrequencyError(
-                f"gpu-freq-mhz: {freq_mhz:g} MHz is not a supported clock of {self.name}; "
-                f"allowed: {', '.join(f'{f:g}' for f in self.gpu_freqs_mhz)}"
+                f"gpu-freq-mhz: {knob_value:g} MHz is not a supported clock of {self.name}; "
+                f"allowed: {', '.join(f'{f:g}' for f in self.knob_values)}"
             )
         if self.measure_only:
             return  # the unlocked clock: nothing to change
@@ -443,11 +447,11 @@ class NvmlDevice(SampledDevice):
                 f"{lo:g}–{hi:g} W (nvmlDeviceGetPowerManagementLimitConstraints); nothing "
                 "was changed"
             )
-        match = next((w for w in self.gpu_freqs_mhz if abs(w - limit_w) < 1e-3), None)
+        match = next((w for w in self.knob_values if abs(w - limit_w) < 1e-3), None)
         if match is None:
             raise InvalidFrequencyError(
                 f"{key}: {limit_w:g} W is not on the power-limit grid of {self.name} "
-                f"(power-limit-step-w); allowed: {', '.join(f'{w:g}' for w in self.gpu_freqs_mhz)}"
+                f"(power-limit-step-w); allowed: {', '.join(f'{w:g}' for w in self.knob_values)}"
             )
         return match
 
@@ -481,7 +485,7 @@ class NvmlDevice(SampledDevice):
             raise DeviceError(
                 f"nvml: setting the power limit of {self.name} to {limit_w:g} W failed: {err}"
             ) from None
-        self._locked_mhz = limit_w
+        self._knob_value_set = limit_w
 
     def _lock_mhz(self, freq_mhz: float) -> None:
         """Lock, then (first lock only) save the state: a refused lock leaves no file."""
@@ -506,7 +510,7 @@ class NvmlDevice(SampledDevice):
             except DeviceError:  # the original state cannot be saved: undo the lock
                 self._reset_logging_failure("undoing a lock whose state could not be saved")
                 raise
-        self._locked_mhz = freq_mhz
+        self._knob_value_set = freq_mhz
 
     def _restore_after_failed_lock(self) -> None:
         """After a refused lock: put back an earlier lock of ours, if any (else nothing)."""
@@ -528,11 +532,11 @@ class NvmlDevice(SampledDevice):
         except DeviceError as err:
             log.error("nvml: %s: %s", why, err)
 
-    def step_down_gpu_freq_mhz(self) -> float | None:
+    def step_down_knob_value(self) -> float | None:
         """One level of the knob lower (the next lower clock, or power limit); None when
         nothing is set or it is the lowest already."""
         with self._lock:
-            lower = level_below(self.gpu_freqs_mhz, self._locked_mhz)
+            lower = level_below(self.knob_values, self._knob_value_set)
             if lower is not None:
                 if self._knob is GPU_POWER_LIMIT_W:
                     self._set_limit_w(lower)
@@ -578,7 +582,7 @@ class NvmlDevice(SampledDevice):
             else:
                 self._reset_clocks()
             self._record.end()
-            self._locked_mhz = None
+            self._knob_value_set = None
 
     def read_power_w(self) -> float:
         """Instantaneous power where the GPU reports it (else NVML's ~1 s average), in W."""
@@ -605,10 +609,10 @@ class NvmlDevice(SampledDevice):
     def describe(self) -> dict[str, Any]:
         """What ``powerfl devices`` shows (read-only calls: nothing is changed)."""
         if self._knob is GPU_POWER_LIMIT_W:
-            mode, grid = "power limit", {GPU_POWER_LIMIT_W.values_key: list(self.gpu_freqs_mhz)}
+            mode, grid = "power limit", {GPU_POWER_LIMIT_W.values_key: list(self.knob_values)}
         else:
             mode = "measure-only" if self.measure_only else "locked clocks"
-            grid = {"gpu-freqs-mhz": list(self.gpu_freqs_mhz)}
+            grid = {"gpu-freqs-mhz": list(self.knob_values)}
         return {
             "kind": self._info.kind,
             "backend": BACKEND,
@@ -620,7 +624,7 @@ class NvmlDevice(SampledDevice):
             "knob": self._knob.setting,
             **grid,
             "supported-clocks-mhz": list(self._supported_mhz),
-            "cur-freq-mhz": self.current_gpu_freq_mhz(),
+            "cur-freq-mhz": self.read_clock_mhz(),
             "memory-bytes": self._info.memory_bytes,
             "power-rail": POWER_RAIL,
             "power-reading": self.power_reading,

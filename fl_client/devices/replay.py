@@ -4,8 +4,8 @@ Published measurements or a user's own earlier profiles drive profiling and trai
 accounting: ``fn`` of every step runs for real (the model really trains), while the step's
 device time, energy and peak power come from the table's row for (batch size, locked
 knob value), on an emulated clock like the digital twin's. The knob is the GPU frequency in
-MHz (``freq_mhz``, the default) or a GPU power limit in W (``power_limit_w``, as NVML GPUs
-and Zeus traces have); the device's ``gpu_freqs_mhz`` / ``set_gpu_freq_mhz`` then carry the
+MHz (column "freq_mhz", the default) or a GPU power limit in W (``power_limit_w``, as NVML GPUs
+and Zeus traces have); the device's ``knob_values`` / ``set_knob_value`` then carry the
 knob's values. The file format is documented in ``configs/replay/README.md``.
 """
 
@@ -45,7 +45,7 @@ BACKEND = "replay"
 #: peak_power_sigma_w. Tables marked /1, or not marked, still load.
 FORMAT = "powerfl-replay/2"
 FORMATS = ("powerfl-replay/1", FORMAT)
-#: Row columns, the knob's second: ``freq_mhz`` by default, or another of ``KNOBS``.
+#: Row columns, the knob's second: "freq_mhz" by default, or another of ``KNOBS``.
 ROW_KEYS = ("batch_size", "freq_mhz", "time_per_step_s", "peak_power_w", "avg_power_w")
 SIGMA_KEY = "peak_power_sigma_w"
 GROUP_KEYS = ("device", "model", "input_shape")
@@ -81,21 +81,17 @@ def parse_shape(value: object, where: str) -> tuple[int, ...] | None:
 class ReplayRow:
     """One measured (b, knob value) point.
 
-    ``freq_mhz`` holds the value of the table's knob: MHz for the GPU frequency, W for a
-    power limit (``knob_value`` names it neutrally). ``peak_power_sigma_w`` is the standard
+    ``knob_value`` holds the value of the table's knob: MHz for the GPU frequency, W for a
+    power limit, read from the column ``knob.key``. ``peak_power_sigma_w`` is the standard
     deviation of the per-step peak powers, None when the table does not give it.
     """
 
     batch_size: int
-    freq_mhz: float
+    knob_value: float
     time_per_step_s: float
     peak_power_w: float
     avg_power_w: float
     peak_power_sigma_w: float | None = None
-
-    @property
-    def knob_value(self) -> float:
-        return self.freq_mhz
 
     @property
     def time_per_sample_s(self) -> float:
@@ -146,7 +142,7 @@ class ReplayRow:
 
 def table_knob(meta: Mapping[str, Any], columns: set[str], where: str) -> Knob:
     """The knob a table is indexed by: its ``knob`` field, else the one knob column it has
-    (``freq_mhz`` when it has none, so that the row says what is missing)."""
+    ("freq_mhz" when it has none, so that the row says what is missing)."""
     present = [KNOBS[k] for k in KNOBS if k in columns]
     named = meta.get("knob")
     if named not in (None, ""):
@@ -197,18 +193,18 @@ class ReplayTable:
 
     def __post_init__(self) -> None:
         for row in self.rows:
-            key = (row.batch_size, round(row.freq_mhz, 3))
+            key = (row.batch_size, round(row.knob_value, 3))
             if key in self._index:
                 raise ReplayFormatError(
                     f"replay table {self.device}/{self.model}: two rows for "
-                    f"batch_size={row.batch_size}, {self.knob.key}={row.freq_mhz:g}"
+                    f"batch_size={row.batch_size}, {self.knob.key}={row.knob_value:g}"
                 )
             self._index[key] = row
 
     @property
-    def freqs_mhz(self) -> tuple[float, ...]:
+    def knob_values(self) -> tuple[float, ...]:
         """The knob's values in the table, ascending (MHz for the GPU frequency)."""
-        return tuple(sorted({r.freq_mhz for r in self.rows}))
+        return tuple(sorted({r.knob_value for r in self.rows}))
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -219,16 +215,16 @@ class ReplayTable:
             self.input_shape is None or self.input_shape == tuple(workload.input_shape)
         )
 
-    def row(self, batch_size: int, freq_mhz: float) -> ReplayRow:
-        found = self._index.get((batch_size, round(freq_mhz, 3)))
+    def row(self, batch_size: int, knob_value: float) -> ReplayRow:
+        found = self._index.get((batch_size, round(knob_value, 3)))
         if found is None:
-            at_f = sorted(r.batch_size for r in self.rows if abs(r.freq_mhz - freq_mhz) < 1e-3)
+            at_f = sorted(r.batch_size for r in self.rows if abs(r.knob_value - knob_value) < 1e-3)
             k = self.knob
             raise DeviceError(
-                f"replay: no row for batch_size={batch_size} at {k.key}={freq_mhz:g} in the "
+                f"replay: no row for batch_size={batch_size} at {k.key}={knob_value:g} in the "
                 f"{self.device}/{self.model} table; at that {k.label} it has batch sizes "
                 f"{at_f or 'none'}, {k.label} values "
-                f"{', '.join(f'{f:g}' for f in self.freqs_mhz)} {k.unit}"
+                f"{', '.join(f'{f:g}' for f in self.knob_values)} {k.unit}"
             )
         return found
 
@@ -239,7 +235,7 @@ class ReplayTable:
         (b, value) the table lacks is NaN (not profiled), and so is σ where not given.
         """
         b_list = tuple(self.batch_sizes if batch_sizes is None else batch_sizes)
-        values = self.freqs_mhz
+        values = self.knob_values
         shape = (len(b_list), len(values))
         time_s, peak_w, avg_w, sigma_w = (np.full(shape, np.nan) for _ in range(4))
         col = {round(v, 3): j for j, v in enumerate(values)}
@@ -248,7 +244,7 @@ class ReplayTable:
             i = row.get(r.batch_size)
             if i is None:
                 continue
-            j = col[round(r.freq_mhz, 3)]
+            j = col[round(r.knob_value, 3)]
             time_s[i, j] = r.time_per_sample_s
             peak_w[i, j], avg_w[i, j] = r.peak_power_w, r.avg_power_w
             if r.peak_power_sigma_w is not None:
@@ -269,13 +265,13 @@ class ReplayTable:
             "rows": [
                 {
                     "batch_size": r.batch_size,
-                    self.knob.key: r.freq_mhz,
+                    self.knob.key: r.knob_value,
                     "time_per_step_s": r.time_per_step_s,
                     "peak_power_w": r.peak_power_w,
                     "avg_power_w": r.avg_power_w,
                     **({SIGMA_KEY: r.peak_power_sigma_w} if with_sigma else {}),
                 }
-                for r in sorted(self.rows, key=lambda r: (r.batch_size, r.freq_mhz))
+                for r in sorted(self.rows, key=lambda r: (r.batch_size, r.knob_value))
             ],
         }
 
@@ -414,7 +410,7 @@ class ReplayMeter(EmulatedMeter):
         self._table = table
 
     def step(self, batch_size: int, fn: Callable[[], object]) -> None:
-        row = self._table.row(batch_size, self._device.current_gpu_freq_mhz())
+        row = self._table.row(batch_size, self._device.current_knob_value())
         fn()
         self.account(batch_size, row.time_per_step_s, row.avg_power_w, row.peak_power_w)
 
@@ -433,8 +429,8 @@ class ReplayDevice(EmulatedDevice):
     """A device whose time and power come from measured tables, on an emulated clock.
 
     Its cap guard (``cap_guard``) steps the locked frequency down to the table's next lower
-    frequency; that (b, f) must be in the table too. ``gpu_freqs_mhz`` (ascending) and
-    ``set_gpu_freq_mhz`` carry the table's knob: MHz for the GPU frequency (see ``knob``).
+    frequency; that (b, f) must be in the table too. ``knob_values`` (ascending) and
+    ``set_knob_value`` carry the table's knob: MHz for the GPU frequency (see ``knob``).
     """
 
     def __init__(self, tables: Sequence[ReplayTable], kind: str = "") -> None:
@@ -461,18 +457,18 @@ class ReplayDevice(EmulatedDevice):
                 f"replay: memory_bytes: missing for {kind!r} (no digital twin to take it "
                 "from); add it to the table"
             )
-        freqs = tuple(sorted({f for t in self._tables for f in t.freqs_mhz}))
+        freqs = tuple(sorted({f for t in self._tables for f in t.knob_values}))
         self._info = DeviceInfo(
             kind=kind,
             backend=BACKEND,
-            gpu_freqs_mhz=freqs,
+            knob_values=freqs,
             memory_bytes=memory,
             power_rail=next((t.power_rail for t in self._tables if t.power_rail), "replay"),
             b1_bands=descriptor_b1_bands(kind),
             sensor=REPLAY_SENSOR,
             board_sensor=descriptor_board_sensor(kind),
         )
-        self._locked_mhz: float | None = None
+        self._knob_value_set: float | None = None
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str], kind: str = "") -> ReplayDevice:
@@ -480,34 +476,34 @@ class ReplayDevice(EmulatedDevice):
 
     @property
     def knob(self) -> Knob:
-        """What ``gpu_freqs_mhz`` and ``set_gpu_freq_mhz`` carry: frequency or power limit."""
+        """What ``knob_values`` and ``set_knob_value`` carry: frequency or power limit."""
         return self._knob
 
     @property
     def tables(self) -> tuple[ReplayTable, ...]:
         return tuple(self._tables)
 
-    def current_gpu_freq_mhz(self) -> float:
-        return self._locked_mhz if self._locked_mhz is not None else self.gpu_freqs_mhz[-1]
+    def current_knob_value(self) -> float:
+        return self._knob_value_set if self._knob_value_set is not None else self.knob_values[-1]
 
-    def set_gpu_freq_mhz(self, freq_mhz: float) -> None:
-        match = next((f for f in self.gpu_freqs_mhz if abs(f - freq_mhz) < 1e-3), None)
+    def set_knob_value(self, knob_value: float) -> None:
+        match = next((f for f in self.knob_values if abs(f - knob_value) < 1e-3), None)
         if match is None:
             k = self._knob
             raise InvalidFrequencyError(
-                f"{k.config_key}: {freq_mhz:g} {k.unit} is not in the replay table of "
-                f"{self._info.kind}; allowed: {', '.join(f'{f:g}' for f in self.gpu_freqs_mhz)}"
+                f"{k.config_key}: {knob_value:g} {k.unit} is not in the replay table of "
+                f"{self._info.kind}; allowed: {', '.join(f'{f:g}' for f in self.knob_values)}"
             )
-        self._locked_mhz = match
+        self._knob_value_set = match
 
     def restore(self) -> None:
-        self._locked_mhz = None
+        self._knob_value_set = None
 
-    def step_down_gpu_freq_mhz(self) -> float | None:
-        """Lock the next lower table frequency; None when not locked or already lowest."""
-        lower = level_below(self.gpu_freqs_mhz, self._locked_mhz)
+    def step_down_knob_value(self) -> float | None:
+        """Set the next lower knob value; None when not set or already the lowest."""
+        lower = level_below(self.knob_values, self._knob_value_set)
         if lower is not None:
-            self._locked_mhz = lower
+            self._knob_value_set = lower
         return lower
 
     def table_for(self, workload: Workload) -> ReplayTable:
@@ -528,11 +524,14 @@ class ReplayDevice(EmulatedDevice):
         yield ReplayMeter(self, self.table_for(workload), self._new_guard())
 
     def describe(self) -> dict[str, Any]:
+        """What ``powerfl devices`` shows; the knob's values under its own key and unit
+        (``gpu-freqs-mhz`` / ``cur-freq-mhz``, or ``power-limits-w`` / ``power-limit-w``)."""
+        freq = self._knob is GPU_FREQ_MHZ
         return {
             "kind": self._info.kind,
             "backend": BACKEND,
-            "gpu-freqs-mhz": list(self.gpu_freqs_mhz),
-            "cur-freq-mhz": self.current_gpu_freq_mhz(),
+            "gpu-freqs-mhz" if freq else self._knob.values_key: list(self.knob_values),
+            "cur-freq-mhz" if freq else "power-limit-w": self.current_knob_value(),
             "knob": self._knob.key,
             "knob-unit": self._knob.unit,
             "memory-bytes": self._info.memory_bytes,

@@ -572,8 +572,8 @@ class SampledDevice(CapGuarded):
     """What the hardware backends (jetson, nvml) share: wall clock, sampled meter, cap guard.
 
     Subclasses set ``_info`` and ``_record``, call ``_init_sampling``, and implement
-    ``read_power_w``, ``restore``, ``step_down_gpu_freq_mhz`` and (if they hold resources)
-    ``_release``.
+    ``read_power_w``, ``read_clock_mhz``, ``restore``, ``step_down_knob_value`` and (if they
+    hold resources) ``_release``.
     """
 
     sample_rate_hz: float = DEFAULT_SAMPLE_RATE_HZ
@@ -600,8 +600,13 @@ class SampledDevice(CapGuarded):
         """The device's own energy counter in J, if it has one (else power is integrated)."""
         return None
 
-    def current_gpu_freq_mhz(self) -> float:
+    def read_clock_mhz(self) -> float:
+        """The GPU clock now, in MHz (what the power sampler reads beside power)."""
         raise NotImplementedError
+
+    def current_knob_value(self) -> float:
+        """The knob's value now: with the GPU frequency as the knob, the clock."""
+        return self.read_clock_mhz()
 
     @property
     def clock_step_mhz(self) -> float:
@@ -614,7 +619,7 @@ class SampledDevice(CapGuarded):
     @property
     def clock_table_mhz(self) -> tuple[float, ...]:
         """Every clock the GPU may run at (the locked-frequency table by default)."""
-        return self.gpu_freqs_mhz
+        return self.knob_values
 
     @property
     def clocks_locked(self) -> bool:
@@ -633,7 +638,7 @@ class SampledDevice(CapGuarded):
         readers = SensorReaders(
             self.read_power_w,
             read_energy_j=self.energy_counter_j(),
-            read_clock_mhz=self.current_gpu_freq_mhz,
+            read_clock_mhz=self.read_clock_mhz,
             clock_step_mhz=self.clock_step_mhz,
         )
         with sampled_measurement(

@@ -234,7 +234,7 @@ class SimulatedMeter(EmulatedMeter):
 
         Bad input fails before ``fn`` runs; if ``fn`` raises, nothing is accounted.
         """
-        _check_inputs(batch_size, self._twin.current_gpu_freq_mhz(), self._flops)
+        _check_inputs(batch_size, self._twin.current_knob_value(), self._flops)
         fn()
         record = self._twin._model_step(batch_size, self._flops)
         self.records.append(record)
@@ -289,22 +289,22 @@ class SimulatedDevice(EmulatedDevice):
     def spec(self) -> DeviceSpec:
         return self._spec
 
-    def current_gpu_freq_mhz(self) -> float:
+    def current_knob_value(self) -> float:
         return self._freq_mhz
 
-    def set_gpu_freq_mhz(self, freq_mhz: float) -> None:
-        self._freq_mhz = self.gpu_freqs_mhz[self._spec.freq_index(float(freq_mhz))]
+    def set_knob_value(self, freq_mhz: float) -> None:
+        self._freq_mhz = self.knob_values[self._spec.freq_index(float(freq_mhz))]
 
     def restore(self) -> None:
         """Back to the default (the highest frequency, as the governor would run it)."""
         self._freq_mhz = self._spec.max_freq_mhz
 
-    def step_down_gpu_freq_mhz(self) -> float | None:
+    def step_down_knob_value(self) -> float | None:
         """Go one table level below the current frequency (the cap guard's move).
 
         Returns the new frequency, or None when already at the lowest.
         """
-        lower = level_below(self.gpu_freqs_mhz, self._freq_mhz)
+        lower = level_below(self.knob_values, self._freq_mhz)
         if lower is not None:
             self._freq_mhz = lower
         return lower

@@ -39,7 +39,7 @@ class Grid:
     """One device's full-grid LUT as arrays (rows: batch sizes, columns: frequencies)."""
 
     batch_sizes: list[int]
-    freqs_mhz: list[float]
+    knob_values: list[float]
     time_per_sample_s: np.ndarray
     peak_power_w: np.ndarray
     avg_power_w: np.ndarray
@@ -52,7 +52,7 @@ class Grid:
         lut = rec["lut"]
         return cls(
             batch_sizes=[int(b) for b in lut["batch-sizes"]],
-            freqs_mhz=[float(f) for f in lut["freqs-mhz"]],
+            knob_values=[float(f) for f in lut["freqs-mhz"]],
             time_per_sample_s=np.asarray(lut["time-per-sample-s"], dtype=float),
             peak_power_w=np.asarray(lut["peak-power-w"], dtype=float),
             avg_power_w=np.asarray(rec["avg-power-w"], dtype=float),
@@ -73,7 +73,7 @@ class Grid:
 
     def cell(self, b: int, f_mhz: float) -> tuple[float, float]:
         """(time per sample s, average power W) at (b, f)."""
-        i, j = self.batch_sizes.index(b), self.freqs_mhz.index(f_mhz)
+        i, j = self.batch_sizes.index(b), self.knob_values.index(f_mhz)
         return float(self.time_per_sample_s[i, j]), float(self.avg_power_w[i, j])
 
 
@@ -89,21 +89,21 @@ def choose(method: str, grid: Grid, cap: object, n_proxy: Samples) -> tuple[int,
         bs, r = (sizes, None) if method == "b1" else r_from_samples(n_proxy, sizes)
         if not bs:
             raise ValueError("no batch size reached the proxy's accuracy target")
-        how = selector.Method(method, b1_max_freq_mhz=b1_mhz)
-        sel = selector.select(how, batch_sizes=bs, freqs_mhz=grid.freqs_mhz, r=r)
-        return sel.batch_size, sel.freq_mhz
+        how = selector.Method(method, b1_max_knob_value=b1_mhz)
+        sel = selector.select(how, batch_sizes=bs, knob_values=grid.knob_values, r=r)
+        return sel.batch_size, sel.knob_value
     bs, r = r_from_samples(n_proxy, sizes)
     if not bs:
         raise ValueError("no batch size reached the accuracy target")
     sel = selector.select(
         method,
         batch_sizes=bs,
-        freqs_mhz=grid.freqs_mhz,
+        knob_values=grid.knob_values,
         tables=grid.rows(bs),
         r=r,
         limit=kit.cap_of(cap).watts,
     )
-    return sel.batch_size, sel.freq_mhz
+    return sel.batch_size, sel.knob_value
 
 
 def time_on_target(

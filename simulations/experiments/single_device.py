@@ -320,7 +320,7 @@ def _select(
 ) -> tuple[Selection, dict[str, Any]]:
     """The (b, f) of ``method`` in this cell and what the record adds for it. Raises
     ValueError (incl. InfeasibleCapError, B1 without a safe band) when it has none."""
-    b1_mhz = None if method in LUT_METHODS else board.spec.b1_max_freq_mhz(c.cap_w)
+    b1_mhz = None if method in LUT_METHODS else board.spec.b1_max_knob_value(c.cap_w)
     role = R_ROLE[method]
     batch_sizes, r = (
         (board.sizes, None) if role is None else r_from_samples(samples.of(role), board.sizes)
@@ -329,15 +329,15 @@ def _select(
         raise ValueError(NOT_REACHED[method])
     if b1_mhz is not None:
         freqs = [float(f) for f in board.spec.gpu_freqs_mhz]
-        how = selector.Method(method, b1_max_freq_mhz=b1_mhz)
-        sel = selector.select(how, batch_sizes=batch_sizes, freqs_mhz=freqs, r=r)
+        how = selector.Method(method, b1_max_knob_value=b1_mhz)
+        sel = selector.select(how, batch_sizes=batch_sizes, knob_values=freqs, r=r)
         return sel, {}
     lut = board.lut
     assert lut is not None
     sel = selector.select(
         method,
         batch_sizes=batch_sizes,
-        freqs_mhz=list(lut.freqs_mhz),
+        knob_values=list(lut.knob_values),
         tables=lut_rows(lut, batch_sizes),
         r=r,
         limit=math.inf if c.cap_w is None else c.cap_w,
@@ -355,7 +355,7 @@ def _account(c: CellSpec, workload: Workload, b: int, f_mhz: float, samples: int
     """Device time and energy of ``samples`` samples at (b, f) on a fresh twin."""
     device = open_device(c.device, "simulated", seed=c.seed * 100 + 1)
     try:
-        device.set_gpu_freq_mhz(f_mhz)
+        device.set_knob_value(f_mhz)
         with device.measure(workload) as meter:
             for _ in range(math.ceil(samples / b)):
                 meter.step(b, _noop)
@@ -388,7 +388,7 @@ def _method_entry(
         sel, extra = _select(c, board, samples, method)
     except ValueError as exc:
         return {**entry, "status": "unavailable", "reason": str(exc)}
-    b, f = sel.batch_size, sel.freq_mhz
+    b, f = sel.batch_size, sel.knob_value
     entry.update(extra)
     entry.update(
         {

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from fl_client.feasibility import feasible_freq_index
+from fl_client.feasibility import feasible_knob_index
 from simulations.experiments import report_kit as kit
 from simulations.experiments.config import METHOD_LABELS, STUDY_METHODS
 from simulations.experiments.records import write_json
@@ -132,7 +132,7 @@ def _fig1_panel(ax: Any, lut_rec: Row, cap: object, cells: list[Row], colors: An
     cap_w = kit.cap_watts(cap)
     for i, b in enumerate(bs):
         ax.plot(fs, power[i], "-", color=colors[i], lw=1.2, label=f"b={b}")
-        j = feasible_freq_index(power[i], cap_w)
+        j = feasible_knob_index(power[i], cap_w)
         feas = [k for k in range(len(fs)) if j is not None and k <= j]
         ax.plot([fs[k] for k in feas], power[i, feas], "o", color="black", ms=3)
     if cap_w is not None:
@@ -212,7 +212,7 @@ def _fig2(out: Path, config: dict[str, Any], lut_rec: Row, cells: list[Row]) -> 
     caps = list(config["caps-w"])
     for cap in caps:
         for i, b in enumerate(bs):
-            j = feasible_freq_index(power[i], kit.cap_watts(cap))
+            j = feasible_knob_index(power[i], kit.cap_watts(cap))
             if j is None:
                 data.append([kit.cap_label(cap), b, None, None, None, None])
                 continue

@@ -243,7 +243,7 @@ def lut_dict(lut: LUT) -> dict[str, Any]:
     """The tables and costs of a LUT as a record."""
     return {
         "batch-sizes": list(lut.batch_sizes),
-        "freqs-mhz": list(lut.freqs_mhz),
+        "freqs-mhz": list(lut.knob_values),
         "time-per-sample-s": lut.time_per_sample_s.tolist(),
         "peak-power-w": lut.peak_power_w.tolist(),
         # σ of each cell's per-step peaks (null: not recorded), read by the selection rule
@@ -295,7 +295,7 @@ def b1_bands(device_kind: str, caps_w: Sequence[float | None]) -> dict[str, floa
     out: dict[str, float | None] = {}
     for cap in caps_w:
         try:
-            out[cap_label(cap)] = spec.b1_max_freq_mhz(cap)
+            out[cap_label(cap)] = spec.b1_max_knob_value(cap)
         except ValueError:
             out[cap_label(cap)] = None
     return out

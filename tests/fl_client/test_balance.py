@@ -64,7 +64,7 @@ def _cell(time_ms: float, energy_mj: float, b: int = 32) -> Selection:
     return Selection(
         method="power-aware",
         batch_size=b,
-        freq_mhz=460.8,
+        knob_value=460.8,
         time_per_sample_s=time_ms / 1e3,
         peak_power_w=4.0,
         score=math.nan,

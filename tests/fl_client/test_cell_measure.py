@@ -113,14 +113,14 @@ class TraceDevice:
         )
 
     @property
-    def gpu_freqs_mhz(self) -> tuple[float, ...]:
+    def knob_values(self) -> tuple[float, ...]:
         return (100.0,)
 
-    def current_gpu_freq_mhz(self) -> float:
+    def current_knob_value(self) -> float:
         return 100.0
 
-    def set_gpu_freq_mhz(self, freq_mhz: float) -> None:
-        assert freq_mhz == 100.0
+    def set_knob_value(self, knob_value: float) -> None:
+        assert knob_value == 100.0
 
     def restore(self) -> None:
         pass

@@ -126,7 +126,7 @@ def test_profile_on_the_twin_writes_and_prints_the_lut(
     assert code == 0, err
     lut = LUT.load(out_path)
     assert lut.device_kind == "jetson-nano" and lut.backend == "simulated"
-    assert lut.batch_sizes == (4, 8) and lut.freqs_mhz == pytest.approx(NANO_MHZ)
+    assert lut.batch_sizes == (4, 8) and lut.knob_values == pytest.approx(NANO_MHZ)
     assert lut.grid == "full" and lut.limit.cap_w is None
     [cached] = list(cache.glob("lut_*.json"))
     assert LUT.load(cached).to_json() == lut.to_json()
@@ -167,7 +167,7 @@ def test_profile_on_the_twin_writes_and_prints_the_lut(
     tables = Tables(lut.time_per_sample_s, lut.peak_power_w, lut.avg_power_w, lut.peak_sigma_w)
     select = ["select", "--lut", str(out_path), "--r", "1,0.6", "--p-max-w", "2.5"]
     code, out, _ = run([*select, "--cap-margin", "0", "--json"], capsys)
-    expected = select_eq4(tables, [4, 8], lut.freqs_mhz, [1, 0.6], 2.5)
+    expected = select_eq4(tables, [4, 8], lut.knob_values, [1, 0.6], 2.5)
     assert code == 0
     rule = {"peak-sigma-k": 2.0, "tie-tolerance": 0.02}
     assert json.loads(out) == json.loads(
@@ -180,14 +180,14 @@ def test_profile_on_the_twin_writes_and_prints_the_lut(
     )
     exact = Objective(peak_sigma_k=0.0, tie_tolerance=0.0)
     expected = select_eq4(
-        tables, [4, 8], lut.freqs_mhz, [1, 0.6], 2.5, method=Method(objective=exact)
+        tables, [4, 8], lut.knob_values, [1, 0.6], 2.5, method=Method(objective=exact)
     )
-    assert json.loads(out)["gpu-freq-mhz"] == expected.freq_mhz
+    assert json.loads(out)["gpu-freq-mhz"] == expected.knob_value
     # Eq. 4 under the default cap margin: the cap less 5%
     code, out, _ = run(select, capsys)
-    expected = select_eq4(tables, [4, 8], lut.freqs_mhz, [1, 0.6], PowerLimit(2.5, 0.05))
+    expected = select_eq4(tables, [4, 8], lut.knob_values, [1, 0.6], PowerLimit(2.5, 0.05))
     assert code == 0 and out.startswith(
-        f"power-aware: b* = {expected.batch_size}, f* = {expected.freq_mhz:g} MHz under P_max "
+        f"power-aware: b* = {expected.batch_size}, f* = {expected.knob_value:g} MHz under P_max "
         "2.5 W less cap-margin 5% (2.375 W)"
     )
 
@@ -287,7 +287,7 @@ def test_profile_on_a_fake_jetson_measures_the_board_rail_and_restores(
     assert code == 0, err
     lut = LUT.from_json(out)
     assert lut.device_kind == "jetson-nano" and lut.backend == "jetson"  # detected
-    assert lut.freqs_mhz == pytest.approx(NANO_MHZ)
+    assert lut.knob_values == pytest.approx(NANO_MHZ)
     # POM_5V_IN reads 3149 mW on the fake board, whatever the frequency
     assert np.allclose(lut.peak_power_w, 3.149) and np.allclose(lut.avg_power_w, 3.149)
     # the board's INA3221 over sysfs: every cell measured for ≥ 0.5 s and ≥ 10 samples
@@ -339,7 +339,7 @@ def test_profile_nvml_measure_only_compares_energy_counter_and_samples(
                      r"\d+\.\d\d J, difference [+-]\d+\.\d\d%", out)  # fmt: skip
     [path] = list(tmp_path.glob("lut_*.json"))
     lut = LUT.load(path)
-    assert lut.freqs_mhz == (1980.0,)  # the unlocked clock, labelled with its highest
+    assert lut.knob_values == (1980.0,)  # the unlocked clock, labelled with its highest
     assert np.allclose(lut.peak_power_w, 123.456)
     assert (lut.window_s >= 1.0).all() and (lut.power_samples >= 10).all()
     assert not any(name == "nvmlDeviceSetGpuLockedClocks" for name, _ in gpu.calls)
@@ -413,7 +413,7 @@ def small_lut(p_max_w: float | None = None, cap_margin: float = 0.0) -> LUT:
         model_name="cnn",
         input_shape=(3, 32, 32),
         batch_sizes=(4, 64),
-        freqs_mhz=(307.2, 614.4, 921.6),
+        knob_values=(307.2, 614.4, 921.6),
         time_per_sample_s=time_s,
         peak_power_w=peak_w,
         avg_power_w=peak_w * 0.9,
@@ -551,7 +551,7 @@ def test_select_names_a_power_limit_knob_and_its_unit(
     """A LUT whose columns are GPU power limits (NVML GPUs, Zeus traces) is selected from as
     any other; the choice and the tables say W, not MHz."""
     base = vars(small_lut())
-    lut = LUT(**{**base, "freqs_mhz": (150.0, 200.0, 250.0), "knob": GPU_POWER_LIMIT_W})
+    lut = LUT(**{**base, "knob_values": (150.0, 200.0, 250.0), "knob": GPU_POWER_LIMIT_W})
     path = lut.save(tmp_path / "limits.json")
     argv = ["select", "--lut", str(path), "--r", "1,0.5", "--p-max-w", "5", "--cap-margin", "0"]
     code, out, err = run(argv, capsys)
@@ -623,7 +623,7 @@ def test_select_refuses_luts_that_cannot_answer_the_cap(
         "model_name": "cnn",
         "input_shape": (3, 32, 32),
         "batch_sizes": (4, 64),
-        "freqs_mhz": (307.2, 614.4, 921.6),
+        "knob_values": (307.2, 614.4, 921.6),
         "time_per_sample_s": np.array([[nan, nan, 1.5e-3], [nan, nan, 3e-4]]),
         "peak_power_w": np.array([[nan, nan, 3.0], [nan, nan, 5.5]]),
         "avg_power_w": np.array([[nan, nan, 2.7], [nan, nan, 5.0]]),

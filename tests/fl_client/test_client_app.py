@@ -93,7 +93,7 @@ def test_query_reports_device_and_cap(tmp_path: Path) -> None:
     assert info["max-batch-size"] == 16
     desc = _descriptor(reply)  # what the strategy parses
     assert desc.p_max == Cap(5.0) and desc.partition_id == 0
-    assert 921.6 in desc.gpu_freqs_mhz
+    assert 921.6 in desc.knob_values
 
 
 def test_query_of_an_uncapped_node_says_inf_on_the_wire(tmp_path: Path) -> None:

@@ -305,7 +305,7 @@ def _descriptor(**over: Any) -> NodeDescriptor:
         "backend": "simulated",
         "p_max": Cap(5.0),
         "p_max_schedule": "",
-        "gpu_freqs_mhz": (76.8, 153.6),
+        "knob_values": (76.8, 153.6),
         "memory_bytes": 4 << 30,
         "power_rail": "POM_5V_IN",
         "max_batch_size": 64,
@@ -329,7 +329,7 @@ def test_node_descriptor_round_trips_and_records_no_cap_as_null(over: dict[str, 
 def test_a_power_limit_descriptor_sends_its_values_in_watts() -> None:
     """A node whose knob is the GPU power limit sends its grid as gpu-power-limits-w with
     knob, never as gpu-freqs-mhz; the frequency path sends neither key, as before."""
-    desc = _descriptor(gpu_freqs_mhz=(200.0, 450.0, 700.0), knob="power-limit")
+    desc = _descriptor(knob_values=(200.0, 450.0, 700.0), knob="power-limit")
     config = desc.to_config()
     assert config["gpu-power-limits-w"] == [200.0, 450.0, 700.0] and config["knob"] == "power-limit"
     assert "gpu-freqs-mhz" not in config

@@ -47,7 +47,7 @@ def _cached_lut(cache: Path) -> LUT:
 
 def _measured_freqs(lut: LUT, b: int) -> list[float]:
     row = lut.time_per_sample_s[lut.batch_sizes.index(b)]
-    return [f for f, t in zip(lut.freqs_mhz, row, strict=True) if not math.isnan(t)]
+    return [f for f, t in zip(lut.knob_values, row, strict=True) if not math.isnan(t)]
 
 
 def test_no_drift_is_measured_as_such_and_changes_nothing(tmp_path: Path) -> None:
@@ -71,7 +71,7 @@ def test_a_drifted_board_re_profiles_the_row_and_scales_the_others(tmp_path: Pat
     i = B6.index(32)
     ctx = MeasureContext(hot, WORKLOAD, CountingSteps(), tmp_path)
     check = check_drift(ctx, lut, (32, f), 0.15)
-    j = lut.freqs_mhz.index(f)
+    j = lut.knob_values.index(f)
     expected = 0.5 / lut.peak_power_w[i, j]  # the peak is off by 0.5 W, time not at all
     assert check.deviation == pytest.approx(expected) and check.deviation > 0.15
     assert check.reprofiled
@@ -108,7 +108,7 @@ def test_a_row_that_shares_no_cell_with_the_lut_scales_the_others_by_the_check(
     full = _cached_lut(tmp_path)
     i = B6.index(32)
     f = _measured_freqs(full, 32)[-1]
-    j = full.freqs_mhz.index(f)
+    j = full.knob_values.index(f)
     keep = np.zeros(full.time_per_sample_s.shape, dtype=bool)
     keep[i, j] = True
     keep[B6.index(16), :] = True  # another row, to be scaled
@@ -135,7 +135,7 @@ def test_the_threshold_is_strict(tmp_path: Path) -> None:
     lut = _cached_lut(tmp_path)
     f = _measured_freqs(lut, 32)[-1]
     hot = FakeDevice(a_w=1.5)
-    j = lut.freqs_mhz.index(f)
+    j = lut.knob_values.index(f)
     deviation = 0.5 / lut.peak_power_w[B6.index(32), j]
     ctx = MeasureContext(hot, WORKLOAD, CountingSteps(), tmp_path)
     assert not check_drift(ctx, lut, (32, f), deviation + 1e-6).reprofiled

@@ -60,7 +60,7 @@ def _row_lut(
         model_name="cnn",
         input_shape=(1, 8, 8),
         batch_sizes=(16,),
-        freqs_mhz=FREQS,
+        knob_values=FREQS,
         time_per_sample_s=np.array([time_row], dtype=float),
         peak_power_w=np.array([peak_row], dtype=float),
         avg_power_w=np.array([avg_row], dtype=float),
@@ -70,7 +70,7 @@ def _row_lut(
 
 
 def _lut_fields(lut: LUT) -> dict[str, Any]:
-    names = ("device_kind", "backend", "model_name", "input_shape", "batch_sizes", "freqs_mhz")
+    names = ("device_kind", "backend", "model_name", "input_shape", "batch_sizes", "knob_values")
     tables = ("time_per_sample_s", "peak_power_w", "avg_power_w", "limit", "grid")
     return {name: getattr(lut, name) for name in names + tables}
 
@@ -95,7 +95,7 @@ def test_json_round_trip_keeps_nan_cells_and_metadata(p_max_w: float | None, mar
         "model_name",
         "input_shape",
         "batch_sizes",
-        "freqs_mhz",
+        "knob_values",
         "limit",
         "profile_time_s",
         "profile_energy_j",
@@ -213,9 +213,9 @@ def test_a_power_limit_knob_is_kept_in_the_file() -> None:
     rec = json.loads(lut.to_json())
     assert (rec["version"], rec["knob"]) == (3, "power-limit-w") and "peak-sigma-w" not in rec
     # the columns are W: written under the knob's own key, never as freqs-mhz
-    assert rec["power-limits-w"] == list(lut.freqs_mhz) and "freqs-mhz" not in rec
+    assert rec["power-limits-w"] == list(lut.knob_values) and "freqs-mhz" not in rec
     again = LUT.from_json(lut.to_json())
-    assert again.knob == GPU_POWER_LIMIT_W and again.freqs_mhz == lut.freqs_mhz
+    assert again.knob == GPU_POWER_LIMIT_W and again.knob_values == lut.knob_values
     older = {k: v for k, v in rec.items() if k != "power-limits-w"}  # written before: read
     legacy = LUT.from_json(json.dumps({**older, "freqs-mhz": rec["power-limits-w"]}))
     assert legacy.to_json() == lut.to_json()
@@ -260,7 +260,7 @@ def test_cache_keys_differ_by_device_backend_workload_batch_sizes_cap_margin_and
             "backend": "simulated",
             "workload": WORKLOAD,
             "batch_sizes": tuple(B6),
-            "freqs_mhz": NANO_FREQS_MHZ,
+            "knob_values": NANO_FREQS_MHZ,
             "limit": PowerLimit(),
             "grid": "full",
         }
@@ -285,13 +285,13 @@ def test_cache_keys_differ_by_device_backend_workload_batch_sizes_cap_margin_and
     assert base.name.startswith("lut_jetson-nano_simulated_cnn-1x8x8_b4-8-16-32-64-128_full_")
     assert "pmax5.0w-margin0.05" in others[5].name
     # the frequency table is checked on load (``mismatch``), not part of the name
-    assert path(freqs_mhz=NANO_FREQS_MHZ[:-1]) == base
+    assert path(knob_values=NANO_FREQS_MHZ[:-1]) == base
 
 
 def test_key_of_a_device_and_its_lut_agree() -> None:
     dev = FakeDevice()
     key = LUTKey.of(dev, WORKLOAD, B6, limit=PowerLimit(3.5, 0.05), grid="efficient")
-    assert (key.device_kind, key.backend, key.freqs_mhz) == ("fake-nano", "fake", NANO_FREQS_MHZ)
+    assert (key.device_kind, key.backend, key.knob_values) == ("fake-nano", "fake", NANO_FREQS_MHZ)
     lut = _profiled(3.5, cap_margin=0.05)
     assert key.mismatch(lut) is None
     # a key without a cap has no margin, whatever was passed
@@ -307,7 +307,7 @@ def test_key_of_a_device_and_its_lut_agree() -> None:
         ({"workload": Workload("resnet18", (1, 8, 8), 1e6)}, "model-name is 'cnn'"),
         ({"workload": Workload("cnn", (3, 8, 8), 1e6)}, "input-shape is (1, 8, 8)"),
         ({"batch_sizes": (4, 8)}, "batch-sizes is (4, 8, 16, 32, 64, 128)"),
-        ({"freqs_mhz": NANO_FREQS_MHZ[:-1]}, "freqs-mhz is"),
+        ({"knob_values": NANO_FREQS_MHZ[:-1]}, "freqs-mhz is"),
         ({"limit": PowerLimit(4.0, 0.05)}, "p-max-w is 3.5, expected 4.0"),
         ({"limit": PowerLimit(3.5, 0.1)}, "cap-margin is 0.05, expected 0.1"),
         ({"grid": "full"}, "grid is 'efficient', expected 'full'"),
@@ -409,10 +409,10 @@ def test_mismatching_cache_is_set_aside_and_reprofiled(
     steps = CountingSteps()
     _cached(tmp_path, FakeDevice(), steps)
     # same kind and backend, but the frequency table changed (e.g. a new JetPack)
-    dev = FakeDevice(freqs_mhz=NANO_FREQS_MHZ[:-1])
+    dev = FakeDevice(knob_values=NANO_FREQS_MHZ[:-1])
     with caplog.at_level(logging.WARNING, logger="fl_client.lut"):
         lut, from_cache = _cached(tmp_path, dev, steps)
-    assert not from_cache and lut.freqs_mhz == NANO_FREQS_MHZ[:-1]
+    assert not from_cache and lut.knob_values == NANO_FREQS_MHZ[:-1]
     assert "freqs-mhz" in caplog.text
     assert len(list(tmp_path.glob("*.corrupt-*"))) == 1
 

@@ -31,7 +31,7 @@ def test_merge_cells_fills_or_overwrites() -> None:
     # the base keeps its cap, grid and cost; inputs are not changed
     assert (fresh.limit.cap_w, fresh.grid) == (4.0, "efficient")
     assert math.isnan(base.time_per_sample_s[0, 2])
-    other = LUT(**{**_lut_fields(base), "freqs_mhz": (1.0, 2.0, 3.0, 4.0)})
+    other = LUT(**{**_lut_fields(base), "knob_values": (1.0, 2.0, 3.0, 4.0)})
     with pytest.raises(LUTFormatError, match="freqs-mhz"):
         merge_cells(base, other, overwrite=True)
 

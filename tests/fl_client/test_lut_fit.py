@@ -104,7 +104,7 @@ def test_fit_input_errors() -> None:
         fit_lut(B6, F12[:-1], *truth)
     with pytest.raises(ValueError, match="batch_sizes"):
         fit_lut((8, 4, 16, 32, 64, 128), F12, *truth)
-    with pytest.raises(ValueError, match="freqs_mhz"):
+    with pytest.raises(ValueError, match="knob_values"):
         fit_lut(B6, tuple(reversed(F12)), *truth)
     with pytest.raises(ValueError, match="sensor_sigma"):
         FitOptions(sensor_sigma=0.0)
@@ -130,7 +130,7 @@ def test_refit_starts_from_the_earlier_fit_on_its_axes() -> None:
     more = only([*cells, (2, 5), (3, 9)], truth)
     again = refit_lut(warm, *more)
     fresh = fit_lut(B6, F12, *more)
-    assert (again.batch_sizes, again.freqs_mhz) == (warm.batch_sizes, warm.freqs_mhz)
+    assert (again.batch_sizes, again.knob_values) == (warm.batch_sizes, warm.knob_values)
     assert again.n_cells == warm.n_cells + 2 == 10
     assert np.allclose(again.time_per_sample_s, fresh.time_per_sample_s, rtol=0.05)
     assert np.allclose(again.peak_power_w, fresh.peak_power_w, rtol=0.05)

@@ -48,7 +48,7 @@ def test_seed_cells_cover_corners_and_every_row() -> None:
 
 
 def _measured_cells(plan: lut_plan.PlannedLUT) -> set[tuple[int, float]]:
-    return {(plan.batch_sizes[i], plan.freqs_mhz[j]) for i, j in np.argwhere(plan.measured)}
+    return {(plan.batch_sizes[i], plan.knob_values[j]) for i, j in np.argwhere(plan.measured)}
 
 
 @pytest.mark.parametrize("pool", [True, False])
@@ -82,9 +82,9 @@ def test_chosen_cell_is_measured_and_eq4_on_the_measured_cells(seed: int) -> Non
     assert np.array_equal(np.isnan(m_t), ~plan.measured)
     select = eq4_selector(r)
     for choice in plan.choices:
-        assert choice.batch_size is not None and choice.freq_mhz is not None
-        assert (choice.batch_size, choice.freq_mhz) in _measured_cells(plan)
-        i, j = B6.index(choice.batch_size), F12.index(choice.freq_mhz)
+        assert choice.batch_size is not None and choice.knob_value is not None
+        assert (choice.batch_size, choice.knob_value) in _measured_cells(plan)
+        i, j = B6.index(choice.batch_size), F12.index(choice.knob_value)
         assert select(m_t, m_p, m_a, _limit_w(choice.cap_w)) == (i, j)
         # measured values are kept as measured in the LUT-shaped result
         assert plan.time_per_sample_s[i, j] == truth[0][i, j]
@@ -127,7 +127,7 @@ def test_plan_matches_the_full_grid_choice() -> None:
                 full = select(*truth, _limit_w(choice.cap_w))
                 assert full is not None
                 cases += 1
-                got = (B6.index(choice.batch_size), F12.index(choice.freq_mhz))
+                got = (B6.index(choice.batch_size), F12.index(choice.knob_value))
                 hits += got == full
                 ratio = truth[0][got] * r[got[0]] / (truth[0][full] * r[full[0]])
                 worst = max(worst, ratio)
@@ -169,7 +169,7 @@ def test_plan_survives_failed_cells() -> None:
     assert not _measured_cells(plan) & failing
     assert set(log) & failing  # some seeds did fail
     for choice in plan.choices:
-        assert (choice.batch_size, choice.freq_mhz) in _measured_cells(plan)
+        assert (choice.batch_size, choice.knob_value) in _measured_cells(plan)
     assert np.all(np.isfinite(plan.time_per_sample_s))
 
 
@@ -224,7 +224,7 @@ def test_plan_on_the_replay_table_matches_its_full_grid() -> None:
         assert fit_error(plan.fit, t, p).time_mape_pct < 2.0
         select = eq4_selector(r_vec)
         for choice in plan.choices:
-            got = (b_axis.index(choice.batch_size), f_axis.index(choice.freq_mhz))
+            got = (b_axis.index(choice.batch_size), f_axis.index(choice.knob_value))
             assert got == select(t, p, a, _limit_w(choice.cap_w))
 
 
@@ -269,7 +269,7 @@ def test_the_plans_choice_is_the_selectors(seed: int) -> None:
             sel = selector.select(
                 "power-aware",
                 batch_sizes=list(B6),
-                freqs_mhz=list(F12),
+                knob_values=list(F12),
                 tables=Tables(time_s, peak),
                 r=r,
                 limit=PowerLimit(cap, 0.05),
@@ -277,4 +277,4 @@ def test_the_plans_choice_is_the_selectors(seed: int) -> None:
         except InfeasibleCapError:
             assert mine is None
             continue
-        assert mine == (B6.index(sel.batch_size), F12.index(sel.freq_mhz))
+        assert mine == (B6.index(sel.batch_size), F12.index(sel.knob_value))

@@ -70,7 +70,7 @@ def _profiled_peak_w(cache: Path, report: TrainReport) -> tuple[LUT, float]:
     (path,) = (cache / "nodes").rglob("lut_*.json")
     lut = LUT.load(path)
     i = lut.batch_sizes.index(int(report.batch_size))
-    j = lut.freqs_mhz.index(report.gpu_freq_mhz)
+    j = lut.knob_values.index(report.gpu_freq_mhz)
     return lut, float(lut.peak_power_w[i, j])
 
 
@@ -83,7 +83,7 @@ def test_describe_node_is_the_query_reply(tmp_path: Path) -> None:
     assert isinstance(desc, NodeDescriptor)
     assert (desc.device, desc.backend, desc.partition_id) == ("jetson-nano", "simulated", 0)
     assert desc.p_max == Cap(4.5) and desc.p_max_schedule == ""
-    assert 921.6 in desc.gpu_freqs_mhz and desc.memory_bytes > 0
+    assert 921.6 in desc.knob_values and desc.memory_bytes > 0
     assert desc.max_batch_size in (8, 16, 32, 64, 128)
     assert NodeDescriptor.from_config(desc.to_config()) == desc
     scheduled = describe_node(run_config(tmp_path), {**NODE, "p-max-schedule": "1:7,3:none"}, query)
@@ -161,7 +161,7 @@ def test_the_node_selects_with_the_luts_sigma_and_average_power_under_its_rule(
     assert (lut.peak_sigma_w[measured] > 0).all()  # the twin's sensor noise, 3 steps a cell
     # the choice's robust peak is below the cap less its margin
     i = lut.batch_sizes.index(int(report.batch_size))
-    j = lut.freqs_mhz.index(report.gpu_freq_mhz)
+    j = lut.knob_values.index(report.gpu_freq_mhz)
     assert lut.peak_power_w[i, j] + 1.5 * lut.peak_sigma_w[i, j] < 5.0 * 0.95
 
 
@@ -452,7 +452,7 @@ def test_a_power_limit_node_reports_its_limit_in_watts(tmp_path: Path) -> None:
             "knob": "power-limit", "p-max-w": 150.0}  # fmt: skip
     query = {"model": "cnn", "batch-sizes": list(TEMPLATE.batch_sizes)}
     desc = describe_node(run_config(tmp_path), node, query)  # the QUERY reply: W, not MHz
-    assert (desc.knob, desc.gpu_freqs_mhz) == ("power-limit", (100.0, 150.0, 200.0))
+    assert (desc.knob, desc.knob_values) == ("power-limit", (100.0, 150.0, 200.0))
     assert desc.to_config()["gpu-power-limits-w"] == [100.0, 150.0, 200.0]
     _, report = train_node(run_config(tmp_path), node, train_config(), initial_state())
     assert report.gpu_power_limit_w in (100.0, 150.0)  # under 150 W less its 5% margin

@@ -98,7 +98,7 @@ def _train(
 def _cell(lut: LUT, report: TrainReport) -> tuple[float, float]:
     """The LUT's time per sample and peak power at the report's (b, f)."""
     i = lut.batch_sizes.index(int(report.batch_size))
-    j = lut.freqs_mhz.index(report.gpu_freq_mhz)
+    j = lut.knob_values.index(report.gpu_freq_mhz)
     return float(lut.time_per_sample_s[i, j]), float(lut.peak_power_w[i, j])
 
 
@@ -256,7 +256,7 @@ def _check_reprofiled(
         # its choice is judged on its own row: feasible there with peak + k·σ
         i, j = (
             mine.batch_sizes.index(int(report.batch_size)),
-            mine.freqs_mhz.index(report.gpu_freq_mhz),
+            mine.knob_values.index(report.gpu_freq_mhz),
         )
         robust_w = mine.peak_power_w[i, j] + 2.0 * np.nan_to_num(mine.peak_sigma_w[i, j])
         assert robust_w < CAP_W * (1 - MARGIN)

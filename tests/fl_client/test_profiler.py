@@ -36,7 +36,7 @@ from fl_client.devices.base import (
     SensorSpec,
     Workload,
 )
-from fl_client.feasibility import feasible_cells, feasible_freq_index
+from fl_client.feasibility import feasible_cells, feasible_knob_index
 from fl_client.lut import LUT, LUTKey
 from fl_client.power import PowerLimit
 from fl_client.profiler import (
@@ -109,7 +109,7 @@ class FakeDevice:
 
     def __init__(
         self,
-        freqs_mhz: tuple[float, ...] = NANO_FREQS_MHZ,
+        knob_values: tuple[float, ...] = NANO_FREQS_MHZ,
         a_w: float = 1.0,
         c_w: float = 4e-5,
         offsets_w: dict[int, float] | None = None,
@@ -118,7 +118,7 @@ class FakeDevice:
         spikes_w: dict[tuple[int, float], float] | None = None,
         jitter_w: tuple[float, ...] = (),
     ) -> None:
-        self.freqs = tuple(freqs_mhz)
+        self.freqs = tuple(knob_values)
         self.a_w, self.c_w = a_w, c_w
         self.offsets_w = dict(offsets_w or {})
         self.spikes_w = dict(spikes_w or {})
@@ -132,31 +132,31 @@ class FakeDevice:
         self.set_calls: list[float] = []
         self.restores = 0
 
-    def power_w(self, b: int, freq_mhz: float) -> float:
-        spike = self.spikes_w.get((b, freq_mhz), 0.0)
-        return self.a_w + self.c_w * b * freq_mhz + self.offsets_w.get(b, 0.0) + spike
+    def power_w(self, b: int, knob_value: float) -> float:
+        spike = self.spikes_w.get((b, knob_value), 0.0)
+        return self.a_w + self.c_w * b * knob_value + self.offsets_w.get(b, 0.0) + spike
 
-    def time_per_sample_s(self, b: int, freq_mhz: float) -> float:
-        return (1.0 + 8.0 / b) / freq_mhz
+    def time_per_sample_s(self, b: int, knob_value: float) -> float:
+        return (1.0 + 8.0 / b) / knob_value
 
     @property
     def info(self) -> DeviceInfo:
         return DeviceInfo(self.kind, self.backend, self.freqs, 4 << 30, "POM_5V_IN")
 
     @property
-    def gpu_freqs_mhz(self) -> tuple[float, ...]:
+    def knob_values(self) -> tuple[float, ...]:
         return self.freqs
 
-    def current_gpu_freq_mhz(self) -> float:
+    def current_knob_value(self) -> float:
         return self.freq
 
-    def set_gpu_freq_mhz(self, freq_mhz: float) -> None:
-        if freq_mhz not in self.freqs:
-            raise InvalidFrequencyError(f"{freq_mhz} not in table")
-        self.freq = freq_mhz
+    def set_knob_value(self, knob_value: float) -> None:
+        if knob_value not in self.freqs:
+            raise InvalidFrequencyError(f"{knob_value} not in table")
+        self.freq = knob_value
         self.cold = True
         self.clock_s += SWITCH_S
-        self.set_calls.append(freq_mhz)
+        self.set_calls.append(knob_value)
 
     def restore(self) -> None:
         self.freq = self.initial_freq
@@ -274,7 +274,7 @@ def test_efficient_mode_finds_the_full_grids_feasible_maxima_with_fewer_cells(
     assert eff.grid == "efficient"
     assert eff.cells_profiled < full.cells_profiled
     for i in range(len(B6)):
-        assert feasible_freq_index(eff.peak_power_w[i], p_max_w) == feasible_freq_index(
+        assert feasible_knob_index(eff.peak_power_w[i], p_max_w) == feasible_knob_index(
             full.peak_power_w[i], p_max_w
         )
     # profiled cells hold the same values as the full grid
@@ -286,7 +286,7 @@ def test_efficient_mode_finds_the_full_grids_feasible_maxima_with_fewer_cells(
         Tables(full.time_per_sample_s, full.peak_power_w), B6, NANO_FREQS_MHZ, r, p_max_w
     )
     b = select_eq4(Tables(eff.time_per_sample_s, eff.peak_power_w), B6, NANO_FREQS_MHZ, r, p_max_w)
-    assert (a.batch_size, a.freq_mhz) == (b.batch_size, b.freq_mhz)
+    assert (a.batch_size, a.knob_value) == (b.batch_size, b.knob_value)
     assert dev.restores == 1
 
 
@@ -331,17 +331,17 @@ def test_efficient_walk_stops_below_the_cap_less_its_margin_and_stores_the_bare_
     )
     bare = _profile(FakeDevice(), p_max_w=3.5)
     assert math.isnan(lut.time_per_sample_s[i, 7]) and not math.isnan(bare.time_per_sample_s[i, 7])
-    j = feasible_freq_index(lut.peak_power_w[i], 3.325)
+    j = feasible_knob_index(lut.peak_power_w[i], 3.325)
     assert j == 4 and lut.peak_power_w[i, j] < 3.325 <= lut.peak_power_w[i, j + 1]
     # without the margin, that next cell is feasible under 3.5 W
-    assert feasible_freq_index(bare.peak_power_w[i], 3.5) == j + 1
+    assert feasible_knob_index(bare.peak_power_w[i], 3.5) == j + 1
     # Eq. 4 under the cap less the margin picks the same from either table
     r = [0.3, 0.4, 0.5, 0.7, 0.9, 1.0]
     full = _profile(FakeDevice())
     limit = PowerLimit(3.5, 0.05)
     a = select_eq4(Tables(full.time_per_sample_s, full.peak_power_w), B6, NANO_FREQS_MHZ, r, limit)
     b = select_eq4(Tables(lut.time_per_sample_s, lut.peak_power_w), B6, NANO_FREQS_MHZ, r, limit)
-    assert (a.batch_size, a.freq_mhz) == (b.batch_size, b.freq_mhz)
+    assert (a.batch_size, a.knob_value) == (b.batch_size, b.knob_value)
     assert a.peak_power_w < 3.325
 
 
@@ -361,10 +361,10 @@ def test_efficient_mode_walks_down_when_a_smaller_batch_draws_more_power() -> No
     full = _profile(FakeDevice(offsets_w=offsets))
     eff = _profile(FakeDevice(offsets_w=offsets), p_max_w=4.0)
     for i in range(len(B6)):
-        assert feasible_freq_index(eff.peak_power_w[i], 4.0) == feasible_freq_index(
+        assert feasible_knob_index(eff.peak_power_w[i], 4.0) == feasible_knob_index(
             full.peak_power_w[i], 4.0
         )
-    assert feasible_freq_index(eff.peak_power_w[B6.index(64)], 4.0) is not None
+    assert feasible_knob_index(eff.peak_power_w[B6.index(64)], 4.0) is not None
 
 
 def _visited(lut: LUT, b: int) -> list[int]:
@@ -399,7 +399,7 @@ def test_a_noisy_spike_at_the_lowest_f_above_the_cap_does_not_stop_the_walk() ->
         R6,
         3.0,
     )
-    assert (a.batch_size, a.freq_mhz) == (b.batch_size, b.freq_mhz)
+    assert (a.batch_size, a.knob_value) == (b.batch_size, b.knob_value)
 
 
 def test_the_walk_stops_at_its_third_infeasible_cell_even_when_they_are_apart() -> None:
@@ -502,7 +502,7 @@ def test_the_lut_names_the_devices_knob() -> None:
         knob = GPU_POWER_LIMIT_W
 
     out = io.StringIO()
-    dev = PowerLimitDevice(freqs_mhz=(100.0, 150.0, 200.0))
+    dev = PowerLimitDevice(knob_values=(100.0, 150.0, 200.0))
     lut = profile(
         dev, WORKLOAD, [4, 8], CountingSteps(), ProfileOptions(progress=True, progress_stream=out)
     )
@@ -636,7 +636,7 @@ def test_uncapped_highest_profiles_one_cell_per_batch_size_and_matches_the_full_
     r = [0.3, 0.4, 0.5, 0.7, 0.9, 1.0]
     a = select_eq4(Tables(full.time_per_sample_s, full.peak_power_w), B6, NANO_FREQS_MHZ, r, None)
     b = select_eq4(Tables(top.time_per_sample_s, top.peak_power_w), B6, NANO_FREQS_MHZ, r, None)
-    assert (a.batch_size, a.freq_mhz) == (b.batch_size, b.freq_mhz)
+    assert (a.batch_size, a.knob_value) == (b.batch_size, b.knob_value)
     # and the table survives a JSON round trip with its grid
     again = LUT.from_json(top.to_json())
     assert again.grid == "highest"

@@ -30,17 +30,17 @@ def _key(score: float, power_w: float, b: int) -> tuple[float, float, int]:
     return (score, power_w, -b)
 
 
-def brute_force_eq4_literal(time_s, power_w, batch_sizes, freqs_mhz, r, p_max_w):
+def brute_force_eq4_literal(time_s, power_w, batch_sizes, knob_values, r, p_max_w):
     """Eq. 4 as written: j_i = max{j : P[i, j] < P_max}; argmin T × r over C."""
     best = None
     for i, b in enumerate(batch_sizes):
-        feasible = [j for j in range(len(freqs_mhz)) if power_w[i][j] < p_max_w]
+        feasible = [j for j in range(len(knob_values)) if power_w[i][j] < p_max_w]
         if not feasible:
             continue
         j = max(feasible)
         key = _key(time_s[i][j] * r[i], power_w[i][j], b)
         if best is None or key < best[0]:
-            best = (key, b, freqs_mhz[j])
+            best = (key, b, knob_values[j])
     return None if best is None else best[1:]
 
 
@@ -98,9 +98,9 @@ def test_power_aware_equals_literal_eq4_where_the_papers_premise_holds(tables):
             select_eq4(Tables(time, power), b, f, r, cap, method=Method(objective=EXACT))
         return
     sel = select_eq4(Tables(time, power), b, f, r, cap, method=Method(objective=EXACT))
-    assert (sel.batch_size, sel.freq_mhz) == expected
+    assert (sel.batch_size, sel.knob_value) == expected
     assert sel.peak_power_w < cap
-    i, j = b.index(sel.batch_size), f.index(sel.freq_mhz)
+    i, j = b.index(sel.batch_size), f.index(sel.knob_value)
     assert sel.time_per_sample_s == time[i, j]
     assert sel.score == pytest.approx(time[i, j] * r[i])
 
@@ -119,10 +119,10 @@ def test_power_aware_never_uses_a_cell_above_the_cap_on_noisy_tables_with_holes(
     sel = select_eq4(Tables(time, power), b, f, r, cap)
     assert sel.peak_power_w < cap  # never above the cap
     for i, c in enumerate(sel.candidates):
-        if c.freq_mhz is None:
+        if c.knob_value is None:
             assert not (power[i] < cap).any()
         else:
-            assert power[i, f.index(c.freq_mhz)] < cap
+            assert power[i, f.index(c.knob_value)] < cap
 
 
 @settings(max_examples=60, deadline=None)
@@ -135,7 +135,7 @@ def test_paper_sized_tables_6x14(tables):
             select_eq4(Tables(time, power), b, f, r, cap, method=Method(objective=EXACT))
     else:
         sel = select_eq4(Tables(time, power), b, f, r, cap, method=Method(objective=EXACT))
-        assert (sel.batch_size, sel.freq_mhz) == expected
+        assert (sel.batch_size, sel.knob_value) == expected
         assert len(sel.candidates) == 6
 
 
@@ -144,11 +144,11 @@ def test_no_cap_picks_fastest_score_at_highest_frequency():
     power = np.array([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0]])
     sel = select_eq4(Tables(time, power), [8, 16], [100.0, 200.0, 300.0], [0.5, 1.0], "none")
     # scores at the top frequency: 1.0 × 0.5 = 0.5 vs 0.6 × 1.0 = 0.6
-    assert (sel.batch_size, sel.freq_mhz, sel.p_max_w) == (8, 300.0, None)
+    assert (sel.batch_size, sel.knob_value, sel.p_max_w) == (8, 300.0, None)
     sel = select_eq4(Tables(time, power), [8, 16], [100.0, 200.0, 300.0], [0.5, 1.0], 3.5)
     # under 3.5 W: b=8 → 300 MHz (0.5); b=16 → 100 MHz (3.0)
-    assert (sel.batch_size, sel.freq_mhz, sel.p_max_w) == (8, 300.0, 3.5)
-    assert [c.freq_mhz for c in sel.candidates] == [300.0, 100.0]
+    assert (sel.batch_size, sel.knob_value, sel.p_max_w) == (8, 300.0, 3.5)
+    assert [c.knob_value for c in sel.candidates] == [300.0, 100.0]
     assert sel.to_dict()["candidates"][1]["score"] == pytest.approx(3.0)
 
 
@@ -159,7 +159,7 @@ def test_paper_figure_1_example_prefers_smaller_batch_at_higher_frequency():
     time[0, 3] = time[1, 1] * (1 - 0.319)
     power = np.array([[3.5, 4.0, 4.5, 4.9, 5.4], [4.0, 4.8, 5.3, 5.9, 6.4]])
     sel = select_eq4(Tables(time, power), [64, 128], freqs, [1.0, 1.0], 5.0)
-    assert (sel.batch_size, sel.freq_mhz) == (64, 460.8)
+    assert (sel.batch_size, sel.knob_value) == (64, 460.8)
 
 
 def test_ties_go_to_lower_power_then_larger_batch():
@@ -176,7 +176,7 @@ def test_infeasible_cap_names_cap_and_lowest_measured_power():
     with pytest.raises(InfeasibleCapError) as info:
         select_eq4(Tables(time, power), [4, 8], [76.8, 153.6, 230.4], [1.0, 1.0], 3.0)
     err = info.value
-    assert (err.limit.p_max_w, err.min_power_w, err.batch_size, err.freq_mhz) == (
+    assert (err.limit.p_max_w, err.min_power_w, err.batch_size, err.knob_value) == (
         3.0,
         3.2,
         4,
@@ -194,15 +194,15 @@ def test_cap_margin_keeps_profiled_peaks_below_the_reduced_cap():
     power = np.array([[3.0, 4.6, 4.9], [4.0, 5.5, 6.0]])
     args = (Tables(time, power), [8, 16], [100.0, 200.0, 300.0], [1.0, 1.0])
     bare = select_eq4(*args, 5.0)
-    assert (bare.batch_size, bare.freq_mhz) == (8, 300.0)
+    assert (bare.batch_size, bare.knob_value) == (8, 300.0)
     # 5 % of 5 W leaves 4.75 W: 4.9 W no longer fits, 4.6 W does
     kept = select_eq4(*args, PowerLimit(5.0, 0.05))
-    assert (kept.batch_size, kept.freq_mhz, kept.p_max_w) == (8, 200.0, 5.0)
+    assert (kept.batch_size, kept.knob_value, kept.p_max_w) == (8, 200.0, 5.0)
     assert (
         select(
             "power-aware",
             batch_sizes=[8, 16],
-            freqs_mhz=[100.0, 200.0, 300.0],
+            knob_values=[100.0, 200.0, 300.0],
             tables=Tables(time, power),
             r=[1.0, 1.0],
             limit=PowerLimit(5.0, 0.05),
@@ -225,7 +225,7 @@ def test_oracle_is_eq4_with_its_own_r():
     proxy = select_eq4(*args, [0.5, 1.0], 5.0)
     oracle = select_eq4(*args, [1.0, 0.4], 5.0, method=Method(name="oracle"))
     assert (proxy.method, proxy.batch_size) == ("power-aware", 8)
-    assert (oracle.method, oracle.batch_size, oracle.freq_mhz) == ("oracle", 16, 200.0)
+    assert (oracle.method, oracle.batch_size, oracle.knob_value) == ("oracle", 16, 200.0)
 
 
 def test_dispatcher_matches_the_functions_and_rejects_unknown_methods():
@@ -234,16 +234,16 @@ def test_dispatcher_matches_the_functions_and_rejects_unknown_methods():
     common: dict[str, Any] = {
         "tables": Tables(time, power),
         "batch_sizes": [8, 16],
-        "freqs_mhz": [100.0, 200.0],
+        "knob_values": [100.0, 200.0],
     }
     assert select("power-aware", **common, r=[0.5, 1.0], limit=5.0) == select_eq4(
         Tables(time, power), [8, 16], [100.0, 200.0], [0.5, 1.0], 5.0
     )
     assert select("oracle", **common, r=[1.0, 0.4], limit=math.inf).batch_size == 16
-    assert select(Method("b1", b1_max_freq_mhz=150.0), **common).freq_mhz == 100.0
-    assert select(Method("b2", b1_max_freq_mhz=200.0), **common, r=[0.5, 1.0]).batch_size == 8
+    assert select(Method("b1", b1_max_knob_value=150.0), **common).knob_value == 100.0
+    assert select(Method("b2", b1_max_knob_value=200.0), **common, r=[0.5, 1.0]).batch_size == 8
     assert (
-        select(Method("fixed", fixed_batch_size=16, fixed_freq_mhz=200.0), **common).batch_size
+        select(Method("fixed", fixed_batch_size=16, fixed_knob_value=200.0), **common).batch_size
         == 16
     )
     assert {m for m in METHODS} == {"power-aware", "b1", "b2", "oracle", "fixed"}
@@ -320,7 +320,7 @@ def test_the_default_objective_and_round_context_are_eq4() -> None:
         )
         == plain
     )
-    assert (plain.batch_size, plain.freq_mhz) == (8, 900.0)  # 0.025 × 0.3 < 0.010 × 1.0
+    assert (plain.batch_size, plain.knob_value) == (8, 900.0)  # 0.025 × 0.3 < 0.010 × 1.0
 
 
 def test_the_pace_setter_takes_its_fastest_cell_whatever_its_r() -> None:
@@ -328,7 +328,7 @@ def test_the_pace_setter_takes_its_fastest_cell_whatever_its_r() -> None:
     pace = selector.EQ4.for_pace()
     assert (pace.time_weight, pace.r_weight, pace.energy_weight) == (1.0, 0.0, 0.0)
     fastest = selector.select_eq4(tables, b, f, r, 6.0, method=Method(objective=pace))
-    assert (fastest.batch_size, fastest.freq_mhz) == (32, 900.0)
+    assert (fastest.batch_size, fastest.knob_value) == (32, 900.0)
 
 
 def test_samples_and_energy_modes_meet_the_deadline() -> None:
@@ -339,13 +339,13 @@ def test_samples_and_energy_modes_meet_the_deadline() -> None:
         tables, b, f, r, 6.0, method=Method(objective=samples, context=_within(3.1))
     )
     # the least r that meets it (b = 8), at its least energy to accuracy among those
-    assert (pick.batch_size, pick.freq_mhz) == (8, 600.0)  # 1.6 × 0.03 < 2.5 × 0.025
+    assert (pick.batch_size, pick.knob_value) == (8, 600.0)  # 1.6 × 0.03 < 2.5 × 0.025
     energy = Objective(energy_weight=1.0)
     pick = selector.select_eq4(
         tables, b, f, r, 6.0, method=Method(objective=energy, context=_within(1.3))
     )
     # within 1.3 s only b = 32 at 600 / 900 MHz; 2.4 × 0.012 < 3.6 × 0.010
-    assert (pick.batch_size, pick.freq_mhz) == (32, 600.0)
+    assert (pick.batch_size, pick.knob_value) == (32, 600.0)
 
 
 def test_the_energy_mode_scores_the_energy_above_idle() -> None:
@@ -356,25 +356,25 @@ def test_the_energy_mode_scores_the_energy_above_idle() -> None:
         tables, b, f, r, 6.0, method=Method(objective=total, context=_within(2.1))
     )
     # total energy per sample: 1.5 × 0.02 = 0.030, 2.4 × 0.012 = 0.0288, 3.6 × 0.010 = 0.036
-    assert (pick.batch_size, pick.freq_mhz) == (32, 600.0)
+    assert (pick.batch_size, pick.knob_value) == (32, 600.0)
     above = total.but(idle_power_w=1.2)
     pick = selector.select_eq4(
         tables, b, f, r, 6.0, method=Method(objective=above, context=_within(2.1))
     )
     # above 1.2 W idle: 0.3 × 0.02 = 0.006, 1.2 × 0.012 = 0.0144, 2.4 × 0.010 = 0.024
-    assert (pick.batch_size, pick.freq_mhz) == (32, 300.0)
+    assert (pick.batch_size, pick.knob_value) == (32, 300.0)
     # batch_size keeps one b's row: the energy mode at the node's own b* (here b = 8, whose
     # cells all miss 2.1 s: the fallback is that row's fastest cell, not b = 32's)
     pick = selector.select_eq4(
         tables, b, f, r, 6.0, method=Method(objective=above, context=_within(2.1, 8))
     )
-    assert (pick.batch_size, pick.freq_mhz) == (8, 900.0)
+    assert (pick.batch_size, pick.knob_value) == (8, 900.0)
     roomy = total.but(idle_power_w=0.9)
     pick = selector.select_eq4(
         tables, b, f, r, 6.0, method=Method(objective=roomy, context=_within(5.0, 8))
     )
     # b = 8 above 0.9 W idle: 0.04 × 0.1 = 0.004, 0.03 × 0.7 = 0.021, 0.025 × 1.6 = 0.04
-    assert (pick.batch_size, pick.freq_mhz) == (8, 300.0)
+    assert (pick.batch_size, pick.knob_value) == (8, 300.0)
     with pytest.raises(ValueError, match=r"^batch-size: 16 is not one of"):
         selector.select_eq4(
             tables, b, f, r, 6.0, method=Method(context=selector.RoundContext(batch_size=16))
@@ -392,12 +392,12 @@ def test_a_deadline_no_cell_meets_gives_the_fastest_cell() -> None:
     pick = selector.select_eq4(
         tables, b, f, r, 6.0, method=Method(objective=least_r, context=_within(0.1))
     )
-    assert (pick.batch_size, pick.freq_mhz) == (32, 900.0)
+    assert (pick.batch_size, pick.knob_value) == (32, 900.0)
     # under a 4.5 W cap the fastest feasible cell is b = 32 at 600 MHz
     pick = selector.select_eq4(
         tables, b, f, r, 4.5, method=Method(objective=least_r, context=_within(0.1))
     )
-    assert (pick.batch_size, pick.freq_mhz) == (32, 600.0)
+    assert (pick.batch_size, pick.knob_value) == (32, 600.0)
 
 
 def test_objective_scores_are_eq4_by_default_and_weigh_each_term() -> None:

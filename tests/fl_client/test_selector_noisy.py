@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from fl_client.devices.base import GPU_FREQ_MHZ, GPU_POWER_LIMIT_W
-from fl_client.feasibility import feasible_cells, feasible_freq_indices
+from fl_client.feasibility import feasible_cells, feasible_knob_indices
 from fl_client.power import PowerLimit
 from fl_client.selection import InfeasibleCapError, Tables
 from fl_client.selector import Method, Objective, select, select_eq4
@@ -170,18 +170,18 @@ def test_rule_properties_on_noisy_tables(data, tables):
             run(tables, opts)
         return
     sel = run(tables, opts)
-    i, j = b.index(sel.batch_size), f.index(sel.freq_mhz)
+    i, j = b.index(sel.batch_size), f.index(sel.knob_value)
     assert (i, j) in cells  # the choice is feasible by its own robust peak
     eq4 = literal_eq4_score(time, power, r, cap, margin=margin, sigma=sigma, k=opts.k)
     assert sel.score <= eq4 * (1 + opts.tol)  # never slower than Eq. 4 beyond the tolerance
-    assert (sel.batch_size, sel.freq_mhz) == brute_force_rule(time, power, b, f, r, cap, opts)
+    assert (sel.batch_size, sel.knob_value) == brute_force_rule(time, power, b, f, r, cap, opts)
     # the candidate set: one feasible cell per b that has one, the choice among them
     for ci, c in enumerate(sel.candidates):
         has = any(ii == ci for ii, _ in cells)
-        assert (c.freq_mhz is not None) == has
+        assert (c.knob_value is not None) == has
         if has:
-            assert (ci, f.index(c.freq_mhz)) in cells
-    assert sel.candidates[i].freq_mhz == sel.freq_mhz
+            assert (ci, f.index(c.knob_value)) in cells
+    assert sel.candidates[i].knob_value == sel.knob_value
     limit = None if math.isinf(cap) else cap * (1 - margin)
     mask = feasible_cells(power, limit, peak_sigma_w=sigma, peak_sigma_k=opts.k)
     assert mask.tolist() == [[(ii, jj) in cells for jj in range(len(f))] for ii in range(len(b))]
@@ -194,7 +194,7 @@ def test_defaults_against_literal_eq4_and_the_old_prefix_rule(tables):
     fast as literal Eq. 4 within 2%, and feasible wherever the old running-maximum rule
     found a row feasible."""
     time, power, b, f, r, cap = tables
-    old_rows = feasible_freq_indices(power, None if math.isinf(cap) else cap)
+    old_rows = feasible_knob_indices(power, None if math.isinf(cap) else cap)
     if not (power < cap).any():
         assert all(j is None for j in old_rows)
         with pytest.raises(InfeasibleCapError):
@@ -205,7 +205,7 @@ def test_defaults_against_literal_eq4_and_the_old_prefix_rule(tables):
     assert sel.score <= literal_eq4_score(time, power, r, cap) * 1.02
     for c, old_j in zip(sel.candidates, old_rows, strict=True):
         if old_j is not None:  # a row the old rule could use stays usable
-            assert c.freq_mhz is not None
+            assert c.knob_value is not None
 
 
 @settings(max_examples=150, deadline=None)
@@ -225,7 +225,7 @@ def test_a_cell_above_the_cap_at_every_rows_lowest_f(tables, over):
             select_eq4(Tables(time, power), b, f, r, cap)
         return
     sel = select_eq4(Tables(time, power), b, f, r, cap)
-    assert (b.index(sel.batch_size), f.index(sel.freq_mhz)) in cells
+    assert (b.index(sel.batch_size), f.index(sel.knob_value)) in cells
     assert sel.score <= literal_eq4_score(time, power, r, cap) * 1.02
 
 
@@ -240,10 +240,10 @@ def test_a_spike_at_the_lowest_f_no_longer_removes_the_row():
     # leaves the rest of the row.
     time = np.array([[4.0, 3.0, 2.0, 1.5], [3.0, 2.0, 1.4, 1.0]])
     power = np.array([[5.6, 3.0, 3.5, 4.0], [6.0, 3.5, 4.2, 5.2]])
-    assert feasible_freq_indices(power, 5.0) == [None, None]
+    assert feasible_knob_indices(power, 5.0) == [None, None]
     sel = select_eq4(Tables(time, power), [8, 16], FREQS, [1.0, 1.0], 5.0)
-    assert (sel.batch_size, sel.freq_mhz) == (16, 300.0)
-    assert [c.freq_mhz for c in sel.candidates] == [400.0, 300.0]
+    assert (sel.batch_size, sel.knob_value) == (16, 300.0)
+    assert [c.knob_value for c in sel.candidates] == [400.0, 300.0]
 
 
 def test_a_flat_row_takes_its_least_energy_cell():
@@ -252,7 +252,7 @@ def test_a_flat_row_takes_its_least_energy_cell():
     time = np.array([[1.0, 1.0, 1.0, 1.0], [1.1, 1.1, 1.1, 1.1]])
     power = np.array([[2.0, 2.5, 3.0, 3.5], [1.0, 1.0, 1.0, 1.0]])
     sel = select_eq4(Tables(time, power), [8, 16], FREQS, [1.0, 1.0], 5.0)
-    assert (sel.batch_size, sel.freq_mhz) == (8, 100.0)
+    assert (sel.batch_size, sel.knob_value) == (8, 100.0)
     assert sel.energy_per_sample_j == pytest.approx(2.0)
     # literal Eq. 4 would run b=8 at 400 MHz: as fast, 75% more energy
     exact = select_eq4(
@@ -263,10 +263,10 @@ def test_a_flat_row_takes_its_least_energy_cell():
         5.0,
         method=Method(objective=Objective(tie_tolerance=0.0)),
     )
-    assert (exact.batch_size, exact.freq_mhz) == (8, 100.0)  # exact tie: the lower f
+    assert (exact.batch_size, exact.knob_value) == (8, 100.0)  # exact tie: the lower f
     # a flat row in both time and power: every cell equal, the lowest f
     flat = select_eq4(Tables(time[:1], np.full((1, 4), 2.0)), [8], FREQS, [1.0], 5.0)
-    assert flat.freq_mhz == 100.0
+    assert flat.knob_value == 100.0
 
 
 def test_the_fastest_feasible_cell_can_be_below_the_highest_feasible_f():
@@ -274,7 +274,7 @@ def test_the_fastest_feasible_cell_can_be_below_the_highest_feasible_f():
     time = np.array([[2.0, 1.0, 1.2, 1.3]])
     power = np.array([[2.0, 2.5, 3.0, 3.5]])
     sel = select_eq4(Tables(time, power), [8], FREQS, [1.0], 5.0)
-    assert sel.freq_mhz == 200.0  # literal Eq. 4 takes 400 MHz, 30% slower
+    assert sel.knob_value == 200.0  # literal Eq. 4 takes 400 MHz, 30% slower
 
 
 def test_energy_ties_use_average_power_when_given():
@@ -301,7 +301,7 @@ def test_sigma_makes_a_cell_infeasible_and_the_error_says_so():
     power = np.array([[3.0, 4.6]])
     sigma = np.array([[0.05, 0.3]])
     sel = select_eq4(Tables(time, power, peak_sigma_w=sigma), [8], [100.0, 200.0], [1.0], 5.0)
-    assert sel.freq_mhz == 100.0  # 4.6 + 2 × 0.3 = 5.2 W is not below 5 W
+    assert sel.knob_value == 100.0  # 4.6 + 2 × 0.3 = 5.2 W is not below 5 W
     lenient = Objective(peak_sigma_k=1.0)
     assert (
         select_eq4(
@@ -311,7 +311,7 @@ def test_sigma_makes_a_cell_infeasible_and_the_error_says_so():
             [1.0],
             5.0,
             method=Method(objective=lenient),
-        ).freq_mhz
+        ).knob_value
         == 200.0
     )
     with pytest.raises(InfeasibleCapError) as info:
@@ -322,7 +322,7 @@ def test_sigma_makes_a_cell_infeasible_and_the_error_says_so():
     # NaN σ (not recorded) counts as 0
     nan_sigma = np.array([[np.nan, np.nan]])
     sel = select_eq4(Tables(time, power, peak_sigma_w=nan_sigma), [8], [100.0, 200.0], [1.0], 5.0)
-    assert sel.freq_mhz == 200.0
+    assert sel.knob_value == 200.0
 
 
 def test_feasible_cells():
@@ -371,13 +371,13 @@ def test_selection_rule_from_config():
 def test_select_passes_the_rule_and_extra_tables():
     time = np.array([[1.0, 1.0, 1.0, 1.0]])
     power = np.array([[2.0, 2.5, 3.0, 3.5]])
-    common: dict[str, Any] = {"batch_sizes": [8], "freqs_mhz": FREQS, "r": [1.0], "limit": 5.0}
+    common: dict[str, Any] = {"batch_sizes": [8], "knob_values": FREQS, "r": [1.0], "limit": 5.0}
     grouped = select("power-aware", tables=Tables(time, power), **common)
-    assert grouped.freq_mhz == 100.0
+    assert grouped.knob_value == 100.0
     sigma = np.array([[0.0, 0.0, 0.0, 0.0]])
     avg = power[:, ::-1].copy()  # the average makes the highest f the cheapest
     sel = select("oracle", tables=Tables(time, power, avg, sigma), **common)
-    assert (sel.method, sel.freq_mhz) == ("oracle", 400.0)
+    assert (sel.method, sel.knob_value) == ("oracle", 400.0)
     with pytest.raises(TypeError, match="unexpected keyword argument 'lut_time_s'"):
         select("power-aware", tables=Tables(time, power), lut_time_s=time, **common)  # type: ignore[call-arg]
 
@@ -388,26 +388,26 @@ def test_the_knob_labels_every_method():
     limits = [100.0, 150.0]
     watts = Tables(time, power, knob=GPU_POWER_LIMIT_W)
     sel = select(
-        "power-aware", batch_sizes=[8], freqs_mhz=limits, tables=watts, r=[1.0], limit=200.0
+        "power-aware", batch_sizes=[8], knob_values=limits, tables=watts, r=[1.0], limit=200.0
     )
-    assert (sel.freq_mhz, sel.knob) == (150.0, GPU_POWER_LIMIT_W)
+    assert (sel.knob_value, sel.knob) == (150.0, GPU_POWER_LIMIT_W)
     d = sel.to_dict()
     assert d["gpu-power-limit-w"] == 150.0 and "gpu-freq-mhz" not in d
     assert d["candidates"][0]["gpu-power-limit-w"] == 150.0 and d["knob-unit"] == "W"
     b1 = select(
-        Method("b1", b1_max_freq_mhz=120.0), batch_sizes=[8], freqs_mhz=limits, tables=watts
+        Method("b1", b1_max_knob_value=120.0), batch_sizes=[8], knob_values=limits, tables=watts
     )
-    assert (b1.freq_mhz, b1.knob) == (100.0, GPU_POWER_LIMIT_W)
+    assert (b1.knob_value, b1.knob) == (100.0, GPU_POWER_LIMIT_W)
     fixed = select(
-        Method("fixed", knob=GPU_POWER_LIMIT_W, fixed_batch_size=8, fixed_freq_mhz=150.0),
+        Method("fixed", knob=GPU_POWER_LIMIT_W, fixed_batch_size=8, fixed_knob_value=150.0),
         batch_sizes=[8],
-        freqs_mhz=limits,
+        knob_values=limits,
     )
     assert fixed.knob is GPU_POWER_LIMIT_W
     mhz = select(
         "power-aware",
         batch_sizes=[8],
-        freqs_mhz=limits,
+        knob_values=limits,
         tables=Tables(time, power),
         r=[1.0],
         limit=200.0,

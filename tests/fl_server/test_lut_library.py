@@ -22,16 +22,16 @@ from fl_server.lut_library import LibraryError, LUTLibrary, read_entry
 FREQS = (307.2, 614.4, 921.6)
 
 
-def make_lut(freqs_mhz: tuple[float, ...] = FREQS, **over: Any) -> LUT:
-    """A shared LUT of the Nano twin's kind (rows 8…64 over ``freqs_mhz``), with every
+def make_lut(knob_values: tuple[float, ...] = FREQS, **over: Any) -> LUT:
+    """A shared LUT of the Nano twin's kind (rows 8…64 over ``knob_values``), with every
     other cell measured: the Nano twin's noiseless numbers for the cnn, so an import checks
     out against the twin (``lut import``); time falls and power rises with b and f."""
     spec = load_device_spec("jetson-nano")
     flops = train_flops_per_sample("cnn", (3, 32, 32))
     sizes = (8, 16, 32, 64)
-    measured = (np.arange(4)[:, None] + np.arange(len(freqs_mhz))[None, :]) % 2 == 0
-    twin_time = [[time_per_sample_s(spec, b, f, flops) for f in freqs_mhz] for b in sizes]
-    twin_peak = [[power_w(spec, b, f, flops) for f in freqs_mhz] for b in sizes]
+    measured = (np.arange(4)[:, None] + np.arange(len(knob_values))[None, :]) % 2 == 0
+    twin_time = [[time_per_sample_s(spec, b, f, flops) for f in knob_values] for b in sizes]
+    twin_peak = [[power_w(spec, b, f, flops) for f in knob_values] for b in sizes]
     time_s = np.where(measured, np.array(twin_time), np.nan)
     peak_w = np.where(measured, np.array(twin_peak), np.nan)
     fields: dict[str, Any] = {
@@ -40,7 +40,7 @@ def make_lut(freqs_mhz: tuple[float, ...] = FREQS, **over: Any) -> LUT:
         "model_name": "cnn",
         "input_shape": (3, 32, 32),
         "batch_sizes": sizes,
-        "freqs_mhz": freqs_mhz,
+        "knob_values": knob_values,
         "time_per_sample_s": time_s,
         "peak_power_w": peak_w,
         "avg_power_w": peak_w * 0.9,
@@ -213,7 +213,7 @@ def test_an_import_that_replaces_an_entry_keeps_the_old_one(tmp_path: Path) -> N
         ({"input_shape": (1, 28, 28)}, "input-shape is (1, 28, 28), expected (3, 32, 32)"),
         ({"device_kind": "jetson-agx-orin"}, "device-kind is 'jetson-agx-orin', expected"),
         ({"backend": "jetson"}, "backend is 'jetson', expected 'simulated'"),
-        ({"freqs_mhz": (307.2, 614.4, 1000.0)}, "freqs-mhz: the frequency tables differ"),
+        ({"knob_values": (307.2, 614.4, 1000.0)}, "freqs-mhz: the frequency tables differ"),
     ],
 )
 def test_import_of_a_lut_for_another_kind_is_refused_naming_what_differs(

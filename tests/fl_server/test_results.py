@@ -17,6 +17,7 @@ from fl_server.results import (
     NodeTotals,
     RoundAccount,
     RunRecorder,
+    knob_header,
     new_run_dir,
     target_text,
     write_json,
@@ -328,6 +329,24 @@ def test_a_power_limit_node_is_recorded_in_watts(tmp_path: Path) -> None:
     assert "gpu-power-limit-w" not in other  # the frequency path's records are unchanged
     text = out.getvalue()
     assert "b16@300W" in text and "300 W" in text
+
+
+@pytest.mark.parametrize(
+    ("limited", "header"),
+    [((), "f* MHz"), (("gpu",), "f* MHz / limit* W"), (("gpu", "nano"), "limit* W")],
+)
+def test_the_node_table_heads_the_knob_column_in_the_knobs_unit(
+    tmp_path: Path, limited: tuple[str, ...], header: str
+) -> None:
+    """The per-node table's knob column says MHz for GPU frequencies and W for power
+    limits, both when the fleet mixes the two knobs."""
+    out = io.StringIO()
+    rec = _recorder(tmp_path, out, target_accuracy=1.0)
+    rec.initial_eval({"accuracy": 0.1, "loss": 2.3})
+    limit = {"gpu_power_limit_w": 300.0, "gpu_freq_mhz": 1755.0}
+    nodes = [_node(1, n, 10, 50, **(limit if n in limited else {})) for n in ("gpu", "nano")]
+    rec.record_round(RoundReport(1, nodes), {"accuracy": 0.3, "loss": 1.0})
+    assert knob_header(rec.finish()["nodes"]) == header
 
 
 def test_round_plan_totals_in_rounds_and_summary(tmp_path: Path) -> None:

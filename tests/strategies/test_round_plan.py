@@ -104,7 +104,7 @@ def test_the_forecast_cell_is_the_pace_setters_own_cell_within_the_tie_tolerance
         6.0,
         method=Method(objective=EQ4.for_pace()),
     )
-    assert (node.batch_size, node.freq_mhz) == (16, 900.0)
+    assert (node.batch_size, node.knob_value) == (16, 900.0)
     forecast = best_round_time_s(Tables(time, peak, peak), PowerLimit(6.0), 10)
     assert forecast == pytest.approx(node.time_per_sample_s * 10) == pytest.approx(10.1)
     # with no tie tolerance both take the exact fastest cell
@@ -188,7 +188,7 @@ def _lut() -> LUT:
         model_name="cnn",
         input_shape=(3, 32, 32),
         batch_sizes=(8, 16),
-        freqs_mhz=(100.0, 200.0, 300.0),
+        knob_values=(100.0, 200.0, 300.0),
         time_per_sample_s=TIME,
         peak_power_w=PEAK,
         avg_power_w=PEAK,

@@ -145,7 +145,7 @@ def _requested(grid: BatchGrid, nodes: Iterable[int]) -> set[BF]:
 
 def _lut_cells(lut: LUT) -> set[BF]:
     ii, jj = np.nonzero(~np.isnan(lut.time_per_sample_s))
-    return {(lut.batch_sizes[i], lut.freqs_mhz[j]) for i, j in zip(ii, jj, strict=True)}
+    return {(lut.batch_sizes[i], lut.knob_values[j]) for i, j in zip(ii, jj, strict=True)}
 
 
 def test_each_kind_gets_one_lut_of_what_its_nodes_measured_in_its_train_config(
@@ -165,7 +165,7 @@ def test_each_kind_gets_one_lut_of_what_its_nodes_measured_in_its_train_config(
         # measured cells only: exactly what its nodes were asked for, each as measured
         assert _lut_cells(lut) == _requested(grid, nodes)
         for b, f in _lut_cells(lut):
-            i, j = lut.batch_sizes.index(b), lut.freqs_mhz.index(f)
+            i, j = lut.batch_sizes.index(b), lut.knob_values.index(f)
             assert lut.time_per_sample_s[i, j] == pytest.approx(_twin(spec, (b, f))[0], rel=0.03)
         # every node of the kind gets the same table, and the library keeps it
         for node in nodes:

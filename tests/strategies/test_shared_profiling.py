@@ -60,7 +60,7 @@ def _node(
         backend="simulated",
         p_max=cap,
         p_max_schedule=schedule,
-        gpu_freqs_mhz=tuple(spec.gpu_freqs_mhz),
+        knob_values=tuple(spec.gpu_freqs_mhz),
         memory_bytes=4 << 30,
         power_rail=spec.power_rail,
         max_batch_size=max_b,
@@ -149,7 +149,7 @@ def test_seed_slices_are_disjoint_cover_the_seeds_and_balance_device_time(n_node
     kinds = kinds_of(fleet, _batch_sizes(fleet), "cnn", SHAPE)
     requests = seed_requests(kinds, SharedOptions(seed_cells=8))
     for kind, prof in kinds.items():
-        seeds = cheap_seeds(kind.batch_sizes, kind.freqs_mhz, 8)
+        seeds = cheap_seeds(kind.batch_sizes, kind.knob_values, 8)
         assert len(seeds) == 8
         slices = {n: requests[n] for n in prof.nodes if n in requests}
         cells = _all(slices)

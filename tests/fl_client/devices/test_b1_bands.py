@@ -38,7 +38,7 @@ def info(bands: tuple[B1Band, ...] = NANO_BANDS, **kw: object) -> DeviceInfo:
     fields: dict[str, object] = {
         "kind": "jetson-nano",
         "backend": "jetson",
-        "gpu_freqs_mhz": NANO_MHZ,
+        "knob_values": NANO_MHZ,
         "memory_bytes": 1,
         "power_rail": "POM_5V_IN",
         "b1_bands": bands,
@@ -56,46 +56,46 @@ def fresh_no_bands_log(monkeypatch: pytest.MonkeyPatch) -> None:
     [(4.5, 307.2), (5.0, 307.2), (6.99, 307.2), (7.0, 614.4), (20.0, 614.4)],
 )
 def test_band_with_largest_lower_bound_applies(p_max_w: float, expected_mhz: float):
-    assert info().b1_max_freq_mhz(p_max_w) == expected_mhz
+    assert info().b1_max_knob_value(p_max_w) == expected_mhz
 
 
 def test_no_cap_is_inf_or_none():
-    assert info().b1_max_freq_mhz(math.inf) == 921.6
-    assert info().b1_max_freq_mhz(None) == 921.6
+    assert info().b1_max_knob_value(math.inf) == 921.6
+    assert info().b1_max_knob_value(None) == 921.6
 
 
 def test_cap_below_every_band_is_an_error_naming_the_bands():
     with pytest.raises(
         ValueError, match=r"p-max-w: 4 W is below the lowest B1 band of jetson-nano"
     ):
-        info().b1_max_freq_mhz(4.0)
+        info().b1_max_knob_value(4.0)
     with pytest.raises(ValueError, match=r"bands: ≥4\.5 W → 307\.2 MHz, .*no cap → 921\.6 MHz"):
-        info().b1_max_freq_mhz(1.0)
+        info().b1_max_knob_value(1.0)
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, math.nan, "x"])
 def test_bad_cap_names_the_key(bad: object):
     with pytest.raises(ValueError, match=r"^p-max-w: (must be > 0 W|expected a number of watts)"):
-        info().b1_max_freq_mhz(bad)  # type: ignore[arg-type]
+        info().b1_max_knob_value(bad)  # type: ignore[arg-type]
 
 
 def test_band_frequency_is_taken_down_to_the_devices_table():
-    coarse = info(gpu_freqs_mhz=(76.8, 230.4, 460.8, 921.6))  # e.g. a sparse replay table
-    assert coarse.b1_max_freq_mhz(4.5) == 230.4
-    assert coarse.b1_max_freq_mhz(7.0) == 460.8
-    assert coarse.b1_max_freq_mhz(math.inf) == 921.6
-    high = info(gpu_freqs_mhz=(460.8, 921.6))
+    coarse = info(knob_values=(76.8, 230.4, 460.8, 921.6))  # e.g. a sparse replay table
+    assert coarse.b1_max_knob_value(4.5) == 230.4
+    assert coarse.b1_max_knob_value(7.0) == 460.8
+    assert coarse.b1_max_knob_value(math.inf) == 921.6
+    high = info(knob_values=(460.8, 921.6))
     with pytest.raises(ValueError, match=r"307\.2 MHz is below every frequency"):
-        high.b1_max_freq_mhz(4.5)
+        high.b1_max_knob_value(4.5)
 
 
 def test_no_bands_means_highest_frequency_said_once(caplog: pytest.LogCaptureFixture):
     caplog.set_level(logging.WARNING, logger="fl_client.devices.base")
-    plain = info(bands=(), kind="rtx-4090", backend="nvml", gpu_freqs_mhz=(210.0, 2520.0))
-    assert plain.b1_max_freq_mhz(math.inf) == 2520.0
-    assert plain.b1_max_freq_mhz(100.0) == 2520.0
+    plain = info(bands=(), kind="rtx-4090", backend="nvml", knob_values=(210.0, 2520.0))
+    assert plain.b1_max_knob_value(math.inf) == 2520.0
+    assert plain.b1_max_knob_value(100.0) == 2520.0
     with pytest.raises(ValueError, match="p-max-w"):
-        plain.b1_max_freq_mhz(-3.0)
+        plain.b1_max_knob_value(-3.0)
     assert caplog.text.count("no frequency bands known for rtx-4090") == 1
 
 
@@ -112,7 +112,7 @@ def test_twin_info_carries_its_specs_bands():
         dev = open_device(kind, "simulated")
         assert dev.info.b1_bands == spec.b1_freq_caps
         for cap in (*spec.suggested_caps_w, math.inf):
-            assert dev.info.b1_max_freq_mhz(cap) == spec.b1_max_freq_mhz(cap)
+            assert dev.info.b1_max_knob_value(cap) == spec.b1_max_knob_value(cap)
 
 
 def test_descriptor_bands_for_any_kind(tmp_path: Path):
@@ -134,9 +134,9 @@ def replay_device(kind: str, freqs_mhz: tuple[float, ...]) -> ReplayDevice:
 def test_replay_takes_bands_from_its_kinds_descriptor():
     dev = replay_device("jetson-nano", (76.8, 307.2, 460.8, 921.6))
     assert dev.info.b1_bands == NANO_BANDS
-    assert dev.info.b1_max_freq_mhz(7.0) == 460.8  # 614.4 is not in the table: next below
+    assert dev.info.b1_max_knob_value(7.0) == 460.8  # 614.4 is not in the table: next below
     other = replay_device("my-board", (100.0, 200.0))
-    assert other.info.b1_bands == () and other.info.b1_max_freq_mhz(5.0) == 200.0
+    assert other.info.b1_bands == () and other.info.b1_max_knob_value(5.0) == 200.0
 
 
 def _imports(path: Path) -> set[str]:

@@ -66,7 +66,7 @@ def test_check_on_the_twin_reports_the_model_and_no_sensor(capsys):
     assert report["board-sensor"].startswith("ina3221")  # the real board's, to check there
     # the model's own figures for b=128 at the highest frequency
     dev = open_device("jetson-nano", "simulated")
-    assert report["knob"] == f"GPU frequency {dev.gpu_freqs_mhz[-1]:g} MHz"
+    assert report["knob"] == f"GPU frequency {dev.knob_values[-1]:g} MHz"
     assert report["window-s"] >= 5.0
     assert report["step-time-s"] == pytest.approx(report["window-s"] / report["steps"])
     assert 0 < report["avg-power-w"] <= report["peak-power-w"]
@@ -85,7 +85,7 @@ def test_check_on_a_replay_table_reports_its_cells_without_a_stuck_sensor(capsys
     assert report["can-enforce-cap"] is None and "no cap enforcement" in report["cap"]
     assert "table's cell" in report["readings"]
     (table,) = load_replay_tables(REPLAY_TABLE)
-    row = table.row(128, table.freqs_mhz[-1])
+    row = table.row(128, table.knob_values[-1])
     assert f"{len(table.rows)} cells" in report["source"]
     assert report["step-time-s"] == pytest.approx(row.time_per_step_s)
     assert report["avg-power-w"] == pytest.approx(row.avg_power_w)

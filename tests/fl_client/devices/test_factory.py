@@ -81,7 +81,7 @@ def test_jetson_backend_with_options(tmp_path: Path, state_dir: Path):
     dev = open_device("jetson-orin-nano", "jetson", options=options)
     assert isinstance(dev, JetsonDevice) and isinstance(dev, Device)
     assert dev.cap_window_s == 2
-    dev.set_gpu_freq_mhz(612.0)
+    dev.set_knob_value(612.0)
     assert fake.max_hz == 612_000_000
     dev.close()
     assert fake.max_hz == 1_020_000_000

@@ -52,7 +52,7 @@ def test_twin_guard_steps_down_until_the_cap_is_met():
     with locked(dev, 921.6), cap_guard(dev, cap_w, window_s=1e-4), dev.measure(CNN) as meter:
         for _ in range(30):
             meter.step(128, noop)
-        final_mhz = dev.current_gpu_freq_mhz()
+        final_mhz = dev.current_knob_value()
     m = meter.measurement
     expected_mhz = highest_feasible_freq_mhz(spec, 128, cap_w, CNN.flops_per_sample)
     assert expected_mhz is not None and final_mhz == expected_mhz
@@ -61,18 +61,18 @@ def test_twin_guard_steps_down_until_the_cap_is_met():
     over = [r for r in meter.records if r.peak_power_w > cap_w]
     assert len(over) == levels  # each over-cap step was followed by a step down
     assert m.time_over_cap_s == pytest.approx(sum(r.time_s for r in over))
-    assert dev.current_gpu_freq_mhz() == spec.max_freq_mhz  # `locked` restored on the way out
+    assert dev.current_knob_value() == spec.max_freq_mhz  # `locked` restored on the way out
 
 
 def test_twin_window_is_on_the_emulated_clock():
     spec = load_device_spec("jetson-nano")
     dev = SimulatedDevice(spec, noise=False)
-    dev.set_gpu_freq_mhz(921.6)
+    dev.set_knob_value(921.6)
     with cap_guard(dev, 4.5, window_s=3600.0), dev.measure(CNN) as meter:
         for _ in range(10):
             meter.step(128, noop)
     m = meter.measurement
-    assert m.cap_violations == 0 and dev.current_gpu_freq_mhz() == 921.6  # window not reached
+    assert m.cap_violations == 0 and dev.current_knob_value() == 921.6  # window not reached
     assert m.time_over_cap_s == pytest.approx(m.time_s)  # but every step was over the cap
 
 
@@ -81,22 +81,22 @@ def test_twin_unguarded_outside_the_block_and_stuck_at_the_lowest_level(
 ):
     spec = load_device_spec("jetson-nano")
     dev = SimulatedDevice(spec, noise=False)
-    dev.set_gpu_freq_mhz(921.6)
+    dev.set_knob_value(921.6)
     with dev.measure(CNN) as meter:  # profiling: never guarded
         meter.step(128, noop)
-    assert meter.measurement.cap_violations == 0 and dev.current_gpu_freq_mhz() == 921.6
-    dev.set_gpu_freq_mhz(76.8)
+    assert meter.measurement.cap_violations == 0 and dev.current_knob_value() == 921.6
+    dev.set_knob_value(76.8)
     with cap_guard(dev, 0.5, window_s=1e-4), dev.measure(CNN) as meter:
         for _ in range(3):
             meter.step(128, noop)
     assert meter.measurement.cap_violations == 3  # counted although f cannot go lower
-    assert dev.current_gpu_freq_mhz() == 76.8
+    assert dev.current_knob_value() == 76.8
     assert caplog.text.count("cannot go lower") == 1  # said once
 
 
 def test_no_cap_arms_nothing():
     dev = SimulatedDevice(load_device_spec("jetson-nano"), noise=False)
-    dev.set_gpu_freq_mhz(921.6)
+    dev.set_knob_value(921.6)
     with cap_guard(dev, float("inf")), dev.measure(CNN) as meter:
         meter.step(128, noop)
     assert meter.measurement.cap_violations == 0 and meter.measurement.time_over_cap_s == 0.0
@@ -110,21 +110,21 @@ def test_replay_guard_walks_down_the_table():
     with locked(dev, 921.6), cap_guard(dev, cap_w, window_s=1e-4), dev.measure(RESNET) as meter:
         for _ in range(20):
             meter.step(128, noop)
-        assert dev.current_gpu_freq_mhz() == 307.2  # the paper's Fig. 1: b=128 up to 307.2
+        assert dev.current_knob_value() == 307.2  # the paper's Fig. 1: b=128 up to 307.2
     m = meter.measurement
     over = [r for r in table.rows if r.batch_size == 128 and r.peak_power_w > cap_w]
-    assert sorted(r.freq_mhz for r in over) == [f for f in dev.gpu_freqs_mhz if f > 307.2]
+    assert sorted(r.knob_value for r in over) == [f for f in dev.knob_values if f > 307.2]
     assert m.cap_violations == len(over)
     assert m.time_over_cap_s == pytest.approx(sum(r.time_per_step_s for r in over))
 
 
 def test_replay_step_down_needs_a_lock():
     dev = ReplayDevice.from_file(EXAMPLE)
-    assert dev.step_down_gpu_freq_mhz() is None  # not locked: nothing to step down
-    dev.set_gpu_freq_mhz(76.8)
-    assert dev.step_down_gpu_freq_mhz() is None  # lowest level
-    dev.set_gpu_freq_mhz(153.6)
-    assert dev.step_down_gpu_freq_mhz() == 76.8 and dev.current_gpu_freq_mhz() == 76.8
+    assert dev.step_down_knob_value() is None  # not locked: nothing to step down
+    dev.set_knob_value(76.8)
+    assert dev.step_down_knob_value() is None  # lowest level
+    dev.set_knob_value(153.6)
+    assert dev.step_down_knob_value() == 76.8 and dev.current_knob_value() == 76.8
 
 
 def test_cap_guard_counts_violations_and_time_over_cap():

@@ -67,13 +67,13 @@ def test_discovers_gpu_node_table_rail_kind_and_memory(board: FakeJetson, state_
     assert find_gpu_devfreq(board.root) == board.class_node
     dev = JetsonDevice("", root=board.root, sampled=SampledOptions(state_dir=state_dir))
     assert dev.devfreq_node.name == board.board.devfreq_name
-    assert list(dev.gpu_freqs_mhz) == EXPECTED_MHZ[board.board.key]
+    assert list(dev.knob_values) == EXPECTED_MHZ[board.board.key]
     assert dev.info.backend == "jetson"
     assert dev.info.kind == board.board.kind  # detected from /proc/device-tree/model
     assert dev.info.power_rail == board.board.board_rail
     assert dev.info.memory_bytes == board.board.meminfo_kb * 1024
     assert dev.read_power_w() == pytest.approx(board.board.board_power_w, abs=2e-3)
-    assert dev.current_gpu_freq_mhz() == EXPECTED_MHZ[board.board.key][-1]
+    assert dev.current_knob_value() == EXPECTED_MHZ[board.board.key][-1]
     assert dev.original_settings.governor == "nvhost_podgov"
     dev.close()
 
@@ -81,8 +81,8 @@ def test_discovers_gpu_node_table_rail_kind_and_memory(board: FakeJetson, state_
 def test_lock_and_restore_round_trip(board: FakeJetson, state_dir: Path):
     first, last = board.board.freqs_hz[0], board.board.freqs_hz[-1]
     dev = open_jetson(board, state_dir)
-    target = dev.gpu_freqs_mhz[len(dev.gpu_freqs_mhz) // 2]
-    dev.set_gpu_freq_mhz(target)
+    target = dev.knob_values[len(dev.knob_values) // 2]
+    dev.set_knob_value(target)
     assert board.min_hz == board.max_hz == round(target * 1e6)
     assert dev.locked_gpu_freq_mhz() == target
     saved = json.loads(dev.state_file.read_text())
@@ -99,7 +99,7 @@ def test_lock_and_restore_round_trip(board: FakeJetson, state_dir: Path):
 
 def test_locked_context_restores_on_exception(board: FakeJetson, state_dir: Path):
     dev = open_jetson(board, state_dir)
-    with pytest.raises(RuntimeError, match="boom"), locked(dev, dev.gpu_freqs_mhz[1]):
+    with pytest.raises(RuntimeError, match="boom"), locked(dev, dev.knob_values[1]):
         assert board.max_hz == board.board.freqs_hz[1]
         raise RuntimeError("boom")
     assert (board.min_hz, board.max_hz) == (board.board.freqs_hz[0], board.board.freqs_hz[-1])
@@ -126,9 +126,9 @@ def test_write_order_keeps_min_below_max(tmp_path: Path, state_dir: Path):
     fake = build_tree(tmp_path / "root", "orin-nano-jp6")
     writes: list[tuple[str, str]] = []
     dev = open_jetson(fake, state_dir, writer=kernel_like_writer(writes))
-    dev.set_gpu_freq_mhz(408.0)  # down from [306, 1020]: min first
-    dev.set_gpu_freq_mhz(918.0)  # up from 408: max first
-    dev.set_gpu_freq_mhz(510.0)  # down again
+    dev.set_knob_value(408.0)  # down from [306, 1020]: min first
+    dev.set_knob_value(918.0)  # up from 408: max first
+    dev.set_knob_value(510.0)  # down again
     assert (fake.min_hz, fake.max_hz) == (510_000_000, 510_000_000)
     dev.restore()
     assert (fake.min_hz, fake.max_hz) == (306_000_000, 1_020_000_000)
@@ -144,7 +144,7 @@ def test_original_limits_other_than_full_range_come_back(tmp_path: Path, state_d
     fake = build_tree(tmp_path / "root", "nano-jp4")
     fake.set_limits_hz(230_400_000, 614_400_000)  # e.g. an nvpmodel 5 W mode's cap
     dev = open_jetson(fake, state_dir, writer=kernel_like_writer([]))
-    dev.set_gpu_freq_mhz(921.6)
+    dev.set_knob_value(921.6)
     assert fake.min_hz == fake.max_hz == 921_600_000
     dev.close()
     assert (fake.min_hz, fake.max_hz) == (230_400_000, 614_400_000)
@@ -154,7 +154,7 @@ def test_frequency_not_in_table_changes_nothing(tmp_path: Path, state_dir: Path)
     fake = build_tree(tmp_path / "root", "nano-jp4")
     dev = open_jetson(fake, state_dir)
     with pytest.raises(InvalidFrequencyError, match=r"500 MHz is not in .*76\.8"):
-        dev.set_gpu_freq_mhz(500.0)
+        dev.set_knob_value(500.0)
     assert (fake.min_hz, fake.max_hz) == (76_800_000, 921_600_000)
     assert not dev.state_file.exists()
 
@@ -167,7 +167,7 @@ def test_no_write_permission_is_a_clear_error_without_changes(tmp_path: Path, st
 
     dev = open_jetson(fake, state_dir, writer=refuse)
     with pytest.raises(DevicePermissionError) as info:
-        dev.set_gpu_freq_mhz(510.0)
+        dev.set_knob_value(510.0)
     msg = str(info.value)
     assert "min_freq" in msg and "root" in msg and "udev" in msg and "17000000.gv11b" in msg
     assert info.value.__cause__ is None and info.value.__suppress_context__
@@ -189,7 +189,7 @@ def test_read_only_limits_fail_before_any_write(
         lambda p, mode: False if mode == os.W_OK else real_access(p, mode),
     )
     with pytest.raises(DevicePermissionError, match="SuperNode as root"):
-        dev.set_gpu_freq_mhz(612.0)
+        dev.set_knob_value(612.0)
     assert writes == []
     assert not dev.state_file.exists()
 
@@ -206,7 +206,7 @@ def test_kernel_capping_below_the_request_is_a_warning(
         write_sysfs(path, value)
 
     dev = open_jetson(fake, state_dir, writer=capped)
-    dev.set_gpu_freq_mhz(1300.5)  # slower than asked is safe for the cap
+    dev.set_knob_value(1300.5)  # slower than asked is safe for the cap
     assert "thermal" in caplog.text
     dev.close()
     assert (fake.min_hz, fake.max_hz) == (140_250_000, 1_122_000_000)
@@ -222,7 +222,7 @@ def test_lock_that_does_not_hold_is_an_error_and_restored(tmp_path: Path, state_
 
     dev = open_jetson(fake, state_dir, writer=ignores_max)
     with pytest.raises(DeviceError, match="the lock did not hold"):
-        dev.set_gpu_freq_mhz(408.0)
+        dev.set_knob_value(408.0)
     assert (fake.min_hz, fake.max_hz) == (140_250_000, 1_300_500_000)
     assert not dev.state_file.exists()
 
@@ -284,7 +284,7 @@ def test_jtop_reads_power_when_sysfs_has_none(
     dev = open_jetson(fake, state_dir)
     assert dev.info.power_rail == "jtop:VDD_IN"
     assert dev.read_power_w() == pytest.approx(7.25)
-    dev.set_gpu_freq_mhz(714.0)  # the frequency still goes through devfreq
+    dev.set_knob_value(714.0)  # the frequency still goes through devfreq
     assert fake.max_hz == 714_000_000
     dev.close()
     assert fake.max_hz == 1_020_000_000
@@ -349,7 +349,7 @@ def test_profiling_is_never_guarded(tmp_path: Path, state_dir: Path):
 def test_leftover_state_of_a_dead_process_is_restored_at_open(tmp_path: Path, state_dir: Path):
     fake = build_tree(tmp_path / "root", "tx2-jp4")
     dev = open_jetson(fake, state_dir)
-    dev.set_gpu_freq_mhz(408.0)
+    dev.set_knob_value(408.0)
     # pretend the process that locked it died without restoring
     code = "import os; print(os.getpid())"
     dead = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -365,7 +365,7 @@ def test_leftover_state_of_a_dead_process_is_restored_at_open(tmp_path: Path, st
 def test_state_held_by_a_live_process_refuses_to_open(tmp_path: Path, state_dir: Path):
     fake = build_tree(tmp_path / "root", "nano-jp4")
     dev = open_jetson(fake, state_dir)
-    dev.set_gpu_freq_mhz(307.2)
+    dev.set_knob_value(307.2)
     data = json.loads(dev.state_file.read_text())
     data["pid"] = os.getppid()  # alive, not us
     dev.state_file.write_text(json.dumps(data))
@@ -377,7 +377,7 @@ def test_state_held_by_a_live_process_refuses_to_open(tmp_path: Path, state_dir:
 def test_second_instance_in_same_process_keeps_true_originals(tmp_path: Path, state_dir: Path):
     fake = build_tree(tmp_path / "root", "nano-jp4")
     a = open_jetson(fake, state_dir)
-    a.set_gpu_freq_mhz(307.2)
+    a.set_knob_value(307.2)
     b = open_jetson(fake, state_dir)
     assert b.original_settings.max_freq_hz == 921_600_000
     b.close()
@@ -394,8 +394,8 @@ def test_real_jetson_round_trip():
         pytest.skip("needs root")
     dev = JetsonDevice("")
     before = dev.original_settings
-    with locked(dev, dev.gpu_freqs_mhz[0]):
-        assert dev.locked_gpu_freq_mhz() == dev.gpu_freqs_mhz[0]
+    with locked(dev, dev.knob_values[0]):
+        assert dev.locked_gpu_freq_mhz() == dev.knob_values[0]
     after = jetson_sysfs.DevfreqGpu(dev.devfreq_node).read_settings()
     assert (after.min_freq_hz, after.max_freq_hz) == (before.min_freq_hz, before.max_freq_hz)
     dev.close()
@@ -415,7 +415,7 @@ def test_sysfs_root_may_be_the_sysfs_mount_itself(tmp_path: Path, state_dir: Pat
     assert dev.info.kind == "jetson-orin-nano"  # /proc found next to the mount
     assert dev.info.memory_bytes == fake.board.meminfo_kb * 1024
     assert dev.info.power_rail == "VDD_IN"
-    dev.set_gpu_freq_mhz(612.0)
+    dev.set_knob_value(612.0)
     assert fake.max_hz == 612_000_000
     dev.close()
     assert fake.max_hz == 1_020_000_000
@@ -468,7 +468,7 @@ def test_garbage_in_sysfs_names_the_file(tmp_path: Path, state_dir: Path):
     dev = open_jetson(fake, state_dir)
     (fake.node / "cur_freq").write_text("busy\n")
     with pytest.raises(ValueError, match=r"cur_freq: expected an integer, got 'busy'"):
-        dev.current_gpu_freq_mhz()
+        dev.current_knob_value()
     dev.close()
     (fake.node / "available_frequencies").write_text("76800000 oops\n")
     with pytest.raises(jetson_sysfs.SysfsFormatError, match="available_frequencies: expected"):
@@ -503,13 +503,13 @@ def test_jtop_can_sum_chosen_rails(
 def test_b1_bands_come_from_the_boards_descriptor(tmp_path: Path, state_dir: Path):
     nano = open_jetson(build_tree(tmp_path / "nano", "nano-jp4"), state_dir)
     assert [b.freq_mhz for b in nano.info.b1_bands] == [307.2, 614.4, 921.6]
-    assert nano.info.b1_max_freq_mhz(4.5) == 307.2
-    assert nano.info.b1_max_freq_mhz(math.inf) == 921.6
+    assert nano.info.b1_max_knob_value(4.5) == 307.2
+    assert nano.info.b1_max_knob_value(math.inf) == 921.6
     with pytest.raises(ValueError, match="below the lowest B1 band of jetson-nano"):
-        nano.info.b1_max_freq_mhz(3.0)
+        nano.info.b1_max_knob_value(3.0)
     nano.close()
     orin = open_jetson(build_tree(tmp_path / "orin", "agx-orin-jp5"), state_dir)
-    assert orin.info.b1_max_freq_mhz(30.0) == 726.75
+    assert orin.info.b1_max_knob_value(30.0) == 726.75
     orin.close()
 
 
@@ -526,8 +526,8 @@ def test_board_without_descriptor_has_no_b1_bands(
         sampled=SampledOptions(state_dir=state_dir),
     )
     assert dev.info.kind == "jetson-tx2" and dev.info.b1_bands == ()
-    assert dev.info.b1_max_freq_mhz(5.0) == 1300.5
-    assert dev.info.b1_max_freq_mhz(math.inf) == 1300.5
+    assert dev.info.b1_max_knob_value(5.0) == 1300.5
+    assert dev.info.b1_max_knob_value(math.inf) == 1300.5
     assert caplog.text.count("no frequency bands known for jetson-tx2") == 1
     dev.close()
 

@@ -45,7 +45,7 @@ def test_reads_descriptor_and_converts_units(
     assert dev.read_power_w() == pytest.approx(123.456)  # mW → W
     fake_gpu.energy_mj = 9_999_750
     assert dev.read_energy_j() == pytest.approx(10_000.0)  # mJ → J
-    assert dev.current_gpu_freq_mhz() == 1755.0
+    assert dev.current_knob_value() == 1755.0
     dev.close()
 
 
@@ -54,10 +54,10 @@ def test_root_locks_supported_clocks_and_restores(
 ):
     dev = NvmlDevice("h100")
     assert not dev.measure_only
-    assert dev.gpu_freqs_mhz == (345.0, 1005.0, 1410.0, 1965.0, 1980.0)  # ascending
+    assert dev.knob_values == (345.0, 1005.0, 1410.0, 1965.0, 1980.0)  # ascending
     with locked(dev, 1410.0):
         assert fake_gpu.locked == (1410, 1410)
-        assert dev.current_gpu_freq_mhz() == 1410.0
+        assert dev.current_knob_value() == 1410.0
         saved = json.loads(next(state_dir.glob("nvml-*.json")).read_text())
         assert saved["settings"]["uuid"] == fake_gpu.uuid
     assert fake_gpu.locked is None
@@ -66,7 +66,7 @@ def test_root_locks_supported_clocks_and_restores(
     dev.restore()  # idempotent: no second reset
     assert sum(c[0] == "nvmlDeviceResetGpuLockedClocks" for c in fake_gpu.calls) == 1
     with pytest.raises(InvalidFrequencyError, match="allowed: 345, 1005"):
-        dev.set_gpu_freq_mhz(1500.0)
+        dev.set_knob_value(1500.0)
     dev.close()
     assert fake_gpu.calls[-1][0] == "nvmlShutdown"
 
@@ -74,11 +74,11 @@ def test_root_locks_supported_clocks_and_restores(
 def test_not_root_is_measure_only(fake_pynvml: types.ModuleType, fake_gpu: FakeGpu, not_root: None):
     dev = NvmlDevice()
     assert dev.measure_only
-    assert dev.gpu_freqs_mhz == (1980.0,)  # its highest clock, not the 1755 MHz read at open
+    assert dev.knob_values == (1980.0,)  # its highest clock, not the 1755 MHz read at open
     assert not dev.clocks_locked
-    dev.set_gpu_freq_mhz(1980.0)  # the unlocked clock's label: accepted, nothing changes
+    dev.set_knob_value(1980.0)  # the unlocked clock's label: accepted, nothing changes
     with pytest.raises(InvalidFrequencyError, match=r"measure-only.*1980 MHz .*, not 1410 MHz"):
-        dev.set_gpu_freq_mhz(1410.0)
+        dev.set_knob_value(1410.0)
     dev.close()
     assert lock_calls(fake_gpu) == []
 
@@ -87,7 +87,7 @@ def test_lock_clocks_false_never_touches_clocks_even_as_root(
     fake_pynvml: types.ModuleType, fake_gpu: FakeGpu, as_root: None
 ):
     dev = NvmlDevice(control=NvmlControl(lock_clocks=False))
-    assert dev.measure_only and dev.gpu_freqs_mhz == (1980.0,)
+    assert dev.measure_only and dev.knob_values == (1980.0,)
     with locked(dev, 1980.0):
         pass
     dev.close()
@@ -107,7 +107,7 @@ def test_driver_refusing_the_lock_is_a_permission_error(
     fake_gpu.lock_error = 4  # NVML_ERROR_NO_PERMISSION (e.g. a container without the cap)
     dev = NvmlDevice()
     with pytest.raises(DevicePermissionError, match="run the SuperNode as root") as info:
-        dev.set_gpu_freq_mhz(1005.0)
+        dev.set_knob_value(1005.0)
     assert info.value.__cause__ is None
     assert not list(state_dir.glob("nvml-*.json"))
     dev.close()
@@ -118,7 +118,7 @@ def test_gpu_without_clock_list_is_measure_only(
 ):
     fake_gpu.clocks_supported = False
     dev = NvmlDevice()
-    assert dev.measure_only and dev.gpu_freqs_mhz == (1755.0,)
+    assert dev.measure_only and dev.knob_values == (1755.0,)
 
 
 def test_meter_uses_energy_counter_when_supported(
@@ -173,7 +173,7 @@ def test_leftover_lock_is_reset_at_open(
     fake_pynvml: types.ModuleType, fake_gpu: FakeGpu, as_root: None, state_dir: Path
 ):
     dev = NvmlDevice()
-    dev.set_gpu_freq_mhz(345.0)
+    dev.set_knob_value(345.0)
     path = next(state_dir.glob("nvml-*.json"))
     data = json.loads(path.read_text())
     data["pid"] = 2**22 + 12345  # no such process
@@ -235,7 +235,7 @@ def test_refused_lock_and_refused_reset_keep_the_permission_message(
     fake_gpu.reset_error = 4
     dev = NvmlDevice()
     with pytest.raises(DevicePermissionError, match=r"no permission to lock.*SuperNode as root"):
-        dev.set_gpu_freq_mhz(1005.0)
+        dev.set_knob_value(1005.0)
     assert resets(fake_gpu) == 0  # nothing was locked, so nothing to reset
     assert not list(state_dir.glob("nvml-*.json"))  # no state file left behind
     dev.close()
@@ -253,12 +253,12 @@ def test_refused_step_down_with_failing_reset_keeps_message_and_state(
     caplog: pytest.LogCaptureFixture,
 ):
     dev = NvmlDevice()
-    dev.set_gpu_freq_mhz(1980.0)
+    dev.set_knob_value(1980.0)
     [path] = state_dir.glob("nvml-*.json")
     fake_gpu.lock_error = 4  # e.g. the permission was taken away mid-run
     fake_gpu.reset_error = 4
     with pytest.raises(DevicePermissionError, match="no permission to lock"):
-        dev.step_down_gpu_freq_mhz()
+        dev.step_down_knob_value()
     assert "restoring" in caplog.text and "devices --restore" in caplog.text
     assert path.exists()  # the GPU is still locked at 1980: the state file must stay
     assert fake_gpu.locked == (1980, 1980)
@@ -278,7 +278,7 @@ def test_measure_only_open_never_resets_a_leftover_lock(
     fake_gpu.locked = (345, 345)
     fake_gpu.reset_error = 4
     dev = NvmlDevice()
-    assert dev.measure_only and dev.gpu_freqs_mhz == (1980.0,)  # cells record the 345 MHz
+    assert dev.measure_only and dev.knob_values == (1980.0,)  # cells record the 345 MHz
     dev.close()
     assert resets(fake_gpu) == 0 and fake_gpu.locked == (345, 345)
     assert path.exists() and "powerfl devices --restore" in caplog.text
@@ -322,7 +322,7 @@ def test_lock_whose_state_cannot_be_saved_is_undone(
     blocker.write_text("")
     dev = NvmlDevice(sampled=SampledOptions(state_dir=blocker / "state"))
     with pytest.raises(DeviceError, match="POWERFL_STATE_DIR"):
-        dev.set_gpu_freq_mhz(1410.0)
+        dev.set_knob_value(1410.0)
     assert fake_gpu.locked is None and resets(fake_gpu) == 1
 
 
@@ -380,6 +380,6 @@ def test_nvml_device_has_no_b1_bands(
 ):
     dev = NvmlDevice()
     assert dev.info.b1_bands == ()
-    assert dev.info.b1_max_freq_mhz(math.inf) == 1980.0
-    assert dev.info.b1_max_freq_mhz(100.0) == 1980.0
+    assert dev.info.b1_max_knob_value(math.inf) == 1980.0
+    assert dev.info.b1_max_knob_value(100.0) == 1980.0
     dev.close()

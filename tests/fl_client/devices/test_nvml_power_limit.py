@@ -75,7 +75,7 @@ def test_the_power_limit_knob_selects_over_watts(
 ):
     dev = NvmlDevice(control=NvmlControl(knob="power-limit"))
     assert dev.knob is GPU_POWER_LIMIT_W and not dev.measure_only
-    assert dev.gpu_freqs_mhz == H100_GRID_W  # the knob's values, W
+    assert dev.knob_values == H100_GRID_W  # the knob's values, W
     assert not dev.clocks_locked  # cells record the clock sampled while they ran
     d = dev.describe()
     assert d["mode"] == "power limit" and d["knob"] == "power-limit"
@@ -85,8 +85,25 @@ def test_the_power_limit_knob_selects_over_watts(
     assert limit_sets(h100) == []  # opening and describing change nothing
     dev.close()
     coarse = NvmlDevice(control=NvmlControl(knob="power-limit", power_limit_step_w=150.0))
-    assert coarse.gpu_freqs_mhz == (200.0, 250.0, 400.0, 550.0, 700.0)
+    assert coarse.knob_values == (200.0, 250.0, 400.0, 550.0, 700.0)
     coarse.close()
+
+
+def test_the_knob_value_now_is_the_limit_in_watts_and_the_clock_stays_in_mhz(
+    fake_pynvml: types.ModuleType, h100: FakeGpu, as_root: None
+):
+    """Under the power-limit knob the device's current knob value is the limit in force
+    (W), never the clock; the clock the sampler reads beside power is still MHz."""
+    dev = NvmlDevice(control=NvmlControl(knob="power-limit"))
+    assert dev.current_knob_value() == ORIGINAL_MW / 1000  # the limit found, W
+    with locked(dev, 300.0):
+        assert dev.current_knob_value() == 300.0 in dev.knob_values
+        assert dev.read_clock_mhz() == h100.clock_mhz
+    assert dev.describe()["cur-freq-mhz"] == h100.clock_mhz
+    dev.close()
+    clocks = NvmlDevice()  # the frequency knob: its knob value is the clock
+    assert clocks.knob is GPU_FREQ_MHZ and clocks.current_knob_value() == h100.clock_mhz
+    clocks.close()
 
 
 # --------------------------------------------------------------------------- restore paths
@@ -102,7 +119,7 @@ def test_set_and_restore_the_original_limit(
         [path] = state_files(state_dir)
         saved = json.loads(path.read_text())["settings"]
         assert saved == {"uuid": h100.uuid, "index": 0, "power-limit-mw": ORIGINAL_MW}
-        dev.set_gpu_freq_mhz(250.0)  # a second change keeps the first saved limit
+        dev.set_knob_value(250.0)  # a second change keeps the first saved limit
         assert json.loads(path.read_text())["settings"]["power-limit-mw"] == ORIGINAL_MW
     assert h100.power_limit_mw == ORIGINAL_MW  # the limit found, not the default 700 W
     assert state_files(state_dir) == []
@@ -120,7 +137,7 @@ def test_an_exception_and_close_restore(
     with pytest.raises(RuntimeError, match="training crashed"), locked(dev, 400.0):
         raise RuntimeError("training crashed")
     assert h100.power_limit_mw == ORIGINAL_MW and state_files(state_dir) == []
-    dev.set_gpu_freq_mhz(200.0)
+    dev.set_knob_value(200.0)
     dev.close()
     assert h100.power_limit_mw == ORIGINAL_MW and state_files(state_dir) == []
 
@@ -133,7 +150,7 @@ def test_a_failing_restore_is_loud_and_keeps_the_state_file(
     caplog: pytest.LogCaptureFixture,
 ):
     dev = NvmlDevice(control=NvmlControl(knob="power-limit"))
-    dev.set_gpu_freq_mhz(300.0)
+    dev.set_knob_value(300.0)
     h100.limit_error = 4  # e.g. the permission was taken away mid-run
     with (
         caplog.at_level(logging.ERROR),
@@ -156,7 +173,7 @@ def test_a_refused_first_set_changes_nothing_and_leaves_no_file(
     h100.limit_error = 4  # NVML_ERROR_NO_PERMISSION (e.g. a container without the cap)
     dev = NvmlDevice(control=NvmlControl(knob="power-limit"))
     with pytest.raises(DevicePermissionError, match="no permission to set the power limit"):
-        dev.set_gpu_freq_mhz(300.0)
+        dev.set_knob_value(300.0)
     assert state_files(state_dir) == [] and h100.power_limit_mw == ORIGINAL_MW
     dev.close()
     assert limit_sets(h100) == [300_000]  # the refused try, and no restore of nothing
@@ -166,7 +183,7 @@ def test_a_refused_step_down_puts_the_original_back(
     fake_pynvml: types.ModuleType, h100: FakeGpu, as_root: None, state_dir: Path
 ):
     dev = NvmlDevice(control=NvmlControl(knob="power-limit"))
-    dev.set_gpu_freq_mhz(300.0)
+    dev.set_knob_value(300.0)
     calls = {"n": 0}
     real_set = fake_pynvml.nvmlDeviceSetPowerManagementLimit
 
@@ -178,7 +195,7 @@ def test_a_refused_step_down_puts_the_original_back(
 
     fake_pynvml.nvmlDeviceSetPowerManagementLimit = refuse_once  # type: ignore[attr-defined]
     with pytest.raises(DeviceError, match=r"setting the power limit .* to 275 W failed"):
-        dev.step_down_gpu_freq_mhz()
+        dev.step_down_knob_value()
     assert h100.power_limit_mw == ORIGINAL_MW and state_files(state_dir) == []
     dev.close()
 
@@ -211,9 +228,9 @@ def test_a_limit_outside_the_range_is_refused_before_anything_changes(
             match=r"gpu-power-limit-w: .* W is outside the power-limit range of "
             r"NVIDIA H100 80GB HBM3, 200–700 W",
         ):
-            dev.set_gpu_freq_mhz(watts)
+            dev.set_knob_value(watts)
     with pytest.raises(InvalidFrequencyError, match=r"not on the power-limit grid.*200, 225"):
-        dev.set_gpu_freq_mhz(310.0)
+        dev.set_knob_value(310.0)
     assert limit_sets(h100) == [] and state_files(state_dir) == []
     dev.close()
 
@@ -242,7 +259,7 @@ def test_auto_takes_the_clocks_where_they_lock_else_the_power_limit(
     dev.close()
     h100.clocks_supported = False  # no clock list to lock
     dev = NvmlDevice(control=NvmlControl(knob="auto"))
-    assert dev.knob is GPU_POWER_LIMIT_W and dev.gpu_freqs_mhz == H100_GRID_W
+    assert dev.knob is GPU_POWER_LIMIT_W and dev.knob_values == H100_GRID_W
     dev.close()
     monkeypatch.setattr("os.geteuid", lambda: 1000)  # without root: measure only
     dev = NvmlDevice(control=NvmlControl(knob="auto"))
@@ -312,7 +329,7 @@ def set_and_persist(h, mw):  # the GPU outlives the process: its limit lives in 
 nv.nvmlDeviceSetPowerManagementLimit = set_and_persist
 sampled = SampledOptions(state_dir=sys.argv[2])
 dev = NvmlDevice(nvml=nv, control=NvmlControl(knob="power-limit"), sampled=sampled)
-dev.set_gpu_freq_mhz(300.0)
+dev.set_knob_value(300.0)
 print("SET", flush=True)
 if sys.argv[3] == "raise":
     raise RuntimeError("training crashed")

@@ -18,7 +18,7 @@ from fl_client.devices.replay import (
     load_replay_tables,
     save_replay_table,
 )
-from fl_client.feasibility import feasible_freq_indices
+from fl_client.feasibility import feasible_knob_indices
 from fl_client.selection import InfeasibleCapError, Tables
 from fl_client.selector import select
 from fl_client.settings import REPO_ROOT
@@ -53,9 +53,9 @@ def write_json(tmp_path: Path, data: object, name: str = "t.json") -> Path:
 def test_json_table_drives_accounting_on_an_emulated_clock(tmp_path: Path):
     dev = ReplayDevice.from_file(write_json(tmp_path, TABLE))
     assert dev.info.kind == "jetson-nano" and dev.info.backend == "replay"
-    assert dev.gpu_freqs_mhz == (307.2, 921.6)
+    assert dev.knob_values == (307.2, 921.6)
     assert dev.info.power_rail == "POM_5V_IN"
-    assert dev.current_gpu_freq_mhz() == 921.6  # unlocked: the highest frequency
+    assert dev.current_knob_value() == 921.6  # unlocked: the highest frequency
     ran = []
     with dev.measure(RESNET) as meter:
         meter.step(32, lambda: ran.append(32))
@@ -70,7 +70,7 @@ def test_json_table_drives_accounting_on_an_emulated_clock(tmp_path: Path):
     assert m.peak_power_w == 7.5
     assert m.power_samples_w == [7.5, 4.5, 4.8]
     assert dev.now_s() == pytest.approx(0.62)
-    assert dev.current_gpu_freq_mhz() == 921.6  # restored
+    assert dev.current_knob_value() == 921.6  # restored
 
 
 def test_csv_and_json_are_the_same_table(tmp_path: Path):
@@ -101,8 +101,8 @@ def test_csv_with_group_columns_holds_several_tables(tmp_path: Path):
     tables = load_replay_tables(path)
     assert len(tables) == 3
     dev = ReplayDevice(tables, "jetson-orin-nano")
-    assert dev.gpu_freqs_mhz == (306.0, 1020.0)
-    assert dev.table_for(RESNET).freqs_mhz == (306.0, 1020.0)
+    assert dev.knob_values == (306.0, 1020.0)
+    assert dev.table_for(RESNET).knob_values == (306.0, 1020.0)
     with pytest.raises(DeviceError, match="holds devices"):
         ReplayDevice(tables)
     with pytest.raises(DeviceError, match="no rows for 'jetson-tx2'"):
@@ -111,7 +111,7 @@ def test_csv_with_group_columns_holds_several_tables(tmp_path: Path):
 
 def test_missing_row_names_what_the_table_has(tmp_path: Path):
     dev = ReplayDevice.from_file(write_json(tmp_path, TABLE))
-    dev.set_gpu_freq_mhz(921.6)
+    dev.set_knob_value(921.6)
     with (
         dev.measure(RESNET) as meter,
         pytest.raises(
@@ -120,7 +120,7 @@ def test_missing_row_names_what_the_table_has(tmp_path: Path):
     ):
         meter.step(64, lambda: None)
     with pytest.raises(InvalidFrequencyError, match=r"allowed: 307\.2, 921\.6"):
-        dev.set_gpu_freq_mhz(500.0)
+        dev.set_knob_value(500.0)
 
 
 def test_unknown_workload_is_an_error(tmp_path: Path):
@@ -173,12 +173,12 @@ def test_memory_is_required_without_a_twin(tmp_path: Path):
 def test_example_table_loads_and_keeps_its_stated_calibration():
     dev = ReplayDevice.from_file(EXAMPLE, "jetson-nano")
     table = dev.table_for(RESNET)
-    assert dev.gpu_freqs_mhz == tuple(round(76.8 * k, 1) for k in range(1, 13))
+    assert dev.knob_values == tuple(round(76.8 * k, 1) for k in range(1, 13))
     assert table.batch_sizes == (4, 8, 16, 32, 64, 128)
     assert "NOT MEASURED" in table.source
 
     def highest_feasible(b: int, p_max_w: float) -> float:
-        return max(f for f in dev.gpu_freqs_mhz if table.row(b, f).peak_power_w < p_max_w)
+        return max(f for f in dev.knob_values if table.row(b, f).peak_power_w < p_max_w)
 
     assert highest_feasible(128, 5.0) == 307.2
     assert highest_feasible(64, 5.0) == 460.8
@@ -197,15 +197,19 @@ def test_a_power_limit_table_names_its_knob_and_unit():
     [table] = load_replay_tables(POWER_LIMIT_EXAMPLE)
     assert table.knob is GPU_POWER_LIMIT_W
     assert (table.knob.key, table.knob.unit) == ("power_limit_w", "W")
-    assert table.freqs_mhz == (100.0, 125.0, 150.0, 175.0, 200.0, 225.0, 250.0)
+    assert table.knob_values == (100.0, 125.0, 150.0, 175.0, 200.0, 225.0, 250.0)
     assert table.row(64, 125.0).peak_power_sigma_w == 0.5
     dev = ReplayDevice([table])
-    assert dev.knob is GPU_POWER_LIMIT_W and dev.gpu_freqs_mhz[0] == 100.0
-    assert dev.describe()["knob-unit"] == "W"
+    assert dev.knob is GPU_POWER_LIMIT_W and dev.knob_values[0] == 100.0
+    described = dev.describe()
+    assert described["knob-unit"] == "W" and described["power-limits-w"] == list(dev.knob_values)
+    assert "gpu-freqs-mhz" not in described and "cur-freq-mhz" not in described
     with pytest.raises(InvalidFrequencyError, match=r"gpu-power-limit-w: 110 W is not in"):
-        dev.set_gpu_freq_mhz(110.0)
+        dev.set_knob_value(110.0)
     with dev.measure(RESNET) as meter, locked(dev, 150.0):
+        assert dev.current_knob_value() == 150.0  # the limit set, in W
         meter.step(64, lambda: None)
+    assert dev.current_knob_value() == dev.knob_values[-1] == 250.0  # restored: the highest
     assert meter.measurement.time_s == pytest.approx(0.13332)
     with pytest.raises(DeviceError, match=r"at power_limit_w=150.*GPU power limit values 100"):
         table.row(48, 150.0)
@@ -218,7 +222,7 @@ def test_the_selector_reads_a_power_limit_table_whose_lowest_limit_does_not_bind
     [table] = load_replay_tables(POWER_LIMIT_EXAMPLE)
     grid = table.grid()
     assert grid.knob is GPU_POWER_LIMIT_W and grid.batch_sizes == (16, 32, 64, 128)
-    assert feasible_freq_indices(grid.peak_power_w, 133.0) == [None] * 4
+    assert feasible_knob_indices(grid.peak_power_w, 133.0) == [None] * 4
     tables = Tables(
         grid.time_per_sample_s, grid.peak_power_w, grid.avg_power_w, grid.peak_power_sigma_w,
         grid.knob,
@@ -226,18 +230,18 @@ def test_the_selector_reads_a_power_limit_table_whose_lowest_limit_does_not_bind
     sel = select(
         "power-aware",
         batch_sizes=list(grid.batch_sizes),
-        freqs_mhz=list(grid.knob_values),
+        knob_values=list(grid.knob_values),
         tables=tables,
         r=[1.0, 0.9, 0.8, 0.75],
         limit=133.0,
     )
-    assert sel.freq_mhz == 125.0 and sel.knob is GPU_POWER_LIMIT_W
+    assert sel.knob_value == 125.0 and sel.knob is GPU_POWER_LIMIT_W
     assert sel.to_dict()["gpu-power-limit-w"] == 125.0 and sel.to_dict()["knob-unit"] == "W"
     with pytest.raises(InfeasibleCapError, match=r"no \(batch size, GPU power limit\).*125 W"):
         select(
             "power-aware",
             batch_sizes=list(grid.batch_sizes),
-            freqs_mhz=list(grid.knob_values),
+            knob_values=list(grid.knob_values),
             tables=tables,
             r=[1.0] * 4,
             limit=132.0,

@@ -31,7 +31,7 @@ import sys, time
 from fl_client.devices.jetson import JetsonDevice
 from fl_client.devices.sampler import SampledOptions
 dev = JetsonDevice("jetson-nano", root=sys.argv[1], sampled=SampledOptions(state_dir=sys.argv[2]))
-dev.set_gpu_freq_mhz(460.8)
+dev.set_knob_value(460.8)
 print("LOCKED", flush=True)
 if sys.argv[3] == "raise":
     raise RuntimeError("training crashed")
@@ -138,7 +138,7 @@ def test_sigkill_then_restore_command(nano: FakeJetson, state_dir: Path):
 
 def test_restore_leftovers_leaves_files_of_live_owners(nano: FakeJetson, state_dir: Path):
     dev = JetsonDevice("jetson-nano", root=nano.root, sampled=SampledOptions(state_dir=state_dir))
-    dev.set_gpu_freq_mhz(307.2)
+    dev.set_knob_value(307.2)
     data = json.loads(dev.state_file.read_text())
     data["pid"] = os.getppid()
     dev.state_file.write_text(json.dumps(data))
@@ -180,7 +180,7 @@ def test_unwritable_state_dir_is_a_clear_error(nano: FakeJetson, tmp_path: Path)
         "jetson-nano", root=nano.root, sampled=SampledOptions(state_dir=blocker / "state")
     )
     with pytest.raises(DeviceError, match="POWERFL_STATE_DIR"):
-        dev.set_gpu_freq_mhz(307.2)
+        dev.set_knob_value(307.2)
     assert limits(nano) == ORIGINAL  # nothing changed before the state was safe
 
 

@@ -111,17 +111,17 @@ def test_fig2_b8_reaches_a_higher_frequency_than_b32_yet_b32_is_faster_per_sampl
 
 
 def test_b1_bands_of_the_paper_on_the_nano(nano: DeviceSpec) -> None:
-    assert nano.b1_max_freq_mhz(4.5) == 307.2
-    assert nano.b1_max_freq_mhz(5.0) == 307.2
-    assert nano.b1_max_freq_mhz(7.0) == 614.4
-    assert nano.b1_max_freq_mhz(20.0) == 614.4
-    assert nano.b1_max_freq_mhz(math.inf) == 921.6
-    assert nano.b1_max_freq_mhz(None) == 921.6
+    assert nano.b1_max_knob_value(4.5) == 307.2
+    assert nano.b1_max_knob_value(5.0) == 307.2
+    assert nano.b1_max_knob_value(7.0) == 614.4
+    assert nano.b1_max_knob_value(20.0) == 614.4
+    assert nano.b1_max_knob_value(math.inf) == 921.6
+    assert nano.b1_max_knob_value(None) == 921.6
     with pytest.raises(ValueError, match=r"p-max-w: 4 W is below the lowest B1 band"):
-        nano.b1_max_freq_mhz(4.0)
+        nano.b1_max_knob_value(4.0)
     for bad in (0.0, -1.0, math.nan):
         with pytest.raises(ValueError, match="p-max-w"):
-            nano.b1_max_freq_mhz(bad)
+            nano.b1_max_knob_value(bad)
 
 
 @pytest.mark.parametrize("kind", DEVICE_KINDS)
@@ -232,7 +232,7 @@ def test_default_fleets_caps_have_a_b1_band(specs: dict[str, DeviceSpec]) -> Non
             raw = node.get("p-max-w", "none")
             p_max_w = math.inf if str(raw).lower() == "none" else float(raw)
             spec = specs[node["device"]]
-            assert spec.b1_max_freq_mhz(p_max_w) in spec.gpu_freqs_mhz, (path.name, node)
+            assert spec.b1_max_knob_value(p_max_w) in spec.gpu_freqs_mhz, (path.name, node)
 
 
 def test_energy_per_sample_is_avg_power_times_time(
@@ -260,22 +260,22 @@ def test_frequency_control_and_restore(nano: DeviceSpec) -> None:
     dev = SimulatedDevice(nano, seed=1)
     assert isinstance(dev, Device)
     assert dev.info.kind == "jetson-nano" and dev.info.backend == "simulated"
-    assert dev.gpu_freqs_mhz == nano.gpu_freqs_mhz
-    assert dev.current_gpu_freq_mhz() == 921.6 and dev.now_s() == 0.0
-    dev.set_gpu_freq_mhz(307.205)  # within 0.01 MHz of a table member
-    assert dev.current_gpu_freq_mhz() == 307.2
+    assert dev.knob_values == nano.gpu_freqs_mhz
+    assert dev.current_knob_value() == 921.6 and dev.now_s() == 0.0
+    dev.set_knob_value(307.205)  # within 0.01 MHz of a table member
+    assert dev.current_knob_value() == 307.2
     with pytest.raises(InvalidFrequencyError, match=r"310 MHz .* allowed: 76\.8, 153\.6"):
-        dev.set_gpu_freq_mhz(310.0)
-    assert dev.current_gpu_freq_mhz() == 307.2
+        dev.set_knob_value(310.0)
+    assert dev.current_knob_value() == 307.2
     dev.restore()
     dev.restore()
-    assert dev.current_gpu_freq_mhz() == 921.6
+    assert dev.current_knob_value() == 921.6
     with locked(dev, 460.8):
-        assert dev.current_gpu_freq_mhz() == 460.8
-    assert dev.current_gpu_freq_mhz() == 921.6
-    dev.set_gpu_freq_mhz(76.8)
+        assert dev.current_knob_value() == 460.8
+    assert dev.current_knob_value() == 921.6
+    dev.set_knob_value(76.8)
     dev.close()
-    assert dev.current_gpu_freq_mhz() == 921.6
+    assert dev.current_knob_value() == 921.6
     assert dev.now_s() == 0.0  # only accounted work moves the clock
 
 
@@ -289,7 +289,7 @@ def run_steps(dev: SimulatedDevice, b: int, n: int) -> tuple[list[int], Simulate
 
 def test_meter_accounts_time_energy_and_peak_with_noise(nano: DeviceSpec) -> None:
     dev = SimulatedDevice(nano, seed=7)
-    dev.set_gpu_freq_mhz(460.8)
+    dev.set_knob_value(460.8)
     calls, meter = run_steps(dev, 64, 50)
     m = meter.measurement
     records = meter.records
@@ -307,7 +307,7 @@ def test_meter_accounts_time_energy_and_peak_with_noise(nano: DeviceSpec) -> Non
     assert model_peak_w < m.peak_power_w < model_peak_w * (1 + 3 * nano.power_noise)
     assert all(r.freq_mhz == 460.8 and r.avg_power_w <= r.peak_power_w for r in records)
     dev.close()
-    assert dev.current_gpu_freq_mhz() == 921.6
+    assert dev.current_knob_value() == 921.6
 
 
 def test_noise_is_seeded_and_can_be_switched_off(nano: DeviceSpec) -> None:
@@ -338,7 +338,7 @@ def test_meter_follows_frequency_changes_and_rejects_bad_steps(nano: DeviceSpec)
     flops = WORKLOAD.flops_per_sample
     with dev.measure(WORKLOAD) as meter:
         meter.step(8, lambda: None)
-        dev.set_gpu_freq_mhz(153.6)
+        dev.set_knob_value(153.6)
         meter.step(8, lambda: None)
         before = (dev.now_s(), meter.measurement.steps)
         with pytest.raises(RuntimeError, match="boom"):
@@ -395,7 +395,7 @@ def test_profiler_on_the_twin_reproduces_the_model(nano: DeviceSpec) -> None:
                 time_per_sample_s(nano, b, f, flops)
             )
             assert lut.peak_power_w[i, j] == pytest.approx(power_w(nano, b, f, flops))
-    assert dev.current_gpu_freq_mhz() == 921.6
+    assert dev.current_knob_value() == 921.6
     assert lut.profile_time_s == pytest.approx(dev.now_s())
 
 

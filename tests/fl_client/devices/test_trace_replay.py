@@ -62,7 +62,7 @@ def cell(dev, gpu: TraceGpu, b: int, window: CellWindow = QUICK, warmup: int = 5
         WORKLOAD,
         b,
         ReplaySteps(gpu)(b),
-        dev.gpu_freqs_mhz[0],
+        dev.knob_values[0],
         CellOptions(warmup_steps=warmup, window=window),
     )
     m = measured.measurement
@@ -80,7 +80,7 @@ def test_the_fake_reads_back_the_recorded_trace(vt: VirtualTime):
     assert pos is not None
     assert gpu.instant_w(t_s) == TRACE.held(TRACE.instant_w, pos)
     assert dev.read_power_w() == pytest.approx(gpu.idle_w, abs=1e-3)  # between steps
-    assert dev.current_gpu_freq_mhz() == 1980.0
+    assert dev.current_knob_value() == 1980.0
     idle_vt = VirtualTime(41.0)
     assert TraceGpu(idle_vt, TRACE).instant_w(41.0) == pytest.approx(TRACE.idle_w)
 
@@ -117,7 +117,7 @@ def test_measure_only_cells_carry_the_sampled_clock_not_the_clock_at_open(vt: Vi
         dev, WORKLOAD, (32, 128), ReplaySteps(gpu), ProfileOptions(progress=False, max_window_s=3.0)
     )
     assert lut.clocks_locked is False
-    assert lut.freqs_mhz == (1980.0,)
+    assert lut.knob_values == (1980.0,)
     assert lut.clock_mhz.tolist() == [[1980.0], [1980.0]]
     assert lut.clock_moved.tolist() == [[0.0], [0.0]]
     assert lut.energy_from_counter.tolist() == [[1.0], [1.0]]
@@ -135,7 +135,7 @@ def test_a_profile_over_power_limits_sets_each_and_restores_the_original(
     nv = make_trace_pynvml(gpu, call_cost_s=0.01)
     nv.power_limit_mw = 650_000  # type: ignore[attr-defined]
     dev = NvmlDevice(nvml=nv, control=NvmlControl(knob="power-limit", power_limit_step_w=250.0))
-    assert dev.gpu_freqs_mhz == (200.0, 450.0, 700.0)
+    assert dev.knob_values == (200.0, 450.0, 700.0)
     lut = profile(
         dev,
         WORKLOAD,
@@ -146,7 +146,7 @@ def test_a_profile_over_power_limits_sets_each_and_restores_the_original(
     sets = [c for c in nv.calls if c[0] == "nvmlDeviceSetPowerManagementLimit"]
     assert len(sets) == 4  # one per column, then the original back
     assert nv.power_limit_mw == 650_000
-    assert lut.knob.key == "power_limit_w" and lut.freqs_mhz == (200.0, 450.0, 700.0)
+    assert lut.knob.key == "power_limit_w" and lut.knob_values == (200.0, 450.0, 700.0)
     assert lut.clocks_locked is False and lut.clock_mhz.tolist() == [[1980.0] * 3]
     record = json.loads(lut.to_json())
     assert record["power-limits-w"] == [200.0, 450.0, 700.0] and "freqs-mhz" not in record
@@ -171,7 +171,7 @@ def guarded_window(dev, gpu: TraceGpu, vt: VirtualTime, cap_w: float, h100_cap_w
     every over-cap sample counts); the stretches over ``h100_cap_w`` in the H100's readings
     lasting one sensor update or more, and the times the guard fired."""
     seen: list[float] = []
-    dev.step_down_gpu_freq_mhz = lambda: seen.append(vt.now)
+    dev.step_down_knob_value = lambda: seen.append(vt.now)
     step = ReplaySteps(gpu)(128)
     for _ in range(20):
         step()
