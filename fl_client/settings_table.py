@@ -181,7 +181,7 @@ RUN_SETTINGS: tuple[Setting, ...] = (
         "the concentration of the Dirichlet split (`partitioning = \"dirichlet\"`)"),
     Setting("seed", int, 7, Integer(lo=0), read_by="both", doc=
         "seeds the data split, the partitions, the twins' sensor noise and the training order"),
-    Setting("num-rounds", int, 20, Integer(lo=1), read_by="server", doc=
+    Setting("num-rounds", int, 30, Integer(lo=1), read_by="server", doc=
         "round budget: the run stops after this many rounds or once it reaches "
         "`target-accuracy` (`target-window`), whichever comes first"),
     Setting("target-accuracy", float, 0.85, Number(lo=0.0, hi=1.0), read_by="server", doc=
