@@ -179,13 +179,13 @@ def select_fixed(
     if isinstance(batch_size, bool) or batch_size not in b_list:
         raise ValueError(f"fixed-batch-size: {batch_size!r} is not one of batch-sizes {b_list}")
     if isinstance(knob_value, bool) or not isinstance(knob_value, numbers.Real):
-        raise ValueError(f"fixed-freq-mhz: must be a frequency in MHz; got {knob_value!r}")
+        raise ValueError(f"fixed-freq-mhz: must be a number (the knob's value); got {knob_value!r}")
     gaps = np.abs(np.asarray(f_list) - float(knob_value))
     j = int(np.argmin(gaps))
     if not gaps[j] <= FREQ_TOLERANCE_MHZ:
         raise ValueError(
-            f"fixed-freq-mhz: {knob_value!r} is not in the device's frequency table "
-            f"({', '.join(f'{f:g}' for f in f_list)} MHz)"
+            f"fixed-freq-mhz: {knob_value!r} is not one of the device's knob values "
+            f"({', '.join(f'{f:g}' for f in f_list)}: MHz, or W under the power-limit knob)"
         )
     i = b_list.index(int(batch_size))
     chosen = _grid(b_list, f_list, r_list, tables).candidates_at(j)[i]

@@ -242,8 +242,9 @@ RUN_SETTINGS: tuple[Setting, ...] = (
         " it"),
     Setting("fixed-freq-mhz", float, 0.0, OptionalNumber("a GPU frequency in MHz > 0"),
             read_by="both", doc=
-        "the `fixed` method's GPU frequency in MHz, in every node's frequency table; only the"
-        " `fixed` method reads it"),
+        "the `fixed` method's GPU frequency in MHz, in every node's frequency table; on a node"
+        " whose knob is the GPU power limit (`knob = \"power-limit\"`) the value is that limit"
+        " in W, one of its grid of limits. Only the `fixed` method reads it"),
     Setting("balance", str, "off", Choice(BALANCE_MODES.keys), read_by="both", doc=
         "what a node that would finish before the round's planned deadline does with its "
         "slack: `off` its own Eq. 4 choice; `samples` the most sample-efficient cell (least "

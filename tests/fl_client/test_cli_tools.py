@@ -513,7 +513,7 @@ def test_select_baselines(lut_file: Path, capsys: pytest.CaptureFixture[str]) ->
         (
             ["--r", "1,1", "--p-max-w", "5", "--method", "fixed", "--fixed-batch-size", "4",
              "--fixed-freq-mhz", "500"],
-            "fixed-freq-mhz: 500.0 is not in the device's frequency table",
+            "fixed-freq-mhz: 500.0 is not one of the device's knob values",
         ),
     ],
 )  # fmt: skip
