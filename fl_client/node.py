@@ -113,7 +113,8 @@ def describe_node(
 
 @dataclass
 class NodeRoundState:
-    """What a round decided before training, and what it measured on the way."""
+    """What a round decided before training, and what it measured on the way (``rstate`` in
+    this module's functions; the server's plan of a round is ``strategies.round_plan``'s)."""
 
     cfg: TrainConfig
     #: The round's cap with the node's ``cap-margin``: the one value the node's choice,
@@ -250,7 +251,7 @@ def oracle_r(
 
 
 def select_for(
-    plan: NodeRoundState,
+    rstate: NodeRoundState,
     lut: LUT | None,
     device: Device,
     objective: selector.Objective = selector.EQ4,
@@ -258,7 +259,7 @@ def select_for(
 ) -> Selection:
     """The round's (b*, f*) by ``selector.select``, the one dispatch of every method.
 
-    Power-aware and the oracle take Eq. 4 on the LUT's measured cells under ``plan.limit``
+    Power-aware and the oracle take Eq. 4 on the LUT's measured cells under ``rstate.limit``
     (the cap less the node's ``cap-margin``; the oracle with r measured on the node's
     data): each cell judged by its peak + ``objective.peak_sigma_k``·σ of its per-step peaks
     (the LUT's ``peak_sigma_w``), the least time × r, near-ties within
@@ -266,7 +267,7 @@ def select_for(
     take their fixed frequency from the device descriptor's band for the cap; ``fixed``
     takes the configured (b, f). ``context``: the round plan's (``_balance``).
     """
-    cfg = plan.cfg
+    cfg = rstate.cfg
     tables = (
         None
         if lut is None
@@ -279,7 +280,7 @@ def select_for(
         objective,
         context,
         b1_max_knob_value=(
-            device.info.b1_max_knob_value(plan.cap.watts) if cfg.method in ("b1", "b2") else None
+            device.info.b1_max_knob_value(rstate.cap.watts) if cfg.method in ("b1", "b2") else None
         ),
         fixed_batch_size=cfg.fixed_batch_size,
         fixed_knob_value=cfg.fixed_freq_mhz,
@@ -289,28 +290,28 @@ def select_for(
         batch_sizes=list(cfg.batch_sizes),
         knob_values=[float(f) for f in device.knob_values],
         tables=tables,
-        r=plan.r_true if cfg.method == "oracle" else list(cfg.r),
-        limit=plan.limit,
+        r=rstate.r_true if cfg.method == "oracle" else list(cfg.r),
+        limit=rstate.limit,
     )
 
 
-def _skip_reason(plan: NodeRoundState, err: InfeasibleCapError) -> RuntimeError:
+def _skip_reason(rstate: NodeRoundState, err: InfeasibleCapError) -> RuntimeError:
     """A scheduled cap no configuration meets: the node skips that round, saying why."""
     spent = (
-        f"; profiling for this cap took {plan.cost.time_s:.2f} s and {plan.cost.energy_j:.2f} J"
-        if plan.cost.time_s > 0
+        f"; profiling for this cap took {rstate.cost.time_s:.2f} s and {rstate.cost.energy_j:.2f} J"
+        if rstate.cost.time_s > 0
         else ""
     )
     return RuntimeError(
-        f"p-max-schedule: no configuration fits round {plan.cfg.server_round}'s cap of "
-        f"{plan.cap.label}; this node skips the round ({err}){spent}"
+        f"p-max-schedule: no configuration fits round {rstate.cfg.server_round}'s cap of "
+        f"{rstate.cap.label}; this node skips the round ({err}){spent}"
     )
 
 
 def _choose(
     ctx: NodeContext,
     measure: MeasureContext,
-    plan: NodeRoundState,
+    rstate: NodeRoundState,
     state: Mapping[str, torch.Tensor],
     data: tuple[Any, Any],
 ) -> None:
@@ -320,38 +321,38 @@ def _choose(
     failed, or this board draws more) gives way to the node's own profiling: the board may
     still meet the cap where the kind's nodes measured nothing."""
     shared = None
-    if plan.cfg.method in NEEDS_LUT and plan.cfg.kind_lut is not None:
-        shared = shared_lut(plan.cfg.kind_lut, measure, list(plan.cfg.batch_sizes))
-    if plan.cfg.method == "oracle":
-        plan.r_true = oracle_r(ctx, plan.cfg, state, data)
+    if rstate.cfg.method in NEEDS_LUT and rstate.cfg.kind_lut is not None:
+        shared = shared_lut(rstate.cfg.kind_lut, measure, list(rstate.cfg.batch_sizes))
+    if rstate.cfg.method == "oracle":
+        rstate.r_true = oracle_r(ctx, rstate.cfg, state, data)
     if shared is not None:
-        plan.lut, known = shared
-        plan.lut_from_cache = known == VERIFIED
+        rstate.lut, known = shared
+        rstate.lut_from_cache = known == VERIFIED
         try:
-            plan.choice = select_for(plan, plan.lut, measure.device, ctx.objective)
+            rstate.choice = select_for(rstate, rstate.lut, measure.device, ctx.objective)
             if known != VERIFIED:
                 before = known == REFUSED or ctx.settings.shared_verify == "before"
-                _verify_shared(ctx, measure, plan, before=before)
-            plan.run_knob_value = plan.choice.knob_value
+                _verify_shared(ctx, measure, rstate, before=before)
+            rstate.run_knob_value = rstate.choice.knob_value
             return
         except InfeasibleCapError as err:
             log.warning("kind-lut: %s; profiling this node's own", err)
-    if plan.cfg.method in NEEDS_LUT:
-        plan.lut, plan.lut_from_cache, cost = lut_for_cap(
-            ctx, measure, list(plan.cfg.batch_sizes), plan.cap
+    if rstate.cfg.method in NEEDS_LUT:
+        rstate.lut, rstate.lut_from_cache, cost = lut_for_cap(
+            ctx, measure, list(rstate.cfg.batch_sizes), rstate.cap
         )
-        plan.cost.add(cost.time_s, cost.energy_j)
+        rstate.cost.add(cost.time_s, cost.energy_j)
     try:
-        plan.choice = select_for(plan, plan.lut, measure.device, ctx.objective)
+        rstate.choice = select_for(rstate, rstate.lut, measure.device, ctx.objective)
     except InfeasibleCapError as err:
         if not ctx.node.p_max_schedule:
             raise
-        raise _skip_reason(plan, err) from err
-    plan.run_knob_value = plan.choice.knob_value
+        raise _skip_reason(rstate, err) from err
+    rstate.run_knob_value = rstate.choice.knob_value
 
 
 def _verify_shared(
-    ctx: NodeContext, measure: MeasureContext, plan: NodeRoundState, *, before: bool
+    ctx: NodeContext, measure: MeasureContext, rstate: NodeRoundState, *, before: bool
 ) -> None:
     """Check the chosen cell of a kind's LUT on this board.
 
@@ -362,62 +363,64 @@ def _verify_shared(
     LUT) the cell is measured first (the drift check's machinery); beyond
     ``drift-threshold`` that row is re-profiled under this node's own cap and the choice
     made again. The checked (or corrected) copy is kept, so later rounds measure nothing."""
-    assert plan.lut is not None and plan.choice is not None and plan.cfg.kind_lut is not None
-    point = (plan.choice.batch_size, plan.choice.knob_value)
-    check = own_cell_check(measure, plan.lut, point, ctx.settings.drift_threshold)
+    assert rstate.lut is not None and rstate.choice is not None and rstate.cfg.kind_lut is not None
+    point = (rstate.choice.batch_size, rstate.choice.knob_value)
+    check = own_cell_check(measure, rstate.lut, point, ctx.settings.drift_threshold)
     if check is None and not before:
-        plan.verify_by_training = True
+        rstate.verify_by_training = True
         return
     if check is None:
         options = ProfileOptions(
-            plan.limit,
-            warmup_steps=plan.lut.warmup_steps,
-            steps=plan.lut.steps,
+            rstate.limit,
+            warmup_steps=rstate.lut.warmup_steps,
+            steps=rstate.lut.steps,
             progress=False,
             peak_sigma_k=ctx.settings.peak_sigma_k,
         )
-        check = check_drift(measure, plan.lut, point, ctx.settings.drift_threshold, options)
-    plan.kind_check, plan.lut = check, check.lut
-    plan.cost.add(check.time_s, check.energy_j)
+        check = check_drift(measure, rstate.lut, point, ctx.settings.drift_threshold, options)
+    rstate.kind_check, rstate.lut = check, check.lut
+    rstate.cost.add(check.time_s, check.energy_j)
     if check.reprofiled:
-        plan.choice = select_for(plan, plan.lut, measure.device, ctx.objective)
-    keep_verified(measure, plan.lut, plan.cfg.kind_lut)
+        rstate.choice = select_for(rstate, rstate.lut, measure.device, ctx.objective)
+    keep_verified(measure, rstate.lut, rstate.cfg.kind_lut)
 
 
-def _settle_shared(ctx: NodeContext, measure: MeasureContext, plan: NodeRoundState, m: Any) -> None:
+def _settle_shared(
+    ctx: NodeContext, measure: MeasureContext, rstate: NodeRoundState, m: Any
+) -> None:
     """The kind's LUT checked by the round's own training at the chosen cell: its device
     time against the cell's time per sample (``drift.trained_time_deviation``) and its
     peak against the cell's promise (``check_power``), with no step-down of the cap guard.
     Within ``drift-threshold`` the copy is kept as verified; beyond it the board is off its
     kind's LUT: the next round measures the cell first and re-profiles the row."""
-    if not plan.verify_by_training:
+    if not rstate.verify_by_training:
         return
-    assert plan.lut is not None and plan.choice is not None and plan.cfg.kind_lut is not None
-    time_dev = trained_time_deviation(plan.choice.time_per_sample_s, plan.choice.batch_size, m)
-    parts = [d for d in (time_dev, plan.power_check and plan.power_check[0]) if d is not None]
+    assert rstate.lut is not None and rstate.choice is not None and rstate.cfg.kind_lut is not None
+    time_dev = trained_time_deviation(rstate.choice.time_per_sample_s, rstate.choice.batch_size, m)
+    parts = [d for d in (time_dev, rstate.power_check and rstate.power_check[0]) if d is not None]
     deviation = max(parts, default=math.nan)
     ok = bool(parts) and deviation <= ctx.settings.drift_threshold and m.cap_violations == 0
-    plan.kind_check = DriftCheck(deviation, False, plan.lut, 0.0, 0.0)
+    rstate.kind_check = DriftCheck(deviation, False, rstate.lut, 0.0, 0.0)
     if ok:
-        keep_verified(measure, plan.lut, plan.cfg.kind_lut)
+        keep_verified(measure, rstate.lut, rstate.cfg.kind_lut)
         return
-    refuse(measure, LUT.from_json(plan.cfg.kind_lut))
+    refuse(measure, LUT.from_json(rstate.cfg.kind_lut))
     log.warning(
         "kind-lut: this board ran (b=%d, %g %s) %.0f%% off its kind's LUT (time %s, peak "
         "%s, cap-guard step-downs %d; drift-threshold %.0f%%): the next round measures the "
         "cell first and re-profiles the row if it is still off",
-        plan.choice.batch_size,
-        plan.run_knob_value,
+        rstate.choice.batch_size,
+        rstate.run_knob_value,
         device_knob(measure.device).unit,
         100 * deviation if math.isfinite(deviation) else math.nan,
         "n/a" if time_dev is None else f"{100 * time_dev:+.0f}%",
-        "n/a" if plan.power_check is None else f"{100 * plan.power_check[0]:+.0f}%",
+        "n/a" if rstate.power_check is None else f"{100 * rstate.power_check[0]:+.0f}%",
         m.cap_violations,
         100 * ctx.settings.drift_threshold,
     )
 
 
-def _balance(ctx: NodeContext, device: Device, plan: NodeRoundState, samples: int) -> None:
+def _balance(ctx: NodeContext, device: Device, rstate: NodeRoundState, samples: int) -> None:
     """The round plan on the node (a ``balance`` mode that plans, methods that select from
     a LUT): the node's objective (``selector.Objective``) with the mode's changes and the
     round's budget.
@@ -430,83 +433,85 @@ def _balance(ctx: NodeContext, device: Device, plan: NodeRoundState, samples: in
     the deadline in reserve and spends the rest as its mode's entry says
     (``balance.BALANCE_MODES``). When no cell meets the deadline the choice is the fastest
     cell (the selector's fallback)."""
-    s, cfg = ctx.settings, plan.cfg
+    s, cfg = ctx.settings, rstate.cfg
     mode = BALANCE_MODES[s.balance]
-    if not mode.plans or plan.lut is None or plan.choice is None:
+    if not mode.plans or rstate.lut is None or rstate.choice is None:
         return
     if cfg.method not in ("power-aware", "oracle"):
         return
     work = samples * cfg.time_calibration
-    fastest = select_for(plan, plan.lut, device, ctx.objective.for_pace())
-    plan.fastest_time_s = fastest.time_per_sample_s * work
+    fastest = select_for(rstate, rstate.lut, device, ctx.objective.for_pace())
+    rstate.fastest_time_s = fastest.time_per_sample_s * work
     if cfg.deadline_s is None:
         return
     if cfg.critical:
         pace = fastest
         if s.critical_r_weight > 0:  # r still weighs: the cell the server planned it with
             pace_objective = ctx.objective.for_pace(s.critical_r_weight)
-            pace = select_for(plan, plan.lut, device, pace_objective)
-        plan.choice, plan.work_share = pace, s.straggler_work
+            pace = select_for(rstate, rstate.lut, device, pace_objective)
+        rstate.choice, rstate.work_share = pace, s.straggler_work
     else:
         budget_s = cfg.deadline_s * (1.0 - s.deadline_margin)
-        slack = Slack(plan.choice, fastest, budget_s, work, idle_power_w(device), s.max_work_share)
+        slack = Slack(
+            rstate.choice, fastest, budget_s, work, idle_power_w(device), s.max_work_share
+        )
         if mode.reselect is not None:
             ask = mode.reselect(slack)
             objective = ctx.objective.but(**ask.changes)
             context = selector.RoundContext(budget_s, work, batch_size=ask.batch_size)
-            plan.choice = select_for(plan, plan.lut, device, objective, context)
-        plan.work_share = mode.work_share(slack, plan.choice)
-        plan.mode_report = dict(mode.report(slack, plan.choice))
-    plan.run_knob_value = plan.choice.knob_value
+            rstate.choice = select_for(rstate, rstate.lut, device, objective, context)
+        rstate.work_share = mode.work_share(slack, rstate.choice)
+        rstate.mode_report = dict(mode.report(slack, rstate.choice))
+    rstate.run_knob_value = rstate.choice.knob_value
 
 
-def _local_work(cfg: TrainConfig, plan: NodeRoundState, n_samples: int) -> tuple[int, int | None]:
+def _local_work(cfg: TrainConfig, rstate: NodeRoundState, n_samples: int) -> tuple[int, int | None]:
     """Epochs and the sample budget of this round's local training (``task.train``):
     ``local-epochs`` over the data, scaled by the plan's ``work_share`` in whole minibatches
     of b* (at least one; ``task.train`` stops after the minibatch that reaches the budget,
     so a share never runs past its time)."""
-    if plan.work_share == 1.0 or plan.choice is None:
+    if rstate.work_share == 1.0 or rstate.choice is None:
         return cfg.local_epochs, None
-    b = plan.choice.batch_size
-    total = max(b, math.floor(cfg.local_epochs * n_samples * plan.work_share / b) * b)
+    b = rstate.choice.batch_size
+    total = max(b, math.floor(cfg.local_epochs * n_samples * rstate.work_share / b) * b)
     return max(1, math.ceil(total / max(n_samples, 1))), total
 
 
-def _check_drift(ctx: NodeContext, measure: MeasureContext, plan: NodeRoundState) -> None:
+def _check_drift(ctx: NodeContext, measure: MeasureContext, rstate: NodeRoundState) -> None:
     """Every ``drift-check-every`` rounds, compare the operating point with a cached LUT."""
     k = ctx.settings.drift_check_every
-    if plan.lut is None or plan.choice is None or not plan.lut_from_cache:
+    if rstate.lut is None or rstate.choice is None or not rstate.lut_from_cache:
         return
-    if k <= 0 or plan.cfg.server_round % k != 0:
+    if k <= 0 or rstate.cfg.server_round % k != 0:
         return
-    point = (plan.choice.batch_size, plan.run_knob_value)
-    plan.drift = check_drift(
+    point = (rstate.choice.batch_size, rstate.run_knob_value)
+    rstate.drift = check_drift(
         measure,
-        plan.lut,
+        rstate.lut,
         point,
         ctx.settings.drift_threshold,
         peak_sigma_k=ctx.settings.peak_sigma_k,
     )
-    plan.cost.add(plan.drift.time_s, plan.drift.energy_j)
+    rstate.cost.add(rstate.drift.time_s, rstate.drift.energy_j)
 
 
 # --------------------------------------------------------------------------- TRAIN
 
 
 def check_power(
-    ctx: NodeContext, measure: MeasureContext, plan: NodeRoundState, peak_w: float
+    ctx: NodeContext, measure: MeasureContext, rstate: NodeRoundState, peak_w: float
 ) -> tuple[float, bool] | None:
     """Every trained round, at no cost: the round's measured peak power against the peak its
     LUT promised at the cell it ran at (peak + ``peak-sigma-k``·σ). Beyond
     ``drift-threshold`` above it, the LUT does not describe this board (a wrong or stale
     file): its cache file is set aside, so the next round profiles (or verifies) again.
     Returns (relative deviation, whether the file was set aside); None without a LUT cell."""
-    lut, choice = plan.lut, plan.choice
+    lut, choice = rstate.lut, rstate.choice
     if lut is None or choice is None or not math.isfinite(peak_w) or peak_w <= 0:
         return None
     try:
         i = lut.batch_sizes.index(choice.batch_size)
-        j = lut.knob_values.index(plan.run_knob_value)
+        j = lut.knob_values.index(rstate.run_knob_value)
     except ValueError:
         return None
     sigma = float(lut.peak_sigma_w[i, j]) if lut.peak_sigma_w.size else math.nan
@@ -516,7 +521,7 @@ def check_power(
     deviation = peak_w / promised - 1.0
     if deviation <= ctx.settings.drift_threshold:
         return deviation, False
-    if plan.drift is not None and plan.drift.reprofiled:
+    if rstate.drift is not None and rstate.drift.reprofiled:
         return deviation, False  # this round's drift check has just re-profiled the file
     path = lut.key.path(measure.cache_dir)
     moved = set_aside(path) if path.is_file() else ""
@@ -553,7 +558,7 @@ def train_node(
     ctx = node_context(run_config, node_config)
     cfg = TrainConfig.from_config(config)
     s = ctx.settings
-    plan = NodeRoundState(
+    rstate = NodeRoundState(
         cfg=cfg, limit=ctx.node.p_max_at(cfg.server_round).with_margin(ctx.cap_margin)
     )
     torch.set_num_threads(1)  # simulated nodes share the host's cores
@@ -567,23 +572,23 @@ def train_node(
         ctx.cache_dir / "lut",
     )
     try:
-        _choose(ctx, measure, plan, state, data)
-        _balance(ctx, device, plan, cfg.local_epochs * len(data[0]))
-        epochs, max_samples = _local_work(cfg, plan, len(data[0]))
+        _choose(ctx, measure, rstate, state, data)
+        _balance(ctx, device, rstate, cfg.local_epochs * len(data[0]))
+        epochs, max_samples = _local_work(cfg, rstate, len(data[0]))
         model = model_zoo.build_model(cfg.model).to(task.compute_device())  # where it was profiled
         model.load_state_dict(dict(state))
-        assert plan.choice is not None
-        lr = task.scaled_lr(cfg.lr_ref, cfg.b_ref, plan.choice.batch_size)
+        assert rstate.choice is not None
+        lr = task.scaled_lr(cfg.lr_ref, cfg.b_ref, rstate.choice.batch_size)
         with (
-            locked(device, plan.run_knob_value),
-            cap_guard(device, plan.cap.watts),
+            locked(device, rstate.run_knob_value),
+            cap_guard(device, rstate.cap.watts),
             device.measure(workload) as meter,
         ):
             result = task.train(
                 model,
                 data[0],
                 task.TrainOptions(
-                    batch_size=plan.choice.batch_size,
+                    batch_size=rstate.choice.batch_size,
                     lr=lr,
                     epochs=epochs,
                     seed=s.seed * 10_000 + cfg.server_round,
@@ -593,10 +598,10 @@ def train_node(
             )
             if step_hook is not None:
                 step_hook()
-        _check_drift(ctx, measure, plan)
-        plan.power_check = check_power(ctx, measure, plan, meter.measurement.peak_power_w)
-        _settle_shared(ctx, measure, plan, meter.measurement)
-        report = _report(ctx, plan, device, meter.measurement, result, lr)
+        _check_drift(ctx, measure, rstate)
+        rstate.power_check = check_power(ctx, measure, rstate, meter.measurement.peak_power_w)
+        _settle_shared(ctx, measure, rstate, meter.measurement)
+        report = _report(ctx, rstate, device, meter.measurement, result, lr)
     finally:
         device.close()
     return task.cpu_state(model), report
@@ -604,7 +609,7 @@ def train_node(
 
 def _report(
     ctx: NodeContext,
-    plan: NodeRoundState,
+    rstate: NodeRoundState,
     device: Device,
     m: Any,
     result: task.TrainResult,
@@ -612,35 +617,35 @@ def _report(
 ) -> TrainReport:
     """The round's ``TrainReport``: the measurement, the choice, the round plan and drift,
     and the local work (``local-steps`` optimizer steps at learning rate ``lr``)."""
-    assert plan.choice is not None
-    choice, idle_w = plan.choice, idle_power_w(device)
+    assert rstate.choice is not None
+    choice, idle_w = rstate.choice, idle_power_w(device)
     extra: dict[str, float] = {}
     # The knob in its own unit: a power limit goes under gpu-power-limit-w, and
     # gpu-freq-mhz then holds the clock sampled during training (NaN: not read)
-    limit_w = float(plan.run_knob_value) if device_knob(device) == GPU_POWER_LIMIT_W else None
+    limit_w = float(rstate.run_knob_value) if device_knob(device) == GPU_POWER_LIMIT_W else None
     sampled_mhz = float(getattr(m, "clock_mhz", math.nan))
     if limit_w is not None:
         extra["gpu_power_limit_w"] = limit_w
-    if plan.lut is not None:  # what the LUT predicted for this local work
+    if rstate.lut is not None:  # what the LUT predicted for this local work
         extra["predicted_time_s"] = choice.time_per_sample_s * result.samples
-    if plan.fastest_time_s is not None:  # the round plan: the node's best round time
-        extra["fastest_time_s"] = plan.fastest_time_s
-        if plan.cfg.deadline_s is not None:
-            extra["deadline_s"] = plan.cfg.deadline_s
-            extra["slack_s"] = plan.cfg.deadline_s - m.time_s
-            extra["deadline_miss"] = float(missed_deadline(m.time_s, plan.cfg.deadline_s))
-    extra.update(plan.mode_report)
-    if plan.kind_check is not None:
-        extra["kind_verify_deviation"] = plan.kind_check.deviation
-        extra["kind_reprofiled"] = float(plan.kind_check.reprofiled)
-    if plan.power_check is not None:
-        extra["lut_power_deviation"] = plan.power_check[0]
-        extra["lut_set_aside"] = float(plan.power_check[1])
-    if plan.drift is not None:
-        extra["drift_deviation"] = plan.drift.deviation
-        extra["drift_reprofiled"] = float(plan.drift.reprofiled)
-        if plan.drift.reprofiled:
-            again = select_for(plan, plan.drift.lut, device, ctx.objective)
+    if rstate.fastest_time_s is not None:  # the round plan: the node's best round time
+        extra["fastest_time_s"] = rstate.fastest_time_s
+        if rstate.cfg.deadline_s is not None:
+            extra["deadline_s"] = rstate.cfg.deadline_s
+            extra["slack_s"] = rstate.cfg.deadline_s - m.time_s
+            extra["deadline_miss"] = float(missed_deadline(m.time_s, rstate.cfg.deadline_s))
+    extra.update(rstate.mode_report)
+    if rstate.kind_check is not None:
+        extra["kind_verify_deviation"] = rstate.kind_check.deviation
+        extra["kind_reprofiled"] = float(rstate.kind_check.reprofiled)
+    if rstate.power_check is not None:
+        extra["lut_power_deviation"] = rstate.power_check[0]
+        extra["lut_set_aside"] = float(rstate.power_check[1])
+    if rstate.drift is not None:
+        extra["drift_deviation"] = rstate.drift.deviation
+        extra["drift_reprofiled"] = float(rstate.drift.reprofiled)
+        if rstate.drift.reprofiled:
+            again = select_for(rstate, rstate.drift.lut, device, ctx.objective)
             extra["drift_batch_size"] = float(again.batch_size)
             extra["drift_freq_mhz"] = float(again.knob_value)
     if limit_w is not None and "drift_freq_mhz" in extra:  # the knob's value in W, its own key
@@ -652,18 +657,20 @@ def _report(
         avg_power_w=m.avg_power_w,
         peak_power_w=m.peak_power_w,
         idle_power_w=idle_w,
-        p_max_w=plan.cap.to_wire(),
+        p_max_w=rstate.cap.to_wire(),
         cap_margin=ctx.cap_margin,
         batch_size=float(choice.batch_size),
-        gpu_freq_mhz=float(plan.run_knob_value) if limit_w is None else sampled_mhz,
-        profile_time_s=plan.cost.time_s,
-        profile_energy_j=plan.cost.energy_j,
+        gpu_freq_mhz=float(rstate.run_knob_value) if limit_w is None else sampled_mhz,
+        profile_time_s=rstate.cost.time_s,
+        profile_energy_j=rstate.cost.energy_j,
         cap_violations=float(m.cap_violations),
         time_over_cap_s=float(m.time_over_cap_s),
         train_loss=float(result.mean_loss),
-        lut_from_cache=float(plan.lut_from_cache),
+        lut_from_cache=float(rstate.lut_from_cache),
         lut_shared=float(
-            plan.cfg.kind_lut is not None and plan.lut is not None and plan.lut.grid == "shared"
+            rstate.cfg.kind_lut is not None
+            and rstate.lut is not None
+            and rstate.lut.grid == "shared"
         ),
         local_steps=float(result.steps),
         local_lr=float(lr),
