@@ -28,8 +28,11 @@ from fl_client.settings import (
     resolve_path,
     translate_deprecated,
 )
+from fl_server.async_loop import AsyncRun, run_fedbuff
+from fl_server.async_records import AsyncRecorder
 from fl_server.lut_library import LUTLibrary
 from fl_server.results import RunRecorder, new_run_dir, untrained_label
+from strategies.fedbuff import VirtualClock
 from strategies.fleet import Fleet
 from strategies.power_aware import PowerAwareFedAvg, RoundReport
 from strategies.round_plan import PlanSettings
@@ -109,7 +112,9 @@ def make_strategy(
         template=template,
         min_train_nodes=settings.min_train_nodes,
         fraction_train=settings.fraction_train,
-        aggregation=settings.aggregation,
+        # fedbuff aggregates its buffer itself; the profiled steps of fleet-shared profiling
+        # (one synchronous exchange before the first work) are averaged with FedAvg
+        aggregation="fedavg" if settings.aggregation == "fedbuff" else settings.aggregation,
         planning=planning,
         shared=shared,
     )
@@ -262,13 +267,7 @@ def run_server(
         if settings.run_dir
         else new_run_dir(settings.output_dir, settings.method)
     )
-    rec = RunRecorder(
-        run_dir,
-        method=settings.method,
-        target_accuracy=settings.target_accuracy,
-        balance=settings.balance,
-        idle_accounting=settings.idle_accounting,
-    )
+    rec = make_recorder(settings, run_dir)
     rec.console.print(
         f"[bold]powerfl[/bold] method={settings.method} model={settings.model} "
         f"rounds≤{settings.num_rounds} target={settings.target_accuracy:.2f} "
@@ -305,9 +304,14 @@ def run_server(
     strategy = make_strategy(settings, r_est, weights)
     strategy.fleet.query(grid, settings.round_timeout_s)
     record_fleet(strategy.fleet, rec, fleet)
-    rounds = Rounds(settings.num_rounds, settings.round_timeout_s, settings.target_accuracy)
     initial = ArrayRecord(model.state_dict())
-    final = run_rounds(strategy, grid, initial, rounds, evaluate, rec.record_round)
+    if isinstance(rec, AsyncRecorder):  # aggregation = "fedbuff": no rounds
+        clock = VirtualClock(settings.buffer_size, settings.staleness_weight)
+        run = AsyncRun(strategy, grid, clock, rec, settings.round_timeout_s)
+        final = run_fedbuff(run, initial, settings.num_rounds, evaluate)
+    else:
+        rounds = Rounds(settings.num_rounds, settings.round_timeout_s, settings.target_accuracy)
+        final = run_rounds(strategy, grid, initial, rounds, evaluate, rec.record_round)
     torch.save(final.to_torch_state_dict(), run_dir / "final_model.pt")
     rec.left_out = left_out_nodes(strategy.fleet, fleet)  # with any that joined late
     return rec.finish(
@@ -322,6 +326,25 @@ def run_server(
             "query-failures": {str(k): v for k, v in strategy.fleet.query_failures.items()},
             **(weights.to_record() if weights else {}),
         }
+    )
+
+
+def make_recorder(settings: RunSettings, run_dir: Path) -> RunRecorder:
+    """The run's recorder: a synchronous run's, or with ``aggregation = "fedbuff"`` the
+    asynchronous one's (``fl_server.async_records``)."""
+    if settings.aggregation == "fedbuff":
+        return AsyncRecorder(
+            run_dir,
+            method=settings.method,
+            target_accuracy=settings.target_accuracy,
+            idle_accounting=settings.idle_accounting,
+        )
+    return RunRecorder(
+        run_dir,
+        method=settings.method,
+        target_accuracy=settings.target_accuracy,
+        balance=settings.balance,
+        idle_accounting=settings.idle_accounting,
     )
 
 
