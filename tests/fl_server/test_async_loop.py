@@ -44,9 +44,9 @@ def _handler(fail: Iterable[int] = ()) -> Callable[[Message], Message | None]:
             return Message(RecordDict({"device": device}), reply_to=msg)
         if node in fail:
             return Message(Error(code=1, reason=f"node {node} crashed"), reply_to=msg)
-        work = int(msg.content.config_records["config"]["server-round"])
+        work = msg.content.config_records["config"]["server-round"]
         x = msg.content.array_records["arrays"]["x"].numpy()
-        profile_s = 0.5 if work == 1 else 0.0
+        profile_s = 0.5 if work == 1 else 0.0  # the node's first work profiles
         metrics = report(
             node, train_time_s=TIMES[node], profile_time_s=profile_s, profile_energy_j=profile_s
         ).to_metrics()

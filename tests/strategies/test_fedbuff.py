@@ -137,7 +137,10 @@ def test_the_weight_is_samples_times_the_staleness_factor() -> None:
 
 
 def test_the_buffer_step_matches_a_hand_computation() -> None:
-    g = {"w": np.array([1.0, 1.0], dtype=np.float32), "n": np.array(10, dtype=np.int64)}
+    g: dict[str, np.ndarray] = {
+        "w": np.array([1.0, 1.0], dtype=np.float32),
+        "n": np.array(10, dtype=np.int64),
+    }
     base0 = {"w": np.array([0.0, 0.0]), "n": np.array(8)}
     base1 = {"w": np.array([1.0, 1.0]), "n": np.array(10)}
     local_a = {"w": np.array([2.0, 0.0]), "n": np.array(9)}  # delta (2, 0), n +1
