@@ -270,7 +270,13 @@ def run_server(
     rec = make_recorder(settings, run_dir)
     rec.console.print(
         f"[bold]powerfl[/bold] method={settings.method} model={settings.model} "
-        f"rounds≤{settings.num_rounds} target={settings.target_accuracy:.2f} "
+        + (
+            f"aggregation=fedbuff buffer-size={settings.buffer_size} "
+            f"versions≤{settings.num_rounds} "
+            if settings.aggregation == "fedbuff"
+            else f"rounds≤{settings.num_rounds} "
+        )
+        + f"target={settings.target_accuracy:.2f} "
         + (f"balance={settings.balance} " if settings.balance != "off" else "")
         + f"→ {run_dir}"
     )

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from tests.strategies.test_power_aware import FLEET, FakeGrid, _strategy, report
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
+REPO = Path(__file__).resolve().parents[2]
 #: Device time of every work per node (s); the first work profiles 0.5 s more
 TIMES = {11: 3.0, 12: 1.0, 13: 2.0}
 
@@ -172,3 +175,51 @@ def test_a_failed_node_is_dropped_and_the_run_goes_on(tmp_path: Path) -> None:
 def test_a_buffer_larger_than_the_fleet_is_refused_naming_the_key(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match=r"buffer-size: 4, but 3 nodes"):
         _run(tmp_path, buffer_size=4)
+
+
+# ------------------------------------------------------------- end to end, Flower's engine
+
+E2E_FLEET = """
+[[node]]
+name = "nano-4.5w"
+device = "jetson-nano"
+p-max-w = 4.5
+
+[[node]]
+name = "tx2nx-7w"
+device = "jetson-tx2-nx"
+p-max-w = 7.0
+
+[[node]]
+name = "orin-free"
+device = "jetson-orin-nano"
+p-max-w = "none"
+"""
+
+
+@pytest.mark.slow
+def test_powerfl_simulate_runs_fedbuff_end_to_end(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(E2E_FLEET)
+    out = tmp_path / "runs"
+    cmd = [
+        *(sys.executable, "-m", "simulations", "simulate", "--methods", "power-aware"),
+        *("--fleet", str(fleet), "--rounds", "3", "--output-dir", str(out)),
+        *("-c", f"cache-dir={json.dumps(str(tmp_path / 'cache'))}", "-c", "target-accuracy=0.99"),
+        *("-c", "aggregation='fedbuff'", "-c", "buffer-size=2"),
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rounds = _lines(run_dir / "rounds.jsonl")
+    updates = _lines(run_dir / "updates.jsonl")
+    assert [r["server-round"] for r in rounds] == [1, 2, 3]
+    times = [r["sim-time-s"] for r in rounds]
+    assert times == sorted(times) and times[0] > 0
+    applied = [u for u in updates if u["version"] is not None]
+    assert len(applied) == 3 * 2
+    assert all(u["end-s"] > u["start-s"] for u in updates)
+    assert summary["aggregation"] == "fedbuff" and summary["versions"] == 3
+    assert 0.0 <= summary["idle-share"] < 1.0
+    assert "fedbuff: 3 versions from 6 updates" in proc.stdout
