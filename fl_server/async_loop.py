@@ -104,7 +104,9 @@ class AsyncRun:
     def fail(self, work: Work, reason: str) -> None:
         self.clock.drop(work.node_id)
         log.warning("node %d dropped from the run: %s", work.node_id, reason)
-        self.rows.append(self.strategy.failed_row(work.number, work.node_id, reason))
+        shared = self.shared.pop(work.node_id, (0.0, 0.0))  # its slices, if not counted yet
+        fleet = self.strategy.fleet
+        self.rows.append(fleet.failed_row(work.number, work.node_id, reason, shared))
 
     def apply(self, step: Step) -> ArrayRecord:
         """The new global version from ``step.applied``; its rows for the recorder."""
@@ -118,7 +120,7 @@ class AsyncRun:
         for a in step.applied:
             self.rec.record_update(a.update, a)
             node_id, report = a.update.node_id, a.update.payload[1]
-            row = self.strategy.failed_row(a.update.work.number, node_id, "")
+            row = self.strategy.fleet.failed_row(a.update.work.number, node_id, "")
             shared = self.shared.pop(node_id, (0.0, 0.0))
             self.rows.append(update_row(row, report, shared))
         for v in list(self.versions):  # keep the bases still in use and the newest
