@@ -138,7 +138,9 @@ def start(run: AsyncRun, arrays: ArrayRecord) -> None:
     for node_id, (time_s, energy_j) in sorted(run.shared.items()):
         clock.add_busy(node_id, 0.0, DeviceCost(time_s, energy_j, time_s, energy_j))
     run.versions[0] = to_numpy(arrays)
-    run.send([clock.dispatch(n, t0) for n in sorted(strategy.fleet.nodes)])
+    fleet = strategy.fleet
+    by_name = sorted(fleet.nodes, key=lambda n: (fleet.nodes[n].node_name, n))  # ties: by name
+    run.send([clock.dispatch(n, t0) for n in by_name])
 
 
 def run_fedbuff(

@@ -13,6 +13,7 @@ that is always busy counts no idle energy.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -60,15 +61,15 @@ def _interval_account(
     """A version's interval of virtual time as a ``RoundAccount``: each node's busy time
     and energy in it, training and profiling apart, and its idle time at idle power."""
     busy = {names.get(n, str(n)): t.busy_s for n, t in times.items()}
-    profile_s = sum(t.profile_s for t in times.values())
-    profile_j = sum(t.profile_j for t in times.values())
-    return RoundAccount(
+    profile_s = math.fsum(t.profile_s for t in times.values())
+    profile_j = math.fsum(t.profile_j for t in times.values())
+    return RoundAccount(  # fsum: the same figure whatever ids Flower gave the nodes
         round_time_s=round_s,
-        train_time_s=sum(t.busy_s for t in times.values()) - profile_s,
+        train_time_s=math.fsum(t.busy_s for t in times.values()) - profile_s,
         profile_time_s=profile_s,
-        train_energy_j=sum(t.busy_j for t in times.values()) - profile_j,
+        train_energy_j=math.fsum(t.busy_j for t in times.values()) - profile_j,
         profile_energy_j=profile_j,
-        idle_energy_j=sum(t.idle_j for t in times.values()),
+        idle_energy_j=math.fsum(t.idle_j for t in times.values()),
         busy_s=busy,
         deadline_misses=0,
         predicted_energy_saved_j=0.0,
@@ -186,8 +187,8 @@ class AsyncRecorder(RunRecorder):
         if self.clock is None or until_s <= 0:
             return None
         times = self.clock.account(0.0, until_s).values()
-        on = sum(t.busy_s + t.idle_s for t in times)
-        return sum(t.idle_s for t in times) / on if on else None
+        on = math.fsum(t.busy_s + t.idle_s for t in times)
+        return math.fsum(t.idle_s for t in times) / on if on else None
 
     def print_summary(self, summ: dict[str, Any]) -> None:
         super().print_summary(summ)

@@ -10,13 +10,13 @@ right away.
 **Device time orders it** (``VirtualClock``). In a simulation the host's wall clock says
 nothing about the devices: each node has a virtual clock, and a work sent at virtual time
 t ends at t + the device time the node reports for it (training plus any profiling). The
-server takes updates in order of their virtual end (ties: the lower node id), never in the
-host's arrival order, so a run does not depend on the host's load and two runs with the
-same seed give the same records. The scheme is conservative and exact: the server waits
-until every sent work has replied (wall time costs nothing in a simulation), then takes
-the earliest update; the node it came from is sent its next work starting at that virtual
-time, and since that work cannot end before now, the server waits for its reply before it
-takes the next update.
+server takes updates in order of their virtual end (ties: the node sent its first work
+first), never in the host's arrival order, so a run does not depend on the host's load
+and two runs with the same seed give the same records. The scheme is conservative and
+exact: the server waits until every sent work has replied (wall time costs nothing in a
+simulation), then takes the earliest update; the node it came from is sent its next work
+starting at that virtual time, and since that work cannot end before now, the server waits
+for its reply before it takes the next update.
 
 **The step** (``apply_buffer``). An update is applied as a delta against the version it
 started from: global += Σ w_i (local_i − base_i) / Σ w_i, with w_i = samples_i × s(τ_i),
@@ -160,6 +160,9 @@ class VirtualClock:
 
     The caller sends what ``dispatch`` returns, feeds each reply to ``arrive`` (or ``drop``
     for a failed one), and calls ``step`` once nothing is in flight (``waiting`` empty).
+    Updates that end at the same virtual time are taken in the order the nodes were first
+    sent work (the caller sends the first works in an order of its own: the fleet's names,
+    not Flower's ids, which change from run to run).
     """
 
     def __init__(self, buffer_size: int, staleness_form: str) -> None:
@@ -172,7 +175,8 @@ class VirtualClock:
         self.now_s = 0.0
         self.buffer: list[Update] = []
         self._in_flight: dict[int, Work] = {}
-        self._pending: list[tuple[float, int, Update]] = []  # heap: (end, node id, update)
+        self._pending: list[tuple[float, int, Update]] = []  # heap: (end, rank, update)
+        self._rank: dict[int, int] = {}  # node -> the order of its first work (ties)
         self._works: dict[int, int] = {}  # node -> works sent
         self._busy: dict[int, list[tuple[float, float, DeviceCost]]] = {}  # (start, end, cost)
         self._idle_w: dict[int, float] = {}
@@ -192,6 +196,7 @@ class VirtualClock:
         """Work for ``node_id`` from the current version, starting at ``start_s``."""
         if node_id in self._in_flight:
             raise ValueError(f"node {node_id}: has work in flight already")
+        self._rank.setdefault(node_id, len(self._rank))
         number = self._works.get(node_id, 0) + 1
         self._works[node_id] = number
         self._busy.setdefault(node_id, [])
@@ -212,7 +217,7 @@ class VirtualClock:
         if not (math.isfinite(cost.time_s) and cost.time_s >= 0):
             raise ValueError(f"train-time-s: node {node_id}: not a time ≥ 0: {cost.time_s}")
         update = Update(work, work.start_s + cost.time_s, samples, cost, payload)
-        heapq.heappush(self._pending, (update.end_s, node_id, update))
+        heapq.heappush(self._pending, (update.end_s, self._rank[node_id], update))
         self._busy[node_id].append((work.start_s, update.end_s, cost))
         if math.isfinite(cost.idle_power_w):
             self._idle_w[node_id] = cost.idle_power_w

@@ -45,7 +45,7 @@ def drive(
     return [tuple(r) for r in out]  # type: ignore[misc]
 
 
-def test_updates_are_taken_in_device_time_order_ties_by_node_id() -> None:
+def test_updates_are_taken_in_device_time_order_ties_by_first_dispatch() -> None:
     # Worked by hand (node 1 takes 3 s, node 2 1 s, node 3 2 s; K = 2): node 2 ends at 1
     # and again at 2, both from version 0: version 1 at t=2. Node 3 (ends 2) and node 1
     # (ends 3, before node 2's third work, also ending 3: the lower id) make version 2 at
@@ -64,6 +64,18 @@ def test_updates_are_taken_in_device_time_order_ties_by_node_id() -> None:
 
 def test_the_order_is_the_devices_whatever_order_the_host_delivers_replies_in() -> None:
     assert drive(TIMES, 2, 8) == drive(TIMES, 2, 8, reply_order=[3, 1, 2])
+
+
+def test_a_tie_goes_to_the_node_sent_its_first_work_first_not_the_lower_id() -> None:
+    clock = VirtualClock(3, "constant")
+    for n in (5, 2, 9):  # the caller's order (the fleet's names), not Flower's ids
+        clock.dispatch(n, 0.0)
+    for n in (9, 2, 5):
+        clock.arrive(n, DeviceCost(1.0, 1.0), samples=1.0)
+    taken = []
+    while (step := clock.step()) is not None:
+        taken.append(step.update.node_id)
+    assert taken == [5, 2, 9]
 
 
 def test_no_update_is_taken_while_a_reply_is_in_flight() -> None:
