@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from fl_client import settings_table
 from fl_client.contract import Cap
 from fl_client.devices import BACKENDS, POWER_SOURCES, Device, DeviceError, DeviceOptions
 from fl_client.devices.base import DeviceInfo, Measurement, Meter, Workload
@@ -194,7 +195,7 @@ def device_options(args: argparse.Namespace) -> DeviceOptions:
         value = getattr(args, key.replace("-", "_"), None)
         if value is not None:
             config[key] = value
-    return DeviceOptions.from_config(config)
+    return settings_table.device_options(config)
 
 
 class RecordingDevice:

@@ -31,11 +31,11 @@ from fl_client.power import PowerLimit, parse_p_max_w
 METHODS = ("power-aware", "b1", "b2", "oracle", "fixed")
 
 #: Version of the record files (rounds.jsonl, nodes.jsonl, summary.json). 2: kebab-case
-#: rounds.jsonl, training and profiling energy apart, caps and unknowns as null. 3: the
-#: headline fleet energy counts idle waiting by ``idle-accounting`` (``*-busy-energy-j``:
-#: training + profiling, ``*-idle-energy-j``: idle waiting, once ``*-wait-energy-j``), and
-#: each round's energy by node role (critical, slack).
-RECORD_VERSION = 3
+#: rounds.jsonl, training and profiling energy apart, caps and unknowns as null. 3: idle
+#: waiting in the headline by ``idle-accounting`` (``*-busy-energy-j``, ``*-idle-energy-j``,
+#: once ``*-wait-energy-j``), energy by node role. 4: ``round-to-target`` by the mean over
+#: ``target-window`` rounds (``fl_server.target``), ``first-round-at-target`` apart.
+RECORD_VERSION = 4
 
 
 class SettingsError(ValueError):

@@ -124,12 +124,13 @@ class NodeRoundState:
     r_true: list[float] | None = None
     choice: Selection | None = None
     run_freq_mhz: float = 0.0
+    #: The drift check of this node's own LUT (``drift-check-every``)
     drift: DriftCheck | None = None
-    cost: RoundCost = field(default_factory=RoundCost)
-    #: Fleet-shared profiling: the check of the chosen cell against the kind's LUT
-    shared: DriftCheck | None = None
+    #: Fleet-shared profiling: the check of the chosen cell of its kind's LUT on this board
+    kind_check: DriftCheck | None = None
     #: The kind's LUT is checked by this round's own training steps (``_settle_shared``)
     verify_by_training: bool = False
+    cost: RoundCost = field(default_factory=RoundCost)
     #: The trained round's peak against the LUT cell it ran at: (deviation, set aside)
     power_check: tuple[float, bool] | None = None
     #: The round plan (``balance``): the share of its local work this node runs (more than
@@ -376,7 +377,7 @@ def _verify_shared(
             peak_sigma_k=ctx.settings.peak_sigma_k,
         )
         check = check_drift(measure, plan.lut, point, ctx.settings.drift_threshold, options)
-    plan.shared, plan.lut = check, check.lut
+    plan.kind_check, plan.lut = check, check.lut
     plan.cost.add(check.time_s, check.energy_j)
     if check.reprofiled:
         plan.choice = select_for(plan, plan.lut, measure.device, ctx.objective)
@@ -396,7 +397,7 @@ def _settle_shared(ctx: NodeContext, measure: MeasureContext, plan: NodeRoundSta
     parts = [d for d in (time_dev, plan.power_check and plan.power_check[0]) if d is not None]
     deviation = max(parts, default=math.nan)
     ok = bool(parts) and deviation <= ctx.settings.drift_threshold and m.cap_violations == 0
-    plan.shared = DriftCheck(deviation, False, plan.lut, 0.0, 0.0)
+    plan.kind_check = DriftCheck(deviation, False, plan.lut, 0.0, 0.0)
     if ok:
         keep_verified(measure, plan.lut, plan.cfg.kind_lut)
         return
@@ -628,9 +629,9 @@ def _report(
             extra["slack_s"] = plan.cfg.deadline_s - m.time_s
             extra["deadline_miss"] = float(missed_deadline(m.time_s, plan.cfg.deadline_s))
     extra.update(plan.mode_report)
-    if plan.shared is not None:
-        extra["kind_verify_deviation"] = plan.shared.deviation
-        extra["kind_reprofiled"] = float(plan.shared.reprofiled)
+    if plan.kind_check is not None:
+        extra["kind_verify_deviation"] = plan.kind_check.deviation
+        extra["kind_reprofiled"] = float(plan.kind_check.reprofiled)
     if plan.power_check is not None:
         extra["lut_power_deviation"] = plan.power_check[0]
         extra["lut_set_aside"] = float(plan.power_check[1])

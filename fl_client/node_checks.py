@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from fl_client.contract import SettingsError
-from fl_client.devices import DeviceOptions, check_knob_backend, check_knob_setting
+from fl_client.devices import check_knob_backend
 from fl_client.setting_checks import SafeName
-from fl_client.settings_table import NODE
+from fl_client.settings_table import NODE, device_options
 
 #: Keys Flower's simulation sets in each node's node_config: a fleet file cannot set them.
 PARTITION_KEYS = ("partition-id", "num-partitions")
@@ -51,11 +51,9 @@ def check_no_partition_keys(entry: Mapping[str, Any], where: str) -> None:
 def check_node_options(options: Mapping[str, Any], backend: str, where: str) -> None:
     """Every backend option's value (inf, NaN, a negative step) and a power-limit ``knob``
     on a backend that sets none: a SettingsError naming ``where``, before any engine
-    starts (``DeviceOptions.from_config``, ``check_knob_backend``)."""
+    starts (``settings_table.device_options``, ``check_knob_backend``)."""
     try:
-        DeviceOptions.from_config(dict(options))
-        if "knob" in options:
-            check_knob_backend(backend, check_knob_setting(options["knob"]))
+        check_knob_backend(backend, device_options(options).knob)
     except ValueError as err:
         raise SettingsError(f"{where}: {err}") from None
 

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from fl_client import data_splits, model_zoo
-from fl_client.devices import Device, DeviceOptions, Workload, open_device
+from fl_client.devices import Device, Workload, open_device
 from fl_client.selector import Objective
 from fl_client.settings import NodeSettings, RunSettings, load_fleet, node_settings, resolve_path
+from fl_client.settings_table import device_options
 
 # A Jetson's CPU and GPU share memory: leave half of it to the OS, CUDA and the data.
 MEMORY_SHARE_FOR_TRAINING = 0.5
@@ -52,7 +53,7 @@ class NodeContext:
             self.node.device,
             self.node.backend,
             seed=self.settings.seed * 1000 + self.partition_id,
-            options=DeviceOptions.from_config(self.node.options).at_round(server_round),
+            options=device_options(self.node.options).at_round(server_round),
         )
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from fl_client.contract import Cap, SettingsError, parse_batch_sizes
-from fl_client.devices import DeviceOptions
+from fl_client.devices.base import KNOB_SETTINGS, check_knob_setting
 from fl_client.names import SAFE_NAME_RULE, check_safe_name
 
 
@@ -275,19 +275,70 @@ class Documented(Check):
         return self.text
 
 
-@dataclass(frozen=True)
-class DeviceOption(Check):
-    """A backend option, checked by ``DeviceOptions.from_config`` (the devices package may
-    not import settings); ``text`` says what it allows."""
+# ------------------------------------------------------------------------------ backend options
 
-    text: str = ""
+
+@dataclass(frozen=True)
+class OrBlank(Check):
+    """``check``'s value, or ``blank`` when unset or blank (``sysfs-root``, ``state-dir``)."""
+
+    check: Check
+    blank: Any = None
 
     def parse(self, key: str, raw: object) -> Any:
-        try:
-            DeviceOptions.from_config({key: raw})
-        except ValueError as err:
-            raise SettingsError(str(err)) from None
-        return raw
+        if raw is None or str(raw).strip() == "":
+            return self.blank
+        return self.check.parse(key, raw)
 
     def allowed(self) -> str:
-        return self.text
+        return self.check.allowed()
+
+
+@dataclass(frozen=True)
+class Names(Check):
+    """Names, comma-separated or a list (``power-rails``); blank names dropped."""
+
+    def parse(self, key: str, raw: object) -> tuple[str, ...]:
+        if isinstance(raw, str):
+            names: list[object] = list(raw.split(","))
+        elif isinstance(raw, Iterable):
+            names = list(raw)
+        else:
+            raise SettingsError(f"{key}: expected {self.allowed()}, got {raw!r}")
+        return tuple(str(n).strip() for n in names if str(n).strip())
+
+    def allowed(self) -> str:
+        return "names, comma-separated"
+
+
+@dataclass(frozen=True)
+class AutoFlag(Check):
+    """true, false, or auto (unset, blank): None (``lock-clocks``)."""
+
+    def parse(self, key: str, raw: object) -> bool | None:
+        text = "" if raw is None else str(raw).lower()
+        if text in ("", "auto"):
+            return None
+        if text in ("true", "1", "yes"):
+            return True
+        if text in ("false", "0", "no"):
+            return False
+        raise SettingsError(f"{key}: expected {self.allowed()}, got {raw!r}")
+
+    def allowed(self) -> str:
+        return "true, false or auto"
+
+
+@dataclass(frozen=True)
+class KnobName(Check):
+    """What the grid's second axis sets (``devices.base.check_knob_setting``: any case,
+    unset is ``frequency``)."""
+
+    def parse(self, key: str, raw: object) -> str:
+        try:
+            return check_knob_setting(raw)
+        except ValueError as err:
+            raise SettingsError(str(err)) from None
+
+    def allowed(self) -> str:
+        return " \\| ".join(f"`{v}`" for v in KNOB_SETTINGS)

@@ -198,6 +198,7 @@ class RunSettings:
     seed: int
     num_rounds: int
     target_accuracy: float
+    target_window: int
     local_epochs: int
     batch_sizes: list[int]
     lr_ref: float

@@ -16,9 +16,9 @@ both). Everything else derives from this table:
 * the studies check the run settings they override against the table (``check_run_keys``).
 
 A node key's own parsing is ``fl_client.settings``' (``p-max-w``, ``p-max-schedule``, …)
-or, for a backend option, ``fl_client.devices.DeviceOptions.from_config``: the devices
-package may not import settings, so those entries take their defaults from
-``DeviceOptions`` and their check calls it.
+or, for a backend option, its entry here: ``device_options`` builds
+``fl_client.devices.DeviceOptions`` from the parsed values (the devices package may not
+import settings, so those entries take their defaults from ``DeviceOptions``).
 
 Free of Flower and PyTorch, importable on Python 3.10.
 """
@@ -34,22 +34,24 @@ from typing import Any, Literal
 from fl_client.balance import BALANCE_MODES  # ``balance``: its modes, one entry each
 from fl_client.contract import METHODS, SettingsError, key_of
 from fl_client.devices import BACKENDS, POWER_SOURCES, DeviceOptions, unknown_key_message
-from fl_client.devices.base import KNOB_SETTINGS
 from fl_client.feasibility import PEAK_SIGMA_K
 from fl_client.selector import TIE_TOLERANCE
 from fl_client.setting_checks import (
     AsGiven,
+    AutoFlag,
     BatchSizes,
     CapCheck,
     Check,
     Choice,
     DatasetName,
-    DeviceOption,
     Documented,
     Flag,
     Integer,
+    KnobName,
+    Names,
     Number,
     OptionalNumber,
+    OrBlank,
     PathText,
     Range,
     SafeName,
@@ -183,11 +185,20 @@ RUN_SETTINGS: tuple[Setting, ...] = (
     Setting("seed", int, 7, Integer(lo=0), read_by="both", doc=
         "seeds the data split, the partitions, the twins' sensor noise and the training order"),
     Setting("num-rounds", int, 20, Integer(lo=1), read_by="server", doc=
-        "round budget: the run stops after this many rounds or at `target-accuracy`, "
-        "whichever comes first; with `aggregation = \"fedbuff\"`, the budget of global "
-        "model versions (aggregations of `buffer-size` updates)"),
+        "round budget: the run stops after this many rounds or once it reaches "
+        "`target-accuracy` (`target-window`), whichever comes first; with `aggregation = "
+        "\"fedbuff\"`, the budget of global model versions (aggregations of `buffer-size` "
+        "updates)"),
     Setting("target-accuracy", float, 0.85, Number(lo=0.0, hi=1.0), read_by="server", doc=
-        "test accuracy of the global model at which the run stops"),
+        "test accuracy of the global model at which the run stops, reached as "
+        "`target-window` says"),
+    Setting("target-window", int, 3, Integer(lo=1), read_by="server", doc=
+        "the run reaches `target-accuracy` at the first round whose mean global accuracy "
+        "over its last `target-window` evaluated rounds reaches it (a full window: never "
+        "before round `target-window`), so a lucky round does not decide it; 1: the first "
+        "round at the target. The run stops there; its summary also gives the first round "
+        "at the target (`first-round-at-target`). A window longer than `num-rounds` is "
+        "allowed with a warning at start (the run cannot reach the target by it)"),
     Setting("local-epochs", int, 5, Integer(lo=1), read_by="both", doc=
         "local work per round, in passes over the node's data (the same samples whatever b\\* "
         "is)"),
@@ -379,13 +390,10 @@ RUN_SETTINGS: tuple[Setting, ...] = (
 # fmt: on
 
 
-def _option(key: str, type_: type | tuple[type, ...], allowed: str, doc: str) -> Setting:
-    """A backend option: its default is ``DeviceOptions``' own, its check
-    ``DeviceOptions.from_config``."""
+def _option(key: str, type_: type | tuple[type, ...], check: Check, doc: str) -> Setting:
+    """A backend option (a ``DeviceOptions`` field): its default is ``DeviceOptions``' own."""
     defaults = {key_of(f.name): f.default for f in fields(DeviceOptions)}
-    return Setting(
-        key, type_, defaults[key], DeviceOption(allowed), doc, scope="node", read_by="node"
-    )
+    return Setting(key, type_, defaults[key], check, doc, scope="node", read_by="node")
 
 
 def _node(
@@ -437,45 +445,48 @@ FLOWER_NODE_SETTINGS: tuple[Setting, ...] = (
 )
 # fmt: on
 
+#: A rate, window or step of a backend: a finite number > 0 (inf would mean none).
+POSITIVE = Range(0.0, math.inf, lo_open=True)
+
 #: The backends' options (``fl_client.devices.DeviceOptions``).
 # fmt: off
 DEVICE_OPTION_SETTINGS: tuple[Setting, ...] = (
-    _option("sysfs-root", str, "",
+    _option("sysfs-root", str, OrBlank(Text(), "/"), doc=
         "`jetson`: the folder holding `sys/` and `proc/`, or the sysfs mount"),
-    _option("state-dir", str, "",
+    _option("state-dir", str, OrBlank(Text()), doc=
         "where a hardware backend saves the GPU limits found at start, to restore them after "
         "a crash; unset: `$POWERFL_STATE_DIR`, else `~/.cache/powerfl/state`"),
-    _option("power-source", str, " \\| ".join(f"`{v}`" for v in POWER_SOURCES),
+    _option("power-source", str, OrBlank(Choice(POWER_SOURCES), "auto"), doc=
         "`jetson`: read power from the INA3221 in sysfs, from the jtop service, or `auto`"),
-    _option("power-rails", str, "",
+    _option("power-rails", str, Names(), doc=
         "`jetson`: comma-separated INA3221 rails summed as board power; unset: the board's "
         "input rail (e.g. `VDD_IN`), else the sum of its rails"),
-    _option("sample-rate-hz", float, "> 0 and finite",
+    _option("sample-rate-hz", float, POSITIVE, doc=
         "power samples per second; energy is the time integral of the samples"),
-    _option("cap-window-s", float, "> 0 and finite",
+    _option("cap-window-s", float, POSITIVE, doc=
         "how long sampled power may stay above P_max before the cap guard steps the GPU "
         "frequency down one level"),
-    _option("replay-table", str, "",
+    _option("replay-table", str, OrBlank(Text()), doc=
         "`replay`: the measured table, CSV or JSON (format: "
         "[configs/replay/README.md](../configs/replay/README.md))"),
-    _option("nvml-index", int, "an integer",
+    _option("nvml-index", int, Integer(lo=0), doc=
         "`nvml`: the GPU as CUDA numbers it (`cuda:N`), via `CUDA_VISIBLE_DEVICES`"),
-    _option("lock-clocks", (bool, str), "true, false or auto",
+    _option("lock-clocks", (bool, str), AutoFlag(), doc=
         "`nvml`: `auto` (unset) locks clocks when root, `false` only measures"),
-    _option("knob", str, " \\| ".join(f"`{v}`" for v in KNOB_SETTINGS),
+    _option("knob", str, KnobName(), doc=
         "what the grid's second axis sets: the GPU `frequency` (MHz), the GPU `power-limit` "
         "(W; `nvml` as root, from the GPU's range; a replay table of `power_limit_w`), or "
         "`auto` (the clocks where they can be locked, else the power limit). The original "
         "limit is restored on every exit ([gpu.md](gpu.md#the-power-limit-as-the-knob))"),
-    _option("power-limit-step-w", float, "> 0 and finite",
+    _option("power-limit-step-w", float, POSITIVE, doc=
         "`nvml` with `knob = \"power-limit\"`: the step of the grid of power limits, from the "
         "GPU's highest limit down to its lowest"),
-    _option("twin-slowdown", float, "≥ 1 (a step-time factor)",
+    _option("twin-slowdown", float, Range(1.0, math.inf), doc=
         "`simulated`: from `twin-drift-from-round` on, every step takes this many times "
         "longer (simulated drift such as thermal throttling)"),
-    _option("twin-extra-power-w", float, "W ≥ 0",
+    _option("twin-extra-power-w", float, Range(0.0, math.inf), doc=
         "`simulated`: from `twin-drift-from-round` on, every step draws this much more power"),
-    _option("twin-drift-from-round", int, "an integer ≥ 1",
+    _option("twin-drift-from-round", int, Integer(lo=1), doc=
         "`simulated`: the first round of the twin's drift"),
 )
 # fmt: on
@@ -527,6 +538,18 @@ def parse_settings(cfg: Mapping[str, Any], table: Sequence[Setting], where: str)
     key's Python name (``cap_margin``) to its parsed value."""
     check_known(cfg, table_keys(table), where)
     return {s.field_name: s.parse(cfg.get(s.key, s.default)) for s in table}
+
+
+def device_options(config: Mapping[str, Any], where: str = "device options") -> DeviceOptions:
+    """The backends' options from ``config``, which holds only their keys (a fleet entry's
+    or node_config's other keys are the node's own): each key checked and parsed by its
+    entry of ``DEVICE_OPTION_SETTINGS`` (absent: its default), an unknown key refused
+    naming the nearest; a SettingsError naming the key."""
+    values = parse_settings(config, DEVICE_OPTION_SETTINGS, where)
+    try:
+        return DeviceOptions(**values)
+    except ValueError as err:  # a rule across keys (``DeviceOptions.__post_init__``)
+        raise SettingsError(str(err)) from None
 
 
 def check_run_keys(overrides: Mapping[str, Any], where: str, also: Iterable[str] = ()) -> None:

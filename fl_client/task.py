@@ -14,7 +14,7 @@ import torch.nn.functional as F  # noqa: N812  (the PyTorch convention)
 from torch import nn
 
 from fl_client.data_splits import Data, as_tensors
-from fl_client.model_zoo import NUM_CLASSES, build_model, model_device, synthetic_batch
+from fl_client.model_zoo import NUM_CLASSES, SmallCNN, build_model, model_device, synthetic_batch
 
 # ---------------------------------------------------------------------------------------
 # Training and evaluation
@@ -53,11 +53,40 @@ def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
     return torch.optim.Adam(model.parameters(), lr=lr)
 
 
+#: Models whose CPU training step runs faster on channels_last input batches with the same
+#: results (``benchmarks/bench_train_step.py``). Not ResNet18: its step was 0.8–1.0× as fast
+#: (slower) at b = 4..64. Not MobileNetV2: 1.2–1.5× faster, but its first step's gradients
+#: were 1% (relative, all tensors) from a float64 reference, against 8e-6 contiguous.
+#: SmallCNN's were 4e-7 either way.
+CHANNELS_LAST_MODELS: tuple[type[nn.Module], ...] = (SmallCNN,)
+
+
+def host_layout(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The batch ``x`` for ``model`` in the memory layout its step runs fastest in.
+
+    On the CPU an image batch (4-D, N×C×H×W) of a ``CHANNELS_LAST_MODELS`` model is returned
+    in ``torch.channels_last`` (N×H×W×C in memory; shape and values unchanged): PyTorch's CPU
+    convolution and max-pool kernels then run in that layout, and a single-threaded SmallCNN
+    Adam step got 1.5× faster per sample at b ≥ 16, 1.3–1.4× at b = 4 and 8
+    (``benchmarks/bench_train_step.py``). Only the input changes: the weights stay
+    contiguous, so state dicts, their hashes and the arrays a node sends are as before. The
+    kernels sum in another order: one step's loss and gradients agree with the contiguous
+    step's to about 1e-6 (relative), but over many Adam steps the weights drift apart as
+    far as they do from a 1e-7 relative nudge of the initial weights, so a run's per-round
+    accuracies differ (docs/benchmarks.md).
+    Anything else (text models' 2-D batches, the other image models, any CUDA tensor) is
+    returned as it is, and so is a batch already in channels_last (no copy).
+    """
+    if x.device.type == "cpu" and x.dim() == 4 and isinstance(model, CHANNELS_LAST_MODELS):
+        return x.contiguous(memory_format=torch.channels_last)
+    return x
+
+
 def train_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
 ) -> torch.Tensor:
     """One minibatch: forward, cross-entropy, backward, optimizer step; returns the loss as
-    a detached tensor on the model's device.
+    a detached tensor on the model's device. ``x`` is put in its ``host_layout`` first.
 
     On a GPU the call only queues the work: it neither synchronizes nor reads the loss back,
     so the next step is queued while this one runs and the GPU never idles between steps.
@@ -65,7 +94,7 @@ def train_step(
     whoever needs the loss as a number reads it once, at the end.
     """
     optimizer.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(x), y)
+    loss = F.cross_entropy(model(host_layout(model, x)), y)
     loss.backward()
     optimizer.step()
     return loss.detach()
@@ -183,7 +212,7 @@ def evaluate(model: nn.Module, data: Data, batch_size: int = 256) -> tuple[float
     loss_sum, correct = 0.0, 0
     try:
         for start in range(0, n, batch_size):
-            xb = x_all[start : start + batch_size].to(device)
+            xb = host_layout(model, x_all[start : start + batch_size].to(device))
             yb = y_all[start : start + batch_size].to(device)
             logits = model(xb)
             loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
@@ -242,7 +271,7 @@ def make_train_step(
         model = build_model(model_name, num_classes).to(dev)
     gen = torch.Generator().manual_seed(seed)
     x, y = synthetic_batch(model_name, input_shape, batch_size, num_classes, gen)
-    x, y = x.to(dev), y.to(dev)
+    x, y = host_layout(model, x.to(dev)), y.to(dev)  # converted once, not at every step
     optimizer = make_optimizer(model, lr=1e-4)
     model.train()
 

@@ -147,8 +147,8 @@ def run_fedbuff(
     run: AsyncRun, initial: ArrayRecord, max_versions: int, evaluate_fn: Evaluate
 ) -> ArrayRecord:
     """The ``fedbuff`` run (see the module docstring) until ``max_versions`` global versions
-    (``num-rounds``) or the first version at the target accuracy, by the recorder's rule
-    (``RunRecorder.round_to_target``); returns the final global arrays. Each version is
+    (``num-rounds``) or the version that reaches the target accuracy by the run's target
+    rule (``AsyncRecorder.version_to_target``); returns the final global arrays. Each version is
     evaluated and recorded (``AsyncRecorder``); so is each update it applied."""
     fleet, clock, rec = run.strategy.fleet, run.clock, run.rec
     if clock.buffer_size > len(fleet.nodes):
@@ -170,7 +170,7 @@ def run_fedbuff(
             metrics = evaluate_fn(clock.version, arrays)
             rec.record_version(run.rows, metrics)
             run.rows = []
-            if rec.round_to_target is not None:
+            if rec.version_to_target() is not None:
                 log.info("target accuracy reached at version %d", clock.version)
                 break
             if clock.version >= max_versions:

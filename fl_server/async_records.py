@@ -23,6 +23,7 @@ from rich.console import Console
 
 from fl_client.contract import NodeRow, TrainReport
 from fl_server.results import RoundAccount, RunRecorder, choice_label
+from fl_server.target import Target
 from strategies.fedbuff import Applied, NodeTime, Update, VirtualClock, staleness_weight
 from strategies.power_aware import RoundReport
 
@@ -87,14 +88,14 @@ class AsyncRecorder(RunRecorder):
         run_dir: Path,
         *,
         method: str,
-        target_accuracy: float,
+        target: Target,
         console: Console | None = None,
         idle_accounting: str = "on",
     ) -> None:
         super().__init__(
             run_dir,
             method=method,
-            target_accuracy=target_accuracy,
+            target=target,
             console=console,
             idle_accounting=idle_accounting,
         )
@@ -163,7 +164,7 @@ class AsyncRecorder(RunRecorder):
             summ[key] = None
         applied = [u for u in self.updates if u["version"] is not None]
         stale = [int(u["staleness"]) for u in applied]
-        upto = self.round_to_target
+        upto = self.version_to_target()
         summ.update(
             {
                 "aggregation": "fedbuff",
@@ -181,6 +182,11 @@ class AsyncRecorder(RunRecorder):
             }
         )
         return summ
+
+    def version_to_target(self) -> int | None:
+        """The version at which the run reached its target, by the run's target rule
+        (``fl_server.target``: the mean over ``target-window`` versions); None: not yet."""
+        return self.target.round_reached([row.accuracy for row in self.rows])
 
     def idle_share(self, until_s: float) -> float | None:
         """The fleet's idle time over its time on (busy + idle) in [0, ``until_s``]."""

@@ -24,6 +24,7 @@ from fl_client.contract import (
     to_record,
 )
 from fl_client.settings import IDLE_ACCOUNTING
+from fl_server.target import Target
 from strategies.power_aware import RoundReport
 
 #: Set by the process that runs the simulation when a signal ended the run: a ServerApp
@@ -256,7 +257,7 @@ class RunRecorder:
         run_dir: Path,
         *,
         method: str,
-        target_accuracy: float,
+        target: Target,
         console: Console | None = None,
         balance: str = "off",
         idle_accounting: str = "on",
@@ -271,14 +272,13 @@ class RunRecorder:
         self.balance = balance
         self.idle_accounting = idle_accounting
         self.method = method
-        self.target_accuracy = target_accuracy
+        self.target = target
         self.console = console or make_console()
         self._last_choices: list[str] = []
         self.rows: list[RoundRow] = []
         self.accounts: list[RoundAccount] = []
         self.initial: dict[str, float] = {}
         self.node_totals: dict[str, NodeTotals] = {}
-        self.round_to_target: int | None = None
         #: Nodes left out at the QUERY (their device could not be opened, …): records of
         #: ``untrained-nodes``, set by the server once the fleet has answered.
         self.left_out: list[dict[str, Any]] = []
@@ -356,8 +356,6 @@ class RunRecorder:
             if not node.ok:
                 self._full_errors.setdefault((node.node_name, node.error[:120]), node.error)
             self.node_totals.setdefault(node.node_name, NodeTotals(node.device)).add(node, account)
-        if self.round_to_target is None and row.accuracy >= self.target_accuracy:
-            self.round_to_target = len(self.rows)
         self._print_round(report, row)
         return row
 
@@ -393,8 +391,6 @@ class RunRecorder:
         train_s, profile_s = self._sum("train_time_s"), self._sum("profile_time_s")
         device_time_s = train_s + profile_s
         final = self.rows[-1] if self.rows else None
-        upto = self.round_to_target
-        reached = upto is not None
         totals = self.node_totals.values()
         return {
             "record-version": RECORD_VERSION,
@@ -402,21 +398,8 @@ class RunRecorder:
             "rounds": len(self.rows),
             "initial-accuracy": self.initial.get("accuracy"),
             "final-accuracy": final.accuracy if final else None,
-            "target-accuracy": self.target_accuracy,
-            "round-to-target": self.rows[upto - 1].server_round if upto else None,
-            "sim-time-to-target-s": self._sum("round_time_s", upto) if reached else None,
-            # The same rounds had profiling cost nothing (the limit of cheaper profiling)
-            "sim-time-to-target-free-profiling-s": (
-                self._sum("free_profiling_round_s", upto) if reached else None
-            ),
-            # The headline: training, profiling and (idle-accounting = on) idle waiting
             "idle-accounting": self.idle_accounting,
-            "fleet-energy-to-target-j": self._energy(upto) if reached else None,
-            # Its parts: training + profiling (busy), idle waiting for the slowest node
-            "fleet-busy-energy-to-target-j": (
-                self._sum("busy_energy_j", upto) if reached else None
-            ),
-            "fleet-idle-energy-to-target-j": self._sum("idle_energy_j", upto) if reached else None,
+            **self._to_target(),
             "sim-time-s": self.sim_time_s,
             "fleet-energy-j": self._energy(),
             "fleet-busy-energy-j": self._sum("busy_energy_j"),
@@ -442,6 +425,40 @@ class RunRecorder:
             "nodes": {name: t.to_record(self.sim_time_s) for name, t in self.node_totals.items()},
             "untrained-nodes": self.untrained_nodes(),
             "run-dir": str(self.run_dir),
+        }
+
+    def _to_target(self) -> dict[str, Any]:
+        """The target's figures: ``round-to-target`` and the time and energy up to it by the
+        window rule (the first round whose mean accuracy over ``target-window`` rounds
+        reaches the target), and the first round at the target with its time and energy
+        (``first-round-at-target``: the rule of record version 3, which a lucky round can
+        decide). None where the run did not reach the target by that rule."""
+        accuracies = [row.accuracy for row in self.rows]
+        upto, first = self.target.round_reached(accuracies), self.target.first_round(accuracies)
+
+        def upto_target(value: float) -> float | None:
+            return value if upto is not None else None
+
+        def upto_first(value: float) -> float | None:
+            return value if first is not None else None
+
+        return {
+            "target-accuracy": self.target.accuracy,
+            "target-window": self.target.window,
+            "round-to-target": self.rows[upto - 1].server_round if upto else None,
+            "sim-time-to-target-s": upto_target(self._sum("round_time_s", upto)),
+            # The same rounds had profiling cost nothing (the limit of cheaper profiling)
+            "sim-time-to-target-free-profiling-s": upto_target(
+                self._sum("free_profiling_round_s", upto)
+            ),
+            # The headline: training, profiling and (idle-accounting = on) idle waiting
+            "fleet-energy-to-target-j": upto_target(self._energy(upto)),
+            # Its parts: training + profiling (busy), idle waiting for the slowest node
+            "fleet-busy-energy-to-target-j": upto_target(self._sum("busy_energy_j", upto)),
+            "fleet-idle-energy-to-target-j": upto_target(self._sum("idle_energy_j", upto)),
+            "first-round-at-target": self.rows[first - 1].server_round if first else None,
+            "sim-time-to-first-target-s": upto_first(self._sum("round_time_s", first)),
+            "fleet-energy-to-first-target-j": upto_first(self._energy(first)),
         }
 
     def untrained_nodes(self) -> list[dict[str, Any]]:
@@ -475,25 +492,9 @@ class RunRecorder:
 
     def print_summary(self, summ: dict[str, Any]) -> None:
         self.console.print(node_table(summ))
-        ttt = summ["sim-time-to-target-s"]
-        e2t = summ["fleet-energy-to-target-j"]
         self.console.print(
             f"[bold]{summ['method']}[/bold]: accuracy {summ['initial-accuracy']:.3f} → "
-            f"{summ['final-accuracy']:.3f} in {summ['rounds']} rounds; "
-            + (
-                f"target {summ['target-accuracy']:.2f} reached in round "
-                f"{summ['round-to-target']} after {ttt:.1f} s simulated device time "
-                f"using {e2t:.1f} J fleet energy ("
-                f"{summ['fleet-busy-energy-to-target-j']:.1f} J training + profiling"
-                + (
-                    f", {summ['fleet-idle-energy-to-target-j']:.1f} J idle waiting)"
-                    if summ.get("idle-accounting") == "on"
-                    else f"; {summ['fleet-idle-energy-to-target-j']:.1f} J idle waiting "
-                    "not counted)"
-                )
-                if ttt is not None
-                else f"target {summ['target-accuracy']:.2f} not reached"
-            )
+            f"{summ['final-accuracy']:.3f} in {summ['rounds']} rounds; {target_text(summ)}"
         )
         self.console.print(
             f"profiling took {summ['device-profile-time-s']:.1f} s of "
@@ -535,6 +536,39 @@ class RunRecorder:
         for node in summ.get("untrained-nodes", []):
             self.console.print(f"[red]never trained[/red] {untrained_label(node)}")
         self.console.print(f"results: {summ['run-dir']}")
+
+
+def target_text(summ: dict[str, Any]) -> str:
+    """The end-of-run words on the target: the round that reached it by the window rule
+    (``reached 0.85 in round 16 (mean of rounds 14–16) after …``) and, where it differs,
+    the first round at the target (``first round at 0.85: 13 (…)``)."""
+    target, window = summ["target-accuracy"], summ["target-window"]
+    r2t, first = summ["round-to-target"], summ["first-round-at-target"]
+    if r2t is None:
+        text = f"target {target:.2f} not reached" + (
+            f" (mean of {window} rounds)" if window > 1 else ""
+        )
+    else:
+        idle = summ["fleet-idle-energy-to-target-j"]
+        text = (
+            f"target {target:.2f} reached in round {r2t}"
+            + (f" (mean of rounds {r2t - window + 1}–{r2t})" if window > 1 else "")
+            + f" after {summ['sim-time-to-target-s']:.1f} s simulated device time using "
+            f"{summ['fleet-energy-to-target-j']:.1f} J fleet energy ("
+            f"{summ['fleet-busy-energy-to-target-j']:.1f} J training + profiling"
+            + (
+                f", {idle:.1f} J idle waiting)"
+                if summ.get("idle-accounting") == "on"
+                else f"; {idle:.1f} J idle waiting not counted)"
+            )
+        )
+    if first is not None and first != r2t:
+        text += (
+            f"; first round at {target:.2f}: {first} "
+            f"({summ['sim-time-to-first-target-s']:.1f} s, "
+            f"{summ['fleet-energy-to-first-target-j']:.1f} J)"
+        )
+    return text
 
 
 def node_table(summ: dict[str, Any]) -> Table:

@@ -32,6 +32,7 @@ from fl_server.async_loop import AsyncRun, run_fedbuff
 from fl_server.async_records import AsyncRecorder
 from fl_server.lut_library import LUTLibrary
 from fl_server.results import RunRecorder, new_run_dir, untrained_label
+from fl_server.target import Target
 from strategies.fedbuff import VirtualClock
 from strategies.fleet import Fleet
 from strategies.power_aware import PowerAwareFedAvg, RoundReport
@@ -123,11 +124,12 @@ def make_strategy(
 @dataclass(frozen=True)
 class Rounds:
     """How long a run goes: at most ``num_rounds`` rounds, each waiting ``timeout_s`` for
-    its replies, ending early once the global model reaches ``target_accuracy``."""
+    its replies, ending early once the global model reaches ``target`` (by its window
+    rule: ``fl_server.target``)."""
 
     num_rounds: int
     timeout_s: float
-    target_accuracy: float | None = None
+    target: Target | None = None
 
 
 def run_rounds(
@@ -138,8 +140,9 @@ def run_rounds(
     evaluate_fn: Callable[[int, ArrayRecord], dict[str, float]],
     on_round: Callable[[RoundReport, dict[str, float]], object] | None = None,
 ) -> ArrayRecord:
-    """QUERY round (unless the fleet was queried already), then TRAIN rounds until
-    ``rounds.target_accuracy`` or ``rounds.num_rounds``; returns the final global arrays.
+    """QUERY round (unless the fleet was queried already), then TRAIN rounds until the
+    global model reaches ``rounds.target`` (the mean accuracy over its window of rounds) or
+    ``rounds.num_rounds``; returns the final global arrays.
 
     Each round: QUERY the nodes that joined since, fleet-shared profiling, then the
     strategy's ``configure_train`` and ``aggregate_train``. ``evaluate_fn`` evaluates the
@@ -155,6 +158,7 @@ def run_rounds(
         raise RuntimeError("no node answered the QUERY round; nothing to train")
     arrays = initial_arrays
     evaluate_fn(0, arrays)
+    accuracies: list[float] = []  # rounds 1, 2, …: the target's window reads them
     for server_round in range(1, rounds.num_rounds + 1):
         if server_round > 1:
             fleet.query_new(grid, timeout_s)
@@ -170,9 +174,15 @@ def run_rounds(
         ev = evaluate_fn(server_round, arrays)
         if on_round is not None:
             on_round(strategy.rounds[-1], ev)
-        target = rounds.target_accuracy
-        if target is not None and ev.get("accuracy", math.nan) >= target:
-            log.info("target accuracy %.3f reached in round %d", target, server_round)
+        accuracies.append(ev.get("accuracy", math.nan))
+        target = rounds.target
+        if target is not None and target.round_reached(accuracies) is not None:
+            log.info(
+                "target accuracy %.3f reached in round %d (mean over %d rounds)",
+                target.accuracy,
+                server_round,
+                target.window,
+            )
             break
     return arrays
 
@@ -245,13 +255,29 @@ def record_fleet(
 
 def settings_notes(settings: RunSettings, run_config: Mapping[str, Any]) -> list[str]:
     """What a user hears of at start, one line each: every deprecated key of the run config
-    and what to write instead, and the settings that take no effect in this run (the run
-    config is shared by runs, so a line, not a refusal: ``fl_client.effective``)."""
-    notes = translate_deprecated(run_config, app_defaults())[1]
+    and what to write instead, a ``target-window`` the run cannot fill (``window_note``),
+    and the settings that take no effect in this run (the run config is shared by runs, so
+    a line, not a refusal: ``fl_client.effective``)."""
+    window = window_note(settings)
+    notes = [*translate_deprecated(run_config, app_defaults())[1], *([window] if window else [])]
     if named_by_caller_already():  # powerfl simulate said it once, before its runs
         return notes
     idle = check_effective(settings, [settings.method])
     return notes if idle is None else [*notes, idle]
+
+
+def window_note(settings: RunSettings) -> str | None:
+    """The line a run whose ``target-window`` is longer than ``num-rounds`` gets at start:
+    it cannot reach the target by the window rule (allowed: a short trial run keeps the
+    default window), though its first round at the target is still recorded."""
+    if settings.target_window <= settings.num_rounds:
+        return None
+    return (
+        f"target-window: {settings.target_window} rounds is longer than num-rounds "
+        f"({settings.num_rounds}): the run cannot reach target-accuracy by the mean over "
+        "target-window rounds (round-to-target stays empty; first-round-at-target is still "
+        "recorded); give target-window ≤ num-rounds, or 1 for the first round at the target"
+    )
 
 
 def run_server(
@@ -267,7 +293,8 @@ def run_server(
         if settings.run_dir
         else new_run_dir(settings.output_dir, settings.method)
     )
-    rec = make_recorder(settings, run_dir)
+    target = Target(settings.target_accuracy, settings.target_window)
+    rec = make_recorder(settings, run_dir, target)
     rec.console.print(
         f"[bold]powerfl[/bold] method={settings.method} model={settings.model} "
         + (
@@ -277,6 +304,7 @@ def run_server(
             else f"rounds≤{settings.num_rounds} "
         )
         + f"target={settings.target_accuracy:.2f} "
+        + (f"(mean of {settings.target_window} rounds) " if settings.target_window > 1 else "")
         + (f"balance={settings.balance} " if settings.balance != "off" else "")
         + f"→ {run_dir}"
     )
@@ -316,7 +344,7 @@ def run_server(
         run = AsyncRun(strategy, grid, clock, rec, settings.round_timeout_s)
         final = run_fedbuff(run, initial, settings.num_rounds, evaluate)
     else:
-        rounds = Rounds(settings.num_rounds, settings.round_timeout_s, settings.target_accuracy)
+        rounds = Rounds(settings.num_rounds, settings.round_timeout_s, target)
         final = run_rounds(strategy, grid, initial, rounds, evaluate, rec.record_round)
     torch.save(final.to_torch_state_dict(), run_dir / "final_model.pt")
     rec.left_out = left_out_nodes(strategy.fleet, fleet)  # with any that joined late
@@ -335,20 +363,20 @@ def run_server(
     )
 
 
-def make_recorder(settings: RunSettings, run_dir: Path) -> RunRecorder:
+def make_recorder(settings: RunSettings, run_dir: Path, target: Target) -> RunRecorder:
     """The run's recorder: a synchronous run's, or with ``aggregation = "fedbuff"`` the
     asynchronous one's (``fl_server.async_records``)."""
     if settings.aggregation == "fedbuff":
         return AsyncRecorder(
             run_dir,
             method=settings.method,
-            target_accuracy=settings.target_accuracy,
+            target=target,
             idle_accounting=settings.idle_accounting,
         )
     return RunRecorder(
         run_dir,
         method=settings.method,
-        target_accuracy=settings.target_accuracy,
+        target=target,
         balance=settings.balance,
         idle_accounting=settings.idle_accounting,
     )

@@ -49,8 +49,10 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
 
 
 def print_comparison(summaries: list[dict[str, Any]]) -> None:
-    """Side-by-side table of methods run on the same fleet, data and seeds: the headline
-    energy (idle waiting counted by ``idle-accounting``) and its two parts."""
+    """Side-by-side table of methods run on the same fleet, data and seeds: the round that
+    reached the target (by the mean over ``target-window`` rounds) and the first round at
+    it, the headline energy (idle waiting counted by ``idle-accounting``) and its two
+    parts."""
     from rich.table import Table
 
     from fl_server.results import make_console
@@ -61,11 +63,17 @@ def print_comparison(summaries: list[dict[str, Any]]) -> None:
         if counted
         else "= w/o idle (idle-accounting = off)"
     )
+    windows = sorted({int(s["target-window"]) for s in summaries})
+    first_apart = windows != [1]  # a window of 1: the first round at the target is the round
+    if first_apart:
+        over = f"{windows[0]} rounds" if len(windows) == 1 else "target-window rounds"
+        title += f"; round→target: the first round whose mean accuracy over {over} reaches it"
     table = Table(title=title, title_justify="left")
     for col in (
         "method",
         "final acc",
         "round→target",
+        *(["first at target"] if first_apart else []),
         "time→target s",
         "energy→target J",
         "w/o idle J",
@@ -82,6 +90,7 @@ def print_comparison(summaries: list[dict[str, Any]]) -> None:
             s["method"],
             f"{s['final-accuracy']:.3f}",
             str(s["round-to-target"] or "-"),
+            *([str(s["first-round-at-target"] or "-")] if first_apart else []),
             fmt(s["sim-time-to-target-s"]),
             fmt(s["fleet-energy-to-target-j"]),
             fmt(s.get("fleet-busy-energy-to-target-j")),

@@ -31,7 +31,9 @@ SUMMARY_KEYS = (
     "rounds",
     "initial-accuracy",
     "target-accuracy",
+    "target-window",
     "round-to-target",
+    "first-round-at-target",
     "sim-time-to-target-s",
     "fleet-busy-energy-to-target-j",
     "fleet-idle-energy-to-target-j",
@@ -99,6 +101,7 @@ def load_run(folder: str | Path) -> RunRecords:
     summary = _read_json(path / SUMMARY)
     if not isinstance(summary, dict):
         raise RunRecordsError(f"{path / SUMMARY}: not a JSON object; {_WHAT_A_RUN_IS}")
+    summary = current_summary(summary)
     _check_keys(summary, SUMMARY_KEYS, path / SUMMARY, summary)
     rounds = _read_jsonl(path / ROUNDS, ROUND_KEYS, summary)
     nodes = _read_jsonl(path / NODES, NODE_KEYS, summary)
@@ -106,6 +109,22 @@ def load_run(folder: str | Path) -> RunRecords:
         if node["ok"]:
             _check_keys(node, OK_NODE_KEYS, path / NODES, summary, at)
     return RunRecords(path, summary, rounds, nodes)
+
+
+def current_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """``summary`` in the current record version's form. A version 3 summary reached the
+    target at its first round at it, with no window: it reads as version 4 with
+    ``target-window`` 1 and its first round at the target the same round (nothing guessed).
+    Any other version is returned as it is (``_check_keys`` names what it lacks)."""
+    if summary.get("record-version") != 3 or "target-window" in summary:
+        return summary
+    return {
+        **summary,
+        "target-window": 1,
+        "first-round-at-target": summary.get("round-to-target"),
+        "sim-time-to-first-target-s": summary.get("sim-time-to-target-s"),
+        "fleet-energy-to-first-target-j": summary.get("fleet-energy-to-target-j"),
+    }
 
 
 _WHAT_A_RUN_IS = (
@@ -304,8 +323,8 @@ class Progress:
     energy_j: tuple[float, ...]
     accuracy: tuple[float, ...]
     target_accuracy: float
-    #: The point at which the run first reached the target (its ``round-to-target``;
-    #: None: not reached)
+    #: The point at which the run reached the target by its window rule (its
+    #: ``round-to-target``; None: not reached)
     target_index: int | None
 
 
@@ -356,10 +375,17 @@ TABLE_COLUMNS = (
 )
 
 
+def _rounds_to_target(s: dict[str, Any]) -> str:
+    r2t, first = s["round-to-target"], s["first-round-at-target"]
+    text = "-" if r2t is None else str(r2t)
+    return text if first is None or first == r2t else f"{text} (first {first})"
+
+
 def table_row(run: RunRecords) -> tuple[str, ...]:
-    """One run's line of the report table: rounds, time and energy (idle waiting
-    included) to the target, all rounds' energy, and the share of device time profiling
-    took."""
+    """One run's line of the report table: rounds, the round that reached the target (by
+    the mean over ``target-window`` rounds; ``16 (first 13)`` where the first round at the
+    target came before), time and energy (idle waiting included) to the target, all
+    rounds' energy, and the share of device time profiling took."""
     s = run.summary
     e2t = energy_with_idle_to_target_j(s)
     energy = float(s["fleet-busy-energy-j"]) + float(s["fleet-idle-energy-j"])
@@ -368,7 +394,7 @@ def table_row(run: RunRecords) -> tuple[str, ...]:
         run.name,
         run.method,
         str(s["rounds"]),
-        "-" if s["round-to-target"] is None else str(s["round-to-target"]),
+        _rounds_to_target(s),
         "-" if ttt is None else f"{float(ttt):.1f}",
         "-" if e2t is None else f"{e2t:.1f}",
         f"{energy:.1f}",

@@ -1,13 +1,14 @@
 """A round's aggregation of the nodes' arrays, by the run setting ``aggregation``.
 
-* ``fedavg``: Flower's weighted average (``aggregate_arrayrecords``), weighted by each
-  reply's ``num-examples``; what every run did before this setting.
+* ``fedavg``: the weighted mean (``strategies.weighted_mean``, Flower's FedAvg float for
+  float), weighted by each reply's ``num-examples``; what every run did before this
+  setting.
 * ``fednova``: FedNova's normalised averaging (``strategies.fednova``) of the arrays the
   local optimiser moves, with each node's work from its reply (``local-steps`` ×
   ``local-lr``: Adam, whose bias-corrected first moment sums its gradient weights to the
   step count, see ``strategies.fednova``); the rest (BatchNorm's running statistics and
   step counter, integer arrays) averaged as FedAvg does. A round whose nodes did equal
-  work is FedAvg exactly (Flower's code, the same floats). A round in which a node did not
+  work is FedAvg exactly (the same floats). A round in which a node did not
   report its work (an older node), or whose global arrays are unknown, is aggregated with
   FedAvg, and the returned warning says so.
 * ``fedavg-capped``: FedAvg with each node's data weight times min(1, τ_eff/work)
@@ -19,14 +20,15 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fl_client.settings import AGGREGATIONS
 from strategies import fednova
+from strategies.weighted_mean import weighted_mean
 
 #: Array names (their last part) that are state, not iterates of the optimiser: averaged
 #: as FedAvg does under every setting.
@@ -47,11 +49,16 @@ def check_aggregation(mode: str) -> str:
     return mode
 
 
+def _metrics(content: RecordDict) -> Mapping[str, Any]:
+    """A reply's MetricRecord (its first; empty when it has none)."""
+    return next(iter(content.metric_records.values()), {})
+
+
 def _metric(content: RecordDict, key: str) -> float | None:
-    metrics = next(iter(content.metric_records.values()), None)
-    if metrics is None or key not in metrics:
+    metrics = _metrics(content)
+    if key not in metrics:
         return None
-    value = float(metrics[key])  # type: ignore[arg-type]
+    value = float(metrics[key])
     return value if math.isfinite(value) else None
 
 
@@ -84,10 +91,11 @@ def aggregate_round(
     MetricRecord), and a warning when ``fednova`` had to fall back to FedAvg.
 
     ``base`` is the global ArrayRecord the round sent; ``weight_key`` the metric that
-    weighs each node (``num-examples``)."""
+    weighs each node (``num-examples``). Every mean is ``weighted_mean``'s."""
     check_aggregation(mode)
+    weights = [float(_metrics(c)[weight_key]) for c in replies]
     if mode == "fedavg":
-        return aggregate_arrayrecords(list(replies), weight_key), None
+        return _mean(replies, weights), None
     works = [node_work(c) for c in replies]
     lacking = sum(w is None for w in works)
     if base is None or lacking:
@@ -97,44 +105,43 @@ def aggregate_round(
             else "the round's global arrays are unknown"
         )
         warning = f"aggregation: {mode}: {why}; round {server_round} aggregated with FedAvg"
-        return aggregate_arrayrecords(list(replies), weight_key), warning
+        return _mean(replies, weights), warning
     if len(set(works)) == 1:  # equal work: FedNova is FedAvg
-        return aggregate_arrayrecords(list(replies), weight_key), None
-    weights = [_metric(c, weight_key) or 0.0 for c in replies]
+        return _mean(replies, weights), None
+    done = [w for w in works if w is not None]
     if mode == "fedavg-capped":
-        capped = fednova.capped_weights(weights, [w for w in works if w is not None])
-        return _weighted_mean(replies, capped, weights), None
-    names = list(base.keys())
-    base_np = [base[k].numpy() for k in names]
-    local = [[_arrays(c)[k].numpy() for k in names] for c in replies]
-    iterate = [is_iterate(k, v) for k, v in zip(names, base_np, strict=True)]
-    pick = [i for i, it in enumerate(iterate) if it]
-    rest = [i for i, it in enumerate(iterate) if not it]
-    new: dict[str, np.ndarray] = {}
-    nova = fednova.fednova(
-        [base_np[i] for i in pick],
-        [[arrs[i] for i in pick] for arrs in local],
+        return _mean(replies, weights, iterates=fednova.capped_weights(weights, done)), None
+    names = [k for k in base if is_iterate(k, base[k].numpy())]
+    moved = fednova.fednova(
+        [base[k].numpy() for k in names],
+        [[_arrays(c)[k].numpy() for k in names] for c in replies],
         weights,
-        [w for w in works if w is not None],
+        done,
     )
-    avg = fednova.fedavg([[arrs[i] for i in rest] for arrs in local], weights) if rest else []
-    for i, value in zip(pick, nova, strict=True):
-        new[names[i]] = value
-    for i, value in zip(rest, avg, strict=True):
-        new[names[i]] = value
-    return ArrayRecord({k: Array(np.asarray(new[k])) for k in names}), None
+    return _mean(replies, weights, normalised=dict(zip(names, moved, strict=True))), None
 
 
-def _weighted_mean(
-    replies: Sequence[RecordDict], weights: Sequence[float], data_weights: Sequence[float]
+def _mean(
+    replies: Sequence[RecordDict],
+    weights: Sequence[float],
+    *,
+    iterates: Sequence[float] | None = None,
+    normalised: Mapping[str, np.ndarray] | None = None,
 ) -> ArrayRecord:
-    """Each iterate array the ``weights``-mean of the replies' arrays; the rest (BatchNorm's
-    statistics, integer arrays) their ``data_weights``-mean, as FedAvg."""
+    """The replies' arrays, name by name, in the first reply's order: the ``normalised``
+    array where given (FedNova's), else the ``weighted_mean`` by ``weights``, or by
+    ``iterates`` for an iterate (``is_iterate``) when given."""
     local = [_arrays(c) for c in replies]
     names = list(local[0].keys())
+    for arrays in local[1:]:
+        if set(arrays.keys()) != set(names):
+            raise ValueError(f"aggregation: the replies' arrays differ: {names} and {list(arrays)}")
     out: dict[str, Array] = {}
     for name in names:
-        values = [[arrays[name].numpy()] for arrays in local]
-        w = weights if is_iterate(name, values[0][0]) else data_weights
-        out[name] = Array(np.asarray(fednova.fedavg(values, w)[0]))
+        if normalised is not None and name in normalised:
+            out[name] = Array(np.asarray(normalised[name]))
+            continue
+        values = [arrays[name].numpy() for arrays in local]
+        w = iterates if iterates is not None and is_iterate(name, values[0]) else weights
+        out[name] = Array(weighted_mean(values, w))
     return ArrayRecord(out)

@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fl_client.settings_table import STALENESS_FORMS
-from strategies import fednova
+from strategies.weighted_mean import weighted_mean
 
 Arrays = Mapping[str, npt.NDArray[Any]]
 
@@ -63,7 +63,8 @@ def apply_buffer(
 ) -> dict[str, npt.NDArray[Any]]:
     """The new global arrays: ``global_arrays`` + the ``weight``-mean of (local − base) over
     ``updates`` (each ``(local, base, weight)``), array by array, each in its own dtype (an
-    integer array rounded). The weighted mean is FedNova's module's ``fedavg``."""
+    integer array rounded). The weighted mean is ``strategies.weighted_mean``'s, of the
+    deltas in float64."""
     if not updates:
         raise ValueError("updates: the buffer is empty")
     names = list(global_arrays)
@@ -71,9 +72,10 @@ def apply_buffer(
         [np.asarray(local[k], np.float64) - np.asarray(base[k], np.float64) for k in names]
         for local, base, _ in updates
     ]
-    mean = fednova.fedavg(deltas, [w for _, _, w in updates])
+    weights = [w for _, _, w in updates]
     out: dict[str, npt.NDArray[Any]] = {}
-    for k, step in zip(names, mean, strict=True):
+    for i, k in enumerate(names):
+        step = weighted_mean([d[i] for d in deltas], weights)
         old = np.asarray(global_arrays[k])
         new = old.astype(np.float64) + step
         if not np.issubdtype(old.dtype, np.floating):

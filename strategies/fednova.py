@@ -59,7 +59,7 @@ the model toward its own optimum; equal work is FedAvg exactly.
 
 Arrays that are not iterates of the optimiser (BatchNorm's running statistics and step
 counter, integer arrays) have no gradient-step update to normalise: ``aggregation``
-averages them as FedAvg does.
+averages them as FedAvg does (``strategies.weighted_mean``).
 """
 
 from __future__ import annotations
@@ -70,6 +70,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from strategies.weighted_mean import check_weights
 
 Arrays = Sequence[npt.NDArray[Any]]
 
@@ -94,28 +96,9 @@ def work(local_steps: float, local_lr: float, momentum: float = 0.0) -> float:
 
 
 def _weights(weights: Sequence[float], n: int) -> npt.NDArray[np.float64]:
-    """Data weights p_i, normalised to sum 1."""
-    p = np.asarray(weights, dtype=np.float64)
-    if p.shape != (n,) or n == 0:
-        raise ValueError(f"weights: expected {n} data weights, got {len(weights)}")
-    if not (np.all(np.isfinite(p)) and np.all(p >= 0) and p.sum() > 0):
-        raise ValueError(f"weights: expected finite numbers ≥ 0 with a positive sum, got {p}")
+    """Data weights p_i (``weighted_mean.check_weights``), normalised to sum 1."""
+    p = np.asarray(check_weights(weights, n), dtype=np.float64)
     return p / p.sum()
-
-
-def fedavg(updated: Sequence[Arrays], weights: Sequence[float]) -> list[npt.NDArray[Any]]:
-    """Σ p_i x_i, array by array, each result in the dtype of the first node's array
-    (rounded to a whole number for an integer array)."""
-    p = _weights(weights, len(updated))
-    out = []
-    for k, first in enumerate(updated[0]):
-        acc = np.zeros(np.shape(first), dtype=np.float64)
-        for pi, arrays in zip(p, updated, strict=True):
-            acc += pi * np.asarray(arrays[k], dtype=np.float64)
-        if not np.issubdtype(first.dtype, np.floating):
-            acc = np.rint(acc)  # a counter stays a whole number
-        out.append(acc.astype(first.dtype, copy=False))
-    return out
 
 
 def capped_weights(weights: Sequence[float], works: Sequence[float]) -> list[float]:

@@ -8,12 +8,9 @@ each backend it passed over was not available.
 from __future__ import annotations
 
 import logging
-import math
 import os
-from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 from fl_client.devices.base import (
     GPU_FREQ_MHZ,
@@ -50,6 +47,11 @@ log = logging.getLogger(__name__)
 class DeviceOptions:
     """Settings of the hardware and replay backends (node_config keys in kebab-case).
 
+    The keys are declared, checked and parsed by the settings table
+    (``fl_client.settings_table.DEVICE_OPTION_SETTINGS``), which builds these options
+    (``settings_table.device_options``); the one rule across keys (no power-limit knob
+    with ``lock-clocks = false``) is checked here.
+
     ``cap_window_s`` is how long sampled power may stay above P_max before the cap guard
     (armed around training by ``cap_guard``) steps the GPU frequency down one level.
     """
@@ -76,150 +78,22 @@ class DeviceOptions:
     twin_extra_power_w: float = 0.0
     twin_drift_from_round: int = 1
 
+    def __post_init__(self) -> None:
+        if self.knob == GPU_POWER_LIMIT_W.setting and self.lock_clocks is False:
+            raise ValueError(
+                "knob: power-limit sets the GPU's power limit, and lock-clocks = false means "
+                "change nothing on the GPU (measure only); use one of the two"
+            )
+
     def at_round(self, server_round: int) -> DeviceOptions:
         """These options as they apply in ``server_round`` (the twin's drift off before it)."""
         if server_round >= self.twin_drift_from_round:
             return self
         return replace(self, twin_slowdown=1.0, twin_extra_power_w=0.0)
 
-    @classmethod
-    def keys(cls) -> tuple[str, ...]:
-        """Every option's key (kebab-case), as in a fleet entry or ``--node-config``."""
-        return tuple(f.name.replace("_", "-") for f in fields(cls))
-
-    @classmethod
-    def from_config(
-        cls, config: Mapping[str, Any], *, where: str = "device options"
-    ) -> DeviceOptions:
-        """Options from a mapping of option keys (``keys()``).
-
-        An unknown key is a ValueError naming it and the nearest known one: a misspelt
-        ``cap-windw-s`` must not leave the cap guard at its default without a word. The
-        node's own settings (``device``, ``p-max-w``, …) are not device options: callers pass
-        only the options (``fl_client.settings.NodeSettings.options``).
-        """
-        known = cls.keys()
-        for key in config:
-            if key not in known:
-                raise ValueError(unknown_key_message(str(key), known, where))
-        # checked in this order: with two bad keys, the first one here is named
-        return cls(
-            power_source=_power_source(config),
-            power_rails=_power_rails(config),
-            lock_clocks=_lock_clocks(config),
-            nvml_index=_nvml_index(config),
-            twin_slowdown=_twin_slowdown(config),
-            twin_extra_power_w=_twin_extra_power_w(config),
-            twin_drift_from_round=_twin_drift_from_round(config),
-            knob=_knob(config),
-            power_limit_step_w=_positive(config, "power-limit-step-w", cls.power_limit_step_w),
-            sysfs_root=_text(config, "sysfs-root") or cls.sysfs_root,
-            state_dir=_text(config, "state-dir"),
-            sample_rate_hz=_positive(config, "sample-rate-hz", cls.sample_rate_hz),
-            cap_window_s=_positive(config, "cap-window-s", cls.cap_window_s),
-            replay_table=_text(config, "replay-table"),
-        )
-
     def sampled(self) -> SampledOptions:
         """The options every sampled hardware backend (jetson, nvml) takes alike."""
         return SampledOptions(self.state_dir, self.sample_rate_hz, self.cap_window_s)
-
-
-# ------------------------------------------------------------------------------ one option each
-
-
-def _positive(config: Mapping[str, Any], key: str, default: float) -> float:
-    """A rate, window or step: a finite number > 0 (inf would mean none)."""
-    raw = config.get(key, default)
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise ValueError(f"{key}: expected a number, got {raw!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{key}: must be > 0 and finite, got {raw!r}")
-    return value
-
-
-def _text(config: Mapping[str, Any], key: str) -> str | None:
-    """A path or name; None when absent or blank."""
-    raw = config.get(key)
-    return None if raw is None or str(raw).strip() == "" else str(raw)
-
-
-def _power_source(config: Mapping[str, Any]) -> str:
-    power_source = _text(config, "power-source") or "auto"
-    if power_source not in POWER_SOURCES:
-        raise ValueError(
-            f"power-source: unknown {power_source!r}; allowed: {', '.join(POWER_SOURCES)}"
-        )
-    return power_source
-
-
-def _power_rails(config: Mapping[str, Any]) -> tuple[str, ...]:
-    """Comma-separated text or a list; blank names dropped."""
-    raw = config.get("power-rails", ())
-    rails = raw.split(",") if isinstance(raw, str) else list(raw)
-    return tuple(str(r).strip() for r in rails if str(r).strip())
-
-
-def _lock_clocks(config: Mapping[str, Any]) -> bool | None:
-    raw = config.get("lock-clocks")
-    if raw is None or str(raw).lower() in ("", "auto"):
-        return None
-    if str(raw).lower() in ("true", "1", "yes"):
-        return True
-    if str(raw).lower() in ("false", "0", "no"):
-        return False
-    raise ValueError(f"lock-clocks: expected true, false or auto, got {raw!r}")
-
-
-def _nvml_index(config: Mapping[str, Any]) -> int:
-    try:
-        return int(config.get("nvml-index", 0))
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(
-            f"nvml-index: expected an integer, got {config.get('nvml-index')!r}"
-        ) from None
-
-
-def _twin_slowdown(config: Mapping[str, Any]) -> float:
-    slowdown = _positive(config, "twin-slowdown", 1.0)
-    if slowdown < 1.0:
-        raise ValueError(f"twin-slowdown: must be ≥ 1 (a step-time factor), got {slowdown!r}")
-    return slowdown
-
-
-def _twin_extra_power_w(config: Mapping[str, Any]) -> float:
-    raw = config.get("twin-extra-power-w", 0.0)
-    try:
-        extra_w = float(raw)
-    except (TypeError, ValueError):
-        raise ValueError(f"twin-extra-power-w: expected W ≥ 0, got {raw!r}") from None
-    if not (0.0 <= extra_w < math.inf):
-        raise ValueError(f"twin-extra-power-w: expected W ≥ 0, got {raw!r}")
-    return extra_w
-
-
-def _twin_drift_from_round(config: Mapping[str, Any]) -> int:
-    raw = config.get("twin-drift-from-round", 1)
-    try:
-        from_round = int(raw)
-    except (TypeError, ValueError, OverflowError):  # OverflowError: inf
-        from_round = 0
-    if isinstance(raw, bool) or from_round < 1:
-        raise ValueError(f"twin-drift-from-round: expected an integer ≥ 1, got {raw!r}")
-    return from_round
-
-
-def _knob(config: Mapping[str, Any]) -> str:
-    """The knob; power-limit with lock-clocks = false is a contradiction, refused."""
-    knob = check_knob_setting(config.get("knob"))
-    if knob == GPU_POWER_LIMIT_W.setting and _lock_clocks(config) is False:
-        raise ValueError(
-            "knob: power-limit sets the GPU's power limit, and lock-clocks = false means "
-            "change nothing on the GPU (measure only); use one of the two"
-        )
-    return knob
 
 
 @dataclass(frozen=True)

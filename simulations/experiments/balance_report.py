@@ -336,8 +336,11 @@ def section(
         "## Balance modes across fleets",
         "",
         "Each fleet runs B1 and power-aware with each `balance` mode on the same seeds (the "
-        "same data split and initial weights). Time and energy are to the target, profiling "
-        "counted and idle waiting included; mean ± sd over the seeds that reached the "
+        "same data split and initial weights). Time and energy are to the target (the round "
+        "whose mean accuracy over the last "
+        f"{int(config.get('target-window', 1))} round(s) first reaches it, the runs' "
+        "`round-to-target`), profiling counted and idle waiting included; mean ± sd over the "
+        "seeds that reached the "
         "target. Ratios are paired per seed (arm ÷ reference, over the seeds where both "
         "reached the target): mean (min–max, seeds paired / seeds run). *Deadline met*: "
         "node-rounds whose training time was within the round plan's deadline (only runs "

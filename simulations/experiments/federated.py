@@ -458,13 +458,17 @@ def record_path(out: Path, cell: Cell) -> Path:
 
 
 def _reach(s: Mapping[str, Any]) -> str:
-    if s.get("round-to-target"):
+    """A cell's progress line: the round that reached the target (by the mean over
+    ``target-window`` rounds) and, where it differs, the first round at it."""
+    first = s["first-round-at-target"]
+    also = f"; first round at it: {first}" if first and first != s["round-to-target"] else ""
+    if s["round-to-target"]:
         energy_j = s["fleet-busy-energy-to-target-j"] + s["fleet-idle-energy-to-target-j"]
         return (
             f"target in round {s['round-to-target']} ({s['sim-time-to-target-s']:.1f} s, "
-            f"{energy_j:.0f} J with idle waiting)"
+            f"{energy_j:.0f} J with idle waiting){also}"
         )
-    return f"target not reached (final {s['final-accuracy']:.3f})"
+    return f"target not reached (final {s['final-accuracy']:.3f}){also}"
 
 
 def pending(cells: list[Cell], out: Path) -> tuple[list[Cell], dict[str, Any]]:

@@ -62,7 +62,9 @@ SCENARIO_KEYS = {
 #: (kebab-case rounds.jsonl, per-node totals read from the run's summary), so cells of
 #: version 1 are run again rather than mixed with them. 3: records version 3 (idle waiting
 #: as ``*-idle-energy-j``, training + profiling as ``*-busy-energy-j``, energy by node role).
-CELL_VERSION = 3
+#: 4: records version 4 (``round-to-target`` by the mean over ``target-window`` rounds,
+#: which each run stops at; the first round at the target apart).
+CELL_VERSION = 4
 
 #: Allowed keys and their defaults (None: required). Those that are run settings
 #: (``TRAINING_DEFAULTS``, ``fleet``, ``deadline-margin``, ``drift-threshold``,

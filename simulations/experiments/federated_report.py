@@ -6,8 +6,9 @@ Every time and energy is read from the runs' records as the recorder
 come from the digital twins:
 
 * *time to target*: simulated wall-clock time (sum of round times; a synchronous round lasts
-  as long as its slowest node, profiling included) until the global model's accuracy first
-  reaches ``target-accuracy``;
+  as long as its slowest node, profiling included) until the global model reaches
+  ``target-accuracy``: the first round whose mean accuracy over ``target-window`` rounds
+  reaches it (the runs' ``round-to-target``, at which they stop; 1: the first round at it);
 * *fleet energy to target*: the energy of every node up to that round, idle waiting
   included (a board that waits for the round is switched on), whatever the runs'
   ``idle-accounting``: its parts as recorded, *training + profiling* (``busy``) and *idle
@@ -132,7 +133,9 @@ def _run_notes(doc: Doc, output: Output, records: list[Rec]) -> None:
         f"`{config['model']}`, {config['partitioning']} partitioning"
         + (f" (Dirichlet α = {config['dirichlet-alpha']:g})" if alpha else "")
         + f", {config['num-rounds']} rounds, {config['local-epochs']} local epochs per round, "
-        f"target accuracy {float(config['target-accuracy']):g} on the server's test split, "
+        f"target accuracy {float(config['target-accuracy']):g} on the server's test split "
+        f"(reached at the first round whose mean accuracy over "
+        f"{int(config.get('target-window', 1))} round(s) reaches it), "
         f"seeds {', '.join(str(s) for s in range(int(config['seeds'])))} (the same data split "
         "and initial weights for every method of a seed). Time is simulated device time: a "
         "round lasts as long as its slowest node (training + profiling); energy is the twins' "

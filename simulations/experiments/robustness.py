@@ -15,9 +15,10 @@ long-lived worker process (``cell_worker.CellWorker``), which loads PyTorch and 
 once and keeps Flower's Ray engine and its actors from one cell to the next;
 ``in-process`` starts the engine afresh for each cell in that worker; ``runtime`` runs each
 cell in a process of its own through Flower's Simulation Runtime, as the federated study
-does. With ``run-past-target`` the runs go on to ``num-rounds`` after the target, so the
-report can apply both criteria (the first round at the target, and the first whose
-trailing mean over ``smoothing-rounds`` rounds reaches it) to the per-round accuracies.
+does. Each run stops at the first round whose mean accuracy over ``target-window`` rounds
+reaches ``target-accuracy`` (the run's own rule, ``fl_server.target``), by which its first
+round at the target is decided too; the report applies both criteria to the per-round
+accuracies.
 """
 
 from __future__ import annotations

@@ -1,5 +1,11 @@
 """The settings of the robustness study (``study = "federated-robustness"``): its fleets
-(shipped and generated), arms, run settings and the two target criteria."""
+(shipped and generated), arms, run settings and the two target criteria.
+
+The criteria are the run's own (``fl_server.target``): the first round at
+``target-accuracy``, and the first round whose mean accuracy over ``target-window``
+rounds reaches it. Every cell runs with the study's ``target-accuracy`` and
+``target-window`` and stops at the second, by which the first is decided too (a window
+whose mean reaches the target holds a round that does)."""
 
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ from simulations.experiments.config import (
     FileOptions,
     StudyConfig,
     config_error,
+    given_keys,
     merge_scale,
 )
 from simulations.experiments.training_settings import TRAINING_DEFAULTS, TrainingSettings
@@ -27,7 +34,26 @@ NAME = "federated-robustness"
 #: process of its own through Flower's Simulation Runtime, as the federated study runs them).
 ENGINES = ("in-process-warm", "in-process", "runtime")
 #: Run settings an arm may not set: the study sets them per cell.
-STUDY_SET_KEYS = ("seed", "fleet", "cache-dir", "output-dir", "run-dir", "target-accuracy")
+STUDY_SET_KEYS = (
+    "seed",
+    "fleet",
+    "cache-dir",
+    "output-dir",
+    "run-dir",
+    "target-accuracy",
+    "target-window",
+)
+#: Keys of earlier versions of the study, refused with what to write instead. Their
+#: records stay readable: the report takes an old folder's ``smoothing-rounds`` as its
+#: window and applies both criteria to the per-round accuracies, as before.
+RETIRED_KEYS = {
+    "smoothing-rounds": "renamed target-window (the runs' own setting, which they now stop by)",
+    "run-past-target": (
+        "retired: the runs stop once both criteria are decided (the first round whose mean "
+        "over target-window rounds reaches target-accuracy); target-window = 1 stops at the "
+        "first round at the target"
+    ),
+}
 ARM_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 #: The study's arms unless the file lists its own: B1, and power-aware with each balance
 #: mode (``steps`` with FedNova's and with FedAvg's aggregation).
@@ -57,14 +83,10 @@ DEFAULTS: dict[str, Any] = {
     "arms": DEFAULT_ARMS,
     # the arms every other arm's paired ratios are taken against
     "ratio-against": ["b1", "off"],
-    # the run settings every cell shares, with the run's defaults (``TrainingSettings``)
+    # the run settings every cell shares, with the run's defaults (``TrainingSettings``);
+    # target-window: the smoothed criterion, the first round whose mean accuracy over this
+    # many rounds (it and the ones before) reaches the target, at which each run stops
     **TRAINING_DEFAULTS,
-    # the smoothed criterion: the first round whose mean accuracy over this many rounds
-    # (it and the ones before) reaches the target
-    "smoothing-rounds": 3,
-    # run every cell for all num-rounds (the runs do not stop at the target), so the
-    # smoothed criterion can be read; false: stop at the first round at the target
-    "run-past-target": True,
     "engine": "in-process-warm",
     "cell-timeout-s": 1800,
 }
@@ -99,8 +121,6 @@ class RobustnessConfig(TrainingSettings, StudyConfig):
     seeds: int
     arms: tuple[Arm, ...]
     ratio_against: tuple[str, ...]
-    smoothing_rounds: int
-    run_past_target: bool
     engine: str
     cell_timeout_s: int
 
@@ -114,18 +134,16 @@ class RobustnessConfig(TrainingSettings, StudyConfig):
 
     def base_overrides(self) -> dict[str, Any]:
         """The run settings every cell shares (before its fleet, seed and arm)."""
-        return {
-            **self.training_overrides(),
-            # past the target: the run goes on to num-rounds; the report applies the target
-            "target-accuracy": 1.0 if self.run_past_target else self.target_accuracy,
-            "drift-check-every": 0,
-        }
+        return {**self.training_overrides(), "drift-check-every": 0}
 
 
 def parse_robustness(data: Mapping[str, Any], where: str, options: FileOptions) -> RobustnessConfig:
     """Validate a parsed robustness experiment; every error names the key. The fleets'
     files and data splits are checked by the study's plan (``robustness.check_fleets``),
     which needs the generated fleets written."""
+    retired = sorted(given_keys(data, options) & set(RETIRED_KEYS))
+    if retired:
+        raise config_error(where, retired[0], RETIRED_KEYS[retired[0]])
     m = merge_scale(data, where, DEFAULTS, options)
     f = Fields(m, where, DEFAULTS)
     arms = _arms(f, "arms")
@@ -141,8 +159,6 @@ def parse_robustness(data: Mapping[str, Any], where: str, options: FileOptions) 
         seeds=f.integer("seeds", 1),
         arms=arms,
         ratio_against=f.str_list("ratio-against", names),
-        smoothing_rounds=f.integer("smoothing-rounds", 1),
-        run_past_target=_flag(f, "run-past-target"),
         engine=f.text("engine", ENGINES),
         cell_timeout_s=f.integer("cell-timeout-s", 1),
     )
@@ -156,13 +172,6 @@ def parse_robustness(data: Mapping[str, Any], where: str, options: FileOptions) 
         except SettingsError as exc:
             raise config_error(where, "arms", f"arm {arm.name}: {exc}") from None
     return cfg
-
-
-def _flag(f: Fields, key: str) -> bool:
-    v = f.m[key]
-    if not isinstance(v, bool):
-        raise f.err(key, f"must be true or false, got {v!r}")
-    return v
 
 
 def _arms(f: Fields, key: str) -> tuple[Arm, ...]:

@@ -6,10 +6,11 @@ initial weights. For each run and criterion the report reads, from the run's per
 records (``rounds.jsonl``: accuracy, cumulative simulated time and fleet energy) and
 per-node records (``nodes.jsonl``: train, profile and fleet-shared profile time):
 
-* ``first``: the first round whose accuracy is at or over the target (the runs' own
-  ``round-to-target``);
-* ``smoothed``: the first round whose mean accuracy over it and the ``smoothing-rounds`` − 1
-  rounds before reaches the target (a lucky round does not decide it);
+* ``first``: the first round whose accuracy is at or over the target (the runs'
+  ``first-round-at-target``);
+* ``smoothed``: the first round whose mean accuracy over it and the ``target-window`` − 1
+  rounds before reaches the target (a lucky round does not decide it; the runs'
+  ``round-to-target``, at which they stop);
 
 and, up to that round, the simulated time, the fleet energy with idle waiting counted
 (training + profiling + idle) and the profiling share of device time. Per arm and
@@ -18,6 +19,10 @@ arm of ``ratio-against`` (median, 10th percentile and worst over the pairs where
 reach it, and in how many the arm is no later / uses no more), every pair where one of
 the two reaches the target and the other does not, and the runs where the two criteria
 disagree. ``summary.json`` holds the same figures.
+
+Both rules are the run's own (``fl_server.target``), applied to the per-round records, so
+they agree with the fields each run wrote. A folder of an earlier version of the study (its
+runs went on to ``num-rounds``; its window was ``smoothing-rounds``) reads the same way.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from fl_server.target import first_round_at, window_round
 from simulations.experiments import report_kit as kit
 from simulations.experiments.records import write_json
 from simulations.experiments.report_kit import Doc
@@ -58,20 +64,6 @@ class Reach:
         return self.round is not None
 
 
-def first_round(accuracies: Sequence[float], target: float) -> int | None:
-    """The first round (1-based) at or over ``target``."""
-    return next((i + 1 for i, a in enumerate(accuracies) if a >= target), None)
-
-
-def smoothed_round(accuracies: Sequence[float], target: float, window: int) -> int | None:
-    """The first round (1-based) whose mean accuracy over it and the ``window`` − 1 rounds
-    before (a full window) reaches ``target``."""
-    for k in range(window, len(accuracies) + 1):
-        if float(np.mean(accuracies[k - window : k])) >= target - 1e-12:
-            return k
-    return None
-
-
 def reach(rec: Mapping[str, Any], round_: int | None) -> Reach:
     """A run's time, energy (busy + idle) and profiling share up to ``round_`` (its last
     round when None)."""
@@ -93,21 +85,39 @@ def run_outcomes(rec: Mapping[str, Any], target: float, window: int) -> dict[str
     """Both criteria of one run."""
     accs = [r["accuracy"] for r in sorted(rec["rounds"], key=lambda r: r["server-round"])]
     return {
-        "first": reach(rec, first_round(accs, target)),
-        "smoothed": reach(rec, smoothed_round(accs, target, window)),
+        "first": reach(rec, first_round_at(accs, target)),
+        "smoothed": reach(rec, window_round(accs, target, window)),
     }
 
 
 def pairs_of(
     records: Sequence[Rec], target: float, window: int
 ) -> dict[tuple[str, int], dict[str, dict[str, Reach]]]:
-    """(fleet, seed) → arm → criterion → Reach, for every arm a record is used by."""
+    """(fleet, seed) → arm → criterion → Reach, for every arm a record is used by. Two
+    records for one (fleet, seed, arm) (cells of two plans in one folder: an earlier
+    version's and this one's) are a ReportError naming them, never one chosen silently."""
     out: dict[tuple[str, int], dict[str, dict[str, Reach]]] = {}
+    seen: dict[tuple[str, int, str], Rec] = {}
     for rec in records:
         outcome = run_outcomes(rec, target, window)
         for fleet, arm in rec["uses"]:
+            other = seen.setdefault((fleet, int(rec["seed"]), arm), rec)
+            if other is not rec:
+                raise kit.ReportError(_two_records(fleet, int(rec["seed"]), arm, other, rec))
             out.setdefault((fleet, int(rec["seed"])), {})[arm] = outcome
     return out
+
+
+def _two_records(fleet: str, seed: int, arm: str, a: Rec, b: Rec) -> str:
+    def name(r: Rec) -> str:
+        return f"{str(r.get('key', '?'))[:12]} (cell version {r.get('cell-version', '?')})"
+
+    return (
+        f"records/cells: two runs of fleet {fleet}, seed {seed}, arm {arm}: {name(a)} and "
+        f"{name(b)}; the folder holds the cells of two plans (settings or versions of the "
+        "study). Run the study into a new folder (--out), or move the records that are not "
+        "this plan's out of records/cells"
+    )
 
 
 def _stats(xs: Sequence[float]) -> dict[str, Any]:
@@ -312,7 +322,9 @@ def render(out: Path) -> Path:
     output = kit.load_output(out)
     config = output.config
     records = output.records("cells")
-    target, window = float(config["target-accuracy"]), int(config["smoothing-rounds"])
+    target = float(config["target-accuracy"])
+    # the window: the runs' target-window; a folder of an earlier version: smoothing-rounds
+    window = int(config.get("target-window", config.get("smoothing-rounds", 1)))
     arms = [a["name"] for a in config["arms"]]
     refs = [r for r in config["ratio-against"] if r in arms]
     pairs = pairs_of(records, target, window)
@@ -322,7 +334,7 @@ def render(out: Path) -> Path:
         out / "summary.json",
         {
             "target-accuracy": target,
-            "smoothing-rounds": window,
+            "target-window": window,
             "fleets": fleets,
             "arms": arms,
             "ratio-against": refs,

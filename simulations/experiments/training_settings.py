@@ -21,6 +21,7 @@ TRAINING_KEYS = (
     "dirichlet-alpha",
     "num-rounds",
     "target-accuracy",
+    "target-window",
     "local-epochs",
     "batch-sizes",
     "lr-ref",
@@ -58,6 +59,7 @@ class TrainingSettings:
     dirichlet_alpha: float
     num_rounds: int
     target_accuracy: float
+    target_window: int
     local_epochs: int
     batch_sizes: tuple[int, ...]
     lr_ref: float

@@ -31,6 +31,7 @@ SCRIPTS = [
     ("benchmarks/bench_selector.py", [], "--calls", "1", "2"),
     ("benchmarks/bench_shared.py", [], "--seed-cells", "4", "8"),
     ("benchmarks/bench_trace_replay.py", [], "--passes", "1", "2"),
+    ("benchmarks/bench_train_step.py", [], "--repeats", "3", "5"),
     ("benchmarks/bench_transfer.py", [], "--model", "cnn", "resnet18"),
     ("benchmarks/bench_twin_energy.py", [], "--models", "cnn", "resnet18"),
     ("benchmarks/bench_update_norms.py", [], "--seed", "1", "2"),

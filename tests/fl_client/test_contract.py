@@ -420,7 +420,7 @@ def test_round_rows_are_kebab_case_standard_json() -> None:
     assert all("_" not in key for key in rec)
     assert rec["round-idle-energy-j"] == 1.0 and rec["critical-node"] is None
     json.dumps(rec, allow_nan=False)
-    assert RECORD_VERSION == 3
+    assert RECORD_VERSION == 4
 
 
 def test_to_record_leaves_no_inf_or_nan_anywhere() -> None:

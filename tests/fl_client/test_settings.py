@@ -21,6 +21,7 @@ from fl_client.settings import (
     node_settings,
     parse_batch_sizes,
 )
+from fl_client.settings_table import device_options
 
 
 def test_defaults_come_from_pyproject() -> None:
@@ -222,7 +223,6 @@ def test_node_settings_from_node_config_or_fleet() -> None:
 def test_backend_options_in_fleet_and_node_config_reach_the_device_options(
     tmp_path: Path,
 ) -> None:
-    from fl_client.devices import DeviceOptions
 
     fleet = tmp_path / "fleet.toml"
     fleet.write_text(
@@ -233,14 +233,14 @@ def test_backend_options_in_fleet_and_node_config_reach_the_device_options(
     assert [n.name for n in nodes] == ["n-1", "n-2"]
     for n in nodes:
         assert n.options == {"cap-window-s": 2.5, "sample-rate-hz": 40}
-        opts = DeviceOptions.from_config(n.options)
+        opts = device_options(n.options)
         assert (opts.cap_window_s, opts.sample_rate_hz) == (2.5, 40)
     node, _, _ = node_settings(
         {"device": "jetson-nano", "backend": "jetson", "sysfs-root": "/tmp/x", "p-max-w": 7},
         None,
     )
     assert node.options == {"sysfs-root": "/tmp/x"}
-    assert DeviceOptions.from_config(node.options).sysfs_root == "/tmp/x"
+    assert device_options(node.options).sysfs_root == "/tmp/x"
 
 
 REPLAY_EXAMPLE = Path(__file__).resolve().parents[2] / (
@@ -253,7 +253,7 @@ def test_relative_paths_in_a_fleet_file_are_relative_to_its_folder(
 ) -> None:
     """A CSV schedule and a replay table next to the fleet file are found from any current
     directory; absolute paths and inline schedules stay as they are."""
-    from fl_client.devices import DeviceOptions, open_device
+    from fl_client.devices import open_device
     from fl_client.devices.replay import ReplayDevice
 
     folder = tmp_path / "configs" / "fleets"
@@ -280,7 +280,7 @@ def test_relative_paths_in_a_fleet_file_are_relative_to_its_folder(
     assert inline.p_max_schedule == ((1, Cap(7.0)), (3, Cap(4.5)))
     assert set(FLEET_PATH_KEYS) <= set(node_entry_keys())  # every path key is an entry key
     for node in (replayed, absolute):
-        options = DeviceOptions.from_config(node.options)
+        options = device_options(node.options)
         device = open_device(node.device, node.backend, options=options)
         assert isinstance(device, ReplayDevice) and device.gpu_freqs_mhz
     # --node-config is no file: its paths are left as typed.
@@ -293,7 +293,7 @@ def test_relative_paths_in_a_fleet_file_are_relative_to_its_folder(
 def test_a_missing_file_of_a_fleet_file_is_named_at_its_resolved_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fl_client.devices import DeviceOptions, open_device
+    from fl_client.devices import open_device
     from fl_client.devices.replay import ReplayFormatError
 
     folder = tmp_path / "fleets"
@@ -312,7 +312,7 @@ def test_a_missing_file_of_a_fleet_file_is_named_at_its_resolved_path(
         'replay-table = "gone.json"\n'
     )
     (node,) = load_fleet(replayed)
-    options = DeviceOptions.from_config(node.options)
+    options = device_options(node.options)
     missing = folder / "gone.json"
     with pytest.raises(ReplayFormatError, match=re.escape(f"file not found: {missing}")):
         open_device(node.device, node.backend, options=options)
@@ -375,19 +375,19 @@ def test_every_run_setting_is_declared_in_the_apps_pyproject():
         # device options with no finite value, named before any engine starts
         (
             'name = "n"\ndevice = "jetson-nano"\ncap-window-s = inf\n',
-            r"\(n\): cap-window-s: must be > 0 and finite, got inf",
+            r"\(n\): cap-window-s: expected a finite number > 0, got inf",
         ),
         (
             'name = "n"\ndevice = "jetson-nano"\nsample-rate-hz = inf\n',
-            "sample-rate-hz: must be > 0 and finite",
+            "sample-rate-hz: expected a finite number > 0",
         ),
         (
             'name = "n"\ndevice = "jetson-nano"\nsample-rate-hz = nan\n',
-            "sample-rate-hz: must be > 0 and finite",
+            "sample-rate-hz: expected a finite number > 0",
         ),
         (
             'name = "n"\ndevice = "jetson-nano"\npower-limit-step-w = -5\n',
-            "power-limit-step-w: must be > 0",
+            "power-limit-step-w: expected a finite number > 0",
         ),
         (
             'name = "n"\ndevice = "jetson-nano"\ntwin-drift-from-round = inf\n',
@@ -412,7 +412,7 @@ def test_fleet_entries_refuse_unsafe_names_flower_keys_and_infinite_options(
         ({"partition-id": math.inf}, "partition-id: expected an integer ≥ 0, got inf"),
         ({"partition-id": -1}, "partition-id: expected an integer ≥ 0, got -1"),
         ({"num-partitions": -3}, "num-partitions: expected an integer ≥ 1, got -3"),
-        ({"cap-window-s": math.inf}, "node-config .*cap-window-s: must be > 0 and finite"),
+        ({"cap-window-s": math.inf}, "node-config .*cap-window-s: expected a finite number > 0"),
     ],
 )
 def test_node_config_refuses_unsafe_names_and_bad_partitions(
@@ -420,3 +420,16 @@ def test_node_config_refuses_unsafe_names_and_bad_partitions(
 ) -> None:
     with pytest.raises(SettingsError, match=message):
         node_settings({"device": "jetson-nano", **node_config}, None)
+
+
+@pytest.mark.parametrize("window", [0, -2, 2.5, "three", True])
+def test_a_bad_target_window_is_refused_naming_the_key(window: object) -> None:
+    with pytest.raises(SettingsError, match=r"^target-window: .*an integer ≥ 1"):
+        RunSettings.from_config({"target-window": window})
+
+
+def test_the_target_window_defaults_to_three_rounds_and_takes_any_whole_number() -> None:
+    assert RunSettings.from_config({}).target_window == 3
+    assert RunSettings.from_config({"target-window": 1}).target_window == 1
+    # longer than the round budget: allowed, the server names it at start (window_note)
+    assert RunSettings.from_config({"target-window": 30, "num-rounds": 5}).target_window == 30

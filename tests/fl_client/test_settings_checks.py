@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from fl_client.devices import DeviceOptions
 from fl_client.devices.descriptors import DeviceSpecError, load_device_spec
 from fl_client.settings import (
     MODEL_NAMES,
@@ -19,6 +18,7 @@ from fl_client.settings import (
     node_settings,
     translate_deprecated,
 )
+from fl_client.settings_table import device_options
 from tests.fl_client.test_preflight import NANO, ORIN, _check, _fleet
 
 # ----------------------------------------------------------------- unknown keys (§1)
@@ -34,8 +34,8 @@ def test_unknown_keys_are_refused_everywhere_with_the_nearest_key(tmp_path: Path
         load_fleet(fleet)
     with pytest.raises(SettingsError, match=r"node-config \(x\): unknown key 'cap-windw-s'"):
         node_settings({"name": "x", "device": "jetson-nano", "cap-windw-s": 1}, None)
-    with pytest.raises(ValueError, match=r"device options: unknown key 'sample-rate'"):
-        DeviceOptions.from_config({"sample-rate": 10})
+    with pytest.raises(SettingsError, match=r"device options: unknown key 'sample-rate'"):
+        device_options({"sample-rate": 10})
     folder = tmp_path / "devices"
     folder.mkdir()
     text = (REPO_ROOT / "configs" / "devices" / "jetson-nano.toml").read_text()

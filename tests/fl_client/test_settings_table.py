@@ -25,13 +25,15 @@ from fl_client.setting_checks import (
     SafeName,
     TrackingURI,
 )
-from fl_client.settings import RunSettings, node_entry_keys
+from fl_client.settings import RunSettings, node_entry_keys, node_settings
 from fl_client.settings_table import (
+    DEVICE_OPTION_SETTINGS,
     NODE,
     NODE_SETTINGS,
     RUN,
     RUN_SETTINGS,
     check_run_keys,
+    device_options,
     parse_settings,
 )
 
@@ -157,7 +159,7 @@ def test_a_check_says_what_it_allows() -> None:
 
 def test_device_option_entries_are_checked_by_the_device_options() -> None:
     assert NODE["cap-window-s"].parse(2) == 2
-    with pytest.raises(SettingsError, match=r"cap-window-s: must be > 0"):
+    with pytest.raises(SettingsError, match=r"cap-window-s: expected a finite number > 0, got 0"):
         NODE["cap-window-s"].parse(0)
     with pytest.raises(SettingsError, match=r"knob: unknown value 'volts'"):
         NODE["knob"].parse("volts")
@@ -196,3 +198,94 @@ def test_only_round_timeout_takes_inf_among_run_numbers() -> None:
         if key != "round-timeout-s":
             with pytest.raises(SettingsError, match=f"^{key}: must be .*, got inf"):
                 RunSettings.from_config({**defaults, key: math.inf})
+
+
+# ------------------------------------------------------------------------------ device options
+
+
+def test_options_from_node_config():
+    opts = device_options(
+        {
+            "sysfs-root": "/tmp/x",
+            "cap-window-s": 0.5,
+            "sample-rate-hz": 50,
+            "lock-clocks": "false",
+            "replay-table": "",
+            "nvml-index": "1",
+            "power-rails": "VDD_IN, VDD_SOC",
+            "power-source": "sysfs",
+        }
+    )
+    assert opts == DeviceOptions(
+        sysfs_root="/tmp/x",
+        cap_window_s=0.5,
+        sample_rate_hz=50.0,
+        lock_clocks=False,
+        nvml_index=1,
+        power_rails=("VDD_IN", "VDD_SOC"),
+        power_source="sysfs",
+    )
+    assert device_options({}) == DeviceOptions()
+    # blank is unset: the option's default (sysfs-root, power-source) or none (the rest)
+    blank = device_options({"sysfs-root": " ", "power-source": "", "state-dir": "", "knob": ""})
+    assert blank == DeviceOptions()
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"cap-windw-s": 0.5}, "unknown key 'cap-windw-s' (did you mean cap-window-s?)"),
+        ({"sysfs_root": "/"}, "unknown key 'sysfs_root' (did you mean sysfs-root?)"),
+        # a node's own settings are not device options: the caller passes only the options
+        ({"p-max-w": 4.5}, "unknown key 'p-max-w'; known keys: cap-window-s, knob, lock-clocks"),
+    ],
+)
+def test_unknown_options_are_refused_naming_the_nearest_key(
+    config: dict[str, object], message: str
+):
+    with pytest.raises(ValueError, match=re.escape(f"device options: {message}")):
+        device_options(config)
+
+
+def test_device_option_keys_are_the_fields_in_kebab_case():
+    keys = [s.key for s in DEVICE_OPTION_SETTINGS]
+    assert keys == [f.name.replace("_", "-") for f in dataclasses.fields(DeviceOptions)]
+
+
+#: A bad value of every device option that has one (paths and rail names are free text).
+BAD_OPTIONS = [
+    ("power-source", "tegrastats", "unknown value 'tegrastats'; allowed: auto, sysfs, jtop"),
+    ("sample-rate-hz", 0, "expected a finite number > 0, got 0"),
+    ("sample-rate-hz", math.inf, "expected a finite number > 0, got inf"),
+    ("cap-window-s", -1, "expected a finite number > 0, got -1"),
+    ("cap-window-s", "soon", "expected a finite number > 0, got 'soon'"),
+    ("nvml-index", "first", "expected an integer ≥ 0, got 'first'"),
+    ("nvml-index", -1, "expected an integer ≥ 0, got -1"),
+    ("lock-clocks", "maybe", "expected true, false or auto, got 'maybe'"),
+    ("knob", "mhz", "unknown value 'mhz'; allowed: frequency, power-limit, auto"),
+    ("power-limit-step-w", 0, "expected a finite number > 0, got 0"),
+    ("power-rails", 3, "expected names, comma-separated, got 3"),
+    ("twin-slowdown", 0.5, "expected a finite number ≥ 1, got 0.5"),
+    ("twin-extra-power-w", -1, "expected a finite number ≥ 0, got -1"),
+    ("twin-drift-from-round", 0, "expected an integer ≥ 1, got 0"),
+    ("twin-drift-from-round", True, "expected an integer ≥ 1, got True"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "message"), BAD_OPTIONS)
+def test_bad_options_name_the_key(key: str, value: object, message: str):
+    with pytest.raises(SettingsError, match=re.escape(f"{key}: {message}")):
+        device_options({key: value})
+
+
+@pytest.mark.parametrize(("key", "value", "message"), BAD_OPTIONS)
+def test_a_bad_node_device_option_is_refused_naming_the_node_and_the_key(
+    key: str, value: object, message: str
+):
+    with pytest.raises(SettingsError, match=re.escape(f"node-config (x): {key}: {message}")):
+        node_settings({"name": "x", "device": "jetson-nano", key: value}, None)
+
+
+def test_power_limit_with_lock_clocks_false_is_refused_naming_both():
+    with pytest.raises(SettingsError, match=r"knob: power-limit .* lock-clocks = false"):
+        device_options({"lock-clocks": "no", "knob": "power-limit"})

@@ -77,6 +77,59 @@ def test_evaluate_accuracy_in_unit_interval_and_restores_mode() -> None:
     assert all(math.isnan(v) for v in task.evaluate(model, empty))
 
 
+# --- host_layout: channels_last input batches on the CPU ---------------------------------
+
+
+def test_host_layout_makes_cnn_batches_channels_last_without_changing_values() -> None:
+    model = model_zoo.build_model("cnn")
+    x = tiny_data(6).tensors[0]
+    out = task.host_layout(model, x)
+    assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
+    assert out.shape == x.shape and torch.equal(out, x)
+    assert task.host_layout(model, out) is out  # already channels_last: no copy
+
+
+def test_host_layout_leaves_text_and_other_image_models_batches_alone() -> None:
+    text = model_zoo.build_model("char-transformer-mini")
+    ids = torch.randint(0, 10, (4, *model_zoo.input_shape_for("char-transformer-mini")))
+    assert task.host_layout(text, ids) is ids
+    x = tiny_data(4).tensors[0]
+    for name in ("resnet18", "mobilenetv2"):
+        assert task.host_layout(model_zoo.build_model(name), x) is x
+
+
+def test_channels_last_step_matches_the_contiguous_one_and_weights_stay_contiguous() -> None:
+    data = tiny_data(16)
+    x, y = data.tensors
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = model_zoo.build_model("cnn")
+    model.train()
+    seen: list[bool] = []
+    first_conv = next(m for m in model.modules() if isinstance(m, torch.nn.Conv2d))
+    first_conv.register_forward_pre_hook(
+        lambda _m, args: seen.append(args[0].is_contiguous(memory_format=torch.channels_last))
+    )
+    loss = task.train_step(model, task.make_optimizer(model, lr=1e-3), x, y)
+    assert seen == [True] and x.is_contiguous()  # converted for the step, not in place
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    # The pre-change step: the same forward and backward on the contiguous batch.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        ref = model_zoo.build_model("cnn")
+    ref.train()
+    ref_loss = torch.nn.functional.cross_entropy(ref(x), y)
+    ref_loss.backward()
+    torch.testing.assert_close(loss, ref_loss.detach(), rtol=1e-4, atol=1e-6)
+    ref_grads = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
+    assert grads.keys() == ref_grads.keys() and grads
+    for name, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    task.train(model, data, task.TrainOptions(batch_size=4, lr=1e-3, epochs=2))
+    for name, t in model.state_dict().items():
+        assert t.is_contiguous(), name
+
+
 def test_make_train_step_runs_and_leaves_global_rng_alone() -> None:
     before = torch.get_rng_state()
     step = task.make_train_step("cnn", model_zoo.IMAGE_SHAPE, 4, device="cpu")

@@ -27,6 +27,7 @@ from rich.console import Console
 from fl_client.contract import SettingsError
 from fl_server.async_loop import AsyncRun, run_fedbuff
 from fl_server.async_records import AsyncRecorder
+from fl_server.target import Target
 from strategies.fedbuff import VirtualClock
 from tests.strategies.test_power_aware import FLEET, FakeGrid, _strategy, report
 
@@ -76,13 +77,17 @@ def _run(
     versions: int = 5,
     target: float = 2.0,
     fail: Iterable[int] = (),
+    window: int = 1,
 ) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     grid = grid_type(sorted(FLEET), _handler(fail))
     strategy = _strategy()
     strategy.fleet.query(grid, timeout_s=5)
     rec = AsyncRecorder(
-        run_dir, method="power-aware", target_accuracy=target, console=Console(file=io.StringIO())
+        run_dir,
+        method="power-aware",
+        target=Target(target, window),
+        console=Console(file=io.StringIO()),
     )
     clock = VirtualClock(buffer_size, "inverse-sqrt")
     seen: list[int] = []
@@ -160,6 +165,18 @@ def test_the_run_stops_at_the_target_version(tmp_path: Path) -> None:
     rounds = _lines(tmp_path / "rounds.jsonl")
     assert summ["sim-time-to-target-s"] == pytest.approx(rounds[-1]["sim-time-s"])
     assert summ["fleet-energy-to-target-j"] > 0
+
+
+def test_the_target_window_is_the_runs_rule_over_versions(tmp_path: Path) -> None:
+    first = _run(tmp_path / "one", versions=50, target=0.3)["summary"]
+    out = _run(tmp_path / "three", versions=50, target=0.3, window=3)
+    summ = out["summary"]
+    rounds = _lines(tmp_path / "three" / "rounds.jsonl")
+    accuracies = [r["accuracy"] for r in rounds]
+    v = summ["round-to-target"]
+    assert sum(accuracies[v - 3 : v]) / 3 >= 0.3 > sum(accuracies[v - 4 : v - 1]) / 3
+    assert summ["versions"] == v and v > first["round-to-target"]
+    assert summ["first-round-at-target"] == first["round-to-target"]
 
 
 def test_a_failed_node_is_dropped_and_the_run_goes_on(tmp_path: Path) -> None:

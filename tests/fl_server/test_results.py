@@ -13,7 +13,15 @@ import pytest
 from rich.console import Console
 
 from fl_client.contract import RECORD_VERSION, Cap, NodeRow, TrainReport
-from fl_server.results import NodeTotals, RoundAccount, RunRecorder, new_run_dir, write_json
+from fl_server.results import (
+    NodeTotals,
+    RoundAccount,
+    RunRecorder,
+    new_run_dir,
+    target_text,
+    write_json,
+)
+from fl_server.target import Target
 from strategies.power_aware import RoundReport
 
 
@@ -53,7 +61,7 @@ def _recorder(run_dir: Path, out: io.StringIO, **kw: Any) -> RunRecorder:
     return RunRecorder(
         run_dir,
         method="power-aware",
-        target_accuracy=kw.pop("target_accuracy", 0.8),
+        target=Target(kw.pop("target_accuracy", 0.8), kw.pop("target_window", 1)),
         console=Console(file=out, width=200),
         **kw,
     )
@@ -106,7 +114,7 @@ def test_records_accumulate_and_time_to_target(tmp_path: Path) -> None:
     rec.record_round(RoundReport(3, [_node(3, "a", 5, 5)]), {"accuracy": 0.9, "loss": 0.4})
     summ = rec.finish()
 
-    assert summ["record-version"] == RECORD_VERSION == 3
+    assert summ["record-version"] == RECORD_VERSION == 4
     assert summ["sim-time-to-target-s"] == 30 + 20  # slowest node per round
     # a waits for b at 1 W: 30 − (10 + 2) s in round 1, 20 − 10 s in round 2
     idle = (30 - 12) * 1.0 + (20 - 10) * 1.0
@@ -158,7 +166,63 @@ def test_target_not_reached_leaves_to_target_figures_null(tmp_path: Path) -> Non
     assert summ["fleet-energy-to-target-j"] is None
     assert summ["fleet-busy-energy-to-target-j"] is None
     assert summ["fleet-idle-energy-to-target-j"] is None
+    assert summ["first-round-at-target"] is None
+    assert summ["sim-time-to-first-target-s"] is None
+    assert summ["fleet-energy-to-first-target-j"] is None
     assert summ["sim-time-s"] == 10
+
+
+#: Round accuracies where a lucky round (2) reaches 0.85 long before a 3-round mean does:
+#: rounds 2–4 average 0.8267, 3–5 0.8333, 4–6 (0.84 + 0.88 + 0.87) / 3 = 0.8633.
+LUCKY = (0.70, 0.86, 0.78, 0.84, 0.88, 0.87)
+
+
+def _lucky_run(tmp_path: Path, out: io.StringIO, window: int) -> dict[str, Any]:
+    """A run over ``LUCKY`` (round r: one node, r s and 10·r J) with target 0.85."""
+    rec = _recorder(tmp_path, out, target_accuracy=0.85, target_window=window)
+    rec.initial_eval({"accuracy": 0.1, "loss": 2.3})
+    for rnd, acc in enumerate(LUCKY, 1):
+        report = RoundReport(rnd, [_node(rnd, "a", float(rnd), 10.0 * rnd)])
+        rec.record_round(report, {"accuracy": acc, "loss": 1.0})
+    return rec.finish()
+
+
+def test_the_summary_reaches_the_target_by_the_window_and_gives_the_first_round_apart(
+    tmp_path: Path,
+) -> None:
+    out = io.StringIO()
+    summ = _lucky_run(tmp_path, out, window=3)
+    assert (summ["target-accuracy"], summ["target-window"]) == (0.85, 3)
+    assert summ["round-to-target"] == 6 and summ["first-round-at-target"] == 2
+    assert summ["sim-time-to-target-s"] == 1 + 2 + 3 + 4 + 5 + 6
+    assert summ["fleet-energy-to-target-j"] == 10 * (1 + 2 + 3 + 4 + 5 + 6)
+    assert summ["fleet-busy-energy-to-target-j"] == 10 * 21
+    assert summ["fleet-idle-energy-to-target-j"] == 0  # one node: nobody waits
+    assert summ["sim-time-to-first-target-s"] == 1 + 2
+    assert summ["fleet-energy-to-first-target-j"] == 10 * (1 + 2)
+    printed = " ".join(out.getvalue().split())
+    assert "target 0.85 reached in round 6 (mean of rounds 4–6) after 21.0 s" in printed
+    assert "; first round at 0.85: 2 (3.0 s, 30.0 J)" in printed
+
+
+def test_a_window_of_one_is_the_first_round_at_the_target(tmp_path: Path) -> None:
+    out = io.StringIO()
+    summ = _lucky_run(tmp_path, out, window=1)
+    assert summ["target-window"] == 1
+    assert summ["round-to-target"] == summ["first-round-at-target"] == 2
+    assert summ["sim-time-to-target-s"] == summ["sim-time-to-first-target-s"] == 3
+    assert summ["fleet-energy-to-target-j"] == summ["fleet-energy-to-first-target-j"] == 30
+    printed = " ".join(out.getvalue().split())
+    assert "target 0.85 reached in round 2 after 3.0 s" in printed
+    assert "mean of" not in printed and "first round at" not in printed
+
+
+def test_a_window_the_run_never_fills_leaves_only_the_first_round(tmp_path: Path) -> None:
+    summ = _lucky_run(tmp_path, io.StringIO(), window=4)  # best 4-round mean: 0.8425
+    assert summ["round-to-target"] is None and summ["sim-time-to-target-s"] is None
+    assert summ["first-round-at-target"] == 2
+    text = target_text(summ)
+    assert text.startswith("target 0.85 not reached (mean of 4 rounds); first round at 0.85: 2")
 
 
 @pytest.mark.parametrize("idle_accounting", ["on", "off"])

@@ -14,7 +14,8 @@ from flwr.app import ArrayRecord, Error, Message
 from fl_client import checkpoint, model_zoo
 from fl_client.contract import Cap, TrainConfig
 from fl_client.settings import RunSettings
-from fl_server.server_app import Rounds, make_strategy, run_rounds
+from fl_server.server_app import Rounds, make_strategy, run_rounds, window_note
+from fl_server.target import Target
 from strategies.power_aware import RoundReport
 from strategies.round_plan import PlanSettings
 from tests.strategies.test_power_aware import FakeGrid, _handler, _strategy
@@ -85,7 +86,7 @@ def test_run_stops_at_target_and_records_silent_nodes() -> None:
         _strategy(),
         grid,
         ArrayRecord([np.zeros(3)]),
-        Rounds(num_rounds=10, timeout_s=5, target_accuracy=0.9),
+        Rounds(num_rounds=10, timeout_s=5, target=Target(0.9)),
         lambda rnd, arr: {"accuracy": next(accuracies), "loss": 1.0},
         lambda rep, ev: seen.append((rep, ev)),
     )
@@ -94,6 +95,34 @@ def test_run_stops_at_target_and_records_silent_nodes() -> None:
     missing = [n for n in seen[0][0].nodes if not n.ok]
     assert [(n.node_name, n.error) for n in missing] == [("orin", "no reply (timeout)")]
     assert missing[0].p_max == Cap.NONE and missing[0].device == "jetson-agx-orin"
+
+
+@pytest.mark.parametrize(("window", "stops_after"), [(1, 2), (3, 6)])
+def test_the_run_stops_where_the_mean_over_its_window_reaches_the_target(
+    window: int, stops_after: int
+) -> None:
+    """0.86 in round 2 is a lucky round: with a window of 3 the run goes on to round 6, the
+    first whose mean over rounds 4–6 (0.8633) reaches 0.85."""
+    accuracies = iter([0.1, 0.70, 0.86, 0.78, 0.84, 0.88, 0.87, 0.9, 0.9])
+    seen: list[float] = []
+    run_rounds(
+        _strategy(),
+        FakeGrid([11, 12, 13], _handler()),
+        ArrayRecord([np.zeros(3)]),
+        Rounds(num_rounds=8, timeout_s=5, target=Target(0.85, window)),
+        lambda rnd, arr: {"accuracy": next(accuracies), "loss": 1.0},
+        lambda rep, ev: seen.append(ev["accuracy"]),
+    )
+    assert len(seen) == stops_after
+
+
+def test_a_window_longer_than_the_round_budget_is_named_at_start(tmp_path: Path) -> None:
+    short = _settings(tmp_path, **{"num-rounds": 2})  # the default window: 3 rounds
+    note = window_note(short)
+    assert note is not None and note.startswith("target-window: 3 rounds is longer than")
+    assert "num-rounds (2)" in note
+    assert window_note(_settings(tmp_path, **{"num-rounds": 3})) is None
+    assert window_note(_settings(tmp_path, **{"num-rounds": 2, "target-window": 1})) is None
 
 
 def test_run_without_any_node_answering_the_query_is_an_error() -> None:

@@ -17,6 +17,7 @@ from rich.console import Console
 from fl_client.contract import Cap, NodeRow
 from fl_server.results import RoundAccount, RunRecorder
 from fl_server.server_app import Rounds, run_rounds
+from fl_server.target import Target
 from strategies.power_aware import PowerAwareFedAvg, RoundReport
 from tests.strategies.test_power_aware import report
 from tests.strategies.test_shared_exchange import FLEET, BatchGrid, _cells_of, _handler, _strategy
@@ -91,7 +92,7 @@ def test_without_shared_profiling_the_round_is_its_slowest_training() -> None:
 def _recorder(tmp_path: Path) -> RunRecorder:
     tmp_path.mkdir(parents=True, exist_ok=True)
     console = Console(file=io.StringIO(), width=120)
-    rec = RunRecorder(tmp_path, method="power-aware", target_accuracy=0.9, console=console)
+    rec = RunRecorder(tmp_path, method="power-aware", target=Target(0.9), console=console)
     rec.initial_eval({"accuracy": 0.1, "loss": 2.0})
     return rec
 

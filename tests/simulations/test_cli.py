@@ -381,7 +381,9 @@ def _summary(method: str, busy_j: float, idle_j: float, accounting: str) -> dict
     return {
         "method": method,
         "final-accuracy": 0.86,
+        "target-window": 3,
         "round-to-target": 10,
+        "first-round-at-target": 8,
         "rounds": 10,
         "sim-time-to-target-s": 5.0 if method == "ours" else 6.0,
         "sim-time-s": 5.0,
@@ -403,6 +405,8 @@ def test_the_comparison_shows_energy_with_and_without_idle_waiting(capsys, accou
     )
     out = capsys.readouterr().out
     rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("│")}
+    cells = [c.strip() for c in rows["ours"].split("│")]
+    assert cells[3:5] == ["10", "8"]  # round→target (the window's), first round at target
     if accounting == "on":
         assert "idle-accounting = on" in out
         assert all(x in rows["ours"] for x in ("140.0", "80.0", "60.0"))

@@ -105,7 +105,7 @@ def cell(method: str, seed: int, uses: list[list[str]], **summary: Any) -> dict[
         ),
     }
     s: dict[str, Any] = {
-        "record-version": 3,
+        "record-version": 4,
         "method": method,
         "rounds": 3,
         "initial-accuracy": 0.1,

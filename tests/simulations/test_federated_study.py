@@ -275,7 +275,7 @@ def test_tiny_federated_study_runs_reports_and_resumes(tiny_file, tmp_path):
     for r in recs:
         s = r["summary"]
         k = len(r["rounds"])  # a run stops at the round that reaches the target
-        assert s["record-version"] == 3 and r["cell-version"] == CELL_VERSION
+        assert s["record-version"] == 4 and r["cell-version"] == CELL_VERSION
         assert [x["server-round"] for x in r["rounds"]] == list(range(1, k + 1))
         assert k == 2 or s["round-to-target"] == k
         assert len(r["nodes"]) == 2 * k and all(n["ok"] for n in r["nodes"])

@@ -8,6 +8,7 @@ step in round 1, a round plan's deadline in rounds 2 and 3, a failed node in rou
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import json
@@ -24,6 +25,7 @@ from rich.console import Console
 from fl_client.contract import Cap, NodeRow, TrainReport
 from fl_client.files import RUN_LOCK
 from fl_server.results import RunRecorder
+from fl_server.target import Target
 from simulations.report import (
     KINDS,
     RunRecords,
@@ -88,7 +90,7 @@ def fabricated_run(folder: Path, method: str = "power-aware", slower: float = 1.
     rec = RunRecorder(
         folder,
         method=method,
-        target_accuracy=TARGET,
+        target=Target(TARGET),
         console=Console(file=io.StringIO()),
         balance="energy",
     )
@@ -238,6 +240,11 @@ def test_table_row_from_the_summary(tmp_path: Path) -> None:
     assert float(all_j) == pytest.approx(s["fleet-busy-energy-j"] + s["fleet-idle-energy-j"],
                                          abs=0.05)  # fmt: skip
     assert share == f"{100 * s['profile-share']:.1f}%" and s["profile-share"] > 0
+    # a window that a lucky round came before: both rounds, the window's first
+    lucky = {**s, "target-window": 3, "round-to-target": 6, "first-round-at-target": 2}
+    assert table_row(dataclasses.replace(run, summary=lucky))[3] == "6 (first 2)"
+    missed = {**s, "target-window": 3, "round-to-target": None, "first-round-at-target": 2}
+    assert table_row(dataclasses.replace(run, summary=missed))[3] == "- (first 2)"
 
 
 # ------------------------------------------------------------------------ bad run folders
@@ -287,4 +294,33 @@ def test_records_that_lack_a_key_or_do_not_parse(tmp_path: Path) -> None:
         load_run(run)
     (run / "summary.json").write_text("[1, 2]")
     with pytest.raises(RunRecordsError, match=re.escape("summary.json: not a JSON object")):
+        load_run(run)
+
+
+def _as_version(run: Path, version: int, drop: tuple[str, ...]) -> None:
+    """Rewrite the run's summary.json as a record of ``version`` without the keys ``drop``."""
+    summary = json.loads((run / "summary.json").read_text())
+    summary["record-version"] = version
+    (run / "summary.json").write_text(json.dumps({k: summary[k] for k in summary if k not in drop}))
+
+
+#: The keys record version 4 added to the summary.
+V4_KEYS = (
+    "target-window",
+    "first-round-at-target",
+    "sim-time-to-first-target-s",
+    "fleet-energy-to-first-target-j",
+)
+
+
+def test_a_version_3_run_reads_as_reaching_the_target_at_its_first_round(tmp_path: Path) -> None:
+    """Version 3 had no window: its round-to-target is its first round at the target."""
+    run = fabricated_run(tmp_path / "run")
+    _as_version(run, 3, V4_KEYS)
+    s = load_run(run).summary
+    assert s["target-window"] == 1 and s["first-round-at-target"] == s["round-to-target"] == 3
+    assert s["sim-time-to-first-target-s"] == s["sim-time-to-target-s"]
+    assert s["fleet-energy-to-first-target-j"] == s["fleet-energy-to-target-j"]
+    _as_version(run, 2, V4_KEYS)  # an older version has no such reading: refused, named
+    with pytest.raises(RunRecordsError, match=r"lacks 'target-window', .*record version 2; a "):
         load_run(run)

@@ -14,6 +14,7 @@ import pytest
 from rich.console import Console
 
 from fl_server.results import RunRecorder
+from fl_server.target import Target
 from simulations.cli import main, print_comparison
 from simulations.report import RunRecords, load_run
 from simulations.report_cli import draw_simulate_pictures
@@ -67,7 +68,10 @@ def _printed(runs: list[RunRecords], monkeypatch: pytest.MonkeyPatch) -> list[st
     for run in runs:
         s = run.summary
         recorder = RunRecorder(
-            run.folder, method=run.method, target_accuracy=s["target-accuracy"], console=console
+            run.folder,
+            method=run.method,
+            target=Target(s["target-accuracy"], s["target-window"]),
+            console=console,
         )
         recorder.print_summary(s)
     print_comparison([r.summary for r in runs])

@@ -3,6 +3,7 @@ report's two criteria, paired ratios and split pairs."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
@@ -10,18 +11,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
+from fl_server.results import RunRecorder
+from fl_server.target import Target
 from simulations.experiments import robustness
 from simulations.experiments.cell_worker import CellWorker
 from simulations.experiments.config import ExperimentConfigError, FileOptions
 from simulations.experiments.registry import load_config
+from simulations.experiments.report_kit import ReportError
 from simulations.experiments.robustness_report import (
-    first_round,
     pairs_of,
     reach,
-    smoothed_round,
+    run_outcomes,
     summarize,
 )
+from strategies.power_aware import RoundReport
+from tests.fl_server.test_results import _node
 
 SHIPPED = "federated-robustness"
 
@@ -56,8 +62,9 @@ def test_the_shipped_file_declares_the_seven_arms_over_generated_and_shipped_fle
         "balance": "steps",
     }
     assert cfg.ratio_against == ("b1", "off")
-    assert cfg.base_overrides()["target-accuracy"] == 1.0  # runs go past the target
-    assert cfg.target_accuracy == 0.8  # mini: the criterion the report applies
+    # the runs stop once both criteria are decided: at the 3-round mean's round
+    assert cfg.base_overrides()["target-accuracy"] == cfg.target_accuracy == 0.8  # mini
+    assert cfg.base_overrides()["target-window"] == cfg.target_window == 3
 
 
 @pytest.mark.parametrize(
@@ -80,7 +87,13 @@ def test_the_shipped_file_declares_the_seven_arms_over_generated_and_shipped_fle
         ("generated-fleets = [1, 1]", "duplicate seeds"),
         ("fleets = []\ngenerated-fleets = []", "fleets: no fleet"),
         ('engine = "ray"', "engine: unknown value 'ray'"),
-        ('run-past-target = "yes"', "run-past-target: must be true or false"),
+        ("run-past-target = true", "run-past-target: retired: the runs stop once both"),
+        ("smoothing-rounds = 3", "smoothing-rounds: renamed target-window"),
+        ("target-window = 0", "target-window: expected an integer ≥ 1, got 0"),
+        (
+            'arms = [{ name = "a", method = "b1", target-window = 1 }]',
+            "arm a: target-window: set by the study",
+        ),
     ],
 )
 def test_bad_settings_are_errors_naming_the_key(tmp_path, body, message):
@@ -139,16 +152,59 @@ def test_arms_with_the_same_settings_share_one_cell(tmp_path):
     assert cells[0].uses == (("default", "off"), ("default", "off2"))
 
 
+def test_every_cell_stops_at_the_studys_target_by_its_window(tmp_path):
+    body = 'fleets = ["default"]\nseeds = 1\ntarget-accuracy = 0.82\n'
+    cells = robustness.plan(load_config(_write(tmp_path, body)), tmp_path / "a")
+    assert len(cells) == 6
+    assert {(c.settings["target-accuracy"], c.settings["target-window"]) for c in cells} == {
+        (0.82, 3)
+    }
+    sets = {"fleets": ["default"], "generated-fleets": [], "target-window": 1}
+    cfg = load_config(SHIPPED, FileOptions(seeds=1, sets=sets))
+    cells = robustness.plan(cfg, tmp_path / "b")
+    assert {(c.settings["target-accuracy"], c.settings["target-window"]) for c in cells} == {
+        (0.8, 1)
+    }
+
+
 # --------------------------------------------------------------------------- criteria
 
 
-def test_the_first_and_the_smoothed_round():
-    accs = [0.5, 0.82, 0.7, 0.81, 0.83, 0.84]
-    assert first_round(accs, 0.8) == 2
-    assert smoothed_round(accs, 0.8, 3) == 6  # rounds 4-6, (0.81 + 0.83 + 0.84) / 3, first ≥ 0.8
-    assert smoothed_round(accs, 0.8, 1) == 2
-    assert smoothed_round([0.9, 0.9], 0.8, 3) is None  # never a full window
-    assert first_round(accs, 0.9) is None and smoothed_round(accs, 0.9, 3) is None
+def _recorded_run(folder: Path, accs: list[float], window: int) -> dict[str, Any]:
+    """A run written by the run recorder (target 0.85), read back as a cell record: two
+    nodes, so that one waits at idle power; round r takes r s and 10·r J on the slow one."""
+    rec = RunRecorder(
+        folder,
+        method="power-aware",
+        target=Target(0.85, window),
+        console=Console(file=io.StringIO()),
+    )
+    rec.initial_eval({"accuracy": 0.1, "loss": 2.3})
+    for rnd, acc in enumerate(accs, 1):
+        nodes = [_node(rnd, "slow", float(rnd), 10.0 * rnd), _node(rnd, "fast", 0.5, 1.0)]
+        rec.record_round(RoundReport(rnd, nodes), {"accuracy": acc, "loss": 1.0})
+    summary = rec.finish()
+    lines = {
+        name: [json.loads(x) for x in (folder / name).read_text().splitlines()]
+        for name in ("rounds.jsonl", "nodes.jsonl")
+    }
+    return {"summary": summary, "rounds": lines["rounds.jsonl"], "nodes": lines["nodes.jsonl"]}
+
+
+@pytest.mark.parametrize("window", [1, 3, 4])
+def test_the_reports_criteria_agree_with_the_runs_own_fields(tmp_path, window):
+    """The report applies the run's two rules to its per-round records: the rounds, times
+    and energies (idle waiting counted) it finds are the ones the run wrote."""
+    rec = _recorded_run(tmp_path, [0.70, 0.86, 0.78, 0.84, 0.88, 0.87], window)
+    s, got = rec["summary"], run_outcomes(rec, 0.85, window)
+    assert s["idle-accounting"] == "on" and s["fleet-idle-energy-j"] > 0
+    assert got["first"].round == s["first-round-at-target"] == 2
+    assert got["first"].time_s == pytest.approx(s["sim-time-to-first-target-s"])
+    assert got["first"].energy_j == pytest.approx(s["fleet-energy-to-first-target-j"])
+    assert got["smoothed"].round == s["round-to-target"] == {1: 2, 3: 6, 4: None}[window]
+    if s["round-to-target"] is not None:
+        assert got["smoothed"].time_s == pytest.approx(s["sim-time-to-target-s"])
+        assert got["smoothed"].energy_j == pytest.approx(s["fleet-energy-to-target-j"])
 
 
 def _rec(fleet: str, seed: int, arm: str, accs: list[float], dt: float, e: float) -> dict:
@@ -293,3 +349,39 @@ def test_the_study_runs_resumes_and_reports(tmp_path, monkeypatch):
     assert "## Criterion: first round at or over the target" in report
     assert "## Where the two criteria disagree" in report
     assert "| `off` | 4/4 |" in report
+
+
+def _study_folder(tmp_path: Path, config: dict[str, Any], records: list[dict]) -> Path:
+    out = tmp_path / "out"
+    (out / "records" / "cells").mkdir(parents=True)
+    for i, rec in enumerate(records):
+        path = out / "records" / "cells" / f"r{i}.json"
+        path.write_text(json.dumps({"key": f"k{i}", "cell-version": 4, **rec}))
+    manifest = {"config": config, "study": "federated-robustness", "complete": True}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+def test_a_folder_of_the_earlier_study_reads_its_window_from_smoothing_rounds(tmp_path):
+    """Its runs went on to num-rounds with target 1.0; its config named the window
+    smoothing-rounds: the report applies both criteria to its rounds as before."""
+    body = 'fleets = ["default"]\nseeds = 1\narms = [{ name = "b1", method = "b1" }]\n'
+    config = load_config(_write(tmp_path, body + 'ratio-against = ["b1"]\n')).to_dict()
+    del config["target-window"]
+    config["smoothing-rounds"] = 2
+    records = [_rec("default", 0, "b1", [0.5, 0.9, 0.6, 0.9, 0.9], 1.0, 1.0)]
+    out = _study_folder(tmp_path, config, records)
+    robustness.STUDY.render(out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["target-window"] == 2
+    run = summary["runs"][0]
+    assert (run["first"]["round"], run["smoothed"]["round"]) == (2, 5)  # 2-round means: 0.9
+
+
+def test_two_records_of_one_pair_and_arm_are_refused_naming_them(tmp_path):
+    body = 'fleets = ["default"]\nseeds = 1\narms = [{ name = "b1", method = "b1" }]\n'
+    config = load_config(_write(tmp_path, body + 'ratio-against = ["b1"]\n')).to_dict()
+    twice = [_rec("default", 0, "b1", [0.5, 0.9], 1.0, 1.0)] * 2
+    out = _study_folder(tmp_path, config, twice)
+    with pytest.raises(ReportError, match="two runs of fleet default, seed 0, arm b1: k0"):
+        robustness.STUDY.render(out)

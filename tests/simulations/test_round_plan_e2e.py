@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.simulations.conftest import SmallRun
 
 FLEET = """
 [[node]]
@@ -34,31 +32,17 @@ p-max-w = "none"
 """
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 @pytest.mark.slow
-def test_energy_mode_run_with_cap_schedule_and_drift_check(tmp_path):
-    fleet = tmp_path / "fleet.toml"
-    fleet.write_text(FLEET)
-    out = tmp_path / "runs"
-    cmd = [sys.executable, "-m", "simulations", "simulate", "--methods", "power-aware"]
-    cmd += ["--fleet", str(fleet), "--rounds", "3", "--output-dir", str(out)]
-    for setting in (
-        f"cache-dir={json.dumps(str(tmp_path / 'cache'))}",
-        "target-accuracy=0.99",
-        "partitioning='iid'",
+def test_energy_mode_run_with_cap_schedule_and_drift_check(
+    small_run: Callable[..., SmallRun],
+) -> None:
+    run = small_run(
+        FLEET,
         "pacing='deadline'",  # deprecated: runs as balance = "energy", with a note
         "drift-check-every=2",
-    ):
-        cmd += ["-c", setting]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    rounds = _read_jsonl(run_dir / "rounds.jsonl")
-    nodes = {(n["node-name"], n["server-round"]): n for n in _read_jsonl(run_dir / "nodes.jsonl")}
+    )
+    proc, run_dir, summary, rounds = run.proc, run.run_dir, run.summary, run.rounds
+    nodes = {(n["node-name"], n["server-round"]): n for n in run.nodes}
 
     assert all(r["nodes-ok"] == 3 for r in rounds)
     assert summary["final-accuracy"] > summary["initial-accuracy"] + 0.2

@@ -6,16 +6,16 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from simulations.cli import main
 from simulations.report import load_run
+from tests.simulations.conftest import REPO, SmallRun
 from tests.simulations.test_report import check_timeline_matches_records
 from tests.simulations.test_report_plots import png_size
-
-REPO = Path(__file__).resolve().parents[2]
 
 FLEET = """
 [[node]]
@@ -35,43 +35,15 @@ p-max-w = "none"
 """
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 @pytest.mark.slow
-def test_small_fleet_trains_under_caps_with_rising_accuracy(tmp_path):
-    fleet = tmp_path / "fleet.toml"
-    fleet.write_text(FLEET)
-    out = tmp_path / "runs"
-    cmd = [
-        sys.executable,
-        "-m",
-        "simulations",
-        "simulate",
-        "--methods",
-        "power-aware",
-        "--fleet",
-        str(fleet),
-        "--rounds",
-        "3",
-        "--output-dir",
-        str(out),
-        "-c",
-        f"cache-dir={json.dumps(str(tmp_path / 'cache'))}",
-        "-c",
-        "target-accuracy=0.99",
-        "-c",
-        "partitioning='iid'",
-    ]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    rounds = _read_jsonl(run_dir / "rounds.jsonl")
-    nodes = _read_jsonl(run_dir / "nodes.jsonl")
+def test_small_fleet_trains_under_caps_with_rising_accuracy(
+    tmp_path: Path, small_run: Callable[..., SmallRun]
+) -> None:
+    run = small_run(FLEET)
+    proc, run_dir, summary = run.proc, run.run_dir, run.summary
+    rounds, nodes = run.rounds, run.nodes
 
-    assert summary["record-version"] == 3
+    assert summary["record-version"] == 4
     assert [r["server-round"] for r in rounds] == [1, 2, 3]
     # the headline counts idle waiting (idle-accounting = on): its parts, round by round
     assert summary["fleet-energy-j"] == pytest.approx(

@@ -113,8 +113,10 @@ def test_fednova_through_the_strategy_reaches_the_optimum_fedavg_does_not() -> N
     mean_bn = float(quad.P @ np.array([BN[n] for n in NODES]))
     for arrays in (nova, avg):
         assert arrays["bn.running_mean"].numpy() == pytest.approx([mean_bn])
-    assert nova["bn.num_batches_tracked"].numpy().dtype == np.int64
-    assert int(nova["bn.num_batches_tracked"].numpy()) == round(float(quad.P @ steps))
+    # the step counter's mean, under both the weighted mean's dtype rule (float64)
+    for arrays in (nova, avg):
+        counter = arrays["bn.num_batches_tracked"].numpy()
+        assert counter.dtype == np.float64 and float(counter) == pytest.approx(quad.P @ steps)
 
 
 def test_a_round_without_reported_work_falls_back_to_fedavg_and_says_so() -> None:
@@ -205,3 +207,10 @@ def test_fedavg_capped_through_the_strategy_stays_near_the_optimum() -> None:
     avg, _ = _rounds("fedavg", quad.ROUNDS)
     gap_avg = float(np.linalg.norm(avg["x"].numpy() - quad.global_optimum()))
     assert gap_capped < gap_avg  # extra work pulls it less toward one node's optimum
+
+
+def test_replies_with_other_arrays_are_refused_naming_them() -> None:
+    other = _reply(2.0, 10.0, 1.0)
+    del other.array_records["arrays"]["bn.running_mean"]
+    with pytest.raises(ValueError, match="the replies' arrays differ"):
+        aggregate_round("fedavg", None, [_reply(1.0, 10.0, 1.0), other], "num-examples")

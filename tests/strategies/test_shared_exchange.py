@@ -28,7 +28,7 @@ from fl_client.lut import LUT, KindKey, lut_checksum
 from fl_client.lut_plan import BF
 from fl_server.lut_library import LUTLibrary
 from fl_server.server_app import Rounds, run_rounds
-from strategies import aggregation
+from strategies import shared_exchange
 from strategies.power_aware import PowerAwareFedAvg
 from strategies.shared_exchange import SharedProfiling
 from tests.strategies.test_power_aware import FakeGrid, report
@@ -363,15 +363,17 @@ def test_profiled_steps_are_fedavged_in_node_name_order_whatever_arrives_first(
     """FedAvg's float sums run in one order (the nodes' names, as for TRAIN replies), so a
     run's weights do not depend on which reply came first."""
     orders: list[list[str]] = []
-    real = aggregation.aggregate_arrayrecords
+    real = shared_exchange.aggregate_round
 
-    def spy(records: list[RecordDict], key: str) -> ArrayRecord:
+    def spy(
+        mode: str, base: ArrayRecord, records: list[RecordDict], key: str, rnd: int
+    ) -> tuple[ArrayRecord, str | None]:
         # the handler weighs node n's reply 10·n: the weight names the node
         nodes = [round(float(r["metrics"][key]) / 10.0) for r in records]  # type: ignore[arg-type]
         orders.append([FLEET[n].node_name for n in nodes])
-        return real(records, key)
+        return real(mode, base, records, key, rnd)
 
-    monkeypatch.setattr(aggregation, "aggregate_arrayrecords", spy)
+    monkeypatch.setattr(shared_exchange, "aggregate_round", spy)
     outs = []
     for grid_type in (BatchGrid, ReversedGrid):
         grid = grid_type(list(FLEET), _handler())

@@ -7,8 +7,6 @@ import argparse
 import io
 import json
 import logging
-import math
-import re
 import subprocess
 import sys
 import types
@@ -30,7 +28,7 @@ from fl_client.devices.jetson import JetsonDevice
 from fl_client.devices.nvml import NvmlDevice
 from fl_client.devices.replay import ReplayDevice
 from fl_client.devices.sampler import SampledOptions
-from fl_client.settings import REPO_ROOT, SettingsError, node_settings
+from fl_client.settings import REPO_ROOT
 from tests.fl_client.devices.fakes_sysfs import build_tree
 
 EXAMPLE = str(REPO_ROOT / "configs" / "replay" / "example-illustrative-jetson-nano-resnet18.csv")
@@ -163,88 +161,9 @@ def test_nvml_backend_unavailable_without_pynvml(no_pynvml: None):
         open_device("", "nvml")
 
 
-def test_options_from_node_config():
-    opts = DeviceOptions.from_config(
-        {
-            "sysfs-root": "/tmp/x",
-            "cap-window-s": 0.5,
-            "sample-rate-hz": 50,
-            "lock-clocks": "false",
-            "replay-table": "",
-            "nvml-index": "1",
-            "power-rails": "VDD_IN, VDD_SOC",
-            "power-source": "sysfs",
-        }
-    )
-    assert opts == DeviceOptions(
-        sysfs_root="/tmp/x",
-        cap_window_s=0.5,
-        sample_rate_hz=50.0,
-        lock_clocks=False,
-        nvml_index=1,
-        power_rails=("VDD_IN", "VDD_SOC"),
-        power_source="sysfs",
-    )
-    assert DeviceOptions.from_config({}) == DeviceOptions()
-
-
-@pytest.mark.parametrize(
-    ("config", "message"),
-    [
-        ({"cap-windw-s": 0.5}, "unknown key 'cap-windw-s' (did you mean cap-window-s?)"),
-        ({"sysfs_root": "/"}, "unknown key 'sysfs_root' (did you mean sysfs-root?)"),
-        # a node's own settings are not device options: the caller passes only the options
-        ({"p-max-w": 4.5}, "unknown key 'p-max-w'; known keys: cap-window-s, knob, lock-clocks"),
-    ],
-)
-def test_unknown_options_are_refused_naming_the_nearest_key(
-    config: dict[str, object], message: str
-):
-    with pytest.raises(ValueError, match=re.escape(f"device options: {message}")):
-        DeviceOptions.from_config(config)
-
-
-def test_option_keys_are_the_fields_in_kebab_case():
-    keys = DeviceOptions.keys()
-    assert {"cap-window-s", "sysfs-root", "twin-drift-from-round"} <= set(keys)
-    assert not any("_" in k for k in keys)
-
-
-#: A bad value of every device option that has one (paths and rail names are free text).
-BAD_OPTIONS = [
-    ("power-source", "tegrastats", "unknown 'tegrastats'; allowed: auto, sysfs, jtop"),
-    ("sample-rate-hz", 0, "must be > 0 and finite, got 0"),
-    ("sample-rate-hz", math.inf, "must be > 0 and finite, got inf"),
-    ("cap-window-s", -1, "must be > 0 and finite, got -1"),
-    ("cap-window-s", "soon", "expected a number, got 'soon'"),
-    ("nvml-index", "first", "expected an integer, got 'first'"),
-    ("lock-clocks", "maybe", "expected true, false or auto, got 'maybe'"),
-    ("knob", "mhz", "unknown value 'mhz'; allowed: frequency, power-limit, auto"),
-    ("power-limit-step-w", 0, "must be > 0 and finite, got 0"),
-    ("twin-slowdown", 0.5, "must be ≥ 1 (a step-time factor), got 0.5"),
-    ("twin-extra-power-w", -1, "expected W ≥ 0, got -1"),
-    ("twin-drift-from-round", 0, "expected an integer ≥ 1, got 0"),
-    ("twin-drift-from-round", True, "expected an integer ≥ 1, got True"),
-]
-
-
-@pytest.mark.parametrize(("key", "value", "message"), BAD_OPTIONS)
-def test_bad_options_name_the_key(key: str, value: object, message: str):
-    with pytest.raises(ValueError, match=re.escape(f"{key}: {message}")):
-        DeviceOptions.from_config({key: value})
-
-
-@pytest.mark.parametrize(("key", "value", "message"), BAD_OPTIONS)
-def test_a_bad_node_device_option_is_refused_naming_the_node_and_the_key(
-    key: str, value: object, message: str
-):
-    with pytest.raises(SettingsError, match=re.escape(f"node-config (x): {key}: {message}")):
-        node_settings({"name": "x", "device": "jetson-nano", key: value}, None)
-
-
 def test_power_limit_with_lock_clocks_false_is_refused_naming_both():
     with pytest.raises(ValueError, match=r"knob: power-limit .* lock-clocks = false"):
-        DeviceOptions.from_config({"lock-clocks": "no", "knob": "power-limit"})
+        DeviceOptions(lock_clocks=False, knob="power-limit")
 
 
 def test_sampled_options_carry_the_state_folder_rate_and_window():

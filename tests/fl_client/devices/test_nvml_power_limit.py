@@ -36,6 +36,7 @@ from fl_client.devices.cli import devices_report, restore_command
 from fl_client.devices.nvml import NvmlControl, NvmlDevice, power_limit_grid_w
 from fl_client.devices.sampler import PowerMeasurement, SampledOptions
 from fl_client.settings import REPO_ROOT
+from fl_client.settings_table import device_options
 from tests.fl_client.devices.conftest import FakeGpu, await_line
 
 WORKLOAD = Workload("resnet18", (3, 32, 32), 1e9)
@@ -252,14 +253,14 @@ def test_auto_takes_the_clocks_where_they_lock_else_the_power_limit(
 def test_options_name_the_key_and_the_allowed_values(tmp_path: Path):
     with pytest.raises(ValueError, match=r"knob: unknown value 'mhz'; allowed: frequency, "
                        r"power-limit, auto"):  # fmt: skip
-        DeviceOptions.from_config({"knob": "mhz"})
+        device_options({"knob": "mhz"})
     with pytest.raises(ValueError, match="lock-clocks = false means change nothing"):
-        DeviceOptions.from_config({"knob": "power-limit", "lock-clocks": "false"})
-    with pytest.raises(ValueError, match="power-limit-step-w: must be > 0"):
-        DeviceOptions.from_config({"knob": "power-limit", "power-limit-step-w": 0})
-    opts = DeviceOptions.from_config({"knob": "Power-Limit", "power-limit-step-w": "50"})
+        device_options({"knob": "power-limit", "lock-clocks": "false"})
+    with pytest.raises(ValueError, match="power-limit-step-w: expected a finite number > 0"):
+        device_options({"knob": "power-limit", "power-limit-step-w": 0})
+    opts = device_options({"knob": "Power-Limit", "power-limit-step-w": "50"})
     assert (opts.knob, opts.power_limit_step_w) == ("power-limit", 50.0)
-    assert DeviceOptions.from_config({}).knob == "frequency"
+    assert device_options({}).knob == "frequency"
     for backend in ("simulated", "jetson"):
         with pytest.raises(ValueError, match=f"knob: power-limit needs .* the {backend} backend"):
             open_device("jetson-nano", backend, options=opts)
