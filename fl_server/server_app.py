@@ -280,6 +280,28 @@ def window_note(settings: RunSettings) -> str | None:
     )
 
 
+def start_line(settings: RunSettings, run_dir: Path) -> str:
+    """The run's first console line: method, model, budget, target and folder."""
+    fedbuff = settings.aggregation == "fedbuff"
+    return (
+        f"[bold]powerfl[/bold] method={settings.method} model={settings.model} "
+        + (
+            f"aggregation=fedbuff buffer-size={settings.buffer_size} "
+            f"versions≤{settings.num_rounds} "
+            if fedbuff
+            else f"rounds≤{settings.num_rounds} "
+        )
+        + f"target={settings.target_accuracy:.2f} "
+        + (
+            f"(mean of {settings.target_window} {'versions' if fedbuff else 'rounds'}) "
+            if settings.target_window > 1
+            else ""
+        )
+        + (f"balance={settings.balance} " if settings.balance != "off" else "")
+        + f"→ {run_dir}"
+    )
+
+
 def run_server(
     grid: Grid, run_config: Mapping[str, Any], fleet: Sequence[NodeSettings] | None = None
 ) -> dict[str, Any]:
@@ -295,19 +317,7 @@ def run_server(
     )
     target = Target(settings.target_accuracy, settings.target_window)
     rec = make_recorder(settings, run_dir, target)
-    rec.console.print(
-        f"[bold]powerfl[/bold] method={settings.method} model={settings.model} "
-        + (
-            f"aggregation=fedbuff buffer-size={settings.buffer_size} "
-            f"versions≤{settings.num_rounds} "
-            if settings.aggregation == "fedbuff"
-            else f"rounds≤{settings.num_rounds} "
-        )
-        + f"target={settings.target_accuracy:.2f} "
-        + (f"(mean of {settings.target_window} rounds) " if settings.target_window > 1 else "")
-        + (f"balance={settings.balance} " if settings.balance != "off" else "")
-        + f"→ {run_dir}"
-    )
+    rec.console.print(start_line(settings, run_dir))
     for note in settings_notes(settings, run_config):
         log.warning(note)
         rec.console.print(f"[yellow]settings:[/yellow] {note}")
