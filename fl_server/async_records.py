@@ -61,7 +61,9 @@ def _interval_account(
 ) -> RoundAccount:
     """A version's interval of virtual time as a ``RoundAccount``: each node's busy time
     and energy in it, training and profiling apart, and its idle time at idle power."""
-    busy = {names.get(n, str(n)): t.busy_s for n, t in times.items()}
+    # by name, not Flower's ids (they change from run to run): the busiest of equals is stable
+    named = sorted(((names.get(n, str(n)), t) for n, t in times.items()), key=lambda p: p[0])
+    busy = {name: t.busy_s for name, t in named}
     profile_s = math.fsum(t.profile_s for t in times.values())
     profile_j = math.fsum(t.profile_j for t in times.values())
     return RoundAccount(  # fsum: the same figure whatever ids Flower gave the nodes
