@@ -66,7 +66,42 @@ def _value(settings: RunSettings, key: str) -> Any:
 def idle_settings(settings: RunSettings, methods: Sequence[str]) -> list[IdleSetting]:
     """The settings of ``settings`` away from their defaults that none of ``methods`` (the
     runs of one command) reads."""
-    return [*_round_plan_idle(settings, methods), *_tracking_idle(settings)]
+    return [
+        *_round_plan_idle(settings, methods),
+        *_fedbuff_idle(settings),
+        *_tracking_idle(settings),
+    ]
+
+
+#: The settings only ``aggregation = "fedbuff"`` reads.
+FEDBUFF_KEYS = ("buffer-size", "staleness-weight")
+
+
+def _fedbuff_idle(settings: RunSettings) -> list[IdleSetting]:
+    """The buffer's settings without ``fedbuff``, and under ``fedbuff`` a share of the
+    fleet per round (``fraction-train``): it has no rounds and keeps every node busy."""
+    if settings.aggregation != "fedbuff":
+        return [
+            IdleSetting(
+                k,
+                _value(settings, k),
+                f'only aggregation = "fedbuff" reads it, and this run has aggregation = '
+                f'"{settings.aggregation}"',
+                f'set aggregation = "fedbuff" or leave {k} out',
+            )
+            for k in FEDBUFF_KEYS
+            if _value(settings, k) != _default(k)
+        ]
+    if settings.fraction_train == _default("fraction-train"):
+        return []
+    return [
+        IdleSetting(
+            "fraction-train",
+            settings.fraction_train,
+            'aggregation = "fedbuff" has no rounds to sample and keeps every node busy',
+            "leave fraction-train out",
+        )
+    ]
 
 
 def _tracking_idle(settings: RunSettings) -> list[IdleSetting]:

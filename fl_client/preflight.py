@@ -170,6 +170,7 @@ def check_before_start(settings: RunSettings, fleet: list[NodeSettings]) -> None
     any method: a SettingsError naming the key, raised before anything starts.
 
     * ``min-train-nodes`` against the fleet's size (a round would wait forever);
+    * ``buffer-size`` (``aggregation = "fedbuff"``) at most the fleet's size;
     * ``round-timeout-s`` at least ``MIN_ROUND_TIMEOUT_S``;
     * ``output-dir`` and ``cache-dir`` are folders this process can write;
     * every node's device descriptor and replay table reads (``check_device_files``);
@@ -183,6 +184,14 @@ def check_before_start(settings: RunSettings, fleet: list[NodeSettings]) -> None
             f"({Path(settings.fleet).name}) has {nodes}: every round would wait for nodes "
             f"that never come; set min-train-nodes to at most {len(fleet)} "
             f"(-c min-train-nodes={len(fleet)}) or add nodes to the fleet"
+        )
+    if settings.aggregation == "fedbuff" and settings.buffer_size > len(fleet):
+        raise SettingsError(
+            f"buffer-size: {settings.buffer_size}, but the fleet ({Path(settings.fleet).name}) "
+            f"has {len(fleet)} nodes: one version would wait for more updates than the fleet has "
+            f"nodes, so the fast nodes' repeated work would outweigh the slow ones; set "
+            f"buffer-size to at most "
+            f"{len(fleet)} (-c buffer-size={len(fleet)})"
         )
     if settings.round_timeout_s < MIN_ROUND_TIMEOUT_S:
         default = app_defaults().get("round-timeout-s", 600)

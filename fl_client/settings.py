@@ -238,6 +238,8 @@ class RunSettings:
     run_dir: str
     simulated_fleet: bool
     aggregation: str
+    buffer_size: int
+    staleness_weight: str
     idle_accounting: str
     initial_weights: str
     proxy_dataset: str
@@ -261,6 +263,12 @@ class RunSettings:
         ):
             raise SettingsError(
                 "method: 'fixed' needs fixed-batch-size and fixed-freq-mhz run settings"
+            )
+        if settings.aggregation == "fedbuff" and settings.balance != "off":
+            raise SettingsError(
+                f"balance: {settings.balance!r} plans synchronous rounds, and aggregation = "
+                '"fedbuff" has none (every node trains without waiting); leave balance '
+                'out (it is "off" by default) or choose another aggregation'
             )
         if settings.r_max_samples < settings.r_eval_every_samples:
             raise SettingsError(

@@ -68,6 +68,9 @@ ReadBy = Literal["server", "node", "both"]
 MODEL_NAMES = ("cnn", "resnet18", "mobilenetv2")
 #: ``partitioning``: Flower Datasets' partitioners a run can split its data with.
 PARTITIONINGS = ("iid", "dirichlet", "pathological")
+#: ``staleness-weight``: how a buffered update's weight falls with its staleness
+#: (``strategies.fedbuff.staleness_weight``; a test keeps the two equal).
+STALENESS_FORMS = ("inverse-sqrt", "inverse", "constant")
 #: ``tracking``: where finished runs are logged besides their folders (``simulations.tracking``).
 TRACKERS = ("none", "mlflow")
 #: The shortest ``round-timeout-s`` taken as meant. Every node's first reply needs a fresh
@@ -183,7 +186,9 @@ RUN_SETTINGS: tuple[Setting, ...] = (
         "seeds the data split, the partitions, the twins' sensor noise and the training order"),
     Setting("num-rounds", int, 30, Integer(lo=1), read_by="server", doc=
         "round budget: the run stops after this many rounds or once it reaches "
-        "`target-accuracy` (`target-window`), whichever comes first"),
+        "`target-accuracy` (`target-window`), whichever comes first; with `aggregation = "
+        "\"fedbuff\"`, the budget of global model versions (aggregations of `buffer-size` "
+        "updates)"),
     Setting("target-accuracy", float, 0.85, Number(lo=0.0, hi=1.0), read_by="server", doc=
         "test accuracy of the global model at which the run stops, reached as "
         "`target-window` says"),
@@ -338,8 +343,8 @@ RUN_SETTINGS: tuple[Setting, ...] = (
         "the run's nodes are the fleet file's (Flower's partition *i* is fleet node *i*), so "
         "the server names a node that failed by its fleet entry; `powerfl simulate --engine "
         "runtime` sets it (the in-process engine hands the fleet to the server itself)"),
-    Setting("aggregation", str, "fedavg", Choice(("fedavg", "fednova", "fedavg-capped")),
-            read_by="server", doc=
+    Setting("aggregation", str, "fedavg",
+            Choice(("fedavg", "fednova", "fedavg-capped", "fedbuff")), read_by="server", doc=
         "how the server combines the nodes' arrays each round: `fedavg` (weighted by local "
         "samples), `fednova` (FedNova's normalised averaging: each node's update divided by"
         " its local work, `local-steps` × `local-lr`, then scaled by the fleet's mean work) "
@@ -347,7 +352,19 @@ RUN_SETTINGS: tuple[Setting, ...] = (
         "fleet's mean work scaled down to that mean: the new model is a weighted mean of the "
         "nodes' models, no update extrapolated); the last two "
         "are FedAvg exactly when every node did equal work "
-        "([Aggregation](method.md#aggregation))"),
+        "([Aggregation](method.md#aggregation)); `fedbuff`: no rounds, buffered "
+        "asynchronous aggregation on the twins' device time (every node kept busy, the "
+        "global model updated every `buffer-size` updates; `num-rounds` counts its model "
+        "versions; [Asynchronous aggregation](async.md))"),
+    Setting("buffer-size", int, 3, Integer(lo=1), read_by="server", doc=
+        "with `aggregation = \"fedbuff\"`: K, the updates the server buffers before it "
+        "applies them to the global model as one new version; at most the fleet's size"),
+    Setting("staleness-weight", str, "inverse-sqrt", Choice(STALENESS_FORMS),
+            read_by="server", doc=
+        "with `aggregation = \"fedbuff\"`: how an update's weight falls with its staleness "
+        "s (the versions the global model moved on since the update's base): "
+        "`inverse-sqrt` 1/√(1+s), `inverse` 1/(1+s), `constant` 1; the weight is the "
+        "node's local samples times this"),
     Setting("idle-accounting", str, "on", Choice(("on", "off")), read_by="server", doc=
         "`on`: the headline fleet energy (`fleet-energy-j`, `fleet-energy-to-target-j`, the "
         "console's *energy→target*) counts each board's idle power while it waits for the "

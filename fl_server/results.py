@@ -323,9 +323,14 @@ class RunRecorder:
         held = [getattr(getattr(a, role), part) for a in self.accounts if a.busy_s]
         return sum(held) / len(held) if held else None
 
+    def account_of(self, report: RoundReport) -> RoundAccount:
+        """The round's accounting: a synchronous round's (``RoundAccount.of``); a recorder
+        of another schedule (``fl_server.async_records``) accounts its own."""
+        return RoundAccount.of(report)
+
     def record_round(self, report: RoundReport, metrics: dict[str, float]) -> RoundRow:
         """Account one finished round, append its records and print its line."""
-        account = RoundAccount.of(report)
+        account = self.account_of(report)
         self.accounts.append(account)
         failed = [f"{n.node_name}: {n.error}" for n in report.nodes if not n.ok]
         row = RoundRow(

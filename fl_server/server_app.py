@@ -28,9 +28,12 @@ from fl_client.settings import (
     resolve_path,
     translate_deprecated,
 )
+from fl_server.async_loop import AsyncRun, run_fedbuff
+from fl_server.async_records import AsyncRecorder
 from fl_server.lut_library import LUTLibrary
 from fl_server.results import RunRecorder, new_run_dir, untrained_label
 from fl_server.target import Target
+from strategies.fedbuff import VirtualClock
 from strategies.fleet import Fleet
 from strategies.power_aware import PowerAwareFedAvg, RoundReport
 from strategies.round_plan import PlanSettings
@@ -110,7 +113,9 @@ def make_strategy(
         template=template,
         min_train_nodes=settings.min_train_nodes,
         fraction_train=settings.fraction_train,
-        aggregation=settings.aggregation,
+        # fedbuff aggregates its buffer itself; the profiled steps of fleet-shared profiling
+        # (one synchronous exchange before the first work) are averaged with FedAvg
+        aggregation="fedavg" if settings.aggregation == "fedbuff" else settings.aggregation,
         planning=planning,
         shared=shared,
     )
@@ -275,6 +280,28 @@ def window_note(settings: RunSettings) -> str | None:
     )
 
 
+def start_line(settings: RunSettings, run_dir: Path) -> str:
+    """The run's first console line: method, model, budget, target and folder."""
+    fedbuff = settings.aggregation == "fedbuff"
+    return (
+        f"[bold]powerfl[/bold] method={settings.method} model={settings.model} "
+        + (
+            f"aggregation=fedbuff buffer-size={settings.buffer_size} "
+            f"versions≤{settings.num_rounds} "
+            if fedbuff
+            else f"rounds≤{settings.num_rounds} "
+        )
+        + f"target={settings.target_accuracy:.2f} "
+        + (
+            f"(mean of {settings.target_window} {'versions' if fedbuff else 'rounds'}) "
+            if settings.target_window > 1
+            else ""
+        )
+        + (f"balance={settings.balance} " if settings.balance != "off" else "")
+        + f"→ {run_dir}"
+    )
+
+
 def run_server(
     grid: Grid, run_config: Mapping[str, Any], fleet: Sequence[NodeSettings] | None = None
 ) -> dict[str, Any]:
@@ -289,20 +316,8 @@ def run_server(
         else new_run_dir(settings.output_dir, settings.method)
     )
     target = Target(settings.target_accuracy, settings.target_window)
-    rec = RunRecorder(
-        run_dir,
-        method=settings.method,
-        target=target,
-        balance=settings.balance,
-        idle_accounting=settings.idle_accounting,
-    )
-    rec.console.print(
-        f"[bold]powerfl[/bold] method={settings.method} model={settings.model} "
-        f"rounds≤{settings.num_rounds} target={settings.target_accuracy:.2f} "
-        + (f"(mean of {settings.target_window} rounds) " if settings.target_window > 1 else "")
-        + (f"balance={settings.balance} " if settings.balance != "off" else "")
-        + f"→ {run_dir}"
-    )
+    rec = make_recorder(settings, run_dir, target)
+    rec.console.print(start_line(settings, run_dir))
     for note in settings_notes(settings, run_config):
         log.warning(note)
         rec.console.print(f"[yellow]settings:[/yellow] {note}")
@@ -333,9 +348,14 @@ def run_server(
     strategy = make_strategy(settings, r_est, weights)
     strategy.fleet.query(grid, settings.round_timeout_s)
     record_fleet(strategy.fleet, rec, fleet)
-    rounds = Rounds(settings.num_rounds, settings.round_timeout_s, target)
     initial = ArrayRecord(model.state_dict())
-    final = run_rounds(strategy, grid, initial, rounds, evaluate, rec.record_round)
+    if isinstance(rec, AsyncRecorder):  # aggregation = "fedbuff": no rounds
+        clock = VirtualClock(settings.buffer_size, settings.staleness_weight)
+        run = AsyncRun(strategy, grid, clock, rec, settings.round_timeout_s)
+        final = run_fedbuff(run, initial, settings.num_rounds, evaluate)
+    else:
+        rounds = Rounds(settings.num_rounds, settings.round_timeout_s, target)
+        final = run_rounds(strategy, grid, initial, rounds, evaluate, rec.record_round)
     torch.save(final.to_torch_state_dict(), run_dir / "final_model.pt")
     rec.left_out = left_out_nodes(strategy.fleet, fleet)  # with any that joined late
     return rec.finish(
@@ -350,6 +370,25 @@ def run_server(
             "query-failures": {str(k): v for k, v in strategy.fleet.query_failures.items()},
             **(weights.to_record() if weights else {}),
         }
+    )
+
+
+def make_recorder(settings: RunSettings, run_dir: Path, target: Target) -> RunRecorder:
+    """The run's recorder: a synchronous run's, or with ``aggregation = "fedbuff"`` the
+    asynchronous one's (``fl_server.async_records``)."""
+    if settings.aggregation == "fedbuff":
+        return AsyncRecorder(
+            run_dir,
+            method=settings.method,
+            target=target,
+            idle_accounting=settings.idle_accounting,
+        )
+    return RunRecorder(
+        run_dir,
+        method=settings.method,
+        target=target,
+        balance=settings.balance,
+        idle_accounting=settings.idle_accounting,
     )
 
 

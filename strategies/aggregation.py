@@ -35,10 +35,17 @@ from strategies.weighted_mean import weighted_mean
 NOT_ITERATES = ("running_mean", "running_var", "num_batches_tracked")
 
 
+#: The aggregations of a synchronous round; ``fedbuff`` has none (``strategies.fedbuff``).
+ROUND_AGGREGATIONS = tuple(a for a in AGGREGATIONS if a != "fedbuff")
+
+
 def check_aggregation(mode: str) -> str:
-    """``mode`` if it is one of ``AGGREGATIONS``; else a ValueError naming the key."""
-    if mode not in AGGREGATIONS:
-        raise ValueError(f"aggregation: unknown value {mode!r}; allowed: {', '.join(AGGREGATIONS)}")
+    """``mode`` if it is one of ``ROUND_AGGREGATIONS``; else a ValueError naming the key."""
+    allowed = ", ".join(ROUND_AGGREGATIONS)
+    if mode in AGGREGATIONS and mode not in ROUND_AGGREGATIONS:
+        raise ValueError(f"aggregation: {mode!r} has no rounds to aggregate; a round's: {allowed}")
+    if mode not in ROUND_AGGREGATIONS:
+        raise ValueError(f"aggregation: unknown value {mode!r}; allowed: {allowed}")
     return mode
 
 

@@ -102,3 +102,26 @@ def test_a_key_only_another_balance_mode_reads_is_refused_naming_its_mode() -> N
     off = RunSettings.from_config({"max-work-share": 2.0})
     with pytest.raises(SettingsError, match='balance = "off" plans no round'):
         check_effective(off, ["power-aware"], typed=["max-work-share"])
+
+
+# ------------------------------------------------------------------------------ fedbuff
+
+
+@pytest.mark.parametrize(("key", "value"), [("buffer-size", 2), ("staleness-weight", "inverse")])
+def test_a_fedbuff_key_typed_without_fedbuff_is_refused(key: str, value: Any) -> None:
+    settings = RunSettings.from_config({key: value})
+    with pytest.raises(SettingsError) as err:
+        check_effective(settings, ["power-aware"], typed=[key])
+    text = str(err.value)
+    assert text.startswith(f"{key}: {value!r} would take no effect")
+    assert 'only aggregation = "fedbuff" reads it' in text
+    carried = check_effective(settings, ["power-aware"], typed=[])
+    assert carried is not None and f"{key} = " in carried
+
+
+def test_fedbuff_with_its_keys_says_nothing_and_refuses_a_fraction_of_the_fleet() -> None:
+    cfg = {"aggregation": "fedbuff", "buffer-size": 2, "staleness-weight": "constant"}
+    assert check_effective(RunSettings.from_config(cfg), ["power-aware"], typed=cfg) is None
+    settings = RunSettings.from_config({**cfg, "fraction-train": 0.5})
+    with pytest.raises(SettingsError, match=r"fraction-train: 0\.5 would take no effect.*busy"):
+        check_effective(settings, ["power-aware"], typed=["fraction-train"])

@@ -68,6 +68,13 @@ def test_min_train_nodes_above_the_fleet_is_refused(tmp_path: Path) -> None:
         _check(tmp_path, _fleet(tmp_path, NANO, ORIN), min_train_nodes=3)
 
 
+def test_a_fedbuff_buffer_larger_than_the_fleet_is_refused(tmp_path: Path) -> None:
+    fleet = _fleet(tmp_path, NANO, ORIN)
+    with pytest.raises(SettingsError, match=r"buffer-size: 3, but the fleet .* has 2 nodes"):
+        _check(tmp_path, fleet, aggregation="fedbuff", buffer_size=3)
+    _check(tmp_path, fleet, aggregation="fedbuff", buffer_size=2)
+
+
 # ----------------------------------------------------------------------- timeouts, dirs
 
 

@@ -89,6 +89,12 @@ def test_overrides_win() -> None:
         ({"cap-margin": 1.0}, "cap-margin: expected a number in [0, 1), got 1.0"),
         ({"cap-margin": -0.05}, "cap-margin: expected a number in [0, 1), got -0.05"),
         ({"cap-margin": "lots"}, "cap-margin: expected a number in [0, 1), got 'lots'"),
+        ({"buffer-size": 0}, "buffer-size: expected an integer ≥ 1, got 0"),
+        ({"staleness-weight": "sqrt"}, "staleness-weight: unknown value 'sqrt'; allowed: "),
+        (
+            {"aggregation": "fedbuff", "balance": "steps"},
+            "balance: 'steps' plans synchronous rounds, and aggregation = \"fedbuff\" has none",
+        ),
     ],
 )
 def test_bad_run_settings_name_the_key(override: dict[str, Any], message: str) -> None:

@@ -148,7 +148,10 @@ def test_a_check_says_what_it_allows() -> None:
     assert RUN["round-timeout-s"].check.allowed() == "> 0.0"  # inf: no timeout
     assert NODE["name"].check.allowed().startswith("1 to 64 letters, digits")
     assert NODE["partition-id"].check.allowed() == "an integer ≥ 0"
-    assert RUN["aggregation"].check.allowed() == "`fedavg` \\| `fednova` \\| `fedavg-capped`"
+    assert (
+        RUN["aggregation"].check.allowed()
+        == "`fedavg` \\| `fednova` \\| `fedavg-capped` \\| `fedbuff`"
+    )
     assert RUN["balance"].check.allowed().count("`") == 2 * len(settings_table.BALANCE_MODES)
     assert NODE["p-max-w"].parse("4.5") == Cap(4.5)
     assert NODE["p-max-w"].check.allowed() == "> 0 W (or 'none' for no cap)"

@@ -160,6 +160,11 @@ def test_an_unknown_aggregation_is_refused_before_start_naming_the_key() -> None
     assert RunSettings.from_config({"aggregation": "fednova"}).aggregation == "fednova"
 
 
+def test_a_round_is_never_aggregated_with_fedbuff_which_has_no_rounds() -> None:
+    with pytest.raises(ValueError, match="aggregation: 'fedbuff' has no rounds to aggregate"):
+        _strategy(aggregation="fedbuff")
+
+
 def _reply(x: float, samples: float, steps: float, bn: float = 0.0) -> RecordDict:
     metrics = report(11, num_examples=samples, local_steps=steps, local_lr=0.1).to_metrics()
     arrays = ArrayRecord(

@@ -1,0 +1,181 @@
+"""The ``fedbuff`` run through Flower's Message API: every node kept busy, replies taken
+in the order of the devices' time (``strategies.fedbuff.VirtualClock``), the global model
+updated every ``buffer-size`` updates.
+
+One exchange is ``Fleet.send_and_receive`` (Flower's ``Grid.send_and_receive``): the clock
+waits for every reply in flight before it takes the next update anyway, so a push and a
+later pull would gain nothing in a simulation. Fleet-shared profiling runs once, as the
+synchronous step it is, before the first work; its time opens the run's virtual clock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from fl_client.contract import NodeRow, SettingsError, TrainReport
+from fl_server.async_records import AsyncRecorder, update_row
+from strategies.fedbuff import DeviceCost, Step, VirtualClock, Work, apply_buffer
+from strategies.power_aware import PowerAwareFedAvg
+
+log = logging.getLogger(__name__)
+
+Evaluate = Callable[[int, ArrayRecord], dict[str, float]]
+
+
+def to_numpy(arrays: ArrayRecord) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in arrays.items()}
+
+
+def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()})
+
+
+@dataclass
+class AsyncRun:
+    """One ``fedbuff`` run's state: the strategy (its fleet, TRAIN configs and LUTs), the
+    clock, the global versions still needed as bases, and the rows of the next version."""
+
+    strategy: PowerAwareFedAvg
+    grid: Grid
+    clock: VirtualClock
+    rec: AsyncRecorder
+    timeout_s: float
+    versions: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    rows: list[NodeRow] = field(default_factory=list)
+    shared: dict[int, tuple[float, float]] = field(default_factory=dict)
+
+    def message(self, work: Work) -> Message:
+        """The TRAIN message of ``work``: its base version's arrays and the node's config,
+        its work number standing for the round (the node profiles in its first)."""
+        cfg = self.strategy.node_config(work.number, work.node_id)
+        content = RecordDict(
+            {
+                "arrays": to_record(self.versions[work.base_version]),
+                "config": ConfigRecord(cfg.to_config()),
+            }
+        )
+        return Message(content=content, message_type=MessageType.TRAIN, dst_node_id=work.node_id)
+
+    def send(self, works: list[Work]) -> None:
+        """Send ``works`` and feed every reply to the clock; a node without a reply, or with
+        an error or a malformed report, is dropped with its reason in the next version."""
+        if not works:
+            return
+        fleet = self.strategy.fleet
+        messages = [self.message(w) for w in works]
+        replies = fleet.send_and_receive(self.grid, messages, self.timeout_s)
+        by_node = {w.node_id: w for w in works}
+        for msg in fleet.ordered(replies):
+            node_id = fleet.node_of(msg)
+            work = by_node.pop(node_id, None)
+            if work is None:
+                continue
+            self.feed(work, msg)
+        for _, work in sorted(by_node.items()):
+            self.fail(work, "no reply (timeout)")
+
+    def feed(self, work: Work, msg: Message) -> None:
+        if msg.has_error():
+            self.fail(work, str(msg.error.reason))
+            return
+        try:
+            report = TrainReport.from_metrics(dict(msg.content["metrics"]))
+        except (ValueError, TypeError) as err:
+            self.fail(work, str(err))
+            return
+        arrays = to_numpy(msg.content.array_records["arrays"])
+        cost = DeviceCost(
+            time_s=report.train_time_s + report.profile_time_s,
+            energy_j=report.train_energy_j + report.profile_energy_j,
+            profile_time_s=report.profile_time_s,
+            profile_energy_j=report.profile_energy_j,
+            idle_power_w=report.idle_power_w,
+        )
+        self.clock.arrive(work.node_id, cost, report.num_examples, (arrays, report))
+        if self.strategy.shared is not None:
+            self.strategy.shared.distrust_library_lut(work.number, work.node_id, report)
+
+    def fail(self, work: Work, reason: str) -> None:
+        self.clock.drop(work.node_id)
+        log.warning("node %d dropped from the run: %s", work.node_id, reason)
+        shared = self.shared.pop(work.node_id, (0.0, 0.0))  # its slices, if not counted yet
+        fleet = self.strategy.fleet
+        self.rows.append(fleet.failed_row(work.number, work.node_id, reason, shared))
+
+    def apply(self, step: Step) -> ArrayRecord:
+        """The new global version from ``step.applied``; its rows for the recorder."""
+        current = self.versions[self.clock.version - 1]
+        updates = [
+            (a.update.payload[0], self.versions[a.update.work.base_version], a.weight)
+            for a in step.applied
+        ]
+        new = apply_buffer(current, updates)
+        self.versions[self.clock.version] = new
+        for a in step.applied:
+            self.rec.record_update(a.update, a)
+            node_id, report = a.update.node_id, a.update.payload[1]
+            row = self.strategy.fleet.failed_row(a.update.work.number, node_id, "")
+            shared = self.shared.pop(node_id, (0.0, 0.0))
+            self.rows.append(update_row(row, report, shared))
+        for v in list(self.versions):  # keep the bases still in use and the newest
+            if v != self.clock.version and v not in self.clock.bases_in_use():
+                del self.versions[v]
+        return to_record(new)
+
+
+def start(run: AsyncRun, arrays: ArrayRecord) -> None:
+    """Fleet-shared profiling (once, a synchronous step) and every node's first work."""
+    strategy, clock = run.strategy, run.clock
+    arrays = strategy.shared_phase(run.grid, arrays, 1, run.timeout_s)
+    t0 = strategy.luts.round_s
+    run.shared = dict(strategy.luts.cost)
+    for node_id, (time_s, energy_j) in sorted(run.shared.items()):
+        clock.add_busy(node_id, 0.0, DeviceCost(time_s, energy_j, time_s, energy_j))
+    run.versions[0] = to_numpy(arrays)
+    fleet = strategy.fleet
+    by_name = sorted(fleet.nodes, key=lambda n: (fleet.nodes[n].node_name, n))  # ties: by name
+    run.send([clock.dispatch(n, t0) for n in by_name])
+
+
+def run_fedbuff(
+    run: AsyncRun, initial: ArrayRecord, max_versions: int, evaluate_fn: Evaluate
+) -> ArrayRecord:
+    """The ``fedbuff`` run (see the module docstring) until ``max_versions`` global versions
+    (``num-rounds``) or the version that reaches the target accuracy by the run's target
+    rule (``AsyncRecorder.version_to_target``); returns the final global arrays. Each version is
+    evaluated and recorded (``AsyncRecorder``); so is each update it applied."""
+    fleet, clock, rec = run.strategy.fleet, run.clock, run.rec
+    if clock.buffer_size > len(fleet.nodes):
+        raise SettingsError(
+            f"buffer-size: {clock.buffer_size}, but {len(fleet.nodes)} nodes answered the "
+            f"QUERY; give buffer-size at most {len(fleet.nodes)}"
+        )
+    rec.start(clock, fleet.names)
+    evaluate_fn(0, initial)
+    start(run, initial)
+    arrays = to_record(run.versions[0])
+    while clock.version < max_versions:
+        step = clock.step()
+        if step is None:  # every node dropped out
+            log.warning("fedbuff: no node has work left; the run ends at version %d", clock.version)
+            break
+        if step.applied:
+            arrays = run.apply(step)
+            metrics = evaluate_fn(clock.version, arrays)
+            rec.record_version(run.rows, metrics)
+            run.rows = []
+            if rec.version_to_target() is not None:
+                log.info("target accuracy reached at version %d", clock.version)
+                break
+            if clock.version >= max_versions:
+                break
+        run.send([clock.dispatch(step.update.node_id, step.update.end_s)])
+    for update in clock.buffer:  # taken, never applied: the run stopped first
+        rec.record_update(update, None)
+    return arrays

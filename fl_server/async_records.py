@@ -1,0 +1,224 @@
+"""The records of a ``fedbuff`` run: the synchronous run's files, each global model version
+in place of a round, plus one line per update (``updates.jsonl``).
+
+A version's "round" is the virtual time since the previous version: ``rounds.jsonl`` holds
+one line per version (its accuracy, its virtual time as ``sim-time-s``, the fleet's
+energy so far), ``nodes.jsonl`` one line per update it applied, and ``summary.json`` the
+synchronous run's keys (``round-to-target`` is the version, ``sim-time-to-target-s`` its
+virtual time) with the buffer's own: ``idle-share``, staleness, updates. Energy is the
+fleet's in each interval of virtual time (``VirtualClock.account``): every node's work
+that overlaps it (pro rata of its part inside) and its idle time at idle power, so a node
+that is always busy counts no idle energy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from fl_client.contract import NodeRow, TrainReport
+from fl_server.results import RoundAccount, RunRecorder, choice_label
+from fl_server.target import Target
+from strategies.fedbuff import Applied, NodeTime, Update, VirtualClock, staleness_weight
+from strategies.power_aware import RoundReport
+
+
+def update_record(
+    update: Update, names: Mapping[int, str], applied: Applied | None, form: str
+) -> dict[str, Any]:
+    """One line of ``updates.jsonl``: the node, its work, virtual start and end, the version
+    it started from and (``applied``) the one it went into, its staleness and weight."""
+    report: TrainReport = update.payload[1]
+    work = update.work
+    return {
+        "node": names.get(update.node_id, str(update.node_id)),
+        "node-id": str(update.node_id),
+        "work": work.number,
+        "base-version": work.base_version,
+        "version": None if applied is None else applied.version,
+        "start-s": work.start_s,
+        "end-s": update.end_s,
+        "device-time-s": update.cost.time_s,
+        "profile-time-s": update.cost.profile_time_s,
+        "energy-j": update.cost.energy_j,
+        "num-examples": update.samples,
+        "staleness": None if applied is None else applied.staleness,
+        "staleness-factor": (
+            None if applied is None else staleness_weight(form, applied.staleness)
+        ),
+        "weight": None if applied is None else applied.weight,
+        "choice": choice_label(report),
+    }
+
+
+def _interval_account(
+    times: Mapping[int, NodeTime], names: Mapping[int, str], round_s: float
+) -> RoundAccount:
+    """A version's interval of virtual time as a ``RoundAccount``: each node's busy time
+    and energy in it, training and profiling apart, and its idle time at idle power."""
+    # by name, not Flower's ids (they change from run to run): the busiest of equals is stable
+    named = sorted(((names.get(n, str(n)), t) for n, t in times.items()), key=lambda p: p[0])
+    busy = {name: t.busy_s for name, t in named}
+    profile_s = math.fsum(t.profile_s for t in times.values())
+    profile_j = math.fsum(t.profile_j for t in times.values())
+    return RoundAccount(  # fsum: the same figure whatever ids Flower gave the nodes
+        round_time_s=round_s,
+        train_time_s=math.fsum(t.busy_s for t in times.values()) - profile_s,
+        profile_time_s=profile_s,
+        train_energy_j=math.fsum(t.busy_j for t in times.values()) - profile_j,
+        profile_energy_j=profile_j,
+        idle_energy_j=math.fsum(t.idle_j for t in times.values()),
+        busy_s=busy,
+        deadline_misses=0,
+        predicted_energy_saved_j=0.0,
+        free_profiling_round_s=round_s,
+    )
+
+
+class AsyncRecorder(RunRecorder):
+    """``RunRecorder`` for ``aggregation = "fedbuff"`` (see the module docstring): the
+    server calls ``record_version`` per new global version and ``record_update`` per update
+    taken; the accounting of a version comes from the run's ``VirtualClock``."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        method: str,
+        target: Target,
+        console: Console | None = None,
+        idle_accounting: str = "on",
+    ) -> None:
+        super().__init__(
+            run_dir,
+            method=method,
+            target=target,
+            console=console,
+            idle_accounting=idle_accounting,
+        )
+        self.clock: VirtualClock | None = None
+        self.names: dict[int, str] = {}
+        self.version_s: list[float] = [0.0]  # virtual time of each version
+        self.updates: list[dict[str, Any]] = []
+        self._pending_account: RoundAccount | None = None
+
+    def start(self, clock: VirtualClock, names: Mapping[int, str]) -> None:
+        """The run's clock and the nodes' names."""
+        self.clock, self.names = clock, dict(names)
+
+    def record_update(self, update: Update, applied: Applied | None) -> None:
+        """One update taken (``applied``: the version it went into; None: still buffered
+        when the run stopped) as a line of ``updates.jsonl``."""
+        assert self.clock is not None
+        line = update_record(update, self.names, applied, self.clock.staleness_form)
+        self.updates.append(line)
+        self._append("updates.jsonl", line)
+
+    def record_version(
+        self, rows: Sequence[NodeRow], metrics: dict[str, float], warnings: Sequence[str] = ()
+    ) -> None:
+        """A new global version at the clock's current virtual time: its rows (one per
+        update it applied, and any node that failed since the last), evaluation and
+        accounting, through ``RunRecorder.record_round``."""
+        assert self.clock is not None
+        t0, t1 = self.version_s[-1], self.clock.now_s
+        times = self.clock.account(t0, t1)
+        self._pending_account = _interval_account(times, self.names, t1 - t0)
+        self.version_s.append(t1)
+        report = RoundReport(self.clock.version, list(rows), warnings=list(warnings))
+        self.record_round(report, metrics)
+
+    def account_of(self, report: RoundReport) -> RoundAccount:
+        account, self._pending_account = self._pending_account, None
+        if account is None:
+            raise RuntimeError("a fedbuff version is recorded by record_version")
+        return account
+
+    def _fix_node_totals(self) -> None:
+        """Each node's waiting and idle energy over the run from the clock (a version's
+        rows hold only the nodes it applied), and no "slowest node": no one waits for it."""
+        assert self.clock is not None
+        times = self.clock.account(0.0, self.version_s[-1])
+        for node_id, t in times.items():
+            totals = self.node_totals.get(self.names.get(node_id, str(node_id)))
+            if totals is not None:
+                totals.wait_s, totals.idle_energy_j = t.idle_s, t.idle_j
+                totals.slowest_rounds, totals.slowest_time_s = 0, 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """The synchronous summary's keys, those without meaning here null, and the
+        buffer's: ``versions``, ``updates-applied``, ``idle-share`` (of the fleet's time,
+        over the run and to the target), staleness."""
+        self._fix_node_totals()
+        summ = super().summary()
+        for key in (
+            "sim-time-to-target-free-profiling-s",
+            "critical-busy-energy-per-round-j",
+            "critical-idle-energy-per-round-j",
+            "slack-busy-energy-per-round-j",
+            "slack-idle-energy-per-round-j",
+        ):
+            summ[key] = None
+        applied = [u for u in self.updates if u["version"] is not None]
+        stale = [int(u["staleness"]) for u in applied]
+        upto = self.version_to_target()
+        summ.update(
+            {
+                "aggregation": "fedbuff",
+                "buffer-size": None if self.clock is None else self.clock.buffer_size,
+                "staleness-weight": None if self.clock is None else self.clock.staleness_form,
+                "versions": len(self.rows),
+                "updates-applied": len(applied),
+                "updates-buffered-at-end": len(self.updates) - len(applied),
+                "mean-staleness": sum(stale) / len(stale) if stale else None,
+                "max-staleness": max(stale, default=None),
+                "idle-share": self.idle_share(self.version_s[-1]),
+                "idle-share-to-target": (
+                    self.idle_share(self.version_s[upto]) if upto is not None else None
+                ),
+            }
+        )
+        return summ
+
+    def version_to_target(self) -> int | None:
+        """The version at which the run reached its target, by the run's target rule
+        (``fl_server.target``: the mean over ``target-window`` versions); None: not yet."""
+        return self.target.round_reached([row.accuracy for row in self.rows])
+
+    def idle_share(self, until_s: float) -> float | None:
+        """The fleet's idle time over its time on (busy + idle) in [0, ``until_s``]."""
+        if self.clock is None or until_s <= 0:
+            return None
+        times = self.clock.account(0.0, until_s).values()
+        on = math.fsum(t.busy_s + t.idle_s for t in times)
+        return math.fsum(t.idle_s for t in times) / on if on else None
+
+    def print_summary(self, summ: dict[str, Any]) -> None:
+        super().print_summary(summ)
+        share = summ.get("idle-share")
+        stale = summ.get("mean-staleness")
+        self.console.print(
+            f"fedbuff: {summ['versions']} versions from {summ['updates-applied']} updates "
+            f"(buffer-size {summ['buffer-size']}, staleness-weight {summ['staleness-weight']})"
+            + (f", mean staleness {stale:.2f}" if stale is not None else "")
+            + (f", idle share of the fleet {100 * share:.1f}%" if share is not None else "")
+            + "; rounds above are model versions, times are virtual device time"
+        )
+
+
+def update_row(row: NodeRow, report: TrainReport, shared: tuple[float, float]) -> NodeRow:
+    """A node's row for an applied update (``row``: its failed-row template), with its
+    fleet-shared profiling slices on its first update only (``shared``)."""
+    return replace(
+        row,
+        ok=True,
+        report=report,
+        p_max=report.cap,
+        shared_time_s=shared[0],
+        shared_energy_j=shared[1],
+    )

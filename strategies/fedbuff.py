@@ -1,0 +1,280 @@
+"""Buffered asynchronous aggregation (FedBuff) on a virtual clock: the scheduling core and
+the arithmetic, pure code (no Flower, no torch), fed with the nodes' replies.
+
+``aggregation = "fedbuff"`` has no rounds. Every node always has work: a node is sent the
+newest global model, trains it (its own Eq. 4 choice under its cap), and its update is
+buffered; every ``buffer-size`` (K) updates the server applies the buffer to the global
+model as one new *version*; the node whose update was just taken gets the newest model
+right away.
+
+**Device time orders it** (``VirtualClock``). In a simulation the host's wall clock says
+nothing about the devices: each node has a virtual clock, and a work sent at virtual time
+t ends at t + the device time the node reports for it (training plus any profiling). The
+server takes updates in order of their virtual end (ties: the node sent its first work
+first), never in the host's arrival order, so a run does not depend on the host's load
+and two runs with the same seed give the same records. The scheme is conservative and
+exact: the server waits until every sent work has replied (wall time costs nothing in a
+simulation), then takes the earliest update; the node it came from is sent its next work
+starting at that virtual time, and since that work cannot end before now, the server waits
+for its reply before it takes the next update.
+
+**The step** (``apply_buffer``). An update is applied as a delta against the version it
+started from: global += Σ w_i (local_i − base_i) / Σ w_i, with w_i = samples_i × s(τ_i),
+τ_i = the current version − the update's base version (its staleness) and s one of
+``STALENESS_FORMS`` (``staleness_weight``). This is FedBuff's server step with a server
+learning rate of 1; with every τ = 0 and one base it is FedAvg exactly.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from fl_client.settings_table import STALENESS_FORMS
+from strategies.weighted_mean import weighted_mean
+
+Arrays = Mapping[str, npt.NDArray[Any]]
+
+
+def staleness_weight(form: str, staleness: int) -> float:
+    """s(τ): ``inverse-sqrt`` 1/√(1+τ), ``inverse`` 1/(1+τ), ``constant`` 1; a ValueError
+    naming ``staleness-weight`` for another form, or for τ < 0."""
+    if staleness < 0:
+        raise ValueError(f"staleness: must be ≥ 0, got {staleness}")
+    if form == "inverse-sqrt":
+        return 1.0 / math.sqrt(1.0 + staleness)
+    if form == "inverse":
+        return 1.0 / (1.0 + staleness)
+    if form == "constant":
+        return 1.0
+    raise ValueError(
+        f"staleness-weight: unknown form {form!r}; allowed: {', '.join(STALENESS_FORMS)}"
+    )
+
+
+def apply_buffer(
+    global_arrays: Arrays, updates: Sequence[tuple[Arrays, Arrays, float]]
+) -> dict[str, npt.NDArray[Any]]:
+    """The new global arrays: ``global_arrays`` + the ``weight``-mean of (local − base) over
+    ``updates`` (each ``(local, base, weight)``), array by array, each in its own dtype (an
+    integer array rounded). The weighted mean is ``strategies.weighted_mean``'s, of the
+    deltas in float64."""
+    if not updates:
+        raise ValueError("updates: the buffer is empty")
+    names = list(global_arrays)
+    deltas = [
+        [np.asarray(local[k], np.float64) - np.asarray(base[k], np.float64) for k in names]
+        for local, base, _ in updates
+    ]
+    weights = [w for _, _, w in updates]
+    out: dict[str, npt.NDArray[Any]] = {}
+    for i, k in enumerate(names):
+        step = weighted_mean([d[i] for d in deltas], weights)
+        old = np.asarray(global_arrays[k])
+        new = old.astype(np.float64) + step
+        if not np.issubdtype(old.dtype, np.floating):
+            new = np.rint(new)
+        out[k] = new.astype(old.dtype, copy=False)
+    return out
+
+
+@dataclass(frozen=True)
+class Work:
+    """Work sent to a node: the global version it trains from and its virtual start; its
+    ``number`` counts the node's works (1: its first, which profiles)."""
+
+    node_id: int
+    base_version: int
+    start_s: float
+    number: int
+
+
+@dataclass(frozen=True)
+class DeviceCost:
+    """What a work cost on the device: its time and energy (profiling included, and of
+    them the profiling part), and the node's idle power (NaN: unknown)."""
+
+    time_s: float
+    energy_j: float
+    profile_time_s: float = 0.0
+    profile_energy_j: float = 0.0
+    idle_power_w: float = math.nan
+
+
+@dataclass(frozen=True)
+class Update:
+    """A finished work: its virtual end, the local samples it weighs by and its device
+    cost; ``payload`` is the caller's (the arrays and the report)."""
+
+    work: Work
+    end_s: float
+    samples: float
+    cost: DeviceCost
+    payload: Any = field(default=None, compare=False)
+
+    @property
+    def node_id(self) -> int:
+        return self.work.node_id
+
+
+@dataclass(frozen=True)
+class Applied:
+    """An update as it was applied: its staleness and weight in its version."""
+
+    update: Update
+    version: int
+    staleness: int
+    weight: float
+
+
+@dataclass(frozen=True)
+class Step:
+    """One update taken, in virtual-time order; ``applied`` holds the buffer when it filled
+    (the new version ``version`` made at ``update.end_s``), else nothing."""
+
+    update: Update
+    version: int
+    applied: tuple[Applied, ...] = ()
+
+
+@dataclass
+class NodeTime:
+    """One node's time and energy in an interval of virtual time: busy (training and
+    profiling; of it ``profile_*``) and idle."""
+
+    busy_s: float = 0.0
+    busy_j: float = 0.0
+    profile_s: float = 0.0
+    profile_j: float = 0.0
+    idle_s: float = 0.0
+    idle_j: float = 0.0
+
+
+class VirtualClock:
+    """FedBuff's schedule on the devices' time: which update is taken next, when the buffer
+    fills, and each node's busy and idle time (see the module docstring).
+
+    The caller sends what ``dispatch`` returns, feeds each reply to ``arrive`` (or ``drop``
+    for a failed one), and calls ``step`` once nothing is in flight (``waiting`` empty).
+    Updates that end at the same virtual time are taken in the order the nodes were first
+    sent work (the caller sends the first works in an order of its own: the fleet's names,
+    not Flower's ids, which change from run to run).
+    """
+
+    def __init__(self, buffer_size: int, staleness_form: str) -> None:
+        if buffer_size < 1:
+            raise ValueError(f"buffer-size: must be an integer ≥ 1, got {buffer_size}")
+        staleness_weight(staleness_form, 0)  # an unknown form is refused here
+        self.buffer_size = buffer_size
+        self.staleness_form = staleness_form
+        self.version = 0
+        self.now_s = 0.0
+        self.buffer: list[Update] = []
+        self._in_flight: dict[int, Work] = {}
+        self._pending: list[tuple[float, int, Update]] = []  # heap: (end, rank, update)
+        self._rank: dict[int, int] = {}  # node -> the order of its first work (ties)
+        self._works: dict[int, int] = {}  # node -> works sent
+        self._busy: dict[int, list[tuple[float, float, DeviceCost]]] = {}  # (start, end, cost)
+        self._idle_w: dict[int, float] = {}
+        self._gone_at: dict[int, float] = {}  # a dropped node: from when it counts no idle
+
+    @property
+    def waiting(self) -> frozenset[int]:
+        """Nodes with work sent and no reply yet."""
+        return frozenset(self._in_flight)
+
+    @property
+    def nodes(self) -> list[int]:
+        """Every node ever sent work, by id."""
+        return sorted(self._works)
+
+    def dispatch(self, node_id: int, start_s: float) -> Work:
+        """Work for ``node_id`` from the current version, starting at ``start_s``."""
+        if node_id in self._in_flight:
+            raise ValueError(f"node {node_id}: has work in flight already")
+        self._rank.setdefault(node_id, len(self._rank))
+        number = self._works.get(node_id, 0) + 1
+        self._works[node_id] = number
+        self._busy.setdefault(node_id, [])
+        work = Work(node_id, self.version, float(start_s), number)
+        self._in_flight[node_id] = work
+        return work
+
+    def add_busy(self, node_id: int, start_s: float, cost: DeviceCost) -> None:
+        """Device time the node spent outside a work, from ``start_s`` (fleet-shared
+        profiling before the first)."""
+        self._busy.setdefault(node_id, []).append((start_s, start_s + cost.time_s, cost))
+        self._works.setdefault(node_id, 0)
+
+    def arrive(self, node_id: int, cost: DeviceCost, samples: float, payload: Any = None) -> Update:
+        """The reply to ``node_id``'s work: it ends ``cost.time_s`` of device time after its
+        start."""
+        work = self._in_flight.pop(node_id)
+        if not (math.isfinite(cost.time_s) and cost.time_s >= 0):
+            raise ValueError(f"train-time-s: node {node_id}: not a time ≥ 0: {cost.time_s}")
+        update = Update(work, work.start_s + cost.time_s, samples, cost, payload)
+        heapq.heappush(self._pending, (update.end_s, self._rank[node_id], update))
+        self._busy[node_id].append((work.start_s, update.end_s, cost))
+        if math.isfinite(cost.idle_power_w):
+            self._idle_w[node_id] = cost.idle_power_w
+        return update
+
+    def drop(self, node_id: int) -> Work:
+        """A failed work: the node gets no more work and counts no idle time after its
+        start (its board may be off)."""
+        work = self._in_flight.pop(node_id)
+        self._gone_at[node_id] = work.start_s
+        return work
+
+    def step(self) -> Step | None:
+        """Take the earliest update (None: none left); when it fills the buffer, apply the
+        buffer (the caller does the arithmetic with ``Step.applied``) as a new version."""
+        if self._in_flight:
+            raise RuntimeError(f"nodes {sorted(self._in_flight)} have not replied yet")
+        if not self._pending:
+            return None
+        _, _, update = heapq.heappop(self._pending)
+        self.now_s = update.end_s
+        self.buffer.append(update)
+        if len(self.buffer) < self.buffer_size:
+            return Step(update, self.version)
+        applied = []
+        for u in self.buffer:
+            staleness = self.version - u.work.base_version
+            weight = u.samples * staleness_weight(self.staleness_form, staleness)
+            applied.append(Applied(u, self.version + 1, staleness, weight))
+        self.version += 1
+        self.buffer = []
+        return Step(update, self.version, tuple(applied))
+
+    def bases_in_use(self) -> set[int]:
+        """The versions a work in flight, pending or buffered started from (the arrays the
+        caller must keep)."""
+        works = [*self._in_flight.values(), *(u.work for _, _, u in self._pending)]
+        return {w.base_version for w in works} | {u.work.base_version for u in self.buffer}
+
+    def account(self, t0_s: float, t1_s: float) -> dict[int, NodeTime]:
+        """Each node's busy time and energy (a work's energy pro rata of its part inside the
+        interval) and idle time and energy (at its idle power; none known: 0 J) in
+        [``t0_s``, ``t1_s``] of virtual time."""
+        out: dict[int, NodeTime] = {}
+        for node_id in self.nodes:
+            t = NodeTime()
+            for start, end, cost in self._busy.get(node_id, []):
+                inside = max(0.0, min(end, t1_s) - max(start, t0_s))
+                share = inside / (end - start) if end > start else 0.0
+                t.busy_s += inside
+                t.busy_j += cost.energy_j * share
+                t.profile_s += cost.profile_time_s * share
+                t.profile_j += cost.profile_energy_j * share
+            on_until = min(t1_s, self._gone_at.get(node_id, math.inf))
+            t.idle_s = max(0.0, on_until - t0_s - t.busy_s)
+            t.idle_j = t.idle_s * self._idle_w.get(node_id, 0.0)
+            out[node_id] = t
+        return out

@@ -1,0 +1,242 @@
+"""The ``fedbuff`` run through Flower's messages on a fake fleet (no engine): fixed device
+times per node, replies delivered in any host order; versions, records and determinism."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Error,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from rich.console import Console
+
+from fl_client.contract import SettingsError
+from fl_server.async_loop import AsyncRun, run_fedbuff
+from fl_server.async_records import AsyncRecorder
+from fl_server.target import Target
+from strategies.fedbuff import VirtualClock
+from tests.strategies.test_power_aware import FLEET, FakeGrid, _strategy, report
+
+pytestmark = pytest.mark.usefixtures("flower_task_identity")
+
+REPO = Path(__file__).resolve().parents[2]
+#: Device time of every work per node (s); the first work profiles 0.5 s more
+TIMES = {11: 3.0, 12: 1.0, 13: 2.0}
+
+
+def _handler(fail: Iterable[int] = ()) -> Callable[[Message], Message | None]:
+    """Nodes that add their id / 100 to every array and report ``TIMES``."""
+
+    def handle(msg: Message) -> Message | None:
+        node = msg.metadata.dst_node_id
+        if msg.metadata.message_type == MessageType.QUERY:
+            device = ConfigRecord(FLEET[node].to_config())
+            return Message(RecordDict({"device": device}), reply_to=msg)
+        if node in fail:
+            return Message(Error(code=1, reason=f"node {node} crashed"), reply_to=msg)
+        work = msg.content.config_records["config"]["server-round"]
+        x = msg.content.array_records["arrays"]["x"].numpy()
+        profile_s = 0.5 if work == 1 else 0.0  # the node's first work profiles
+        metrics = report(
+            node, train_time_s=TIMES[node], profile_time_s=profile_s, profile_energy_j=profile_s
+        ).to_metrics()
+        arrays = ArrayRecord({"x": ArrayRecord([x + node / 100.0])["0"]})
+        content = RecordDict({"arrays": arrays, "metrics": MetricRecord(dict(metrics))})
+        return Message(content, reply_to=msg)
+
+    return handle
+
+
+class ReversedGrid(FakeGrid):
+    """Delivers each batch of replies in reverse: a host whose wall order differs."""
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> list[Message]:
+        return list(reversed(super().send_and_receive(messages, timeout=timeout)))
+
+
+def _run(
+    run_dir: Path,
+    grid_type: type[FakeGrid] = FakeGrid,
+    buffer_size: int = 2,
+    versions: int = 5,
+    target: float = 2.0,
+    fail: Iterable[int] = (),
+    window: int = 1,
+) -> dict[str, Any]:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    grid = grid_type(sorted(FLEET), _handler(fail))
+    strategy = _strategy()
+    strategy.fleet.query(grid, timeout_s=5)
+    rec = AsyncRecorder(
+        run_dir,
+        method="power-aware",
+        target=Target(target, window),
+        console=Console(file=io.StringIO()),
+    )
+    clock = VirtualClock(buffer_size, "inverse-sqrt")
+    seen: list[int] = []
+
+    def evaluate(version: int, arrays: ArrayRecord) -> dict[str, float]:
+        seen.append(version)
+        x = float(arrays["x"].numpy().mean())
+        metrics = {"accuracy": x, "loss": 1.0 - x}
+        if version == 0:  # as the server's evaluation does
+            rec.initial_eval(metrics)
+        return metrics
+
+    initial = ArrayRecord({"x": ArrayRecord([np.zeros(2)])["0"]})
+    final = run_fedbuff(AsyncRun(strategy, grid, clock, rec, 5.0), initial, versions, evaluate)
+    summ = rec.finish()
+    return {"summary": summ, "final": final["x"].numpy(), "seen": seen, "rec": rec}
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_versions_increase_and_every_record_is_written(tmp_path: Path) -> None:
+    out = _run(tmp_path, versions=4)
+    assert out["seen"] == [0, 1, 2, 3, 4]  # the initial model and each version evaluated
+    rounds = _lines(tmp_path / "rounds.jsonl")
+    assert [r["server-round"] for r in rounds] == [1, 2, 3, 4]
+    times = [r["sim-time-s"] for r in rounds]
+    assert times == sorted(times) and times[0] > 0
+    updates = _lines(tmp_path / "updates.jsonl")
+    applied = [u for u in updates if u["version"] is not None]
+    assert len(applied) == 4 * 2  # K = 2 per version
+    for u in updates:
+        assert u["end-s"] == pytest.approx(u["start-s"] + u["device-time-s"])
+        if u["version"] is not None:
+            assert u["staleness"] == u["version"] - 1 - u["base-version"] >= 0
+    summ = out["summary"]
+    assert summ["versions"] == 4 and summ["aggregation"] == "fedbuff"
+    assert summ["sim-time-s"] == pytest.approx(times[-1])
+    # every node always has work: no idle time at all in [0, the last version]
+    assert summ["idle-share"] == pytest.approx(0.0)
+    assert (tmp_path / "summary.json").is_file() and (tmp_path / "nodes.jsonl").is_file()
+
+
+def test_the_first_updates_follow_device_time(tmp_path: Path) -> None:
+    _run(tmp_path, versions=2)
+    updates = _lines(tmp_path / "updates.jsonl")
+    # node 12 (1 s + 0.5 s profiling) ends at 1.5 and 2.5; node 13 at 2.5 (tie: 12 first)
+    assert [(u["node-id"], u["end-s"]) for u in updates[:2]] == [("12", 1.5), ("12", 2.5)]
+    assert updates[0]["version"] == updates[1]["version"] == 1
+
+
+def test_two_runs_give_the_same_records_whatever_order_the_host_delivers(
+    tmp_path: Path,
+) -> None:
+    a = _run(tmp_path / "a")
+    b = _run(tmp_path / "b", grid_type=ReversedGrid)
+    for name in ("updates.jsonl", "rounds.jsonl", "nodes.jsonl"):
+        assert (tmp_path / "a" / name).read_text() == (tmp_path / "b" / name).read_text()
+    np.testing.assert_array_equal(a["final"], b["final"])
+
+
+def test_the_global_model_moves_by_the_weighted_mean_of_the_deltas(tmp_path: Path) -> None:
+    out = _run(tmp_path, versions=1)
+    # version 1: node 12's two updates from version 0 (deltas 0.12 each, weight equal)
+    np.testing.assert_allclose(out["final"], [0.12, 0.12])
+
+
+def test_the_run_stops_at_the_target_version(tmp_path: Path) -> None:
+    out = _run(tmp_path, versions=50, target=0.3)
+    summ = out["summary"]
+    assert summ["versions"] < 50
+    assert summ["round-to-target"] == summ["versions"]
+    assert summ["final-accuracy"] >= 0.3
+    rounds = _lines(tmp_path / "rounds.jsonl")
+    assert summ["sim-time-to-target-s"] == pytest.approx(rounds[-1]["sim-time-s"])
+    assert summ["fleet-energy-to-target-j"] > 0
+
+
+def test_the_target_window_is_the_runs_rule_over_versions(tmp_path: Path) -> None:
+    first = _run(tmp_path / "one", versions=50, target=0.3)["summary"]
+    out = _run(tmp_path / "three", versions=50, target=0.3, window=3)
+    summ = out["summary"]
+    rounds = _lines(tmp_path / "three" / "rounds.jsonl")
+    accuracies = [r["accuracy"] for r in rounds]
+    v = summ["round-to-target"]
+    assert sum(accuracies[v - 3 : v]) / 3 >= 0.3 > sum(accuracies[v - 4 : v - 1]) / 3
+    assert summ["versions"] == v and v > first["round-to-target"]
+    assert summ["first-round-at-target"] == first["round-to-target"]
+
+
+def test_a_failed_node_is_dropped_and_the_run_goes_on(tmp_path: Path) -> None:
+    out = _run(tmp_path, versions=3, fail=[11])
+    assert out["summary"]["versions"] == 3
+    updates = _lines(tmp_path / "updates.jsonl")
+    assert {u["node-id"] for u in updates} == {"12", "13"}
+    nodes = _lines(tmp_path / "nodes.jsonl")
+    failed = [n for n in nodes if not n["ok"]]
+    assert [n["node-name"] for n in failed] == ["nano-a"] and "crashed" in failed[0]["error"]
+
+
+def test_a_buffer_larger_than_the_fleet_is_refused_naming_the_key(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match=r"buffer-size: 4, but 3 nodes"):
+        _run(tmp_path, buffer_size=4)
+
+
+# ------------------------------------------------------------- end to end, Flower's engine
+
+E2E_FLEET = """
+[[node]]
+name = "nano-4.5w"
+device = "jetson-nano"
+p-max-w = 4.5
+
+[[node]]
+name = "tx2nx-7w"
+device = "jetson-tx2-nx"
+p-max-w = 7.0
+
+[[node]]
+name = "orin-free"
+device = "jetson-orin-nano"
+p-max-w = "none"
+"""
+
+
+@pytest.mark.slow
+def test_powerfl_simulate_runs_fedbuff_end_to_end(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(E2E_FLEET)
+    out = tmp_path / "runs"
+    cmd = [
+        *(sys.executable, "-m", "simulations", "simulate", "--methods", "power-aware"),
+        *("--fleet", str(fleet), "--rounds", "3", "--output-dir", str(out)),
+        *("-c", f"cache-dir={json.dumps(str(tmp_path / 'cache'))}", "-c", "target-accuracy=0.99"),
+        *("-c", "aggregation='fedbuff'", "-c", "buffer-size=2"),
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rounds = _lines(run_dir / "rounds.jsonl")
+    updates = _lines(run_dir / "updates.jsonl")
+    assert [r["server-round"] for r in rounds] == [1, 2, 3]
+    times = [r["sim-time-s"] for r in rounds]
+    assert times == sorted(times) and times[0] > 0
+    applied = [u for u in updates if u["version"] is not None]
+    assert len(applied) == 3 * 2
+    assert all(u["end-s"] > u["start-s"] for u in updates)
+    assert summary["aggregation"] == "fedbuff" and summary["versions"] == 3
+    assert 0.0 <= summary["idle-share"] < 1.0
+    assert "fedbuff: 3 versions from 6 updates" in proc.stdout

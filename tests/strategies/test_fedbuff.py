@@ -1,0 +1,185 @@
+"""FedBuff's core as pure code: the virtual clock's order on a fake fleet with fixed device
+times, the staleness weights, and the buffer's step against a hand computation."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+import pytest
+
+from fl_client.settings_table import RUN, STALENESS_FORMS
+from strategies.fedbuff import DeviceCost, VirtualClock, apply_buffer, staleness_weight
+
+#: A fake fleet: node id -> device time of every work (s)
+TIMES = {1: 3.0, 2: 1.0, 3: 2.0}
+
+
+def drive(
+    times: dict[int, float], buffer_size: int, steps: int, reply_order: Iterable[int] = ()
+) -> list[tuple[int, float, float, int, int | None, int | None]]:
+    """Run the clock on ``times`` for ``steps`` updates, every reply fed at once (first
+    ``reply_order``'s nodes, as a host might deliver them); return per update taken
+    (node, start, end, base version, version applied, staleness)."""
+    clock = VirtualClock(buffer_size, "inverse-sqrt")
+    order = [*reply_order, *(n for n in sorted(times) if n not in reply_order)]
+    works = [clock.dispatch(n, 0.0) for n in sorted(times)]
+    for n in order:
+        clock.arrive(n, DeviceCost(times[n], 1.0), samples=10.0)
+    assert len(works) == len(times)
+    taken: dict[tuple[int, int], list] = {}
+    out = []
+    for _ in range(steps):
+        step = clock.step()
+        assert step is not None
+        u = step.update
+        row = [u.node_id, u.work.start_s, u.end_s, u.work.base_version, None, None]
+        out.append(row)
+        taken[(u.node_id, u.work.number)] = row
+        for a in step.applied:
+            row_a = taken[(a.update.node_id, a.update.work.number)]
+            row_a[4], row_a[5] = a.version, a.staleness
+        clock.dispatch(u.node_id, u.end_s)
+        clock.arrive(u.node_id, DeviceCost(times[u.node_id], 1.0), samples=10.0)
+    return [tuple(r) for r in out]  # type: ignore[misc]
+
+
+def test_updates_are_taken_in_device_time_order_ties_by_first_dispatch() -> None:
+    # Worked by hand (node 1 takes 3 s, node 2 1 s, node 3 2 s; K = 2): node 2 ends at 1
+    # and again at 2, both from version 0: version 1 at t=2. Node 3 (ends 2) and node 1
+    # (ends 3, before node 2's third work, also ending 3: the lower id) make version 2 at
+    # t=3, each one version stale. Node 2's third work (from version 1) and its fourth
+    # (from version 2, ending 4: before node 3's second, also ending 4) make version 3.
+    got = drive(TIMES, buffer_size=2, steps=6)
+    assert got == [
+        (2, 0.0, 1.0, 0, 1, 0),
+        (2, 1.0, 2.0, 0, 1, 0),  # (2.0, node 2) before (2.0, node 3)
+        (3, 0.0, 2.0, 0, 2, 1),
+        (1, 0.0, 3.0, 0, 2, 1),  # (3.0, node 1) before (3.0, node 2)
+        (2, 2.0, 3.0, 1, 3, 1),
+        (2, 3.0, 4.0, 2, 3, 0),  # (4.0, node 2) before (4.0, node 3)
+    ]
+
+
+def test_the_order_is_the_devices_whatever_order_the_host_delivers_replies_in() -> None:
+    assert drive(TIMES, 2, 8) == drive(TIMES, 2, 8, reply_order=[3, 1, 2])
+
+
+def test_a_tie_goes_to_the_node_sent_its_first_work_first_not_the_lower_id() -> None:
+    clock = VirtualClock(3, "constant")
+    for n in (5, 2, 9):  # the caller's order (the fleet's names), not Flower's ids
+        clock.dispatch(n, 0.0)
+    for n in (9, 2, 5):
+        clock.arrive(n, DeviceCost(1.0, 1.0), samples=1.0)
+    taken = []
+    while (step := clock.step()) is not None:
+        taken.append(step.update.node_id)
+    assert taken == [5, 2, 9]
+
+
+def test_no_update_is_taken_while_a_reply_is_in_flight() -> None:
+    clock = VirtualClock(1, "constant")
+    clock.dispatch(1, 0.0)
+    clock.dispatch(2, 0.0)
+    clock.arrive(2, DeviceCost(1.0, 1.0), samples=1.0)
+    with pytest.raises(RuntimeError, match=r"nodes \[1\] have not replied"):
+        clock.step()
+    clock.arrive(1, DeviceCost(5.0, 1.0), samples=1.0)
+    step = clock.step()
+    assert step is not None and step.update.node_id == 2 and step.version == 1
+    assert clock.now_s == 1.0
+
+
+def test_a_dropped_node_gets_no_more_work_and_the_others_go_on() -> None:
+    clock = VirtualClock(2, "constant")
+    for n in (1, 2):
+        clock.dispatch(n, 0.0)
+    clock.drop(1)
+    clock.arrive(2, DeviceCost(1.0, 1.0), samples=1.0)
+    assert clock.step() is not None  # buffered, no version yet
+    assert clock.version == 0
+    clock.dispatch(2, 1.0)
+    clock.arrive(2, DeviceCost(1.0, 1.0), samples=1.0)
+    step = clock.step()
+    assert step is not None and clock.version == 1 and len(step.applied) == 2
+    assert clock.step() is None  # nothing pending
+
+
+@pytest.mark.parametrize(
+    ("form", "staleness", "expected"),
+    [
+        ("inverse-sqrt", 0, 1.0),
+        ("inverse-sqrt", 3, 0.5),
+        ("inverse", 3, 0.25),
+        ("constant", 7, 1.0),
+    ],
+)
+def test_staleness_weight_forms(form: str, staleness: int, expected: float) -> None:
+    assert staleness_weight(form, staleness) == pytest.approx(expected)
+
+
+def test_every_form_the_setting_allows_has_a_weight_and_the_default_is_one_of_them() -> None:
+    assert RUN["staleness-weight"].default in STALENESS_FORMS
+    for form in STALENESS_FORMS:
+        assert 0.0 < staleness_weight(form, 2) <= 1.0
+
+
+def test_an_unknown_staleness_form_is_refused_naming_the_key() -> None:
+    with pytest.raises(ValueError, match=r"staleness-weight: unknown form 'sqrt'.*inverse-sqrt"):
+        staleness_weight("sqrt", 1)
+    with pytest.raises(ValueError, match="staleness-weight"):
+        VirtualClock(2, "sqrt")
+    with pytest.raises(ValueError, match="buffer-size"):
+        VirtualClock(0, "constant")
+
+
+def test_the_weight_is_samples_times_the_staleness_factor() -> None:
+    got = drive(TIMES, 2, 4)
+    assert got[3][5] == 1  # node 1's update had staleness 1
+    clock = VirtualClock(2, "inverse")
+    clock.dispatch(1, 0.0)
+    clock.dispatch(2, 0.0)
+    clock.arrive(1, DeviceCost(1.0, 0.0), samples=30.0)
+    clock.arrive(2, DeviceCost(2.0, 0.0), samples=40.0)
+    clock.step()
+    step = clock.step()
+    assert step is not None
+    assert [a.weight for a in step.applied] == [30.0, 40.0]  # both staleness 0
+
+
+def test_the_buffer_step_matches_a_hand_computation() -> None:
+    g: dict[str, np.ndarray] = {
+        "w": np.array([1.0, 1.0], dtype=np.float32),
+        "n": np.array(10, dtype=np.int64),
+    }
+    base0 = {"w": np.array([0.0, 0.0]), "n": np.array(8)}
+    base1 = {"w": np.array([1.0, 1.0]), "n": np.array(10)}
+    local_a = {"w": np.array([2.0, 0.0]), "n": np.array(9)}  # delta (2, 0), n +1
+    local_b = {"w": np.array([1.0, 4.0]), "n": np.array(13)}  # delta (0, 3), n +3
+    new = apply_buffer(g, [(local_a, base0, 1.0), (local_b, base1, 3.0)])
+    # (1·(2, 0) + 3·(0, 3)) / 4 = (0.5, 2.25); n: (1·1 + 3·3) / 4 = 2.5 → 10 + 2.5 → 12
+    np.testing.assert_allclose(new["w"], [1.5, 3.25])
+    assert new["w"].dtype == np.float32
+    assert int(new["n"]) == 12 and new["n"].dtype == np.int64
+
+
+def test_one_update_from_the_current_version_is_that_update() -> None:
+    g = {"w": np.array([1.0, 2.0])}
+    local = {"w": np.array([4.0, -1.0])}
+    np.testing.assert_allclose(apply_buffer(g, [(local, g, 5.0)])["w"], local["w"])
+    with pytest.raises(ValueError, match="empty"):
+        apply_buffer(g, [])
+
+
+def test_the_account_splits_busy_profiling_and_idle_time_in_an_interval() -> None:
+    clock = VirtualClock(1, "constant")
+    clock.add_busy(1, 0.0, DeviceCost(1.0, 2.0, 1.0, 2.0))  # shared profiling, 0..1
+    clock.dispatch(1, 2.0)  # idle 1..2
+    clock.arrive(1, DeviceCost(2.0, 4.0, idle_power_w=0.5), samples=1.0)  # busy 2..4
+    t = clock.account(0.0, 3.0)[1]
+    assert (t.busy_s, t.busy_j) == (2.0, 4.0)  # 1 s profiling + half the work's 4 J
+    assert (t.profile_s, t.profile_j) == (1.0, 2.0)
+    assert (t.idle_s, t.idle_j) == (1.0, 0.5)
+    whole = clock.account(0.0, 4.0)[1]
+    assert whole.idle_s == 1.0 and math.isclose(whole.busy_j, 6.0)
