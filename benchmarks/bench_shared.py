@@ -131,7 +131,7 @@ def run_protocol(
             prof.add(
                 CellsReport(
                     cells_b=tuple(float(b) for b, _ in cells),
-                    cells_freq_mhz=tuple(f for _, f in cells),
+                    cells_knob_value=tuple(f for _, f in cells),
                     time_per_sample_s=tuple(float(grid_b.time_s[c]) for c in idx),
                     peak_power_w=tuple(float(grid_b.peak_w[c]) for c in idx),
                     avg_power_w=tuple(float(grid_b.avg_w[c]) for c in idx),

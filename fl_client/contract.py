@@ -30,11 +30,9 @@ from fl_client.power import PowerLimit, parse_p_max_w
 #: The selection rules a round can run (``fl_client.selector.select`` implements each).
 METHODS = ("power-aware", "b1", "b2", "oracle", "fixed")
 
-#: Version of the record files (rounds.jsonl, nodes.jsonl, summary.json). 2: kebab-case
-#: rounds.jsonl, training and profiling energy apart, caps and unknowns as null. 3: idle
-#: waiting in the headline by ``idle-accounting`` (``*-busy-energy-j``, ``*-idle-energy-j``,
-#: once ``*-wait-energy-j``), energy by node role. 4: ``round-to-target`` by the mean over
-#: ``target-window`` rounds (``fl_server.target``), ``first-round-at-target`` apart.
+#: Version of the record files (rounds.jsonl, nodes.jsonl, summary.json). 2: kebab-case,
+#: training and profiling energy apart, nulls. 3: idle waiting in the headline
+#: (``idle-accounting``), energy by node role. 4: ``round-to-target`` by ``target-window``.
 RECORD_VERSION = 4
 
 
@@ -168,6 +166,10 @@ def _required(
     if key not in cfg:
         raise SettingsError(f"{key}: missing from the {where}")
     return cfg[key] if kind is None else _as(cfg[key], kind, key)
+
+
+def _renamed(cfg: Mapping[str, Any]) -> dict[str, Any]:  # an older peer's profiling keys
+    return {("cells-knob-value" if k == "cells-freq-mhz" else k): v for k, v in cfg.items()}
 
 
 def _as(value: Any, kind: Callable[[Any], Any], key: str) -> Any:
@@ -333,9 +335,8 @@ class NodeDescriptor:
     max_batch_size: int
     cap_margin: float = 0.0  # the node's share of P_max kept free of profiled peaks
     #: The lowest GPU frequency worth profiling under every cap the node runs under: B1's
-    #: fixed frequency for its lowest cap (the device's safe band, which holds the largest
-    #: b, so for every b the fastest feasible frequency is at or above it); 0: no floor
-    #: known (a device without bands, or a cap below its lowest band)
+    #: frequency for its lowest cap (its safe band holds the largest b, so every b's fastest
+    #: feasible frequency is at or above it); 0: none known (no bands, or a cap below them)
     profile_floor_mhz: float = 0.0
     #: What ``knob_values`` holds: the GPU frequency (``frequency``, MHz) or the GPU power
     #: limit (``power-limit``, W). On the wire a power limit's values go under
@@ -458,12 +459,10 @@ class TrainReport:
     # (FedNova's normalisation, ``strategies.fednova``; absent from older nodes)
     local_steps: float | None = None
     local_lr: float | None = None
-    # The knob when it is the GPU power limit (an NVML GPU with knob = power-limit, a replay
-    # table of power limits): the limit that ran, in W; ``gpu_freq_mhz`` is then the clock
-    # sampled during training (NaN where none was read), never a W value
+    # Under the power-limit knob: the limit that ran, in W (``gpu_freq_mhz`` is then the
+    # clock sampled while training, NaN where none was read), and the drift check's
     gpu_power_limit_w: float | None = None
-    # ... and the drift check's re-selection at a power limit, in W (instead of
-    # ``drift_freq_mhz``)
+    # re-selection at a power limit, in W (instead of ``drift_freq_mhz``)
     drift_power_limit_w: float | None = None
 
     @property
@@ -511,7 +510,7 @@ class ProfileRequest:
     model: str
     batch_sizes: tuple[int, ...]
     cells_b: tuple[int, ...]
-    cells_freq_mhz: tuple[float, ...]
+    cells_knob_value: tuple[float, ...]
     lr_ref: float
     b_ref: int
     steps_train: bool = False
@@ -519,15 +518,15 @@ class ProfileRequest:
     steps: int = 3
 
     def __post_init__(self) -> None:
-        if len(self.cells_b) != len(self.cells_freq_mhz) or not self.cells_b:
-            raise SettingsError("cells: need as many batch sizes as frequencies, at least one")
+        if len(self.cells_b) != len(self.cells_knob_value) or not self.cells_b:
+            raise SettingsError("cells: need as many batch sizes as knob values, at least one")
         unknown = sorted(set(self.cells_b) - set(self.batch_sizes))
         if unknown:
             raise SettingsError(f"cells: batch sizes {unknown} are not in batch-sizes")
 
     @property
     def cells(self) -> list[tuple[int, float]]:
-        return list(zip(self.cells_b, self.cells_freq_mhz, strict=True))
+        return list(zip(self.cells_b, self.cells_knob_value, strict=True))
 
     def to_config(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -538,13 +537,13 @@ class ProfileRequest:
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> ProfileRequest:
-        where = "profile request"
+        where, cfg = "profile request", _renamed(cfg)
         return cls(
             server_round=_required(cfg, "server-round", where, int),
             model=str(_required(cfg, "model", where)),
             batch_sizes=tuple(parse_batch_sizes(_required(cfg, "batch-sizes", where))),
             cells_b=tuple(int(b) for b in _required(cfg, "cells-b", where, _floats)),
-            cells_freq_mhz=_required(cfg, "cells-freq-mhz", where, _floats),
+            cells_knob_value=_required(cfg, "cells-knob-value", where, _floats),
             lr_ref=_positive(_required(cfg, "lr-ref", where), "lr-ref"),
             b_ref=_required(cfg, "b-ref", where, int),
             steps_train=bool(cfg.get("steps-train", False)),
@@ -556,13 +555,13 @@ class ProfileRequest:
 @dataclass(frozen=True)
 class CellsReport:
     """The reply to a ``ProfileRequest`` (a ``MetricRecord``): per measured cell its time per
-    sample and peak / average power, aligned with ``cells_b`` / ``cells_freq_mhz``; the
+    sample and peak / average power, aligned with ``cells_b`` / ``cells_knob_value``; the
     device time and energy of the whole exchange; the samples its steps trained on; per cell
     the σ of its measured steps' peaks (NaN: fewer than 2 steps; absent from a node that does
     not record σ, which counts as σ = 0 in selection)."""
 
     cells_b: tuple[float, ...]
-    cells_freq_mhz: tuple[float, ...]
+    cells_knob_value: tuple[float, ...]
     time_per_sample_s: tuple[float, ...]
     peak_power_w: tuple[float, ...]
     avg_power_w: tuple[float, ...]
@@ -591,7 +590,7 @@ class CellsReport:
             (int(b), float(f), (t, p, a, sd))
             for b, f, t, p, a, sd in zip(
                 self.cells_b,
-                self.cells_freq_mhz,
+                self.cells_knob_value,
                 self.time_per_sample_s,
                 self.peak_power_w,
                 self.avg_power_w,
@@ -608,6 +607,7 @@ class CellsReport:
 
     @classmethod
     def from_metrics(cls, metrics: Mapping[str, Any]) -> CellsReport:
+        metrics = _renamed(metrics)
         missing = [
             key_of(f.name)
             for f in fields(cls)

@@ -206,7 +206,7 @@ def profile_cells(
         device.close()
     report = CellsReport(
         cells_b=tuple(float(b) for b in req.cells_b),
-        cells_freq_mhz=tuple(req.cells_freq_mhz),
+        cells_knob_value=tuple(req.cells_knob_value),
         time_per_sample_s=tuple(r[0] for r in rows),
         peak_power_w=tuple(r[1] for r in rows),
         avg_power_w=tuple(r[2] for r in rows),

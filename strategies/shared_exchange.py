@@ -137,7 +137,7 @@ class SharedExchange:
                 model=template.model,
                 batch_sizes=luts.kind_of[node_id].batch_sizes,
                 cells_b=tuple(b for b, _ in cells),
-                cells_freq_mhz=tuple(f for _, f in cells),
+                cells_knob_value=tuple(f for _, f in cells),
                 lr_ref=template.lr_ref,
                 b_ref=template.b_ref,
                 steps_train=setup.steps_train,

@@ -41,7 +41,7 @@ def _request(cells: list[tuple[int, float]], steps_train: bool = True) -> Profil
         model="cnn",
         batch_sizes=tuple(B),
         cells_b=tuple(b for b, _ in cells),
-        cells_freq_mhz=tuple(f for _, f in cells),
+        cells_knob_value=tuple(f for _, f in cells),
         lr_ref=0.005,
         b_ref=128,
         steps_train=steps_train,
@@ -120,7 +120,7 @@ def test_profile_cells_measures_exactly_the_requested_cells(
         run_config(tmp_path), _node(0), _request(cells, steps_train).to_config(), state
     )
     assert isinstance(report, CellsReport)
-    assert list(zip(report.cells_b, report.cells_freq_mhz, strict=True)) == cells  # in order
+    assert list(zip(report.cells_b, report.cells_knob_value, strict=True)) == cells  # in order
     flops = workload_for("cnn").flops_per_sample
     for (b, f), t, p, a in zip(
         cells, report.time_per_sample_s, report.peak_power_w, report.avg_power_w, strict=True
@@ -129,6 +129,10 @@ def test_profile_cells_measures_exactly_the_requested_cells(
         assert 0 < a <= p
     assert report.profile_time_s > 0 and report.profile_energy_j > 0
     assert CellsReport.from_metrics(report.to_metrics()) == report  # survives the wire
+    request = _request(cells, steps_train).to_config()  # an older server's key reads the same
+    older = {("cells-freq-mhz" if k == "cells-knob-value" else k): v for k, v in request.items()}
+    assert "cells-knob-value" in request and "cells-knob-value" not in older
+    assert ProfileRequest.from_config(older) == ProfileRequest.from_config(request)
     changed = [k for k in state if not torch.equal(new_state[k], state[k])]
     if steps_train:  # warm-up and measured steps are real minibatches whose updates stay
         # a cell runs 1 warm-up and at least 3 measured steps, more until its mean step

@@ -96,7 +96,7 @@ def _cells_report(
     values = [_twin(spec, c, spread) for c in cells]
     fields: dict[str, Any] = {
         "cells_b": tuple(float(b) for b, _ in cells),
-        "cells_freq_mhz": tuple(f for _, f in cells),
+        "cells_knob_value": tuple(f for _, f in cells),
         "time_per_sample_s": tuple(v[0] for v in values),
         "peak_power_w": tuple(v[1] for v in values),
         "avg_power_w": tuple(v[2] for v in values),
@@ -352,6 +352,10 @@ def test_sigma_of_the_per_step_peaks_reaches_the_kinds_lut_and_its_confirm_rule(
     old = _cells_report(NANO, [cell]).to_metrics()
     old.pop("peak-sigma-w")
     assert CellsReport.from_metrics(old).peak_sigma_w == ()
+    # a reply from a node that named the knob's values cells-freq-mhz reads the same
+    older = {("cells-freq-mhz" if k == "cells-knob-value" else k): v for k, v in old.items()}
+    assert "cells-knob-value" not in older
+    assert CellsReport.from_metrics(older) == CellsReport.from_metrics(old)
     with pytest.raises(ValueError, match="peak-sigma-w: has 2 values, cells-b has 1"):
         _cells_report(NANO, [cell], peak_sigma_w=(0.1, 0.2))
 
