@@ -120,18 +120,23 @@ class AsyncRun:
         pulled or ``timeout_s`` has passed. A message the SuperLink did not take drops its
         node."""
         messages = [self.message(w) for w in works]
-        ids = {str(i) for i in self.grid.push_messages(messages) if i}
+        pushed = list(self.grid.push_messages(messages))
+        if len(pushed) != len(messages):  # a grid that leaves out what it did not take
+            taken = {str(i) for i in pushed if i}
+            pushed = [
+                m.metadata.message_id if m.metadata.message_id in taken else "" for m in messages
+            ]
         deadline = self.wall.now() + self.timeout_s
-        for work, msg in zip(works, messages, strict=True):
-            msg_id = msg.metadata.message_id
-            if msg_id and msg_id in ids:
-                self.flight[msg_id] = (work, deadline)
+        for work, msg_id in zip(works, pushed, strict=True):
+            if msg_id:
+                self.flight[str(msg_id)] = (work, deadline)
             else:
                 self.fail(work, "not taken by the SuperLink")
 
     def pull_one(self) -> None:
-        """Poll ``Grid.pull_messages`` until at least one reply is in (fed to the clock in
-        the order pulled) or no work is in flight; a work past its deadline drops its node."""
+        """Poll ``Grid.pull_messages`` until an update is in (replies fed to the clock in the
+        order pulled) or no work is in flight; a work past its deadline, or an error reply,
+        drops its node."""
         while self.flight:
             replies = list(self.grid.pull_messages(list(self.flight)))
             now_s = self.wall.now()
@@ -143,7 +148,7 @@ class AsyncRun:
                 if now_s >= deadline:
                     del self.flight[msg_id]
                     self.fail(work, "no reply (timeout)")
-            if replies:
+            if self.clock.has_pending:
                 return
             self.wall.sleep(self.wall.poll_s)
 

@@ -73,11 +73,13 @@ class ReversedGrid(FakeGrid):
 class PushGrid(FakeGrid):
     """Replies through ``push_messages`` and ``pull_messages`` in a wall order of its own:
     node n's reply is in ``wall[n]`` pulls after its message was pushed, a ``silent`` node's
-    never. One pull is one second of its wall clock (``now``); ``log`` holds every push and
-    reply as (event, node, pull)."""
+    never (a ``fail`` node's is an error). One pull is one second of its wall clock
+    (``now``); ``log`` holds every push and reply as (event, node, pull)."""
 
-    def __init__(self, wall: dict[int, int], silent: Iterable[int] = ()) -> None:
-        super().__init__(sorted(FLEET), _handler())
+    def __init__(
+        self, wall: dict[int, int], silent: Iterable[int] = (), fail: Iterable[int] = ()
+    ) -> None:
+        super().__init__(sorted(FLEET), _handler(fail))
         self.wall, self.silent, self.tick = wall, set(silent), 0
         self.due: dict[str, tuple[int, int, Message]] = {}  # id -> (pull, node, reply)
         self.log: list[tuple[str, int, int]] = []
@@ -292,6 +294,18 @@ def test_arrival_drops_a_node_that_never_replies_and_goes_on(tmp_path: Path) -> 
     assert pushes_11 == [0]  # a dropped node gets no more work
     # the timeout (5 s, one pull a second) passed before the run ended
     assert grid.tick >= 5
+
+
+def test_arrival_drops_a_node_whose_reply_is_an_error_while_others_train(
+    tmp_path: Path,
+) -> None:
+    # node 11's error is the only reply at the first pull: the run waits for the others
+    grid = PushGrid({11: 1, 12: 2, 13: 3}, fail=[11])
+    out = _run(tmp_path, grid=grid, buffer_size=2, versions=3)
+    assert out["summary"]["versions"] == 3
+    assert {u["node-id"] for u in _lines(tmp_path / "updates.jsonl")} == {"12", "13"}
+    failed = [n for n in _lines(tmp_path / "nodes.jsonl") if not n["ok"]]
+    assert [n["node-name"] for n in failed] == ["nano-a"] and "crashed" in failed[0]["error"]
 
 
 # ------------------------------------------------------------- end to end, Flower's engine
