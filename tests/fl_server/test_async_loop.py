@@ -308,6 +308,25 @@ def test_arrival_drops_a_node_whose_reply_is_an_error_while_others_train(
     assert [n["node-name"] for n in failed] == ["nano-a"] and "crashed" in failed[0]["error"]
 
 
+class RefusingGrid(PushGrid):
+    """A ``PushGrid`` whose SuperLink does not take node 13's messages (id None, as
+    Flower's grids answer for a message they could not push)."""
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        messages = list(messages)
+        ids = list(super().push_messages(messages))
+        refused = [m.metadata.dst_node_id == 13 for m in messages]
+        return [None if r else i for i, r in zip(ids, refused, strict=True)]  # type: ignore[misc]
+
+
+def test_arrival_drops_a_node_whose_message_the_superlink_did_not_take(tmp_path: Path) -> None:
+    out = _run(tmp_path, grid=RefusingGrid({11: 2, 12: 1, 13: 1}), buffer_size=2, versions=2)
+    assert out["summary"]["versions"] == 2
+    assert {u["node-id"] for u in _lines(tmp_path / "updates.jsonl")} == {"11", "12"}
+    failed = [n for n in _lines(tmp_path / "nodes.jsonl") if not n["ok"]]
+    assert [n["error"] for n in failed] == ["not taken by the SuperLink"]
+
+
 # ------------------------------------------------------------- end to end, Flower's engine
 
 E2E_FLEET = """
