@@ -1,16 +1,24 @@
-"""The ``fedbuff`` run through Flower's Message API: every node kept busy, replies taken
-in the order of the devices' time (``strategies.fedbuff.VirtualClock``), the global model
-updated every ``buffer-size`` updates.
+"""The ``fedbuff`` run through Flower's Message API: every node kept busy, the global
+model updated every ``buffer-size`` updates, the next update chosen by the clock's ordering
+(``strategies.fedbuff.VirtualClock``); buffering, staleness, the step and the records are
+one code path for both.
 
-One exchange is ``Fleet.send_and_receive`` (Flower's ``Grid.send_and_receive``): the clock
-waits for every reply in flight before it takes the next update anyway, so a push and a
-later pull would gain nothing in a simulation. Fleet-shared profiling runs once, as the
-synchronous step it is, before the first work; its time opens the run's virtual clock.
+* ``virtual`` (a simulation: the devices' time orders the updates): one exchange is
+  ``Fleet.send_and_receive`` (Flower's ``Grid.send_and_receive``); the clock waits for every
+  reply in flight before it takes the next update anyway.
+* ``arrival`` (a deployment: the wall clock orders them): works go out with
+  ``Grid.push_messages``, and ``Grid.pull_messages`` is polled for the replies in flight;
+  each update is taken as its reply arrives and its node is sent the newest model at once.
+  A work with no reply ``round-timeout-s`` after it was pushed drops its node.
+
+Fleet-shared profiling runs once, as the synchronous step it is, before the first work; its
+time opens the run's virtual clock.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -37,6 +45,15 @@ def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
 
 
 @dataclass
+class WallClock:
+    """The host's clock for ``arrival``: now (s), a sleep, and the poll interval (s)."""
+
+    now: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    poll_s: float = 0.1
+
+
+@dataclass
 class AsyncRun:
     """One ``fedbuff`` run's state: the strategy (its fleet, TRAIN configs and LUTs), the
     clock, the global versions still needed as bases, and the rows of the next version."""
@@ -49,6 +66,9 @@ class AsyncRun:
     versions: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
     rows: list[NodeRow] = field(default_factory=list)
     shared: dict[int, tuple[float, float]] = field(default_factory=dict)
+    wall: WallClock = field(default_factory=WallClock)
+    wall_t0_s: float = 0.0  # the wall clock at the run's start
+    flight: dict[str, tuple[Work, float]] = field(default_factory=dict)  # id -> work, deadline
 
     def message(self, work: Work) -> Message:
         """The TRAIN message of ``work``: its base version's arrays and the node's config,
@@ -63,10 +83,25 @@ class AsyncRun:
         return Message(content=content, message_type=MessageType.TRAIN, dst_node_id=work.node_id)
 
     def send(self, works: list[Work]) -> None:
-        """Send ``works`` and feed every reply to the clock; a node without a reply, or with
-        an error or a malformed report, is dropped with its reason in the next version."""
+        """Send ``works``: by the clock's ordering, and exchanged at once (``virtual``) or
+        pushed (``arrival``, see ``push``)."""
         if not works:
             return
+        if self.clock.ordering == "arrival":
+            self.push(works)
+        else:
+            self.exchange(works)
+
+    def next_step(self) -> Step | None:
+        """The next update taken (None: no node has work left): ``virtual``, once every
+        reply is in (``exchange`` waited for them); ``arrival``, the next reply pulled."""
+        if self.clock.ordering == "arrival" and not self.clock.has_pending:
+            self.pull_one()
+        return self.clock.step()
+
+    def exchange(self, works: list[Work]) -> None:
+        """Send ``works`` and feed every reply to the clock; a node without a reply, or with
+        an error or a malformed report, is dropped with its reason in the next version."""
         fleet = self.strategy.fleet
         messages = [self.message(w) for w in works]
         replies = fleet.send_and_receive(self.grid, messages, self.timeout_s)
@@ -80,7 +115,44 @@ class AsyncRun:
         for _, work in sorted(by_node.items()):
             self.fail(work, "no reply (timeout)")
 
-    def feed(self, work: Work, msg: Message) -> None:
+    def push(self, works: list[Work]) -> None:
+        """Push ``works`` (``Grid.push_messages``); each is in flight until its reply is
+        pulled or ``timeout_s`` has passed. A message the SuperLink did not take drops its
+        node."""
+        messages = [self.message(w) for w in works]
+        pushed = list(self.grid.push_messages(messages))
+        if len(pushed) != len(messages):  # a grid that leaves out what it did not take
+            taken = {str(i) for i in pushed if i}
+            pushed = [
+                m.metadata.message_id if m.metadata.message_id in taken else "" for m in messages
+            ]
+        deadline = self.wall.now() + self.timeout_s
+        for work, msg_id in zip(works, pushed, strict=True):
+            if msg_id:
+                self.flight[str(msg_id)] = (work, deadline)
+            else:
+                self.fail(work, "not taken by the SuperLink")
+
+    def pull_one(self) -> None:
+        """Poll ``Grid.pull_messages`` until an update is in (replies fed to the clock in the
+        order pulled) or no work is in flight; a work past its deadline, or an error reply,
+        drops its node."""
+        while self.flight:
+            replies = list(self.grid.pull_messages(list(self.flight)))
+            now_s = self.wall.now()
+            for msg in replies:
+                item = self.flight.pop(msg.metadata.reply_to_message_id, None)
+                if item is not None:
+                    self.feed(item[0], msg, now_s - self.wall_t0_s)
+            for msg_id, (work, deadline) in list(self.flight.items()):
+                if now_s >= deadline:
+                    del self.flight[msg_id]
+                    self.fail(work, "no reply (timeout)")
+            if self.clock.has_pending:
+                return
+            self.wall.sleep(self.wall.poll_s)
+
+    def feed(self, work: Work, msg: Message, wall_s: float | None = None) -> None:
         if msg.has_error():
             self.fail(work, str(msg.error.reason))
             return
@@ -97,7 +169,7 @@ class AsyncRun:
             profile_energy_j=report.profile_energy_j,
             idle_power_w=report.idle_power_w,
         )
-        self.clock.arrive(work.node_id, cost, report.num_examples, (arrays, report))
+        self.clock.arrive(work.node_id, cost, report.num_examples, (arrays, report), wall_s)
         if self.strategy.shared is not None:
             self.strategy.shared.distrust_library_lut(work.number, work.node_id, report)
 
@@ -157,11 +229,12 @@ def run_fedbuff(
             f"QUERY; give buffer-size at most {len(fleet.nodes)}"
         )
     rec.start(clock, fleet.names)
+    run.wall_t0_s = run.wall.now()
     evaluate_fn(0, initial)
     start(run, initial)
     arrays = to_record(run.versions[0])
     while clock.version < max_versions:
-        step = clock.step()
+        step = run.next_step()
         if step is None:  # every node dropped out
             log.warning("fedbuff: no node has work left; the run ends at version %d", clock.version)
             break

@@ -32,7 +32,8 @@ def update_record(
     update: Update, names: Mapping[int, str], applied: Applied | None, form: str
 ) -> dict[str, Any]:
     """One line of ``updates.jsonl``: the node, its work, virtual start and end, the version
-    it started from and (``applied``) the one it went into, its staleness and weight."""
+    it started from and (``applied``) the one it went into, its staleness and weight, and
+    the wall time its reply arrived at (``arrival`` ordering; else null)."""
     report: TrainReport = update.payload[1]
     work = update.work
     return {
@@ -53,6 +54,7 @@ def update_record(
         ),
         "weight": None if applied is None else applied.weight,
         "choice": choice_label(report),
+        "arrival-wall-s": update.wall_s,
     }
 
 

@@ -350,7 +350,10 @@ def run_server(
     record_fleet(strategy.fleet, rec, fleet)
     initial = ArrayRecord(model.state_dict())
     if isinstance(rec, AsyncRecorder):  # aggregation = "fedbuff": no rounds
-        clock = VirtualClock(settings.buffer_size, settings.staleness_weight)
+        # the twins' device time orders a simulation (its fleet is known); the wall clock a
+        # deployment (docs/async.md)
+        ordering = "virtual" if fleet is not None else "arrival"
+        clock = VirtualClock(settings.buffer_size, settings.staleness_weight, ordering)
         run = AsyncRun(strategy, grid, clock, rec, settings.round_timeout_s)
         final = run_fedbuff(run, initial, settings.num_rounds, evaluate)
     else:

@@ -18,6 +18,13 @@ simulation), then takes the earliest update; the node it came from is sent its n
 starting at that virtual time, and since that work cannot end before now, the server waits
 for its reply before it takes the next update.
 
+**Or the wall clock** (``ordering = "arrival"``, a deployment). On real devices the replies
+come in the devices' own order: the server takes each update as its reply arrives, with no
+wait for the others, and the node is sent the newest model at once. Virtual start and end
+stay each node's device time (a node's next work starts at its last one's end); a version's
+virtual time is the latest end taken so far. Only the choice of the next update differs:
+buffering, staleness and the step are the same code.
+
 **The step** (``apply_buffer``). An update is applied as a delta against the version it
 started from: global += Σ w_i (local_i − base_i) / Σ w_i, with w_i = samples_i × s(τ_i),
 τ_i = the current version − the update's base version (its staleness) and s one of
@@ -40,6 +47,10 @@ from fl_client.settings_table import STALENESS_FORMS
 from strategies.weighted_mean import weighted_mean
 
 Arrays = Mapping[str, npt.NDArray[Any]]
+
+#: Which update is taken next: ``virtual`` (the earliest device-time end, once every work in
+#: flight has replied: a simulation) or ``arrival`` (the next reply to arrive: a deployment)
+ORDERINGS = ("virtual", "arrival")
 
 
 def staleness_weight(form: str, staleness: int) -> float:
@@ -110,13 +121,15 @@ class DeviceCost:
 @dataclass(frozen=True)
 class Update:
     """A finished work: its virtual end, the local samples it weighs by and its device
-    cost; ``payload`` is the caller's (the arrays and the report)."""
+    cost; ``payload`` is the caller's (the arrays and the report), ``wall_s`` the wall time
+    its reply arrived at (None: not recorded, as in a simulation)."""
 
     work: Work
     end_s: float
     samples: float
     cost: DeviceCost
     payload: Any = field(default=None, compare=False)
+    wall_s: float | None = field(default=None, compare=False)
 
     @property
     def node_id(self) -> int:
@@ -135,7 +148,7 @@ class Applied:
 
 @dataclass(frozen=True)
 class Step:
-    """One update taken, in virtual-time order; ``applied`` holds the buffer when it filled
+    """One update taken, in the clock's order; ``applied`` holds the buffer when it filled
     (the new version ``version`` made at ``update.end_s``), else nothing."""
 
     update: Update
@@ -161,23 +174,28 @@ class VirtualClock:
     fills, and each node's busy and idle time (see the module docstring).
 
     The caller sends what ``dispatch`` returns, feeds each reply to ``arrive`` (or ``drop``
-    for a failed one), and calls ``step`` once nothing is in flight (``waiting`` empty).
-    Updates that end at the same virtual time are taken in the order the nodes were first
-    sent work (the caller sends the first works in an order of its own: the fleet's names,
-    not Flower's ids, which change from run to run).
+    for a failed one), and calls ``step``: with ``ordering = "virtual"`` once nothing is in
+    flight (``waiting`` empty), and updates that end at the same virtual time are taken in
+    the order the nodes were first sent work (the caller sends the first works in an order
+    of its own: the fleet's names, not Flower's ids, which change from run to run); with
+    ``"arrival"`` after any reply, and updates are taken in the order they arrived.
     """
 
-    def __init__(self, buffer_size: int, staleness_form: str) -> None:
+    def __init__(self, buffer_size: int, staleness_form: str, ordering: str = "virtual") -> None:
         if buffer_size < 1:
             raise ValueError(f"buffer-size: must be an integer ≥ 1, got {buffer_size}")
         staleness_weight(staleness_form, 0)  # an unknown form is refused here
+        if ordering not in ORDERINGS:
+            raise ValueError(f"ordering: unknown {ordering!r}; allowed: {', '.join(ORDERINGS)}")
         self.buffer_size = buffer_size
         self.staleness_form = staleness_form
+        self.ordering = ordering
+        self._arrivals = 0  # replies arrived: the order of ``arrival``
         self.version = 0
         self.now_s = 0.0
         self.buffer: list[Update] = []
         self._in_flight: dict[int, Work] = {}
-        self._pending: list[tuple[float, int, Update]] = []  # heap: (end, rank, update)
+        self._pending: list[tuple[float, int, Update]] = []  # heap: (key, rank, update)
         self._rank: dict[int, int] = {}  # node -> the order of its first work (ties)
         self._works: dict[int, int] = {}  # node -> works sent
         self._busy: dict[int, list[tuple[float, float, DeviceCost]]] = {}  # (start, end, cost)
@@ -188,6 +206,11 @@ class VirtualClock:
     def waiting(self) -> frozenset[int]:
         """Nodes with work sent and no reply yet."""
         return frozenset(self._in_flight)
+
+    @property
+    def has_pending(self) -> bool:
+        """Whether a reply has arrived that ``step`` has not taken yet."""
+        return bool(self._pending)
 
     @property
     def nodes(self) -> list[int]:
@@ -212,14 +235,23 @@ class VirtualClock:
         self._busy.setdefault(node_id, []).append((start_s, start_s + cost.time_s, cost))
         self._works.setdefault(node_id, 0)
 
-    def arrive(self, node_id: int, cost: DeviceCost, samples: float, payload: Any = None) -> Update:
-        """The reply to ``node_id``'s work: it ends ``cost.time_s`` of device time after its
-        start."""
+    def arrive(
+        self,
+        node_id: int,
+        cost: DeviceCost,
+        samples: float,
+        payload: Any = None,
+        wall_s: float | None = None,
+    ) -> Update:
+        """The reply to ``node_id``'s work, arrived at wall time ``wall_s``: it ends
+        ``cost.time_s`` of device time after its start."""
         work = self._in_flight.pop(node_id)
         if not (math.isfinite(cost.time_s) and cost.time_s >= 0):
             raise ValueError(f"train-time-s: node {node_id}: not a time ≥ 0: {cost.time_s}")
-        update = Update(work, work.start_s + cost.time_s, samples, cost, payload)
-        heapq.heappush(self._pending, (update.end_s, self._rank[node_id], update))
+        update = Update(work, work.start_s + cost.time_s, samples, cost, payload, wall_s)
+        self._arrivals += 1
+        key = update.end_s if self.ordering == "virtual" else float(self._arrivals)
+        heapq.heappush(self._pending, (key, self._rank[node_id], update))
         self._busy[node_id].append((work.start_s, update.end_s, cost))
         if math.isfinite(cost.idle_power_w):
             self._idle_w[node_id] = cost.idle_power_w
@@ -233,14 +265,15 @@ class VirtualClock:
         return work
 
     def step(self) -> Step | None:
-        """Take the earliest update (None: none left); when it fills the buffer, apply the
-        buffer (the caller does the arithmetic with ``Step.applied``) as a new version."""
-        if self._in_flight:
+        """Take the next update by the clock's ordering (None: none has arrived); when it
+        fills the buffer, apply the buffer (the caller does the arithmetic with
+        ``Step.applied``) as a new version."""
+        if self.ordering == "virtual" and self._in_flight:
             raise RuntimeError(f"nodes {sorted(self._in_flight)} have not replied yet")
         if not self._pending:
             return None
         _, _, update = heapq.heappop(self._pending)
-        self.now_s = update.end_s
+        self.now_s = max(self.now_s, update.end_s)
         self.buffer.append(update)
         if len(self.buffer) < self.buffer_size:
             return Step(update, self.version)

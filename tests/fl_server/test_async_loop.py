@@ -25,7 +25,7 @@ from flwr.app import (
 from rich.console import Console
 
 from fl_client.contract import SettingsError
-from fl_server.async_loop import AsyncRun, run_fedbuff
+from fl_server.async_loop import AsyncRun, WallClock, run_fedbuff
 from fl_server.async_records import AsyncRecorder
 from fl_server.target import Target
 from strategies.fedbuff import VirtualClock
@@ -70,17 +70,61 @@ class ReversedGrid(FakeGrid):
         return list(reversed(super().send_and_receive(messages, timeout=timeout)))
 
 
+class PushGrid(FakeGrid):
+    """Replies through ``push_messages`` and ``pull_messages`` in a wall order of its own:
+    node n's reply is in ``wall[n]`` pulls after its message was pushed, a ``silent`` node's
+    never (a ``fail`` node's is an error). One pull is one second of its wall clock
+    (``now``); ``log`` holds every push and reply as (event, node, pull)."""
+
+    def __init__(
+        self, wall: dict[int, int], silent: Iterable[int] = (), fail: Iterable[int] = ()
+    ) -> None:
+        super().__init__(sorted(FLEET), _handler(fail))
+        self.wall, self.silent, self.tick = wall, set(silent), 0
+        self.due: dict[str, tuple[int, int, Message]] = {}  # id -> (pull, node, reply)
+        self.log: list[tuple[str, int, int]] = []
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids = []
+        for msg in messages:
+            msg_id = f"m{len(self.sent) + 1}"
+            msg.metadata.__dict__["_message_id"] = msg_id  # as Flower's grids do
+            node = msg.metadata.dst_node_id
+            self.sent.append(msg)
+            self.log.append(("push", node, self.tick))
+            reply = self.handler(msg)
+            if node not in self.silent and reply is not None:
+                self.due[msg_id] = (self.tick + self.wall[node], node, reply)
+            ids.append(msg_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        self.tick += 1
+        out = []
+        for msg_id in message_ids:
+            if msg_id in self.due and self.due[msg_id][0] <= self.tick:
+                _, node, reply = self.due.pop(msg_id)
+                self.log.append(("reply", node, self.tick))
+                out.append(reply)
+        return out
+
+    def now(self) -> float:
+        return float(self.tick)
+
+
 def _run(
     run_dir: Path,
-    grid_type: type[FakeGrid] = FakeGrid,
+    grid: FakeGrid | None = None,
     buffer_size: int = 2,
     versions: int = 5,
     target: float = 2.0,
     fail: Iterable[int] = (),
     window: int = 1,
 ) -> dict[str, Any]:
+    """A run on ``grid`` (default: every node answers at once): ordered by ``arrival`` on a
+    ``PushGrid`` (its wall clock, no sleeping), else by ``virtual``."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    grid = grid_type(sorted(FLEET), _handler(fail))
+    grid = grid or FakeGrid(sorted(FLEET), _handler(fail))
     strategy = _strategy()
     strategy.fleet.query(grid, timeout_s=5)
     rec = AsyncRecorder(
@@ -89,7 +133,8 @@ def _run(
         target=Target(target, window),
         console=Console(file=io.StringIO()),
     )
-    clock = VirtualClock(buffer_size, "inverse-sqrt")
+    push = isinstance(grid, PushGrid)
+    clock = VirtualClock(buffer_size, "inverse-sqrt", "arrival" if push else "virtual")
     seen: list[int] = []
 
     def evaluate(version: int, arrays: ArrayRecord) -> dict[str, float]:
@@ -101,7 +146,10 @@ def _run(
         return metrics
 
     initial = ArrayRecord({"x": ArrayRecord([np.zeros(2)])["0"]})
-    final = run_fedbuff(AsyncRun(strategy, grid, clock, rec, 5.0), initial, versions, evaluate)
+    run = AsyncRun(strategy, grid, clock, rec, 5.0)
+    if isinstance(grid, PushGrid):
+        run.wall = WallClock(now=grid.now, sleep=lambda _: None)
+    final = run_fedbuff(run, initial, versions, evaluate)
     summ = rec.finish()
     return {"summary": summ, "final": final["x"].numpy(), "seen": seen, "rec": rec}
 
@@ -144,7 +192,7 @@ def test_two_runs_give_the_same_records_whatever_order_the_host_delivers(
     tmp_path: Path,
 ) -> None:
     a = _run(tmp_path / "a")
-    b = _run(tmp_path / "b", grid_type=ReversedGrid)
+    b = _run(tmp_path / "b", grid=ReversedGrid(sorted(FLEET), _handler()))
     for name in ("updates.jsonl", "rounds.jsonl", "nodes.jsonl"):
         assert (tmp_path / "a" / name).read_text() == (tmp_path / "b" / name).read_text()
     np.testing.assert_array_equal(a["final"], b["final"])
@@ -192,6 +240,91 @@ def test_a_failed_node_is_dropped_and_the_run_goes_on(tmp_path: Path) -> None:
 def test_a_buffer_larger_than_the_fleet_is_refused_naming_the_key(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match=r"buffer-size: 4, but 3 nodes"):
         _run(tmp_path, buffer_size=4)
+
+
+# --------------------------------------------------- arrival: a deployment's wall clock
+
+
+def test_arrival_takes_updates_in_wall_order_not_device_time(tmp_path: Path) -> None:
+    # device times: 12 fastest, then 13, then 11; wall delays the reverse: 11, 13, 12
+    grid = PushGrid({11: 1, 12: 3, 13: 2})
+    _run(tmp_path, grid=grid, buffer_size=3, versions=2)
+    updates = _lines(tmp_path / "updates.jsonl")
+    replies = [n for event, n, _ in grid.log if event == "reply"]
+    assert [int(u["node-id"]) for u in updates] == replies[: len(updates)]
+    # the slowest device replied first on the wall clock, and is taken first
+    assert [u["node-id"] for u in updates[:2]] == ["11", "13"]
+    walls = [u["arrival-wall-s"] for u in updates]
+    assert walls == sorted(walls) and walls[0] == 1.0
+    for u in updates:  # virtual times stay each node's device time
+        assert u["end-s"] == pytest.approx(u["start-s"] + u["device-time-s"])
+
+
+def test_virtual_ordering_records_no_wall_time(tmp_path: Path) -> None:
+    _run(tmp_path, versions=1)
+    assert all(u["arrival-wall-s"] is None for u in _lines(tmp_path / "updates.jsonl"))
+
+
+def test_arrival_sends_a_fast_node_new_work_without_waiting_for_a_slow_one(
+    tmp_path: Path,
+) -> None:
+    grid = PushGrid({11: 4, 12: 1, 13: 2})
+    _run(tmp_path, grid=grid, buffer_size=2, versions=3)
+    first_11 = next(t for event, n, t in grid.log if event == "reply" and n == 11)
+    pushes_12 = [t for event, n, t in grid.log if event == "push" and n == 12]
+    assert len([t for t in pushes_12 if t < first_11]) >= 3  # node 12 kept busy meanwhile
+    updates = _lines(tmp_path / "updates.jsonl")
+    applied = [u for u in updates if u["version"] is not None]
+    for u in applied:  # staleness is the version gap
+        assert u["staleness"] == u["version"] - 1 - u["base-version"]
+    slow = [u for u in applied if u["node-id"] == "11"]
+    assert slow and slow[0]["staleness"] > 0  # the slow node's update is stale
+
+
+def test_arrival_drops_a_node_that_never_replies_and_goes_on(tmp_path: Path) -> None:
+    grid = PushGrid({11: 1, 12: 1, 13: 2}, silent=[11])
+    out = _run(tmp_path, grid=grid, buffer_size=2, versions=6)
+    assert out["summary"]["versions"] == 6
+    updates = _lines(tmp_path / "updates.jsonl")
+    assert {u["node-id"] for u in updates} == {"12", "13"}
+    failed = [n for n in _lines(tmp_path / "nodes.jsonl") if not n["ok"]]
+    assert [n["node-name"] for n in failed] == ["nano-a"]
+    assert "no reply (timeout)" in failed[0]["error"]
+    pushes_11 = [t for event, n, t in grid.log if event == "push" and n == 11]
+    assert pushes_11 == [0]  # a dropped node gets no more work
+    # the timeout (5 s, one pull a second) passed before the run ended
+    assert grid.tick >= 5
+
+
+def test_arrival_drops_a_node_whose_reply_is_an_error_while_others_train(
+    tmp_path: Path,
+) -> None:
+    # node 11's error is the only reply at the first pull: the run waits for the others
+    grid = PushGrid({11: 1, 12: 2, 13: 3}, fail=[11])
+    out = _run(tmp_path, grid=grid, buffer_size=2, versions=3)
+    assert out["summary"]["versions"] == 3
+    assert {u["node-id"] for u in _lines(tmp_path / "updates.jsonl")} == {"12", "13"}
+    failed = [n for n in _lines(tmp_path / "nodes.jsonl") if not n["ok"]]
+    assert [n["node-name"] for n in failed] == ["nano-a"] and "crashed" in failed[0]["error"]
+
+
+class RefusingGrid(PushGrid):
+    """A ``PushGrid`` whose SuperLink does not take node 13's messages (id None, as
+    Flower's grids answer for a message they could not push)."""
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        messages = list(messages)
+        ids = list(super().push_messages(messages))
+        refused = [m.metadata.dst_node_id == 13 for m in messages]
+        return [None if r else i for i, r in zip(ids, refused, strict=True)]  # type: ignore[misc]
+
+
+def test_arrival_drops_a_node_whose_message_the_superlink_did_not_take(tmp_path: Path) -> None:
+    out = _run(tmp_path, grid=RefusingGrid({11: 2, 12: 1, 13: 1}), buffer_size=2, versions=2)
+    assert out["summary"]["versions"] == 2
+    assert {u["node-id"] for u in _lines(tmp_path / "updates.jsonl")} == {"11", "12"}
+    failed = [n for n in _lines(tmp_path / "nodes.jsonl") if not n["ok"]]
+    assert [n["error"] for n in failed] == ["not taken by the SuperLink"]
 
 
 # ------------------------------------------------------------- end to end, Flower's engine

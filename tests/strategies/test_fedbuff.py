@@ -91,6 +91,28 @@ def test_no_update_is_taken_while_a_reply_is_in_flight() -> None:
     assert clock.now_s == 1.0
 
 
+def test_arrival_takes_updates_in_the_order_they_arrived_while_others_are_in_flight() -> None:
+    clock = VirtualClock(2, "constant", "arrival")
+    for n in (1, 2, 3):
+        clock.dispatch(n, 0.0)
+    clock.arrive(1, DeviceCost(5.0, 1.0), samples=1.0, wall_s=1.0)
+    clock.arrive(2, DeviceCost(1.0, 1.0), samples=1.0, wall_s=2.0)  # earlier device end
+    assert clock.has_pending
+    first = clock.step()  # node 3 still in flight: no wait under arrival
+    assert first is not None and first.update.node_id == 1 and first.update.wall_s == 1.0
+    assert clock.now_s == 5.0
+    second = clock.step()
+    assert second is not None and second.update.node_id == 2 and second.version == 1
+    assert clock.now_s == 5.0  # a version's virtual time: the latest end taken so far
+    assert not clock.has_pending and clock.step() is None
+    assert clock.waiting == {3}
+
+
+def test_an_unknown_ordering_is_refused_naming_the_allowed_ones() -> None:
+    with pytest.raises(ValueError, match=r"ordering: unknown 'wall'; allowed: virtual, arrival"):
+        VirtualClock(2, "constant", "wall")
+
+
 def test_a_dropped_node_gets_no_more_work_and_the_others_go_on() -> None:
     clock = VirtualClock(2, "constant")
     for n in (1, 2):
