@@ -39,6 +39,8 @@ from fl_server.target import first_round_at, window_round
 from simulations.experiments import report_kit as kit
 from simulations.experiments.records import write_json
 from simulations.experiments.report_kit import Doc
+from simulations.experiments.robustness_verdict import choose_default
+from simulations.experiments.robustness_verdict import section as default_section
 
 CRITERIA = ("first", "smoothed")
 CRITERION_TITLES = {
@@ -329,6 +331,7 @@ def render(out: Path) -> Path:
     refs = [r for r in config["ratio-against"] if r in arms]
     pairs = pairs_of(records, target, window)
     summary = summarize(pairs, arms, refs)
+    choice = choose_default(pairs, records, config)
     fleets = sorted({k[0] for k in pairs})
     write_json(
         out / "summary.json",
@@ -339,6 +342,7 @@ def render(out: Path) -> Path:
             "arms": arms,
             "ratio-against": refs,
             **summary,
+            "choosing-the-default": choice,
             "runs": [
                 {
                     "fleet": k[0],
@@ -373,6 +377,7 @@ def render(out: Path) -> Path:
         "device time to the target (median over the runs that reached it).",
         "",
     )
+    default_section(doc, choice, CRITERION_TITLES)
     for crit in CRITERIA:
         _criterion_section(doc, summary, crit, arms, refs)
     _disagreement_section(doc, summary, window)
