@@ -18,7 +18,9 @@ criterion: pairs that reach the target, paired ratios of time and energy against
 arm of ``ratio-against`` (median, 10th percentile and worst over the pairs where both
 reach it, and in how many the arm is no later / uses no more), every pair where one of
 the two reaches the target and the other does not, and the runs where the two criteria
-disagree. ``summary.json`` holds the same figures.
+disagree. ``summary.json`` holds the same figures. The section "Choosing the default"
+(``robustness_verdict``) holds every power-aware arm to issue 32's four criteria and
+proposes the default.
 
 Both rules are the run's own (``fl_server.target``), applied to the per-round records, so
 they agree with the fields each run wrote. A folder of an earlier version of the study (its

@@ -81,8 +81,8 @@ CHECK_TITLES = {
     "b-median": "(b) median time ÷ B1",
     "c": "(c) energy no more than B1's",
     "d": "(d) no later than `off`",
-    "idle": "idle share ≤ 5% in every run",
-    "time-b1": "median time ÷ B1 ≤ 0.5×",
+    "idle": "idle share of the fleet's time",
+    "time-b1": "median time ÷ B1",
     "time-default": "no later than the synchronous default",
     "energy-b1": "energy no more than B1's",
 }
@@ -245,7 +245,7 @@ def judge_arm(pairs: Pairs, arm: str, refs: tuple[str, str], crit: str) -> dict[
         "checks": checks,
         "meets-all": all(c["pass"] for c in checks),
         "fails": [c["check"] for c in checks if not c["pass"]],
-        "median-time-vs-b1": checks[2]["value"] if vb.median_time is not None else None,
+        "median-time-vs-b1": vb.median_time,
         "b1-targets-missed": vb.missed,
         "later-than-off": vo.n - vo.no_later,
         "neither-reaches": {
@@ -328,7 +328,7 @@ def judge_async(
         "checks": checks,
         "meets-all": all(c["pass"] for c in checks),
         "fails": [c["check"] for c in checks if not c["pass"]],
-        "median-time-vs-b1": vb.median_time if vb.median_time is not None else None,
+        "median-time-vs-b1": vb.median_time,
         "idle-share-median": median,
         "idle-share-worst": worst,
     }
@@ -491,6 +491,8 @@ def _coverage_line(doc: Doc, cov: Mapping[str, Any]) -> None:
 
 
 def _arms_table(doc: Doc, v: Mapping[str, Any]) -> None:
+    if not v["arms"]:
+        return
     header = ["arm"]
     for c in v["arms"][0]["checks"]:
         header.append(f"{c['title']} (needs {c['needs']})")

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from fl_server.target import first_round_at
 from simulations.experiments import robustness
 from simulations.experiments import robustness_verdict as rv
 from simulations.experiments.registry import load_config
@@ -227,31 +228,33 @@ def test_a_study_without_b1_or_off_is_not_judged():
 def test_the_report_judges_a_fedbuff_arm_from_its_recorded_run(tmp_path):
     """A fedbuff run's records (versions as rounds, its idle share) read as a cell."""
     run_dir = tmp_path / "fedbuff"
-    summary = run_fedbuff_fake(run_dir, versions=4, target=0.05)["summary"]
+    summary = run_fedbuff_fake(run_dir, versions=6)["summary"]  # runs every version
     body = (
-        'fleets = ["default"]\nseeds = 1\narms = [{ name = "b1", method = "b1" }, '
-        '{ name = "off", method = "power-aware" }, '
+        'fleets = ["default"]\nseeds = 1\ntarget-accuracy = 0.3\ntarget-window = 1\n'
+        'arms = [{ name = "b1", method = "b1" }, { name = "off", method = "power-aware" }, '
         '{ name = "fb", method = "power-aware", aggregation = "fedbuff" }]\n'
     )
     config = load_config(_write(tmp_path, body)).to_dict()
+    rounds = _lines(run_dir / "rounds.jsonl")
     fb = {
         "seed": 0,
         "uses": [["default", "fb"]],
         "settings": {"aggregation": "fedbuff"},
         "summary": summary,
-        "rounds": _lines(run_dir / "rounds.jsonl"),
+        "rounds": rounds,
         "nodes": _lines(run_dir / "nodes.jsonl"),
     }
-    records = [
-        _rec("default", 0, "b1", [0.5, 0.9, 0.9, 0.9], 2.0, 4.0),
-        _rec("default", 0, "off", [0.5, 0.9, 0.9, 0.9], 1.0, 2.0),
-        fb,
-    ]
-    out = _study_folder(tmp_path, config, records)
+    late = [0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.9]  # round 8
+    records = [_rec("default", 0, "b1", late, 2.0, 4.0), _rec("default", 0, "off", late, 1.0, 2.0)]
+    out = _study_folder(tmp_path, config, [*records, fb])
     report = robustness.STUDY.render(out).read_text(encoding="utf-8")
     choice = json.loads((out / "summary.json").read_text())["choosing-the-default"]
     assert choice["async-arms"] == ["fb"] and choice["coverage"]["complete"]
-    fb_goals = choice["criteria"]["smoothed"]["async"][0]
-    assert fb_goals["idle-share-worst"] == pytest.approx(summary["idle-share"])
+    goals = {c["check"]: c for c in choice["criteria"]["smoothed"]["async"][0]["checks"]}
+    # the version at the target and its virtual time, against B1's 8 rounds × 2 s
+    version = first_round_at([r["accuracy"] for r in rounds], 0.3)
+    assert version is not None and goals["a"]["pass"]
+    assert goals["time-b1"]["value"] == pytest.approx(rounds[version - 1]["sim-time-s"] / 16.0)
+    assert goals["idle"]["value"] == pytest.approx(summary["idle-share"])
     assert choice["criteria"]["smoothed"]["proposed"] == "off"
     assert "## Choosing the default" in report and "| `fb` |" in report
