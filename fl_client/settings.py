@@ -240,6 +240,7 @@ class RunSettings:
     aggregation: str
     buffer_size: int
     staleness_weight: str
+    rate_weight: str
     idle_accounting: str
     initial_weights: str
     proxy_dataset: str
