@@ -241,6 +241,7 @@ class RunSettings:
     buffer_size: int
     staleness_weight: str
     rate_weight: str
+    buffer_step: str
     idle_accounting: str
     initial_weights: str
     proxy_dataset: str

@@ -73,6 +73,8 @@ PARTITIONINGS = ("iid", "dirichlet", "pathological")
 STALENESS_FORMS = ("inverse-sqrt", "inverse", "constant")
 #: ``rate-weight``: fedbuff's per-update weight beside staleness (``strategies.fedbuff``)
 RATE_WEIGHTS = ("off", "device-time")
+#: ``buffer-step``: the weight of a full fedbuff step (``strategies.fedbuff``)
+BUFFER_STEPS = ("mean", "fleet")
 #: ``tracking``: where finished runs are logged besides their folders (``simulations.tracking``).
 TRACKERS = ("none", "mlflow")
 #: The shortest ``round-timeout-s`` taken as meant. Every node's first reply needs a fresh
@@ -368,6 +370,12 @@ RUN_SETTINGS: tuple[Setting, ...] = (
         "s (the versions the global model moved on since the update's base): "
         "`inverse-sqrt` 1/√(1+s), `inverse` 1/(1+s), `constant` 1; the weight is the "
         "node's local samples times this"),
+    Setting("buffer-step", str, "mean", Choice(BUFFER_STEPS), read_by="server", doc=
+        "with `aggregation = \"fedbuff\"`: how far a version moves the model. `mean`: to "
+        "the buffer's weighted mean of the updates (FedBuff's server step, learning rate "
+        "1); `fleet`: each update moves it by its weight's share of the whole fleet's (the "
+        "nodes in the run × their mean samples), as it would in a round, so K updates make "
+        "about K/N of a round's step; never more than a full step"),
     Setting("rate-weight", str, "off", Choice(RATE_WEIGHTS), read_by="server", doc=
         "with `aggregation = \"fedbuff\"`: `device-time` also weighs each update by its "
         "training time over the fleet's mean, so a board that updates k times as often "

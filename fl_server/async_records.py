@@ -176,6 +176,7 @@ class AsyncRecorder(RunRecorder):
                 "buffer-size": None if self.clock is None else self.clock.buffer_size,
                 "staleness-weight": None if self.clock is None else self.clock.staleness_form,
                 "rate-weight": None if self.clock is None else self.clock.rate_weight,
+                "buffer-step": None if self.clock is None else self.clock.buffer_step,
                 "versions": len(self.rows),
                 "updates-applied": len(applied),
                 "updates-buffered-at-end": len(self.updates) - len(applied),
@@ -210,6 +211,7 @@ class AsyncRecorder(RunRecorder):
             f"fedbuff: {summ['versions']} versions from {summ['updates-applied']} updates "
             f"(buffer-size {summ['buffer-size']}, staleness-weight {summ['staleness-weight']}"
             + (f", rate-weight {summ['rate-weight']}" if summ.get("rate-weight") else "")
+            + (f", buffer-step {summ['buffer-step']}" if summ.get("buffer-step") else "")
             + ")"
             + (f", mean staleness {stale:.2f}" if stale is not None else "")
             + (f", idle share of the fleet {100 * share:.1f}%" if share is not None else "")

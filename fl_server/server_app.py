@@ -361,7 +361,11 @@ def run_server(
         # deployment (docs/async.md)
         ordering = "virtual" if fleet is not None else "arrival"
         clock = VirtualClock(
-            settings.buffer_size, settings.staleness_weight, ordering, settings.rate_weight
+            settings.buffer_size,
+            settings.staleness_weight,
+            ordering,
+            settings.rate_weight,
+            settings.buffer_step,
         )
         run = AsyncRun(strategy, grid, clock, rec, settings.round_timeout_s)
         final = run_fedbuff(

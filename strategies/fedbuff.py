@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from fl_client.settings_table import RATE_WEIGHTS, STALENESS_FORMS
+from fl_client.settings_table import BUFFER_STEPS, RATE_WEIGHTS, STALENESS_FORMS
 from strategies.weighted_mean import weighted_mean
 
 Arrays = Mapping[str, npt.NDArray[Any]]
@@ -193,12 +193,17 @@ class VirtualClock:
         staleness_form: str,
         ordering: str = "virtual",
         rate_weight: str = "off",
+        buffer_step: str = "mean",
     ) -> None:
         if buffer_size < 1:
             raise ValueError(f"buffer-size: must be an integer ≥ 1, got {buffer_size}")
         staleness_weight(staleness_form, 0)  # an unknown form is refused here
         if ordering not in ORDERINGS:
             raise ValueError(f"ordering: unknown {ordering!r}; allowed: {', '.join(ORDERINGS)}")
+        if buffer_step not in BUFFER_STEPS:
+            raise ValueError(
+                f"buffer-step: unknown {buffer_step!r}; allowed: {', '.join(BUFFER_STEPS)}"
+            )
         if rate_weight not in RATE_WEIGHTS:
             raise ValueError(
                 f"rate-weight: unknown {rate_weight!r}; allowed: {', '.join(RATE_WEIGHTS)}"
@@ -207,6 +212,8 @@ class VirtualClock:
         self.staleness_form = staleness_form
         self.rate_weight = rate_weight
         self._train_s: dict[int, float] = {}  # node -> its last update's training time
+        self._samples: dict[int, float] = {}  # node -> its last update's samples
+        self.buffer_step = buffer_step
         self.ordering = ordering
         self._arrivals = 0  # replies arrived: the order of ``arrival``
         self.version = 0
@@ -276,6 +283,7 @@ class VirtualClock:
         train_s = cost.time_s - cost.profile_time_s
         if train_s > 0:
             self._train_s[node_id] = train_s
+        self._samples[node_id] = samples
         return update
 
     def drop(self, node_id: int) -> Work:
@@ -303,13 +311,11 @@ class VirtualClock:
             u.samples * staleness_weight(self.staleness_form, s)
             for u, s in zip(self.buffer, stale, strict=True)
         ]
-        scale = 1.0
+        # the weight of a full step: the buffer's own (``mean``) or the fleet's (``fleet``)
+        full = sum(weights) if self.buffer_step == "mean" else self.fleet_weight()
         if self.rate_weight == "device-time":
-            rated = [w * f for w, f in zip(weights, self.rate_factors(), strict=True)]
-            if sum(weights) > 0:
-                scale = min(1.0, sum(rated) / sum(weights))
-            weights = rated
-        scale = scale if scale > 0 else 1.0
+            weights = [w * f for w, f in zip(weights, self.rate_factors(), strict=True)]
+        scale = min(1.0, sum(weights) / full) if full > 0 and sum(weights) > 0 else 1.0
         applied = tuple(
             Applied(u, self.version + 1, s, w, scale)
             for u, s, w in zip(self.buffer, stale, weights, strict=True)
@@ -317,6 +323,13 @@ class VirtualClock:
         self.version += 1
         self.buffer = []
         return Step(update, self.version, applied, scale)
+
+    def fleet_weight(self) -> float:
+        """``buffer-step = "fleet"``: the weight of a whole round, the nodes in the run times
+        their mean samples (of the nodes that have replied so far)."""
+        live = [n for n in self._works if n not in self._gone_at]
+        known = [self._samples[n] for n in live if n in self._samples]
+        return len(live) * sum(known) / len(known) if known else 0.0
 
     def rate_factors(self) -> list[float]:
         """``rate-weight = "device-time"``: each buffered update's training time over the mean

@@ -221,6 +221,29 @@ def test_rate_weight_leaves_out_profiling_and_nodes_that_dropped() -> None:
         VirtualClock(1, "constant", rate_weight="fast")
 
 
+def test_the_fleet_step_moves_by_the_buffers_share_of_the_fleets_samples() -> None:
+    # Four nodes in the run, three replied so far with 10, 20 and 30 samples (mean 20): a
+    # round's weight is 4 × 20 = 80. K = 2: the first two updates (10 + 20) make 30/80.
+    clock = VirtualClock(2, "constant", buffer_step="fleet")
+    for n in (1, 2, 3, 4):
+        clock.dispatch(n, 0.0)
+    for n, t, samples in ((1, 1.0, 10.0), (2, 2.0, 20.0), (3, 3.0, 30.0), (4, 4.0, 20.0)):
+        clock.arrive(n, DeviceCost(t, 0.0), samples)
+    clock.step()
+    step = clock.step()
+    assert step is not None and [a.weight for a in step.applied] == [10.0, 20.0]
+    assert step.scale == pytest.approx(30.0 / 80.0)
+    # with every node's update in one buffer (K = N, staleness 0) it is FedAvg: a full step
+    clock = VirtualClock(4, "constant", buffer_step="fleet")
+    for n in (1, 2, 3, 4):
+        clock.dispatch(n, 0.0)
+        clock.arrive(n, DeviceCost(1.0, 0.0), 10.0 * n)
+    steps = [clock.step() for _ in range(4)]
+    assert steps[-1] is not None and steps[-1].scale == 1.0
+    with pytest.raises(ValueError, match="buffer-step"):
+        VirtualClock(1, "constant", buffer_step="half")
+
+
 def test_the_step_can_be_shortened_never_lengthened() -> None:
     g = {"w": np.array([1.0, 2.0])}
     local = {"w": np.array([3.0, 0.0])}
