@@ -74,7 +74,7 @@ def idle_settings(settings: RunSettings, methods: Sequence[str]) -> list[IdleSet
 
 
 #: The settings only ``aggregation = "fedbuff"`` reads.
-FEDBUFF_KEYS = ("buffer-size", "staleness-weight")
+FEDBUFF_KEYS = ("buffer-size", "staleness-weight", "rate-weight", "buffer-step")
 
 
 def _fedbuff_idle(settings: RunSettings) -> list[IdleSetting]:

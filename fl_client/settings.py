@@ -240,6 +240,8 @@ class RunSettings:
     aggregation: str
     buffer_size: int
     staleness_weight: str
+    buffer_step: str
+    rate_weight: str
     idle_accounting: str
     initial_weights: str
     proxy_dataset: str

@@ -71,6 +71,10 @@ PARTITIONINGS = ("iid", "dirichlet", "pathological")
 #: ``staleness-weight``: how a buffered update's weight falls with its staleness
 #: (``strategies.fedbuff.staleness_weight``; a test keeps the two equal).
 STALENESS_FORMS = ("inverse-sqrt", "inverse", "constant")
+#: ``rate-weight``: fedbuff's per-update weight beside staleness (``strategies.fedbuff``)
+RATE_WEIGHTS = ("off", "device-time")
+#: ``buffer-step``: the weight of a full fedbuff step (``strategies.fedbuff``)
+BUFFER_STEPS = ("mean", "fleet")
 #: ``tracking``: where finished runs are logged besides their folders (``simulations.tracking``).
 TRACKERS = ("none", "mlflow")
 #: The shortest ``round-timeout-s`` taken as meant. Every node's first reply needs a fresh
@@ -187,8 +191,8 @@ RUN_SETTINGS: tuple[Setting, ...] = (
     Setting("num-rounds", int, 30, Integer(lo=1), read_by="server", doc=
         "round budget: the run stops after this many rounds or once it reaches "
         "`target-accuracy` (`target-window`), whichever comes first; with `aggregation = "
-        "\"fedbuff\"`, the budget of global model versions (aggregations of `buffer-size` "
-        "updates)"),
+        "\"fedbuff\"`, the updates of that many rounds: `num-rounds` × the fleet's nodes "
+        "updates, in global versions of `buffer-size` updates each (rounded up)"),
     Setting("target-accuracy", float, 0.85, Number(lo=0.0, hi=1.0), read_by="server", doc=
         "test accuracy of the global model at which the run stops, reached as "
         "`target-window` says"),
@@ -354,8 +358,9 @@ RUN_SETTINGS: tuple[Setting, ...] = (
         "are FedAvg exactly when every node did equal work "
         "([Aggregation](method.md#aggregation)); `fedbuff`: no rounds, buffered "
         "asynchronous aggregation on the twins' device time (every node kept busy, the "
-        "global model updated every `buffer-size` updates; `num-rounds` counts its model "
-        "versions; [Asynchronous aggregation](async.md))"),
+        "global model updated every `buffer-size` updates; `num-rounds` budgets the "
+        "updates of that many rounds, `num-rounds` × nodes ÷ `buffer-size` model versions; "
+        "[Asynchronous aggregation](async.md))"),
     Setting("buffer-size", int, 3, Integer(lo=1), read_by="server", doc=
         "with `aggregation = \"fedbuff\"`: K, the updates the server buffers before it "
         "applies them to the global model as one new version; at most the fleet's size"),
@@ -365,6 +370,18 @@ RUN_SETTINGS: tuple[Setting, ...] = (
         "s (the versions the global model moved on since the update's base): "
         "`inverse-sqrt` 1/√(1+s), `inverse` 1/(1+s), `constant` 1; the weight is the "
         "node's local samples times this"),
+    Setting("buffer-step", str, "fleet", Choice(BUFFER_STEPS), read_by="server", doc=
+        "with `aggregation = \"fedbuff\"`: how far a version moves the model. `mean`: to "
+        "the buffer's weighted mean of the updates (FedBuff's server step, learning rate "
+        "1); `fleet`: each update moves it by its weight's share of the whole fleet's (the "
+        "nodes in the run × their mean samples), as it would in a round, so K updates make "
+        "about K/N of a round's step; never more than a full step"),
+    Setting("rate-weight", str, "device-time", Choice(RATE_WEIGHTS), read_by="server", doc=
+        "with `aggregation = \"fedbuff\"`: `device-time` also weighs each update by its "
+        "training time over the fleet's mean, so a board that updates k times as often "
+        "weighs 1/k per update and each node counts by its samples over time, as in a "
+        "round; a buffer of fast updates then moves the model by less than a full step "
+        "(never more); `off`: FedBuff's weight, samples × staleness factor"),
     Setting("idle-accounting", str, "on", Choice(("on", "off")), read_by="server", doc=
         "`on`: the headline fleet energy (`fleet-energy-j`, `fleet-energy-to-target-j`, the "
         "console's *energy→target*) counts each board's idle power while it waits for the "

@@ -187,7 +187,7 @@ class AsyncRun:
             (a.update.payload[0], self.versions[a.update.work.base_version], a.weight)
             for a in step.applied
         ]
-        new = apply_buffer(current, updates)
+        new = apply_buffer(current, updates, step.scale)
         self.versions[self.clock.version] = new
         for a in step.applied:
             self.rec.record_update(a.update, a)

@@ -53,6 +53,7 @@ def update_record(
             None if applied is None else staleness_weight(form, applied.staleness)
         ),
         "weight": None if applied is None else applied.weight,
+        "step-scale": None if applied is None else applied.step_scale,
         "choice": choice_label(report),
         "arrival-wall-s": update.wall_s,
     }
@@ -174,6 +175,8 @@ class AsyncRecorder(RunRecorder):
                 "aggregation": "fedbuff",
                 "buffer-size": None if self.clock is None else self.clock.buffer_size,
                 "staleness-weight": None if self.clock is None else self.clock.staleness_form,
+                "rate-weight": None if self.clock is None else self.clock.rate_weight,
+                "buffer-step": None if self.clock is None else self.clock.buffer_step,
                 "versions": len(self.rows),
                 "updates-applied": len(applied),
                 "updates-buffered-at-end": len(self.updates) - len(applied),
@@ -206,7 +209,10 @@ class AsyncRecorder(RunRecorder):
         stale = summ.get("mean-staleness")
         self.console.print(
             f"fedbuff: {summ['versions']} versions from {summ['updates-applied']} updates "
-            f"(buffer-size {summ['buffer-size']}, staleness-weight {summ['staleness-weight']})"
+            f"(buffer-size {summ['buffer-size']}, staleness-weight {summ['staleness-weight']}"
+            + (f", rate-weight {summ['rate-weight']}" if summ.get("rate-weight") else "")
+            + (f", buffer-step {summ['buffer-step']}" if summ.get("buffer-step") else "")
+            + ")"
             + (f", mean staleness {stale:.2f}" if stale is not None else "")
             + (f", idle share of the fleet {100 * share:.1f}%" if share is not None else "")
             + "; rounds above are model versions, times are virtual device time"

@@ -280,6 +280,13 @@ def window_note(settings: RunSettings) -> str | None:
     )
 
 
+def version_budget(settings: RunSettings, num_nodes: int) -> int:
+    """``fedbuff``'s budget of global versions: the updates of ``num-rounds`` synchronous
+    rounds of the fleet (``num-rounds`` × its nodes), ``buffer-size`` per version, rounded
+    up, so a fedbuff run and a synchronous one may train equally often."""
+    return math.ceil(settings.num_rounds * num_nodes / settings.buffer_size)
+
+
 def start_line(settings: RunSettings, run_dir: Path) -> str:
     """The run's first console line: method, model, budget, target and folder."""
     fedbuff = settings.aggregation == "fedbuff"
@@ -287,7 +294,7 @@ def start_line(settings: RunSettings, run_dir: Path) -> str:
         f"[bold]powerfl[/bold] method={settings.method} model={settings.model} "
         + (
             f"aggregation=fedbuff buffer-size={settings.buffer_size} "
-            f"versions≤{settings.num_rounds} "
+            f"updates≤{settings.num_rounds} rounds' worth "
             if fedbuff
             else f"rounds≤{settings.num_rounds} "
         )
@@ -353,9 +360,17 @@ def run_server(
         # the twins' device time orders a simulation (its fleet is known); the wall clock a
         # deployment (docs/async.md)
         ordering = "virtual" if fleet is not None else "arrival"
-        clock = VirtualClock(settings.buffer_size, settings.staleness_weight, ordering)
+        clock = VirtualClock(
+            settings.buffer_size,
+            settings.staleness_weight,
+            ordering,
+            settings.rate_weight,
+            settings.buffer_step,
+        )
         run = AsyncRun(strategy, grid, clock, rec, settings.round_timeout_s)
-        final = run_fedbuff(run, initial, settings.num_rounds, evaluate)
+        final = run_fedbuff(
+            run, initial, version_budget(settings, len(strategy.fleet.nodes)), evaluate
+        )
     else:
         rounds = Rounds(settings.num_rounds, settings.round_timeout_s, target)
         final = run_rounds(strategy, grid, initial, rounds, evaluate, rec.record_round)

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from fl_client.settings_table import STALENESS_FORMS
+from fl_client.settings_table import BUFFER_STEPS, RATE_WEIGHTS, STALENESS_FORMS
 from strategies.weighted_mean import weighted_mean
 
 Arrays = Mapping[str, npt.NDArray[Any]]
@@ -70,12 +70,14 @@ def staleness_weight(form: str, staleness: int) -> float:
 
 
 def apply_buffer(
-    global_arrays: Arrays, updates: Sequence[tuple[Arrays, Arrays, float]]
+    global_arrays: Arrays, updates: Sequence[tuple[Arrays, Arrays, float]], scale: float = 1.0
 ) -> dict[str, npt.NDArray[Any]]:
-    """The new global arrays: ``global_arrays`` + the ``weight``-mean of (local − base) over
-    ``updates`` (each ``(local, base, weight)``), array by array, each in its own dtype (an
-    integer array rounded). The weighted mean is ``strategies.weighted_mean``'s, of the
-    deltas in float64."""
+    """The new global arrays: ``global_arrays`` + ``scale`` × the ``weight``-mean of
+    (local − base) over ``updates`` (each ``(local, base, weight)``), array by array, each
+    in its own dtype (an integer array rounded). The weighted mean is
+    ``strategies.weighted_mean``'s, of the deltas in float64."""
+    if not 0.0 < scale <= 1.0:
+        raise ValueError(f"scale: must be in (0, 1], got {scale}")
     if not updates:
         raise ValueError("updates: the buffer is empty")
     names = list(global_arrays)
@@ -87,6 +89,8 @@ def apply_buffer(
     out: dict[str, npt.NDArray[Any]] = {}
     for i, k in enumerate(names):
         step = weighted_mean([d[i] for d in deltas], weights)
+        if scale != 1.0:
+            step = step * scale
         old = np.asarray(global_arrays[k])
         new = old.astype(np.float64) + step
         if not np.issubdtype(old.dtype, np.floating):
@@ -144,6 +148,7 @@ class Applied:
     version: int
     staleness: int
     weight: float
+    step_scale: float = 1.0  # the version's step length (``Step.scale``)
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,7 @@ class Step:
     update: Update
     version: int
     applied: tuple[Applied, ...] = ()
+    scale: float = 1.0  # the step's length, × the buffer's weighted mean (``rate-weight``)
 
 
 @dataclass
@@ -181,14 +187,33 @@ class VirtualClock:
     ``"arrival"`` after any reply, and updates are taken in the order they arrived.
     """
 
-    def __init__(self, buffer_size: int, staleness_form: str, ordering: str = "virtual") -> None:
+    def __init__(
+        self,
+        buffer_size: int,
+        staleness_form: str,
+        ordering: str = "virtual",
+        rate_weight: str = "off",
+        buffer_step: str = "mean",
+    ) -> None:
         if buffer_size < 1:
             raise ValueError(f"buffer-size: must be an integer ≥ 1, got {buffer_size}")
         staleness_weight(staleness_form, 0)  # an unknown form is refused here
         if ordering not in ORDERINGS:
             raise ValueError(f"ordering: unknown {ordering!r}; allowed: {', '.join(ORDERINGS)}")
+        if buffer_step not in BUFFER_STEPS:
+            raise ValueError(
+                f"buffer-step: unknown {buffer_step!r}; allowed: {', '.join(BUFFER_STEPS)}"
+            )
+        if rate_weight not in RATE_WEIGHTS:
+            raise ValueError(
+                f"rate-weight: unknown {rate_weight!r}; allowed: {', '.join(RATE_WEIGHTS)}"
+            )
         self.buffer_size = buffer_size
         self.staleness_form = staleness_form
+        self.rate_weight = rate_weight
+        self._train_s: dict[int, float] = {}  # node -> its last update's training time
+        self._samples: dict[int, float] = {}  # node -> its last update's samples
+        self.buffer_step = buffer_step
         self.ordering = ordering
         self._arrivals = 0  # replies arrived: the order of ``arrival``
         self.version = 0
@@ -255,6 +280,10 @@ class VirtualClock:
         self._busy[node_id].append((work.start_s, update.end_s, cost))
         if math.isfinite(cost.idle_power_w):
             self._idle_w[node_id] = cost.idle_power_w
+        train_s = cost.time_s - cost.profile_time_s
+        if train_s > 0:
+            self._train_s[node_id] = train_s
+        self._samples[node_id] = samples
         return update
 
     def drop(self, node_id: int) -> Work:
@@ -277,14 +306,43 @@ class VirtualClock:
         self.buffer.append(update)
         if len(self.buffer) < self.buffer_size:
             return Step(update, self.version)
-        applied = []
-        for u in self.buffer:
-            staleness = self.version - u.work.base_version
-            weight = u.samples * staleness_weight(self.staleness_form, staleness)
-            applied.append(Applied(u, self.version + 1, staleness, weight))
+        stale = [self.version - u.work.base_version for u in self.buffer]
+        weights = [
+            u.samples * staleness_weight(self.staleness_form, s)
+            for u, s in zip(self.buffer, stale, strict=True)
+        ]
+        # the weight of a full step: the buffer's own (``mean``) or the fleet's (``fleet``)
+        full = sum(weights) if self.buffer_step == "mean" else self.fleet_weight()
+        if self.rate_weight == "device-time":
+            weights = [w * f for w, f in zip(weights, self.rate_factors(), strict=True)]
+        scale = min(1.0, sum(weights) / full) if full > 0 and sum(weights) > 0 else 1.0
+        applied = tuple(
+            Applied(u, self.version + 1, s, w, scale)
+            for u, s, w in zip(self.buffer, stale, weights, strict=True)
+        )
         self.version += 1
         self.buffer = []
-        return Step(update, self.version, tuple(applied))
+        return Step(update, self.version, applied, scale)
+
+    def fleet_weight(self) -> float:
+        """``buffer-step = "fleet"``: the weight of a whole round, the nodes in the run times
+        their mean samples (of the nodes that have replied so far)."""
+        live = [n for n in self._works if n not in self._gone_at]
+        known = [self._samples[n] for n in live if n in self._samples]
+        return len(live) * sum(known) / len(known) if known else 0.0
+
+    def rate_factors(self) -> list[float]:
+        """``rate-weight = "device-time"``: each buffered update's training time over the mean
+        of every node's last one (the nodes still in the run). A node that updates k times as
+        often as the fleet's mean weighs 1/k as much per update, so over many versions each
+        node counts by its samples, as in a round, not by how fast its board is."""
+        live = [t for n, t in self._train_s.items() if n not in self._gone_at]
+        mean_s = sum(live) / len(live) if live else 0.0
+        out = []
+        for u in self.buffer:
+            train_s = u.cost.time_s - u.cost.profile_time_s
+            out.append(train_s / mean_s if mean_s > 0 and train_s > 0 else 1.0)
+        return out
 
     def bases_in_use(self) -> set[int]:
         """The versions a work in flight, pending or buffered started from (the arrays the

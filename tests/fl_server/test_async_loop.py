@@ -354,10 +354,10 @@ def test_powerfl_simulate_runs_fedbuff_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "runs"
     cmd = [
         *(sys.executable, "-m", "simulations", "simulate", "--methods", "power-aware"),
-        *("--fleet", str(fleet), "--rounds", "3", "--output-dir", str(out)),
+        *("--fleet", str(fleet), "--rounds", "2", "--output-dir", str(out)),
         *("-c", f"cache-dir={json.dumps(str(tmp_path / 'cache'))}", "-c", "target-accuracy=0.99"),
         *("-c", "aggregation='fedbuff'", "-c", "buffer-size=2"),
-    ]
+    ]  # 2 rounds' updates of 3 nodes, 2 per version: 3 versions
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (run_dir,) = [p for p in out.iterdir() if p.is_dir()]

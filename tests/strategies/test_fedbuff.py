@@ -170,6 +170,89 @@ def test_the_weight_is_samples_times_the_staleness_factor() -> None:
     assert [a.weight for a in step.applied] == [30.0, 40.0]  # both staleness 0
 
 
+def test_rate_weight_weighs_an_update_by_its_training_time_over_the_fleets_mean() -> None:
+    # Training times 1, 2 and 3 s (mean 2 s); node 1 updates first and again (K = 2):
+    # factors 1/2 and 1/2, a buffer of two fast updates gets half a step.
+    clock = VirtualClock(2, "constant", rate_weight="device-time")
+    for n in (1, 2, 3):
+        clock.dispatch(n, 0.0)
+    for n, t in ((1, 1.0), (2, 2.0), (3, 3.0)):
+        clock.arrive(n, DeviceCost(t, 0.0), samples=10.0)
+    assert clock.step() is not None
+    clock.dispatch(1, 1.0)
+    clock.arrive(1, DeviceCost(1.0, 0.0), samples=10.0)
+    step = clock.step()  # node 1 (ends at 2) and node 2 (ends at 2): ties by first dispatch
+    assert step is not None and [a.update.node_id for a in step.applied] == [1, 1]
+    assert [a.weight for a in step.applied] == [5.0, 5.0] and step.scale == 0.5
+    clock.dispatch(1, 2.0)
+    clock.arrive(1, DeviceCost(1.0, 0.0), samples=10.0)
+    assert clock.step() is not None  # node 2 (ends at 2) into the buffer
+    step = clock.step()  # node 1's third and node 3 both end at 3: node 1 (first dispatched)
+    assert step is not None
+    # node 2 10 × 2/2 and node 1 10 × 1/2: 15 of the floor's 20, three quarters of a step
+    assert [(a.update.node_id, a.weight) for a in step.applied] == [(2, 10.0), (1, 5.0)]
+    assert step.scale == 0.75
+    clock.dispatch(1, 3.0)
+    clock.arrive(1, DeviceCost(1.0, 0.0), samples=10.0)
+    clock.dispatch(2, 2.0)
+    clock.arrive(2, DeviceCost(2.0, 0.0), samples=10.0)
+    assert clock.step() is not None  # node 3 (ends at 3, 3 s of training)
+    step = clock.step()  # node 1 (ends at 4) before node 2 (ends at 4): node 1
+    assert step is not None
+    # node 3 10 × 3/2 and node 1 10 × 1/2: 20, the floor, a full step (a slow node's
+    # update weighs more than a fast one's in the mean)
+    assert [(a.update.node_id, a.weight) for a in step.applied] == [(3, 15.0), (1, 5.0)]
+    assert step.scale == 1.0
+
+
+def test_rate_weight_leaves_out_profiling_and_nodes_that_dropped() -> None:
+    clock = VirtualClock(1, "constant", rate_weight="device-time")
+    for n in (1, 2, 3):
+        clock.dispatch(n, 0.0)
+    clock.arrive(1, DeviceCost(5.0, 0.0, profile_time_s=4.0), samples=1.0)  # trains 1 s
+    clock.arrive(2, DeviceCost(3.0, 0.0), samples=1.0)
+    clock.drop(3)
+    # mean training time of the nodes in the run: (1 + 3) / 2 = 2 s (node 3 left out)
+    step = clock.step()  # node 2 ends at 3 s, before node 1 (5 s, 4 of them profiling)
+    assert step is not None and step.applied[0].weight == 1.5 and step.scale == 1.0
+    step = clock.step()
+    assert step is not None and step.applied[0].weight == 0.5 and step.scale == 0.5
+    with pytest.raises(ValueError, match="rate-weight"):
+        VirtualClock(1, "constant", rate_weight="fast")
+
+
+def test_the_fleet_step_moves_by_the_buffers_share_of_the_fleets_samples() -> None:
+    # Four nodes in the run, three replied so far with 10, 20 and 30 samples (mean 20): a
+    # round's weight is 4 × 20 = 80. K = 2: the first two updates (10 + 20) make 30/80.
+    clock = VirtualClock(2, "constant", buffer_step="fleet")
+    for n in (1, 2, 3, 4):
+        clock.dispatch(n, 0.0)
+    for n, t, samples in ((1, 1.0, 10.0), (2, 2.0, 20.0), (3, 3.0, 30.0), (4, 4.0, 20.0)):
+        clock.arrive(n, DeviceCost(t, 0.0), samples)
+    clock.step()
+    step = clock.step()
+    assert step is not None and [a.weight for a in step.applied] == [10.0, 20.0]
+    assert step.scale == pytest.approx(30.0 / 80.0)
+    # with every node's update in one buffer (K = N, staleness 0) it is FedAvg: a full step
+    clock = VirtualClock(4, "constant", buffer_step="fleet")
+    for n in (1, 2, 3, 4):
+        clock.dispatch(n, 0.0)
+        clock.arrive(n, DeviceCost(1.0, 0.0), 10.0 * n)
+    steps = [clock.step() for _ in range(4)]
+    assert steps[-1] is not None and steps[-1].scale == 1.0
+    with pytest.raises(ValueError, match="buffer-step"):
+        VirtualClock(1, "constant", buffer_step="half")
+
+
+def test_the_step_can_be_shortened_never_lengthened() -> None:
+    g = {"w": np.array([1.0, 2.0])}
+    local = {"w": np.array([3.0, 0.0])}
+    np.testing.assert_allclose(apply_buffer(g, [(local, g, 1.0)], 0.25)["w"], [1.5, 1.5])
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="scale"):
+            apply_buffer(g, [(local, g, 1.0)], bad)
+
+
 def test_the_buffer_step_matches_a_hand_computation() -> None:
     g: dict[str, np.ndarray] = {
         "w": np.array([1.0, 1.0], dtype=np.float32),
