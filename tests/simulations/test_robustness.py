@@ -43,7 +43,7 @@ def _write(tmp_path: Path, body: str) -> Path:
 # --------------------------------------------------------------------------- the file
 
 
-def test_the_shipped_file_declares_the_seven_arms_over_generated_and_shipped_fleets():
+def test_the_shipped_file_declares_the_eight_arms_over_generated_and_shipped_fleets():
     cfg = load_config(SHIPPED)
     assert [a.name for a in cfg.arms] == [
         "b1",
@@ -53,7 +53,9 @@ def test_the_shipped_file_declares_the_seven_arms_over_generated_and_shipped_fle
         "steps-fedavg",
         "steps-capped",
         "energy",
+        "fedbuff",
     ]
+    assert cfg.arm("fedbuff").overrides()["aggregation"] == "fedbuff"
     assert len(cfg.generated_fleets) >= 12 and cfg.seeds == 5
     assert Path(cfg.fleets[0]).stem == "default"
     assert cfg.arm("steps-fednova").overrides() == {
@@ -108,7 +110,7 @@ def test_overrides_cut_the_study_down(tmp_path):
     cfg = load_config(SHIPPED, opts)
     assert cfg.seeds == 2 and cfg.fleets == () and cfg.generated_fleets == (2, 6)
     cells = robustness.plan(cfg, tmp_path)
-    assert len(cells) == 2 * 2 * 7
+    assert len(cells) == 2 * 2 * 8
 
 
 # --------------------------------------------------------------------------- the plan
