@@ -376,7 +376,7 @@ RUN_SETTINGS: tuple[Setting, ...] = (
         "1); `fleet`: each update moves it by its weight's share of the whole fleet's (the "
         "nodes in the run × their mean samples), as it would in a round, so K updates make "
         "about K/N of a round's step; never more than a full step"),
-    Setting("rate-weight", str, "device-time", Choice(RATE_WEIGHTS), read_by="server", doc=
+    Setting("rate-weight", str, "off", Choice(RATE_WEIGHTS), read_by="server", doc=
         "with `aggregation = \"fedbuff\"`: `device-time` also weighs each update by its "
         "training time over the fleet's mean, so a board that updates k times as often "
         "weighs 1/k per update and each node counts by its samples over time, as in a "
