@@ -249,6 +249,19 @@ def run_fedbuff(
             if clock.version >= max_versions:
                 break
         run.send([clock.dispatch(step.update.node_id, step.update.end_s)])
-    for update in clock.buffer:  # taken, never applied: the run stopped first
-        rec.record_update(update, None)
+    record_stop(run)
     return arrays
+
+
+def record_stop(run: AsyncRun) -> None:
+    """What the run leaves when it stops: the updates buffered (and, ordered by
+    ``arrival``, those whose replies arrived before the stop) as never applied, and the
+    works still in flight (a deployment does not wait for them). Ordered by ``virtual``,
+    the replies not taken yet end after the stop in device time: they are left out."""
+    clock = run.clock
+    for update in clock.buffer:  # taken, never applied: the run stopped first
+        run.rec.record_update(update, None)
+    if clock.ordering == "arrival":  # in before the stop on the wall clock
+        for update in clock.drain():
+            run.rec.record_update(update, None)
+    run.rec.in_flight_at_end = list(clock.in_flight)  # sent, neither replied nor dropped

@@ -233,6 +233,11 @@ class VirtualClock:
         return frozenset(self._in_flight)
 
     @property
+    def in_flight(self) -> tuple[Work, ...]:
+        """The works sent with no reply yet, by node id."""
+        return tuple(self._in_flight[n] for n in sorted(self._in_flight))
+
+    @property
     def has_pending(self) -> bool:
         """Whether a reply has arrived that ``step`` has not taken yet."""
         return bool(self._pending)
@@ -342,6 +347,14 @@ class VirtualClock:
         for u in self.buffer:
             train_s = u.cost.time_s - u.cost.profile_time_s
             out.append(train_s / mean_s if mean_s > 0 and train_s > 0 else 1.0)
+        return out
+
+    def drain(self) -> list[Update]:
+        """The replies arrived and not taken yet, in the clock's order, taken out of it
+        without buffering them (the run stops)."""
+        out = []
+        while self._pending:
+            out.append(heapq.heappop(self._pending)[2])
         return out
 
     def bases_in_use(self) -> set[int]:

@@ -108,6 +108,18 @@ def test_arrival_takes_updates_in_the_order_they_arrived_while_others_are_in_fli
     assert clock.waiting == {3}
 
 
+def test_drain_hands_back_the_replies_not_taken_and_in_flight_names_the_rest() -> None:
+    clock = VirtualClock(2, "constant", "arrival")
+    works = [clock.dispatch(n, 0.0) for n in (3, 1, 2)]
+    clock.arrive(2, DeviceCost(1.0, 1.0), samples=1.0, wall_s=1.0)
+    clock.arrive(1, DeviceCost(2.0, 1.0), samples=1.0, wall_s=2.0)
+    assert [u.node_id for u in clock.drain()] == [2, 1]  # in the order they arrived
+    assert not clock.has_pending and clock.step() is None and clock.buffer == []
+    assert clock.in_flight == (works[0],)  # node 3, still training
+    clock.drop(3)
+    assert clock.in_flight == ()
+
+
 def test_an_unknown_ordering_is_refused_naming_the_allowed_ones() -> None:
     with pytest.raises(ValueError, match=r"ordering: unknown 'wall'; allowed: virtual, arrival"):
         VirtualClock(2, "constant", "wall")
