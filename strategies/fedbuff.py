@@ -366,7 +366,8 @@ class VirtualClock:
     def account(self, t0_s: float, t1_s: float) -> dict[int, NodeTime]:
         """Each node's busy time and energy (a work's energy pro rata of its part inside the
         interval) and idle time and energy (at its idle power; none known: 0 J) in
-        [``t0_s``, ``t1_s``] of virtual time."""
+        [``t0_s``, ``t1_s``] of virtual time. A work still in flight counts neither busy
+        nor idle from its start: its device time is not known yet."""
         out: dict[int, NodeTime] = {}
         for node_id in self.nodes:
             t = NodeTime()
@@ -377,7 +378,12 @@ class VirtualClock:
                 t.busy_j += cost.energy_j * share
                 t.profile_s += cost.profile_time_s * share
                 t.profile_j += cost.profile_energy_j * share
-            on_until = min(t1_s, self._gone_at.get(node_id, math.inf))
+            # idle only while it has no work: not from the start of a work still in flight
+            # (its time is known once it replies; ``arrival`` takes updates while others
+            # train) nor from the start of the work it was dropped with
+            flying = self._in_flight.get(node_id)
+            busy_from = flying.start_s if flying is not None else math.inf
+            on_until = min(t1_s, self._gone_at.get(node_id, math.inf), busy_from)
             t.idle_s = max(0.0, on_until - t0_s - t.busy_s)
             t.idle_j = t.idle_s * self._idle_w.get(node_id, 0.0)
             out[node_id] = t

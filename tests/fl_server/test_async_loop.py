@@ -350,6 +350,13 @@ def test_arrival_names_a_silent_nodes_work_when_the_run_stops_before_its_timeout
     assert all(n["ok"] for n in _lines(tmp_path / "nodes.jsonl"))  # not known as failed
 
 
+def test_arrival_counts_no_idle_time_while_a_slow_node_trains(tmp_path: Path) -> None:
+    # node 11 trains through versions made by the others: it is busy, not idle
+    out = _run(tmp_path, grid=PushGrid({11: 4, 12: 1, 13: 2}), buffer_size=2, versions=3)
+    assert out["summary"]["idle-share"] == pytest.approx(0.0)
+    assert out["summary"]["fleet-idle-energy-j"] == pytest.approx(0.0)
+
+
 def test_virtual_ordering_leaves_no_work_in_flight_at_the_stop(tmp_path: Path) -> None:
     out = _run(tmp_path, versions=3)
     assert out["summary"]["works-in-flight-at-end"] == []
