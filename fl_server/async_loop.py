@@ -9,7 +9,10 @@ one code path for both.
 * ``arrival`` (a deployment: the wall clock orders them): works go out with
   ``Grid.push_messages``, and ``Grid.pull_messages`` is polled for the replies in flight;
   each update is taken as its reply arrives and its node is sent the newest model at once.
-  A work with no reply ``round-timeout-s`` after it was pushed drops its node.
+  A work with no reply ``round-timeout-s`` after it was pushed drops its node; so does an
+  error reply, such as the SuperLink's own for a node that stopped sending heartbeats.
+  Nobody waits for a dropped node: each update is taken as it arrives. When the run stops,
+  the works still in flight are named in the summary (``record_stop``).
 
 Fleet-shared profiling runs once, as the synchronous step it is, before the first work; its
 time opens the run's virtual clock.

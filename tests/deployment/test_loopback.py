@@ -440,6 +440,8 @@ def fault_run(federation: Federation) -> FaultRun:
         raise AssertionError(
             "round 2 did not finish in time:\n" + federation.log("superlink")[-3000:]
         )
+    # the fedbuff run starts from the same checkpoint (its r is cached under its sha256)
+    os.link(weights, federation.root / "pretrained-fedbuff.safetensors")
     weights.unlink()  # the server read it before round 1: nothing reads it again
     seen = {pid for pid in _descendants(victim.pid) if "flwr-clientapp" in _cmdline(pid)}
     status_after_round_2 = federation.run_status(run_id)
@@ -582,7 +584,8 @@ def fedbuff_run(federation: Federation, fault_run: FaultRun) -> FedbuffRun:
     federation.wait_online(set(federation.node_ids.values()))
     rejoined = re.search(r"SuperNode ID: (\d+)", federation.log(VICTIM)[log_from:])
     out = federation.root / "out-fedbuff"
-    run_id = federation.run(out, FEDBUFF_CONFIG)
+    weights = federation.root / "pretrained-fedbuff.safetensors"
+    run_id = federation.run(out, FEDBUFF_CONFIG, **{"initial-weights": f'"{weights}"'})
     deadline = time.monotonic() + FIRST_VERSION_WITHIN_S
     while not _lines(rounds := next(out.glob("*/"), out) / "rounds.jsonl"):
         assert not next(out.glob("*/summary.json"), None), "run ended before version 1"
