@@ -619,7 +619,7 @@ def test_fedbuff_run_goes_on_after_a_node_is_killed(fedbuff_run: FedbuffRun) -> 
     updates = _lines(fedbuff_run.run_dir / "updates.jsonl")
     applied = [u for u in updates if u["version"] is not None]
     assert [u["version"] for u in applied] == sorted(u["version"] for u in applied)
-    assert len(applied) == 6 and {u["node"] for u in applied[:2]} <= set(NODES)
+    assert len(applied) == 6
     after = [u for u in applied if u["version"] > made_before]
     assert len(after) == 2 * (3 - made_before)
     # an update of the VICTIM taken before its death may still be applied after it (it was
@@ -656,8 +656,9 @@ def test_fedbuff_killed_nodes_work_is_dropped_and_nothing_is_lost(
     ]
     in_flight = [w for w in summary["works-in-flight-at-end"] if w["node"] == VICTIM]
     assert len(failed) + len(in_flight) == 1, (failed, in_flight)
-    if failed:
+    if failed:  # recorded with the first version made after its failure was known
         assert failed[0]["error"], failed[0]
+        assert failed[0]["server-round"] > len(fedbuff_run.at_kill["rounds.jsonl"])
         assert summary["nodes"][VICTIM]["rounds-failed"] == 1
     else:
         assert in_flight[0]["work"] == last_work, in_flight
