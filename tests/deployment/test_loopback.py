@@ -21,7 +21,7 @@ its own registered key; ``flwr run <app> <connection>`` with the connection writ
   fresh ClientApp process, so what the plan needs on the node comes in the message (the
   deadline, the role, the kind's LUT) or from its disk cache;
 * a second run in the same federation, asynchronous (``aggregation = "fedbuff"``,
-  ``buffer-size = 2``, a budget of 3 versions; ordered by arrival, as a deployment is):
+  ``buffer-size = 2``, ``num-rounds = 2``: 3 versions; ordered by arrival, as a deployment is):
   the node killed in the first run is started again and rejoins under its registered node
   id; once the run has made its first version that node is killed again (SIGKILL, with
   its ClientApp) while it trains, and the run goes on: Flower reports it
@@ -542,14 +542,15 @@ def test_round_2_is_planned_and_slack_nodes_run_more_steps(fault_run: FaultRun) 
 # ------------------------------------------------ the asynchronous run (aggregation = fedbuff)
 
 #: The second run in the same federation: buffered asynchronous aggregation on the three
-#: SuperNodes (the one killed in the first run restarted), K = 2, a budget of 3 versions.
+#: SuperNodes (the one killed in the first run restarted), K = 2, 3 versions.
 FEDBUFF_CONFIG = {
     **RUN_CONFIG,
     "balance": '"off"',  # no rounds to plan
     "aggregation": '"fedbuff"',
     "buffer-size": "2",
     "staleness-weight": '"inverse"',
-    "num-rounds": "3",  # with fedbuff: the budget of global versions
+    # with fedbuff: the updates of 2 rounds of the 3 nodes, in 3 versions of 2 updates
+    "num-rounds": "2",
     # bounds the QUERY and each work (a healthy work here took up to about 75 s on two
     # loaded cores); the dead node is given up sooner, when the SuperLink answers its
     # message itself (node unavailable, within about a minute of its last heartbeat)
