@@ -663,7 +663,13 @@ def test_fedbuff_killed_nodes_work_is_dropped_and_nothing_is_lost(
         assert summary["nodes"][VICTIM]["rounds-failed"] == 1
     else:
         assert in_flight[0]["work"] == last_work, in_flight
-    assert summary["nodes"][VICTIM]["rounds-ok"] == len([u for u in mine if u["version"]])
+    # the per-node table holds a node with a row in nodes.jsonl: one that died in its first
+    # work before its failure was known has none (it is named in works-in-flight-at-end)
+    applied_mine = len([u for u in mine if u["version"]])
+    if applied_mine or failed:
+        assert summary["nodes"][VICTIM]["rounds-ok"] == applied_mine
+    else:
+        assert VICTIM not in summary["nodes"] and in_flight[0]["work"] == 1
     # the others' updates are all there too: each node's works numbered 1, 2, … in order
     for name in set(NODES) - {VICTIM}:
         works = [u["work"] for u in updates if u["node"] == name]
@@ -679,6 +685,6 @@ def test_fedbuff_summary_has_time_energy_and_idle_share(fedbuff_run: FedbuffRun)
     assert summary["fleet-energy-j"] > 0 and summary["fleet-busy-energy-j"] > 0
     assert 0.0 <= summary["idle-share"] < 1.0
     assert summary["mean-staleness"] is not None and summary["max-staleness"] >= 0
-    assert set(summary["nodes"]) == set(NODES)
+    assert set(NODES) - {VICTIM} <= set(summary["nodes"]) <= set(NODES)
     for name, node in summary["nodes"].items():
         assert node["cap-label"] == f"{NODES[name][1]:g} W"
