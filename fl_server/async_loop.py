@@ -9,7 +9,10 @@ one code path for both.
 * ``arrival`` (a deployment: the wall clock orders them): works go out with
   ``Grid.push_messages``, and ``Grid.pull_messages`` is polled for the replies in flight;
   each update is taken as its reply arrives and its node is sent the newest model at once.
-  A work with no reply ``round-timeout-s`` after it was pushed drops its node.
+  A work with no reply ``round-timeout-s`` after it was pushed drops its node; so does an
+  error reply, such as the SuperLink's own for a node that stopped sending heartbeats.
+  Nobody waits for a dropped node: each update is taken as it arrives. When the run stops,
+  the works still in flight are named in the summary (``record_stop``).
 
 Fleet-shared profiling runs once, as the synchronous step it is, before the first work; its
 time opens the run's virtual clock.
@@ -249,6 +252,19 @@ def run_fedbuff(
             if clock.version >= max_versions:
                 break
         run.send([clock.dispatch(step.update.node_id, step.update.end_s)])
-    for update in clock.buffer:  # taken, never applied: the run stopped first
-        rec.record_update(update, None)
+    record_stop(run)
     return arrays
+
+
+def record_stop(run: AsyncRun) -> None:
+    """What the run leaves when it stops: the updates buffered (and, ordered by
+    ``arrival``, those whose replies arrived before the stop) as never applied, and the
+    works still in flight (a deployment does not wait for them). Ordered by ``virtual``,
+    the replies not taken yet end after the stop in device time: they are left out."""
+    clock = run.clock
+    for update in clock.buffer:  # taken, never applied: the run stopped first
+        run.rec.record_update(update, None)
+    if clock.ordering == "arrival":  # in before the stop on the wall clock
+        for update in clock.drain():
+            run.rec.record_update(update, None)
+    run.rec.in_flight_at_end = list(clock.in_flight)  # sent, neither replied nor dropped

@@ -24,7 +24,7 @@ from rich.console import Console
 from fl_client.contract import NodeRow, TrainReport
 from fl_server.results import RoundAccount, RunRecorder, choice_label
 from fl_server.target import Target
-from strategies.fedbuff import Applied, NodeTime, Update, VirtualClock, staleness_weight
+from strategies.fedbuff import Applied, NodeTime, Update, VirtualClock, Work, staleness_weight
 from strategies.power_aware import RoundReport
 
 
@@ -108,6 +108,8 @@ class AsyncRecorder(RunRecorder):
         self.names: dict[int, str] = {}
         self.version_s: list[float] = [0.0]  # virtual time of each version
         self.updates: list[dict[str, Any]] = []
+        #: works sent that had neither replied nor been dropped when the run stopped
+        self.in_flight_at_end: list[Work] = []
         self._pending_account: RoundAccount | None = None
 
     def start(self, clock: VirtualClock, names: Mapping[int, str]) -> None:
@@ -156,7 +158,9 @@ class AsyncRecorder(RunRecorder):
     def summary(self) -> dict[str, Any]:
         """The synchronous summary's keys, those without meaning here null, and the
         buffer's: ``versions``, ``updates-applied``, ``idle-share`` (of the fleet's time,
-        over the run and to the target), staleness."""
+        over the run and to the target), staleness, and the works still in flight when the
+        run stopped (``works-in-flight-at-end``: a deployment does not wait for them; a node
+        that died with its work is named there if its failure was not known yet)."""
         self._fix_node_totals()
         summ = super().summary()
         for key in (
@@ -186,6 +190,14 @@ class AsyncRecorder(RunRecorder):
                 "idle-share-to-target": (
                     self.idle_share(self.version_s[upto]) if upto is not None else None
                 ),
+                "works-in-flight-at-end": [
+                    {
+                        "node": self.names.get(w.node_id, str(w.node_id)),
+                        "work": w.number,
+                        "base-version": w.base_version,
+                    }
+                    for w in self.in_flight_at_end
+                ],
             }
         )
         return summ

@@ -233,6 +233,11 @@ class VirtualClock:
         return frozenset(self._in_flight)
 
     @property
+    def in_flight(self) -> tuple[Work, ...]:
+        """The works sent with no reply yet, by node id."""
+        return tuple(self._in_flight[n] for n in sorted(self._in_flight))
+
+    @property
     def has_pending(self) -> bool:
         """Whether a reply has arrived that ``step`` has not taken yet."""
         return bool(self._pending)
@@ -344,6 +349,14 @@ class VirtualClock:
             out.append(train_s / mean_s if mean_s > 0 and train_s > 0 else 1.0)
         return out
 
+    def drain(self) -> list[Update]:
+        """The replies arrived and not taken yet, in the clock's order, taken out of it
+        without buffering them (the run stops)."""
+        out = []
+        while self._pending:
+            out.append(heapq.heappop(self._pending)[2])
+        return out
+
     def bases_in_use(self) -> set[int]:
         """The versions a work in flight, pending or buffered started from (the arrays the
         caller must keep)."""
@@ -353,7 +366,8 @@ class VirtualClock:
     def account(self, t0_s: float, t1_s: float) -> dict[int, NodeTime]:
         """Each node's busy time and energy (a work's energy pro rata of its part inside the
         interval) and idle time and energy (at its idle power; none known: 0 J) in
-        [``t0_s``, ``t1_s``] of virtual time."""
+        [``t0_s``, ``t1_s``] of virtual time. A work still in flight counts neither busy
+        nor idle from its start: its device time is not known yet."""
         out: dict[int, NodeTime] = {}
         for node_id in self.nodes:
             t = NodeTime()
@@ -364,7 +378,12 @@ class VirtualClock:
                 t.busy_j += cost.energy_j * share
                 t.profile_s += cost.profile_time_s * share
                 t.profile_j += cost.profile_energy_j * share
-            on_until = min(t1_s, self._gone_at.get(node_id, math.inf))
+            # idle only while it has no work: not from the start of a work still in flight
+            # (its time is known once it replies; ``arrival`` takes updates while others
+            # train) nor from the start of the work it was dropped with
+            flying = self._in_flight.get(node_id)
+            busy_from = flying.start_s if flying is not None else math.inf
+            on_until = min(t1_s, self._gone_at.get(node_id, math.inf), busy_from)
             t.idle_s = max(0.0, on_until - t0_s - t.busy_s)
             t.idle_j = t.idle_s * self._idle_w.get(node_id, 0.0)
             out[node_id] = t

@@ -19,7 +19,18 @@ its own registered key; ``flwr run <app> <connection>`` with the connection writ
   round 2 every node's TRAIN message carries the planned deadline and its role, and the
   nodes with slack run more local steps than the one that sets the pace. Each message is a
   fresh ClientApp process, so what the plan needs on the node comes in the message (the
-  deadline, the role, the kind's LUT) or from its disk cache.
+  deadline, the role, the kind's LUT) or from its disk cache;
+* a second run in the same federation, asynchronous (``aggregation = "fedbuff"``,
+  ``buffer-size = 2``, ``num-rounds = 2``: 3 versions; ordered by arrival, as a deployment is):
+  the node killed in the first run is started again and rejoins under its registered node
+  id; once the run has made its first version that node is killed again (SIGKILL, with
+  its ClientApp) while it trains, and the run goes on: Flower reports it
+  finished:completed, the versions after the kill are made by the other two, every update
+  the killed node sent before it died is recorded and none after, the work it died with
+  is never applied (dropped with its reason once the SuperLink reports the node
+  unavailable, or named in ``works-in-flight-at-end`` if the run ended first), the records
+  written before the kill are all still there, and the summary has its time, energy and
+  idle share.
 
 Every process is started in this file and stopped by PID (with everything it spawned)
 when the module ends, also when a test fails.
@@ -429,6 +440,8 @@ def fault_run(federation: Federation) -> FaultRun:
         raise AssertionError(
             "round 2 did not finish in time:\n" + federation.log("superlink")[-3000:]
         )
+    # the fedbuff run starts from the same checkpoint (its r is cached under its sha256)
+    os.link(weights, federation.root / "pretrained-fedbuff.safetensors")
     weights.unlink()  # the server read it before round 1: nothing reads it again
     seen = {pid for pid in _descendants(victim.pid) if "flwr-clientapp" in _cmdline(pid)}
     status_after_round_2 = federation.run_status(run_id)
@@ -524,3 +537,154 @@ def test_round_2_is_planned_and_slack_nodes_run_more_steps(fault_run: FaultRun) 
     # a node with slack ran more than its epoch (one near the pace may have no whole
     # minibatch to spare)
     assert any(extra_steps[name] > 0 for name in set(NODES) - critical), extra_steps
+
+
+# ------------------------------------------------ the asynchronous run (aggregation = fedbuff)
+
+#: The second run in the same federation: buffered asynchronous aggregation on the three
+#: SuperNodes (the one killed in the first run restarted), K = 2, 3 versions.
+FEDBUFF_CONFIG = {
+    **RUN_CONFIG,
+    "balance": '"off"',  # no rounds to plan
+    "aggregation": '"fedbuff"',
+    "buffer-size": "2",
+    "staleness-weight": '"inverse"',
+    # with fedbuff: the updates of 2 rounds of the 3 nodes, in 3 versions of 2 updates
+    "num-rounds": "2",
+    # bounds the QUERY and each work (a healthy work here took up to about 75 s on two
+    # loaded cores); the dead node is given up sooner, when the SuperLink answers its
+    # message itself (node unavailable, within about a minute of its last heartbeat)
+    "round-timeout-s": "150.0",
+}
+#: How long the fedbuff run may take to make its first version: a bound for a hang.
+FIRST_VERSION_WITHIN_S = 480
+RECORDS = ("updates.jsonl", "rounds.jsonl", "nodes.jsonl")
+
+
+@dataclass
+class FedbuffRun:
+    status: str
+    run_dir: Path
+    rejoined_as: int  # the node id the restarted VICTIM came back under
+    at_kill: dict[str, list[dict[str, Any]]]  # each record file's lines just after the kill
+    victim_replies: int  # TRAIN replies the VICTIM sent in this run, from its own log
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.fixture(scope="module")
+def fedbuff_run(federation: Federation, fault_run: FaultRun) -> FedbuffRun:
+    """After the synchronous run: the VICTIM SuperNode is started again (same key), then a
+    ``fedbuff`` run; once it has made its first version, the VICTIM is killed (SIGKILL, with
+    its ClientApp) while it trains, and the run goes on with the other two."""
+    assert fault_run.status.startswith("finished")
+    log_from = len(federation.log(VICTIM))
+    victim = federation.start_supernode(VICTIM)
+    federation.wait_online(set(federation.node_ids.values()))
+    rejoined = re.search(r"SuperNode ID: (\d+)", federation.log(VICTIM)[log_from:])
+    out = federation.root / "out-fedbuff"
+    weights = federation.root / "pretrained-fedbuff.safetensors"
+    run_id = federation.run(out, FEDBUFF_CONFIG, **{"initial-weights": f'"{weights}"'})
+    deadline = time.monotonic() + FIRST_VERSION_WITHIN_S
+    while not _lines(rounds := next(out.glob("*/"), out) / "rounds.jsonl"):
+        assert not next(out.glob("*/summary.json"), None), "run ended before version 1"
+        assert time.monotonic() < deadline, (
+            "version 1 not made in time:\n" + federation.log("superlink")[-3000:]
+        )
+        time.sleep(0.2)
+    run_dir = rounds.parent
+    _new_clientapp(victim, set(), timeout=180)  # it trains a work now (from any version)
+    _kill_tree(victim, signal.SIGKILL)
+    assert victim.poll() is not None
+    at_kill = {name: _lines(run_dir / name) for name in RECORDS}
+    # a SuperNode logs each reply it sends: what the VICTIM sent before it died
+    replies = federation.log(VICTIM)[log_from:].count("Sending: train message")
+    status, done_dir = federation.wait_finished(run_id, out, timeout=600)
+    assert done_dir == run_dir
+    return FedbuffRun(status, run_dir, int(rejoined.group(1)) if rejoined else -1, at_kill, replies)
+
+
+def test_fedbuff_run_goes_on_after_a_node_is_killed(fedbuff_run: FedbuffRun) -> None:
+    """The run finishes its version budget (Flower says completed, not only ``flwr run``),
+    and the versions after the kill are made by the other two nodes alone."""
+    assert fedbuff_run.status == "finished:completed"
+    summary = json.loads((fedbuff_run.run_dir / "summary.json").read_text())
+    assert summary["aggregation"] == "fedbuff" and summary["buffer-size"] == 2
+    assert summary["versions"] == 3 and summary["updates-applied"] == 3 * 2
+    rounds = _lines(fedbuff_run.run_dir / "rounds.jsonl")
+    assert [r["server-round"] for r in rounds] == [1, 2, 3]
+    made_before = len(fedbuff_run.at_kill["rounds.jsonl"])
+    assert 1 <= made_before < 3, made_before  # killed after version 1, before the last
+    updates = _lines(fedbuff_run.run_dir / "updates.jsonl")
+    applied = [u for u in updates if u["version"] is not None]
+    assert [u["version"] for u in applied] == sorted(u["version"] for u in applied)
+    assert len(applied) == 6
+    after = [u for u in applied if u["version"] > made_before]
+    assert len(after) == 2 * (3 - made_before)
+    # an update of the VICTIM taken before its death may still be applied after it (it was
+    # buffered); any other update applied after the kill is trained by the other two
+    late = [u for u in after if u["node"] == VICTIM]
+    assert len(late) <= 1 and all(u["base-version"] <= made_before for u in late), late
+    assert len(after) - len(late) >= 2 * (3 - made_before) - 1  # the other two's
+    for u in applied:
+        assert u["staleness"] == u["version"] - 1 - u["base-version"] >= 0
+        assert u["staleness-factor"] == pytest.approx(1.0 / (1.0 + u["staleness"]))
+        assert u["arrival-wall-s"] is not None and u["arrival-wall-s"] > 0  # by arrival
+
+
+def test_fedbuff_killed_nodes_work_is_dropped_and_nothing_is_lost(
+    federation: Federation, fedbuff_run: FedbuffRun
+) -> None:
+    """Every update the VICTIM sent before it died is recorded (and none after); the work it
+    died with is never applied: it is dropped (its row names why) or, if the run ended
+    before its failure was known, listed as still in flight; the records written before the
+    kill are all still there, in order."""
+    run_dir = fedbuff_run.run_dir
+    assert fedbuff_run.rejoined_as == federation.node_ids[VICTIM]  # same key, same node
+    for name, before in fedbuff_run.at_kill.items():
+        final = _lines(run_dir / name)
+        assert final[: len(before)] == before, name  # nothing rewritten or lost
+    updates = _lines(run_dir / "updates.jsonl")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    mine = [u for u in updates if u["node"] == VICTIM]
+    assert len(mine) == fedbuff_run.victim_replies, (mine, fedbuff_run.victim_replies)
+    assert [u["work"] for u in mine] == list(range(1, len(mine) + 1))
+    last_work = len(mine) + 1  # the work it died with (or was sent after its death)
+    failed = [
+        n for n in _lines(run_dir / "nodes.jsonl") if n["node-name"] == VICTIM and not n["ok"]
+    ]
+    in_flight = [w for w in summary["works-in-flight-at-end"] if w["node"] == VICTIM]
+    assert len(failed) + len(in_flight) == 1, (failed, in_flight)
+    if failed:  # recorded with the first version made after its failure was known
+        assert failed[0]["error"], failed[0]
+        assert failed[0]["server-round"] > len(fedbuff_run.at_kill["rounds.jsonl"])
+        assert summary["nodes"][VICTIM]["rounds-failed"] == 1
+    else:
+        assert in_flight[0]["work"] == last_work, in_flight
+    # the per-node table holds a node with a row in nodes.jsonl: one that died in its first
+    # work before its failure was known has none (it is named in works-in-flight-at-end)
+    applied_mine = len([u for u in mine if u["version"]])
+    if applied_mine or failed:
+        assert summary["nodes"][VICTIM]["rounds-ok"] == applied_mine
+    else:
+        assert VICTIM not in summary["nodes"] and in_flight[0]["work"] == 1
+    # the others' updates are all there too: each node's works numbered 1, 2, … in order
+    for name in set(NODES) - {VICTIM}:
+        works = [u["work"] for u in updates if u["node"] == name]
+        assert works == list(range(1, len(works) + 1)) and works, name
+
+
+def test_fedbuff_summary_has_time_energy_and_idle_share(fedbuff_run: FedbuffRun) -> None:
+    summary = json.loads((fedbuff_run.run_dir / "summary.json").read_text())
+    rounds = _lines(fedbuff_run.run_dir / "rounds.jsonl")
+    times = [r["sim-time-s"] for r in rounds]
+    assert times == sorted(times) and times[0] > 0
+    assert summary["sim-time-s"] == pytest.approx(times[-1])
+    assert summary["fleet-energy-j"] > 0 and summary["fleet-busy-energy-j"] > 0
+    assert 0.0 <= summary["idle-share"] < 1.0
+    assert summary["mean-staleness"] is not None and summary["max-staleness"] >= 0
+    assert set(NODES) - {VICTIM} <= set(summary["nodes"]) <= set(NODES)
+    for name, node in summary["nodes"].items():
+        assert node["cap-label"] == f"{NODES[name][1]:g} W"

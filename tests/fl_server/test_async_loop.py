@@ -308,6 +308,60 @@ def test_arrival_drops_a_node_whose_reply_is_an_error_while_others_train(
     assert [n["node-name"] for n in failed] == ["nano-a"] and "crashed" in failed[0]["error"]
 
 
+@pytest.mark.parametrize(
+    ("wall", "silent", "versions"),
+    [
+        ({11: 1, 12: 1, 13: 1}, [], 4),  # a reply arrives with the last, never taken
+        ({11: 4, 12: 1, 13: 2}, [], 3),  # a slow node's work still in flight
+        ({11: 1, 12: 1, 13: 2}, [11], 2),  # a silent node, stopped before its timeout
+    ],
+)
+def test_arrival_records_every_work_it_sent_when_the_run_stops(
+    tmp_path: Path, wall: dict[int, int], silent: list[int], versions: int
+) -> None:
+    """Nothing is lost at the stop: each work pushed is an update in ``updates.jsonl``
+    (applied, or arrived and never applied: version null) or named as still in flight."""
+    grid = PushGrid(wall, silent=silent)
+    out = _run(tmp_path, grid=grid, buffer_size=2, versions=versions)
+    summ = out["summary"]
+    names = {n: FLEET[n].node_name for n in FLEET}
+    updates = _lines(tmp_path / "updates.jsonl")
+    in_flight = summ["works-in-flight-at-end"]
+    for node, name in names.items():
+        pushed = [t for event, n, t in grid.log if event == "push" and n == node]
+        replied = [t for event, n, t in grid.log if event == "reply" and n == node]
+        mine = [u["work"] for u in updates if u["node"] == name]
+        flying = [w["work"] for w in in_flight if w["node"] == name]
+        assert len(mine) == len(replied), name  # every reply that arrived is recorded
+        assert sorted(mine + flying) == list(range(1, len(pushed) + 1)), name
+    applied = [u for u in updates if u["version"] is not None]
+    assert summ["updates-applied"] == len(applied) == 2 * versions
+    assert summ["updates-buffered-at-end"] == len(updates) - len(applied)
+
+
+def test_arrival_names_a_silent_nodes_work_when_the_run_stops_before_its_timeout(
+    tmp_path: Path,
+) -> None:
+    grid = PushGrid({11: 1, 12: 1, 13: 2}, silent=[11])
+    out = _run(tmp_path, grid=grid, buffer_size=2, versions=2)
+    assert grid.tick < 5  # the run stopped before the 5 s timeout dropped node 11
+    flying = out["summary"]["works-in-flight-at-end"]
+    assert {"node": "nano-a", "work": 1, "base-version": 0} in flying
+    assert all(n["ok"] for n in _lines(tmp_path / "nodes.jsonl"))  # not known as failed
+
+
+def test_arrival_counts_no_idle_time_while_a_slow_node_trains(tmp_path: Path) -> None:
+    # node 11 trains through versions made by the others: it is busy, not idle
+    out = _run(tmp_path, grid=PushGrid({11: 4, 12: 1, 13: 2}), buffer_size=2, versions=3)
+    assert out["summary"]["idle-share"] == pytest.approx(0.0)
+    assert out["summary"]["fleet-idle-energy-j"] == pytest.approx(0.0)
+
+
+def test_virtual_ordering_leaves_no_work_in_flight_at_the_stop(tmp_path: Path) -> None:
+    out = _run(tmp_path, versions=3)
+    assert out["summary"]["works-in-flight-at-end"] == []
+
+
 class RefusingGrid(PushGrid):
     """A ``PushGrid`` whose SuperLink does not take node 13's messages (id None, as
     Flower's grids answer for a message they could not push)."""

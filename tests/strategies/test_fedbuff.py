@@ -108,6 +108,32 @@ def test_arrival_takes_updates_in_the_order_they_arrived_while_others_are_in_fli
     assert clock.waiting == {3}
 
 
+def test_drain_hands_back_the_replies_not_taken_and_in_flight_names_the_rest() -> None:
+    clock = VirtualClock(2, "constant", "arrival")
+    works = [clock.dispatch(n, 0.0) for n in (3, 1, 2)]
+    clock.arrive(2, DeviceCost(1.0, 1.0), samples=1.0, wall_s=1.0)
+    clock.arrive(1, DeviceCost(2.0, 1.0), samples=1.0, wall_s=2.0)
+    assert [u.node_id for u in clock.drain()] == [2, 1]  # in the order they arrived
+    assert not clock.has_pending and clock.step() is None and clock.buffer == []
+    assert clock.in_flight == (works[0],)  # node 3, still training
+    clock.drop(3)
+    assert clock.in_flight == ()
+
+
+def test_a_node_whose_work_is_in_flight_is_not_idle() -> None:
+    clock = VirtualClock(1, "constant", "arrival")
+    for n in (1, 2):
+        clock.dispatch(n, 0.0)
+    clock.arrive(1, DeviceCost(2.0, 4.0, idle_power_w=1.0), samples=1.0)
+    assert clock.step() is not None and clock.now_s == 2.0
+    times = clock.account(0.0, 2.0)
+    assert times[1].busy_s == 2.0 and times[1].idle_s == 0.0
+    # node 2 trains since 0: not idle, and its time is unknown until it replies
+    assert times[2].busy_s == 0.0 and times[2].idle_s == 0.0
+    clock.arrive(2, DeviceCost(3.0, 3.0, idle_power_w=1.0), samples=1.0)
+    assert clock.account(0.0, 2.0)[2].busy_s == 2.0  # known now
+
+
 def test_an_unknown_ordering_is_refused_naming_the_allowed_ones() -> None:
     with pytest.raises(ValueError, match=r"ordering: unknown 'wall'; allowed: virtual, arrival"):
         VirtualClock(2, "constant", "wall")
