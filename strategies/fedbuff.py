@@ -121,6 +121,11 @@ class DeviceCost:
     profile_energy_j: float = 0.0
     idle_power_w: float = math.nan
 
+    @property
+    def train_time_s(self) -> float:
+        """The work's device time without its profiling: its training."""
+        return self.time_s - self.profile_time_s
+
 
 @dataclass(frozen=True)
 class Update:
@@ -159,7 +164,7 @@ class Step:
     update: Update
     version: int
     applied: tuple[Applied, ...] = ()
-    scale: float = 1.0  # the step's length, × the buffer's weighted mean (``rate-weight``)
+    scale: float = 1.0  # the step's length, × the buffer's weighted mean (``buffer-step``)
 
 
 @dataclass
@@ -285,9 +290,8 @@ class VirtualClock:
         self._busy[node_id].append((work.start_s, update.end_s, cost))
         if math.isfinite(cost.idle_power_w):
             self._idle_w[node_id] = cost.idle_power_w
-        train_s = cost.time_s - cost.profile_time_s
-        if train_s > 0:
-            self._train_s[node_id] = train_s
+        if cost.train_time_s > 0:
+            self._train_s[node_id] = cost.train_time_s
         self._samples[node_id] = samples
         return update
 
@@ -345,7 +349,7 @@ class VirtualClock:
         mean_s = sum(live) / len(live) if live else 0.0
         out = []
         for u in self.buffer:
-            train_s = u.cost.time_s - u.cost.profile_time_s
+            train_s = u.cost.train_time_s
             out.append(train_s / mean_s if mean_s > 0 and train_s > 0 else 1.0)
         return out
 
