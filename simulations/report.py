@@ -7,6 +7,10 @@ round starts where the previous one ended on the fleet's device clock (``sim-tim
 ``round-time-s``); a fleet-shared profiling step, when the round had one, comes first and
 lasts as long as its slowest node's slices; then each node profiles (``profile-time-s``),
 trains (``train-time-s``) and waits at idle power until the round's slowest node is done.
+
+A ``fedbuff`` run (``aggregation = "fedbuff"``, ``fl_server.async_records``) has no rounds:
+its timeline is drawn from ``updates.jsonl``, each node on its own virtual clock
+(``fedbuff_segments``), and its "rounds" are global versions.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,8 @@ from fl_client.settings import SettingsError
 #: The records a finished run folder holds that a report reads.
 SUMMARY, ROUNDS, NODES = "summary.json", "rounds.jsonl", "nodes.jsonl"
 RUN_FILES = (SUMMARY, ROUNDS, NODES)
+#: A ``fedbuff`` run's one line per update taken (``fl_server.async_records``).
+UPDATES = "updates.jsonl"
 #: What each record must carry for the pictures and the table.
 SUMMARY_KEYS = (
     "method",
@@ -53,8 +59,10 @@ ROUND_KEYS = (
 )
 NODE_KEYS = ("server-round", "node-name", "ok", "shared-time-s")
 OK_NODE_KEYS = ("train-time-s", "profile-time-s")
+UPDATE_KEYS = ("node", "work", "start-s", "end-s", "profile-time-s")
 #: What a timeline bar shows: fleet-shared and own profiling, training, waiting for the
-#: round's slowest node, and the rest of a round in which the node sent no update.
+#: round's slowest node (``fedbuff``: a node with no work), and the rest of a round in which
+#: the node sent no update (``fedbuff``: from the work it was dropped with on).
 KINDS = ("profiling", "training", "idle", "failed")
 #: Times below this (s) are float noise of the recorder's sums, not a bar.
 _EPS_S = 1e-9
@@ -66,12 +74,20 @@ class RunRecordsError(SettingsError):
 
 @dataclass(frozen=True)
 class RunRecords:
-    """One finished run's records: ``summary.json``, ``rounds.jsonl``, ``nodes.jsonl``."""
+    """One finished run's records: ``summary.json``, ``rounds.jsonl``, ``nodes.jsonl``, and a
+    ``fedbuff`` run's ``updates.jsonl`` (empty for a run in rounds)."""
 
     folder: Path
     summary: dict[str, Any]
     rounds: list[dict[str, Any]]
     nodes: list[dict[str, Any]]
+    updates: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def is_fedbuff(self) -> bool:
+        """Whether the run had no rounds (``aggregation = "fedbuff"``): its rounds are global
+        versions, and its nodes' time is in ``updates``."""
+        return self.summary.get("aggregation") == "fedbuff"
 
     @property
     def name(self) -> str:
@@ -108,7 +124,15 @@ def load_run(folder: str | Path) -> RunRecords:
     for at, node in enumerate(nodes, 1):
         if node["ok"]:
             _check_keys(node, OK_NODE_KEYS, path / NODES, summary, at)
-    return RunRecords(path, summary, rounds, nodes)
+    run = RunRecords(path, summary, rounds, nodes)
+    if not run.is_fedbuff:
+        return run
+    if not (path / UPDATES).is_file():
+        raise RunRecordsError(
+            f"run folder {path}: a fedbuff run (summary.json's aggregation) with no {UPDATES}; "
+            f'{_WHAT_A_RUN_IS}, and for aggregation = "fedbuff" also {UPDATES}'
+        )
+    return replace(run, updates=_read_jsonl(path / UPDATES, UPDATE_KEYS, summary))
 
 
 def current_summary(summary: dict[str, Any]) -> dict[str, Any]:
@@ -207,7 +231,8 @@ def _check_keys(
 @dataclass(frozen=True)
 class Segment:
     """One bar of a timeline: a node's ``kind`` (``KINDS``) from ``start_s`` for
-    ``duration_s``, on the fleet's device clock."""
+    ``duration_s``, on the fleet's device clock, in round ``server_round`` (a ``fedbuff``
+    run: the node's work number, as its ``nodes.jsonl`` rows have it)."""
 
     node: str
     server_round: int
@@ -307,6 +332,64 @@ def timeline_segments(
 def node_names(nodes: Sequence[dict[str, Any]]) -> list[str]:
     """The run's nodes in the order the records first name them (the fleet's order)."""
     return list(dict.fromkeys(str(n["node-name"]) for n in nodes))
+
+
+def fedbuff_segments(run: RunRecords) -> list[Segment]:
+    """Every bar of a ``fedbuff`` run's timeline, node by node on its own virtual clock, from
+    its records: its slices of the fleet-shared profiling from 0 (those its first work's
+    row carries) and the wait for the step's end, where the first works start; then each
+    update taken (``updates.jsonl``) from its ``start-s``: its own profiling, then its
+    training to its ``end-s``; a gap between two works as idle; and a node dropped (a
+    failed row) as ``failed`` from the start of the work it was dropped with (its last
+    work's end) to the last version. A node whose first work's row is not in the records
+    (its update still buffered when the run stopped) has no bar before that work; nor is
+    a work drawn that was still running when the run stopped: the records do not have it."""
+    first_rows = {str(n["node-name"]): n for n in run.nodes if int(n["server-round"]) == 1}
+    works: dict[str, list[dict[str, Any]]] = {}
+    for u in sorted(run.updates, key=lambda u: int(u["work"])):
+        works.setdefault(str(u["node"]), []).append(u)
+    starts = [float(u["start-s"]) for u in run.updates if int(u["work"]) == 1]
+    shared = [_num(n["shared-time-s"]) for n in first_rows.values()]
+    opened_s = min(starts) if starts else max(shared, default=0.0)  # the first works' start
+    end_s = float(run.rounds[-1]["sim-time-s"]) if run.rounds else 0.0
+    failed = {str(n["node-name"]): int(n["server-round"]) for n in run.nodes if not n["ok"]}
+    out: list[Segment] = []
+    for name in fedbuff_node_names(run):
+        row = first_rows.get(name)
+        parts = [] if row is None else [(1, "profiling", 0.0, _num(row["shared-time-s"]))]
+        t = parts[0][3] if parts else opened_s
+        for u in works.get(name, []):
+            start, work = float(u["start-s"]), int(u["work"])
+            profile_s = _num(u["profile-time-s"])
+            parts.append((work, "idle", t, start - t))
+            parts.append((work, "profiling", start, profile_s))
+            parts.append(
+                (work, "training", start + profile_s, float(u["end-s"]) - start - profile_s)
+            )
+            t = float(u["end-s"])
+        if name in failed:
+            parts.append((failed[name], "idle", t, opened_s - t))  # dropped in its first work
+            t = max(t, opened_s)
+            parts.append((failed[name], "failed", t, end_s - t))
+        out += [Segment(name, w, kind, a, d) for w, kind, a, d in parts if d > _EPS_S]
+    return out
+
+
+def fedbuff_node_names(run: RunRecords) -> list[str]:
+    """A ``fedbuff`` run's nodes by name (the order their first works were sent in), every
+    node its records name."""
+    return sorted({str(n["node-name"]) for n in run.nodes} | {str(u["node"]) for u in run.updates})
+
+
+def run_segments(run: RunRecords) -> list[Segment]:
+    """``run``'s timeline bars: ``fedbuff_segments`` for a run without rounds, else
+    ``timeline_segments``."""
+    return fedbuff_segments(run) if run.is_fedbuff else timeline_segments(run.rounds, run.nodes)
+
+
+def run_node_names(run: RunRecords) -> list[str]:
+    """``run``'s timeline rows: ``fedbuff_node_names`` or ``node_names``."""
+    return fedbuff_node_names(run) if run.is_fedbuff else node_names(run.nodes)
 
 
 # ------------------------------------------------------------------------------ progress

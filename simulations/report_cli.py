@@ -15,7 +15,7 @@ from typing import Any
 
 from fl_client.preflight import check_writable_dir
 from fl_client.settings import SettingsError
-from simulations.report import TABLE_COLUMNS, RunRecords, load_run, table_row
+from simulations.report import TABLE_COLUMNS, UPDATES, RunRecords, load_run, table_row
 from simulations.report_plots import (
     COMPARISON,
     MAX_TIMELINE_NODES,
@@ -36,9 +36,11 @@ def add_report_command(sub: Any) -> None:
         "report",
         help="draw and compare finished runs (timeline, progress, a table) from their records",
         description="Read finished run folders (what `powerfl simulate` writes: "
-        "runs/<time>-<method>; only their summary.json, rounds.jsonl and nodes.jsonl) and "
-        f"draw each run's {TIMELINE} (per node and round: training, profiling, idle waiting "
-        f"and the round plan's deadline) and {PROGRESS} (accuracy against device time and "
+        "runs/<time>-<method>; only their summary.json, rounds.jsonl and nodes.jsonl, and a "
+        f"fedbuff run's {UPDATES}) and draw each run's {TIMELINE} (per node and round: "
+        "training, profiling, idle waiting and the round plan's deadline; a fedbuff run: "
+        "each node's works on its own virtual clock and when each global version was made) "
+        f"and {PROGRESS} (accuracy against device time and "
         f"fleet energy) into OUT/<run folder name>/; for two runs or more also "
         f"OUT/{COMPARISON} (every run's progress on one figure, labelled by run folder "
         "name). Prints a table: rounds, time and energy (idle waiting included) to the "

@@ -4,6 +4,8 @@ run is told, and the numbers the pictures draw, checked against the recorder's r
 ``fabricated_run`` writes a small run's records through the real recorder
 (``fl_server.results.RunRecorder``): three nodes, three rounds, a fleet-shared profiling
 step in round 1, a round plan's deadline in rounds 2 and 3, a failed node in round 3.
+``fedbuff_run`` writes a ``fedbuff`` run's: the run itself (``fl_server.async_loop``) on a
+fake fleet of four nodes with fleet-shared profiling.
 """
 
 from __future__ import annotations
@@ -15,29 +17,45 @@ import json
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from flwr.app import ArrayRecord, Error, Message, MessageType
 from rich.console import Console
 
 from fl_client.contract import Cap, NodeRow, TrainReport
 from fl_client.files import RUN_LOCK
+from fl_server.async_loop import AsyncRun, run_fedbuff
+from fl_server.async_records import AsyncRecorder
 from fl_server.results import RunRecorder
 from fl_server.target import Target
 from simulations.report import (
     KINDS,
+    UPDATES,
     RunRecords,
     RunRecordsError,
+    fedbuff_node_names,
+    fedbuff_segments,
     load_run,
     node_names,
     progress,
     round_spans,
+    run_node_names,
+    run_segments,
     table_row,
     timeline_segments,
 )
+from strategies.fedbuff import VirtualClock
 from strategies.power_aware import RoundReport
+from tests.fl_server.test_async_loop import PushGrid
+from tests.fl_server.test_async_loop import _run as fake_fleet_run
+from tests.strategies.test_shared_exchange import BatchGrid
+from tests.strategies.test_shared_exchange import _handler as shared_handler
+from tests.strategies.test_shared_exchange import _strategy as shared_strategy
+from tests.strategies.test_shared_profiling import FLEET as SHARED_FLEET
 
 #: node -> (device, cap W, idle power W)
 FLEET = {
@@ -197,6 +215,130 @@ def test_the_slowest_node_never_waits(tmp_path: Path) -> None:
     for s in timeline_segments(run.rounds, run.nodes):
         if s.node == critical[s.server_round]:
             assert s.kind != "idle"
+
+
+def fedbuff_run(
+    folder: Path, drop: Iterable[int] = (), target: float = 2.0, versions: int = 5
+) -> Path:
+    """A ``fedbuff`` run's records written by the run itself (``run_fedbuff`` and its
+    recorder) into ``folder``: the four nodes of ``tests.strategies.test_shared_exchange``
+    (fleet-shared profiling first, then training by node id), two updates per version,
+    version v's accuracy 0.1 × v, up to ``versions`` versions or the ``target``; a ``drop``
+    node's TRAIN replies are errors, so it is dropped with its first work."""
+    folder.mkdir(parents=True, exist_ok=True)
+    answer = shared_handler()
+
+    def handle(msg: Message) -> Message | None:
+        if msg.metadata.message_type == MessageType.TRAIN and msg.metadata.dst_node_id in drop:
+            return Message(Error(code=1, reason="board lost"), reply_to=msg)
+        return answer(msg)
+
+    rec = AsyncRecorder(
+        folder, method="power-aware", target=Target(target), console=Console(file=io.StringIO())
+    )
+    strategy = shared_strategy(folder.with_name(f"{folder.name}-library"))
+    grid = BatchGrid(sorted(SHARED_FLEET), handle)
+    run = AsyncRun(strategy, grid, VirtualClock(2, "inverse-sqrt"), rec, 5.0)
+
+    def evaluate(version: int, arrays: ArrayRecord) -> dict[str, float]:
+        metrics = {"accuracy": 0.1 * version, "loss": 1.0}
+        if version == 0:
+            rec.initial_eval(metrics)
+        return metrics
+
+    run_fedbuff(run, ArrayRecord([np.zeros(3)]), versions, evaluate)
+    rec.finish()
+    return folder
+
+
+def check_fedbuff_timeline(run: RunRecords) -> None:
+    """What a ``fedbuff`` timeline draws, against the run's records: each node's bars one
+    after another, never overlapping; each update's work its profiling from its ``start-s``
+    and its training to its ``end-s``; a dropped node's last bar ``failed`` up to the last
+    version, any other node's last bar the end of its last update."""
+    segments = fedbuff_segments(run)
+    assert run.is_fedbuff and run_segments(run) == segments
+    last_version_s = run.rounds[-1]["sim-time-s"]
+    for name in run_node_names(run):
+        mine = [s for s in segments if s.node == name]
+        assert mine, f"{name} has no bar"
+        for a, b in itertools.pairwise(mine):
+            assert b.start_s == pytest.approx(a.end_s, abs=1e-9)
+        updates = [u for u in run.updates if u["node"] == name]
+        for u in updates:
+            work = [
+                s
+                for s in mine
+                if s.server_round == u["work"] and s.kind != "idle" and s.start_s >= u["start-s"]
+            ]
+            assert [s.kind for s in work] == ["profiling"] * (u["profile-time-s"] > 0) + [
+                "training"
+            ]
+            assert work[0].start_s == pytest.approx(u["start-s"], abs=1e-9)
+            assert work[-1].end_s == pytest.approx(u["end-s"], abs=1e-9)
+        if any(not n["ok"] for n in run.nodes if n["node-name"] == name):
+            assert mine[-1].kind == "failed"
+            assert mine[-1].end_s == pytest.approx(last_version_s, abs=1e-9)
+        else:
+            assert mine[-1].end_s == pytest.approx(max(u["end-s"] for u in updates), abs=1e-9)
+            assert "failed" not in {s.kind for s in mine}
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_fedbuff_bars_are_each_nodes_works_on_its_own_clock(tmp_path: Path) -> None:
+    run = load_run(fedbuff_run(tmp_path / "run"))
+    check_fedbuff_timeline(run)
+    assert run_node_names(run) == fedbuff_node_names(run) == ["nano-a", "nano-b", "nano-c", "orin"]
+    segments = fedbuff_segments(run)
+    first_rows = {n["node-name"]: n for n in run.nodes if n["server-round"] == 1}
+    opened_s = min(u["start-s"] for u in run.updates)
+    slices = [r["shared-time-s"] for r in first_rows.values()]
+    assert opened_s == pytest.approx(max(slices)) and min(slices) < opened_s  # a shared step
+    for name, node in run.summary["nodes"].items():
+        mine = [s for s in segments if s.node == name]
+        # its slices of the fleet-shared profiling first, from 0, then its wait for the step
+        assert (mine[0].kind, mine[0].start_s) == ("profiling", 0.0)
+        assert mine[0].duration_s == pytest.approx(first_rows[name]["shared-time-s"])
+        busy = {k: sum(s.duration_s for s in mine if s.kind == k) for k in KINDS}
+        assert busy["training"] == pytest.approx(node["train-time-s"])
+        assert busy["profiling"] == pytest.approx(node["profile-time-s"])  # shared included
+        # its idle bars are the idle time the recorder's clock counted for it
+        assert busy["idle"] == pytest.approx(node["wait-s"], abs=1e-9)
+        # a node that replies gets its next work at once: idle only in the shared step
+        assert all(s.end_s <= opened_s + 1e-9 for s in mine if s.kind == "idle")
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_a_dropped_node_is_failed_from_the_work_it_was_dropped_with(tmp_path: Path) -> None:
+    run = load_run(fedbuff_run(tmp_path / "run", drop=[12]))
+    check_fedbuff_timeline(run)
+    bars = [(s.kind, s.server_round) for s in fedbuff_segments(run) if s.node == "nano-b"]
+    # its slices of the shared step, the wait for it, then its first work: never an update
+    assert bars == [("profiling", 1), ("idle", 1), ("failed", 1)]
+    failed = next(s for s in fedbuff_segments(run) if s.kind == "failed")
+    assert failed.start_s == pytest.approx(min(u["start-s"] for u in run.updates))
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_fedbuff_bars_ordered_by_arrival_follow_each_nodes_device_time(tmp_path: Path) -> None:
+    # a deployment: updates taken as they arrive; a silent node dropped at its timeout
+    fake_fleet_run(tmp_path, grid=PushGrid({11: 1, 12: 3, 13: 2}, silent=[13]), versions=4)
+    run = load_run(tmp_path)
+    assert all(u["arrival-wall-s"] is not None for u in run.updates)
+    check_fedbuff_timeline(run)
+    assert {s.kind for s in fedbuff_segments(run)} == {"profiling", "training", "failed"}
+
+
+def test_a_fedbuff_run_without_its_updates_is_refused_naming_the_file(tmp_path: Path) -> None:
+    run = fabricated_run(tmp_path / "run")
+    assert load_run(run).updates == [] and not load_run(run).is_fedbuff
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "aggregation": "fedbuff"}))
+    with pytest.raises(RunRecordsError, match=re.escape("a fedbuff run (summary.json's aggre")):
+        load_run(run)
+    (run / UPDATES).write_text(json.dumps({"node": "nano-4.5w", "work": 1}) + "\n")
+    with pytest.raises(RunRecordsError, match=r"updates.jsonl line 1: lacks 'start-s', "):
+        load_run(run)
 
 
 # ------------------------------------------------------------------------------ progress

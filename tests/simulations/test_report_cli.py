@@ -13,7 +13,7 @@ from simulations import report_cli
 from simulations.cli import main
 from simulations.report import load_run
 from simulations.report_cli import print_simulate_pictures, run_labels
-from tests.simulations.test_report import fabricated_run
+from tests.simulations.test_report import fabricated_run, fedbuff_run
 from tests.simulations.test_report_plots import png_size
 
 PA, B1 = "20261129-020000-power-aware", "20261129-020500-b1"
@@ -40,6 +40,25 @@ def test_report_of_one_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert cells[1:4] == ["power-aware", "3", "3"]
     assert float(cells[4]) == pytest.approx(s["sim-time-to-target-s"], abs=0.05)
     assert cells[7] == f"{100 * s['profile-share']:.1f}%"
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_report_of_a_fedbuff_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = fedbuff_run(tmp_path / "runs" / "20261129-021000-power-aware", target=0.3)
+    before = _files(run)
+    out = tmp_path / "pictures"
+    capsys.readouterr()
+    assert main(["report", str(run), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for name in ("timeline.png", "progress.png"):
+        assert png_size(out / run.name / name)[0] > 500
+        assert str(out / run.name / name) in printed
+    assert _files(run) == before
+    s = load_run(run).summary
+    row = next(line for line in printed.splitlines() if run.name[:12] in line and "│" in line)
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    assert cells[1:4] == ["power-aware", str(s["versions"]), str(s["round-to-target"])]
+    assert float(cells[4]) == pytest.approx(s["sim-time-to-target-s"], abs=0.05)
 
 
 def test_report_of_two_runs_compares_them(

@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 
 from simulations import report_plots
-from simulations.report import RunRecords, load_run, progress, timeline_segments
+from simulations.report import (
+    RunRecords,
+    fedbuff_node_names,
+    fedbuff_segments,
+    load_run,
+    progress,
+    timeline_segments,
+)
 from simulations.report_plots import (
     PROGRESS,
     TIMELINE,
@@ -18,7 +25,7 @@ from simulations.report_plots import (
     progress_figure,
     timeline_figure,
 )
-from tests.simulations.test_report import fabricated_run
+from tests.simulations.test_report import fabricated_run, fedbuff_run
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -66,9 +73,63 @@ def test_timeline_panels_draw_the_records_bars(tmp_path: Path) -> None:
     # the panels share one device-time axis, long enough for the slower run
     assert panels[0].get_xlim() == panels[1].get_xlim()
     assert panels[0].get_xlim()[1] >= runs[1].summary["sim-time-s"]
+    assert panels[1].get_xlabel() == "device time (s), rounds one after another"
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert legend[:3] == ["profiling", "training", "idle: waiting for the round's slowest node"]
     assert "round plan's deadline" in legend and "no update this round" in legend
+
+
+def _marks(ax: Any, colour: str) -> list[float]:
+    """The x of every full-height vertical mark of ``colour`` in a timeline panel."""
+    from matplotlib.colors import to_rgba
+
+    out = []
+    for coll in ax.collections:
+        colours = [tuple(c) for c in coll.get_edgecolor()]  # one: every path's
+        for i, p in enumerate(coll.get_paths()):
+            xs, ys = p.vertices[:, 0], p.vertices[:, 1]
+            full = xs.max() == xs.min() and ys.max() - ys.min() > 1
+            if full and colours and colours[i % len(colours)] == to_rgba(colour):
+                out.append(float(xs[0]))
+    return sorted(out)
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_a_fedbuff_timeline_draws_each_nodes_works_and_its_versions(tmp_path: Path) -> None:
+    run = load_run(fedbuff_run(tmp_path / "run", drop=[12], target=0.3))
+    fig = timeline_figure([run])
+    (ax,) = [ax for ax in fig.axes if ax.get_yticks().size]
+    rows = [t.get_text() for t in ax.get_yticklabels()]
+    assert rows == fedbuff_node_names(run)
+    expected = sorted(
+        (rows.index(s.node), round(s.start_s, 9), round(s.duration_s, 9))
+        for s in fedbuff_segments(run)
+    )
+    assert _drawn_bars(ax) == expected
+    # a dotted mark at each version's virtual time, a green one where the target was reached
+    assert _marks(ax, "black") == pytest.approx([r["sim-time-s"] for r in run.rounds])
+    s = run.summary
+    assert s["round-to-target"] == 3
+    assert _marks(ax, "tab:green") == pytest.approx([s["sim-time-to-target-s"]])
+    title = ax.get_title(loc="left")
+    assert title.startswith(f"power-aware: fedbuff, {s['versions']} versions from ")
+    assert "rounds" not in title and "rounds" in ax.get_xlabel()  # "…, no rounds"
+    assert ax.get_xlabel().startswith("virtual device time (s): every node trains on its own")
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == [
+        "profiling",
+        "training",
+        "idle: no work (fleet-shared profiling's wait)",
+        "dropped: no update from this work on",
+        "global version made",
+        "target reached",
+    ]
+    written = draw_pictures([run], tmp_path / "out")
+    assert [p.name for p in written] == [TIMELINE, PROGRESS]
+    assert png_size(written[0])[0] > 500
+    progress_axes = progress_figure([run]).axes
+    assert progress_axes[0].get_xlabel() == "virtual device time (s)"
+    assert "each global version" in progress_axes[0].figure.get_suptitle()
 
 
 def test_progress_draws_every_run_and_the_target(tmp_path: Path) -> None:
@@ -92,6 +153,9 @@ def test_progress_draws_every_run_and_the_target(tmp_path: Path) -> None:
         assert [(s.get_xdata()[0], s.get_ydata()[0]) for s in stars] == [
             (pytest.approx(at), pytest.approx(0.74))
         ]
+    # runs in rounds: the axes and title say rounds, as they always have
+    assert ax_t.get_xlabel() == "device time (s)"
+    assert fig.get_suptitle() == "accuracy after each round (★: target reached)"
 
 
 def test_pictures_are_png_files(tmp_path: Path) -> None:
