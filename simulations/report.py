@@ -468,14 +468,15 @@ def table_row(run: RunRecords) -> tuple[str, ...]:
     """One run's line of the report table: rounds, the round that reached the target (by
     the mean over ``target-window`` rounds; ``16 (first 13)`` where the first round at the
     target came before), time and energy (idle waiting included) to the target, all
-    rounds' energy, and the share of device time profiling took."""
+    rounds' energy, and the share of device time profiling took. A ``fedbuff`` run's method
+    reads ``power-aware (fedbuff)``: its rounds are global versions."""
     s = run.summary
     e2t = energy_with_idle_to_target_j(s)
     energy = float(s["fleet-busy-energy-j"]) + float(s["fleet-idle-energy-j"])
     ttt = s["sim-time-to-target-s"]
     return (
         run.name,
-        run.method,
+        f"{run.method} (fedbuff)" if run.is_fedbuff else run.method,
         str(s["rounds"]),
         _rounds_to_target(s),
         "-" if ttt is None else f"{float(ttt):.1f}",

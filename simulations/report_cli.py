@@ -114,7 +114,8 @@ def print_table(runs: Sequence[RunRecords], labels: Sequence[str]) -> None:
     from fl_server.results import make_console
 
     table = Table(
-        title="Runs; energy counts idle waiting; profiling: its share of device time",
+        title="Runs; energy counts idle waiting; profiling: its share of device time"
+        + ("; fedbuff: rounds are global versions" if any(r.is_fedbuff for r in runs) else ""),
         title_justify="left",
     )
     for col in TABLE_COLUMNS:

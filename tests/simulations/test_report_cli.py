@@ -57,7 +57,8 @@ def test_report_of_a_fedbuff_run(tmp_path: Path, capsys: pytest.CaptureFixture[s
     s = load_run(run).summary
     row = next(line for line in printed.splitlines() if run.name[:12] in line and "│" in line)
     cells = [c.strip() for c in row.split("│")[1:-1]]
-    assert cells[1:4] == ["power-aware", str(s["versions"]), str(s["round-to-target"])]
+    assert cells[1:4] == ["power-aware (fedbuff)", str(s["versions"]), str(s["round-to-target"])]
+    assert "fedbuff: rounds are global versions" in printed
     assert float(cells[4]) == pytest.approx(s["sim-time-to-target-s"], abs=0.05)
 
 
