@@ -9,8 +9,8 @@ lasts as long as its slowest node's slices; then each node profiles (``profile-t
 trains (``train-time-s``) and waits at idle power until the round's slowest node is done.
 
 A ``fedbuff`` run (``aggregation = "fedbuff"``, ``fl_server.async_records``) has no rounds:
-its timeline is drawn from ``updates.jsonl``, each node on its own virtual clock
-(``fedbuff_segments``), and its "rounds" are global versions.
+its timeline is drawn from ``updates.jsonl``, each node of ``fleet.json`` on its own
+virtual clock (``fedbuff_segments``), and its "rounds" are global versions.
 """
 
 from __future__ import annotations
@@ -29,8 +29,11 @@ from fl_client.settings import SettingsError
 #: The records a finished run folder holds that a report reads.
 SUMMARY, ROUNDS, NODES = "summary.json", "rounds.jsonl", "nodes.jsonl"
 RUN_FILES = (SUMMARY, ROUNDS, NODES)
-#: A ``fedbuff`` run's one line per update taken (``fl_server.async_records``).
-UPDATES = "updates.jsonl"
+#: A ``fedbuff`` run's one line per update taken (``fl_server.async_records``), and the
+#: nodes that answered its QUERY (``fl_server.server_app.record_fleet``; a run started
+#: without the server app has none): its timeline has a row for each, also for a node
+#: whose first update was never taken.
+UPDATES, FLEET = "updates.jsonl", "fleet.json"
 #: What each record must carry for the pictures and the table.
 SUMMARY_KEYS = (
     "method",
@@ -61,9 +64,10 @@ NODE_KEYS = ("server-round", "node-name", "ok", "shared-time-s")
 OK_NODE_KEYS = ("train-time-s", "profile-time-s")
 UPDATE_KEYS = ("node", "work", "start-s", "end-s", "profile-time-s")
 #: What a timeline bar shows: fleet-shared and own profiling, training, waiting for the
-#: round's slowest node (``fedbuff``: a node with no work), and the rest of a round in which
-#: the node sent no update (``fedbuff``: from the work it was dropped with on).
-KINDS = ("profiling", "training", "idle", "failed")
+#: round's slowest node (``fedbuff``: a node with no work), the rest of a round in which
+#: the node sent no update (``fedbuff``: from the work it was dropped with on), and
+#: (``fedbuff`` only) a work still running when the run stopped, not in the records.
+KINDS = ("profiling", "training", "idle", "failed", "running")
 #: Times below this (s) are float noise of the recorder's sums, not a bar.
 _EPS_S = 1e-9
 
@@ -82,6 +86,9 @@ class RunRecords:
     rounds: list[dict[str, Any]]
     nodes: list[dict[str, Any]]
     updates: list[dict[str, Any]] = field(default_factory=list)
+    #: A ``fedbuff`` run's nodes by name from its ``fleet.json`` (none read for a run in
+    #: rounds, whose every node has a row each round)
+    fleet: list[str] = field(default_factory=list)
 
     @property
     def is_fedbuff(self) -> bool:
@@ -125,14 +132,29 @@ def load_run(folder: str | Path) -> RunRecords:
         if node["ok"]:
             _check_keys(node, OK_NODE_KEYS, path / NODES, summary, at)
     run = RunRecords(path, summary, rounds, nodes)
-    if not run.is_fedbuff:
-        return run
+    return _with_fedbuff_records(run) if run.is_fedbuff else run
+
+
+def _with_fedbuff_records(run: RunRecords) -> RunRecords:
+    """``run`` with its ``updates.jsonl`` (required) and the names in its ``fleet.json``."""
+    path = run.folder
     if not (path / UPDATES).is_file():
         raise RunRecordsError(
             f"run folder {path}: a fedbuff run (summary.json's aggregation) with no {UPDATES}; "
             f'{_WHAT_A_RUN_IS}, and for aggregation = "fedbuff" also {UPDATES}'
         )
-    return replace(run, updates=_read_jsonl(path / UPDATES, UPDATE_KEYS, summary))
+    updates = _read_jsonl(path / UPDATES, UPDATE_KEYS, run.summary)
+    fleet = _read_json(path / FLEET) if (path / FLEET).is_file() else {"nodes": {}}
+    nodes = fleet.get("nodes") if isinstance(fleet, dict) else None
+    if not isinstance(nodes, dict) or not all(
+        isinstance(n, dict) and "node-name" in n for n in nodes.values()
+    ):
+        raise RunRecordsError(
+            f"{path / FLEET}: not a fleet record (a 'nodes' object, each node with its "
+            f"'node-name'); {_WHAT_A_RUN_IS}"
+        )
+    names = sorted({str(n["node-name"]) for n in nodes.values()})
+    return replace(run, updates=updates, fleet=names)
 
 
 def current_summary(summary: dict[str, Any]) -> dict[str, Any]:
@@ -339,11 +361,12 @@ def fedbuff_segments(run: RunRecords) -> list[Segment]:
     its records: its slices of the fleet-shared profiling from 0 (those its first work's
     row carries) and the wait for the step's end, where the first works start; then each
     update taken (``updates.jsonl``) from its ``start-s``: its own profiling, then its
-    training to its ``end-s``; a gap between two works as idle; and a node dropped (a
-    failed row) as ``failed`` from the start of the work it was dropped with (its last
-    work's end) to the last version. A node whose first work's row is not in the records
-    (its update still buffered when the run stopped) has no bar before that work; nor is
-    a work drawn that was still running when the run stopped: the records do not have it."""
+    training to its ``end-s``; a gap between two works as idle; a node dropped (a failed
+    row) as ``failed`` from the start of the work it was dropped with (its last work's
+    end, or its first's start) to the last version; and a work still running when the run
+    stopped (``_running_at_stop``) as ``running`` from its start to the last version. A
+    node whose first work's row is not in the records (its first update never applied)
+    has no bar before that work: its slices of the shared profiling are not recorded."""
     first_rows = {str(n["node-name"]): n for n in run.nodes if int(n["server-round"]) == 1}
     works: dict[str, list[dict[str, Any]]] = {}
     for u in sorted(run.updates, key=lambda u: int(u["work"])):
@@ -353,6 +376,7 @@ def fedbuff_segments(run: RunRecords) -> list[Segment]:
     opened_s = min(starts) if starts else max(shared, default=0.0)  # the first works' start
     end_s = float(run.rounds[-1]["sim-time-s"]) if run.rounds else 0.0
     failed = {str(n["node-name"]): int(n["server-round"]) for n in run.nodes if not n["ok"]}
+    running = _running_at_stop(run)
     out: list[Segment] = []
     for name in fedbuff_node_names(run):
         row = first_rows.get(name)
@@ -367,18 +391,33 @@ def fedbuff_segments(run: RunRecords) -> list[Segment]:
                 (work, "training", start + profile_s, float(u["end-s"]) - start - profile_s)
             )
             t = float(u["end-s"])
-        if name in failed:
-            parts.append((failed[name], "idle", t, opened_s - t))  # dropped in its first work
+        if name in failed or name in running:  # its last work, dropped or not taken
+            number = failed.get(name, len(works.get(name, [])) + 1)
+            parts.append((number, "idle", t, opened_s - t))  # in its first work
             t = max(t, opened_s)
-            parts.append((failed[name], "failed", t, end_s - t))
+            parts.append((number, "failed" if name in failed else "running", t, end_s - t))
         out += [Segment(name, w, kind, a, d) for w, kind, a, d in parts if d > _EPS_S]
     return out
 
 
+def _running_at_stop(run: RunRecords) -> set[str]:
+    """The nodes of a ``fedbuff`` run ordered by device time (a simulation: no update has an
+    ``arrival-wall-s``) with a work running at the last version: every node not dropped,
+    since each was sent its next work at its last update's end and the replies not taken
+    end after the stop. Ordered by arrival (a deployment), none is drawn: a work in flight
+    (the summary's ``works-in-flight-at-end``) has no known device time, and each node's
+    clock runs at its own pace, not up to the last version's."""
+    if any(u.get("arrival-wall-s") is not None for u in run.updates):
+        return set()
+    dropped = {str(n["node-name"]) for n in run.nodes if not n["ok"]}
+    return set(fedbuff_node_names(run)) - dropped
+
+
 def fedbuff_node_names(run: RunRecords) -> list[str]:
-    """A ``fedbuff`` run's nodes by name (the order their first works were sent in), every
-    node its records name."""
-    return sorted({str(n["node-name"]) for n in run.nodes} | {str(u["node"]) for u in run.updates})
+    """A ``fedbuff`` run's nodes by name (the order their first works were sent in): its
+    fleet's and any other its records name."""
+    named = {str(n["node-name"]) for n in run.nodes} | {str(u["node"]) for u in run.updates}
+    return sorted(named | set(run.fleet))
 
 
 def run_segments(run: RunRecords) -> list[Segment]:

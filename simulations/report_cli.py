@@ -15,7 +15,7 @@ from typing import Any
 
 from fl_client.preflight import check_writable_dir
 from fl_client.settings import SettingsError
-from simulations.report import TABLE_COLUMNS, UPDATES, RunRecords, load_run, table_row
+from simulations.report import FLEET, TABLE_COLUMNS, UPDATES, RunRecords, load_run, table_row
 from simulations.report_plots import (
     COMPARISON,
     MAX_TIMELINE_NODES,
@@ -37,7 +37,7 @@ def add_report_command(sub: Any) -> None:
         help="draw and compare finished runs (timeline, progress, a table) from their records",
         description="Read finished run folders (what `powerfl simulate` writes: "
         "runs/<time>-<method>; only their summary.json, rounds.jsonl and nodes.jsonl, and a "
-        f"fedbuff run's {UPDATES}) and draw each run's {TIMELINE} (per node and round: "
+        f"fedbuff run's {UPDATES} and {FLEET}) and draw each run's {TIMELINE} (per node and round: "
         "training, profiling, idle waiting and the round plan's deadline; a fedbuff run: "
         "each node's works on its own virtual clock and when each global version was made) "
         f"and {PROGRESS} (accuracy against device time and "

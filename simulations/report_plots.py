@@ -30,6 +30,7 @@ KIND_COLOURS = {
     "training": "tab:blue",
     "idle": "#d9d9d9",
     "failed": "tab:red",
+    "running": "#aec7e8",
 }
 _DPI = 120
 
@@ -80,7 +81,7 @@ def timeline_figure(runs: Sequence[RunRecords], labels: Sequence[str] | None = N
                 xs,
                 (row_of[node] - 0.38, 0.76),
                 facecolors=KIND_COLOURS[kind],
-                hatch="//" if kind == "failed" else None,
+                hatch={"failed": "//", "running": ".."}.get(kind),
                 linewidth=0,
             )
             seen.setdefault(legend[kind], handle)
@@ -99,7 +100,7 @@ def timeline_figure(runs: Sequence[RunRecords], labels: Sequence[str] | None = N
         [seen[t] for t in order],
         order,
         loc="outside upper center",
-        ncols=len(order) if len(order) <= 5 else 3,  # six entries: two lines
+        ncols=min(len(order), 4) if _schedule(runs) != "rounds" else len(order),
         frameon=False,
     )
     return fig
@@ -166,8 +167,7 @@ def _schedule(runs: Sequence[RunRecords]) -> str:
 
 _TIME_AXIS = {
     "rounds": "device time (s), rounds one after another",
-    "fedbuff": "virtual device time (s): every node trains on its own clock, no rounds; "
-    "a row ends at its node's last update taken",
+    "fedbuff": "virtual device time (s): every node trains on its own clock, no rounds",
     "both": "device time (s): rounds one after another; fedbuff: every node on its own clock",
 }
 #: ``progress.png``'s time and energy axes and title, by ``_schedule``
@@ -198,8 +198,9 @@ _LEGEND = {
 _FEDBUFF_LEGEND = {
     "profiling": "profiling",
     "training": "training",
-    "idle": "idle: no work (fleet-shared profiling's wait)",
+    "idle": "idle: waiting for the shared profiling step",
     "failed": "dropped: no update from this work on",
+    "running": "running at the stop (no record)",
     "version": "global version made",
     "target": "target reached",
 }

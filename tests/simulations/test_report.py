@@ -31,6 +31,7 @@ from fl_client.files import RUN_LOCK
 from fl_server.async_loop import AsyncRun, run_fedbuff
 from fl_server.async_records import AsyncRecorder
 from fl_server.results import RunRecorder
+from fl_server.server_app import record_fleet
 from fl_server.target import Target
 from simulations.report import (
     KINDS,
@@ -223,8 +224,9 @@ def fedbuff_run(
     """A ``fedbuff`` run's records written by the run itself (``run_fedbuff`` and its
     recorder) into ``folder``: the four nodes of ``tests.strategies.test_shared_exchange``
     (fleet-shared profiling first, then training by node id), two updates per version,
-    version v's accuracy 0.1 × v, up to ``versions`` versions or the ``target``; a ``drop``
-    node's TRAIN replies are errors, so it is dropped with its first work."""
+    version v's accuracy 0.1 × v, up to ``versions`` versions or the ``target``, and the
+    fleet's ``fleet.json`` as the server writes it; a ``drop`` node's TRAIN replies are
+    errors, so it is dropped with its first work."""
     folder.mkdir(parents=True, exist_ok=True)
     answer = shared_handler()
 
@@ -239,6 +241,7 @@ def fedbuff_run(
     strategy = shared_strategy(folder.with_name(f"{folder.name}-library"))
     grid = BatchGrid(sorted(SHARED_FLEET), handle)
     run = AsyncRun(strategy, grid, VirtualClock(2, "inverse-sqrt"), rec, 5.0)
+    record_fleet(strategy.fleet, rec)
 
     def evaluate(version: int, arrays: ArrayRecord) -> dict[str, float]:
         metrics = {"accuracy": 0.1 * version, "loss": 1.0}
@@ -255,10 +258,13 @@ def check_fedbuff_timeline(run: RunRecords) -> None:
     """What a ``fedbuff`` timeline draws, against the run's records: each node's bars one
     after another, never overlapping; each update's work its profiling from its ``start-s``
     and its training to its ``end-s``; a dropped node's last bar ``failed`` up to the last
-    version, any other node's last bar the end of its last update."""
+    version; any other node's, ordered by device time, its last update's end or the work it
+    was running then, up to the last version; ordered by arrival, its last update's end."""
     segments = fedbuff_segments(run)
     assert run.is_fedbuff and run_segments(run) == segments
     last_version_s = run.rounds[-1]["sim-time-s"]
+    arrival = any(u["arrival-wall-s"] is not None for u in run.updates)
+    opened_s = min(u["start-s"] for u in run.updates)  # every first work starts there
     for name in run_node_names(run):
         mine = [s for s in segments if s.node == name]
         assert mine, f"{name} has no bar"
@@ -276,19 +282,28 @@ def check_fedbuff_timeline(run: RunRecords) -> None:
             ]
             assert work[0].start_s == pytest.approx(u["start-s"], abs=1e-9)
             assert work[-1].end_s == pytest.approx(u["end-s"], abs=1e-9)
+        last_end_s = max((u["end-s"] for u in updates), default=0.0)
+        kinds = [s.kind for s in mine]
         if any(not n["ok"] for n in run.nodes if n["node-name"] == name):
-            assert mine[-1].kind == "failed"
+            assert kinds[-1] == "failed" and "running" not in kinds
             assert mine[-1].end_s == pytest.approx(last_version_s, abs=1e-9)
+        elif arrival:
+            assert mine[-1].end_s == pytest.approx(last_end_s, abs=1e-9)
+            assert not {"failed", "running"} & set(kinds)
         else:
-            assert mine[-1].end_s == pytest.approx(max(u["end-s"] for u in updates), abs=1e-9)
-            assert "failed" not in {s.kind for s in mine}
+            assert mine[-1].end_s == pytest.approx(last_version_s, abs=1e-9)
+            assert "failed" not in kinds and kinds.count("running") <= 1
+            if "running" in kinds:  # the work it was sent at its last update's end
+                assert kinds[-1] == "running" and last_end_s < last_version_s
+                assert mine[-1].start_s == pytest.approx(last_end_s or opened_s, abs=1e-9)
 
 
 @pytest.mark.usefixtures("flower_task_identity")
 def test_fedbuff_bars_are_each_nodes_works_on_its_own_clock(tmp_path: Path) -> None:
     run = load_run(fedbuff_run(tmp_path / "run"))
     check_fedbuff_timeline(run)
-    assert run_node_names(run) == fedbuff_node_names(run) == ["nano-a", "nano-b", "nano-c", "orin"]
+    assert run_node_names(run) == fedbuff_node_names(run) == run.fleet
+    assert run.fleet == ["nano-a", "nano-b", "nano-c", "orin"]
     segments = fedbuff_segments(run)
     first_rows = {n["node-name"]: n for n in run.nodes if n["server-round"] == 1}
     opened_s = min(u["start-s"] for u in run.updates)
@@ -306,6 +321,24 @@ def test_fedbuff_bars_are_each_nodes_works_on_its_own_clock(tmp_path: Path) -> N
         assert busy["idle"] == pytest.approx(node["wait-s"], abs=1e-9)
         # a node that replies gets its next work at once: idle only in the shared step
         assert all(s.end_s <= opened_s + 1e-9 for s in mine if s.kind == "idle")
+    # the run stopped at version 5 (nano-c's update): the others were in their next work
+    running = {s.node for s in segments if s.kind == "running"}
+    last = max(run.updates, key=lambda u: u["end-s"])
+    assert running == set(run.fleet) - {last["node"]}
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_a_node_whose_first_update_was_never_taken_has_its_row(tmp_path: Path) -> None:
+    # one version from the two fastest nodes: the other two were still in their first work
+    run = load_run(fedbuff_run(tmp_path / "run", versions=1))
+    check_fedbuff_timeline(run)
+    taken = {u["node"] for u in run.updates}
+    assert taken == {"nano-a", "nano-b"} and run_node_names(run) == run.fleet
+    opened_s = min(u["start-s"] for u in run.updates)
+    for name in set(run.fleet) - taken:  # its slices of the shared step are in no record
+        bars = [(s.kind, s.server_round, s.start_s, s.end_s) for s in fedbuff_segments(run)
+                if s.node == name]  # fmt: skip
+        assert bars == [("running", 1, opened_s, run.summary["sim-time-s"])]
 
 
 @pytest.mark.usefixtures("flower_task_identity")
@@ -339,6 +372,13 @@ def test_a_fedbuff_run_without_its_updates_is_refused_naming_the_file(tmp_path: 
     (run / UPDATES).write_text(json.dumps({"node": "nano-4.5w", "work": 1}) + "\n")
     with pytest.raises(RunRecordsError, match=r"updates.jsonl line 1: lacks 'start-s', "):
         load_run(run)
+    update = {"node": "nano-4.5w", "work": 1, "start-s": 0.0, "end-s": 1.0, "profile-time-s": 0}
+    (run / UPDATES).write_text(json.dumps(update) + "\n")
+    (run / "fleet.json").write_text(json.dumps({"nodes": {"7": {"device": "jetson-nano"}}}))
+    with pytest.raises(RunRecordsError, match=re.escape("fleet.json: not a fleet record (a 'n")):
+        load_run(run)
+    (run / "fleet.json").unlink()  # a run started without the server app has none
+    assert load_run(run).fleet == [] and load_run(run).updates == [update]
 
 
 # ------------------------------------------------------------------------------ progress

@@ -119,8 +119,9 @@ def test_a_fedbuff_timeline_draws_each_nodes_works_and_its_versions(tmp_path: Pa
     assert legend == [
         "profiling",
         "training",
-        "idle: no work (fleet-shared profiling's wait)",
+        "idle: waiting for the shared profiling step",
         "dropped: no update from this work on",
+        "running at the stop (no record)",
         "global version made",
         "target reached",
     ]
