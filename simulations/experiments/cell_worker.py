@@ -150,6 +150,12 @@ class CellWorker:
         self.conn: Any = None
         self.cells_run = 0  # by the current process
 
+    @property
+    def engine(self) -> str:
+        """How the worker runs its cells, as the studies record it: ``in-process-warm``
+        (Ray and its actors kept from one cell to the next) or ``in-process``."""
+        return "in-process-warm" if self.warm else "in-process"
+
     def _start(self) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()

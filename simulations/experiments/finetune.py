@@ -7,11 +7,15 @@ Every cell is a federated run (``simulations.experiments.federated.run_cell``: F
 simulation engine, a digital twin per node, a fresh per-cell cache except the server's
 proxy r) of one method (B1, B2, ours, the oracle) and one start: ``fine-tuning`` (the
 checkpoint as the round-0 global model and r's starting point) or ``from-scratch`` (the
-model's seeded random weights). The checkpoint is made by the study's first stage (kept in
-``<out>/checkpoints``, resumable) unless ``initial-weights`` names one; the cells use a
-copy named by its sha256, so another checkpoint never reuses a cell. The report compares
-rounds, device time, fleet energy and samples to target (profiling counted), profiling's
-share of device time, and the proxy r per batch size from both starts.
+model's seeded random weights). The cells run one after another in one long-lived worker
+process that keeps Flower's Ray engine and its actors from one cell to the next
+(``cell_worker.CellWorker``, the robustness study's ``in-process-warm`` engine), so the
+study starts PyTorch, the app and Ray once, not once per cell. The checkpoint is made by
+the study's first stage (kept in ``<out>/checkpoints``, resumable) unless
+``initial-weights`` names one; the cells use a copy named by its sha256, so another
+checkpoint never reuses a cell. The report compares rounds, device time, fleet energy and
+samples to target (profiling counted), profiling's share of device time, and the proxy r
+per batch size from both starts.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_client.settings import RunSettings, SettingsError, resolve_path
+from simulations.experiments.cell_worker import CellWorker
 from simulations.experiments.config import (
     Fields,
     FileOptions,
@@ -224,29 +229,36 @@ def plan(cfg: FinetuneConfig, weights: Path | None, fleet: Path) -> list[Cell]:
 
 
 def _run(cfg: FinetuneConfig, out: Path, options: RunOptions) -> Outcome:
+    """Make the checkpoint, then run every missing cell, one after another, in one warm
+    worker process (``cell_worker.CellWorker``: PyTorch, the app, Ray and its actors are
+    started once for the study, not once per cell)."""
     weights = make_checkpoint(cfg, out, options.progress)
     cells = plan(cfg, weights, resolve_path(cfg.fleet))
     todo, counts = pending(cells, out)
     counts["checkpoint"] = str(weights)
     bar = Progress(len(todo), enabled=options.progress)
-    with bar.running():
-        for cell in todo:
-            bar.start(cell.label())
-            try:
-                rec = run_cell(cell, out, timeout_s=cfg.cell_timeout_s)
-            except RuntimeError as exc:
-                log.error("%s", exc)
-                counts["cells-failed"] += 1
-                bar.done(f"FAILED {cell.record_name()}: see {out / 'runs'}")
-                continue
-            rec["start"] = cell.uses[0][0]
-            write_json(record_path(out, cell), rec)
-            counts["cells-done"] += 1
-            s = rec["summary"]
-            bar.done(
-                f"{cell.label()}: round→target {s.get('round-to-target') or '-'}, "
-                f"{rec['host-wall-s']:.0f} s"
-            )
+    worker = CellWorker(warm=True)
+    try:
+        with bar.running():
+            for cell in todo:
+                bar.start(cell.label())
+                try:
+                    rec = run_cell(cell, out, timeout_s=cfg.cell_timeout_s, runner=worker.run)
+                except RuntimeError as exc:
+                    log.error("%s", exc)
+                    counts["cells-failed"] += 1
+                    bar.done(f"FAILED {cell.record_name()}: see {out / 'runs'}")
+                    continue
+                rec.update(start=cell.uses[0][0], engine=worker.engine)
+                write_json(record_path(out, cell), rec)
+                counts["cells-done"] += 1
+                s = rec["summary"]
+                bar.done(
+                    f"{cell.label()}: round→target {s.get('round-to-target') or '-'}, "
+                    f"{rec['host-wall-s']:.0f} s"
+                )
+    finally:
+        worker.close()
     return Outcome(counts, complete=counts["cells-failed"] == 0)
 
 

@@ -4,13 +4,17 @@ samples-to-target count, and a tiny study end to end from a given checkpoint (no
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from fl_client import checkpoint, data_splits, model_zoo, task
 from simulations.cli import main
+from simulations.experiments import finetune
+from simulations.experiments.cell_worker import CellWorker
 from simulations.experiments.config import ExperimentConfigError, FileOptions
 from simulations.experiments.finetune import FinetuneConfig, plan, samples_to_target
 from simulations.experiments.records import load_all
@@ -168,7 +172,31 @@ def test_the_report_shows_busy_energy_and_r_from_any_cell_of_a_start(tmp_path: P
 
 
 @pytest.mark.slow
-def test_tiny_finetune_study_runs_and_reports(tmp_path: Path) -> None:
+def test_tiny_finetune_study_runs_and_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The study's four cells, through ``powerfl experiment run``, one after another in
+    one warm worker process (the engine starts once for the study)."""
+    workers_warm: list[bool] = []  # per worker the study made
+    pids: list[int] = []  # per cell, the worker process that ran it
+
+    class Recording(CellWorker):  # the study's worker, noting the process of each cell
+        def __init__(self, *, warm: bool = False) -> None:
+            super().__init__(warm=warm)
+            workers_warm.append(warm)
+
+        def run(
+            self,
+            overrides: dict[str, Any],
+            work: Path,
+            timeout_s: float,
+            on_line: Callable[[str], None] | None = None,
+        ) -> tuple[dict[str, Any] | None, str]:
+            result = super().run(overrides, work, timeout_s, on_line)
+            pids.append(self.proc.pid)
+            return result
+
+    monkeypatch.setattr(finetune, "CellWorker", Recording)
     fleet = tmp_path / "fleet.toml"
     fleet.write_text(TINY_FLEET)
     splits = data_splits.load_splits("digits", 0)
@@ -188,6 +216,9 @@ def test_tiny_finetune_study_runs_and_reports(tmp_path: Path) -> None:
         ("from-scratch", "b1"),
         ("from-scratch", "power-aware"),
     ]
+    # every cell ran in the study's one warm worker (one engine start for the study)
+    assert workers_warm == [True] and len(pids) == 4 and len(set(pids)) == 1
+    assert {r["engine"] for r in records} == {"in-process-warm"}
     sha = checkpoint.file_sha256(weights)
     for r in records:
         got = r["summary"].get("initial-weights-sha256")

@@ -89,9 +89,10 @@ def test_a_bad_checkpoint_is_refused_before_any_engine_starts(
     assert engine_starts == [] and not out.exists()
 
 
-def _simulate(tmp_path: Path, weights: Path, out: Path) -> dict[str, Any]:
+def _simulate(tmp_path: Path, weights: Path, out: Path, engine: str) -> dict[str, Any]:
     cmd = [
-        sys.executable, "-m", "simulations", "simulate", "--methods", "power-aware",
+        sys.executable, "-m", "simulations", "simulate", "--engine", engine,
+        "--methods", "power-aware",
         "--fleet", str(tmp_path / "two.toml"), "--rounds", "1", "--output-dir", str(out),
         "-c", f"cache-dir={json.dumps(str(tmp_path / 'cache'))}",
         "-c", f"initial-weights={json.dumps(str(weights))}",
@@ -123,7 +124,9 @@ def test_a_run_starts_from_the_checkpoint_and_a_changed_one_recomputes_r(
     assert acc > 0.5
     weights = tmp_path / "w.safetensors"
     checkpoint.save(model.state_dict(), weights)
-    first = _simulate(tmp_path, weights, tmp_path / "runs1")
+    # the first run through Flower's Simulation Runtime (the default engine), the second
+    # in-process (it starts faster): both take the checkpoint and key r by it
+    first = _simulate(tmp_path, weights, tmp_path / "runs1", "runtime")
     sha = checkpoint.file_sha256(weights)
     assert first["settings"]["initial_weights_sha256"] == sha
     assert first["settings"]["initial_weights_new_layers"] == []
@@ -136,8 +139,10 @@ def test_a_run_starts_from_the_checkpoint_and_a_changed_one_recomputes_r(
         model, splits.proxy_train, task.TrainOptions(batch_size=32, lr=3e-3, epochs=1, seed=1)
     )
     checkpoint.save(model.state_dict(), weights)
-    second = _simulate(tmp_path, weights, tmp_path / "runs2")
+    _, acc2 = task.evaluate(model, splits.test)
+    second = _simulate(tmp_path, weights, tmp_path / "runs2", "in-process")
     assert second["settings"]["initial_weights_sha256"] == checkpoint.file_sha256(weights) != sha
+    assert second["summary"]["initial-accuracy"] == pytest.approx(acc2, abs=1e-9)
     assert len(sorted((tmp_path / "cache" / "r").glob("r-*.json"))) == 2
     assert second["r"]["cache_key"] != first["r"]["cache_key"]
 

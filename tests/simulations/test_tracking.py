@@ -177,13 +177,17 @@ def test_mlflow_tracking_without_mlflow_is_refused_before_start(
 def test_powerfl_simulate_logs_its_run_and_pictures(tmp_path: Path) -> None:
     """A real one-round ``powerfl simulate -c tracking=mlflow``: its run is in the local
     store in ``output-dir`` with its metrics and every file of its folder, the pictures
-    drawn at the command's end included."""
+    drawn at the command's end included. The command logs the run after either engine has
+    finished; the in-process one starts faster (the Simulation Runtime has its own test,
+    ``test_simulate_e2e.test_simulate_through_flowers_simulation_runtime``)."""
     mlflow = pytest.importorskip("mlflow")
     fleet = tmp_path / "fleet.toml"
     fleet.write_text("\n\n".join(FLEET.strip().split("\n\n")[:2]) + "\n")  # two nodes
     out = tmp_path / "runs"
-    # batch-sizes: less r estimation and profiling (the run is not the point)
-    args = "simulate --methods b1 --rounds 1 -c local-epochs=1 -c target-accuracy=0.99"
+    # batch-sizes and proxy-target-accuracy: less r estimation and profiling (the run is
+    # not the point)
+    args = "simulate --engine in-process --methods b1 --rounds 1 -c local-epochs=1"
+    args += " -c target-accuracy=0.99 -c proxy-target-accuracy=0.3"
     args += " -c partitioning='iid' -c batch-sizes='32,64' -c tracking='mlflow'"
     cache = f"cache-dir={json.dumps(str(tmp_path / 'cache'))}"
     cmd = [sys.executable, "-m", "simulations", *args.split(), "-c", cache]
