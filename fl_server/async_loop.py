@@ -14,8 +14,13 @@ one code path for both.
   Nobody waits for a dropped node: each update is taken as it arrives. When the run stops,
   the works still in flight are named in the summary (``record_stop``).
 
-Fleet-shared profiling runs once, as the synchronous step it is, before the first work; its
-time opens the run's virtual clock.
+Fleet-shared profiling runs once, before the first work, as one synchronous exchange over
+Flower. On the devices' time (``virtual``) each kind's nodes start as soon as their kind's
+LUT is merged (the sum over its exchanges of its slowest node's slices), from the newest
+version at that time: a kind profiled fast trains while a slow kind still profiles, and
+nobody waits for the fleet's slowest kind. The profiled minibatches therefore do not train
+(the first versions come from training works only). On the wall clock (``arrival``) the
+exchange is a real barrier: every node starts when it ends.
 """
 
 from __future__ import annotations
@@ -72,6 +77,8 @@ class AsyncRun:
     wall: WallClock = field(default_factory=WallClock)
     wall_t0_s: float = 0.0  # the wall clock at the run's start
     flight: dict[str, tuple[Work, float]] = field(default_factory=dict)  # id -> work, deadline
+    #: nodes not started yet (``virtual``): (virtual start, node name, node id), in order
+    deferred: list[tuple[float, str, int]] = field(default_factory=list)
 
     def message(self, work: Work) -> Message:
         """The TRAIN message of ``work``: its base version's arrays and the node's config,
@@ -97,9 +104,18 @@ class AsyncRun:
 
     def next_step(self) -> Step | None:
         """The next update taken (None: no node has work left): ``virtual``, once every
-        reply is in (``exchange`` waited for them); ``arrival``, the next reply pulled."""
+        reply is in (``exchange`` waited for them) and every node that starts before it
+        has been sent its first work; ``arrival``, the next reply pulled."""
         if self.clock.ordering == "arrival" and not self.clock.has_pending:
             self.pull_one()
+        while self.deferred:
+            next_end = self.clock.next_key
+            if next_end is not None and self.deferred[0][0] >= next_end:
+                break
+            start_s = self.deferred[0][0]  # every node that starts then, in one exchange
+            starting = [n for t, _, n in self.deferred if t == start_s]
+            self.deferred = [d for d in self.deferred if d[0] != start_s]
+            self.send([self.clock.dispatch(n, start_s) for n in starting])
         return self.clock.step()
 
     def exchange(self, works: list[Work]) -> None:
@@ -205,17 +221,25 @@ class AsyncRun:
 
 
 def start(run: AsyncRun, arrays: ArrayRecord) -> None:
-    """Fleet-shared profiling (once, a synchronous step) and every node's first work."""
+    """Fleet-shared profiling (once, a synchronous exchange) and every node's first work:
+    ``virtual``, each when its kind's LUT is merged (``AsyncRun.deferred``, sent by
+    ``next_step``); ``arrival``, all when the exchange ends."""
     strategy, clock = run.strategy, run.clock
     arrays = strategy.shared_phase(run.grid, arrays, 1, run.timeout_s)
-    t0 = strategy.luts.round_s
-    run.shared = dict(strategy.luts.cost)
+    luts = strategy.luts
+    run.shared = dict(luts.cost)
     for node_id, (time_s, energy_j) in sorted(run.shared.items()):
         clock.add_busy(node_id, 0.0, DeviceCost(time_s, energy_j, time_s, energy_j))
     run.versions[0] = to_numpy(arrays)
     fleet = strategy.fleet
     by_name = sorted(fleet.nodes, key=lambda n: (fleet.nodes[n].node_name, n))  # ties: by name
-    run.send([clock.dispatch(n, t0) for n in by_name])
+    if clock.ordering == "arrival":
+        run.send([clock.dispatch(n, luts.round_s) for n in by_name])
+        return
+    kind_s = {
+        n: luts.kind_s.get(luts.kind_of[n], 0.0) if n in luts.kind_of else 0.0 for n in by_name
+    }
+    run.deferred = sorted((kind_s[n], fleet.nodes[n].node_name, n) for n in by_name)
 
 
 def run_fedbuff(

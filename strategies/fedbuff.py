@@ -248,6 +248,12 @@ class VirtualClock:
         return bool(self._pending)
 
     @property
+    def next_key(self) -> float | None:
+        """The ordering key of the next update ``step`` would take (``virtual``: its device-time
+        end); None: no reply is waiting."""
+        return self._pending[0][0] if self._pending else None
+
+    @property
     def nodes(self) -> list[int]:
         """Every node ever sent work, by id."""
         return sorted(self._works)

@@ -417,6 +417,24 @@ def test_shared_costs_are_each_nodes_slices_and_each_exchanges_slowest(tmp_path:
         assert row.to_record()["shared-time-s"] == pytest.approx(per_node[row.node_id])
 
 
+def test_each_kinds_lut_is_merged_after_its_own_slowest_nodes_slices(tmp_path: Path) -> None:
+    grid = BatchGrid(list(FLEET), _handler())
+    strategy = _strategy(tmp_path / "library")
+    strategy.shared_phase(grid, _zeros(), 1, timeout_s=5)
+    luts = strategy.luts
+    kind_s: dict[object, float] = {}
+    for batch in grid.profile_batches():
+        slowest: dict[object, float] = {}
+        for m in batch:
+            kind = luts.kind_of[m.metadata.dst_node_id]
+            slowest[kind] = max(slowest.get(kind, 0.0), 0.1 * len(_cells_of(m)))
+        for kind, t in slowest.items():
+            kind_s[kind] = kind_s.get(kind, 0.0) + t
+    assert len(kind_s) >= 2  # the fleet has kinds that profile apart
+    assert luts.kind_s == pytest.approx(kind_s)
+    assert max(luts.kind_s.values()) <= luts.round_s + 1e-12
+
+
 @pytest.mark.parametrize("method", ["b1", "b2", "fixed"])
 def test_baselines_never_profile(tmp_path: Path, method: str) -> None:
     grid = BatchGrid(list(FLEET), _handler())
