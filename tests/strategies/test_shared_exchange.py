@@ -422,9 +422,9 @@ def test_each_kinds_lut_is_merged_after_its_own_slowest_nodes_slices(tmp_path: P
     strategy = _strategy(tmp_path / "library")
     strategy.shared_phase(grid, _zeros(), 1, timeout_s=5)
     luts = strategy.luts
-    kind_s: dict[object, float] = {}
+    kind_s: dict[KindKey, float] = {}
     for batch in grid.profile_batches():
-        slowest: dict[object, float] = {}
+        slowest: dict[KindKey, float] = {}
         for m in batch:
             kind = luts.kind_of[m.metadata.dst_node_id]
             slowest[kind] = max(slowest.get(kind, 0.0), 0.1 * len(_cells_of(m)))
