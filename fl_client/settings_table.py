@@ -325,9 +325,7 @@ RUN_SETTINGS: tuple[Setting, ...] = (
         "boundary"),
     Setting("profile-steps-train", bool, True, Flag(), read_by="server", doc=
         "keep the updates of the profiled minibatches (real local batches, lr scaled for "
-        "their b), so profiling also moves the model; not with `aggregation = \"fedbuff\"`,"
-        " whose nodes start as soon as their own kind's LUT is merged, before the other "
-        "kinds' profiled steps exist ([Asynchronous aggregation](async.md))"),
+        "their b), so profiling also moves the model"),
     Setting("shared-verify", str, "training", Choice(("training", "before")), read_by="node", doc=
         "how a node checks its chosen cell of its kind's LUT on its board: `training`: by the"
         " round's own training steps (time against the cell's, peak against its promise, no "

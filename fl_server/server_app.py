@@ -107,15 +107,15 @@ def make_strategy(
                 tie_tolerance=settings.tie_tolerance,
                 peak_sigma_k=settings.peak_sigma_k,
             ),
-            # under fedbuff each kind starts as soon as its own LUT is merged
-            # (``fl_server.async_loop.start``), so the profiled steps cannot train version 0
-            steps_train=settings.profile_steps_train and settings.aggregation != "fedbuff",
+            steps_train=settings.profile_steps_train,
+            # fedbuff buffers each node's profiled steps as an update of its own
+            per_node=settings.aggregation == "fedbuff",
         )
     return PowerAwareFedAvg(
         template=template,
         min_train_nodes=settings.min_train_nodes,
         fraction_train=settings.fraction_train,
-        # fedbuff aggregates its buffer itself (its profiled steps do not train)
+        # fedbuff aggregates its buffer itself, profiled updates included
         aggregation="fedavg" if settings.aggregation == "fedbuff" else settings.aggregation,
         planning=planning,
         shared=shared,

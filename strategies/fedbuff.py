@@ -102,7 +102,8 @@ def apply_buffer(
 @dataclass(frozen=True)
 class Work:
     """Work sent to a node: the global version it trains from and its virtual start; its
-    ``number`` counts the node's works (1: its first, which profiles)."""
+    ``number`` counts the node's works (1: its first, which profiles; 0: its share of
+    fleet-shared profiling, ``VirtualClock.add_profiled``)."""
 
     node_id: int
     base_version: int
@@ -275,6 +276,24 @@ class VirtualClock:
         profiling before the first)."""
         self._busy.setdefault(node_id, []).append((start_s, start_s + cost.time_s, cost))
         self._works.setdefault(node_id, 0)
+
+    def add_profiled(
+        self, node_id: int, cost: DeviceCost, samples: float, payload: Any = None
+    ) -> Update:
+        """The node's fleet-shared profiling (from time 0) as an update that trained: its
+        ``Work`` number 0, from version 0. It is buffered and applied like any other; its
+        samples (the profiled minibatches') do not count in ``fleet_weight`` or the rate
+        weight, which describe the nodes' training works."""
+        self._rank.setdefault(node_id, len(self._rank))
+        self._works.setdefault(node_id, 0)
+        update = Update(Work(node_id, self.version, 0.0, 0), cost.time_s, samples, cost, payload)
+        self._arrivals += 1
+        key = update.end_s if self.ordering == "virtual" else float(self._arrivals)
+        heapq.heappush(self._pending, (key, self._rank[node_id], update))
+        self._busy.setdefault(node_id, []).append((0.0, update.end_s, cost))
+        if math.isfinite(cost.idle_power_w):
+            self._idle_w[node_id] = cost.idle_power_w
+        return update
 
     def arrive(
         self,

@@ -122,11 +122,13 @@ def _run(
     fail: Iterable[int] = (),
     window: int = 1,
     kinds: dict[int, tuple[str, float, float]] | None = None,
+    profiled: dict[int, float] | None = None,
 ) -> dict[str, Any]:
     """A run on ``grid`` (default: every node answers at once): ordered by ``arrival`` on a
     ``PushGrid`` (its wall clock, no sleeping), else by ``virtual``. ``kinds``: node ->
     (its kind, when the kind's LUT is merged, the node's own slices' time), as a fleet-shared
-    profiling step would leave them."""
+    profiling step would leave them; ``profiled``: node -> the value its profiled steps
+    left in every array (with 5 examples)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     grid = grid or FakeGrid(sorted(FLEET), _handler(fail))
     strategy = _strategy()
@@ -137,6 +139,11 @@ def _run(
         strategy.luts.kind_s[key] = kind_s
         strategy.luts.cost[node] = (own_s, own_s)
         strategy.luts.round_s = max(strategy.luts.round_s, kind_s)
+    for node, value in (profiled or {}).items():
+        strategy.luts.trained[node] = (
+            ArrayRecord({"x": ArrayRecord([np.full(2, value)])["0"]}),
+            5.0,
+        )
     rec = AsyncRecorder(
         run_dir,
         method="power-aware",
@@ -219,6 +226,31 @@ def test_each_kind_starts_when_its_own_lut_is_merged_from_the_newest_version(
     slow = _run(tmp_path / "barrier", versions=8, kinds=barrier)
     assert out["summary"]["idle-share"] < slow["summary"]["idle-share"]
     assert out["summary"]["sim-time-s"] < slow["summary"]["sim-time-s"]
+
+
+def test_profiled_steps_are_each_nodes_own_update_buffered_when_its_slices_end(
+    tmp_path: Path,
+) -> None:
+    out = _run(tmp_path, versions=3, kinds=KINDS, profiled={11: 0.3, 12: 0.5, 13: 0.9})
+    updates = _lines(tmp_path / "updates.jsonl")
+    shared = [u for u in updates if u["work"] == 0]
+    assert {u["node-id"]: (u["start-s"], u["end-s"], u["choice"]) for u in shared} == {
+        "11": (0.0, 0.3, "profiling"),
+        "12": (0.0, 0.4, "profiling"),
+        "13": (0.0, 6.0, "profiling"),
+    }
+    # the Nanos' profiled updates (0.3 s, 0.4 s) fill the first buffer (K = 2): version 1 is
+    # their mean (equal weights; no training work known yet, so a full step), at 0.4 s
+    assert [u["node-id"] for u in updates[:2]] == ["11", "12"]
+    assert updates[0]["version"] == updates[1]["version"] == 1
+    rounds = _lines(tmp_path / "rounds.jsonl")
+    assert rounds[0]["sim-time-s"] == pytest.approx(0.4)
+    assert rounds[0]["accuracy"] == pytest.approx(0.4)  # the evaluation: the mean of x
+    # the profiled updates come on top of the budget: 3 versions + ceil(3 / 2)
+    assert out["summary"]["versions"] == 5
+    # the Nanos then start from version 1, the newest at 0.4 s
+    first = {u["node-id"]: u for u in reversed(updates) if u["work"] == 1}
+    assert first["11"]["base-version"] == first["12"]["base-version"] == 1
 
 
 def test_on_the_wall_clock_every_node_starts_when_the_profiling_exchange_ends(
