@@ -232,6 +232,7 @@ class VirtualClock:
         self._busy: dict[int, list[tuple[float, float, DeviceCost]]] = {}  # (start, end, cost)
         self._idle_w: dict[int, float] = {}
         self._gone_at: dict[int, float] = {}  # a dropped node: from when it counts no idle
+        self._profiled_total = 0.0  # the samples of every profiled update (``add_profiled``)
 
     @property
     def waiting(self) -> frozenset[int]:
@@ -283,10 +284,12 @@ class VirtualClock:
         """The node's fleet-shared profiling (from time 0) as an update that trained: its
         ``Work`` number 0, from version 0. It is buffered and applied like any other; its
         samples (the profiled minibatches') do not count in ``fleet_weight`` or the rate
-        weight, which describe the nodes' training works."""
+        weight, which describe the nodes' training works: with the ``fleet`` step it moves
+        the model by its share of the whole fleet's profiled samples."""
         self._rank.setdefault(node_id, len(self._rank))
         self._works.setdefault(node_id, 0)
         update = Update(Work(node_id, self.version, 0.0, 0), cost.time_s, samples, cost, payload)
+        self._profiled_total += samples
         self._arrivals += 1
         key = update.end_s if self.ordering == "virtual" else float(self._arrivals)
         heapq.heappush(self._pending, (key, self._rank[node_id], update))
@@ -349,6 +352,8 @@ class VirtualClock:
         full = sum(weights) if self.buffer_step == "mean" else self.fleet_weight()
         if self.rate_weight == "device-time":
             weights = [w * f for w, f in zip(weights, self.rate_factors(), strict=True)]
+        if self.buffer_step == "fleet" and any(u.work.number == 0 for u in self.buffer):
+            weights, full = self._profiled_shares(weights, full)
         scale = min(1.0, sum(weights) / full) if full > 0 and sum(weights) > 0 else 1.0
         applied = tuple(
             Applied(u, self.version + 1, s, w, scale)
@@ -357,6 +362,19 @@ class VirtualClock:
         self.version += 1
         self.buffer = []
         return Step(update, self.version, applied, scale)
+
+    def _profiled_shares(self, weights: list[float], full: float) -> tuple[list[float], float]:
+        """``fleet``, a buffer with profiled updates: each profiled update's share of a full
+        step is its weight over the whole fleet's profiled weight (``add_profiled``), a
+        training update's over ``full``; so once every node's profiled update is applied
+        the model has moved about as one round of them would. Returns the weights on the
+        scale of ``full`` (that of the profiled total while no training work is known)."""
+        ref = full if full > 0 else self._profiled_total
+        out = [
+            w * ref / self._profiled_total if u.work.number == 0 else w
+            for u, w in zip(self.buffer, weights, strict=True)
+        ]
+        return out, ref
 
     def fleet_weight(self) -> float:
         """``buffer-step = "fleet"``: the weight of a whole round, the nodes in the run times

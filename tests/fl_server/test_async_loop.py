@@ -123,6 +123,7 @@ def _run(
     window: int = 1,
     kinds: dict[int, tuple[str, float, float]] | None = None,
     profiled: dict[int, float] | None = None,
+    buffer_step: str = "mean",
 ) -> dict[str, Any]:
     """A run on ``grid`` (default: every node answers at once): ordered by ``arrival`` on a
     ``PushGrid`` (its wall clock, no sleeping), else by ``virtual``. ``kinds``: node ->
@@ -151,7 +152,9 @@ def _run(
         console=Console(file=io.StringIO()),
     )
     push = isinstance(grid, PushGrid)
-    clock = VirtualClock(buffer_size, "inverse-sqrt", "arrival" if push else "virtual")
+    clock = VirtualClock(
+        buffer_size, "inverse-sqrt", "arrival" if push else "virtual", buffer_step=buffer_step
+    )
     seen: list[int] = []
 
     def evaluate(version: int, arrays: ArrayRecord) -> dict[str, float]:
@@ -231,7 +234,8 @@ def test_each_kind_starts_when_its_own_lut_is_merged_from_the_newest_version(
 def test_profiled_steps_are_each_nodes_own_update_buffered_when_its_slices_end(
     tmp_path: Path,
 ) -> None:
-    out = _run(tmp_path, versions=3, kinds=KINDS, profiled={11: 0.3, 12: 0.5, 13: 0.9})
+    profiled = {11: 0.3, 12: 0.5, 13: 0.9}
+    out = _run(tmp_path, versions=3, kinds=KINDS, profiled=profiled, buffer_step="fleet")
     updates = _lines(tmp_path / "updates.jsonl")
     shared = [u for u in updates if u["work"] == 0]
     assert {u["node-id"]: (u["start-s"], u["end-s"], u["choice"]) for u in shared} == {
@@ -240,12 +244,14 @@ def test_profiled_steps_are_each_nodes_own_update_buffered_when_its_slices_end(
         "13": (0.0, 6.0, "profiling"),
     }
     # the Nanos' profiled updates (0.3 s, 0.4 s) fill the first buffer (K = 2): version 1 is
-    # their mean (equal weights; no training work known yet, so a full step), at 0.4 s
+    # their mean (equal weights), moved by their share of the fleet's profiled samples
+    # (10 of 15), at 0.4 s
     assert [u["node-id"] for u in updates[:2]] == ["11", "12"]
     assert updates[0]["version"] == updates[1]["version"] == 1
+    assert updates[0]["step-scale"] == pytest.approx(10 / 15)
     rounds = _lines(tmp_path / "rounds.jsonl")
     assert rounds[0]["sim-time-s"] == pytest.approx(0.4)
-    assert rounds[0]["accuracy"] == pytest.approx(0.4)  # the evaluation: the mean of x
+    assert rounds[0]["accuracy"] == pytest.approx(0.4 * 10 / 15)  # the evaluation: mean of x
     # the profiled updates come on top of the budget: 3 versions + ceil(3 / 2)
     assert out["summary"]["versions"] == 5
     # the Nanos then start from version 1, the newest at 0.4 s
