@@ -29,7 +29,10 @@ buffering, staleness and the step are the same code.
 started from: global += Σ w_i (local_i − base_i) / Σ w_i, with w_i = samples_i × s(τ_i),
 τ_i = the current version − the update's base version (its staleness) and s one of
 ``STALENESS_FORMS`` (``staleness_weight``). This is FedBuff's server step with a server
-learning rate of 1; with every τ = 0 and one base it is FedAvg exactly.
+learning rate of 1; with every τ = 0 and one base it is FedAvg exactly. ``buffer-step =
+"fleet"`` shortens it to the buffer's samples over a whole round's (``fleet_weight``): each
+update moves the model by its share of the fleet, whatever its staleness, which only weighs
+the buffer's updates against each other.
 """
 
 from __future__ import annotations
@@ -354,7 +357,15 @@ class VirtualClock:
             weights = [w * f for w, f in zip(weights, self.rate_factors(), strict=True)]
         if self.buffer_step == "fleet" and any(u.work.number == 0 for u in self.buffer):
             weights, full = self._profiled_shares(weights, full)
-        scale = min(1.0, sum(weights) / full) if full > 0 and sum(weights) > 0 else 1.0
+        moved = sum(weights)
+        if self.buffer_step == "fleet":  # staleness weighs updates against each other only
+            fresh = [u.samples for u in self.buffer]
+            if self.rate_weight == "device-time":
+                fresh = [w * f for w, f in zip(fresh, self.rate_factors(), strict=True)]
+            if any(u.work.number == 0 for u in self.buffer):
+                fresh, _ = self._profiled_shares(fresh, self.fleet_weight())
+            moved = sum(fresh)
+        scale = min(1.0, moved / full) if full > 0 and moved > 0 else 1.0
         applied = tuple(
             Applied(u, self.version + 1, s, w, scale)
             for u, s, w in zip(self.buffer, stale, weights, strict=True)
