@@ -373,9 +373,10 @@ RUN_SETTINGS: tuple[Setting, ...] = (
     Setting("buffer-step", str, "fleet", Choice(BUFFER_STEPS), read_by="server", doc=
         "with `aggregation = \"fedbuff\"`: how far a version moves the model. `mean`: to "
         "the buffer's weighted mean of the updates (FedBuff's server step, learning rate "
-        "1); `fleet`: each update moves it by its weight's share of the whole fleet's (the "
+        "1); `fleet`: each update moves it by its samples' share of the whole fleet's (the "
         "nodes in the run × their mean samples), as it would in a round, so K updates make "
-        "about K/N of a round's step; never more than a full step"),
+        "about K/N of a round's step, with staleness weighing the buffer's updates against "
+        "each other; never more than a full step"),
     Setting("rate-weight", str, "off", Choice(RATE_WEIGHTS), read_by="server", doc=
         "with `aggregation = \"fedbuff\"`: `device-time` also weighs each update by its "
         "training time over the fleet's mean, so a board that updates k times as often "

@@ -14,8 +14,15 @@ one code path for both.
   Nobody waits for a dropped node: each update is taken as it arrives. When the run stops,
   the works still in flight are named in the summary (``record_stop``).
 
-Fleet-shared profiling runs once, as the synchronous step it is, before the first work; its
-time opens the run's virtual clock.
+Fleet-shared profiling runs once, before the first work, as one synchronous exchange over
+Flower. On the devices' time (``virtual``) each kind's nodes start as soon as their kind's
+LUT is merged (the sum over its exchanges of its slowest node's slices), from the newest
+version at that time: a kind profiled fast trains while a slow kind still profiles, and
+nobody waits for the fleet's slowest kind. So the profiled minibatches are not averaged
+into a version 0 that the fast kinds could not have had: each node's profiled steps (it
+continues from its own, ``SharedProfiling.per_node``) are one update of its own, from
+version 0, ending with its slices, buffered and applied like any other. On the wall clock
+(``arrival``) the exchange is a real barrier: every node starts when it ends.
 """
 
 from __future__ import annotations
@@ -72,6 +79,8 @@ class AsyncRun:
     wall: WallClock = field(default_factory=WallClock)
     wall_t0_s: float = 0.0  # the wall clock at the run's start
     flight: dict[str, tuple[Work, float]] = field(default_factory=dict)  # id -> work, deadline
+    #: nodes not started yet (``virtual``): (virtual start, node name, node id), in order
+    deferred: list[tuple[float, str, int]] = field(default_factory=list)
 
     def message(self, work: Work) -> Message:
         """The TRAIN message of ``work``: its base version's arrays and the node's config,
@@ -97,9 +106,18 @@ class AsyncRun:
 
     def next_step(self) -> Step | None:
         """The next update taken (None: no node has work left): ``virtual``, once every
-        reply is in (``exchange`` waited for them); ``arrival``, the next reply pulled."""
+        reply is in (``exchange`` waited for them) and every node that starts before it
+        has been sent its first work; ``arrival``, the next reply pulled."""
         if self.clock.ordering == "arrival" and not self.clock.has_pending:
             self.pull_one()
+        while self.deferred:
+            next_end = self.clock.next_key
+            if next_end is not None and self.deferred[0][0] >= next_end:
+                break
+            start_s = self.deferred[0][0]  # every node that starts then, in one exchange
+            starting = [n for t, _, n in self.deferred if t == start_s]
+            self.deferred = [d for d in self.deferred if d[0] != start_s]
+            self.send([self.clock.dispatch(n, start_s) for n in starting])
         return self.clock.step()
 
     def exchange(self, works: list[Work]) -> None:
@@ -195,6 +213,8 @@ class AsyncRun:
         for a in step.applied:
             self.rec.record_update(a.update, a)
             node_id, report = a.update.node_id, a.update.payload[1]
+            if report is None:  # fleet-shared profiling: its cost goes in the first work's row
+                continue
             row = self.strategy.fleet.failed_row(a.update.work.number, node_id, "")
             shared = self.shared.pop(node_id, (0.0, 0.0))
             self.rows.append(update_row(row, report, shared))
@@ -204,18 +224,37 @@ class AsyncRun:
         return to_record(new)
 
 
-def start(run: AsyncRun, arrays: ArrayRecord) -> None:
-    """Fleet-shared profiling (once, a synchronous step) and every node's first work."""
+def start(run: AsyncRun, arrays: ArrayRecord) -> int:
+    """Fleet-shared profiling (once, a synchronous exchange) and every node's first work:
+    ``virtual``, each when its kind's LUT is merged (``AsyncRun.deferred``, sent by
+    ``next_step``); ``arrival``, all when the exchange ends. Returns the number of profiled
+    updates buffered."""
     strategy, clock = run.strategy, run.clock
     arrays = strategy.shared_phase(run.grid, arrays, 1, run.timeout_s)
-    t0 = strategy.luts.round_s
-    run.shared = dict(strategy.luts.cost)
-    for node_id, (time_s, energy_j) in sorted(run.shared.items()):
-        clock.add_busy(node_id, 0.0, DeviceCost(time_s, energy_j, time_s, energy_j))
+    luts = strategy.luts
+    run.shared = dict(luts.cost)
     run.versions[0] = to_numpy(arrays)
     fleet = strategy.fleet
     by_name = sorted(fleet.nodes, key=lambda n: (fleet.nodes[n].node_name, n))  # ties: by name
-    run.send([clock.dispatch(n, t0) for n in by_name])
+    for node_id in by_name:  # the clock's ties: by name, as the first works
+        if node_id not in run.shared:
+            continue
+        time_s, energy_j = run.shared[node_id]
+        cost = DeviceCost(time_s, energy_j, time_s, energy_j)
+        profiled = luts.trained.get(node_id)
+        if profiled is None:  # its slices trained nothing
+            clock.add_busy(node_id, 0.0, cost)
+        else:
+            clock.add_profiled(node_id, cost, profiled[1], (to_numpy(profiled[0]), None))
+    profiled_updates = sum(1 for n in by_name if n in run.shared and n in luts.trained)
+    if clock.ordering == "arrival":
+        run.send([clock.dispatch(n, luts.round_s) for n in by_name])
+        return profiled_updates
+    kind_s = {
+        n: luts.kind_s.get(luts.kind_of[n], 0.0) if n in luts.kind_of else 0.0 for n in by_name
+    }
+    run.deferred = sorted((kind_s[n], fleet.nodes[n].node_name, n) for n in by_name)
+    return profiled_updates
 
 
 def run_fedbuff(
@@ -224,7 +263,9 @@ def run_fedbuff(
     """The ``fedbuff`` run (see the module docstring) until ``max_versions`` global versions
     (``num-rounds``) or the version that reaches the target accuracy by the run's target
     rule (``AsyncRecorder.version_to_target``); returns the final global arrays. Each version is
-    evaluated and recorded (``AsyncRecorder``); so is each update it applied."""
+    evaluated and recorded (``AsyncRecorder``); so is each update it applied. The profiled
+    updates come on top of ``max_versions``' updates, as a synchronous run's profiling step
+    is no round of its ``num-rounds``."""
     fleet, clock, rec = run.strategy.fleet, run.clock, run.rec
     if clock.buffer_size > len(fleet.nodes):
         raise SettingsError(
@@ -234,7 +275,8 @@ def run_fedbuff(
     rec.start(clock, fleet.names)
     run.wall_t0_s = run.wall.now()
     evaluate_fn(0, initial)
-    start(run, initial)
+    profiled = start(run, initial)
+    max_versions += -(-profiled // clock.buffer_size)
     arrays = to_record(run.versions[0])
     while clock.version < max_versions:
         step = run.next_step()
@@ -251,7 +293,8 @@ def run_fedbuff(
                 break
             if clock.version >= max_versions:
                 break
-        run.send([clock.dispatch(step.update.node_id, step.update.end_s)])
+        if step.update.work.number > 0:  # a profiled update's node starts as its kind does
+            run.send([clock.dispatch(step.update.node_id, step.update.end_s)])
     record_stop(run)
     return arrays
 

@@ -34,7 +34,7 @@ def update_record(
     """One line of ``updates.jsonl``: the node, its work, virtual start and end, the version
     it started from and (``applied``) the one it went into, its staleness and weight, and
     the wall time its reply arrived at (``arrival`` ordering; else null)."""
-    report: TrainReport = update.payload[1]
+    report: TrainReport | None = update.payload[1]  # None: fleet-shared profiling
     work = update.work
     return {
         "node": names.get(update.node_id, str(update.node_id)),
@@ -54,7 +54,7 @@ def update_record(
         ),
         "weight": None if applied is None else applied.weight,
         "step-scale": None if applied is None else applied.step_scale,
-        "choice": choice_label(report),
+        "choice": "profiling" if report is None else choice_label(report),
         "arrival-wall-s": update.wall_s,
     }
 

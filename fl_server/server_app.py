@@ -108,13 +108,14 @@ def make_strategy(
                 peak_sigma_k=settings.peak_sigma_k,
             ),
             steps_train=settings.profile_steps_train,
+            # fedbuff buffers each node's profiled steps as an update of its own
+            per_node=settings.aggregation == "fedbuff",
         )
     return PowerAwareFedAvg(
         template=template,
         min_train_nodes=settings.min_train_nodes,
         fraction_train=settings.fraction_train,
-        # fedbuff aggregates its buffer itself; the profiled steps of fleet-shared profiling
-        # (one synchronous exchange before the first work) are averaged with FedAvg
+        # fedbuff aggregates its buffer itself, profiled updates included
         aggregation="fedavg" if settings.aggregation == "fedbuff" else settings.aggregation,
         planning=planning,
         shared=shared,

@@ -29,7 +29,10 @@ buffering, staleness and the step are the same code.
 started from: global += Σ w_i (local_i − base_i) / Σ w_i, with w_i = samples_i × s(τ_i),
 τ_i = the current version − the update's base version (its staleness) and s one of
 ``STALENESS_FORMS`` (``staleness_weight``). This is FedBuff's server step with a server
-learning rate of 1; with every τ = 0 and one base it is FedAvg exactly.
+learning rate of 1; with every τ = 0 and one base it is FedAvg exactly. ``buffer-step =
+"fleet"`` shortens it to the buffer's samples over a whole round's (``fleet_weight``): each
+update moves the model by its share of the fleet, whatever its staleness, which only weighs
+the buffer's updates against each other.
 """
 
 from __future__ import annotations
@@ -102,7 +105,8 @@ def apply_buffer(
 @dataclass(frozen=True)
 class Work:
     """Work sent to a node: the global version it trains from and its virtual start; its
-    ``number`` counts the node's works (1: its first, which profiles)."""
+    ``number`` counts the node's works (1: its first, which profiles; 0: its share of
+    fleet-shared profiling, ``VirtualClock.add_profiled``)."""
 
     node_id: int
     base_version: int
@@ -231,6 +235,7 @@ class VirtualClock:
         self._busy: dict[int, list[tuple[float, float, DeviceCost]]] = {}  # (start, end, cost)
         self._idle_w: dict[int, float] = {}
         self._gone_at: dict[int, float] = {}  # a dropped node: from when it counts no idle
+        self._profiled_total = 0.0  # the samples of every profiled update (``add_profiled``)
 
     @property
     def waiting(self) -> frozenset[int]:
@@ -246,6 +251,12 @@ class VirtualClock:
     def has_pending(self) -> bool:
         """Whether a reply has arrived that ``step`` has not taken yet."""
         return bool(self._pending)
+
+    @property
+    def next_key(self) -> float | None:
+        """The ordering key of the next update ``step`` would take (``virtual``: its device-time
+        end); None: no reply is waiting."""
+        return self._pending[0][0] if self._pending else None
 
     @property
     def nodes(self) -> list[int]:
@@ -269,6 +280,26 @@ class VirtualClock:
         profiling before the first)."""
         self._busy.setdefault(node_id, []).append((start_s, start_s + cost.time_s, cost))
         self._works.setdefault(node_id, 0)
+
+    def add_profiled(
+        self, node_id: int, cost: DeviceCost, samples: float, payload: Any = None
+    ) -> Update:
+        """The node's fleet-shared profiling (from time 0) as an update that trained: its
+        ``Work`` number 0, from version 0. It is buffered and applied like any other; its
+        samples (the profiled minibatches') do not count in ``fleet_weight`` or the rate
+        weight, which describe the nodes' training works: with the ``fleet`` step it moves
+        the model by its share of the whole fleet's profiled samples."""
+        self._rank.setdefault(node_id, len(self._rank))
+        self._works.setdefault(node_id, 0)
+        update = Update(Work(node_id, self.version, 0.0, 0), cost.time_s, samples, cost, payload)
+        self._profiled_total += samples
+        self._arrivals += 1
+        key = update.end_s if self.ordering == "virtual" else float(self._arrivals)
+        heapq.heappush(self._pending, (key, self._rank[node_id], update))
+        self._busy.setdefault(node_id, []).append((0.0, update.end_s, cost))
+        if math.isfinite(cost.idle_power_w):
+            self._idle_w[node_id] = cost.idle_power_w
+        return update
 
     def arrive(
         self,
@@ -324,7 +355,17 @@ class VirtualClock:
         full = sum(weights) if self.buffer_step == "mean" else self.fleet_weight()
         if self.rate_weight == "device-time":
             weights = [w * f for w, f in zip(weights, self.rate_factors(), strict=True)]
-        scale = min(1.0, sum(weights) / full) if full > 0 and sum(weights) > 0 else 1.0
+        if self.buffer_step == "fleet" and any(u.work.number == 0 for u in self.buffer):
+            weights, full = self._profiled_shares(weights, full)
+        moved = sum(weights)
+        if self.buffer_step == "fleet":  # staleness weighs updates against each other only
+            fresh = [u.samples for u in self.buffer]
+            if self.rate_weight == "device-time":
+                fresh = [w * f for w, f in zip(fresh, self.rate_factors(), strict=True)]
+            if any(u.work.number == 0 for u in self.buffer):
+                fresh, _ = self._profiled_shares(fresh, self.fleet_weight())
+            moved = sum(fresh)
+        scale = min(1.0, moved / full) if full > 0 and moved > 0 else 1.0
         applied = tuple(
             Applied(u, self.version + 1, s, w, scale)
             for u, s, w in zip(self.buffer, stale, weights, strict=True)
@@ -332,6 +373,19 @@ class VirtualClock:
         self.version += 1
         self.buffer = []
         return Step(update, self.version, applied, scale)
+
+    def _profiled_shares(self, weights: list[float], full: float) -> tuple[list[float], float]:
+        """``fleet``, a buffer with profiled updates: each profiled update's share of a full
+        step is its weight over the whole fleet's profiled weight (``add_profiled``), a
+        training update's over ``full``; so once every node's profiled update is applied
+        the model has moved about as one round of them would. Returns the weights on the
+        scale of ``full`` (that of the profiled total while no training work is known)."""
+        ref = full if full > 0 else self._profiled_total
+        out = [
+            w * ref / self._profiled_total if u.work.number == 0 else w
+            for u, w in zip(self.buffer, weights, strict=True)
+        ]
+        return out, ref
 
     def fleet_weight(self) -> float:
         """``buffer-step = "fleet"``: the weight of a whole round, the nodes in the run times

@@ -39,7 +39,9 @@ class SharedProfiling:
     """The settings of fleet-shared profiling (a run's ``SharedExchange`` runs it).
 
     ``library`` gets and keeps one LUT per kind across runs; ``input_shape`` is the model's
-    sample shape; ``steps_train`` keeps the profiled minibatches' updates.
+    sample shape; ``steps_train`` keeps the profiled minibatches' updates; ``per_node``
+    keeps them per node (``FleetLUTs.trained``: each node continues from its own profiled
+    arrays, nothing is averaged) for a run that buffers them as updates (fedbuff).
     """
 
     library: KindLibrary
@@ -48,6 +50,7 @@ class SharedProfiling:
     steps_train: bool = False
     warmup_steps: int = 1
     steps: int = 3
+    per_node: bool = False
 
 
 @dataclass
@@ -61,6 +64,11 @@ class FleetLUTs:
     cost: dict[int, tuple[float, float]] = field(default_factory=dict)
     #: this round's sum over its exchanges of the slowest node's time
     round_s: float = 0.0
+    #: per kind, this round's sum over its exchanges of its slowest node's time: when the
+    #: kind's LUT is merged, on the devices' time (a fedbuff run starts its nodes then)
+    kind_s: dict[KindKey, float] = field(default_factory=dict)
+    #: ``SharedProfiling.per_node``: node -> its profiled arrays and the examples they saw
+    trained: dict[int, tuple[ArrayRecord, float]] = field(default_factory=dict)
     #: this round's warnings (the first exchange whose aggregation fell back to FedAvg)
     warnings: list[str] = field(default_factory=list)
 
@@ -97,7 +105,8 @@ class SharedExchange:
         confirm exchanges (``exchanges``); returns the global arrays (moved by the profiled
         steps when they train). Each node's B is what fits its memory."""
         setup, luts, fleet = self.setup, self.luts, self.fleet
-        luts.cost, luts.round_s, luts.warnings = {}, 0.0, []
+        luts.cost, luts.round_s, luts.kind_s, luts.warnings = {}, 0.0, {}, []
+        luts.trained = {}
         batch_sizes = {n: fleet.batch_sizes_of(n)[0] for n in fleet.nodes}
         kinds = kinds_of(fleet.nodes, batch_sizes, self.template.model, setup.input_shape)
         luts.kind_of = {n: k for k, prof in kinds.items() for n in prof.nodes}
@@ -144,9 +153,12 @@ class SharedExchange:
                 warmup_steps=setup.warmup_steps,
                 steps=setup.steps,
             )
-            content = RecordDict({"arrays": arrays, "config": ConfigRecord(req.to_config())})
+            own = luts.trained.get(node_id) if setup.per_node else None
+            start = arrays if own is None else own[0]
+            content = RecordDict({"arrays": start, "config": ConfigRecord(req.to_config())})
             messages.append(Message(content, message_type=PROFILE, dst_node_id=node_id))
         slowest_s, trained = 0.0, []
+        kind_slowest: dict[KindKey, float] = {}
         replies = fleet.send_and_receive(step.grid, messages, step.timeout_s)
         # by node name, as in aggregate_train: the average's float sums then run in one
         # order, so a run's weights do not depend on which reply came first
@@ -162,10 +174,20 @@ class SharedExchange:
             t, e = luts.cost.get(node_id, (0.0, 0.0))
             luts.cost[node_id] = (t + report.profile_time_s, e + report.profile_energy_j)
             slowest_s = max(slowest_s, report.profile_time_s)
+            kind = luts.kind_of[node_id]
+            kind_slowest[kind] = max(kind_slowest.get(kind, 0.0), report.profile_time_s)
             if report.num_examples > 0:
                 trained.append(reply.content)
+                if setup.per_node:
+                    seen = luts.trained.get(node_id, (arrays, 0.0))[1]
+                    luts.trained[node_id] = (
+                        reply.content.array_records["arrays"],
+                        seen + report.num_examples,
+                    )
         luts.round_s += slowest_s
-        if not trained:
+        for kind, kind_s in kind_slowest.items():
+            luts.kind_s[kind] = luts.kind_s.get(kind, 0.0) + kind_s
+        if not trained or setup.per_node:
             return arrays
         new, warning = aggregate_round(
             self.aggregation, arrays, trained, self.weight_key, step.server_round

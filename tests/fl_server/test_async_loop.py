@@ -25,6 +25,7 @@ from flwr.app import (
 from rich.console import Console
 
 from fl_client.contract import SettingsError
+from fl_client.lut import KindKey
 from fl_server.async_loop import AsyncRun, WallClock, run_fedbuff
 from fl_server.async_records import AsyncRecorder
 from fl_server.target import Target
@@ -120,13 +121,30 @@ def _run(
     target: float = 2.0,
     fail: Iterable[int] = (),
     window: int = 1,
+    kinds: dict[int, tuple[str, float, float]] | None = None,
+    profiled: dict[int, float] | None = None,
+    buffer_step: str = "mean",
 ) -> dict[str, Any]:
     """A run on ``grid`` (default: every node answers at once): ordered by ``arrival`` on a
-    ``PushGrid`` (its wall clock, no sleeping), else by ``virtual``."""
+    ``PushGrid`` (its wall clock, no sleeping), else by ``virtual``. ``kinds``: node ->
+    (its kind, when the kind's LUT is merged, the node's own slices' time), as a fleet-shared
+    profiling step would leave them; ``profiled``: node -> the value its profiled steps
+    left in every array (with 5 examples)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     grid = grid or FakeGrid(sorted(FLEET), _handler(fail))
     strategy = _strategy()
     strategy.fleet.query(grid, timeout_s=5)
+    for node, (kind, kind_s, own_s) in (kinds or {}).items():
+        key = KindKey(kind, "sim", "cnn", (3, 32, 32), (16,), (1.0,))
+        strategy.luts.kind_of[node] = key
+        strategy.luts.kind_s[key] = kind_s
+        strategy.luts.cost[node] = (own_s, own_s)
+        strategy.luts.round_s = max(strategy.luts.round_s, kind_s)
+    for node, value in (profiled or {}).items():
+        strategy.luts.trained[node] = (
+            ArrayRecord({"x": ArrayRecord([np.full(2, value)])["0"]}),
+            5.0,
+        )
     rec = AsyncRecorder(
         run_dir,
         method="power-aware",
@@ -134,7 +152,9 @@ def _run(
         console=Console(file=io.StringIO()),
     )
     push = isinstance(grid, PushGrid)
-    clock = VirtualClock(buffer_size, "inverse-sqrt", "arrival" if push else "virtual")
+    clock = VirtualClock(
+        buffer_size, "inverse-sqrt", "arrival" if push else "virtual", buffer_step=buffer_step
+    )
     seen: list[int] = []
 
     def evaluate(version: int, arrays: ArrayRecord) -> dict[str, float]:
@@ -186,6 +206,66 @@ def test_the_first_updates_follow_device_time(tmp_path: Path) -> None:
     # node 12 (1 s + 0.5 s profiling) ends at 1.5 and 2.5; node 13 at 2.5 (tie: 12 first)
     assert [(u["node-id"], u["end-s"]) for u in updates[:2]] == [("12", 1.5), ("12", 2.5)]
     assert updates[0]["version"] == updates[1]["version"] == 1
+
+
+#: Fleet-shared profiling of two kinds: the Nanos' LUT merged at 0.4 s, the Orin's at 6 s
+KINDS = {11: ("nano", 0.4, 0.3), 12: ("nano", 0.4, 0.4), 13: ("orin", 6.0, 6.0)}
+
+
+def test_each_kind_starts_when_its_own_lut_is_merged_from_the_newest_version(
+    tmp_path: Path,
+) -> None:
+    out = _run(tmp_path / "kinds", versions=8, kinds=KINDS)
+    updates = _lines(tmp_path / "kinds" / "updates.jsonl")
+    first = {u["node-id"]: u for u in reversed(updates)}  # each node's first work
+    # the Nanos do not wait for the Orin's 6 s of profiling
+    assert first["11"]["start-s"] == first["12"]["start-s"] == 0.4
+    assert first["13"]["start-s"] == 6.0
+    # by 6 s the Nanos made versions: the Orin starts from the newest one, not version 0
+    made_by_6 = max(u["version"] for u in updates if u["version"] is not None and u["end-s"] <= 6.0)
+    assert made_by_6 >= 1 and first["13"]["base-version"] == made_by_6
+    # against one fleet-wide barrier (every node starts at 6 s): less idle, versions sooner
+    barrier = {n: (kind, 6.0, own_s) for n, (kind, _, own_s) in KINDS.items()}
+    slow = _run(tmp_path / "barrier", versions=8, kinds=barrier)
+    assert out["summary"]["idle-share"] < slow["summary"]["idle-share"]
+    assert out["summary"]["sim-time-s"] < slow["summary"]["sim-time-s"]
+
+
+def test_profiled_steps_are_each_nodes_own_update_buffered_when_its_slices_end(
+    tmp_path: Path,
+) -> None:
+    profiled = {11: 0.3, 12: 0.5, 13: 0.9}
+    out = _run(tmp_path, versions=3, kinds=KINDS, profiled=profiled, buffer_step="fleet")
+    updates = _lines(tmp_path / "updates.jsonl")
+    shared = [u for u in updates if u["work"] == 0]
+    assert {u["node-id"]: (u["start-s"], u["end-s"], u["choice"]) for u in shared} == {
+        "11": (0.0, 0.3, "profiling"),
+        "12": (0.0, 0.4, "profiling"),
+        "13": (0.0, 6.0, "profiling"),
+    }
+    # the Nanos' profiled updates (0.3 s, 0.4 s) fill the first buffer (K = 2): version 1 is
+    # their mean (equal weights), moved by their share of the fleet's profiled samples
+    # (10 of 15), at 0.4 s
+    assert [u["node-id"] for u in updates[:2]] == ["11", "12"]
+    assert updates[0]["version"] == updates[1]["version"] == 1
+    assert updates[0]["step-scale"] == pytest.approx(10 / 15)
+    rounds = _lines(tmp_path / "rounds.jsonl")
+    assert rounds[0]["sim-time-s"] == pytest.approx(0.4)
+    assert rounds[0]["accuracy"] == pytest.approx(0.4 * 10 / 15)  # the evaluation: mean of x
+    # the profiled updates come on top of the budget: 3 versions + ceil(3 / 2)
+    assert out["summary"]["versions"] == 5
+    # the Nanos then start from version 1, the newest at 0.4 s
+    first = {u["node-id"]: u for u in reversed(updates) if u["work"] == 1}
+    assert first["11"]["base-version"] == first["12"]["base-version"] == 1
+
+
+def test_on_the_wall_clock_every_node_starts_when_the_profiling_exchange_ends(
+    tmp_path: Path,
+) -> None:
+    _run(tmp_path, grid=PushGrid({11: 1, 12: 1, 13: 1}), versions=2, kinds=KINDS)
+    updates = _lines(tmp_path / "updates.jsonl")
+    first = {u["node-id"]: u for u in reversed(updates)}
+    assert {n: u["start-s"] for n, u in first.items()} == {"11": 6.0, "12": 6.0, "13": 6.0}
 
 
 def test_two_runs_give_the_same_records_whatever_order_the_host_delivers(

@@ -270,6 +270,42 @@ def test_the_fleet_step_moves_by_the_buffers_share_of_the_fleets_samples() -> No
         VirtualClock(1, "constant", buffer_step="half")
 
 
+def test_with_the_fleet_step_staleness_weighs_updates_against_each_other_only() -> None:
+    # Two nodes of 10 samples each (a round's weight: 20), K = 1, s(τ) = 1/√(1+τ). Node 1
+    # updates twice while node 2's first work runs: node 2's update is one version stale,
+    # yet it moves the model by its full share, 10/20, as in a round.
+    clock = VirtualClock(1, "inverse-sqrt", buffer_step="fleet")
+    for n in (1, 2):
+        clock.dispatch(n, 0.0)
+    clock.arrive(1, DeviceCost(1.0, 0.0), 10.0)
+    clock.arrive(2, DeviceCost(1.5, 0.0), 10.0)
+    first = clock.step()  # node 1 at 1 s: version 1
+    assert first is not None and first.scale == pytest.approx(0.5)
+    clock.dispatch(1, 1.0)
+    clock.arrive(1, DeviceCost(1.0, 0.0), 10.0)
+    stale = clock.step()  # node 2 at 1.5 s, from version 0: staleness 1
+    assert stale is not None and stale.applied[0].staleness == 1
+    assert stale.applied[0].weight == pytest.approx(10.0 / math.sqrt(2.0))
+    assert stale.scale == pytest.approx(0.5)
+    # in one buffer a fresh and a stale update share the step by their staleness weights
+    clock = VirtualClock(2, "inverse-sqrt", buffer_step="fleet")
+    for n in (1, 2, 3):
+        clock.dispatch(n, 0.0)
+    for n, t in ((1, 1.0), (2, 3.0), (3, 3.5)):
+        clock.arrive(n, DeviceCost(t, 0.0), 10.0)
+    clock.dispatch(1, 1.0)
+    clock.arrive(1, DeviceCost(1.0, 0.0), 10.0)
+    clock.step()
+    assert clock.step() is not None  # node 1 twice (1 s, 2 s): version 1, 20 of 30
+    clock.dispatch(1, 2.0)
+    clock.arrive(1, DeviceCost(2.0, 0.0), 10.0)
+    clock.step()  # node 2 at 3 s, stale by 1
+    step = clock.step()  # node 3 at 3.5 s, stale by 1
+    assert step is not None
+    assert [a.weight for a in step.applied] == pytest.approx([10 / math.sqrt(2)] * 2)
+    assert step.scale == pytest.approx(20.0 / 30.0)
+
+
 def test_the_step_can_be_shortened_never_lengthened() -> None:
     g = {"w": np.array([1.0, 2.0])}
     local = {"w": np.array([3.0, 0.0])}

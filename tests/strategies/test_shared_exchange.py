@@ -417,6 +417,44 @@ def test_shared_costs_are_each_nodes_slices_and_each_exchanges_slowest(tmp_path:
         assert row.to_record()["shared-time-s"] == pytest.approx(per_node[row.node_id])
 
 
+def test_per_node_profiled_steps_continue_each_nodes_own_and_are_kept_apart(
+    tmp_path: Path,
+) -> None:
+    grid = BatchGrid(list(FLEET), _handler())
+    strategy = _strategy(tmp_path / "library", steps_train=True, per_node=True)
+    arrays = _zeros()
+    assert strategy.shared_phase(grid, arrays, 1, timeout_s=5) is arrays  # nothing averaged
+    sent: dict[int, int] = {}
+    for batch in grid.profile_batches():
+        for m in batch:
+            sent[m.metadata.dst_node_id] = sent.get(m.metadata.dst_node_id, 0) + 1
+    assert any(n > 1 for n in sent.values())  # some node took part in several exchanges
+    trained = strategy.luts.trained
+    assert set(trained) == set(sent)
+    for node, times in sent.items():
+        # the handler adds the node's id to what it receives: from its own arrays each time
+        np.testing.assert_array_equal(trained[node][0].to_numpy_ndarrays()[0], node * times)
+        assert trained[node][1] == pytest.approx(10.0 * node * times)
+
+
+def test_each_kinds_lut_is_merged_after_its_own_slowest_nodes_slices(tmp_path: Path) -> None:
+    grid = BatchGrid(list(FLEET), _handler())
+    strategy = _strategy(tmp_path / "library")
+    strategy.shared_phase(grid, _zeros(), 1, timeout_s=5)
+    luts = strategy.luts
+    kind_s: dict[KindKey, float] = {}
+    for batch in grid.profile_batches():
+        slowest: dict[KindKey, float] = {}
+        for m in batch:
+            kind = luts.kind_of[m.metadata.dst_node_id]
+            slowest[kind] = max(slowest.get(kind, 0.0), 0.1 * len(_cells_of(m)))
+        for kind, t in slowest.items():
+            kind_s[kind] = kind_s.get(kind, 0.0) + t
+    assert len(kind_s) >= 2  # the fleet has kinds that profile apart
+    assert luts.kind_s == pytest.approx(kind_s)
+    assert max(luts.kind_s.values()) <= luts.round_s + 1e-12
+
+
 @pytest.mark.parametrize("method", ["b1", "b2", "fixed"])
 def test_baselines_never_profile(tmp_path: Path, method: str) -> None:
     grid = BatchGrid(list(FLEET), _handler())
