@@ -366,7 +366,11 @@ def fedbuff_segments(run: RunRecords) -> list[Segment]:
     end, or its first's start) to the last version; and a work still running when the run
     stopped (``_running_at_stop``) as ``running`` from its start to the last version. A
     node whose first work's row is not in the records (its first update never applied)
-    has no bar before that work: its slices of the shared profiling are not recorded."""
+    has no bar before that work: its slices of the shared profiling are not recorded. Where
+    the profiled steps trained, a node's slices are its update of work 0 (from 0 to its
+    ``end-s``, all profiling), and each kind's first works start when its LUT was merged;
+    a node none of whose training works was taken is drawn running from the first works'
+    start (its kind's is not recorded)."""
     first_rows = {str(n["node-name"]): n for n in run.nodes if int(n["server-round"]) == 1}
     works: dict[str, list[dict[str, Any]]] = {}
     for u in sorted(run.updates, key=lambda u: int(u["work"])):
@@ -380,8 +384,11 @@ def fedbuff_segments(run: RunRecords) -> list[Segment]:
     out: list[Segment] = []
     for name in fedbuff_node_names(run):
         row = first_rows.get(name)
+        profiled = any(int(u["work"]) == 0 for u in works.get(name, []))
+        if profiled:
+            row = None  # its slices are its work 0
         parts = [] if row is None else [(1, "profiling", 0.0, _num(row["shared-time-s"]))]
-        t = parts[0][3] if parts else opened_s
+        t = parts[0][3] if parts else (0.0 if profiled else opened_s)
         for u in works.get(name, []):
             start, work = float(u["start-s"]), int(u["work"])
             profile_s = _num(u["profile-time-s"])
@@ -392,7 +399,9 @@ def fedbuff_segments(run: RunRecords) -> list[Segment]:
             )
             t = float(u["end-s"])
         if name in failed or name in running:  # its last work, dropped or not taken
-            number = failed.get(name, len(works.get(name, [])) + 1)
+            number = failed.get(
+                name, max((int(u["work"]) for u in works.get(name, [])), default=0) + 1
+            )
             parts.append((number, "idle", t, opened_s - t))  # in its first work
             t = max(t, opened_s)
             parts.append((number, "failed" if name in failed else "running", t, end_s - t))

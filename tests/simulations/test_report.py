@@ -238,7 +238,10 @@ def fedbuff_run(
     rec = AsyncRecorder(
         folder, method="power-aware", target=Target(target), console=Console(file=io.StringIO())
     )
-    strategy = shared_strategy(folder.with_name(f"{folder.name}-library"))
+    # as the server sets it up for fedbuff: each node's profiled steps are its own update
+    strategy = shared_strategy(
+        folder.with_name(f"{folder.name}-library"), steps_train=True, per_node=True
+    )
     grid = BatchGrid(sorted(SHARED_FLEET), handle)
     run = AsyncRun(strategy, grid, VirtualClock(2, "inverse-sqrt"), rec, 5.0)
     record_fleet(strategy.fleet, rec)
@@ -264,7 +267,7 @@ def check_fedbuff_timeline(run: RunRecords) -> None:
     assert run.is_fedbuff and run_segments(run) == segments
     last_version_s = run.rounds[-1]["sim-time-s"]
     arrival = any(u["arrival-wall-s"] is not None for u in run.updates)
-    opened_s = min(u["start-s"] for u in run.updates)  # every first work starts there
+    opened_s = min(u["start-s"] for u in run.updates if u["work"] > 0)  # the first works
     for name in run_node_names(run):
         mine = [s for s in segments if s.node == name]
         assert mine, f"{name} has no bar"
@@ -277,9 +280,10 @@ def check_fedbuff_timeline(run: RunRecords) -> None:
                 for s in mine
                 if s.server_round == u["work"] and s.kind != "idle" and s.start_s >= u["start-s"]
             ]
+            trains = u["device-time-s"] > u["profile-time-s"]  # work 0 is all profiling
             assert [s.kind for s in work] == ["profiling"] * (u["profile-time-s"] > 0) + [
                 "training"
-            ]
+            ] * trains
             assert work[0].start_s == pytest.approx(u["start-s"], abs=1e-9)
             assert work[-1].end_s == pytest.approx(u["end-s"], abs=1e-9)
         last_end_s = max((u["end-s"] for u in updates), default=0.0)
@@ -295,7 +299,7 @@ def check_fedbuff_timeline(run: RunRecords) -> None:
             assert "failed" not in kinds and kinds.count("running") <= 1
             if "running" in kinds:  # the work it was sent at its last update's end
                 assert kinds[-1] == "running" and last_end_s < last_version_s
-                assert mine[-1].start_s == pytest.approx(last_end_s or opened_s, abs=1e-9)
+                assert mine[-1].start_s == pytest.approx(max(last_end_s, opened_s), abs=1e-9)
 
 
 @pytest.mark.usefixtures("flower_task_identity")
@@ -306,21 +310,26 @@ def test_fedbuff_bars_are_each_nodes_works_on_its_own_clock(tmp_path: Path) -> N
     assert run.fleet == ["nano-a", "nano-b", "nano-c", "orin"]
     segments = fedbuff_segments(run)
     first_rows = {n["node-name"]: n for n in run.nodes if n["server-round"] == 1}
-    opened_s = min(u["start-s"] for u in run.updates)
     slices = [r["shared-time-s"] for r in first_rows.values()]
-    assert opened_s == pytest.approx(max(slices)) and min(slices) < opened_s  # a shared step
+    assert min(slices) < max(slices)  # nodes whose slices took different times
     for name, node in run.summary["nodes"].items():
         mine = [s for s in segments if s.node == name]
-        # its slices of the fleet-shared profiling first, from 0, then its wait for the step
-        assert (mine[0].kind, mine[0].start_s) == ("profiling", 0.0)
+        # its slices of the fleet-shared profiling first (its work 0), from 0, then its wait
+        # for its kind's LUT, when its first work starts
+        opened_s = min(u["start-s"] for u in run.updates if u["node"] == name and u["work"])
+        assert (mine[0].kind, mine[0].server_round, mine[0].start_s) == ("profiling", 0, 0.0)
         assert mine[0].duration_s == pytest.approx(first_rows[name]["shared-time-s"])
         busy = {k: sum(s.duration_s for s in mine if s.kind == k) for k in KINDS}
         assert busy["training"] == pytest.approx(node["train-time-s"])
         assert busy["profiling"] == pytest.approx(node["profile-time-s"])  # shared included
         # its idle bars are the idle time the recorder's clock counted for it
         assert busy["idle"] == pytest.approx(node["wait-s"], abs=1e-9)
-        # a node that replies gets its next work at once: idle only in the shared step
+        # a node that replies gets its next work at once: idle only before its first work
         assert all(s.end_s <= opened_s + 1e-9 for s in mine if s.kind == "idle")
+    # each kind started when its own LUT was merged: the Nanos before the Orin
+    first_start = {u["node"]: u["start-s"] for u in run.updates if u["work"] == 1}
+    assert first_start["nano-a"] == first_start["nano-b"] == first_start["nano-c"]
+    assert first_start["nano-a"] < first_start["orin"]
     # the run stopped at version 5 (nano-c's update): the others were in their next work
     running = {s.node for s in segments if s.kind == "running"}
     last = max(run.updates, key=lambda u: u["end-s"])
@@ -328,17 +337,20 @@ def test_fedbuff_bars_are_each_nodes_works_on_its_own_clock(tmp_path: Path) -> N
 
 
 @pytest.mark.usefixtures("flower_task_identity")
-def test_a_node_whose_first_update_was_never_taken_has_its_row(tmp_path: Path) -> None:
-    # one version from the two fastest nodes: the other two were still in their first work
+def test_a_node_whose_first_training_work_was_never_taken_has_its_row(tmp_path: Path) -> None:
+    # one version's budget (and the profiled updates'): one version of training updates, from
+    # the two fastest nodes; the other two were still in their first work
     run = load_run(fedbuff_run(tmp_path / "run", versions=1))
     check_fedbuff_timeline(run)
-    taken = {u["node"] for u in run.updates}
+    taken = {u["node"] for u in run.updates if u["work"] > 0}
     assert taken == {"nano-a", "nano-b"} and run_node_names(run) == run.fleet
-    opened_s = min(u["start-s"] for u in run.updates)
-    for name in set(run.fleet) - taken:  # its slices of the shared step are in no record
+    for name in set(run.fleet) - taken:  # its slices (work 0), then its first work running
+        (profiled,) = [u for u in run.updates if u["node"] == name]
         bars = [(s.kind, s.server_round, s.start_s, s.end_s) for s in fedbuff_segments(run)
                 if s.node == name]  # fmt: skip
-        assert bars == [("running", 1, opened_s, run.summary["sim-time-s"])]
+        assert bars[0] == ("profiling", 0, 0.0, profiled["end-s"])
+        assert bars[-1][0::3] == ("running", run.summary["sim-time-s"])
+        assert [b[0] for b in bars[1:-1]] in ([], ["idle"])
 
 
 @pytest.mark.usefixtures("flower_task_identity")
@@ -346,10 +358,12 @@ def test_a_dropped_node_is_failed_from_the_work_it_was_dropped_with(tmp_path: Pa
     run = load_run(fedbuff_run(tmp_path / "run", drop=[12]))
     check_fedbuff_timeline(run)
     bars = [(s.kind, s.server_round) for s in fedbuff_segments(run) if s.node == "nano-b"]
-    # its slices of the shared step, the wait for it, then its first work: never an update
-    assert bars == [("profiling", 1), ("idle", 1), ("failed", 1)]
+    # its slices of the shared step (its work 0), the wait for its kind's LUT, then its
+    # first work: never a training update
+    assert bars == [("profiling", 0), ("idle", 1), ("failed", 1)]
     failed = next(s for s in fedbuff_segments(run) if s.kind == "failed")
-    assert failed.start_s == pytest.approx(min(u["start-s"] for u in run.updates))
+    nanos = [u["start-s"] for u in run.updates if u["work"] == 1 and u["node"] != "orin"]
+    assert failed.start_s == pytest.approx(min(nanos))  # its kind's first works' start
 
 
 @pytest.mark.usefixtures("flower_task_identity")
