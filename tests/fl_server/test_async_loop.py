@@ -491,19 +491,25 @@ def test_powerfl_simulate_runs_fedbuff_end_to_end(tmp_path: Path) -> None:
         *("--fleet", str(fleet), "--rounds", "2", "--output-dir", str(out)),
         *("-c", f"cache-dir={json.dumps(str(tmp_path / 'cache'))}", "-c", "target-accuracy=0.99"),
         *("-c", "aggregation='fedbuff'", "-c", "buffer-size=2"),
-    ]  # 2 rounds' updates of 3 nodes, 2 per version: 3 versions
+    ]  # 2 rounds' updates of 3 nodes, 2 per version: 3 versions, and 2 more for the
+    # nodes' 3 profiled updates (fleet-shared profiling trains by default)
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
     summary = json.loads((run_dir / "summary.json").read_text())
     rounds = _lines(run_dir / "rounds.jsonl")
     updates = _lines(run_dir / "updates.jsonl")
-    assert [r["server-round"] for r in rounds] == [1, 2, 3]
+    assert [r["server-round"] for r in rounds] == [1, 2, 3, 4, 5]
     times = [r["sim-time-s"] for r in rounds]
     assert times == sorted(times) and times[0] > 0
     applied = [u for u in updates if u["version"] is not None]
-    assert len(applied) == 3 * 2
+    assert len(applied) == 5 * 2
+    profiled = [u for u in updates if u["work"] == 0]
+    # the Nano's slices end after the last version: its profiled update is never taken
+    assert {u["node"] for u in profiled} == {"orin-free", "tx2nx-7w"}
+    assert all(u["choice"] == "profiling" for u in profiled)
+    assert all(u["start-s"] == 0.0 and u["base-version"] == 0 for u in profiled)
     assert all(u["end-s"] > u["start-s"] for u in updates)
-    assert summary["aggregation"] == "fedbuff" and summary["versions"] == 3
+    assert summary["aggregation"] == "fedbuff" and summary["versions"] == 5
     assert 0.0 <= summary["idle-share"] < 1.0
-    assert "fedbuff: 3 versions from 6 updates" in proc.stdout
+    assert "fedbuff: 5 versions from 10 updates" in proc.stdout
