@@ -40,7 +40,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -471,6 +471,44 @@ def _reach(s: Mapping[str, Any]) -> str:
     return f"target not reached (final {s['final-accuracy']:.3f}){also}"
 
 
+@contextlib.contextmanager
+def claim(out: Path, cell: Cell) -> Iterator[str]:
+    """Hold ``cell`` for this process while it runs, so that several processes can run one
+    study into the same ``out`` (each takes the next cell nobody holds): yields ``"mine"``,
+    ``"held"`` (another process runs it) or ``"done"`` (its record appeared since the plan
+    was made). The hold is an OS lock on ``out/locks/<key>.lock``, let go when the process
+    ends however it ends; where the OS has no such lock, every cell is ``"mine"``."""
+    locks = out / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{cell.key()[:16]}.lock", "a+b") as handle:
+        try:
+            import fcntl
+
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except ImportError:  # no POSIX locks (Windows): one process per folder
+            pass
+        except OSError:
+            yield "held"
+            return
+        yield "done" if read_record(record_path(out, cell), cell.key()) is not None else "mine"
+
+
+def skip_claimed(state: str, cell: Cell, counts: dict[str, Any], bar: Progress) -> bool:
+    """Whether a cell ``claim`` did not give this process is skipped; counted either way:
+    ``cells-reused`` (done meanwhile) or ``cells-held-elsewhere`` (still running there,
+    so this process's run of the study is not complete)."""
+    if state == "mine":
+        return False
+    bar.start(cell.label())
+    if state == "done":
+        counts["cells-reused"] += 1
+        bar.done(f"{cell.label()}: done by another process")
+    else:
+        counts["cells-held-elsewhere"] += 1
+        bar.done(f"{cell.label()}: another process runs it")
+    return True
+
+
 def pending(cells: list[Cell], out: Path) -> tuple[list[Cell], dict[str, Any]]:
     """The cells (validated first) without a finished record under ``out``, and the run's
     counts: cells, done, reused, failed."""
@@ -481,6 +519,7 @@ def pending(cells: list[Cell], out: Path) -> tuple[list[Cell], dict[str, Any]]:
         "cells-done": 0,
         "cells-reused": len(cells) - len(todo),
         "cells-failed": 0,
+        "cells-held-elsewhere": 0,
     }
     return todo, counts
 
@@ -499,18 +538,21 @@ def run_study(cfg: FederatedConfig, out: Path, *, progress: bool = True) -> dict
 
     with bar.running():
         for cell in todo:
-            bar.start(cell.label())
-            try:
-                rec = run_cell(cell, out, timeout_s=cfg.cell_timeout_s, on_line=on_line)
-            except RuntimeError as exc:
-                log.error("%s", exc)
-                failures.append(str(exc).splitlines()[0])
-                counts["cells-failed"] += 1
-                bar.done(f"FAILED {cell.record_name()}: see {out / 'runs'}")
-                continue
-            write_json(record_path(out, cell), rec)
-            counts["cells-done"] += 1
-            bar.done(f"{cell.label()}: {_reach(rec['summary'])}, {rec['host-wall-s']:.0f} s")
+            with claim(out, cell) as state:
+                if skip_claimed(state, cell, counts, bar):
+                    continue
+                bar.start(cell.label())
+                try:
+                    rec = run_cell(cell, out, timeout_s=cfg.cell_timeout_s, on_line=on_line)
+                except RuntimeError as exc:
+                    log.error("%s", exc)
+                    failures.append(str(exc).splitlines()[0])
+                    counts["cells-failed"] += 1
+                    bar.done(f"FAILED {cell.record_name()}: see {out / 'runs'}")
+                    continue
+                write_json(record_path(out, cell), rec)
+                counts["cells-done"] += 1
+                bar.done(f"{cell.label()}: {_reach(rec['summary'])}, {rec['host-wall-s']:.0f} s")
     counts["failures"] = failures
     counts["plan"] = [
         {
@@ -530,7 +572,13 @@ def _preflight(cfg: FederatedConfig, where: str) -> Preflight:
 
 def _run(cfg: FederatedConfig, out: Path, options: RunOptions) -> Outcome:
     counts = run_study(cfg, out, progress=options.progress)
-    return Outcome(counts, complete=counts["cells-failed"] == 0)
+    return Outcome(counts, complete=complete(counts))
+
+
+def complete(counts: Mapping[str, Any]) -> bool:
+    """Whether a study's run left every cell recorded: none failed, none still running in
+    another process."""
+    return counts["cells-failed"] == 0 and counts.get("cells-held-elsewhere", 0) == 0
 
 
 STUDY = StudyPlugin(NAME, parse_federated, _preflight, _run, federated_report.render)

@@ -36,9 +36,12 @@ from simulations.experiments.federated import (
     ROUND_LINE,
     Cell,
     check_plan,
+    claim,
+    complete,
     pending,
     record_path,
     run_cell,
+    skip_claimed,
 )
 from simulations.experiments.fleet_gen import fleet_toml, generate_fleet
 from simulations.experiments.progress import Progress
@@ -123,25 +126,28 @@ def run_study(cfg: RobustnessConfig, out: Path, *, progress: bool = True) -> dic
     try:
         with bar.running():
             for cell in todo:
-                bar.start(cell.label())
-                try:
-                    rec = run_cell(
-                        cell,
-                        out,
-                        timeout_s=cfg.cell_timeout_s,
-                        on_line=on_line,
-                        runner=worker.run if worker is not None else None,
-                    )
-                except RuntimeError as exc:
-                    log.error("%s", exc)
-                    failures.append(str(exc).splitlines()[0])
-                    counts["cells-failed"] += 1
-                    bar.done(f"FAILED {cell.record_name()}: see {out / 'runs'}")
-                    continue
-                rec.update(study=NAME, engine=cfg.engine)
-                write_json(record_path(out, cell), rec)
-                counts["cells-done"] += 1
-                bar.done(f"{cell.label()}: {rec['host-wall-s']:.0f} s")
+                with claim(out, cell) as state:
+                    if skip_claimed(state, cell, counts, bar):
+                        continue
+                    bar.start(cell.label())
+                    try:
+                        rec = run_cell(
+                            cell,
+                            out,
+                            timeout_s=cfg.cell_timeout_s,
+                            on_line=on_line,
+                            runner=worker.run if worker is not None else None,
+                        )
+                    except RuntimeError as exc:
+                        log.error("%s", exc)
+                        failures.append(str(exc).splitlines()[0])
+                        counts["cells-failed"] += 1
+                        bar.done(f"FAILED {cell.record_name()}: see {out / 'runs'}")
+                        continue
+                    rec.update(study=NAME, engine=cfg.engine)
+                    write_json(record_path(out, cell), rec)
+                    counts["cells-done"] += 1
+                    bar.done(f"{cell.label()}: {rec['host-wall-s']:.0f} s")
     finally:
         if worker is not None:
             worker.close()
@@ -160,7 +166,7 @@ def _preflight(cfg: RobustnessConfig, where: str) -> Preflight:
 
 def _run(cfg: RobustnessConfig, out: Path, options: RunOptions) -> Outcome:
     counts = run_study(cfg, out, progress=options.progress)
-    return Outcome(counts, complete=counts["cells-failed"] == 0)
+    return Outcome(counts, complete=complete(counts))
 
 
 def check(cfg: RobustnessConfig, out: Path) -> None:

@@ -353,6 +353,38 @@ def test_the_study_runs_resumes_and_reports(tmp_path, monkeypatch):
     assert "| `off` | 4/4 |" in report
 
 
+def test_processes_sharing_a_folder_each_take_a_cell_nobody_holds(tmp_path, monkeypatch):
+    import fcntl
+
+    monkeypatch.setattr(robustness, "CellWorker", lambda warm: CellWorker(fake_simulate, warm=warm))
+    body = (
+        'fleets = ["default"]\nseeds = 2\narms = [{ name = "b1", method = "b1" }]\n'
+        'ratio-against = ["b1"]\n'
+    )
+    cfg = load_config(_write(tmp_path, body))
+    out = tmp_path / "out"
+    cells = robustness.plan(cfg, out)
+    assert len(cells) == 2
+    # another process runs the first cell: it holds its lock
+    (out / "locks").mkdir(parents=True)
+    with open(out / "locks" / f"{cells[0].key()[:16]}.lock", "a+b") as other:
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        counts = robustness.run_study(cfg, out, progress=False)
+    assert counts["cells-done"] == 1 and counts["cells-held-elsewhere"] == 1
+    assert not robustness.complete(counts)  # a cell is still running elsewhere
+    assert not robustness.record_path(out, cells[0]).exists()
+    assert robustness.record_path(out, cells[1]).is_file()
+    # its lock let go (the other process ended without a record): this one runs it
+    counts = robustness.run_study(cfg, out, progress=False)
+    assert counts["cells-done"] == 1 and robustness.complete(counts)
+    # a cell whose record appeared after the plan was made is not run again
+    monkeypatch.setattr(robustness, "pending", lambda cells, out: (list(cells), dict(
+        {"cells": 2, "cells-done": 0, "cells-reused": 0, "cells-failed": 0,
+         "cells-held-elsewhere": 0})))  # fmt: skip
+    counts = robustness.run_study(cfg, out, progress=False)
+    assert counts["cells-done"] == 0 and counts["cells-reused"] == 2
+
+
 def _study_folder(tmp_path: Path, config: dict[str, Any], records: list[dict]) -> Path:
     out = tmp_path / "out"
     (out / "records" / "cells").mkdir(parents=True)
