@@ -509,6 +509,48 @@ def skip_claimed(state: str, cell: Cell, counts: dict[str, Any], bar: Progress) 
     return True
 
 
+@dataclass
+class CellLoop:
+    """A study's pending cells run in turn into ``out``, each ``claim``-ed first, its record
+    written when it finishes; ``counts`` (``pending``'s) and ``failures`` kept up to date.
+    ``runner`` runs a cell (``run_cell``'s default: a process of its own)."""
+
+    out: Path
+    timeout_s: float
+    counts: dict[str, Any]
+    bar: Progress
+    on_line: Callable[[str], None] | None = None
+    runner: CellRunner | None = None
+
+    def __post_init__(self) -> None:
+        self.failures: list[str] = []
+
+    def run(self, todo: list[Cell], finish: Callable[[Cell, dict[str, Any]], str]) -> None:
+        """Run ``todo``; ``finish`` completes each record before it is written and gives the
+        cell's progress line."""
+        counts, bar = self.counts, self.bar
+        for cell in todo:
+            with claim(self.out, cell) as state:
+                if skip_claimed(state, cell, counts, bar):
+                    continue
+                bar.start(cell.label())
+                try:
+                    rec = run_cell(
+                        cell, self.out, timeout_s=self.timeout_s, on_line=self.on_line,
+                        runner=self.runner,
+                    )  # fmt: skip
+                except RuntimeError as exc:
+                    log.error("%s", exc)
+                    self.failures.append(str(exc).splitlines()[0])
+                    counts["cells-failed"] += 1
+                    bar.done(f"FAILED {cell.record_name()}: see {self.out / 'runs'}")
+                    continue
+                line = finish(cell, rec)
+                write_json(record_path(self.out, cell), rec)
+                counts["cells-done"] += 1
+                bar.done(line)
+
+
 def pending(cells: list[Cell], out: Path) -> tuple[list[Cell], dict[str, Any]]:
     """The cells (validated first) without a finished record under ``out``, and the run's
     counts: cells, done, reused, failed."""
@@ -528,7 +570,6 @@ def run_study(cfg: FederatedConfig, out: Path, *, progress: bool = True) -> dict
     """Run every missing cell of ``cfg`` under ``out``; return counts and the plan."""
     cells = plan(cfg, out)
     todo, counts = pending(cells, out)
-    failures: list[str] = []
     bar = Progress(len(todo), enabled=progress)
 
     def on_line(line: str) -> None:
@@ -536,24 +577,13 @@ def run_study(cfg: FederatedConfig, out: Path, *, progress: bool = True) -> dict
         if mt:
             bar.detail(f"round {mt.group(1)}/{cfg.num_rounds} acc {float(mt.group(2)):.3f}")
 
+    def finish(cell: Cell, rec: dict[str, Any]) -> str:
+        return f"{cell.label()}: {_reach(rec['summary'])}, {rec['host-wall-s']:.0f} s"
+
+    loop = CellLoop(out, cfg.cell_timeout_s, counts, bar, on_line)
     with bar.running():
-        for cell in todo:
-            with claim(out, cell) as state:
-                if skip_claimed(state, cell, counts, bar):
-                    continue
-                bar.start(cell.label())
-                try:
-                    rec = run_cell(cell, out, timeout_s=cfg.cell_timeout_s, on_line=on_line)
-                except RuntimeError as exc:
-                    log.error("%s", exc)
-                    failures.append(str(exc).splitlines()[0])
-                    counts["cells-failed"] += 1
-                    bar.done(f"FAILED {cell.record_name()}: see {out / 'runs'}")
-                    continue
-                write_json(record_path(out, cell), rec)
-                counts["cells-done"] += 1
-                bar.done(f"{cell.label()}: {_reach(rec['summary'])}, {rec['host-wall-s']:.0f} s")
-    counts["failures"] = failures
+        loop.run(todo, finish)
+    counts["failures"] = loop.failures
     counts["plan"] = [
         {
             "record": c.record_name(),

@@ -35,17 +35,13 @@ from simulations.experiments.federated import (
     NOTE,
     ROUND_LINE,
     Cell,
+    CellLoop,
     check_plan,
-    claim,
     complete,
     pending,
-    record_path,
-    run_cell,
-    skip_claimed,
 )
 from simulations.experiments.fleet_gen import fleet_toml, generate_fleet
 from simulations.experiments.progress import Progress
-from simulations.experiments.records import write_json
 from simulations.experiments.robustness_config import NAME, RobustnessConfig, parse_robustness
 from simulations.experiments.study import Outcome, Preflight, RunOptions, StudyPlugin
 
@@ -113,7 +109,6 @@ def run_study(cfg: RobustnessConfig, out: Path, *, progress: bool = True) -> dic
     check_fleets(cfg, fleets)
     cells = plan(cfg, out)
     todo, counts = pending(cells, out)
-    failures: list[str] = []
     bar = Progress(len(todo), enabled=progress)
     warm = cfg.engine == "in-process-warm"
     worker = CellWorker(warm=warm) if cfg.engine != "runtime" else None
@@ -123,35 +118,19 @@ def run_study(cfg: RobustnessConfig, out: Path, *, progress: bool = True) -> dic
         if mt:
             bar.detail(f"round {mt.group(1)}/{cfg.num_rounds} acc {float(mt.group(2)):.3f}")
 
+    def finish(cell: Cell, rec: dict[str, Any]) -> str:
+        rec.update(study=NAME, engine=cfg.engine)
+        return f"{cell.label()}: {rec['host-wall-s']:.0f} s"
+
+    runner = worker.run if worker is not None else None
+    loop = CellLoop(out, cfg.cell_timeout_s, counts, bar, on_line, runner)
     try:
         with bar.running():
-            for cell in todo:
-                with claim(out, cell) as state:
-                    if skip_claimed(state, cell, counts, bar):
-                        continue
-                    bar.start(cell.label())
-                    try:
-                        rec = run_cell(
-                            cell,
-                            out,
-                            timeout_s=cfg.cell_timeout_s,
-                            on_line=on_line,
-                            runner=worker.run if worker is not None else None,
-                        )
-                    except RuntimeError as exc:
-                        log.error("%s", exc)
-                        failures.append(str(exc).splitlines()[0])
-                        counts["cells-failed"] += 1
-                        bar.done(f"FAILED {cell.record_name()}: see {out / 'runs'}")
-                        continue
-                    rec.update(study=NAME, engine=cfg.engine)
-                    write_json(record_path(out, cell), rec)
-                    counts["cells-done"] += 1
-                    bar.done(f"{cell.label()}: {rec['host-wall-s']:.0f} s")
+            loop.run(todo, finish)
     finally:
         if worker is not None:
             worker.close()
-    counts["failures"] = failures
+    counts["failures"] = loop.failures
     counts["fleets"] = {label: str(path) for label, path in fleets.items()}
     counts["plan"] = [
         {"record": c.record_name(), "seed": c.seed, "uses": [list(u) for u in c.uses]}

@@ -18,6 +18,7 @@ from fl_server.target import Target
 from simulations.experiments import robustness
 from simulations.experiments.cell_worker import CellWorker
 from simulations.experiments.config import ExperimentConfigError, FileOptions
+from simulations.experiments.federated import record_path
 from simulations.experiments.registry import load_config
 from simulations.experiments.report_kit import ReportError
 from simulations.experiments.robustness_report import (
@@ -372,8 +373,8 @@ def test_processes_sharing_a_folder_each_take_a_cell_nobody_holds(tmp_path, monk
         counts = robustness.run_study(cfg, out, progress=False)
     assert counts["cells-done"] == 1 and counts["cells-held-elsewhere"] == 1
     assert not robustness.complete(counts)  # a cell is still running elsewhere
-    assert not robustness.record_path(out, cells[0]).exists()
-    assert robustness.record_path(out, cells[1]).is_file()
+    assert not record_path(out, cells[0]).exists()
+    assert record_path(out, cells[1]).is_file()
     # its lock let go (the other process ended without a record): this one runs it
     counts = robustness.run_study(cfg, out, progress=False)
     assert counts["cells-done"] == 1 and robustness.complete(counts)
