@@ -20,7 +20,6 @@ per batch size from both starts.
 
 from __future__ import annotations
 
-import logging
 import math
 import shutil
 from collections.abc import Mapping, Sequence
@@ -36,14 +35,17 @@ from simulations.experiments.config import (
     config_error,
     merge_scale,
 )
-from simulations.experiments.federated import Cell, pending, record_path, run_cell
+from simulations.experiments.federated import (
+    Cell,
+    CellLoop,
+    complete,
+    pending,
+)
 from simulations.experiments.federated_config import DEFAULTS as FEDERATED_DEFAULTS
 from simulations.experiments.federated_config import FederatedConfig, parse_federated
 from simulations.experiments.progress import Progress
-from simulations.experiments.records import load_all, write_json
+from simulations.experiments.records import load_all
 from simulations.experiments.study import Outcome, Preflight, RunOptions, StudyPlugin
-
-log = logging.getLogger(__name__)
 
 NAME = "finetune"
 STARTS = ("fine-tuning", "from-scratch")
@@ -238,28 +240,19 @@ def _run(cfg: FinetuneConfig, out: Path, options: RunOptions) -> Outcome:
     counts["checkpoint"] = str(weights)
     bar = Progress(len(todo), enabled=options.progress)
     worker = CellWorker(warm=True)
+
+    def finish(cell: Cell, rec: dict[str, Any]) -> str:
+        rec.update(start=cell.uses[0][0], engine=worker.engine)
+        reached = rec["summary"].get("round-to-target") or "-"
+        return f"{cell.label()}: round→target {reached}, {rec['host-wall-s']:.0f} s"
+
+    loop = CellLoop(out, cfg.cell_timeout_s, counts, bar, runner=worker.run)
     try:
         with bar.running():
-            for cell in todo:
-                bar.start(cell.label())
-                try:
-                    rec = run_cell(cell, out, timeout_s=cfg.cell_timeout_s, runner=worker.run)
-                except RuntimeError as exc:
-                    log.error("%s", exc)
-                    counts["cells-failed"] += 1
-                    bar.done(f"FAILED {cell.record_name()}: see {out / 'runs'}")
-                    continue
-                rec.update(start=cell.uses[0][0], engine=worker.engine)
-                write_json(record_path(out, cell), rec)
-                counts["cells-done"] += 1
-                s = rec["summary"]
-                bar.done(
-                    f"{cell.label()}: round→target {s.get('round-to-target') or '-'}, "
-                    f"{rec['host-wall-s']:.0f} s"
-                )
+            loop.run(todo, finish)
     finally:
         worker.close()
-    return Outcome(counts, complete=counts["cells-failed"] == 0)
+    return Outcome(counts, complete=complete(counts))
 
 
 # --------------------------------------------------------------------------- the report
