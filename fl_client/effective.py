@@ -74,7 +74,13 @@ def idle_settings(settings: RunSettings, methods: Sequence[str]) -> list[IdleSet
 
 
 #: The settings only ``aggregation = "fedbuff"`` reads.
-FEDBUFF_KEYS = ("buffer-size", "staleness-weight", "rate-weight", "buffer-step")
+FEDBUFF_KEYS = (
+    "buffer-size",
+    "staleness-weight",
+    "rate-weight",
+    "buffer-step",
+    "while-waiting",
+)
 
 
 def _fedbuff_idle(settings: RunSettings) -> list[IdleSetting]:

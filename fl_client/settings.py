@@ -242,6 +242,7 @@ class RunSettings:
     staleness_weight: str
     buffer_step: str
     rate_weight: str
+    while_waiting: str
     idle_accounting: str
     initial_weights: str
     proxy_dataset: str

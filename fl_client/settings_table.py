@@ -75,6 +75,9 @@ STALENESS_FORMS = ("inverse-sqrt", "inverse", "constant")
 RATE_WEIGHTS = ("off", "device-time")
 #: ``buffer-step``: the weight of a full fedbuff step (``strategies.fedbuff``)
 BUFFER_STEPS = ("mean", "fleet")
+#: ``while-waiting``: what a fedbuff node does until its kind's LUT is merged
+#: (``strategies.shared_exchange.SharedExchange.train_while_waiting``)
+WHILE_WAITING = ("train", "idle")
 #: ``tracking``: where finished runs are logged besides their folders (``simulations.tracking``).
 TRACKERS = ("none", "mlflow")
 #: The shortest ``round-timeout-s`` taken as meant. Every node's first reply needs a fresh
@@ -383,6 +386,15 @@ RUN_SETTINGS: tuple[Setting, ...] = (
         "weighs 1/k per update and each node counts by its samples over time, as in a "
         "round; a buffer of fast updates then moves the model by less than a full step "
         "(never more); `off`: FedBuff's weight, samples × staleness factor"),
+    Setting("while-waiting", str, "train", Choice(WHILE_WAITING), read_by="server", doc=
+        "with `aggregation = \"fedbuff\"` in a simulation (the twins' device time): what a "
+        "node does from the end of its own fleet-shared profiling slices until its kind's "
+        "LUT is merged. `train`: it trains from its profiled weights at the fastest cell of "
+        "its first slice that its cap allows (else, from the end of its kind's first "
+        "exchange, the fastest such cell of that exchange), as many steps as fit, and the "
+        "steps end its profiled update; `idle`: it waits. A deployment waits either way: "
+        "the profiling exchange is a barrier on the wall clock "
+        "([Asynchronous aggregation](async.md))"),
     Setting("idle-accounting", str, "on", Choice(("on", "off")), read_by="server", doc=
         "`on`: the headline fleet energy (`fleet-energy-j`, `fleet-energy-to-target-j`, the "
         "console's *energy→target*) counts each board's idle power while it waits for the "

@@ -21,8 +21,11 @@ version at that time: a kind profiled fast trains while a slow kind still profil
 nobody waits for the fleet's slowest kind. So the profiled minibatches are not averaged
 into a version 0 that the fast kinds could not have had: each node's profiled steps (it
 continues from its own, ``SharedProfiling.per_node``) are one update of its own, from
-version 0, ending with its slices, buffered and applied like any other. On the wall clock
-(``arrival``) the exchange is a real barrier: every node starts when it ends.
+version 0, ending with its slices, buffered and applied like any other. A node whose own
+slices end before its kind's LUT is merged trains in that gap instead of waiting idle, at
+the fastest feasible cell of its first slice (``SharedExchange.train_while_waiting``); those
+steps end its profiled update. On the wall clock (``arrival``) the exchange is a real
+barrier: every node starts when it ends.
 """
 
 from __future__ import annotations
@@ -231,6 +234,8 @@ def start(run: AsyncRun, arrays: ArrayRecord) -> int:
     updates buffered."""
     strategy, clock = run.strategy, run.clock
     arrays = strategy.shared_phase(run.grid, arrays, 1, run.timeout_s)
+    if clock.ordering == "virtual" and strategy.shared is not None:
+        strategy.shared.train_while_waiting(run.grid, 1, run.timeout_s)
     luts = strategy.luts
     run.shared = dict(luts.cost)
     run.versions[0] = to_numpy(arrays)
@@ -244,8 +249,11 @@ def start(run: AsyncRun, arrays: ArrayRecord) -> int:
         profiled = luts.trained.get(node_id)
         if profiled is None:  # its slices trained nothing
             clock.add_busy(node_id, 0.0, cost)
-        else:
-            clock.add_profiled(node_id, cost, profiled[1], (to_numpy(profiled[0]), None))
+            continue
+        w = luts.waiting_train.get(node_id)
+        waited = None if w is None else (w.start_s, DeviceCost(w.time_s, w.energy_j))
+        payload = (to_numpy(profiled[0]), None)
+        clock.add_profiled(node_id, cost, profiled[1], payload, waited)
     profiled_updates = sum(1 for n in by_name if n in run.shared and n in luts.trained)
     if clock.ordering == "arrival":
         run.send([clock.dispatch(n, luts.round_s) for n in by_name])
@@ -253,7 +261,10 @@ def start(run: AsyncRun, arrays: ArrayRecord) -> int:
     kind_s = {
         n: luts.kind_s.get(luts.kind_of[n], 0.0) if n in luts.kind_of else 0.0 for n in by_name
     }
-    run.deferred = sorted((kind_s[n], fleet.nodes[n].node_name, n) for n in by_name)
+    # a node that trained while it waited starts when both its kind's LUT and its steps are done
+    own_s = {n: run.shared.get(n, (0.0, 0.0))[0] for n in by_name}
+    own_s.update({n: w.end_s for n, w in luts.waiting_train.items() if n in own_s})
+    run.deferred = sorted((max(kind_s[n], own_s[n]), fleet.nodes[n].node_name, n) for n in by_name)
     return profiled_updates
 
 

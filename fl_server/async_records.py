@@ -111,6 +111,8 @@ class AsyncRecorder(RunRecorder):
         #: works sent that had neither replied nor been dropped when the run stopped
         self.in_flight_at_end: list[Work] = []
         self._pending_account: RoundAccount | None = None
+        #: node name -> (s, J) of the training in its applied profiled update
+        self._waiting_train: dict[str, tuple[float, float]] = {}
 
     def start(self, clock: VirtualClock, names: Mapping[int, str]) -> None:
         """The run's clock and the nodes' names."""
@@ -121,6 +123,15 @@ class AsyncRecorder(RunRecorder):
         when the run stopped) as a line of ``updates.jsonl``."""
         assert self.clock is not None
         line = update_record(update, self.names, applied, self.clock.staleness_form)
+        if applied is not None and update.payload[1] is None:  # a profiled update
+            # its training while its node waited for the kind's LUT: no row holds it
+            name = self.names.get(update.node_id, str(update.node_id))
+            s, j = self._waiting_train.get(name, (0.0, 0.0))
+            cost = update.cost
+            self._waiting_train[name] = (
+                s + cost.train_time_s,
+                j + cost.energy_j - cost.profile_energy_j,
+            )
         self.updates.append(line)
         self._append("updates.jsonl", line)
 
@@ -146,14 +157,20 @@ class AsyncRecorder(RunRecorder):
 
     def _fix_node_totals(self) -> None:
         """Each node's waiting and idle energy over the run from the clock (a version's
-        rows hold only the nodes it applied), and no "slowest node": no one waits for it."""
+        rows hold only the nodes it applied), its training while it waited for its kind's
+        LUT (in no row: its profiled update has none), and no "slowest node": no one waits
+        for it."""
         assert self.clock is not None
         times = self.clock.account(0.0, self.version_s[-1])
         for node_id, t in times.items():
-            totals = self.node_totals.get(self.names.get(node_id, str(node_id)))
+            name = self.names.get(node_id, str(node_id))
+            totals = self.node_totals.get(name)
             if totals is not None:
                 totals.wait_s, totals.idle_energy_j = t.idle_s, t.idle_j
                 totals.slowest_rounds, totals.slowest_time_s = 0, 0.0
+                waited_s, waited_j = self._waiting_train.pop(name, (0.0, 0.0))  # added once
+                totals.train_time_s += waited_s
+                totals.train_energy_j += waited_j
 
     def summary(self) -> dict[str, Any]:
         """The synchronous summary's keys, those without meaning here null, and the
@@ -182,6 +199,12 @@ class AsyncRecorder(RunRecorder):
                 "rate-weight": None if self.clock is None else self.clock.rate_weight,
                 "buffer-step": None if self.clock is None else self.clock.buffer_step,
                 "versions": len(self.rows),
+                # the nodes' training while they waited for their kinds' LUTs (work 0)
+                "trained-while-waiting-s": math.fsum(
+                    float(u["device-time-s"]) - float(u["profile-time-s"])
+                    for u in applied
+                    if u["work"] == 0
+                ),
                 "updates-applied": len(applied),
                 "updates-buffered-at-end": len(self.updates) - len(applied),
                 "mean-staleness": sum(stale) / len(stale) if stale else None,

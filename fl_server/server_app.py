@@ -110,6 +110,7 @@ def make_strategy(
             steps_train=settings.profile_steps_train,
             # fedbuff buffers each node's profiled steps as an update of its own
             per_node=settings.aggregation == "fedbuff",
+            waiting=settings.while_waiting,
         )
     return PowerAwareFedAvg(
         template=template,

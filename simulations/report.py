@@ -367,8 +367,10 @@ def fedbuff_segments(run: RunRecords) -> list[Segment]:
     stopped (``_running_at_stop``) as ``running`` from its start to the last version. A
     node whose first work's row is not in the records (its first update never applied)
     has no bar before that work: its slices of the shared profiling are not recorded. Where
-    the profiled steps trained, a node's slices are its update of work 0 (from 0 to its
-    ``end-s``, all profiling), and each kind's first works start when its LUT was merged;
+    the profiled steps trained, a node's slices are its update of work 0 (from 0, its
+    ``profile-time-s``), followed by what it trained while it waited for its kind's LUT
+    (the rest of its ``device-time-s``, ending at its ``end-s``), and each kind's first
+    works start when its LUT was merged;
     a node none of whose training works was taken is drawn running from the first works'
     start (its kind's is not recorded)."""
     first_rows = {str(n["node-name"]): n for n in run.nodes if int(n["server-round"]) == 1}
@@ -391,13 +393,15 @@ def fedbuff_segments(run: RunRecords) -> list[Segment]:
         t = parts[0][3] if parts else (0.0 if profiled else opened_s)
         for u in works.get(name, []):
             start, work = float(u["start-s"]), int(u["work"])
-            profile_s = _num(u["profile-time-s"])
+            profile_s, end = _num(u["profile-time-s"]), float(u["end-s"])
+            # a work's training ends it; only a profiled update (work 0) can have idle time
+            # between its slices and its training while it waited (``device-time-s``)
+            train_s = _num(u.get("device-time-s", end - start)) - profile_s
             parts.append((work, "idle", t, start - t))
             parts.append((work, "profiling", start, profile_s))
-            parts.append(
-                (work, "training", start + profile_s, float(u["end-s"]) - start - profile_s)
-            )
-            t = float(u["end-s"])
+            parts.append((work, "idle", start + profile_s, end - train_s - start - profile_s))
+            parts.append((work, "training", end - train_s, train_s))
+            t = end
         if name in failed or name in running:  # its last work, dropped or not taken
             number = failed.get(
                 name, max((int(u["work"]) for u in works.get(name, [])), default=0) + 1

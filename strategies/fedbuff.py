@@ -282,21 +282,41 @@ class VirtualClock:
         self._works.setdefault(node_id, 0)
 
     def add_profiled(
-        self, node_id: int, cost: DeviceCost, samples: float, payload: Any = None
+        self,
+        node_id: int,
+        cost: DeviceCost,
+        samples: float,
+        payload: Any = None,
+        waited: tuple[float, DeviceCost] | None = None,
     ) -> Update:
         """The node's fleet-shared profiling (from time 0) as an update that trained: its
         ``Work`` number 0, from version 0. It is buffered and applied like any other; its
         samples (the profiled minibatches') do not count in ``fleet_weight`` or the rate
         weight, which describe the nodes' training works: with the ``fleet`` step it moves
-        the model by its share of the whole fleet's profiled samples."""
+        the model by its share of the whole fleet's profiled samples. ``waited``: the
+        training it did while it waited for its kind's LUT, from when and what it cost;
+        the update then ends with it, and its cost is both."""
         self._rank.setdefault(node_id, len(self._rank))
         self._works.setdefault(node_id, 0)
-        update = Update(Work(node_id, self.version, 0.0, 0), cost.time_s, samples, cost, payload)
+        busy = [(0.0, cost.time_s, cost)]
+        total = cost
+        if waited is not None:
+            start_s, extra = waited
+            busy.append((start_s, start_s + extra.time_s, extra))
+            total = DeviceCost(
+                cost.time_s + extra.time_s,
+                cost.energy_j + extra.energy_j,
+                cost.profile_time_s + extra.profile_time_s,
+                cost.profile_energy_j + extra.profile_energy_j,
+                cost.idle_power_w,
+            )
+        end_s = busy[-1][1]
+        update = Update(Work(node_id, self.version, 0.0, 0), end_s, samples, total, payload)
         self._profiled_total += samples
         self._arrivals += 1
         key = update.end_s if self.ordering == "virtual" else float(self._arrivals)
         heapq.heappush(self._pending, (key, self._rank[node_id], update))
-        self._busy.setdefault(node_id, []).append((0.0, update.end_s, cost))
+        self._busy.setdefault(node_id, []).extend(busy)
         if math.isfinite(cost.idle_power_w):
             self._idle_w[node_id] = cost.idle_power_w
         return update

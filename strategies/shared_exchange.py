@@ -16,7 +16,13 @@ from fl_client.lut import LUT, KindKey
 from fl_client.lut_plan import BF
 from strategies.aggregation import aggregate_round
 from strategies.fleet import Fleet
-from strategies.shared_profiling import KindProfile, SharedOptions, exchanges, kinds_of
+from strategies.shared_profiling import (
+    KindProfile,
+    SharedOptions,
+    exchanges,
+    kinds_of,
+    waiting_cell,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +47,8 @@ class SharedProfiling:
     ``library`` gets and keeps one LUT per kind across runs; ``input_shape`` is the model's
     sample shape; ``steps_train`` keeps the profiled minibatches' updates; ``per_node``
     keeps them per node (``FleetLUTs.trained``: each node continues from its own profiled
-    arrays, nothing is averaged) for a run that buffers them as updates (fedbuff).
+    arrays, nothing is averaged) for a run that buffers them as updates (fedbuff);
+    ``waiting`` is what such a node does until its kind's LUT is merged (``while-waiting``).
     """
 
     library: KindLibrary
@@ -51,6 +58,24 @@ class SharedProfiling:
     warmup_steps: int = 1
     steps: int = 3
     per_node: bool = False
+    #: ``while-waiting``: ``train`` (``SharedExchange.train_while_waiting``) or ``idle``
+    waiting: str = "train"
+
+
+@dataclass(frozen=True)
+class Waited:
+    """What a node trained while it waited for its kind's LUT: from ``start_s`` (device
+    time since the profiling began), ``time_s`` and ``energy_j`` of steps at ``cell``."""
+
+    start_s: float
+    time_s: float
+    energy_j: float
+    cell: BF
+    steps: int
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.time_s
 
 
 @dataclass
@@ -69,6 +94,12 @@ class FleetLUTs:
     kind_s: dict[KindKey, float] = field(default_factory=dict)
     #: ``SharedProfiling.per_node``: node -> its profiled arrays and the examples they saw
     trained: dict[int, tuple[ArrayRecord, float]] = field(default_factory=dict)
+    #: ``SharedProfiling.per_node``: node -> the cells of its first slice, as it measured them
+    first_slice: dict[int, CellsReport] = field(default_factory=dict)
+    #: per kind, when its first exchange ended (its slowest node's first slice)
+    kind_first_s: dict[KindKey, float] = field(default_factory=dict)
+    #: node -> what it trained while it waited for its kind's LUT (``train_while_waiting``)
+    waiting_train: dict[int, Waited] = field(default_factory=dict)
     #: this round's warnings (the first exchange whose aggregation fell back to FedAvg)
     warnings: list[str] = field(default_factory=list)
 
@@ -106,7 +137,8 @@ class SharedExchange:
         steps when they train). Each node's B is what fits its memory."""
         setup, luts, fleet = self.setup, self.luts, self.fleet
         luts.cost, luts.round_s, luts.kind_s, luts.warnings = {}, 0.0, {}, []
-        luts.trained = {}
+        luts.trained, luts.first_slice, luts.waiting_train = {}, {}, {}
+        luts.kind_first_s = {}
         batch_sizes = {n: fleet.batch_sizes_of(n)[0] for n in fleet.nodes}
         kinds = kinds_of(fleet.nodes, batch_sizes, self.template.model, setup.input_shape)
         luts.kind_of = {n: k for k, prof in kinds.items() for n in prof.nodes}
@@ -176,6 +208,8 @@ class SharedExchange:
             slowest_s = max(slowest_s, report.profile_time_s)
             kind = luts.kind_of[node_id]
             kind_slowest[kind] = max(kind_slowest.get(kind, 0.0), report.profile_time_s)
+            if setup.per_node:
+                luts.first_slice.setdefault(node_id, report)
             if report.num_examples > 0:
                 trained.append(reply.content)
                 if setup.per_node:
@@ -187,6 +221,7 @@ class SharedExchange:
         luts.round_s += slowest_s
         for kind, kind_s in kind_slowest.items():
             luts.kind_s[kind] = luts.kind_s.get(kind, 0.0) + kind_s
+            luts.kind_first_s.setdefault(kind, luts.kind_s[kind])
         if not trained or setup.per_node:
             return arrays
         new, warning = aggregate_round(
@@ -196,6 +231,99 @@ class SharedExchange:
             log.warning("shared profiling: %s", warning)
             luts.warnings.append(f"shared profiling: {warning}")
         return new
+
+    def train_while_waiting(self, grid: Grid, server_round: int, timeout_s: float) -> None:
+        """``fedbuff`` on the devices' time (``SharedProfiling.per_node`` with
+        ``steps_train``): a node whose own slices end before its kind's LUT is merged
+        (``FleetLUTs.kind_s``) trains in that gap instead of waiting idle, from its own
+        profiled arrays, for as many steps as fit (``shared_profiling.waiting_cell``):
+
+        * from the end of its slices, at the fastest cell of its own first slice that is
+          feasible under its caps (what it knows then);
+        * else (none of them is) from the end of its kind's first exchange, at the fastest
+          feasible cell of that exchange, every node's of the kind (known to the server
+          then); before that it waits.
+
+        One exchange after the profiling, sent as a profiling request (no warm-up, the steps
+        kept). What it cost goes to ``FleetLUTs.waiting_train``; its steps continue the
+        node's profiled update (``FleetLUTs.trained``). The kind's LUT is not touched. A
+        node that fails it keeps its profiled update as it was."""
+        setup, luts, fleet, template = self.setup, self.luts, self.fleet, self.template
+        if not (setup.per_node and setup.steps_train and setup.waiting == "train"):
+            return
+        messages, plans = [], {}
+        for node_id in sorted(luts.trained):
+            plan = self._waiting_plan(node_id)
+            if plan is None:
+                continue
+            start_s, (b, f), steps = plan
+            kind = luts.kind_of[node_id]
+            req = ProfileRequest(
+                server_round=server_round,
+                model=template.model,
+                batch_sizes=kind.batch_sizes,
+                cells_b=(b,),
+                cells_knob_value=(f,),
+                lr_ref=template.lr_ref,
+                b_ref=template.b_ref,
+                steps_train=True,
+                warmup_steps=0,
+                steps=steps,
+            )
+            content = RecordDict(
+                {"arrays": luts.trained[node_id][0], "config": ConfigRecord(req.to_config())}
+            )
+            messages.append(Message(content, message_type=PROFILE, dst_node_id=node_id))
+            plans[node_id] = plan
+        if not messages:
+            return
+        replies = fleet.send_and_receive(grid, messages, timeout_s)
+        for reply in fleet.ordered(replies):
+            node_id = fleet.node_of(reply)
+            if node_id not in plans:
+                continue
+            if reply.has_error():
+                log.warning(
+                    "shared profiling: node %s failed to train while it waited: %s",
+                    node_id,
+                    reply.error.reason,
+                )
+                continue
+            report = CellsReport.from_metrics(dict(reply.content["metrics"]))
+            start_s, cell, steps = plans[node_id]
+            luts.waiting_train[node_id] = Waited(
+                start_s, report.profile_time_s, report.profile_energy_j, cell, steps
+            )
+            seen = luts.trained[node_id][1]
+            luts.trained[node_id] = (
+                reply.content.array_records["arrays"],
+                seen + report.num_examples,
+            )
+
+    def _waiting_plan(self, node_id: int) -> tuple[float, BF, int] | None:
+        """When ``node_id`` starts training while it waits, at which cell, how many steps
+        (``train_while_waiting``); None: no gap, no feasible cell or no step fits."""
+        luts, fleet = self.luts, self.fleet
+        kind = luts.kind_of.get(node_id)
+        first = luts.first_slice.get(node_id)
+        if kind is None or first is None or node_id not in fleet.nodes:
+            return None
+        d = fleet.nodes[node_id]
+        limits = [cap.with_margin(d.cap_margin) for cap in d.all_caps()]
+        k = self.setup.options.peak_sigma_k
+        merged_s, own_s = luts.kind_s.get(kind, 0.0), luts.cost.get(node_id, (0.0, 0.0))[0]
+        plan = waiting_cell(first.measurements(), limits, merged_s - own_s, k)
+        if plan is not None:
+            return own_s, plan[0], plan[1]
+        start_s = max(own_s, luts.kind_first_s.get(kind, merged_s))
+        kind_cells = [
+            cell
+            for n, report in sorted(luts.first_slice.items())
+            if luts.kind_of.get(n) == kind
+            for cell in report.measurements()
+        ]
+        plan = waiting_cell(kind_cells, limits, merged_s - start_s, k)
+        return None if plan is None else (start_s, plan[0], plan[1])
 
     def _store_kinds(self, kinds: dict[KindKey, KindProfile]) -> None:
         """Each kind's merged LUT: kept for the run and in the library."""

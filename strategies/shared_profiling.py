@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -262,6 +262,37 @@ def confirm_requests(
             for node, assigned in deal(todo, nodes, load).items():
                 out[node].extend(assigned)
     return dict(out)
+
+
+def waiting_cell(
+    measured: Iterable[tuple[int, float, tuple[float, ...]]],
+    limits: Sequence[PowerLimit],
+    gap_s: float,
+    peak_sigma_k: float,
+) -> tuple[BF, int] | None:
+    """The cell a node trains at while it waits ``gap_s`` of device time for its kind's
+    LUT (``fedbuff`` on the devices' time), and how many steps fit in the gap: of the
+    ``measured`` cells (``CellsReport.measurements``: those known when the gap begins), the
+    one with the least measured time per sample whose robust peak (peak + k·σ, the
+    selection rule) is below every limit the node runs under; the steps are the gap over
+    that cell's measured step time, rounded down. None: no cell is feasible, or no step
+    fits."""
+    best: tuple[BF, float] | None = None
+    for b, f, (time_per_sample_s, peak_w, _avg_w, sigma_w) in measured:
+        if not (math.isfinite(time_per_sample_s) and time_per_sample_s > 0):
+            continue
+        if not math.isfinite(peak_w):
+            continue
+        robust_w = float(robust_peak_w(peak_w, sigma_w, peak_sigma_k))
+        if any(robust_w >= limit.limit_w for limit in limits):
+            continue
+        if best is None or time_per_sample_s < best[1]:
+            best = ((b, f), time_per_sample_s)
+    if best is None:
+        return None
+    (b, f), time_per_sample_s = best
+    steps = math.floor(gap_s / (time_per_sample_s * b))
+    return ((b, f), steps) if steps >= 1 else None
 
 
 def _confirm_cell(

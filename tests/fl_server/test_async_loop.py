@@ -30,6 +30,7 @@ from fl_server.async_loop import AsyncRun, WallClock, run_fedbuff
 from fl_server.async_records import AsyncRecorder
 from fl_server.target import Target
 from strategies.fedbuff import VirtualClock
+from strategies.shared_exchange import Waited
 from tests.strategies.test_power_aware import FLEET, FakeGrid, _strategy, report
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
@@ -124,12 +125,14 @@ def _run(
     kinds: dict[int, tuple[str, float, float]] | None = None,
     profiled: dict[int, float] | None = None,
     buffer_step: str = "mean",
+    waiting: dict[int, tuple[float, float]] | None = None,
 ) -> dict[str, Any]:
     """A run on ``grid`` (default: every node answers at once): ordered by ``arrival`` on a
     ``PushGrid`` (its wall clock, no sleeping), else by ``virtual``. ``kinds``: node ->
     (its kind, when the kind's LUT is merged, the node's own slices' time), as a fleet-shared
     profiling step would leave them; ``profiled``: node -> the value its profiled steps
-    left in every array (with 5 examples)."""
+    left in every array (with 5 examples); ``waiting``: node -> (from when, for how long:
+    s, and as many J) it trained while it waited for its kind's LUT."""
     run_dir.mkdir(parents=True, exist_ok=True)
     grid = grid or FakeGrid(sorted(FLEET), _handler(fail))
     strategy = _strategy()
@@ -145,6 +148,8 @@ def _run(
             ArrayRecord({"x": ArrayRecord([np.full(2, value)])["0"]}),
             5.0,
         )
+    for node, (start_s, wait_s) in (waiting or {}).items():
+        strategy.luts.waiting_train[node] = Waited(start_s, wait_s, wait_s, (16, 1.0), 1)
     rec = AsyncRecorder(
         run_dir,
         method="power-aware",
@@ -257,6 +262,42 @@ def test_profiled_steps_are_each_nodes_own_update_buffered_when_its_slices_end(
     # the Nanos then start from version 1, the newest at 0.4 s
     first = {u["node-id"]: u for u in reversed(updates) if u["work"] == 1}
     assert first["11"]["base-version"] == first["12"]["base-version"] == 1
+
+
+def test_a_node_that_trained_while_it_waited_has_it_in_its_profiled_update(
+    tmp_path: Path,
+) -> None:
+    profiled = {11: 0.3, 12: 0.5, 13: 0.9}
+    # node 11's slices end at 0.3 s, its kind's LUT at 0.4 s: it trained 0.1 s in the gap;
+    # node 12, its kind's slowest, had no gap; node 13 trained 0.2 s from 6.1 s (it waited
+    # for its kind's first exchange), which takes it past its kind's LUT
+    waiting = {11: (0.3, 0.1), 13: (6.1, 0.2)}
+    args: dict[str, Any] = {"versions": 8, "kinds": KINDS, "buffer_step": "fleet"}
+    out = _run(tmp_path / "w", profiled=profiled, waiting=waiting, **args)
+    base = _run(tmp_path / "b", profiled=profiled, **args)
+    updates = _lines(tmp_path / "w" / "updates.jsonl")
+    shared = {u["node-id"]: u for u in updates if u["work"] == 0}
+    approx = pytest.approx
+    assert {
+        n: (u["end-s"], u["device-time-s"], u["profile-time-s"]) for n, u in shared.items()
+    } == {
+        "11": (approx(0.4), approx(0.4), 0.3),
+        "12": (0.4, 0.4, 0.4),
+        "13": (approx(6.3), approx(6.2), 6.0),
+    }
+    first = {u["node-id"]: u for u in reversed(updates) if u["work"] == 1}
+    assert first["11"]["start-s"] == first["12"]["start-s"] == 0.4
+    assert first["13"]["start-s"] == approx(6.3)  # when its own steps end, past its kind's LUT
+    # the gap is training, not idle: its time and energy move from idle to the node's totals
+    assert out["summary"]["idle-share"] < base["summary"]["idle-share"]
+    nodes, base_nodes = out["summary"]["nodes"], base["summary"]["nodes"]
+    name = FLEET[11].node_name
+    assert nodes[name]["train-energy-j"] == approx(base_nodes[name]["train-energy-j"] + 0.1)
+    assert nodes[name]["profile-energy-j"] == approx(base_nodes[name]["profile-energy-j"])
+    # node 13's 0.1 s between its slices and its steps is idle, not busy
+    clock = out["rec"].clock
+    assert clock.account(6.0, 6.1)[13].idle_s == approx(0.1)
+    assert clock.account(6.1, 6.3)[13].busy_s == approx(0.2)
 
 
 def test_on_the_wall_clock_every_node_starts_when_the_profiling_exchange_ends(

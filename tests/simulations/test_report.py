@@ -348,9 +348,14 @@ def test_a_node_whose_first_training_work_was_never_taken_has_its_row(tmp_path: 
         (profiled,) = [u for u in run.updates if u["node"] == name]
         bars = [(s.kind, s.server_round, s.start_s, s.end_s) for s in fedbuff_segments(run)
                 if s.node == name]  # fmt: skip
-        assert bars[0] == ("profiling", 0, 0.0, profiled["end-s"])
+        assert bars[0] == ("profiling", 0, 0.0, pytest.approx(profiled["profile-time-s"]))
         assert bars[-1][0::3] == ("running", run.summary["sim-time-s"])
-        assert [b[0] for b in bars[1:-1]] in ([], ["idle"])
+        # what it trained while it waited for its kind's LUT ends its work 0
+        waited = profiled["device-time-s"] - profiled["profile-time-s"]
+        if waited > 0:
+            assert bars[1] == ("training", 0, pytest.approx(profiled["end-s"] - waited),
+                               profiled["end-s"])  # fmt: skip
+        assert [b[0] for b in bars[1 + (waited > 0) : -1]] in ([], ["idle"])
 
 
 @pytest.mark.usefixtures("flower_task_identity")
@@ -358,9 +363,10 @@ def test_a_dropped_node_is_failed_from_the_work_it_was_dropped_with(tmp_path: Pa
     run = load_run(fedbuff_run(tmp_path / "run", drop=[12]))
     check_fedbuff_timeline(run)
     bars = [(s.kind, s.server_round) for s in fedbuff_segments(run) if s.node == "nano-b"]
-    # its slices of the shared step (its work 0), the wait for its kind's LUT, then its
-    # first work: never a training update
-    assert bars == [("profiling", 0), ("idle", 1), ("failed", 1)]
+    # its slices of the shared step and its training while it waited for its kind's LUT
+    # (its work 0), the rest of the wait (less than a step), then its first work: never a
+    # training update
+    assert bars == [("profiling", 0), ("training", 0), ("idle", 1), ("failed", 1)]
     failed = next(s for s in fedbuff_segments(run) if s.kind == "failed")
     nanos = [u["start-s"] for u in run.updates if u["work"] == 1 and u["node"] != "orin"]
     assert failed.start_s == pytest.approx(min(nanos))  # its kind's first works' start

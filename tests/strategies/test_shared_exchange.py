@@ -565,3 +565,107 @@ def test_a_library_lut_a_nodes_round_disagrees_with_is_set_aside_and_profiled_ag
     second.shared_phase(grid, arrays, 2, timeout_s=5)  # round 2 profiles the nano kind again
     assert {m.metadata.dst_node_id for b in grid.profile_batches() for m in b} == {11, 12, 13}
     assert LUTLibrary(library).get(NANO_KIND) is not None  # the new LUT replaces it
+
+
+def test_a_node_done_before_its_kinds_lut_trains_in_the_gap_from_its_own_arrays(
+    tmp_path: Path,
+) -> None:
+    grid = BatchGrid(list(FLEET), _handler())
+    strategy = _strategy(tmp_path / "library", steps_train=True, per_node=True)
+    strategy.shared_phase(grid, _zeros(), 1, timeout_s=5)
+    luts = strategy.luts
+    assert strategy.shared is not None
+    kind_luts = {k: lut.to_json() for k, lut in luts.kind_luts.items()}
+    profiled = dict(luts.trained)
+    exchanges = len(grid.profile_batches())
+    strategy.shared.train_while_waiting(grid, 1, timeout_s=5)
+    assert len(grid.profile_batches()) == exchanges + 1  # one exchange more
+    sent = {m.metadata.dst_node_id: m for m in grid.profile_batches()[-1]}
+    gaps = {n: luts.kind_s[luts.kind_of[n]] - luts.cost[n][0] for n in FLEET}
+    assert 21 not in sent and gaps[21] == pytest.approx(0.0)  # its kind's only node
+    assert sent and set(sent) <= {n for n, gap in gaps.items() if gap > 0}
+    for node, msg in sent.items():
+        req = ProfileRequest.from_config(dict(msg.content.config_records["config"]))
+        assert (req.warmup_steps, req.steps_train, len(req.cells)) == (0, True, 1)
+        # the fastest cell of its first slice under its cap, the steps that fit in its gap
+        first = luts.first_slice[node]
+        limit = FLEET[node].p_max.with_margin(FLEET[node].cap_margin)
+        tps = {(b, f): v[0] for b, f, v in first.measurements() if v[1] < limit.limit_w}
+        cell = min(tps, key=lambda c: tps[c])
+        assert req.cells == [cell]
+        assert req.steps == int(gaps[node] // (tps[cell] * cell[0]))
+        # from its own profiled arrays (the handler adds the node's id), its examples added
+        own = profiled[node][0].to_numpy_ndarrays()[0]
+        np.testing.assert_array_equal(luts.trained[node][0].to_numpy_ndarrays()[0], own + node)
+        assert luts.trained[node][1] == pytest.approx(profiled[node][1] + 10.0 * node)
+        waited = luts.waiting_train[node]
+        assert (waited.start_s, waited.cell, waited.steps) == (luts.cost[node][0], cell, req.steps)
+        assert (waited.time_s, waited.energy_j) == pytest.approx((0.1, 0.3))  # the handler's
+    assert set(luts.waiting_train) == set(sent)
+    # the kinds' LUTs are what the profiling measured: the steps in the gap add no cell
+    assert {k: lut.to_json() for k, lut in luts.kind_luts.items()} == kind_luts
+
+
+def test_a_node_with_no_feasible_cell_of_its_own_waits_for_its_kinds_first_exchange(
+    tmp_path: Path,
+) -> None:
+    grid = BatchGrid(list(FLEET), _handler())
+    strategy = _strategy(tmp_path / "library", steps_train=True, per_node=True)
+    strategy.shared_phase(grid, _zeros(), 1, timeout_s=5)
+    luts = strategy.luts
+    nanos = sorted(n for n in FLEET if luts.kind_of[n] == NANO_KIND)
+    node = min(nanos, key=lambda n: luts.cost[n][0])  # done first: the longest gap
+    own = luts.first_slice[node]
+    # its own cells all over every cap: it has nothing of its own to train at
+    luts.first_slice[node] = dataclasses.replace(own, peak_power_w=(100.0,) * len(own.cells_b))
+    strategy.shared.train_while_waiting(grid, 1, timeout_s=5)  # type: ignore[union-attr]
+    waited = luts.waiting_train[node]
+    assert waited.start_s == max(luts.cost[node][0], luts.kind_first_s[NANO_KIND])
+    assert luts.kind_first_s[NANO_KIND] <= luts.kind_s[NANO_KIND]
+    # the fastest feasible cell of the kind's first exchange, every node's
+    limit = FLEET[node].p_max.with_margin(FLEET[node].cap_margin)
+    tps = {
+        (b, f): v[0]
+        for n in nanos
+        for b, f, v in luts.first_slice[n].measurements()
+        if v[1] < limit.limit_w
+    }
+    assert waited.cell == min(tps, key=lambda c: tps[c])
+    gap_s = luts.kind_s[NANO_KIND] - waited.start_s
+    assert waited.steps == int(gap_s // (tps[waited.cell] * waited.cell[0]))
+
+
+def test_a_node_that_fails_its_steps_in_the_gap_keeps_its_profiled_update(
+    tmp_path: Path,
+) -> None:
+    strategy = _strategy(tmp_path / "library", steps_train=True, per_node=True)
+    strategy.shared_phase(BatchGrid(list(FLEET), _handler()), _zeros(), 1, timeout_s=5)
+    assert strategy.shared is not None
+    profiled = dict(strategy.luts.trained)
+    strategy.shared.train_while_waiting(
+        BatchGrid(list(FLEET), _handler(fail=FLEET)), 1, timeout_s=5
+    )
+    assert strategy.luts.waiting_train == {}
+    assert strategy.luts.trained == profiled
+
+
+def test_without_per_node_profiled_updates_no_node_trains_in_the_gap(tmp_path: Path) -> None:
+    grid = BatchGrid(list(FLEET), _handler())
+    strategy = _strategy(tmp_path / "library", steps_train=True)
+    strategy.shared_phase(grid, _zeros(), 1, timeout_s=5)
+    assert strategy.shared is not None
+    exchanges = len(grid.profile_batches())
+    strategy.shared.train_while_waiting(grid, 1, timeout_s=5)
+    assert len(grid.profile_batches()) == exchanges
+    assert strategy.luts.waiting_train == {}
+
+
+def test_while_waiting_idle_sends_nothing_after_the_profiling(tmp_path: Path) -> None:
+    grid = BatchGrid(list(FLEET), _handler())
+    strategy = _strategy(tmp_path / "library", steps_train=True, per_node=True, waiting="idle")
+    strategy.shared_phase(grid, _zeros(), 1, timeout_s=5)
+    assert strategy.shared is not None
+    exchanges, profiled = len(grid.profile_batches()), dict(strategy.luts.trained)
+    strategy.shared.train_while_waiting(grid, 1, timeout_s=5)
+    assert len(grid.profile_batches()) == exchanges
+    assert strategy.luts.waiting_train == {} and strategy.luts.trained == profiled

@@ -18,6 +18,7 @@ from fl_client.devices.simulated import time_per_sample_s as twin_time_per_sampl
 from fl_client.lut import LUT, KindKey, lut_checksum
 from fl_client.lut_plan import BF
 from fl_client.node import workload_for
+from fl_client.power import PowerLimit
 from fl_client.selection import Tables
 from fl_client.selector import Objective, choose_cell
 from strategies.shared_profiling import (
@@ -28,6 +29,7 @@ from strategies.shared_profiling import (
     confirm_requests,
     kinds_of,
     seed_requests,
+    waiting_cell,
 )
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
@@ -365,3 +367,52 @@ def test_a_kind_whose_every_cell_failed_has_no_lut() -> None:
     assert prof.lut(0.0, 0.0) is None
     prof.add(_cells_report(NANO, [(8, NANO.gpu_freqs_mhz[0])], time_per_sample_s=(math.nan,)))
     assert prof.measured == {} and prof.lut(1.0, 1.0) is None
+
+
+# --------------------------------------------------------------------------- waiting
+
+
+def test_a_waiting_node_trains_at_the_fastest_cell_of_its_slice_that_its_cap_allows() -> None:
+    f = NANO.gpu_freqs_mhz
+    cells = [(8, f[-1]), (64, f[-1]), (64, f[2]), (16, f[4])]
+    report = _cells_report(NANO, cells)
+    tps = dict(zip(cells, report.time_per_sample_s, strict=True))
+    peak = dict(zip(cells, report.peak_power_w, strict=True))
+    # uncapped: the least time per sample of the slice, and the steps that fit in the gap
+    fastest = min(cells, key=lambda c: tps[c])
+    gap_s = 0.25
+    assert waiting_cell(report.measurements(), [PowerLimit()], gap_s, 2.0) == (
+        fastest,
+        math.floor(gap_s / (tps[fastest] * fastest[0])),
+    )
+    # a cap just below the fastest cell's peak rules it out: the next fastest under it
+    limit = PowerLimit(peak[fastest] - 1e-6)
+    allowed = [c for c in cells if peak[c] < limit.limit_w]
+    assert allowed and fastest not in allowed
+    cell, _ = waiting_cell(report.measurements(), [limit], gap_s, 0.0) or ((0, 0.0), 0)
+    assert cell == min(allowed, key=lambda c: tps[c])
+    # every cap the node runs under counts; so does k·σ of the peaks (the selection rule)
+    assert waiting_cell(report.measurements(), [PowerLimit(), limit], gap_s, 0.0) == waiting_cell(
+        report.measurements(), [limit], gap_s, 0.0
+    )
+    noisy = dataclasses.replace(report, peak_sigma_w=(1.0,) * len(cells))
+    margin = PowerLimit(peak[cell] + 1.0)  # the chosen cell's peak + 2σ is over it
+    plain = waiting_cell(report.measurements(), [margin], gap_s, 2.0)
+    assert plain is not None and plain[0] == cell
+    again = waiting_cell(noisy.measurements(), [margin], gap_s, 2.0)
+    assert again is None or again[0] != cell
+
+
+def test_no_waiting_cell_when_nothing_is_feasible_or_no_step_fits() -> None:
+    f = NANO.gpu_freqs_mhz
+    report = _cells_report(NANO, [(8, f[-1]), (64, f[-1])])
+    assert (
+        waiting_cell(report.measurements(), [PowerLimit(0.5)], 1.0, 2.0) is None
+    )  # under every peak
+    step_s = min(t * b for t, b in zip(report.time_per_sample_s, (8, 64), strict=True))
+    assert (
+        waiting_cell(report.measurements(), [PowerLimit()], step_s / 2, 2.0) is None
+    )  # not one step
+    assert waiting_cell(report.measurements(), [PowerLimit()], 0.0, 2.0) is None
+    failed = dataclasses.replace(report, time_per_sample_s=(math.nan, -1.0))
+    assert waiting_cell(failed.measurements(), [PowerLimit()], 1.0, 2.0) is None
