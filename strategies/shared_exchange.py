@@ -96,8 +96,6 @@ class FleetLUTs:
     trained: dict[int, tuple[ArrayRecord, float]] = field(default_factory=dict)
     #: ``SharedProfiling.per_node``: node -> the cells of its first slice, as it measured them
     first_slice: dict[int, CellsReport] = field(default_factory=dict)
-    #: per kind, when its first exchange ended (its slowest node's first slice)
-    kind_first_s: dict[KindKey, float] = field(default_factory=dict)
     #: node -> what it trained while it waited for its kind's LUT (``train_while_waiting``)
     waiting_train: dict[int, Waited] = field(default_factory=dict)
     #: this round's warnings (the first exchange whose aggregation fell back to FedAvg)
@@ -138,7 +136,6 @@ class SharedExchange:
         setup, luts, fleet = self.setup, self.luts, self.fleet
         luts.cost, luts.round_s, luts.kind_s, luts.warnings = {}, 0.0, {}, []
         luts.trained, luts.first_slice, luts.waiting_train = {}, {}, {}
-        luts.kind_first_s = {}
         batch_sizes = {n: fleet.batch_sizes_of(n)[0] for n in fleet.nodes}
         kinds = kinds_of(fleet.nodes, batch_sizes, self.template.model, setup.input_shape)
         luts.kind_of = {n: k for k, prof in kinds.items() for n in prof.nodes}
@@ -221,7 +218,6 @@ class SharedExchange:
         luts.round_s += slowest_s
         for kind, kind_s in kind_slowest.items():
             luts.kind_s[kind] = luts.kind_s.get(kind, 0.0) + kind_s
-            luts.kind_first_s.setdefault(kind, luts.kind_s[kind])
         if not trained or setup.per_node:
             return arrays
         new, warning = aggregate_round(
@@ -236,13 +232,11 @@ class SharedExchange:
         """``fedbuff`` on the devices' time (``SharedProfiling.per_node`` with
         ``steps_train``): a node whose own slices end before its kind's LUT is merged
         (``FleetLUTs.kind_s``) trains in that gap instead of waiting idle, from its own
-        profiled arrays, for as many steps as fit (``shared_profiling.waiting_cell``):
-
-        * from the end of its slices, at the fastest cell of its own first slice that is
-          feasible under its caps (what it knows then);
-        * else (none of them is) from the end of its kind's first exchange, at the fastest
-          feasible cell of that exchange, every node's of the kind (known to the server
-          then); before that it waits.
+        profiled arrays, for as many steps as fit (``shared_profiling.waiting_cell``), at
+        the fastest cell feasible under its caps that it knows of when it starts: from the
+        end of its slices, those of its own first slice and of every other first slice of
+        its kind that ended by then; if none is feasible, from the end of the next such
+        slice that brings one (``_waiting_plan``; before that it waits).
 
         One exchange after the profiling, sent as a profiling request (no warm-up, the steps
         kept). What it cost goes to ``FleetLUTs.waiting_train``; its steps continue the
@@ -302,28 +296,35 @@ class SharedExchange:
 
     def _waiting_plan(self, node_id: int) -> tuple[float, BF, int] | None:
         """When ``node_id`` starts training while it waits, at which cell, how many steps
-        (``train_while_waiting``); None: no gap, no feasible cell or no step fits."""
+        (``train_while_waiting``): at the first moment, from the end of its own slices, at
+        which a cell of its kind's first exchange known by then (its own slice, and each
+        other node's once that slice has ended) is feasible for it. None: no gap, no
+        feasible cell, or no step fits."""
         luts, fleet = self.luts, self.fleet
         kind = luts.kind_of.get(node_id)
-        first = luts.first_slice.get(node_id)
-        if kind is None or first is None or node_id not in fleet.nodes:
+        if kind is None or node_id not in luts.first_slice or node_id not in fleet.nodes:
             return None
         d = fleet.nodes[node_id]
         limits = [cap.with_margin(d.cap_margin) for cap in d.all_caps()]
         k = self.setup.options.peak_sigma_k
         merged_s, own_s = luts.kind_s.get(kind, 0.0), luts.cost.get(node_id, (0.0, 0.0))[0]
-        plan = waiting_cell(first.measurements(), limits, merged_s - own_s, k)
-        if plan is not None:
-            return own_s, plan[0], plan[1]
-        start_s = max(own_s, luts.kind_first_s.get(kind, merged_s))
-        kind_cells = [
-            cell
-            for n, report in sorted(luts.first_slice.items())
+        # the kind's first slices by when they ended (each exchange starts at 0 for its nodes)
+        slices = sorted(
+            (report.profile_time_s, n, report)
+            for n, report in luts.first_slice.items()
             if luts.kind_of.get(n) == kind
-            for cell in report.measurements()
-        ]
-        plan = waiting_cell(kind_cells, limits, merged_s - start_s, k)
-        return None if plan is None else (start_s, plan[0], plan[1])
+        )
+        for start_s in sorted({own_s} | {end for end, _, _ in slices if end > own_s}):
+            known = [
+                cell
+                for end, n, report in slices
+                if end <= start_s or n == node_id
+                for cell in report.measurements()
+            ]
+            plan = waiting_cell(known, limits, merged_s - start_s, k)
+            if plan is not None:
+                return start_s, plan[0], plan[1]
+        return None
 
     def _store_kinds(self, kinds: dict[KindKey, KindProfile]) -> None:
         """Each kind's merged LUT: kept for the run and in the library."""

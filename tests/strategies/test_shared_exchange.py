@@ -587,10 +587,10 @@ def test_a_node_done_before_its_kinds_lut_trains_in_the_gap_from_its_own_arrays(
     for node, msg in sent.items():
         req = ProfileRequest.from_config(dict(msg.content.config_records["config"]))
         assert (req.warmup_steps, req.steps_train, len(req.cells)) == (0, True, 1)
-        # the fastest cell of its first slice under its cap, the steps that fit in its gap
-        first = luts.first_slice[node]
-        limit = FLEET[node].p_max.with_margin(FLEET[node].cap_margin)
-        tps = {(b, f): v[0] for b, f, v in first.measurements() if v[1] < limit.limit_w}
+        # the fastest cell under its cap of the first slices it knows of when its own end
+        # (its own, and those of its kind that ended before), the steps that fit in its gap
+        tps = _feasible_known(luts, node, luts.cost[node][0])
+        assert tps  # each node of this fleet has a feasible cell of its own
         cell = min(tps, key=lambda c: tps[c])
         assert req.cells == [cell]
         assert req.steps == int(gaps[node] // (tps[cell] * cell[0]))
@@ -606,7 +606,20 @@ def test_a_node_done_before_its_kinds_lut_trains_in_the_gap_from_its_own_arrays(
     assert {k: lut.to_json() for k, lut in luts.kind_luts.items()} == kind_luts
 
 
-def test_a_node_with_no_feasible_cell_of_its_own_waits_for_its_kinds_first_exchange(
+def _feasible_known(luts: Any, node: int, at_s: float) -> dict[BF, float]:
+    """The time per sample of each cell of ``node``'s kind's first slices known at ``at_s``
+    (its own, and every other that ended by then) whose peak is under its cap."""
+    limit = FLEET[node].p_max.with_margin(FLEET[node].cap_margin)
+    return {
+        (b, f): v[0]
+        for n, report in luts.first_slice.items()
+        if luts.kind_of[n] == luts.kind_of[node] and (n == node or report.profile_time_s <= at_s)
+        for b, f, v in report.measurements()
+        if v[1] < limit.limit_w
+    }
+
+
+def test_a_node_with_no_feasible_cell_of_its_own_waits_for_one_of_its_kind(
     tmp_path: Path,
 ) -> None:
     grid = BatchGrid(list(FLEET), _handler())
@@ -618,18 +631,15 @@ def test_a_node_with_no_feasible_cell_of_its_own_waits_for_its_kinds_first_excha
     own = luts.first_slice[node]
     # its own cells all over every cap: it has nothing of its own to train at
     luts.first_slice[node] = dataclasses.replace(own, peak_power_w=(100.0,) * len(own.cells_b))
+    assert not _feasible_known(luts, node, luts.cost[node][0])
     strategy.shared.train_while_waiting(grid, 1, timeout_s=5)  # type: ignore[union-attr]
     waited = luts.waiting_train[node]
-    assert waited.start_s == max(luts.cost[node][0], luts.kind_first_s[NANO_KIND])
-    assert luts.kind_first_s[NANO_KIND] <= luts.kind_s[NANO_KIND]
-    # the fastest feasible cell of the kind's first exchange, every node's
-    limit = FLEET[node].p_max.with_margin(FLEET[node].cap_margin)
-    tps = {
-        (b, f): v[0]
-        for n in nanos
-        for b, f, v in luts.first_slice[n].measurements()
-        if v[1] < limit.limit_w
-    }
+    # it starts when the first other slice that brings a feasible cell ends, and trains at
+    # the fastest feasible cell known then
+    ends = sorted(luts.first_slice[n].profile_time_s for n in nanos if n != node)
+    assert waited.start_s in ends and waited.start_s > luts.cost[node][0]
+    assert not any(_feasible_known(luts, node, t) for t in ends if t < waited.start_s)
+    tps = _feasible_known(luts, node, waited.start_s)
     assert waited.cell == min(tps, key=lambda c: tps[c])
     gap_s = luts.kind_s[NANO_KIND] - waited.start_s
     assert waited.steps == int(gap_s // (tps[waited.cell] * waited.cell[0]))
