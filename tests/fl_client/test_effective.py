@@ -107,7 +107,10 @@ def test_a_key_only_another_balance_mode_reads_is_refused_naming_its_mode() -> N
 # ------------------------------------------------------------------------------ fedbuff
 
 
-@pytest.mark.parametrize(("key", "value"), [("buffer-size", 2), ("staleness-weight", "inverse")])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("buffer-size", 2), ("staleness-weight", "inverse"), ("while-waiting", "idle")],
+)
 def test_a_fedbuff_key_typed_without_fedbuff_is_refused(key: str, value: Any) -> None:
     settings = RunSettings.from_config({key: value})
     with pytest.raises(SettingsError) as err:

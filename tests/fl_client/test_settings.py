@@ -91,6 +91,7 @@ def test_overrides_win() -> None:
         ({"cap-margin": "lots"}, "cap-margin: expected a number in [0, 1), got 'lots'"),
         ({"buffer-size": 0}, "buffer-size: expected an integer ≥ 1, got 0"),
         ({"staleness-weight": "sqrt"}, "staleness-weight: unknown value 'sqrt'; allowed: "),
+        ({"while-waiting": "sleep"}, "while-waiting: unknown value 'sleep'; allowed: train, idle"),
         (
             {"aggregation": "fedbuff", "balance": "steps"},
             "balance: 'steps' plans synchronous rounds, and aggregation = \"fedbuff\" has none",
