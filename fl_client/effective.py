@@ -110,6 +110,24 @@ def _fedbuff_idle(settings: RunSettings) -> list[IdleSetting]:
     ]
 
 
+def unread_keys(settings: RunSettings, method: str) -> frozenset[str]:
+    """The run settings a run of ``method`` with ``settings`` does not read, whatever their
+    values: the buffer's without ``fedbuff``; the round plan's where it plans no round (the
+    other balance modes' where it does); ``tracking-uri`` without tracking."""
+    keys = set() if settings.aggregation == "fedbuff" else set(FEDBUFF_KEYS)
+    modes = dict.fromkeys(k for m in BALANCE_MODES.values() for k in m.reads)
+    if settings.balance != "off" and method in PLANNING_METHODS:
+        own = BALANCE_MODES[settings.balance].reads
+        keys.update(k for k in modes if k not in own)
+    else:
+        keys.update((*BALANCE_KEYS, *modes))
+    if method not in PLANNING_METHODS:
+        keys.add("balance")
+    if settings.tracking == "none":
+        keys.add("tracking-uri")
+    return frozenset(keys)
+
+
 def _tracking_idle(settings: RunSettings) -> list[IdleSetting]:
     """``tracking-uri`` without tracking: nothing logs there."""
     if settings.tracking != "none" or not settings.tracking_uri:

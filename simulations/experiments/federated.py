@@ -63,7 +63,8 @@ from simulations.experiments.federated_config import (
     weighted_arm_name,
 )
 from simulations.experiments.progress import Progress
-from simulations.experiments.records import digest, read_record, write_json
+from simulations.experiments.records import digest, read_record, set_aside, write_json
+from simulations.experiments.settings_drift import drift
 from simulations.experiments.study import Outcome, Preflight, RunOptions, StudyPlugin
 
 log = logging.getLogger(__name__)
@@ -551,11 +552,26 @@ class CellLoop:
                 bar.done(line)
 
 
+def _finished(out: Path, cell: Cell) -> bool:
+    """Whether ``cell`` has a record under ``out`` made with the settings it runs with now;
+    one made before a default it leaves implicit changed is set aside (``settings_drift``)."""
+    path = record_path(out, cell)
+    rec = read_record(path, cell.key())
+    if rec is None:
+        return False
+    changed = drift(rec, cell.settings)
+    if changed:
+        made = ", ".join(f"{k} = {then!r} (now {now!r})" for k, (then, now) in changed.items())
+        set_aside(path, f"made with {made}: a default changed since")
+        return False
+    return True
+
+
 def pending(cells: list[Cell], out: Path) -> tuple[list[Cell], dict[str, Any]]:
     """The cells (validated first) without a finished record under ``out``, and the run's
     counts: cells, done, reused, failed."""
     check_plan(cells)
-    todo = [c for c in cells if read_record(record_path(out, c), c.key()) is None]
+    todo = [c for c in cells if not _finished(out, c)]
     counts: dict[str, Any] = {
         "cells": len(cells),
         "cells-done": 0,

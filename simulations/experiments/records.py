@@ -42,12 +42,18 @@ def read_record(path: Path, key: str) -> dict[str, Any] | None:
             raise ValueError("key does not match the current settings")
         return data
     except (ValueError, OSError) as exc:
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
-        aside = path.with_name(f"{path.name}.stale-{stamp}")
-        log.warning("record %s is stale or corrupt (%s): moved to %s", path, exc, aside.name)
-        with contextlib.suppress(OSError):
-            path.replace(aside)
+        set_aside(path, str(exc))
         return None
+
+
+def set_aside(path: Path, why: str) -> None:
+    """Move a stale or corrupt record out of the way (``<name>.stale-<UTC time>``), saying
+    why; its cell runs again."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    aside = path.with_name(f"{path.name}.stale-{stamp}")
+    log.warning("record %s is stale or corrupt (%s): moved to %s", path, why, aside.name)
+    with contextlib.suppress(OSError):
+        path.replace(aside)
 
 
 def load_all(folder: Path) -> list[dict[str, Any]]:

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from fl_client.effective import BALANCE_KEYS, check_effective, idle_settings
+from fl_client.balance import BALANCE_MODES
+from fl_client.effective import BALANCE_KEYS, check_effective, idle_settings, unread_keys
 from fl_client.settings import RunSettings, SettingsError
 
 #: Each balance key away from its default.
@@ -128,3 +129,18 @@ def test_fedbuff_with_its_keys_says_nothing_and_refuses_a_fraction_of_the_fleet(
     settings = RunSettings.from_config({**cfg, "fraction-train": 0.5})
     with pytest.raises(SettingsError, match=r"fraction-train: 0\.5 would take no effect.*busy"):
         check_effective(settings, ["power-aware"], typed=["fraction-train"])
+
+
+def test_unread_keys_are_what_a_run_of_a_method_does_not_read() -> None:
+    sync = RunSettings.from_config({})
+    assert {"buffer-size", "buffer-step", "while-waiting", "straggler-work"} <= unread_keys(
+        sync, "power-aware"
+    )
+    assert "balance" not in unread_keys(sync, "power-aware")
+    assert "balance" in unread_keys(sync, "b1")  # B1 plans no round
+    fedbuff = RunSettings.from_config({"aggregation": "fedbuff"})
+    assert not {"buffer-size", "buffer-step", "while-waiting"} & unread_keys(fedbuff, "b1")
+    steps = RunSettings.from_config({"balance": "steps"})
+    assert not set(BALANCE_MODES["steps"].reads) & unread_keys(steps, "power-aware")
+    assert set(BALANCE_MODES["steps"].reads) <= unread_keys(steps, "b1")
+    assert "tracking-uri" in unread_keys(sync, "power-aware")
