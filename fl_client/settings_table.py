@@ -389,11 +389,12 @@ RUN_SETTINGS: tuple[Setting, ...] = (
     Setting("while-waiting", str, "train", Choice(WHILE_WAITING), read_by="server", doc=
         "with `aggregation = \"fedbuff\"` in a simulation (the twins' device time): what a "
         "node does from the end of its own fleet-shared profiling slices until its kind's "
-        "LUT is merged. `train`: it trains from its profiled weights at the fastest cell of "
-        "its first slice that its cap allows (else, from the end of its kind's first "
-        "exchange, the fastest such cell of that exchange), as many steps as fit, and the "
-        "steps end its profiled update; `idle`: it waits. A deployment waits either way: "
-        "the profiling exchange is a barrier on the wall clock "
+        "LUT is merged. `train`: it trains from its profiled weights at the fastest cell its "
+        "cap allows of the first slices of its kind that have ended by then (its own "
+        "included; where none is feasible, from the end of the next slice that brings one), "
+        "as many steps as fit, and the steps end its profiled update; `idle`: it waits. "
+        "A deployment waits either way: the profiling exchange is a barrier on the wall "
+        "clock "
         "([Asynchronous aggregation](async.md))"),
     Setting("idle-accounting", str, "on", Choice(("on", "off")), read_by="server", doc=
         "`on`: the headline fleet energy (`fleet-energy-j`, `fleet-energy-to-target-j`, the "

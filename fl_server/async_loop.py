@@ -23,9 +23,9 @@ into a version 0 that the fast kinds could not have had: each node's profiled st
 continues from its own, ``SharedProfiling.per_node``) are one update of its own, from
 version 0, ending with its slices, buffered and applied like any other. A node whose own
 slices end before its kind's LUT is merged trains in that gap instead of waiting idle, at
-the fastest feasible cell of its first slice (``SharedExchange.train_while_waiting``); those
-steps end its profiled update. On the wall clock (``arrival``) the exchange is a real
-barrier: every node starts when it ends.
+the fastest feasible cell of its kind's first slices ended by then, its own included
+(``SharedExchange.train_while_waiting``); those steps end its profiled update. On the wall
+clock (``arrival``) the exchange is a real barrier: every node starts when it ends.
 """
 
 from __future__ import annotations
