@@ -567,12 +567,19 @@ def test_a_library_lut_a_nodes_round_disagrees_with_is_set_aside_and_profiled_ag
     assert LUTLibrary(library).get(NANO_KIND) is not None  # the new LUT replaces it
 
 
+def _profiled(library: Path, **shared: Any) -> tuple[BatchGrid, PowerAwareFedAvg]:
+    """A strategy whose fleet-shared profiling with trained, per-node profiled steps
+    (``shared``: more ``SharedProfiling`` settings) has run on a fresh grid."""
+    grid = BatchGrid(list(FLEET), _handler())
+    strategy = _strategy(library, steps_train=True, per_node=True, **shared)
+    strategy.shared_phase(grid, _zeros(), 1, timeout_s=5)
+    return grid, strategy
+
+
 def test_a_node_done_before_its_kinds_lut_trains_in_the_gap_from_its_own_arrays(
     tmp_path: Path,
 ) -> None:
-    grid = BatchGrid(list(FLEET), _handler())
-    strategy = _strategy(tmp_path / "library", steps_train=True, per_node=True)
-    strategy.shared_phase(grid, _zeros(), 1, timeout_s=5)
+    grid, strategy = _profiled(tmp_path / "library")
     luts = strategy.luts
     assert strategy.shared is not None
     kind_luts = {k: lut.to_json() for k, lut in luts.kind_luts.items()}
@@ -622,9 +629,7 @@ def _feasible_known(luts: Any, node: int, at_s: float) -> dict[BF, float]:
 def test_a_node_with_no_feasible_cell_of_its_own_waits_for_one_of_its_kind(
     tmp_path: Path,
 ) -> None:
-    grid = BatchGrid(list(FLEET), _handler())
-    strategy = _strategy(tmp_path / "library", steps_train=True, per_node=True)
-    strategy.shared_phase(grid, _zeros(), 1, timeout_s=5)
+    grid, strategy = _profiled(tmp_path / "library")
     luts = strategy.luts
     nanos = sorted(n for n in FLEET if luts.kind_of[n] == NANO_KIND)
     node = min(nanos, key=lambda n: luts.cost[n][0])  # done first: the longest gap
@@ -648,8 +653,7 @@ def test_a_node_with_no_feasible_cell_of_its_own_waits_for_one_of_its_kind(
 def test_a_node_that_fails_its_steps_in_the_gap_keeps_its_profiled_update(
     tmp_path: Path,
 ) -> None:
-    strategy = _strategy(tmp_path / "library", steps_train=True, per_node=True)
-    strategy.shared_phase(BatchGrid(list(FLEET), _handler()), _zeros(), 1, timeout_s=5)
+    _, strategy = _profiled(tmp_path / "library")
     assert strategy.shared is not None
     profiled = dict(strategy.luts.trained)
     strategy.shared.train_while_waiting(
@@ -671,9 +675,7 @@ def test_without_per_node_profiled_updates_no_node_trains_in_the_gap(tmp_path: P
 
 
 def test_while_waiting_idle_sends_nothing_after_the_profiling(tmp_path: Path) -> None:
-    grid = BatchGrid(list(FLEET), _handler())
-    strategy = _strategy(tmp_path / "library", steps_train=True, per_node=True, waiting="idle")
-    strategy.shared_phase(grid, _zeros(), 1, timeout_s=5)
+    grid, strategy = _profiled(tmp_path / "library", waiting="idle")
     assert strategy.shared is not None
     exchanges, profiled = len(grid.profile_batches()), dict(strategy.luts.trained)
     strategy.shared.train_while_waiting(grid, 1, timeout_s=5)
