@@ -64,7 +64,7 @@ from simulations.experiments.federated_config import (
 )
 from simulations.experiments.progress import Progress
 from simulations.experiments.records import digest, read_record, set_aside, write_json
-from simulations.experiments.settings_drift import drift
+from simulations.experiments.settings_drift import Identity, drift, runs_by_identity
 from simulations.experiments.study import Outcome, Preflight, RunOptions, StudyPlugin
 
 log = logging.getLogger(__name__)
@@ -567,15 +567,41 @@ def _finished(out: Path, cell: Cell) -> bool:
     return True
 
 
+def _adopt(out: Path, cells: list[Cell]) -> set[Cell]:
+    """Those of ``cells`` (none with a record at its key) given a record of the study under
+    another key whose run resolved what the cell resolves to now (the same method, seed,
+    cell version and fleet text, its ``settings.json`` at hand, no ``drift``; the first by
+    file name): a copy written at the cell's record path with the cell's key, settings and
+    uses, and ``adopted-from`` (the record's file name)."""
+
+    def ran_as(cell: Cell) -> Identity:
+        return (cell.method, cell.seed, CELL_VERSION, cell.fleet_text)
+
+    found = runs_by_identity(out / "records" / "cells", {ran_as(c) for c in cells})
+    adopted: set[Cell] = set()
+    for cell in cells:
+        for name, rec in found.get(ran_as(cell), []):
+            if not drift(rec, cell.settings):
+                uses = [list(u) for u in cell.uses]
+                copy = {**rec, "key": cell.key(), "settings": cell.settings, "uses": uses}
+                write_json(record_path(out, cell), {**copy, "adopted-from": name})
+                adopted.add(cell)
+                break
+    return adopted
+
+
 def pending(cells: list[Cell], out: Path) -> tuple[list[Cell], dict[str, Any]]:
-    """The cells (validated first) without a finished record under ``out``, and the run's
-    counts: cells, done, reused, failed."""
+    """The cells (validated first) without a finished record under ``out`` (nor one
+    ``_adopt``-ed), and the run's counts: cells, done, reused (adopted among them), failed."""
     check_plan(cells)
-    todo = [c for c in cells if not _finished(out, c)]
+    missing = [c for c in cells if not _finished(out, c)]
+    adopted = _adopt(out, missing) if missing else set()
+    todo = [c for c in missing if c not in adopted]
     counts: dict[str, Any] = {
         "cells": len(cells),
         "cells-done": 0,
         "cells-reused": len(cells) - len(todo),
+        "cells-adopted": len(adopted),
         "cells-failed": 0,
         "cells-held-elsewhere": 0,
     }

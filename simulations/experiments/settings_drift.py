@@ -6,13 +6,20 @@ cell's key, but its cell would now run with another value: reusing it would repo
 behaviour under the new name. ``drift`` finds such a record from its run's ``settings.json``
 (every run setting as the run resolved it), comparing only what the run reads
 (``fl_client.effective.unread_keys``) and leaving out where the run wrote its files.
+
+The other way round, a cell without a record at its key (its overrides now spell out a
+value its run resolved anyway, e.g. a default about to change) may have one of the study's
+records under another key whose run resolved what the cell resolves to now:
+``runs_by_identity`` indexes the study's records by their run's method, seed, cell version
+and fleet text, each read once, keeping those whose run's ``settings.json`` is at hand (the
+only evidence of what the run resolved); a candidate without ``drift`` is the cell's run.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +34,50 @@ WHERE_KEYS = frozenset(
 )
 
 
+#: What a record's run was beside its settings: (method, seed, cell version, fleet text).
+Identity = tuple[Any, Any, Any, Any]
+
+
+def run_settings(record: Mapping[str, Any]) -> Path | None:
+    """``record``'s run's ``settings.json`` (in its ``run-dir``), if it is at hand."""
+    run_dir = record.get("run-dir")
+    path = Path(str(run_dir)) / "settings.json" if run_dir else None
+    return path if path is not None and path.is_file() else None
+
+
+def identity(record: Mapping[str, Any]) -> Identity:
+    """What ``record``'s run was beside its settings (``Identity``)."""
+    get = record.get
+    return (get("method"), get("seed"), get("cell-version"), get("fleet-text"))
+
+
+def runs_by_identity(
+    folder: Path, wanted: Collection[Identity]
+) -> dict[Identity, list[tuple[str, dict[str, Any]]]]:
+    """The records under ``folder`` (``*.json``: not those set aside) whose ``identity`` is
+    one of ``wanted`` and whose run's ``settings.json`` is at hand, as identity -> [(file
+    name, record)] in file-name order; each file read once, one that does not parse left
+    out."""
+    found: dict[Identity, list[tuple[str, dict[str, Any]]]] = {}
+    for path in sorted(folder.glob("*.json")):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, OSError):
+            continue
+        if not isinstance(record, dict) or identity(record) not in wanted:
+            continue
+        if run_settings(record) is not None:
+            found.setdefault(identity(record), []).append((path.name, record))
+    return found
+
+
 def drift(record: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """The run settings whose value in ``record``'s run (its ``settings.json``) differs from
     the value its cell resolves to now (``settings``: the cell's overrides), as kebab-case
     key -> (then, now), for the settings both runs read. Empty where the record's run folder
     is not at hand (records copied without their runs cannot be checked)."""
-    run_dir = record.get("run-dir")
-    path = Path(str(run_dir)) / "settings.json" if run_dir else None
-    if path is None or not path.is_file():
+    path = run_settings(record)
+    if path is None:
         return {}
     then = {key_of(k): v for k, v in json.loads(path.read_text(encoding="utf-8")).items()}
     resolved = RunSettings.from_config(dict(settings))

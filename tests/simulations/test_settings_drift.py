@@ -1,7 +1,8 @@
 """A finished cell's record against the settings its cell runs with now
 (``simulations.experiments.settings_drift``, ``federated.pending``): a record made before a
 default changed is found by its run's ``settings.json`` and set aside; what the run does not
-read, and where it wrote its files, never counts."""
+read, and where it wrote its files, never counts. A cell without a record at its key adopts
+one under another key whose run resolved what the cell resolves to now."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from fl_client.contract import to_record
 from fl_client.settings import RunSettings
 from simulations.experiments.federated import Cell, pending, record_path
+from simulations.experiments.federated_config import CELL_VERSION
 from simulations.experiments.settings_drift import drift
 
 SETTINGS = {"method": "power-aware", "seed": 1, "num-rounds": 2}
@@ -70,3 +74,109 @@ def test_a_drifted_record_is_set_aside_and_its_cell_runs_again(tmp_path: Path) -
     assert not path.exists()
     (aside,) = path.parent.glob(f"{path.name}.stale-*")
     assert json.loads(aside.read_text())["key"] == cell.key()
+
+
+ON_FLEET = {**SETTINGS, "fleet": "default"}
+#: ``ON_FLEET`` with the aggregation its run resolves spelled out (as an arm that makes a
+#: default explicit before it changes)
+EXPLICIT = {**ON_FLEET, "aggregation": "fedavg"}
+
+
+def _cell(settings: dict[str, Any], fleet_text: str = "fleet text") -> Cell:
+    return Cell(tuple(sorted(settings.items())), fleet_text, (("arms", "off"),))
+
+
+def _finished(tmp_path: Path, out: Path, cell: Cell, **made: Any) -> Path:
+    """``cell``'s record as a study writes it (its run resolved ``cell``'s settings with
+    ``made`` in place of some values) at its record path; the path."""
+    record = {
+        **_record(tmp_path, cell.settings, **made),
+        "key": cell.key(),
+        "cell-version": CELL_VERSION,
+        "uses": [list(u) for u in cell.uses],
+        "seed": cell.seed,
+        "method": cell.method,
+        "fleet-text": cell.fleet_text,
+        "summary": {"final-accuracy": 0.9},
+    }
+    path = record_path(out, cell)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_a_cell_that_spells_out_what_its_run_resolved_adopts_the_record(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    old = _finished(tmp_path / "a", out, _cell(ON_FLEET))
+    cell = _cell(EXPLICIT)
+    assert cell.key() != _cell(ON_FLEET).key()
+    todo, counts = pending([cell], out)
+    assert todo == [] and counts["cells-adopted"] == 1 and counts["cells-reused"] == 1
+    adopted = json.loads(record_path(out, cell).read_text())
+    assert adopted["key"] == cell.key() and adopted["settings"] == EXPLICIT
+    assert adopted["adopted-from"] == old.name and old.is_file()
+    assert adopted["summary"] == {"final-accuracy": 0.9}
+    assert adopted["run-dir"] == json.loads(old.read_text())["run-dir"]
+    todo, counts = pending([cell], out)  # found at its key from now on
+    assert todo == [] and counts["cells-adopted"] == 0 and counts["cells-reused"] == 1
+
+
+def test_a_record_whose_run_resolved_another_value_is_not_adopted(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    old = _finished(tmp_path / "a", out, _cell(ON_FLEET), aggregation="fednova")
+    cell = _cell(EXPLICIT)
+    todo, counts = pending([cell], out)
+    assert todo == [cell] and counts["cells-adopted"] == 0
+    assert not record_path(out, cell).exists()
+    # the same record, its run resolved as the cell resolves now: adopted
+    _record(tmp_path / "a", ON_FLEET)
+    assert pending([cell], out)[0] == []
+    assert json.loads(record_path(out, cell).read_text())["adopted-from"] == old.name
+
+
+def test_a_record_set_aside_for_drift_is_not_adopted(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    implicit, fednova = _cell(ON_FLEET), _cell({**ON_FLEET, "aggregation": "fednova"})
+    old = _finished(tmp_path / "a", out, implicit, aggregation="fednova")
+    todo, counts = pending([implicit, fednova], out)
+    assert todo == [implicit, fednova] and counts["cells-adopted"] == 0
+    (aside,) = old.parent.glob(f"{old.name}.stale-*")
+    # had it not been set aside, the cell that spells out fednova would have adopted it
+    aside.rename(old)
+    todo, counts = pending([fednova], out)
+    assert todo == [] and counts["cells-adopted"] == 1
+
+
+@pytest.mark.parametrize(
+    "other",
+    [{"fleet-text": "another fleet"}, {"seed": 2}, {"cell-version": CELL_VERSION - 1}],
+    ids=["fleet-text", "seed", "cell-version"],
+)
+def test_a_record_of_another_fleet_seed_or_cell_version_is_not_adopted(
+    tmp_path: Path, other: dict[str, Any]
+) -> None:
+    out = tmp_path / "out"
+    mate = _cell({**ON_FLEET, "seed": other.get("seed", 1)}, other.get("fleet-text", "fleet text"))
+    path = _finished(tmp_path / "a", out, mate)
+    path.write_text(json.dumps({**json.loads(path.read_text()), **other}))
+    cell = _cell(EXPLICIT)
+    todo, counts = pending([cell], out)
+    assert todo == [cell] and counts["cells-adopted"] == 0
+    # one that ran as the cell: adopted
+    _finished(tmp_path / "b", out, _cell(ON_FLEET))
+    todo, counts = pending([cell], out)
+    assert todo == [] and counts["cells-adopted"] == 1
+
+
+def test_a_record_without_its_runs_settings_is_not_adopted(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    old = _finished(tmp_path / "a", out, _cell(ON_FLEET))
+    settings_json = tmp_path / "a" / "run" / "settings.json"
+    text = settings_json.read_text()
+    settings_json.unlink()
+    cell = _cell(EXPLICIT)
+    todo, counts = pending([cell], out)
+    assert todo == [cell] and counts["cells-adopted"] == 0
+    settings_json.write_text(text)
+    todo, counts = pending([cell], out)
+    assert todo == [] and json.loads(record_path(out, cell).read_text())["adopted-from"] == old.name
