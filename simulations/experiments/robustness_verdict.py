@@ -15,15 +15,16 @@ The pairs of (b)–(d) are those where at least one of the two reaches the targe
 only the reference reaches it the arm is later and uses more (ratio ∞); where only the arm
 reaches it the reference's figures to the end of its run (a lower bound of its own to the
 target) stand in, so that ratio is an upper bound; a pair where neither reaches it is left
-out and listed. The proposal: among the synchronous arms that meet all four, the fastest by
-median time ratio against B1; if none does, the safest (fewest misses of targets B1
-reaches, then fewest pairs later than ``off``, then the lowest median time ratio), with
-the criteria it fails.
+out and listed. The proposal: among the arms that meet all four, synchronous or not, the
+fastest by median time ratio against B1; if none does, the safest (fewest misses of
+targets B1 reaches, then fewest pairs later than ``off``, then the lowest median time
+ratio), with the criteria it fails. The same choice among the synchronous arms alone gives
+the synchronous default an asynchronous arm is compared with.
 
 An arm whose runs aggregate with ``fedbuff`` (asynchronous: its "rounds" are model
 versions) is also held to issue 33's goals: no miss of a target B1 reaches, an idle share
 (the run summary's ``idle-share``) ≤ ``ASYNC_IDLE_SHARE_MAX`` in every run, a median time
-ratio against B1 ≤ ``ASYNC_TIME_VS_B1_MAX``, no later than the proposed synchronous default
+ratio against B1 ≤ ``ASYNC_TIME_VS_B1_MAX``, no later than the synchronous default
 in ≥ ``ASYNC_NO_LATER_THAN_DEFAULT_SHARE`` of the pairs and no more energy than B1 in
 ≥ ``ASYNC_NO_MORE_ENERGY_THAN_B1_SHARE``.
 """
@@ -260,7 +261,7 @@ def _safety(j: Mapping[str, Any]) -> tuple[float, float, float]:
 
 
 def choose(judged: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Among ``judged`` (synchronous arms): those that meet all four, and the proposal."""
+    """Among ``judged``: those that meet all four, and the proposal."""
     passing = [j for j in judged if j["meets-all"]]
     if passing:
         best = min(passing, key=lambda j: _safety(j)[2])
@@ -390,14 +391,16 @@ def coverage(pairs: Pairs, config: Mapping[str, Any], arms: Sequence[str]) -> di
 
 
 def verdict(pairs: Pairs, study: Mapping[str, Any], crit: str) -> dict[str, Any]:
-    """The four criteria for every power-aware arm under ``crit``, the proposal among the
-    synchronous ones and issue 33's goals for the asynchronous ones."""
+    """The four criteria for every power-aware arm under ``crit``, the proposal among them
+    all, the synchronous default (the same choice among the synchronous arms) and issue 33's
+    goals for the asynchronous arms against it."""
     refs = (study["b1"], study["off"])
     judged = [judge_arm(pairs, arm, refs, crit) for arm in study["power-aware"]]
     sync = [j for j in judged if j["arm"] not in study["async"]]
-    out = {"arms": judged, **choose(sync)}
+    out = {"arms": judged, **choose(judged), "synchronous": choose(sync)["proposed"]}
+    out["proposed-is-async"] = out["proposed"] in study["async"]
     out["async"] = [
-        judge_async(pairs, arm, (refs[0], out["proposed"]), crit, study["idle-shares"][arm])
+        judge_async(pairs, arm, (refs[0], out["synchronous"]), crit, study["idle-shares"][arm])
         for arm in study["async"]
     ]
     return out
@@ -461,15 +464,21 @@ def _fails(v: Mapping[str, Any], arm: str) -> str:
 def proposal_text(v: Mapping[str, Any]) -> str:
     """One sentence: the arms that meet all four criteria and the proposed default."""
     if v["proposed"] is None:
-        return "No synchronous power-aware arm to propose."
+        return "No power-aware arm to propose."
     judged = next(j for j in v["arms"] if j["arm"] == v["proposed"])
     speed = median_text(judged["median-time-vs-b1"])
     if v["proposed-as"] == "fastest":
         aim = judged["median-time-vs-b1"] <= 1.0 / SOONER_THAN_B1_AIM_X + EPS
+        how = ' (asynchronous: aggregation = "fedbuff")' if v.get("proposed-is-async") else ""
+        sync = (
+            f" The synchronous default it is compared with: `{v['synchronous']}`."
+            if v.get("proposed-is-async") and v.get("synchronous")
+            else ""
+        )
         return (
-            f"meet all four: {_named(v['meets-all'])}. Proposed default: `{v['proposed']}`, "
-            f"the fastest of them by median time against B1 ({speed}; the "
-            f"{SOONER_THAN_B1_AIM_X:g}× aim {'met' if aim else 'not met'})."
+            f"meet all four: {_named(v['meets-all'])}. Proposed default: `{v['proposed']}`"
+            f"{how}, the fastest of them by median time against B1 ({speed}; the "
+            f"{SOONER_THAN_B1_AIM_X:g}× aim {'met' if aim else 'not met'}).{sync}"
         )
     return (
         f"no arm meets all four. Kept: `{v['proposed']}`, the safest (fewest misses of "
@@ -532,7 +541,7 @@ def _async_section(doc: Doc, v: Mapping[str, Any]) -> None:
         return
     doc.add(
         "Asynchronous (`fedbuff`) arms, issue 33's goals (their rounds are model versions; "
-        f"the synchronous default compared with: `{v['proposed']}`):",
+        f"the synchronous default compared with: `{v['synchronous']}`):",
         "",
     )
     header = [f"{c['title']} (needs {c['needs']})" for c in v["async"][0]["checks"]]

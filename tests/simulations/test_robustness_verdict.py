@@ -113,16 +113,24 @@ def test_each_arm_passes_or_fails_the_criteria_it_should_with_its_denominators()
     assert slow["value"] == pytest.approx(0.7) and slow["measured"] == "0.70× = 1.43× sooner"
 
 
-def test_the_proposal_is_the_fastest_arm_that_meets_all_four_and_never_asynchronous():
+def test_the_proposal_is_the_fastest_arm_that_meets_all_four_asynchronous_or_not():
     v = _choice()["criteria"]["smoothed"]
-    assert v["meets-all"] == ["good2", "good"]  # the fedbuff arms are judged, not proposed
-    assert (v["proposed"], v["proposed-as"], v["fails"]) == ("good", "fastest", [])
-    assert "Proposed default: `good`" in rv.proposal_text(v)
+    # async8 fails issue 33's idle goal, not issue 32's four criteria
+    assert v["meets-all"] == ["good2", "good", "async3", "async8"]
+    assert (v["proposed"], v["proposed-as"], v["fails"]) == ("async3", "fastest", [])
+    assert v["proposed-is-async"] and v["synchronous"] == "good"
+    text = rv.proposal_text(v)
+    assert 'Proposed default: `async3` (asynchronous: aggregation = "fedbuff")' in text
+    assert "3.33× sooner; the 2× aim met" in text
+    assert "The synchronous default it is compared with: `good`." in text
+    v = _choice(drop=tuple(ASYNC))["criteria"]["smoothed"]  # the synchronous arms alone
+    assert (v["proposed"], v["synchronous"], v["proposed-is-async"]) == ("good", "good", False)
+    assert "Proposed default: `good`, the fastest" in rv.proposal_text(v)
     assert "2.50× sooner; the 2× aim met" in rv.proposal_text(v)
 
 
 def test_when_no_arm_meets_all_four_the_safest_is_kept_with_what_it_fails():
-    v = _choice(drop=("good", "good2"))["criteria"]["smoothed"]
+    v = _choice(drop=("good", "good2", *ASYNC))["criteria"]["smoothed"]
     assert v["meets-all"] == []
     # misser is fastest but misses a target B1 reaches; off, late2 and slow07 are never
     # later than off; late2 has the lowest median
@@ -130,7 +138,7 @@ def test_when_no_arm_meets_all_four_the_safest_is_kept_with_what_it_fails():
     text = rv.proposal_text(v)
     assert "no arm meets all four. Kept: `late2`, the safest" in text
     assert "(b) no later than B1: 18/20 pairs no later than B1 = 90.0%, needs ≥ 95%" in text
-    v = _choice(drop=("good", "good2", "late2", "slow07"))["criteria"]["smoothed"]
+    v = _choice(drop=("good", "good2", "late2", "slow07", *ASYNC))["criteria"]["smoothed"]
     assert v["proposed"] == "off" and v["fails"] == ["b-share", "b-median"]
 
 
@@ -256,5 +264,5 @@ def test_the_report_judges_a_fedbuff_arm_from_its_recorded_run(tmp_path):
     assert version is not None and goals["a"]["pass"]
     assert goals["time-b1"]["value"] == pytest.approx(rounds[version - 1]["sim-time-s"] / 16.0)
     assert goals["idle"]["value"] == pytest.approx(summary["idle-share"])
-    assert choice["criteria"]["smoothed"]["proposed"] == "off"
+    assert choice["criteria"]["smoothed"]["synchronous"] == "off"
     assert "## Choosing the default" in report and "| `fb` |" in report
