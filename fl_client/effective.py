@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from fl_client.balance import BALANCE_MODES
-from fl_client.settings import DEPRECATED_KEYS, RunSettings, SettingsError
+from fl_client.settings import DEPRECATED_KEYS, LUT_METHODS, RunSettings, SettingsError
 from fl_client.settings_table import RUN
 
 #: The methods that plan a round (``balance``): those that select from a LUT
 #: (``fl_client.node.NEEDS_LUT``); B1, B2 and fixed run their fixed rule whatever the plan.
-PLANNING_METHODS = ("power-aware", "oracle")
+PLANNING_METHODS = LUT_METHODS
 #: The round plan's own settings: read only when ``balance`` is not ``off``.
 BALANCE_KEYS = ("straggler-work", "round-deadline-s", "critical-r-weight", "deadline-margin")
 #: Set while a command that has named the settings without effect runs its runs (their
@@ -63,13 +63,15 @@ def _value(settings: RunSettings, key: str) -> Any:
     return getattr(settings, key.replace("-", "_"))
 
 
-def idle_settings(settings: RunSettings, methods: Sequence[str]) -> list[IdleSetting]:
-    """The settings of ``settings`` away from their defaults that none of ``methods`` (the
-    runs of one command) reads."""
+def idle_settings(runs: Sequence[RunSettings]) -> list[IdleSetting]:
+    """The settings away from their defaults that none of ``runs`` (the runs of one command,
+    each resolved for its method: one run config, so they differ in ``method`` and what
+    ``aggregation = "auto"`` resolved to) reads."""
+    first = runs[0]
     return [
-        *_round_plan_idle(settings, methods),
-        *_fedbuff_idle(settings),
-        *_tracking_idle(settings),
+        *_round_plan_idle(first, [r.method for r in runs]),
+        *_fedbuff_idle(runs),
+        *_tracking_idle(first),
     ]
 
 
@@ -83,22 +85,33 @@ FEDBUFF_KEYS = (
 )
 
 
-def _fedbuff_idle(settings: RunSettings) -> list[IdleSetting]:
-    """The buffer's settings without ``fedbuff``, and under ``fedbuff`` a share of the
-    fleet per round (``fraction-train``): it has no rounds and keeps every node busy."""
-    if settings.aggregation != "fedbuff":
+def _aggregations(runs: Sequence[RunSettings]) -> str:
+    """``aggregation = "fedavg"``, or per method where the runs differ."""
+    found = dict.fromkeys(r.aggregation for r in runs)
+    if len(found) == 1:
+        return f'aggregation = "{runs[0].aggregation}"'
+    return "aggregation " + ", ".join(f'"{r.aggregation}" ({r.method})' for r in runs)
+
+
+def _fedbuff_idle(runs: Sequence[RunSettings]) -> list[IdleSetting]:
+    """The buffer's settings where no run aggregates with ``fedbuff``, and a share of the
+    fleet per round (``fraction-train``) where every run does: it has no rounds and keeps
+    every node busy."""
+    settings = runs[0]
+    if all(r.aggregation != "fedbuff" for r in runs):
         return [
             IdleSetting(
                 k,
                 _value(settings, k),
-                f'only aggregation = "fedbuff" reads it, and this run has aggregation = '
-                f'"{settings.aggregation}"',
+                f'only aggregation = "fedbuff" reads it, and this run has {_aggregations(runs)}',
                 f'set aggregation = "fedbuff" or leave {k} out',
             )
             for k in FEDBUFF_KEYS
             if _value(settings, k) != _default(k)
         ]
-    if settings.fraction_train == _default("fraction-train"):
+    if any(r.aggregation != "fedbuff" for r in runs) or settings.fraction_train == _default(
+        "fraction-train"
+    ):
         return []
     return [
         IdleSetting(
@@ -191,21 +204,20 @@ def partly_idle(settings: RunSettings, methods: Sequence[str]) -> str | None:
     )
 
 
-def check_effective(
-    settings: RunSettings, methods: Sequence[str], typed: Collection[str] = ()
-) -> str | None:
-    """Refuse a setting typed for this run (``typed``: its keys, deprecated names too) that
-    none of ``methods`` reads: a SettingsError naming it. Return one warning line naming
-    every other setting that takes no effect (carried by the config), or None."""
+def check_effective(runs: Sequence[RunSettings], typed: Collection[str] = ()) -> str | None:
+    """Refuse a setting typed for this command (``typed``: its keys, deprecated names too)
+    that none of ``runs`` (each resolved for its method) reads: a SettingsError naming it.
+    Return one warning line naming every other setting that takes no effect (carried by the
+    config), or None."""
     typed_keys = {DEPRECATED_KEYS.get(k, k) for k in typed}
-    idle = idle_settings(settings, methods)
+    idle = idle_settings(runs)
     for item in idle:
         if item.key in typed_keys:
             raise SettingsError(
                 f"{item.key}: {item.value!r} would take no effect: {item.why}; {item.remedy}"
             )
     parts = [f"{item.shown} ({item.why})" for item in idle]
-    partly = partly_idle(settings, methods)
+    partly = partly_idle(runs[0], [r.method for r in runs])
     if partly is not None:
         parts.append(partly)
     if not parts:

@@ -9,7 +9,13 @@ from pathlib import Path
 
 from fl_client.contract import SettingsError
 from fl_client.node_checks import DescriptorFolder
-from fl_client.settings import NodeSettings, RunSettings, app_defaults, resolve_path
+from fl_client.settings import (
+    NodeSettings,
+    RunSettings,
+    app_defaults,
+    fleet_buffer_size,
+    resolve_path,
+)
 from fl_client.settings_table import MIN_ROUND_TIMEOUT_S
 
 
@@ -185,7 +191,9 @@ def check_before_start(settings: RunSettings, fleet: list[NodeSettings]) -> None
             f"that never come; set min-train-nodes to at most {len(fleet)} "
             f"(-c min-train-nodes={len(fleet)}) or add nodes to the fleet"
         )
-    if settings.aggregation == "fedbuff" and settings.buffer_size > len(fleet):
+    if settings.aggregation == "fedbuff" and fleet_buffer_size(
+        settings.buffer_size, len(fleet)
+    ) > len(fleet):
         raise SettingsError(
             f"buffer-size: {settings.buffer_size}, but the fleet ({Path(settings.fleet).name}) "
             f"has {len(fleet)} nodes: one version would wait for more updates than the fleet has "

@@ -37,6 +37,7 @@ from fl_client.settings_table import (
     NODE_OWN_SETTINGS,
     NODE_SETTINGS,
     PARTITIONINGS,
+    RUN,
     RUN_SETTINGS,
     SCHEDULE_FORMS,
     choices,
@@ -61,9 +62,34 @@ __all__ = [
 
 #: The source tree (None for an installed wheel): its docs and the data kit beside it.
 REPO_ROOT = Path(__file__).resolve().parents[1]
-#: ``aggregation``'s and ``idle-accounting``'s values (their entries in the settings table).
-AGGREGATIONS = choices("aggregation")
+#: The aggregations ``aggregation`` names (its entry in the settings table, less ``auto``,
+#: which resolves to one of them per run: ``auto_aggregation``), and ``idle-accounting``'s
+#: values.
+AGGREGATIONS = tuple(a for a in choices("aggregation") if a != "auto")
 IDLE_ACCOUNTING = choices("idle-accounting")
+
+
+#: The methods that pick (b, f) from a LUT by Eq. 4 and so can plan a round (``balance``);
+#: B1, B2 and fixed run their fixed rule.
+LUT_METHODS = ("power-aware", "oracle")
+
+
+def auto_aggregation(method: str, balance: str) -> str:
+    """What ``aggregation = "auto"`` (the default) resolves to for a run of ``method``:
+    ``fedbuff`` (no node waits for the slowest) for the methods that pick from a LUT
+    without a round plan; ``fedavg`` for B1, B2 and fixed, the synchronous state of practice
+    the power-aware method is compared with, and for a round plan, which needs rounds. The
+    robustness study chose it (docs/experiments.md)."""
+    return "fedbuff" if method in LUT_METHODS and balance == "off" else "fedavg"
+
+
+def fleet_buffer_size(buffer_size: int, num_nodes: int) -> int:
+    """``fedbuff``'s K on a fleet of ``num_nodes``: ``buffer-size``, except that its default
+    becomes the fleet's size on a smaller fleet (so the default run works on a fleet of one
+    or two boards). Any other value above the fleet's size is refused where the fleet is
+    known: ``fl_client.preflight`` and the server's start (``fl_server.async_loop``)."""
+    default = int(RUN["buffer-size"].value)
+    return min(buffer_size, num_nodes) if buffer_size == default else buffer_size
 
 
 def unknown_key_error(key: str, known: list[str] | tuple[str, ...], where: str) -> SettingsError:
@@ -260,6 +286,10 @@ class RunSettings:
         defaults = {**run_defaults(), **app_defaults()}
         cfg, _ = translate_deprecated({**defaults, **dict(run_config)}, defaults)
         settings = cls(**parse_settings(cfg, RUN_SETTINGS, "run settings"))
+        if settings.aggregation == "auto":
+            settings = replace(
+                settings, aggregation=auto_aggregation(settings.method, settings.balance)
+            )
         if settings.method == "fixed" and None in (
             settings.fixed_batch_size,
             settings.fixed_freq_mhz,

@@ -350,9 +350,15 @@ RUN_SETTINGS: tuple[Setting, ...] = (
         "the run's nodes are the fleet file's (Flower's partition *i* is fleet node *i*), so "
         "the server names a node that failed by its fleet entry; `powerfl simulate --engine "
         "runtime` sets it (the in-process engine hands the fleet to the server itself)"),
-    Setting("aggregation", str, "fedavg",
-            Choice(("fedavg", "fednova", "fedavg-capped", "fedbuff")), read_by="server", doc=
-        "how the server combines the nodes' arrays each round: `fedavg` (weighted by local "
+    Setting("aggregation", str, "auto",
+            Choice(("auto", "fedavg", "fednova", "fedavg-capped", "fedbuff")), read_by="server",
+            doc=
+        "`auto` (the default): `fedbuff` for the methods that pick (b, f) from a LUT "
+        "(`power-aware`, `oracle`) with `balance = \"off\"`, `fedavg` for `b1`, `b2` and "
+        "`fixed` (the synchronous state of practice) and for a round plan (`balance` on); "
+        "the run records the one it resolved to ([The "
+        "default](async.md#the-default-asynchronous-for-the-power-aware-method)). Else how "
+        "the server combines the nodes' arrays each round: `fedavg` (weighted by local "
         "samples), `fednova` (FedNova's normalised averaging: each node's update divided by"
         " its local work, `local-steps` × `local-lr`, then scaled by the fleet's mean work) "
         "or `fedavg-capped` (FedAvg with the weight of a node that did more than the "

@@ -23,6 +23,7 @@ from fl_client.settings import (
     NodeSettings,
     RunSettings,
     app_defaults,
+    fleet_buffer_size,
     fleet_path,
     load_fleet,
     resolve_path,
@@ -264,7 +265,7 @@ def settings_notes(settings: RunSettings, run_config: Mapping[str, Any]) -> list
     notes = [*translate_deprecated(run_config, app_defaults())[1], *([window] if window else [])]
     if named_by_caller_already():  # powerfl simulate said it once, before its runs
         return notes
-    idle = check_effective(settings, [settings.method])
+    idle = check_effective([settings])
     return notes if idle is None else [*notes, idle]
 
 
@@ -284,9 +285,11 @@ def window_note(settings: RunSettings) -> str | None:
 
 def version_budget(settings: RunSettings, num_nodes: int) -> int:
     """``fedbuff``'s budget of global versions: the updates of ``num-rounds`` synchronous
-    rounds of the fleet (``num-rounds`` × its nodes), ``buffer-size`` per version, rounded
-    up, so a fedbuff run and a synchronous one may train equally often."""
-    return math.ceil(settings.num_rounds * num_nodes / settings.buffer_size)
+    rounds of the fleet (``num-rounds`` × its nodes), K (``fleet_buffer_size``) per version,
+    rounded up, so a fedbuff run and a synchronous one may train equally often."""
+    return math.ceil(
+        settings.num_rounds * num_nodes / fleet_buffer_size(settings.buffer_size, num_nodes)
+    )
 
 
 def start_line(settings: RunSettings, run_dir: Path) -> str:
@@ -363,12 +366,17 @@ def run_server(
         # deployment (docs/async.md)
         ordering = "virtual" if fleet is not None else "arrival"
         clock = VirtualClock(
-            settings.buffer_size,
+            fleet_buffer_size(settings.buffer_size, len(strategy.fleet.nodes)),
             settings.staleness_weight,
             ordering,
             settings.rate_weight,
             settings.buffer_step,
         )
+        if clock.buffer_size < settings.buffer_size:
+            rec.console.print(
+                f"fedbuff: buffer-size {settings.buffer_size} (the default) is more than the "
+                f"fleet's {clock.buffer_size} nodes: each version takes {clock.buffer_size} updates"
+            )
         run = AsyncRun(strategy, grid, clock, rec, settings.round_timeout_s)
         final = run_fedbuff(
             run, initial, version_budget(settings, len(strategy.fleet.nodes)), evaluate

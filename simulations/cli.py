@@ -330,9 +330,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             f"run-dir: names one run's folder, and this command runs {len(methods)} methods "
             f"({', '.join(methods)}); give one method, or leave run-dir out"
         )
-    for method in methods:  # every method's settings are checked before the first run starts
+    runs = []  # every method's settings are checked before the first run starts
+    for method in methods:
         settings, fleet = preflight({**overrides, "method": method})
-    idle = check_effective(settings, methods, typed=overrides)
+        runs.append(settings)
+    idle = check_effective(runs, typed=overrides)
     if idle is not None:
         print(f"powerfl: warning: {idle}", file=sys.stderr, flush=True)
     if engine == "runtime":
