@@ -56,10 +56,11 @@ RETIRED_KEYS = {
 }
 ARM_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 #: The study's arms unless the file lists its own: B1, and power-aware with each balance
-#: mode (``steps`` with FedNova's and with FedAvg's aggregation).
+#: mode (``steps`` with FedNova's and with FedAvg's aggregation); ``off`` is the
+#: synchronous power-aware method (``aggregation = "auto"`` would make it ``fedbuff``).
 DEFAULT_ARMS: list[dict[str, Any]] = [
     {"name": "b1", "method": "b1"},
-    {"name": "off", "method": "power-aware"},
+    {"name": "off", "method": "power-aware", "aggregation": "fedavg"},
     {"name": "samples", "method": "power-aware", "balance": "samples"},
     {
         "name": "steps-fednova",
