@@ -54,12 +54,13 @@ def identity(record: Mapping[str, Any]) -> Identity:
 def runs_by_identity(
     folder: Path, wanted: Collection[Identity]
 ) -> dict[Identity, list[tuple[str, dict[str, Any]]]]:
-    """The records under ``folder`` (``*.json``: not those set aside) whose ``identity`` is
-    one of ``wanted`` and whose run's ``settings.json`` is at hand, as identity -> [(file
-    name, record)] in file-name order; each file read once, one that does not parse left
-    out."""
+    """The records under ``folder`` (``*.json``, and those set aside, ``*.json.stale-*``: a
+    record set aside because its own cell now resolves otherwise is still the record of
+    what its run resolved, which another cell may resolve to now) whose ``identity`` is one
+    of ``wanted`` and whose run's ``settings.json`` is at hand, as identity -> [(file name,
+    record)] in file-name order; each file read once, one that does not parse left out."""
     found: dict[Identity, list[tuple[str, dict[str, Any]]]] = {}
-    for path in sorted(folder.glob("*.json")):
+    for path in sorted([*folder.glob("*.json"), *folder.glob("*.json.stale-*")]):
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
         except (ValueError, OSError):

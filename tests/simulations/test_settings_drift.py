@@ -19,7 +19,8 @@ from simulations.experiments.federated import Cell, pending, record_path
 from simulations.experiments.federated_config import CELL_VERSION
 from simulations.experiments.settings_drift import drift
 
-SETTINGS = {"method": "power-aware", "seed": 1, "num-rounds": 2}
+#: B1: ``aggregation = "auto"`` resolves to fedavg for it
+SETTINGS = {"method": "b1", "seed": 1, "num-rounds": 2}
 
 
 def _record(tmp_path: Path, settings: dict[str, Any], **made: Any) -> dict[str, Any]:
@@ -134,17 +135,19 @@ def test_a_record_whose_run_resolved_another_value_is_not_adopted(tmp_path: Path
     assert json.loads(record_path(out, cell).read_text())["adopted-from"] == old.name
 
 
-def test_a_record_set_aside_for_drift_is_not_adopted(tmp_path: Path) -> None:
+def test_a_record_set_aside_for_drift_is_adopted_by_the_cell_that_resolves_what_it_ran(
+    tmp_path: Path,
+) -> None:
+    """A study spells out the old default in one arm while another arm keeps the cell's old
+    overrides: the record leaves the implicit cell (drift) and goes to the explicit one."""
     out = tmp_path / "out"
     implicit, fednova = _cell(ON_FLEET), _cell({**ON_FLEET, "aggregation": "fednova"})
     old = _finished(tmp_path / "a", out, implicit, aggregation="fednova")
     todo, counts = pending([implicit, fednova], out)
-    assert todo == [implicit, fednova] and counts["cells-adopted"] == 0
+    assert todo == [implicit] and counts["cells-adopted"] == 1
     (aside,) = old.parent.glob(f"{old.name}.stale-*")
-    # had it not been set aside, the cell that spells out fednova would have adopted it
-    aside.rename(old)
-    todo, counts = pending([fednova], out)
-    assert todo == [] and counts["cells-adopted"] == 1
+    assert json.loads(record_path(out, fednova).read_text())["adopted-from"] == aside.name
+    assert not record_path(out, implicit).exists()
 
 
 @pytest.mark.parametrize(
