@@ -292,6 +292,27 @@ def version_budget(settings: RunSettings, num_nodes: int) -> int:
     )
 
 
+def fedbuff_clock(
+    settings: RunSettings, num_nodes: int, simulated: bool, rec: RunRecorder
+) -> VirtualClock:
+    """A ``fedbuff`` run's clock: the twins' device time orders a simulation (its fleet is
+    known), the wall clock a deployment (docs/async.md); K is ``fleet_buffer_size``, and a
+    default larger than the fleet is said."""
+    clock = VirtualClock(
+        fleet_buffer_size(settings.buffer_size, num_nodes),
+        settings.staleness_weight,
+        "virtual" if simulated else "arrival",
+        settings.rate_weight,
+        settings.buffer_step,
+    )
+    if clock.buffer_size < settings.buffer_size:
+        rec.console.print(
+            f"fedbuff: buffer-size {settings.buffer_size} (the default) is more than the "
+            f"fleet's {num_nodes} nodes: each version takes {clock.buffer_size} updates"
+        )
+    return clock
+
+
 def start_line(settings: RunSettings, run_dir: Path) -> str:
     """The run's first console line: method, model, budget, target and folder."""
     fedbuff = settings.aggregation == "fedbuff"
@@ -362,21 +383,7 @@ def run_server(
     record_fleet(strategy.fleet, rec, fleet)
     initial = ArrayRecord(model.state_dict())
     if isinstance(rec, AsyncRecorder):  # aggregation = "fedbuff": no rounds
-        # the twins' device time orders a simulation (its fleet is known); the wall clock a
-        # deployment (docs/async.md)
-        ordering = "virtual" if fleet is not None else "arrival"
-        clock = VirtualClock(
-            fleet_buffer_size(settings.buffer_size, len(strategy.fleet.nodes)),
-            settings.staleness_weight,
-            ordering,
-            settings.rate_weight,
-            settings.buffer_step,
-        )
-        if clock.buffer_size < settings.buffer_size:
-            rec.console.print(
-                f"fedbuff: buffer-size {settings.buffer_size} (the default) is more than the "
-                f"fleet's {clock.buffer_size} nodes: each version takes {clock.buffer_size} updates"
-            )
+        clock = fedbuff_clock(settings, len(strategy.fleet.nodes), fleet is not None, rec)
         run = AsyncRun(strategy, grid, clock, rec, settings.round_timeout_s)
         final = run_fedbuff(
             run, initial, version_budget(settings, len(strategy.fleet.nodes)), evaluate

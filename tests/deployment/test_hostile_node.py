@@ -28,6 +28,7 @@ HOSTILE = "../../escaped"
 #: name -> (device kind, cap in W), as the nodes' own node configs say
 NODES = {"good": ("jetson-nano", 5.0), "hostile": ("jetson-tx2-nx", 7.5)}
 RUN_CONFIG = {
+    "aggregation": '"fedavg"',  # synchronous rounds: the test counts them
     "model": '"cnn"',
     "local-epochs": "1",
     "batch-sizes": '"32,64"',

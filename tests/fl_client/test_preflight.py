@@ -18,6 +18,7 @@ from fl_client.settings import (
     REPO_ROOT,
     RunSettings,
     SettingsError,
+    fleet_buffer_size,
     load_fleet,
 )
 from fl_client.shipped import shipped_dir
@@ -70,9 +71,17 @@ def test_min_train_nodes_above_the_fleet_is_refused(tmp_path: Path) -> None:
 
 def test_a_fedbuff_buffer_larger_than_the_fleet_is_refused(tmp_path: Path) -> None:
     fleet = _fleet(tmp_path, NANO, ORIN)
-    with pytest.raises(SettingsError, match=r"buffer-size: 3, but the fleet .* has 2 nodes"):
-        _check(tmp_path, fleet, aggregation="fedbuff", buffer_size=3)
+    with pytest.raises(SettingsError, match=r"buffer-size: 4, but the fleet .* has 2 nodes"):
+        _check(tmp_path, fleet, aggregation="fedbuff", buffer_size=4)
     _check(tmp_path, fleet, aggregation="fedbuff", buffer_size=2)
+
+
+def test_buffer_sizes_default_takes_a_smaller_fleets_size(tmp_path: Path) -> None:
+    """The default (3) on a 2-node fleet: K = 2, so the default run works on two boards."""
+    fleet = _fleet(tmp_path, NANO, ORIN)
+    _check(tmp_path, fleet, aggregation="fedbuff", buffer_size=3)
+    assert fleet_buffer_size(3, 2) == 2 and fleet_buffer_size(3, 8) == 3
+    assert fleet_buffer_size(4, 2) == 4  # refused where the fleet is known (above)
 
 
 # ----------------------------------------------------------------------- timeouts, dirs

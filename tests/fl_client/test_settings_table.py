@@ -82,6 +82,9 @@ def test_run_settings_fields_follow_the_table() -> None:
 def test_every_default_passes_its_own_check() -> None:
     settings = RunSettings.from_config({})
     for s in RUN_SETTINGS:
+        if s.key == "aggregation":  # "auto" resolves per run: fedbuff for power-aware
+            assert (s.value, settings.aggregation) == ("auto", "fedbuff")
+            continue
         assert getattr(settings, s.field_name) == s.value, s.key
 
 
@@ -150,7 +153,7 @@ def test_a_check_says_what_it_allows() -> None:
     assert NODE["partition-id"].check.allowed() == "an integer ≥ 0"
     assert (
         RUN["aggregation"].check.allowed()
-        == "`fedavg` \\| `fednova` \\| `fedavg-capped` \\| `fedbuff`"
+        == "`auto` \\| `fedavg` \\| `fednova` \\| `fedavg-capped` \\| `fedbuff`"
     )
     assert RUN["balance"].check.allowed().count("`") == 2 * len(settings_table.BALANCE_MODES)
     assert NODE["p-max-w"].parse("4.5") == Cap(4.5)

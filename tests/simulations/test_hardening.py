@@ -84,7 +84,8 @@ def _powerfl(tmp_path: Path, *argv: str) -> subprocess.Popen[str]:
         (["--rounds", "3", "-c", "num-rounds=5"], "num-rounds: --rounds 3 and -c num-rounds=5"),
         (
             ["-c", "aggregation=fednva"],
-            "aggregation: unknown value 'fednva'; allowed: fedavg, fednova",
+            "aggregation: unknown value 'fednva'; allowed: auto, fedavg, fednova, "
+            "fedavg-capped, fedbuff",
         ),
         (["-c", "idle-accounting=yes"], "idle-accounting: unknown value 'yes'; allowed: on, off"),
     ],

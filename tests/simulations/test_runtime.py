@@ -63,6 +63,7 @@ FLEET = textwrap.dedent(
 )
 #: Small settings: the runs are about the runtime, not the learning.
 SMALL = {
+    "aggregation": "fedavg",  # synchronous rounds: the tests count them
     "num-rounds": 1,
     "local-epochs": 1,
     "batch-sizes": "32,64",

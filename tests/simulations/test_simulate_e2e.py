@@ -39,7 +39,7 @@ p-max-w = "none"
 def test_small_fleet_trains_under_caps_with_rising_accuracy(
     tmp_path: Path, small_run: Callable[..., SmallRun]
 ) -> None:
-    run = small_run(FLEET)
+    run = small_run(FLEET, "aggregation='fedavg'")  # synchronous rounds (B1's default)
     proc, run_dir, summary = run.proc, run.run_dir, run.summary
     rounds, nodes = run.rounds, run.nodes
 
@@ -97,6 +97,7 @@ def test_simulate_through_flowers_simulation_runtime(tmp_path):
         "-c", f"cache-dir={json.dumps(str(tmp_path / 'cache'))}",
         "-c", "local-epochs=1", "-c", "batch-sizes='32,64'", "-c", "partitioning='iid'",
         "-c", "proxy-target-accuracy=0.3", "-c", "target-accuracy=1.0",
+        "-c", "aggregation='fedavg'",
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -117,3 +118,18 @@ def test_simulate_through_flowers_simulation_runtime(tmp_path):
     assert f"  power-aware  {run_dir.resolve()}" in text  # the results line
     for absent in ("Starting logstream", "simulated SuperNodes"):
         assert absent not in text
+
+
+@pytest.mark.slow
+def test_the_default_runs_power_aware_asynchronously(small_run: Callable[..., SmallRun]) -> None:
+    """``aggregation = "auto"`` (the default) resolves to ``fedbuff`` for power-aware: no
+    rounds, every node kept busy, on the engine; the start line, ``settings.json`` and the
+    summary say so, and every node trains under its cap."""
+    run = small_run(FLEET)
+    summary = run.summary
+    assert "aggregation=fedbuff" in run.proc.stdout
+    assert json.loads((run.run_dir / "settings.json").read_text())["aggregation"] == "fedbuff"
+    assert summary["aggregation"] == "fedbuff" and (run.run_dir / "updates.jsonl").is_file()
+    assert summary["idle-share"] is not None and 0.0 <= summary["idle-share"] < 1.0
+    assert all(n["rounds-ok"] > 0 for n in summary["nodes"].values())
+    assert all(n["over-cap-rounds"] == 0 for n in summary["nodes"].values())
