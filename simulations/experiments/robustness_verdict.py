@@ -353,10 +353,15 @@ def _reference(arms: Sequence[Mapping[str, Any]], name: str, method: str) -> str
 def async_arms(
     arms: Sequence[Mapping[str, Any]], records: Sequence[Mapping[str, Any]]
 ) -> list[str]:
-    """The arms whose runs aggregate with ``fedbuff`` (by the file or by their records)."""
+    """The arms whose runs aggregate with ``fedbuff`` (by the file, or by their records: the
+    cell's settings, or what the run resolved ``aggregation = "auto"`` to, its summary's)."""
     found = {str(a["name"]) for a in arms if a.get("aggregation") == "fedbuff"}
     for rec in records:
-        if rec.get("settings", {}).get("aggregation") == "fedbuff":
+        ran = (
+            rec.get("settings", {}).get("aggregation"),
+            rec.get("summary", {}).get("aggregation"),
+        )
+        if "fedbuff" in ran:
             found.update(str(arm) for _, arm in rec.get("uses", []))
     return [str(a["name"]) for a in arms if a["name"] in found]
 

@@ -266,3 +266,14 @@ def test_the_report_judges_a_fedbuff_arm_from_its_recorded_run(tmp_path):
     assert goals["idle"]["value"] == pytest.approx(summary["idle-share"])
     assert choice["criteria"]["smoothed"]["synchronous"] == "off"
     assert "## Choosing the default" in report and "| `fb` |" in report
+
+
+def test_an_arm_that_runs_fedbuff_by_the_auto_default_is_asynchronous():
+    """An arm that leaves ``aggregation`` to its ``auto`` default: its runs' summaries say
+    what they resolved to."""
+    arms = [{"name": "b1", "method": "b1"}, {"name": "pa", "method": "power-aware"}]
+    records = [
+        {"uses": [["f0", "pa"]], "settings": {}, "summary": {"aggregation": "fedbuff"}},
+        {"uses": [["f0", "b1"]], "settings": {}, "summary": {"aggregation": "fedavg"}},
+    ]
+    assert rv.async_arms(arms, records) == ["pa"]
