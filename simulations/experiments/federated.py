@@ -567,12 +567,14 @@ def _finished(out: Path, cell: Cell) -> bool:
     return True
 
 
-def _adopt(out: Path, cells: list[Cell]) -> set[Cell]:
+def _adopt(out: Path, cells: list[Cell], planned: set[Path]) -> set[Cell]:
     """Those of ``cells`` (none with a record at its key) given a record of the study under
     another key whose run resolved what the cell resolves to now (the same method, seed,
     cell version and fleet text, its ``settings.json`` at hand, no ``drift``; the first by
     file name): a copy written at the cell's record path with the cell's key, settings and
-    uses, and ``adopted-from`` (the record's file name)."""
+    uses, and ``adopted-from`` (the record's file name). A record adopted that is no planned
+    cell's (``planned``: their record paths) is set aside, so the folder holds one run of
+    each (fleet, seed, arm) for the report."""
 
     def ran_as(cell: Cell) -> Identity:
         return (cell.method, cell.seed, CELL_VERSION, cell.fleet_text)
@@ -586,8 +588,22 @@ def _adopt(out: Path, cells: list[Cell]) -> set[Cell]:
                 copy = {**rec, "key": cell.key(), "settings": cell.settings, "uses": uses}
                 write_json(record_path(out, cell), {**copy, "adopted-from": name})
                 adopted.add(cell)
+                source = out / "records" / "cells" / name
+                if source.suffix == ".json" and source not in planned and source.is_file():
+                    _set_aside_adopted(source, record_path(out, cell).name)
                 break
     return adopted
+
+
+def _set_aside_adopted(path: Path, by: str) -> None:
+    """A record adopted by the cell whose record is ``by`` and no planned cell's own: moved
+    out of the report's way like a stale one (``<name>.stale-<UTC time>``), where a later
+    plan may still adopt it."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = path.with_name(f"{path.name}.stale-{stamp}")
+    log.info("record %s adopted as %s (no cell of this plan): moved to %s", path, by, aside.name)
+    with contextlib.suppress(OSError):
+        path.replace(aside)
 
 
 def pending(cells: list[Cell], out: Path) -> tuple[list[Cell], dict[str, Any]]:
@@ -595,7 +611,8 @@ def pending(cells: list[Cell], out: Path) -> tuple[list[Cell], dict[str, Any]]:
     ``_adopt``-ed), and the run's counts: cells, done, reused (adopted among them), failed."""
     check_plan(cells)
     missing = [c for c in cells if not _finished(out, c)]
-    adopted = _adopt(out, missing) if missing else set()
+    planned = {record_path(out, c) for c in cells}
+    adopted = _adopt(out, missing, planned) if missing else set()
     todo = [c for c in missing if c not in adopted]
     counts: dict[str, Any] = {
         "cells": len(cells),

@@ -109,17 +109,30 @@ def _finished(tmp_path: Path, out: Path, cell: Cell, **made: Any) -> Path:
 def test_a_cell_that_spells_out_what_its_run_resolved_adopts_the_record(tmp_path: Path) -> None:
     out = tmp_path / "out"
     old = _finished(tmp_path / "a", out, _cell(ON_FLEET))
+    run_dir = json.loads(old.read_text())["run-dir"]
     cell = _cell(EXPLICIT)
     assert cell.key() != _cell(ON_FLEET).key()
     todo, counts = pending([cell], out)
     assert todo == [] and counts["cells-adopted"] == 1 and counts["cells-reused"] == 1
     adopted = json.loads(record_path(out, cell).read_text())
     assert adopted["key"] == cell.key() and adopted["settings"] == EXPLICIT
-    assert adopted["adopted-from"] == old.name and old.is_file()
-    assert adopted["summary"] == {"final-accuracy": 0.9}
-    assert adopted["run-dir"] == json.loads(old.read_text())["run-dir"]
+    assert adopted["adopted-from"] == old.name
+    assert adopted["summary"] == {"final-accuracy": 0.9} and adopted["run-dir"] == run_dir
+    # the old record is no cell's of this plan: set aside, so the report reads one run of
+    # the (fleet, seed, arm)
+    assert not old.exists() and len(list(old.parent.glob(f"{old.name}.stale-*"))) == 1
     todo, counts = pending([cell], out)  # found at its key from now on
     assert todo == [] and counts["cells-adopted"] == 0 and counts["cells-reused"] == 1
+
+
+def test_an_adopted_record_that_is_still_a_planned_cells_own_stays(tmp_path: Path) -> None:
+    """Two arms resolve to the same run (one spells the default out): both have it."""
+    out = tmp_path / "out"
+    implicit, explicit = _cell(ON_FLEET), _cell(EXPLICIT)
+    old = _finished(tmp_path / "a", out, implicit)
+    todo, counts = pending([implicit, explicit], out)
+    assert todo == [] and counts["cells-adopted"] == 1 and old.is_file()
+    assert record_path(out, explicit).is_file()
 
 
 def test_a_record_whose_run_resolved_another_value_is_not_adopted(tmp_path: Path) -> None:
