@@ -75,18 +75,19 @@ LUT_METHODS = ("power-aware", "oracle")
 
 
 def auto_aggregation(method: str, balance: str) -> str:
-    """What ``aggregation = "auto"`` (the default) resolves to for a run of ``method``:
-    ``fedbuff`` (no node waits for the slowest) for the methods that pick from a LUT
-    without a round plan; ``fedavg`` for B1, B2 and fixed, the synchronous state of practice
-    the power-aware method is compared with, and for a round plan, which needs rounds. The
-    robustness study chose it (docs/experiments.md)."""
+    """What ``aggregation = "auto"`` resolves to for a run of ``method``: ``fedbuff`` (no
+    node waits for the slowest) for the methods that pick from a LUT without a round plan;
+    ``fedavg`` for B1, B2 and fixed, the synchronous state of practice the power-aware
+    method is compared with, and for a round plan, which needs rounds. Not the default:
+    the robustness study's ``fedbuff`` arm misses one target B1 reaches
+    (docs/experiments.md)."""
     return "fedbuff" if method in LUT_METHODS and balance == "off" else "fedavg"
 
 
 def fleet_buffer_size(buffer_size: int, num_nodes: int) -> int:
     """``fedbuff``'s K on a fleet of ``num_nodes``: ``buffer-size``, except that its default
-    becomes the fleet's size on a smaller fleet (so the default run works on a fleet of one
-    or two boards). Any other value above the fleet's size is refused where the fleet is
+    becomes the fleet's size on a smaller fleet (so a run that leaves it works on a fleet of
+    one or two boards). Any other value above the fleet's size is refused where the fleet is
     known: ``fl_client.preflight`` and the server's start (``fl_server.async_loop``)."""
     default = int(RUN["buffer-size"].value)
     return min(buffer_size, num_nodes) if buffer_size == default else buffer_size

@@ -590,20 +590,11 @@ def _adopt(out: Path, cells: list[Cell], planned: set[Path]) -> set[Cell]:
                 adopted.add(cell)
                 source = out / "records" / "cells" / name
                 if source.suffix == ".json" and source not in planned and source.is_file():
-                    _set_aside_adopted(source, record_path(out, cell).name)
+                    # out of the report's way, where a later plan may still adopt it
+                    why = f"as {record_path(out, cell).name}; no cell of this plan holds it"
+                    set_aside(source, why, state="was adopted")
                 break
     return adopted
-
-
-def _set_aside_adopted(path: Path, by: str) -> None:
-    """A record adopted by the cell whose record is ``by`` and no planned cell's own: moved
-    out of the report's way like a stale one (``<name>.stale-<UTC time>``), where a later
-    plan may still adopt it."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    aside = path.with_name(f"{path.name}.stale-{stamp}")
-    log.info("record %s adopted as %s (no cell of this plan): moved to %s", path, by, aside.name)
-    with contextlib.suppress(OSError):
-        path.replace(aside)
 
 
 def pending(cells: list[Cell], out: Path) -> tuple[list[Cell], dict[str, Any]]:

@@ -46,12 +46,12 @@ def read_record(path: Path, key: str) -> dict[str, Any] | None:
         return None
 
 
-def set_aside(path: Path, why: str) -> None:
-    """Move a stale or corrupt record out of the way (``<name>.stale-<UTC time>``), saying
-    why; its cell runs again."""
+def set_aside(path: Path, why: str, *, state: str = "is stale or corrupt") -> None:
+    """Move a record out of the way (``<name>.stale-<UTC time>``), saying what it ``state``
+    and why: a stale or corrupt one (its cell runs again), or one another cell adopted."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     aside = path.with_name(f"{path.name}.stale-{stamp}")
-    log.warning("record %s is stale or corrupt (%s): moved to %s", path, why, aside.name)
+    log.warning("record %s %s (%s): moved to %s", path, state, why, aside.name)
     with contextlib.suppress(OSError):
         path.replace(aside)
 
