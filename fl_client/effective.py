@@ -81,6 +81,7 @@ FEDBUFF_KEYS = (
     "staleness-weight",
     "rate-weight",
     "buffer-step",
+    "update-budget",
     "while-waiting",
 )
 

@@ -269,6 +269,7 @@ class RunSettings:
     staleness_weight: str
     buffer_step: str
     rate_weight: str
+    update_budget: str
     while_waiting: str
     idle_accounting: str
     initial_weights: str

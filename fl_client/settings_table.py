@@ -75,6 +75,8 @@ STALENESS_FORMS = ("inverse-sqrt", "inverse", "constant")
 RATE_WEIGHTS = ("off", "device-time")
 #: ``buffer-step``: the weight of a full fedbuff step (``strategies.fedbuff``)
 BUFFER_STEPS = ("mean", "fleet")
+#: ``update-budget``: how long a fedbuff run may go (``fl_server.async_loop.UpdateBudget``)
+UPDATE_BUDGETS = ("each-node", "fleet")
 #: ``while-waiting``: what a fedbuff node does until its kind's LUT is merged
 #: (``strategies.shared_exchange.SharedExchange.train_while_waiting``)
 WHILE_WAITING = ("train", "idle")
@@ -194,8 +196,7 @@ RUN_SETTINGS: tuple[Setting, ...] = (
     Setting("num-rounds", int, 30, Integer(lo=1), read_by="server", doc=
         "round budget: the run stops after this many rounds or once it reaches "
         "`target-accuracy` (`target-window`), whichever comes first; with `aggregation = "
-        "\"fedbuff\"`, the updates of that many rounds: `num-rounds` × the fleet's nodes "
-        "updates, in global versions of `buffer-size` updates each (rounded up)"),
+        "\"fedbuff\"`, what `update-budget` makes of it"),
     Setting("target-accuracy", float, 0.85, Number(lo=0.0, hi=1.0), read_by="server", doc=
         "test accuracy of the global model at which the run stops, reached as "
         "`target-window` says"),
@@ -392,6 +393,15 @@ RUN_SETTINGS: tuple[Setting, ...] = (
         "weighs 1/k per update and each node counts by its samples over time, as in a "
         "round; a buffer of fast updates then moves the model by less than a full step "
         "(never more); `off`: FedBuff's weight, samples × staleness factor"),
+    Setting("update-budget", str, "each-node", Choice(UPDATE_BUDGETS), read_by="server", doc=
+        "with `aggregation = \"fedbuff\"`: how long the run may go without reaching the "
+        "target. `each-node`: until every node still in the run has had `num-rounds` of its "
+        "trained updates applied, as long as `num-rounds` synchronous rounds take at least "
+        "(a round lasts as long as its slowest node), so a fleet whose fast boards send most "
+        "updates is not cut short before its slow boards' data count; `fleet`: the updates "
+        "of `num-rounds` rounds of the fleet, `num-rounds` × its nodes, in versions of "
+        "`buffer-size` (rounded up), whoever sends them. Profiled updates come on top of "
+        "either, as a synchronous run's profiling step is no round of its `num-rounds`"),
     Setting("while-waiting", str, "train", Choice(WHILE_WAITING), read_by="server", doc=
         "with `aggregation = \"fedbuff\"` in a simulation (the twins' device time): what a "
         "node does from the end of its own fleet-shared profiling slices until its kind's "

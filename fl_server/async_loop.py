@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
@@ -66,6 +66,27 @@ class WallClock:
     poll_s: float = 0.1
 
 
+@dataclass(frozen=True)
+class UpdateBudget:
+    """How long a ``fedbuff`` run may go without reaching its target (``update-budget``):
+    ``fleet``, ``versions`` global versions (``num-rounds`` × the fleet's nodes updates,
+    whoever sends them); ``each-node``, until every node still in the run has had
+    ``rounds`` of its trained updates applied: as long as ``rounds`` synchronous rounds
+    take at least, since a round lasts as long as its slowest node. Profiled updates come
+    on top of either (``run_fedbuff``)."""
+
+    form: str
+    rounds: int
+    versions: int
+
+    def spent(self, version: int, trained: dict[int, int], live: list[int]) -> bool:
+        """Whether the run stops at global ``version``, with ``trained`` (node -> its
+        trained updates applied so far) and ``live`` (the nodes still in the run)."""
+        if self.form == "fleet":
+            return version >= self.versions
+        return all(trained.get(n, 0) >= self.rounds for n in live)
+
+
 @dataclass
 class AsyncRun:
     """One ``fedbuff`` run's state: the strategy (its fleet, TRAIN configs and LUTs), the
@@ -84,6 +105,8 @@ class AsyncRun:
     flight: dict[str, tuple[Work, float]] = field(default_factory=dict)  # id -> work, deadline
     #: nodes not started yet (``virtual``): (virtual start, node name, node id), in order
     deferred: list[tuple[float, str, int]] = field(default_factory=list)
+    #: node -> its trained updates applied so far (``UpdateBudget``; profiled ones not)
+    trained: dict[int, int] = field(default_factory=dict)
 
     def message(self, work: Work) -> Message:
         """The TRAIN message of ``work``: its base version's arrays and the node's config,
@@ -218,6 +241,7 @@ class AsyncRun:
             node_id, report = a.update.node_id, a.update.payload[1]
             if report is None:  # fleet-shared profiling: its cost goes in the first work's row
                 continue
+            self.trained[node_id] = self.trained.get(node_id, 0) + 1
             row = self.strategy.fleet.failed_row(a.update.work.number, node_id, "")
             shared = self.shared.pop(node_id, (0.0, 0.0))
             self.rows.append(update_row(row, report, shared))
@@ -269,14 +293,14 @@ def start(run: AsyncRun, arrays: ArrayRecord) -> int:
 
 
 def run_fedbuff(
-    run: AsyncRun, initial: ArrayRecord, max_versions: int, evaluate_fn: Evaluate
+    run: AsyncRun, initial: ArrayRecord, budget: UpdateBudget, evaluate_fn: Evaluate
 ) -> ArrayRecord:
-    """The ``fedbuff`` run (see the module docstring) until ``max_versions`` global versions
-    (``num-rounds``) or the version that reaches the target accuracy by the run's target
-    rule (``AsyncRecorder.version_to_target``); returns the final global arrays. Each version is
+    """The ``fedbuff`` run (see the module docstring) until its ``budget`` is spent or the
+    version that reaches the target accuracy by the run's target rule
+    (``AsyncRecorder.version_to_target``); returns the final global arrays. Each version is
     evaluated and recorded (``AsyncRecorder``); so is each update it applied. The profiled
-    updates come on top of ``max_versions``' updates, as a synchronous run's profiling step
-    is no round of its ``num-rounds``."""
+    updates come on top of the budget's updates, as a synchronous run's profiling step is
+    no round of its ``num-rounds``."""
     fleet, clock, rec = run.strategy.fleet, run.clock, run.rec
     if clock.buffer_size > len(fleet.nodes):
         raise SettingsError(
@@ -287,9 +311,14 @@ def run_fedbuff(
     run.wall_t0_s = run.wall.now()
     evaluate_fn(0, initial)
     profiled = start(run, initial)
-    max_versions += -(-profiled // clock.buffer_size)
+    budget = replace(budget, versions=budget.versions + -(-profiled // clock.buffer_size))
+
+    def spent() -> bool:
+        live = [n for n in fleet.nodes if n not in clock.gone]
+        return budget.spent(clock.version, run.trained, live)
+
     arrays = to_record(run.versions[0])
-    while clock.version < max_versions:
+    while not spent():
         step = run.next_step()
         if step is None:  # every node dropped out
             log.warning("fedbuff: no node has work left; the run ends at version %d", clock.version)
@@ -302,7 +331,7 @@ def run_fedbuff(
             if rec.version_to_target() is not None:
                 log.info("target accuracy reached at version %d", clock.version)
                 break
-            if clock.version >= max_versions:
+            if spent():
                 break
         if step.update.work.number > 0:  # a profiled update's node starts as its kind does
             run.send([clock.dispatch(step.update.node_id, step.update.end_s)])

@@ -29,7 +29,7 @@ from fl_client.settings import (
     resolve_path,
     translate_deprecated,
 )
-from fl_server.async_loop import AsyncRun, run_fedbuff
+from fl_server.async_loop import AsyncRun, UpdateBudget, run_fedbuff
 from fl_server.async_records import AsyncRecorder
 from fl_server.lut_library import LUTLibrary
 from fl_server.results import RunRecorder, new_run_dir, untrained_label
@@ -283,13 +283,14 @@ def window_note(settings: RunSettings) -> str | None:
     )
 
 
-def version_budget(settings: RunSettings, num_nodes: int) -> int:
-    """``fedbuff``'s budget of global versions: the updates of ``num-rounds`` synchronous
-    rounds of the fleet (``num-rounds`` × its nodes), K (``fleet_buffer_size``) per version,
-    rounded up, so a fedbuff run and a synchronous one may train equally often."""
-    return math.ceil(
+def update_budget(settings: RunSettings, num_nodes: int) -> UpdateBudget:
+    """``fedbuff``'s budget (``update-budget``): ``num-rounds`` of each node's updates, or
+    the updates of ``num-rounds`` synchronous rounds of the fleet (``num-rounds`` × its
+    nodes) in versions of K (``fleet_buffer_size``), rounded up."""
+    versions = math.ceil(
         settings.num_rounds * num_nodes / fleet_buffer_size(settings.buffer_size, num_nodes)
     )
+    return UpdateBudget(settings.update_budget, settings.num_rounds, versions)
 
 
 def fedbuff_clock(
@@ -320,7 +321,11 @@ def start_line(settings: RunSettings, run_dir: Path) -> str:
         f"[bold]powerfl[/bold] method={settings.method} model={settings.model} "
         + (
             f"aggregation=fedbuff buffer-size={settings.buffer_size} "
-            f"updates≤{settings.num_rounds} rounds' worth "
+            + (
+                f"updates≤{settings.num_rounds} per node "
+                if settings.update_budget == "each-node"
+                else f"updates≤{settings.num_rounds} rounds' worth "
+            )
             if fedbuff
             else f"rounds≤{settings.num_rounds} "
         )
@@ -386,7 +391,7 @@ def run_server(
         clock = fedbuff_clock(settings, len(strategy.fleet.nodes), fleet is not None, rec)
         run = AsyncRun(strategy, grid, clock, rec, settings.round_timeout_s)
         final = run_fedbuff(
-            run, initial, version_budget(settings, len(strategy.fleet.nodes)), evaluate
+            run, initial, update_budget(settings, len(strategy.fleet.nodes)), evaluate
         )
     else:
         rounds = Rounds(settings.num_rounds, settings.round_timeout_s, target)

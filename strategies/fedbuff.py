@@ -259,6 +259,11 @@ class VirtualClock:
         return self._pending[0][0] if self._pending else None
 
     @property
+    def gone(self) -> frozenset[int]:
+        """Nodes dropped from the run (``drop``)."""
+        return frozenset(self._gone_at)
+
+    @property
     def nodes(self) -> list[int]:
         """Every node ever sent work, by id."""
         return sorted(self._works)

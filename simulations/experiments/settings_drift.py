@@ -7,6 +7,12 @@ behaviour under the new name. ``drift`` finds such a record from its run's ``set
 (every run setting as the run resolved it), comparing only what the run reads
 (``fl_client.effective.unread_keys``) and leaving out where the run wrote its files.
 
+A key added since a record was made is not in its ``settings.json``; its run had the
+behaviour from before the key. ``update-budget`` (``fedbuff``): the run had the fleet's
+budget, and it is the run ``each-node`` gives (the default) only where it reached its target
+before every node's ``num-rounds``-th update was applied (``_stops_alike``, from its
+``updates.jsonl``); a run that stopped on its budget drifts, and its cell runs again.
+
 The other way round, a cell without a record at its key (its overrides now spell out a
 value its run resolved anyway, e.g. a default about to change) may have one of the study's
 records under another key whose run resolved what the cell resolves to now:
@@ -90,4 +96,40 @@ def drift(record: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, t
     )
     skip = WHERE_KEYS | unread_keys(resolved, resolved.method) | unread_keys(past, past.method)
     both = sorted(now.keys() & then.keys() - skip)
-    return {k: (then[k], now[k]) for k in both if then[k] != now[k]}
+    out = {k: (then[k], now[k]) for k in both if then[k] != now[k]}
+    budget = "update-budget"
+    # made before the key: the run had the fleet's budget, the same run as each-node's only
+    # if it reached its target before each node's num-rounds-th update was applied
+    if (
+        budget not in then
+        and budget not in skip
+        and now[budget] != "fleet"
+        and not _stops_alike(record, path.parent / "updates.jsonl", int(then["num-rounds"]))
+    ):
+        out[budget] = ("fleet", now[budget])
+    return out
+
+
+def _stops_alike(record: Mapping[str, Any], updates: Path, rounds: int) -> bool:
+    """Whether a ``fedbuff`` run made before ``update-budget`` (with the fleet's budget)
+    stopped where ``each-node`` would have: it reached its target (the summary's
+    ``round-to-target``, a version) and no version before it had every node's ``rounds``-th
+    trained update applied (``updates.jsonl``; every node that sent one counts)."""
+    version = (record.get("summary") or {}).get("round-to-target")
+    if version is None or not updates.is_file():
+        return False  # it stopped on its budget, or its updates cannot be read
+    trained: dict[str, int] = {}
+    lines = [json.loads(line) for line in updates.read_text(encoding="utf-8").splitlines()]
+    nodes = {str(u["node"]) for u in lines}
+    done = sorted(
+        (int(u["version"]), str(u["node"]))
+        for u in lines
+        if u["version"] is not None and u["choice"] != "profiling"
+    )
+    for applied, node in done:
+        if applied >= int(version):
+            break
+        trained[node] = trained.get(node, 0) + 1
+        if len(trained) == len(nodes) and min(trained.values()) >= rounds:
+            return False  # each-node's budget was spent before the target
+    return True

@@ -26,7 +26,7 @@ from rich.console import Console
 
 from fl_client.contract import SettingsError
 from fl_client.lut import KindKey
-from fl_server.async_loop import AsyncRun, WallClock, run_fedbuff
+from fl_server.async_loop import AsyncRun, UpdateBudget, WallClock, run_fedbuff
 from fl_server.async_records import AsyncRecorder
 from fl_server.target import Target
 from strategies.fedbuff import VirtualClock
@@ -126,13 +126,16 @@ def _run(
     profiled: dict[int, float] | None = None,
     buffer_step: str = "mean",
     waiting: dict[int, tuple[float, float]] | None = None,
+    each_node: int | None = None,
 ) -> dict[str, Any]:
     """A run on ``grid`` (default: every node answers at once): ordered by ``arrival`` on a
     ``PushGrid`` (its wall clock, no sleeping), else by ``virtual``. ``kinds``: node ->
     (its kind, when the kind's LUT is merged, the node's own slices' time), as a fleet-shared
     profiling step would leave them; ``profiled``: node -> the value its profiled steps
     left in every array (with 5 examples); ``waiting``: node -> (from when, for how long:
-    s, and as many J) it trained while it waited for its kind's LUT."""
+    s, and as many J) it trained while it waited for its kind's LUT. The budget:
+    ``versions`` global versions (``update-budget = "fleet"``), or with ``each_node``, that
+    many trained updates of every node still in the run (``"each-node"``)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     grid = grid or FakeGrid(sorted(FLEET), _handler(fail))
     strategy = _strategy()
@@ -174,7 +177,12 @@ def _run(
     run = AsyncRun(strategy, grid, clock, rec, 5.0)
     if isinstance(grid, PushGrid):
         run.wall = WallClock(now=grid.now, sleep=lambda _: None)
-    final = run_fedbuff(run, initial, versions, evaluate)
+    budget = (
+        UpdateBudget("fleet", 0, versions)
+        if each_node is None
+        else UpdateBudget("each-node", each_node, 0)
+    )
+    final = run_fedbuff(run, initial, budget, evaluate)
     summ = rec.finish()
     return {"summary": summ, "final": final["x"].numpy(), "seen": seen, "rec": rec}
 
@@ -531,7 +539,7 @@ def test_powerfl_simulate_runs_fedbuff_end_to_end(tmp_path: Path) -> None:
         *(sys.executable, "-m", "simulations", "simulate", "--methods", "power-aware"),
         *("--fleet", str(fleet), "--rounds", "2", "--output-dir", str(out)),
         *("-c", f"cache-dir={json.dumps(str(tmp_path / 'cache'))}", "-c", "target-accuracy=0.99"),
-        *("-c", "aggregation='fedbuff'", "-c", "buffer-size=2"),
+        *("-c", "aggregation='fedbuff'", "-c", "buffer-size=2", "-c", "update-budget='fleet'"),
     ]  # 2 rounds' updates of 3 nodes, 2 per version: 3 versions, and 2 more for the
     # nodes' 3 profiled updates (fleet-shared profiling trains by default)
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
@@ -554,3 +562,42 @@ def test_powerfl_simulate_runs_fedbuff_end_to_end(tmp_path: Path) -> None:
     assert summary["aggregation"] == "fedbuff" and summary["versions"] == 5
     assert 0.0 <= summary["idle-share"] < 1.0
     assert "fedbuff: 5 versions from 10 updates" in proc.stdout
+
+
+def _trained(updates: list[dict[str, Any]]) -> dict[str, int]:
+    """Each node's trained updates applied (profiled ones left out)."""
+    out: dict[str, int] = {}
+    for u in updates:
+        if u["version"] is not None and u["choice"] != "profiling":
+            out[u["node"]] = out.get(u["node"], 0) + 1
+    return out
+
+
+def test_the_fleet_budget_lets_fast_nodes_spend_it_and_each_node_waits_for_the_slowest(
+    tmp_path: Path,
+) -> None:
+    """Node 12 trains 3× as fast as node 11 (``TIMES``). The fleet's budget (2 rounds of 3
+    nodes: 6 updates, 3 versions of 2) ends before the slow node has sent 2; ``each-node``
+    goes on until every node has had 2 applied, and stops at the first version where they
+    have, so its device time covers two of the slowest node's works."""
+    fleet = _run(tmp_path / "fleet", versions=3, target=99.0)
+    by_fleet = _trained(_lines(tmp_path / "fleet" / "updates.jsonl"))
+    assert sum(by_fleet.values()) == 6 and min(by_fleet.values()) < 2
+    each = _run(tmp_path / "each", each_node=2, target=99.0)
+    updates = _lines(tmp_path / "each" / "updates.jsonl")
+    by_node = _trained(updates)
+    assert set(by_node) == set(by_fleet) and min(by_node.values()) == 2
+    assert each["summary"]["versions"] > fleet["summary"]["versions"]
+    last = each["summary"]["versions"]
+    before = _trained([u for u in updates if u["version"] is None or u["version"] < last])
+    assert min(before.values(), default=0) < 2 or len(before) < len(by_node)
+    slowest = [u for u in updates if u["node-id"] == "11" and u["version"] is not None]
+    assert each["summary"]["sim-time-s"] >= max(u["end-s"] for u in slowest)
+
+
+def test_each_node_budget_leaves_out_a_node_that_dropped(tmp_path: Path) -> None:
+    """A node that failed is out of the run: the budget does not wait for its updates."""
+    out = _run(tmp_path, each_node=2, target=99.0, fail=[11])
+    by_node = _trained(_lines(tmp_path / "updates.jsonl"))
+    assert "11" not in {u for u in by_node} and min(by_node.values()) >= 2
+    assert out["summary"]["versions"] >= 2

@@ -28,7 +28,7 @@ from rich.console import Console
 
 from fl_client.contract import Cap, NodeRow, TrainReport
 from fl_client.files import RUN_LOCK
-from fl_server.async_loop import AsyncRun, run_fedbuff
+from fl_server.async_loop import AsyncRun, UpdateBudget, run_fedbuff
 from fl_server.async_records import AsyncRecorder
 from fl_server.results import RunRecorder
 from fl_server.server_app import record_fleet
@@ -252,7 +252,7 @@ def fedbuff_run(
             rec.initial_eval(metrics)
         return metrics
 
-    run_fedbuff(run, ArrayRecord([np.zeros(3)]), versions, evaluate)
+    run_fedbuff(run, ArrayRecord([np.zeros(3)]), UpdateBudget("fleet", 0, versions), evaluate)
     rec.finish()
     return folder
 

@@ -196,3 +196,43 @@ def test_a_record_without_its_runs_settings_is_not_adopted(tmp_path: Path) -> No
     settings_json.write_text(text)
     todo, counts = pending([cell], out)
     assert todo == [] and json.loads(record_path(out, cell).read_text())["adopted-from"] == old.name
+
+
+def _fedbuff_record(
+    tmp_path: Path, reached: int | None, updates: list[tuple[str, int | None]]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A ``fedbuff`` record made before ``update-budget`` existed (its ``settings.json``
+    without the key), that reached its target at version ``reached`` (None: it stopped on
+    its budget), with ``updates`` (node, version applied or None) as its ``updates.jsonl``."""
+    settings = {"method": "power-aware", "seed": 1, "num-rounds": 2, "aggregation": "fedbuff"}
+    rec = _record(tmp_path, settings)
+    made = Path(rec["run-dir"]) / "settings.json"
+    then = json.loads(made.read_text())
+    then = {k: v for k, v in then.items() if k not in ("update-budget", "update_budget")}
+    made.write_text(json.dumps(then))
+    lines = [
+        {"node": n, "version": v, "choice": "b=16 f=921.6MHz"}
+        for n, v in [("a", 1), ("b", 1), *updates]
+    ]  # both nodes' profiled updates, left out of the count
+    lines[:2] = [{**u, "choice": "profiling"} for u in lines[:2]]
+    (made.parent / "updates.jsonl").write_text("\n".join(json.dumps(u) for u in lines))
+    return {**rec, "summary": {"round-to-target": reached}}, settings
+
+
+def test_a_fedbuff_record_from_before_update_budget_drifts_only_where_the_budget_decided(
+    tmp_path: Path,
+) -> None:
+    """Node a sends most updates. Reached at version 3 with b's 1 update applied: each-node
+    (2 of every node's) would have gone on too, so it is the same run; stopped on the
+    fleet's budget, or reached only after every node had 2 applied: it drifts."""
+    early: list[tuple[str, int | None]] = [("a", 2), ("a", 2), ("b", 3), ("a", 3), ("a", 4)]
+    early.append(("b", 4))
+    rec, settings = _fedbuff_record(tmp_path / "early", 3, early)
+    assert drift(rec, settings) == {}
+    rec, settings = _fedbuff_record(tmp_path / "budget", None, early)
+    assert drift(rec, settings) == {"update-budget": ("fleet", "each-node")}
+    rec, settings = _fedbuff_record(tmp_path / "late", 5, [*early, ("a", 5), ("b", None)])
+    assert drift(rec, settings) == {"update-budget": ("fleet", "each-node")}
+    # spelling the fleet's budget out: the record is its cell's run
+    fleet = {**settings, "update-budget": "fleet"}
+    assert drift(rec, fleet) == {}
