@@ -307,7 +307,7 @@ def run_fedbuff(
             f"buffer-size: {clock.buffer_size}, but {len(fleet.nodes)} nodes answered the "
             f"QUERY; give buffer-size at most {len(fleet.nodes)}"
         )
-    rec.start(clock, fleet.names)
+    rec.start(clock, fleet.names, {n: fleet.failed_row(1, n, "") for n in fleet.nodes})
     run.wall_t0_s = run.wall.now()
     evaluate_fn(0, initial)
     profiled = start(run, initial)

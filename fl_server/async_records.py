@@ -5,24 +5,36 @@ A version's "round" is the virtual time since the previous version: ``rounds.jso
 one line per version (its accuracy, its virtual time as ``sim-time-s``, the fleet's
 energy so far), ``nodes.jsonl`` one line per update it applied, and ``summary.json`` the
 synchronous run's keys (``round-to-target`` is the version, ``sim-time-to-target-s`` its
-virtual time) with the buffer's own: ``idle-share``, staleness, updates. Energy is the
-fleet's in each interval of virtual time (``VirtualClock.account``): every node's work
-that overlaps it (pro rata of its part inside) and its idle time at idle power, so a node
-that is always busy counts no idle energy.
+virtual time) with the buffer's own: ``idle-share``, staleness, updates.
+
+**One accounting** (``AsyncRecorder.account_to``): the energy the devices spent in [0, a
+version's virtual time], from the run's clock (``VirtualClock.account``): every work's
+energy pro rata of its part inside, whether its update was applied, still buffered or not
+taken yet (a device that trained spent it), and each node's idle time at its idle power.
+The fleet's figures so far (``rounds.jsonl``, ``summary.json``), each node's totals
+(``summary.json`` → ``nodes``: busy, training and profiling, idle) and ``idle-share`` are all
+that one account, so the nodes' totals add up to the fleet's figures. Some of it is known
+only later: a node's idle power comes with its first training reply (its wait for its
+kind's LUT before it counts from then), and in a deployment a work still in flight when a
+version is made counts once it replies. A version's energy (``round-*-energy-j``) is what
+the account grew by since the previous version: the interval's, plus what became known of
+the time before it; so the energy so far never decreases, and the last version's is the
+summary's. A work with no reply when the run stops (``works-in-flight-at-end``) counts
+neither busy nor idle from its start: its cost is not known.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import astuple, replace
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from fl_client.contract import NodeRow, TrainReport
-from fl_server.results import RoundAccount, RunRecorder, choice_label
+from fl_server.results import NodeTotals, RoundAccount, RunRecorder, choice_label
 from fl_server.target import Target
 from strategies.fedbuff import Applied, NodeTime, Update, VirtualClock, Work, staleness_weight
 from strategies.power_aware import RoundReport
@@ -111,27 +123,28 @@ class AsyncRecorder(RunRecorder):
         #: works sent that had neither replied nor been dropped when the run stopped
         self.in_flight_at_end: list[Work] = []
         self._pending_account: RoundAccount | None = None
-        #: node name -> (s, J) of the training in its applied profiled update
-        self._waiting_train: dict[str, tuple[float, float]] = {}
+        #: node id -> its time and energy in [0, the last version's time] (``account_to``)
+        self.accounted: dict[int, NodeTime] = {}
+        #: the fleet's (busy s, idle s) in [0, each version's time], as accounted then
+        self._on_s: list[tuple[float, float]] = [(0.0, 0.0)]
+        self._templates: dict[int, NodeRow] = {}
 
-    def start(self, clock: VirtualClock, names: Mapping[int, str]) -> None:
-        """The run's clock and the nodes' names."""
+    def start(
+        self,
+        clock: VirtualClock,
+        names: Mapping[int, str],
+        templates: Mapping[int, NodeRow] | None = None,
+    ) -> None:
+        """The run's clock, the nodes' names and (``templates``: ``Fleet.failed_row``) each
+        node's device and cap, for the totals of a node none of whose updates was applied."""
         self.clock, self.names = clock, dict(names)
+        self._templates = dict(templates or {})
 
     def record_update(self, update: Update, applied: Applied | None) -> None:
         """One update taken (``applied``: the version it went into; None: still buffered
         when the run stopped) as a line of ``updates.jsonl``."""
         assert self.clock is not None
         line = update_record(update, self.names, applied, self.clock.staleness_form)
-        if applied is not None and update.payload[1] is None:  # a profiled update
-            # its training while its node waited for the kind's LUT: no row holds it
-            name = self.names.get(update.node_id, str(update.node_id))
-            s, j = self._waiting_train.get(name, (0.0, 0.0))
-            cost = update.cost
-            self._waiting_train[name] = (
-                s + cost.train_time_s,
-                j + cost.energy_j - cost.profile_energy_j,
-            )
         self.updates.append(line)
         self._append("updates.jsonl", line)
 
@@ -140,14 +153,32 @@ class AsyncRecorder(RunRecorder):
     ) -> None:
         """A new global version at the clock's current virtual time: its rows (one per
         update it applied, and any node that failed since the last), evaluation and
-        accounting, through ``RunRecorder.record_round``."""
+        accounting (``account_to``), through ``RunRecorder.record_round``."""
         assert self.clock is not None
         t0, t1 = self.version_s[-1], self.clock.now_s
-        times = self.clock.account(t0, t1)
-        self._pending_account = _interval_account(times, self.names, t1 - t0)
+        grown = self.account_to(t1)
+        self._pending_account = _interval_account(grown, self.names, t1 - t0)
         self.version_s.append(t1)
+        times = self.accounted.values()
+        self._on_s.append((math.fsum(t.busy_s for t in times), math.fsum(t.idle_s for t in times)))
         report = RoundReport(self.clock.version, list(rows), warnings=list(warnings))
         self.record_round(report, metrics)
+
+    def account_to(self, until_s: float) -> dict[int, NodeTime]:
+        """Account [0, ``until_s``] again with all the clock knows now
+        (``VirtualClock.account``) and return what each node's account grew by since the
+        last call: its new part of the interval, and what became known of the time before
+        (an idle power learned from a first training reply; in a deployment a work that was
+        in flight). ``accounted`` keeps each node's account, field by field never lower
+        than before, so the fleet's figures summed over the versions are the nodes'."""
+        assert self.clock is not None
+        grown: dict[int, NodeTime] = {}
+        for node_id, now in self.clock.account(0.0, until_s).items():
+            before = astuple(self.accounted.get(node_id, NodeTime()))
+            after = NodeTime(*map(max, before, astuple(now)))
+            self.accounted[node_id] = after
+            grown[node_id] = NodeTime(*(b - a for a, b in zip(before, astuple(after), strict=True)))
+        return grown
 
     def account_of(self, report: RoundReport) -> RoundAccount:
         account, self._pending_account = self._pending_account, None
@@ -156,21 +187,24 @@ class AsyncRecorder(RunRecorder):
         return account
 
     def _fix_node_totals(self) -> None:
-        """Each node's waiting and idle energy over the run from the clock (a version's
-        rows hold only the nodes it applied), its training while it waited for its kind's
-        LUT (in no row: its profiled update has none), and no "slowest node": no one waits
-        for it."""
-        assert self.clock is not None
-        times = self.clock.account(0.0, self.version_s[-1])
-        for node_id, t in times.items():
+        """Each node's time and energy over the run, training, profiling and idle
+        (``wait-s``), from the run's one account (``accounted``, not from the rows of the
+        updates applied: a version's rows hold only those, and no row holds a work that
+        was not applied), a node none of whose updates was applied included; and no
+        "slowest node": no one waits for it."""
+        for node_id, t in self.accounted.items():
             name = self.names.get(node_id, str(node_id))
             totals = self.node_totals.get(name)
-            if totals is not None:
-                totals.wait_s, totals.idle_energy_j = t.idle_s, t.idle_j
-                totals.slowest_rounds, totals.slowest_time_s = 0, 0.0
-                waited_s, waited_j = self._waiting_train.pop(name, (0.0, 0.0))  # added once
-                totals.train_time_s += waited_s
-                totals.train_energy_j += waited_j
+            if totals is None and t.busy_s + t.idle_s == 0:
+                continue  # no row and no time on: nothing to show
+            if totals is None:
+                totals = self.node_totals[name] = _no_rows_totals(self._templates.get(node_id))
+            totals.train_time_s = t.busy_s - t.profile_s
+            totals.profile_time_s = t.profile_s
+            totals.train_energy_j = t.busy_j - t.profile_j
+            totals.profile_energy_j = t.profile_j
+            totals.wait_s, totals.idle_energy_j = t.idle_s, t.idle_j
+            totals.slowest_rounds, totals.slowest_time_s = 0, 0.0
 
     def summary(self) -> dict[str, Any]:
         """The synchronous summary's keys, those without meaning here null, and the
@@ -209,10 +243,8 @@ class AsyncRecorder(RunRecorder):
                 "updates-buffered-at-end": len(self.updates) - len(applied),
                 "mean-staleness": sum(stale) / len(stale) if stale else None,
                 "max-staleness": max(stale, default=None),
-                "idle-share": self.idle_share(self.version_s[-1]),
-                "idle-share-to-target": (
-                    self.idle_share(self.version_s[upto]) if upto is not None else None
-                ),
+                "idle-share": self.idle_share(len(self.version_s) - 1),
+                "idle-share-to-target": self.idle_share(upto) if upto is not None else None,
                 "works-in-flight-at-end": [
                     {
                         "node": self.names.get(w.node_id, str(w.node_id)),
@@ -230,13 +262,13 @@ class AsyncRecorder(RunRecorder):
         (``fl_server.target``: the mean over ``target-window`` versions); None: not yet."""
         return self.target.round_reached([row.accuracy for row in self.rows])
 
-    def idle_share(self, until_s: float) -> float | None:
-        """The fleet's idle time over its time on (busy + idle) in [0, ``until_s``]."""
-        if self.clock is None or until_s <= 0:
+    def idle_share(self, version: int) -> float | None:
+        """The fleet's idle time over its time on (busy + idle) in [0, ``version``'s time],
+        as its energy is accounted (``account_to``); None before the first version."""
+        if not 0 < version < len(self._on_s):
             return None
-        times = self.clock.account(0.0, until_s).values()
-        on = math.fsum(t.busy_s + t.idle_s for t in times)
-        return math.fsum(t.idle_s for t in times) / on if on else None
+        busy_s, idle_s = self._on_s[version]
+        return idle_s / (busy_s + idle_s) if busy_s + idle_s else None
 
     def print_summary(self, summ: dict[str, Any]) -> None:
         super().print_summary(summ)
@@ -252,6 +284,17 @@ class AsyncRecorder(RunRecorder):
             + (f", idle share of the fleet {100 * share:.1f}%" if share is not None else "")
             + "; rounds above are model versions, times are virtual device time"
         )
+
+
+def _no_rows_totals(template: NodeRow | None) -> NodeTotals:
+    """The totals of a node none of whose updates was applied: its device and cap from its
+    row template (None: unknown), no rounds."""
+    if template is None:
+        return NodeTotals("?")
+    label = template.p_max.label
+    return NodeTotals(
+        template.device, p_max_w=template.p_max.to_record(), cap_label=label, caps=[label]
+    )
 
 
 def update_row(row: NodeRow, report: TrainReport, shared: tuple[float, float]) -> NodeRow:

@@ -139,7 +139,12 @@ class RoundAccount:
 
 @dataclass
 class NodeTotals:
-    """One node over the run (``summary.json`` → ``nodes``): written once, read by reports."""
+    """One node over the run (``summary.json`` → ``nodes``): written once, read by reports.
+
+    In a ``fedbuff`` run (``fl_server.async_records``) its time and energy (training,
+    profiling, ``wait_s``: idle time, ``idle_energy_j``) are its part of the run's one
+    account instead of its rows' sums: every work's part in [0, the last version], applied
+    or not, and its idle time at idle power; ``rounds`` still count its rows."""
 
     device: str
     p_max_w: float | None = None  # the cap of its last round (null: none)

@@ -235,6 +235,7 @@ class VirtualClock:
         self._busy: dict[int, list[tuple[float, float, DeviceCost]]] = {}  # (start, end, cost)
         self._idle_w: dict[int, float] = {}
         self._gone_at: dict[int, float] = {}  # a dropped node: from when it counts no idle
+        self._replied_end: dict[int, float] = {}  # node -> its replied work's end, none sent since
         self._profiled_total = 0.0  # the samples of every profiled update (``add_profiled``)
 
     @property
@@ -276,6 +277,7 @@ class VirtualClock:
         number = self._works.get(node_id, 0) + 1
         self._works[node_id] = number
         self._busy.setdefault(node_id, [])
+        self._replied_end.pop(node_id, None)
         work = Work(node_id, self.version, float(start_s), number)
         self._in_flight[node_id] = work
         return work
@@ -344,6 +346,7 @@ class VirtualClock:
         key = update.end_s if self.ordering == "virtual" else float(self._arrivals)
         heapq.heappush(self._pending, (key, self._rank[node_id], update))
         self._busy[node_id].append((work.start_s, update.end_s, cost))
+        self._replied_end[node_id] = update.end_s
         if math.isfinite(cost.idle_power_w):
             self._idle_w[node_id] = cost.idle_power_w
         if cost.train_time_s > 0:
@@ -448,9 +451,12 @@ class VirtualClock:
 
     def account(self, t0_s: float, t1_s: float) -> dict[int, NodeTime]:
         """Each node's busy time and energy (a work's energy pro rata of its part inside the
-        interval) and idle time and energy (at its idle power; none known: 0 J) in
-        [``t0_s``, ``t1_s``] of virtual time. A work still in flight counts neither busy
-        nor idle from its start: its device time is not known yet."""
+        interval) and idle time and energy (at its idle power; none known yet: 0 J) in
+        [``t0_s``, ``t1_s``] of virtual time. A node is idle only before its first work:
+        a work still in flight counts neither busy nor idle from its start (its device time
+        is not known yet), and nor does a node's time after a work that replied while its
+        next work is not sent yet (it is sent the next from that end: ``arrival`` takes
+        updates while others train, and a reply may wait to be taken)."""
         out: dict[int, NodeTime] = {}
         for node_id in self.nodes:
             t = NodeTime()
@@ -462,10 +468,12 @@ class VirtualClock:
                 t.profile_s += cost.profile_time_s * share
                 t.profile_j += cost.profile_energy_j * share
             # idle only while it has no work: not from the start of a work still in flight
-            # (its time is known once it replies; ``arrival`` takes updates while others
-            # train) nor from the start of the work it was dropped with
+            # (its time is known once it replies), nor from the end of one that replied
+            # (its next starts there), nor from the start of the work it was dropped with
             flying = self._in_flight.get(node_id)
-            busy_from = flying.start_s if flying is not None else math.inf
+            busy_from = (
+                flying.start_s if flying is not None else self._replied_end.get(node_id, math.inf)
+            )
             on_until = min(t1_s, self._gone_at.get(node_id, math.inf), busy_from)
             t.idle_s = max(0.0, on_until - t0_s - t.busy_s)
             t.idle_j = t.idle_s * self._idle_w.get(node_id, 0.0)

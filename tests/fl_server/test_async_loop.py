@@ -298,10 +298,15 @@ def test_a_node_that_trained_while_it_waited_has_it_in_its_profiled_update(
     assert first["13"]["start-s"] == approx(6.3)  # when its own steps end, past its kind's LUT
     # the gap is training, not idle: its time and energy move from idle to the node's totals
     assert out["summary"]["idle-share"] < base["summary"]["idle-share"]
-    nodes, base_nodes = out["summary"]["nodes"], base["summary"]["nodes"]
     name = FLEET[11].node_name
-    assert nodes[name]["train-energy-j"] == approx(base_nodes[name]["train-energy-j"] + 0.1)
-    assert nodes[name]["profile-energy-j"] == approx(base_nodes[name]["profile-energy-j"])
+    for run, trained_s in ((out, 0.1), (base, 0.0)):
+        rec = run["rec"]
+        gap = rec.clock.account(0.3, 0.4)[11]  # its steps there: 0.1 s, 0.1 J
+        assert (gap.busy_j - gap.profile_j, gap.idle_s) == approx((trained_s, 0.1 - trained_s))
+        whole, node = rec.clock.account(0.0, rec.version_s[-1])[11], run["summary"]["nodes"][name]
+        assert node["train-energy-j"] == approx(whole.busy_j - whole.profile_j)
+        assert node["profile-energy-j"] == approx(whole.profile_j)
+        assert node["wait-s"] == approx(whole.idle_s)
     # node 13's 0.1 s between its slices and its steps is idle, not busy
     clock = out["rec"].clock
     assert clock.account(6.0, 6.1)[13].idle_s == approx(0.1)

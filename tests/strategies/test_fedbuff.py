@@ -339,6 +339,24 @@ def test_one_update_from_the_current_version_is_that_update() -> None:
         apply_buffer(g, [])
 
 
+def test_a_node_that_replied_counts_no_idle_before_its_next_work_is_sent() -> None:
+    # ordered by arrival: node 1 (0..1 s) is taken, node 2 (0..3 s) makes the version at
+    # 3 s, and node 1's next work, sent from its end, is not known yet
+    clock = VirtualClock(2, "constant", "arrival")
+    for n in (1, 2):
+        clock.dispatch(n, 0.0)
+    clock.arrive(1, DeviceCost(1.0, 2.0, idle_power_w=1.0), samples=1.0)
+    clock.arrive(2, DeviceCost(3.0, 3.0, idle_power_w=1.0), samples=1.0)
+    assert clock.step() is not None and clock.step() is not None and clock.now_s == 3.0
+    before = clock.account(0.0, 3.0)[1]
+    assert (before.busy_s, before.idle_s) == (1.0, 0.0)  # 1..3 s: not idle, not known yet
+    clock.dispatch(1, 1.0)
+    clock.arrive(1, DeviceCost(1.5, 3.0, idle_power_w=1.0), samples=1.0)  # 1..2.5 s
+    after = clock.account(0.0, 3.0)[1]
+    assert (after.busy_s, after.idle_s) == (2.5, 0.0)  # what is known only grows
+    assert clock.account(0.0, 3.0)[2].idle_s == 0.0
+
+
 def test_the_account_splits_busy_profiling_and_idle_time_in_an_interval() -> None:
     clock = VirtualClock(1, "constant")
     clock.add_busy(1, 0.0, DeviceCost(1.0, 2.0, 1.0, 2.0))  # shared profiling, 0..1
