@@ -78,9 +78,8 @@ def auto_aggregation(method: str, balance: str) -> str:
     """What ``aggregation = "auto"`` resolves to for a run of ``method``: ``fedbuff`` (no
     node waits for the slowest) for the methods that pick from a LUT without a round plan;
     ``fedavg`` for B1, B2 and fixed, the synchronous state of practice the power-aware
-    method is compared with, and for a round plan, which needs rounds. Not the default:
-    the robustness study's ``fedbuff`` arm misses one target B1 reaches
-    (docs/experiments.md)."""
+    method is compared with, and for a round plan, which needs rounds. The default, as
+    the robustness study chose it (docs/experiments.md)."""
     return "fedbuff" if method in LUT_METHODS and balance == "off" else "fedavg"
 
 

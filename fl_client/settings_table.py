@@ -351,10 +351,15 @@ RUN_SETTINGS: tuple[Setting, ...] = (
         "the run's nodes are the fleet file's (Flower's partition *i* is fleet node *i*), so "
         "the server names a node that failed by its fleet entry; `powerfl simulate --engine "
         "runtime` sets it (the in-process engine hands the fleet to the server itself)"),
-    Setting("aggregation", str, "fedavg",
+    Setting("aggregation", str, "auto",
             Choice(("auto", "fedavg", "fednova", "fedavg-capped", "fedbuff")), read_by="server",
             doc=
-        "how the server combines the nodes' arrays each round: `fedavg` (weighted by local "
+        "`auto` (the default): `fedbuff` for the methods that pick (b, f) from a LUT "
+        "(`power-aware`, `oracle`) with `balance = \"off\"`, `fedavg` for `b1`, `b2` and "
+        "`fixed` (the synchronous state of practice) and for a round plan (`balance` on); "
+        "the run records the one it resolved to ([The "
+        "default](async.md#the-default-asynchronous-for-the-power-aware-method)). Else how "
+        "the server combines the nodes' arrays each round: `fedavg` (weighted by local "
         "samples), `fednova` (FedNova's normalised averaging: each node's update divided by"
         " its local work, `local-steps` × `local-lr`, then scaled by the fleet's mean work) "
         "or `fedavg-capped` (FedAvg with the weight of a node that did more than the "
@@ -363,14 +368,8 @@ RUN_SETTINGS: tuple[Setting, ...] = (
         "are FedAvg exactly when every node did equal work "
         "([Aggregation](method.md#aggregation)); `fedbuff`: no rounds, buffered "
         "asynchronous aggregation on the twins' device time (every node kept busy, the "
-        "global model updated every `buffer-size` updates; `num-rounds` budgets the "
-        "updates of that many rounds, `num-rounds` × nodes ÷ `buffer-size` model versions; "
-        "[Asynchronous aggregation](async.md)); `auto`: `fedbuff` for the methods that pick "
-        "(b, f) from a LUT (`power-aware`, `oracle`) with `balance = \"off\"`, `fedavg` for "
-        "`b1`, `b2` and `fixed` (the synchronous state of practice) and for a round plan, "
-        "so one command compares asynchronous power-aware with synchronous B1; the run "
-        "records the one it resolved to (not the default: "
-        "[async.md](async.md#aggregation--auto-asynchronous-power-aware-against-synchronous-b1))"),
+        "global model updated every `buffer-size` updates, for as long as `update-budget` "
+        "says; [Asynchronous aggregation](async.md))"),
     Setting("buffer-size", int, 3, Integer(lo=1), read_by="server", doc=
         "with `aggregation = \"fedbuff\"`: K, the updates the server buffers before it "
         "applies them to the global model as one new version; at most the fleet's size"),

@@ -128,15 +128,15 @@ def test_a_fedbuff_key_typed_without_fedbuff_is_refused(key: str, value: Any) ->
     assert 'only aggregation = "fedbuff" reads it, and this run has aggregation = "fedavg"' in text
     carried = check_effective(settings, typed=[])
     assert carried is not None and f"{key} = " in carried
-    # aggregation = "auto": B1 runs synchronous FedAvg, and reads none of them
+    # aggregation = "auto" (the default): B1 runs synchronous FedAvg, and reads none of them
     with pytest.raises(SettingsError, match=f'{key}: .* aggregation = "fedavg"'):
-        check_effective(runs({key: value, "aggregation": "auto"}, ["b1", "b2"]), typed=[key])
+        check_effective(runs({key: value}, ["b1", "b2"]), typed=[key])
 
 
 def test_a_fedbuff_key_typed_for_a_comparison_is_read_by_its_fedbuff_run() -> None:
-    """``aggregation = "auto"`` with the default methods: power-aware (fedbuff) and B1
-    (fedavg); the power-aware run reads the buffer's settings, so typing one is not refused."""
-    compared = runs({"buffer-size": 2, "aggregation": "auto"}, ["power-aware", "b1"])
+    """The default comparison, power-aware (``auto``: fedbuff) and B1 (``auto``: fedavg):
+    the power-aware run reads the buffer's settings, so typing one is not refused."""
+    compared = runs({"buffer-size": 2}, ["power-aware", "b1"])
     assert [r.aggregation for r in compared] == ["fedbuff", "fedavg"]
     assert check_effective(compared, typed=["buffer-size"]) is None
 
@@ -148,7 +148,7 @@ def test_fedbuff_with_its_keys_says_nothing_and_refuses_a_fraction_of_the_fleet(
     with pytest.raises(SettingsError, match=r"fraction-train: 0\.5 would take no effect.*busy"):
         check_effective(settings, typed=["fraction-train"])
     # with B1 beside it (auto: synchronous rounds), B1's rounds sample the fleet
-    compared = runs({"fraction-train": 0.5, "aggregation": "auto"}, ["power-aware", "b1"])
+    compared = runs({"fraction-train": 0.5}, ["power-aware", "b1"])
     assert check_effective(compared, typed=["fraction-train"]) is None
 
 
@@ -180,7 +180,7 @@ def test_unread_keys_are_what_a_run_of_a_method_does_not_read() -> None:
     )
     assert "balance" not in unread_keys(sync, "power-aware")
     assert "balance" in unread_keys(sync, "b1")  # B1 plans no round
-    fedbuff = RunSettings.from_config({"aggregation": "auto"})  # power-aware, balance off
+    fedbuff = RunSettings.from_config({})  # auto: power-aware with balance off runs fedbuff
     assert not {"buffer-size", "buffer-step", "while-waiting"} & unread_keys(fedbuff, "b1")
     steps = RunSettings.from_config({"balance": "steps"})
     assert not set(BALANCE_MODES["steps"].reads) & unread_keys(steps, "power-aware")

@@ -39,7 +39,7 @@ p-max-w = "none"
 def test_small_fleet_trains_under_caps_with_rising_accuracy(
     tmp_path: Path, small_run: Callable[..., SmallRun]
 ) -> None:
-    run = small_run(FLEET)
+    run = small_run(FLEET, "aggregation='fedavg'")  # synchronous rounds (B1's default)
     proc, run_dir, summary = run.proc, run.run_dir, run.summary
     rounds, nodes = run.rounds, run.nodes
 
@@ -121,11 +121,11 @@ def test_simulate_through_flowers_simulation_runtime(tmp_path):
 
 
 @pytest.mark.slow
-def test_auto_runs_power_aware_asynchronously(small_run: Callable[..., SmallRun]) -> None:
-    """``aggregation = "auto"`` resolves to ``fedbuff`` for power-aware: no rounds, every
-    node kept busy, on the engine; the start line, ``settings.json`` and the summary say
-    so, and every node trains under its cap."""
-    run = small_run(FLEET, "aggregation='auto'")
+def test_the_default_runs_power_aware_asynchronously(small_run: Callable[..., SmallRun]) -> None:
+    """``aggregation = "auto"`` (the default) resolves to ``fedbuff`` for power-aware: no
+    rounds, every node kept busy, on the engine; the start line, ``settings.json`` and the
+    summary say so, and every node trains under its cap."""
+    run = small_run(FLEET)
     summary = run.summary
     assert "aggregation=fedbuff" in run.proc.stdout
     assert json.loads((run.run_dir / "settings.json").read_text())["aggregation"] == "fedbuff"

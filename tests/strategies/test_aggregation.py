@@ -156,8 +156,7 @@ def test_an_unknown_aggregation_is_refused_before_start_naming_the_key() -> None
         _strategy(aggregation="mean")
     with pytest.raises(SettingsError, match="aggregation: unknown value 'nova'"):
         RunSettings.from_config({"aggregation": "nova"})
-    assert RunSettings.from_config({}).aggregation == "fedavg"
-    assert RunSettings.from_config({"aggregation": "auto", "method": "b1"}).aggregation == "fedavg"
+    assert RunSettings.from_config({"method": "b1"}).aggregation == "fedavg"  # auto, for B1
     assert RunSettings.from_config({"aggregation": "fednova"}).aggregation == "fednova"
 
 
