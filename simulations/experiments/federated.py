@@ -554,7 +554,9 @@ class CellLoop:
 
 def _finished(out: Path, cell: Cell) -> bool:
     """Whether ``cell`` has a record under ``out`` made with the settings it runs with now;
-    one made before a default it leaves implicit changed is set aside (``settings_drift``)."""
+    one made before a default it leaves implicit changed is set aside (``settings_drift``).
+    A record reused takes the cell's ``uses`` (the arms that name it in this plan: a plan
+    may rename an arm whose settings stay), so the report finds it under today's names."""
     path = record_path(out, cell)
     rec = read_record(path, cell.key())
     if rec is None:
@@ -564,6 +566,9 @@ def _finished(out: Path, cell: Cell) -> bool:
         made = ", ".join(f"{k} = {then!r} (now {now!r})" for k, (then, now) in changed.items())
         set_aside(path, f"made with {made}: a default changed since")
         return False
+    uses = [list(u) for u in cell.uses]
+    if rec.get("uses") != uses:
+        write_json(path, {**rec, "uses": uses})
     return True
 
 

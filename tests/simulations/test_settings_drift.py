@@ -236,3 +236,15 @@ def test_a_fedbuff_record_from_before_update_budget_drifts_only_where_the_budget
     # spelling the fleet's budget out: the record is its cell's run
     fleet = {**settings, "update-budget": "fleet"}
     assert drift(rec, fleet) == {}
+
+
+def test_a_record_reused_under_a_renamed_arm_takes_the_plans_names(tmp_path: Path) -> None:
+    """The same settings under another arm name (``off`` became ``synchronous``): the record
+    is reused, not run again, and the report finds it under the new name."""
+    out = tmp_path / "out"
+    path = _finished(tmp_path / "a", out, _cell(ON_FLEET))
+    renamed = Cell(_cell(ON_FLEET).overrides, "fleet text", (("arms", "synchronous"),))
+    assert renamed.key() == _cell(ON_FLEET).key()
+    todo, counts = pending([renamed], out)
+    assert todo == [] and counts["cells-reused"] == 1 and counts["cells-adopted"] == 0
+    assert json.loads(path.read_text())["uses"] == [["arms", "synchronous"]]
