@@ -549,7 +549,8 @@ FEDBUFF_CONFIG = {
     "aggregation": '"fedbuff"',
     "buffer-size": "2",
     "staleness-weight": '"inverse"',
-    # with fedbuff: the updates of 2 rounds of the 3 nodes, in 3 versions of 2 updates
+    # with the fleet's budget: the updates of 2 rounds of the 3 nodes, in 3 versions of 2
+    "update-budget": '"fleet"',
     "num-rounds": "2",
     # bounds the QUERY and each work (a healthy work here took up to about 75 s on two
     # loaded cores); the dead node is given up sooner, when the SuperLink answers its
