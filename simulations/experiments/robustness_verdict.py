@@ -38,6 +38,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from fl_client.settings import RUN, auto_aggregation
 from simulations.experiments.report_kit import Doc
 
 # --------------------------------------------------------------------------- thresholds
@@ -339,13 +340,22 @@ def judge_async(
 
 
 def _reference(arms: Sequence[Mapping[str, Any]], name: str, method: str) -> str | None:
-    """The arm called ``name`` if there is one, else the first arm of ``method`` with no
-    other setting (``balance = "off"`` allowed)."""
+    """The arm called ``name`` if there is one, else the first arm of ``method`` that runs
+    synchronous FedAvg rounds without a round plan and has no other setting: ``balance =
+    "off"`` and ``aggregation = "fedavg"`` allowed, and its aggregation as it resolves
+    (``aggregation = "auto"``, the default, makes ``power-aware`` asynchronous, so a plain
+    power-aware arm is not ``off``)."""
     if any(a["name"] == name for a in arms):
         return name
+    plain = {("balance", "off"), ("aggregation", "fedavg")}
     for a in arms:
         rest = {k: v for k, v in a.items() if k not in ("name", "method")}
-        if a.get("method") == method and rest in ({}, {"balance": "off"}):
+        if a.get("method") != method or set(rest.items()) - plain:
+            continue
+        aggregation = rest.get("aggregation", RUN["aggregation"].value)
+        if aggregation == "auto":
+            aggregation = auto_aggregation(method, "off")
+        if aggregation == "fedavg":
             return str(a["name"])
     return None
 

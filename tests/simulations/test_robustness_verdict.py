@@ -219,9 +219,15 @@ def test_an_incomplete_study_gives_a_provisional_verdict_on_its_pairs():
 
 
 def test_the_references_are_b1_and_off_by_name_else_the_plain_arm_of_their_method():
-    renamed = [{**a, "name": "plain"} if a["name"] == "off" else a for a in CONFIG["arms"]]
+    plain = {"name": "plain", "method": "power-aware", "aggregation": "fedavg"}
+    renamed = [plain if a["name"] == "off" else a for a in CONFIG["arms"]]
     choice = rv.choose_default({}, [], {**CONFIG, "arms": renamed})
     assert (choice["b1"], choice["off"]) == ("b1", "plain")
+    # the default power-aware arm (aggregation = "auto": fedbuff) is not the synchronous off
+    default = {"name": "default", "method": "power-aware"}
+    arms = [{"name": "b1", "method": "b1"}, default, {**plain, "name": "sync"}]
+    assert rv.choose_default({}, [], {**CONFIG, "arms": arms})["off"] == "sync"
+    assert rv.choose_default({}, [], {**CONFIG, "arms": arms[:2]})["off"] is None
 
 
 def test_a_study_without_b1_or_off_is_not_judged():
