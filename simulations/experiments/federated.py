@@ -9,22 +9,23 @@ run settings (overrides of ``[tool.flwr.app.config]``) and a seed.
 Issue 7's scenarios are extra cells on the same data and seeds:
 
 * ``balance-energy``: ``scenario-method`` with ``balance = "off"`` against the round plan's
-  ``balance = "energy"`` (with ``deadline-margin``);
+  ``balance = "energy"`` (with ``deadline-margin``), both in synchronous FedAvg rounds
+  (``aggregation = "fedavg"`` spelled out for ``off``, which ``auto`` would make
+  asynchronous);
 * ``varying-cap``: ``varying-cap-fleet`` (nodes with ``p-max-schedule``) against the same
   fleet with every scheduled node fixed at its schedule's minimum (the safe choice a user
   would otherwise make; the derived fleet file is written into the output folder);
 * ``drift``: ``drift-fleet`` (nodes whose twin slows down / draws more from some round)
   with ``drift-check-every`` against the check off.
 
-Cells with identical settings are run once (e.g. balance "off" is the ``power-aware`` cell of
-the method comparison). Each cell runs in its own process (spawned, one Ray instance per
-run, its output in the cell's log, ended with everything it started when it runs past
-``cell-timeout-s``), with a fresh per-cell cache (every method that profiles pays for its
-profiling; a node's oracle r is computed on its own split) except the server's proxy r,
-which is shared across cells (it is host time, not device time, and does not depend on the
-method). A finished cell is one JSON record under ``records/cells/``, holding the run's
-summary, rounds.jsonl, nodes.jsonl and fleet.json as the recorder wrote them; rerunning the
-same command skips finished cells.
+Cells with identical settings are run once. Each cell runs in its own process (spawned,
+one Ray instance per run, its output in the cell's log, ended with everything it started
+when it runs past ``cell-timeout-s``), with a fresh per-cell cache (every method that
+profiles pays for its profiling; a node's oracle r is computed on its own split) except
+the server's proxy r, which is shared across cells (it is host time, not device time, and
+does not depend on the method). A finished cell is one JSON record under
+``records/cells/``, holding the run's summary, rounds.jsonl, nodes.jsonl and fleet.json as
+the recorder wrote them; rerunning the same command skips finished cells.
 """
 
 from __future__ import annotations
@@ -180,7 +181,8 @@ def _variants(
     out = [("methods", m, {**base, "method": m}) for m in cfg.methods]
     if "balance-energy" in cfg.scenarios:
         energy = {"balance": "energy", "deadline-margin": cfg.deadline_margin}
-        out.append(("balance-energy", "off", {**base, "method": sm}))
+        sync = {"aggregation": "fedavg"}  # the round plan's reference: rounds without a plan
+        out.append(("balance-energy", "off", {**base, "method": sm, **sync}))
         out.append(("balance-energy", "energy", {**base, "method": sm, **energy}))
     if "varying-cap" in cfg.scenarios:
         for variant, fleet in (("fixed-at-minimum", "fixed-min"), ("schedule", "schedule")):
@@ -197,11 +199,13 @@ def _variants(
 
 def balance_arm_settings(base: dict[str, Any], arm: str) -> dict[str, Any]:
     """The run settings of one arm of the balance scenario (``BALANCE_ARMS``): B1, or
-    power-aware with ``balance = arm`` (``off``, the run's default, is left unset so that it
-    is the same cell as the methods' power-aware)."""
+    power-aware with ``balance = arm``; ``off`` spells out synchronous FedAvg rounds
+    (``aggregation = "auto"``, the default, would make it asynchronous), the per-device rule
+    the round plans are compared with."""
     if arm == "b1":
         return {**base, "method": "b1"}
-    return {**base, "method": "power-aware", **({} if arm == "off" else {"balance": arm})}
+    own = {"aggregation": "fedavg"} if arm == "off" else {"balance": arm}
+    return {**base, "method": "power-aware", **own}
 
 
 def _balance_cells(cfg: FederatedConfig) -> list[tuple[str, str, dict[str, Any]]]:

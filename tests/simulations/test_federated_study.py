@@ -205,15 +205,18 @@ def test_balance_study_plans_every_arm_per_fleet_and_seed_fleet_by_fleet(tmp_pat
     assert [Path(f).stem for f in cfg.balance_fleets] == fleets  # resolved: shipped names
     weighted = ("steps@0.5", "steps@1")  # critical-r-arms: the pace-setter's r weight
     arms = ("b1", "off", "samples", "steps", "energy", *weighted)
-    assert len(cells) == len(fleets) * cfg.seeds * len(arms)
+    # the methods' power-aware (aggregation = "auto": asynchronous) is a cell of its own
+    # beside the balance arms' off (synchronous FedAvg rounds without a plan)
+    methods = [c for c in cells if ("methods", "power-aware") in c.uses]
+    assert len(methods) == cfg.seeds and all(len(c.uses) == 1 for c in methods)
+    assert all("aggregation" not in c.settings for c in methods)
+    assert len(cells) == len(fleets) * cfg.seeds * len(arms) + len(methods)
     # fleet by fleet, seed by seed: a study cut short has whole fleets and seeds
     order = [(Path(str(c.settings["fleet"])).stem, c.seed) for c in cells]
     assert order == sorted(order, key=lambda fs: (fleets.index(fs[0]), fs[1]))
-    first = cells[: len(arms)]
+    first = [c for c in cells if c not in methods][: len(arms)]
     assert [dict(c.uses).get("balance") for c in first] == [f"default/{arm}" for arm in arms]
-    # off is the methods' power-aware cell (the run's default balance, left unset)
-    assert ["methods", "power-aware"] in [list(u) for u in first[1].uses]
-    assert "balance" not in first[1].settings
+    assert first[1].settings["aggregation"] == "fedavg" and "balance" not in first[1].settings
     assert [c.settings.get("balance") for c in first[2:5]] == ["samples", "steps", "energy"]
     assert first[0].method == "b1" and "balance" not in first[0].settings
     # the weighted arms: steps with the pace-setter's r weighed; no other cell sets it
@@ -228,17 +231,18 @@ def test_plan_shares_identical_cells_and_derives_the_fixed_minimum_fleet(tmp_pat
     cfg = load_federated(REPO / "configs" / "experiments" / "federated.toml", seeds=1)
     cells = plan(cfg, tmp_path)
     uses = [u for c in cells for u in c.uses]
-    # 4 methods + balance energy + 2 varying-cap + 2 drift; balance "off" is ours' cell
-    assert len(cells) == 9 and len(uses) == 10
+    # 4 methods + 2 balance energy + 2 varying-cap + 2 drift; balance "off" is synchronous
+    # (aggregation = "auto" makes the methods' power-aware asynchronous)
+    assert len(cells) == 10 and len(uses) == 10
     (shared,) = [c for c in cells if ("balance-energy", "off") in c.uses]
-    assert ("methods", "power-aware") in shared.uses
+    assert shared.settings["aggregation"] == "fedavg" and len(shared.uses) == 1
     energy = next(c for c in cells if ("balance-energy", "energy") in c.uses).settings
     drift_on = next(c for c in cells if ("drift", "check") in c.uses).settings
     drift_off = next(c for c in cells if ("drift", "off") in c.uses).settings
     assert (energy["balance"], energy["deadline-margin"]) == ("energy", 0.05)
     assert "balance" not in shared.settings  # the run's default, off
     assert {k: v for k, v in energy.items() if k not in ("balance", "deadline-margin")} == {
-        k: v for k, v in shared.settings.items()
+        k: v for k, v in shared.settings.items() if k != "aggregation"
     }
     assert (drift_on["drift-check-every"], drift_off["drift-check-every"]) == (2, 0)
     assert len({c.key() for c in cells}) == len(cells)
