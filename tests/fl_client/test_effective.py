@@ -117,7 +117,12 @@ def test_a_key_only_another_balance_mode_reads_is_refused_naming_its_mode() -> N
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("buffer-size", 2), ("staleness-weight", "inverse"), ("while-waiting", "idle")],
+    [
+        ("buffer-size", 2),
+        ("staleness-weight", "inverse"),
+        ("while-waiting", "idle"),
+        ("update-budget", "fleet"),
+    ],
 )
 def test_a_fedbuff_key_typed_without_fedbuff_is_refused(key: str, value: Any) -> None:
     settings = runs({key: value, "aggregation": "fedavg"}, ["power-aware"])
