@@ -240,7 +240,7 @@ def judge_arm(pairs: Pairs, arm: str, refs: tuple[str, str], crit: str) -> dict[
         _share(
             "c", vb.no_more_energy, vb.n, NO_MORE_ENERGY_THAN_B1_SHARE, "no more energy than B1"
         ),
-        _share("d", vo.no_later, vo.n, NO_LATER_THAN_OFF_SHARE, "no later than `off`"),
+        _share("d", vo.no_later, vo.n, NO_LATER_THAN_OFF_SHARE, f"no later than `{refs[1]}`"),
     ]
     return {
         "arm": arm,

@@ -227,6 +227,12 @@ def test_the_references_are_b1_and_off_by_name_else_the_plain_arm_of_their_metho
     default = {"name": "default", "method": "power-aware"}
     arms = [{"name": "b1", "method": "b1"}, default, {**plain, "name": "sync"}]
     assert rv.choose_default({}, [], {**CONFIG, "arms": arms})["off"] == "sync"
+    # criterion (d) says which arm it measured against
+    pairs = {k: {**runs, "sync": runs["off"]} for k in KEYS for runs in [_arm_runs(k)]}
+    checks = rv.judge_arm(pairs, "good", ("b1", "sync"), "smoothed")["checks"]
+    assert [c["measured"] for c in checks if c["check"] == "d"] == [
+        "20/20 pairs no later than `sync` = 100.0%"
+    ]
     assert rv.choose_default({}, [], {**CONFIG, "arms": arms[:2]})["off"] is None
 
 
