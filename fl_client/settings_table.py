@@ -75,7 +75,7 @@ STALENESS_FORMS = ("inverse-sqrt", "inverse", "constant")
 RATE_WEIGHTS = ("off", "device-time")
 #: ``buffer-step``: the weight of a full fedbuff step (``strategies.fedbuff``)
 BUFFER_STEPS = ("mean", "fleet")
-#: ``update-budget``: how long a fedbuff run may go (``fl_server.async_loop.UpdateBudget``)
+#: ``update-budget``: how long a fedbuff run may go (``strategies.fedbuff.UpdateBudget``)
 UPDATE_BUDGETS = ("each-node", "fleet")
 #: ``while-waiting``: what a fedbuff node does until its kind's LUT is merged
 #: (``strategies.shared_exchange.SharedExchange.train_while_waiting``)

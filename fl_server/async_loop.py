@@ -41,7 +41,7 @@ from flwr.serverapp import Grid
 
 from fl_client.contract import NodeRow, SettingsError, TrainReport
 from fl_server.async_records import AsyncRecorder, update_row
-from strategies.fedbuff import DeviceCost, Step, VirtualClock, Work, apply_buffer
+from strategies.fedbuff import DeviceCost, Step, UpdateBudget, VirtualClock, Work, apply_buffer
 from strategies.power_aware import PowerAwareFedAvg
 
 log = logging.getLogger(__name__)
@@ -64,27 +64,6 @@ class WallClock:
     now: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     poll_s: float = 0.1
-
-
-@dataclass(frozen=True)
-class UpdateBudget:
-    """How long a ``fedbuff`` run may go without reaching its target (``update-budget``):
-    ``fleet``, ``versions`` global versions (``num-rounds`` × the fleet's nodes updates,
-    whoever sends them); ``each-node``, until every node still in the run has had
-    ``rounds`` of its trained updates applied: as long as ``rounds`` synchronous rounds
-    take at least, since a round lasts as long as its slowest node. Profiled updates come
-    on top of either (``run_fedbuff``)."""
-
-    form: str
-    rounds: int
-    versions: int
-
-    def spent(self, version: int, trained: dict[int, int], live: list[int]) -> bool:
-        """Whether the run stops at global ``version``, with ``trained`` (node -> its
-        trained updates applied so far) and ``live`` (the nodes still in the run)."""
-        if self.form == "fleet":
-            return version >= self.versions
-        return all(trained.get(n, 0) >= self.rounds for n in live)
 
 
 @dataclass

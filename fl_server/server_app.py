@@ -29,12 +29,12 @@ from fl_client.settings import (
     resolve_path,
     translate_deprecated,
 )
-from fl_server.async_loop import AsyncRun, UpdateBudget, run_fedbuff
+from fl_server.async_loop import AsyncRun, run_fedbuff
 from fl_server.async_records import AsyncRecorder
 from fl_server.lut_library import LUTLibrary
 from fl_server.results import RunRecorder, new_run_dir, untrained_label
 from fl_server.target import Target
-from strategies.fedbuff import VirtualClock
+from strategies.fedbuff import UpdateBudget, VirtualClock
 from strategies.fleet import Fleet
 from strategies.power_aware import PowerAwareFedAvg, RoundReport
 from strategies.round_plan import PlanSettings

@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -169,6 +169,32 @@ class Step:
     version: int
     applied: tuple[Applied, ...] = ()
     scale: float = 1.0  # the step's length, × the buffer's weighted mean (``buffer-step``)
+
+
+#: a node as the caller keys it (an id in a run, a name in its records)
+K = TypeVar("K")
+
+
+@dataclass(frozen=True)
+class UpdateBudget:
+    """How long a ``fedbuff`` run may go without reaching its target (``update-budget``):
+    ``fleet``, ``versions`` global versions (``num-rounds`` × the fleet's nodes updates,
+    whoever sends them); ``each-node``, until every node still in the run has had
+    ``rounds`` of its trained updates applied: as long as ``rounds`` synchronous rounds
+    take at least, since a round lasts as long as its slowest node. Profiled updates come
+    on top of either (``fl_server.async_loop.run_fedbuff``)."""
+
+    form: str
+    rounds: int
+    versions: int
+
+    def spent(self, version: int, trained: Mapping[K, int], live: Iterable[K]) -> bool:
+        """Whether the run stops at global ``version``, with ``trained`` (node -> its
+        trained updates applied so far) and ``live`` (the nodes still in the run; once
+        spent, it stays spent as updates are added)."""
+        if self.form == "fleet":
+            return version >= self.versions
+        return all(trained.get(n, 0) >= self.rounds for n in live)
 
 
 @dataclass

@@ -32,6 +32,7 @@ from typing import Any
 from fl_client.contract import key_of, to_record
 from fl_client.effective import unread_keys
 from fl_client.settings import RunSettings
+from strategies.fedbuff import UpdateBudget
 
 #: Run settings that say where a run reads or writes, not what it computes (``fleet``: the
 #: fleet file's content is part of the key)
@@ -126,10 +127,11 @@ def _stops_alike(record: Mapping[str, Any], updates: Path, rounds: int) -> bool:
         for u in lines
         if u["version"] is not None and u["choice"] != "profiling"
     )
+    each_node = UpdateBudget("each-node", rounds, 0)
     for applied, node in done:
         if applied >= int(version):
             break
         trained[node] = trained.get(node, 0) + 1
-        if len(trained) == len(nodes) and min(trained.values()) >= rounds:
+        if each_node.spent(applied, trained, nodes):
             return False  # each-node's budget was spent before the target
     return True

@@ -26,10 +26,10 @@ from rich.console import Console
 
 from fl_client.contract import SettingsError
 from fl_client.lut import KindKey
-from fl_server.async_loop import AsyncRun, UpdateBudget, WallClock, run_fedbuff
+from fl_server.async_loop import AsyncRun, WallClock, run_fedbuff
 from fl_server.async_records import AsyncRecorder
 from fl_server.target import Target
-from strategies.fedbuff import VirtualClock
+from strategies.fedbuff import UpdateBudget, VirtualClock
 from strategies.shared_exchange import Waited
 from tests.strategies.test_power_aware import FLEET, FakeGrid, _strategy, report
 

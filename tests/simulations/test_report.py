@@ -28,7 +28,7 @@ from rich.console import Console
 
 from fl_client.contract import Cap, NodeRow, TrainReport
 from fl_client.files import RUN_LOCK
-from fl_server.async_loop import AsyncRun, UpdateBudget, run_fedbuff
+from fl_server.async_loop import AsyncRun, run_fedbuff
 from fl_server.async_records import AsyncRecorder
 from fl_server.results import RunRecorder
 from fl_server.server_app import record_fleet
@@ -49,7 +49,7 @@ from simulations.report import (
     table_row,
     timeline_segments,
 )
-from strategies.fedbuff import VirtualClock
+from strategies.fedbuff import UpdateBudget, VirtualClock
 from strategies.power_aware import RoundReport
 from tests.fl_server.test_async_loop import PushGrid
 from tests.fl_server.test_async_loop import _run as fake_fleet_run
