@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fl_client.settings import RUN, auto_aggregation
+from fl_client.settings import RunSettings
 from simulations.experiments.report_kit import Doc
 
 # --------------------------------------------------------------------------- thresholds
@@ -352,10 +352,7 @@ def _reference(arms: Sequence[Mapping[str, Any]], name: str, method: str) -> str
         rest = {k: v for k, v in a.items() if k not in ("name", "method")}
         if a.get("method") != method or set(rest.items()) - plain:
             continue
-        aggregation = rest.get("aggregation", RUN["aggregation"].value)
-        if aggregation == "auto":
-            aggregation = auto_aggregation(method, "off")
-        if aggregation == "fedavg":
+        if RunSettings.from_config({"method": method, **rest}).aggregation == "fedavg":
             return str(a["name"])
     return None
 
