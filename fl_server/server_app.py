@@ -283,13 +283,11 @@ def window_note(settings: RunSettings) -> str | None:
     )
 
 
-def update_budget(settings: RunSettings, num_nodes: int) -> UpdateBudget:
+def update_budget(settings: RunSettings, num_nodes: int, clock: VirtualClock) -> UpdateBudget:
     """``fedbuff``'s budget (``update-budget``): ``num-rounds`` of each node's updates, or
     the updates of ``num-rounds`` synchronous rounds of the fleet (``num-rounds`` × its
-    nodes) in versions of K (``fleet_buffer_size``), rounded up."""
-    versions = math.ceil(
-        settings.num_rounds * num_nodes / fleet_buffer_size(settings.buffer_size, num_nodes)
-    )
+    nodes) in versions of the clock's K (``fedbuff_clock``), rounded up."""
+    versions = math.ceil(settings.num_rounds * num_nodes / clock.buffer_size)
     return UpdateBudget(settings.update_budget, settings.num_rounds, versions)
 
 
@@ -390,9 +388,8 @@ def run_server(
     if isinstance(rec, AsyncRecorder):  # aggregation = "fedbuff": no rounds
         clock = fedbuff_clock(settings, len(strategy.fleet.nodes), fleet is not None, rec)
         run = AsyncRun(strategy, grid, clock, rec, settings.round_timeout_s)
-        final = run_fedbuff(
-            run, initial, update_budget(settings, len(strategy.fleet.nodes)), evaluate
-        )
+        budget = update_budget(settings, len(strategy.fleet.nodes), clock)
+        final = run_fedbuff(run, initial, budget, evaluate)
     else:
         rounds = Rounds(settings.num_rounds, settings.round_timeout_s, target)
         final = run_rounds(strategy, grid, initial, rounds, evaluate, rec.record_round)
